@@ -1,0 +1,65 @@
+"""`cdc://REPO[@REV]/PATH` addresses and the names inside them (pure logic)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import InvalidAddressError
+
+SCHEME = "cdc://"
+DEFAULT_BRANCH = "main"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_name(kind: str, name: str) -> str:
+    """A repo or branch name: one path component of letters, digits, '.', '_', '-'."""
+    if not _NAME.fullmatch(name or "") or name.endswith(".lock"):
+        raise InvalidAddressError(
+            f"invalid {kind} name {name!r}: use letters, digits, '.', '_' and '-', "
+            f"starting with a letter or digit (at most 128 characters)"
+        )
+    return name
+
+
+def normalize_path(path: str) -> str:
+    """A path inside a revision: '/'-separated, relative, no '.', '..' or empty parts.
+
+    Returns '' for the root.
+    """
+    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
+    for p in parts:
+        if p == ".." or "\x00" in p:
+            raise InvalidAddressError(f"invalid path {path!r}: '..' and NUL are not allowed in store paths")
+    return "/".join(parts)
+
+
+@dataclass(frozen=True)
+class Address:
+    repo: str
+    rev: str | None  # None means the default branch
+    path: str  # '' is the root of the revision
+
+    @property
+    def ref(self) -> str:
+        return self.rev or DEFAULT_BRANCH
+
+    def __str__(self) -> str:
+        rev = f"@{self.rev}" if self.rev else ""
+        return f"{SCHEME}{self.repo}{rev}/{self.path}"
+
+
+def parse(url: str) -> Address:
+    """Parse `cdc://REPO[@REV]/PATH` (the scheme may be omitted)."""
+    rest = url[len(SCHEME):] if url.startswith(SCHEME) else url
+    if "://" in rest:
+        raise InvalidAddressError(f"not a cdc:// address: {url!r} (expected cdc://REPO[@REV]/PATH)")
+    head, _, path = rest.partition("/")
+    repo, at, rev = head.partition("@")
+    if not repo:
+        raise InvalidAddressError(f"address {url!r} names no repo (expected cdc://REPO[@REV]/PATH)")
+    check_name("repo", repo)
+    if at and not rev:
+        raise InvalidAddressError(f"address {url!r} has an empty revision after '@'")
+    if rev:
+        check_name("revision", rev)
+    return Address(repo, rev or None, normalize_path(path))

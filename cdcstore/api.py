@@ -1,0 +1,359 @@
+"""The Python API: `Store` publishes, lists and reads versioned files.
+
+    store = Store("/data/cdcstore")              # or Store() for $CDCSTORE_STORE / the default
+    result = store.push(["./dataset"], "cdc://ds/", message="v1")
+    with store.open("cdc://ds/train.parquet") as f: ...
+    store.pull("cdc://ds@v1/", "./copy")
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable
+
+import platformdirs
+
+from . import ids
+from .address import DEFAULT_BRANCH, Address, check_name, normalize_path, parse
+from .commit import Commit, FileEntry
+from .errors import CorruptionError, InvalidAddressError, PathNotFoundError
+from .reader import FileReader
+from .store import LocalStore, no_such_path
+from .writer import Ingest, IngestOptions
+
+ENV_STORE = "CDCSTORE_STORE"
+
+
+def default_store_path() -> str:
+    """$CDCSTORE_STORE, else a directory under the user's data dir (XDG)."""
+    return os.environ.get(ENV_STORE) or os.path.join(platformdirs.user_data_dir("cdcstore"), "store")
+
+
+@dataclass
+class TransferResult:
+    """What a push or pull did. `new_bytes` counts raw bytes of chunks the target lacked."""
+
+    files: int
+    bytes: int
+    new_bytes: int
+    stored_bytes: int
+    seconds: float
+    commit: str | None
+    chunks: int = 0
+    new_chunks: int = 0
+    changed: bool = True
+    files_detail: dict | None = None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        if d["files_detail"] is None:
+            del d["files_detail"]
+        return d
+
+
+def _as_address(addr: str | Address) -> Address:
+    return addr if isinstance(addr, Address) else parse(addr)
+
+
+def plan_sources(sources: Iterable[str], dest: str, dest_is_dir: bool) -> list[tuple[str, str]]:
+    """(local file, path in the revision) pairs for a push.
+
+    One folder: its contents go under DEST. One file: to DEST, or DEST/name when
+    DEST is empty or ends with '/'. Several sources: each goes to DEST/name.
+    """
+    sources = list(sources)
+    if not sources:
+        raise InvalidAddressError("push needs at least one local file or folder")
+    for s in sources:
+        if not os.path.exists(s):
+            raise PathNotFoundError(f"local path {s!r} does not exist: check the spelling")
+    base = normalize_path(dest)
+    dest_is_dir = dest_is_dir or not base
+    pairs: list[tuple[str, str]] = []
+
+    def join(*parts: str) -> str:
+        return normalize_path("/".join(p for p in parts if p))
+
+    for s in sources:
+        name = os.path.basename(os.path.normpath(s))
+        if os.path.isdir(s):
+            root = base if len(sources) == 1 else join(base, name)
+            for dirpath, dirnames, filenames in os.walk(s):
+                dirnames.sort()
+                rel = os.path.relpath(dirpath, s)
+                for fn in sorted(filenames):
+                    pairs.append((os.path.join(dirpath, fn), join(root, "" if rel == "." else rel, fn)))
+        elif len(sources) == 1 and not dest_is_dir:
+            pairs.append((s, base))
+        else:
+            pairs.append((s, join(base, name)))
+    dests = [d for _, d in pairs]
+    if len(set(dests)) != len(dests):
+        raise InvalidAddressError("two sources map to the same path in the repo: push them to different folders")
+    return pairs
+
+
+def _check_tree(files: dict[str, FileEntry]) -> None:
+    folders = set()
+    for p in files:
+        parts = p.split("/")
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    clash = folders.intersection(files)
+    if clash:
+        raise InvalidAddressError(f"{sorted(clash)[0]!r} would be both a file and a folder: "
+                                  f"push to another path or remove one of them")
+
+
+class Store:
+    """A cdcstore store: a local directory (http:// stores come with the remote transport)."""
+
+    def __init__(self, location: str | None = None, *, create: bool | None = None):
+        path = location or default_store_path()
+        if create is None:  # the default store is created on first use
+            create = location is None and not os.environ.get(ENV_STORE)
+        if create and not os.path.exists(os.path.join(path, "cdcstore.json")):
+            LocalStore.init(path, exist_ok=True)
+        self.backend = LocalStore(path)
+        self.location = self.backend.root
+
+    @classmethod
+    def init(cls, location: str | None = None) -> "Store":
+        LocalStore.init(location or default_store_path())
+        return cls(location or default_store_path())
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- revisions ---------------------------------------------------------------------
+    def resolve(self, addr: str | Address) -> tuple[str, Commit]:
+        a = _as_address(addr)
+        cid = self.backend.resolve(a.repo, a.ref)
+        return cid, self.backend.get_commit(a.repo, cid)
+
+    def log(self, repo: str, rev: str = DEFAULT_BRANCH) -> list[dict]:
+        return [{"commit": cid, "parent": c.parent, "message": c.message, "time": c.time,
+                 "files": len(c.files), "bytes": c.total_size()}
+                for cid, c in self.backend.log(check_name("repo", repo), rev)]
+
+    def branches(self, repo: str) -> dict[str, str]:
+        return self.backend.branches(repo)
+
+    # -- writing -------------------------------------------------------------------------
+    def push(self, sources: Iterable[str] | str, dest: str | Address, message: str = "",
+             *, delete: bool = False, options: IngestOptions | None = None,
+             progress: Callable[[int], None] | None = None, detail: bool = False) -> TransferResult:
+        """Publish local files and folders as one new commit on DEST's branch.
+
+        Files already in the branch and not pushed stay; with `delete=True`, files
+        under DEST that are not among the sources are removed. Nothing changes
+        when the push adds nothing new (no empty commits).
+        """
+        t0 = time.perf_counter()
+        a = _as_address(dest)
+        branch = a.ref
+        check_name("branch", branch)
+        if isinstance(sources, str):
+            sources = [sources]
+        pairs = plan_sources(sources, a.path, isinstance(dest, str) and dest.endswith("/"))
+        be = self.backend
+        branches = be.branches(a.repo) if be.has_repo(a.repo) else {}
+        expected = branches.get(branch)
+        parent = expected or branches.get(DEFAULT_BRANCH)
+        base = be.get_commit(a.repo, parent) if parent else None
+        files = dict(base.files) if base else {}
+
+        ingest = Ingest(be, options, progress)
+        per_file: dict[str, dict] = {}
+        try:
+            manifests = []
+            for local, path in pairs:
+                before = ingest.new_bytes
+                m = ingest.add_file(local)
+                manifests.append((path, m))
+                if detail:
+                    per_file[path] = {"bytes": m.size, "new_bytes": ingest.new_bytes - before}
+            ingest.finish()
+        finally:
+            ingest.close()
+
+        new_paths = {p for p, _ in pairs}
+        if delete:
+            prefix = a.path + "/" if a.path else ""
+            for p in [p for p in files if p.startswith(prefix) and p not in new_paths]:
+                del files[p]
+        for path, m in manifests:  # manifests only after their chunks are durable
+            files[path] = FileEntry(be.put_manifest(m), m.size)
+        _check_tree(files)
+        files = dict(sorted(files.items()))
+        changed = base is None or files != base.files or expected is None
+        commit_id = parent
+        if changed:
+            be.ensure_repo(a.repo)
+            commit = Commit(a.repo, parent, message, time.time(), files)
+            commit_id = be.put_commit(commit)
+            be.update_branch(a.repo, branch, expected, commit_id)
+        return TransferResult(
+            files=len(pairs), bytes=ingest.bytes, new_bytes=ingest.new_bytes,
+            stored_bytes=ingest.stored_bytes, seconds=time.perf_counter() - t0, commit=commit_id,
+            chunks=ingest.chunks, new_chunks=ingest.new_chunks, changed=changed,
+            files_detail=per_file if detail else None)
+
+    # -- reading -------------------------------------------------------------------------
+    def _entries(self, a: Address) -> tuple[str, Commit, dict[str, FileEntry]]:
+        """The files at or under a.path, keyed by their full path."""
+        cid, commit = self.resolve(a)
+        if a.path in commit.files:
+            return cid, commit, {a.path: commit.files[a.path]}
+        prefix = a.path + "/" if a.path else ""
+        found = {p: f for p, f in commit.files.items() if p.startswith(prefix)}
+        if not found and a.path:
+            raise no_such_path(a.repo, a.ref, a.path)
+        return cid, commit, found
+
+    def ls(self, addr: str | Address, recursive: bool = False) -> list[dict]:
+        """Entries under an address: {"name", "type": "file"|"directory", "size"}."""
+        a = _as_address(addr)
+        _, commit, found = self._entries(a)
+        if a.path in commit.files:
+            return [{"name": a.path, "type": "file", "size": commit.files[a.path].size}]
+        prefix = a.path + "/" if a.path else ""
+        out: dict[str, dict] = {}
+        for p, f in found.items():
+            rest = p[len(prefix):]
+            if recursive or "/" not in rest:
+                out[p] = {"name": p, "type": "file", "size": f.size}
+            else:
+                d = prefix + rest.split("/", 1)[0]
+                e = out.setdefault(d, {"name": d, "type": "directory", "size": 0})
+                e["size"] += f.size
+        return sorted(out.values(), key=lambda e: e["name"])
+
+    def open(self, addr: str | Address) -> FileReader:
+        a = _as_address(addr)
+        cid, commit = self.resolve(a)
+        entry = commit.files.get(a.path)
+        if entry is None:
+            if any(p.startswith(a.path + "/") for p in commit.files) or not a.path:
+                raise IsADirectoryError(f"{a} is a folder: open a file in it (see `cdcstore ls {a}`)")
+            raise no_such_path(a.repo, a.ref, a.path)
+        return FileReader(self.backend, self.backend.get_manifest(entry.manifest), str(a))
+
+    def cat(self, addr: str | Address) -> bytes:
+        with self.open(addr) as f:
+            return f.read()
+
+    def pull(self, addr: str | Address, local: str,
+             progress: Callable[[int], None] | None = None) -> TransferResult:
+        """Write a file or folder of a revision to local disk, atomically per file.
+
+        A local file that already has the same content is left alone; `new_bytes`
+        counts the bytes that had to be written.
+        """
+        t0 = time.perf_counter()
+        a = _as_address(addr)
+        cid, commit, found = self._entries(a)
+        single = a.path in commit.files
+        if single:
+            target = os.path.join(local, a.path.rsplit("/", 1)[-1]) if os.path.isdir(local) else local
+            plan = [(a.path, target)]
+        else:
+            prefix = a.path + "/" if a.path else ""
+            plan = [(p, os.path.join(local, *p[len(prefix):].split("/"))) for p in found]
+        total = written = 0
+        for path, target in plan:
+            entry = commit.files[path]
+            m = self.backend.get_manifest(entry.manifest)
+            total += m.size
+            if _same_content(target, m):
+                if progress:
+                    progress(m.size)
+                continue
+            written += m.size
+            os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
+            tmp = f"{target}.cdcstore-{os.getpid()}.part"
+            h = ids.hasher()
+            try:
+                with FileReader(self.backend, m, path) as src, open(tmp, "wb") as out:
+                    while True:
+                        block = src.read(8 * 1024 * 1024)
+                        if not block:
+                            break
+                        h.update(block)
+                        out.write(block)
+                        if progress:
+                            progress(len(block))
+                if h.digest() != m.file_hash:
+                    raise CorruptionError(f"{path}: reassembled file does not match its hash; "
+                                          f"run `cdcstore check`")
+                os.replace(tmp, target)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        return TransferResult(files=len(plan), bytes=total, new_bytes=written, stored_bytes=written,
+                              seconds=time.perf_counter() - t0, commit=cid)
+
+    # -- housekeeping ------------------------------------------------------------------------
+    def stats(self, addr: str | Address | None = None) -> dict:
+        """Store totals, or what one revision holds and what it added over its parent.
+
+        For a revision: `bytes` is its logical size, `new_bytes` the raw bytes of
+        chunks it has that its parent lacks, `stored_bytes` their size in packs.
+        For the store: `bytes` sums the branch heads, `new_bytes` is the raw size of
+        every unique chunk kept and `stored_bytes` the bytes of all packs.
+        """
+        be = self.backend
+        t0 = time.perf_counter()
+        totals = be.index.totals()
+        out: dict = {"store": self.location, "repos": len(be.repos()), **totals}
+        if addr is not None:
+            a = _as_address(addr)
+            cid, commit, found = self._entries(a)
+            chunks = self._chunk_sizes(found.values())
+            parent = {}
+            if commit.parent:
+                pfiles = be.get_commit(a.repo, commit.parent).files
+                prefix = a.path + "/" if a.path else ""
+                parent = self._chunk_sizes(f for p, f in pfiles.items() if p == a.path or p.startswith(prefix))
+            new = [c for c in chunks if c not in parent]
+            out.update({"commit": cid, "files": len(found), "bytes": sum(f.size for f in found.values()),
+                        "unique_bytes": sum(chunks.values()), "new_bytes": sum(chunks[c] for c in new),
+                        "stored_bytes": sum(e.stored_len for _, e in be.locate(new).values())})
+        else:
+            heads = [(r, c) for r in be.repos() for c in set(be.branches(r).values())]
+            files = bytes_ = 0
+            for repo, cid in heads:
+                commit = be.get_commit(repo, cid)
+                files += len(commit.files)
+                bytes_ += commit.total_size()
+            out.update({"commit": None, "files": files, "bytes": bytes_,
+                        "new_bytes": totals["chunk_raw_bytes"], "stored_bytes": totals["pack_bytes"]})
+        out["seconds"] = time.perf_counter() - t0
+        return out
+
+    def _chunk_sizes(self, entries) -> dict[bytes, int]:
+        sizes: dict[bytes, int] = {}
+        for f in entries:
+            m = self.backend.get_manifest(f.manifest)
+            sizes.update(zip(m.chunk_ids, m.lengths))
+        return sizes
+
+
+def _same_content(path: str, m) -> bool:
+    try:
+        if os.path.getsize(path) != m.size:
+            return False
+    except OSError:
+        return False
+    h = ids.hasher()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.digest() == m.file_hash

@@ -1,0 +1,258 @@
+"""The `cdcstore` command line (click). Errors print one line and exit non-zero."""
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import sys
+
+import click
+from tqdm import tqdm
+
+from .address import parse
+from .api import Store, default_store_path
+from .errors import CdcError
+from .store import LocalStore
+
+EXIT_ERROR = 1
+
+
+def _fail(message: str) -> None:
+    click.echo(f"cdcstore: error: {message}", err=True)
+    sys.exit(EXIT_ERROR)
+
+
+def handle_errors(fn):
+    """Turn expected failures into one line on stderr and a non-zero exit."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except CdcError as e:
+            _fail(str(e))
+        except (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError,
+                FileNotFoundError) as e:
+            _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
+        except OSError as e:
+            _fail(f"{e}")
+        except KeyboardInterrupt:
+            click.echo("cdcstore: interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+store_option = click.option(
+    "--store", "store_path", metavar="PATH", default=None,
+    help="Store directory (default: $CDCSTORE_STORE, else the user data dir).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+
+def _store(path: str | None) -> Store:
+    return Store(path)
+
+
+def _progress(total: int, desc: str, quiet: bool):
+    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                disable=True if quiet else None, file=sys.stderr, leave=False)
+
+
+def _print_json(obj: dict) -> None:
+    click.echo(json.dumps(obj, sort_keys=True))
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cdcstore")
+def cli() -> None:
+    """Content-defined-chunking, deduplicating store for dataset versions."""
+
+
+@cli.command()
+@store_option
+@handle_errors
+def init(store_path):
+    """Create an empty store."""
+    s = Store.init(store_path)
+    click.echo(f"created store at {s.location}")
+
+
+@cli.command()
+@click.argument("sources", nargs=-1, required=True, metavar="LOCAL...")
+@click.argument("dest", metavar="cdc://REPO[@BRANCH]/DEST")
+@click.option("-m", "--message", default="", help="Commit message.")
+@click.option("--delete", is_flag=True, help="Remove files under DEST that are not being pushed.")
+@click.option("--detail", is_flag=True, help="With --json, report bytes and new bytes per file.")
+@store_option
+@json_option
+@handle_errors
+def push(sources, dest, message, delete, detail, store_path, as_json):
+    """Publish local files and folders as one commit."""
+    import os
+
+    s = _store(store_path)
+    total = 0
+    for src in sources:
+        if os.path.isdir(src):
+            total += sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(src) for f in fs)
+        elif os.path.exists(src):
+            total += os.path.getsize(src)
+    with _progress(total, "push", as_json) as bar:
+        r = s.push(list(sources), dest, message, delete=delete, progress=bar.update, detail=detail)
+    if as_json:
+        _print_json(r.to_dict())
+        return
+    where = parse(dest)
+    state = f"commit {r.commit[:12]} on {where.repo}@{where.ref}" if r.changed else "no changes; nothing committed"
+    click.echo(f"{state}\n  {r.files} files, {_human(r.bytes)}; new {_human(r.new_bytes)} "
+               f"({r.new_chunks}/{r.chunks} chunks), stored {_human(r.stored_bytes)} in {r.seconds:.2f}s")
+
+
+@cli.command()
+@click.argument("src", metavar="cdc://REPO[@REV]/PATH")
+@click.argument("local", metavar="LOCAL")
+@store_option
+@json_option
+@handle_errors
+def pull(src, local, store_path, as_json):
+    """Write a file or folder of a revision to local disk."""
+    s = _store(store_path)
+    total = sum(e["size"] for e in s.ls(src, recursive=True))
+    with _progress(total, "pull", as_json) as bar:
+        r = s.pull(src, local, progress=bar.update)
+    if as_json:
+        _print_json(r.to_dict())
+        return
+    click.echo(f"{r.files} files, {_human(r.bytes)} from commit {r.commit[:12]}; "
+               f"wrote {_human(r.new_bytes)} in {r.seconds:.2f}s")
+
+
+@cli.command(name="ls")
+@click.argument("addr", metavar="cdc://REPO[@REV]/PATH")
+@click.option("-r", "--recursive", is_flag=True, help="List every file below PATH.")
+@store_option
+@json_option
+@handle_errors
+def ls_cmd(addr, recursive, store_path, as_json):
+    """List a folder of a revision."""
+    entries = _store(store_path).ls(addr, recursive=recursive)
+    if as_json:
+        _print_json({"entries": entries})
+        return
+    for e in entries:
+        name = e["name"] + ("/" if e["type"] == "directory" else "")
+        click.echo(f"{e['size']:>14}  {name}")
+
+
+@cli.command()
+@click.argument("addr", metavar="cdc://REPO[@REV]/PATH")
+@store_option
+@handle_errors
+def cat(addr, store_path):
+    """Write a file of a revision to stdout."""
+    out = sys.stdout.buffer
+    with _store(store_path).open(addr) as f:
+        while True:
+            block = f.read(4 * 1024 * 1024)
+            if not block:
+                break
+            out.write(block)
+    out.flush()
+
+
+@cli.command()
+@click.argument("repo", metavar="REPO[@REV]")
+@store_option
+@json_option
+@handle_errors
+def log(repo, store_path, as_json):
+    """Show the commits of a branch, newest first."""
+    a = parse(repo)
+    entries = _store(store_path).log(a.repo, a.ref)
+    if as_json:
+        _print_json({"repo": a.repo, "rev": a.ref, "commits": entries})
+        return
+    for e in entries:
+        when = datetime.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
+        click.echo(f"{e['commit'][:12]}  {when}  {e['files']:>6} files {_human(e['bytes']):>10}  {e['message']}")
+
+
+@cli.command()
+@click.argument("addr", required=False, metavar="[cdc://REPO[@REV]/PATH]")
+@store_option
+@json_option
+@handle_errors
+def stats(addr, store_path, as_json):
+    """Store totals, or what a revision holds and added over its parent."""
+    st = _store(store_path).stats(addr)
+    if as_json:
+        _print_json(st)
+        return
+    if addr:
+        click.echo(f"{addr}: {st['files']} files, {_human(st['bytes'])}; unique chunks "
+                   f"{_human(st['unique_bytes'])}; new over parent {_human(st['new_bytes'])}, "
+                   f"stored {_human(st['stored_bytes'])}")
+    else:
+        ratio = st["bytes"] / st["pack_bytes"] if st["pack_bytes"] else 0
+        click.echo(f"store {st['store']}: {st['repos']} repos, branch heads {st['files']} files "
+                   f"{_human(st['bytes'])}; {st['chunks']} unique chunks {_human(st['chunk_raw_bytes'])} "
+                   f"in {st['packs']} packs {_human(st['pack_bytes'])} (x{ratio:.2f})")
+
+
+@cli.command()
+@store_option
+@json_option
+@handle_errors
+def check(store_path, as_json):
+    """Verify every pack against its name and every chunk against its id."""
+    r = LocalStore(store_path or default_store_path()).check()
+    if as_json:
+        _print_json(r)
+    else:
+        for p in r["problems"]:
+            click.echo(f"problem: {p}")
+        click.echo(f"checked {r['packs']} packs, {r['chunks']} chunks: "
+                   f"{len(r['problems']) or 'no'} problems")
+    if r["problems"]:
+        sys.exit(EXIT_ERROR)
+
+
+@cli.command(name="rebuild-index")
+@store_option
+@json_option
+@handle_errors
+def rebuild_index(store_path, as_json):
+    """Recreate the chunk index from the packs alone."""
+    r = LocalStore(store_path or default_store_path()).rebuild_index()
+    if as_json:
+        _print_json(r)
+    else:
+        click.echo(f"indexed {r['chunks']} chunks from {r['packs']} packs"
+                   + (f"; skipped {len(r['bad_packs'])} damaged packs" if r["bad_packs"] else ""))
+
+
+@cli.command()
+@click.option("--size-mb", default=64, show_default=True, help="Size of the generated dataset.")
+@click.option("--workdir", default=None, help="Where to put the demo files (default: a temp dir).")
+@handle_errors
+def demo(size_mb, workdir):
+    """Publish a Parquet dataset, publish an edited version, read it back, report."""
+    from .demo import run
+
+    run(size_mb=size_mb, workdir=workdir)
+
+
+def main() -> None:
+    cli(prog_name="cdcstore")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The chunk index: chunk id -> (pack, offset, lengths, codec), in sqlite.
+
+A cache of what the packs say (invariant 4): `LocalStore.rebuild_index` recreates
+it from the packs alone. WAL mode and a busy timeout let several processes use
+it at once; connections are per thread and per process (rebuilt after a fork).
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from typing import Iterable
+
+import sqlite_utils
+
+from .pack import PackEntry
+
+SCHEMA_VERSION = 1
+_BATCH = 500  # ids per IN (...) query, below sqlite's variable limit
+
+
+class ChunkIndex:
+    def __init__(self, path: str):
+        self.path = path
+        self._local = threading.local()
+        self._ensure_schema()
+
+    @property
+    def db(self) -> sqlite_utils.Database:
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            local.db = sqlite_utils.Database(conn)
+            local.pid = os.getpid()
+        return local.db
+
+    def _ensure_schema(self) -> None:
+        db = self.db
+        if "chunks" in db.table_names():
+            return
+        with db.conn:
+            db.execute("BEGIN IMMEDIATE")
+            if "chunks" not in db.table_names():
+                db["packs"].create({"name": str, "size": int, "chunks": int}, pk="name")
+                db.execute(
+                    "CREATE TABLE chunks (id BLOB PRIMARY KEY, pack TEXT NOT NULL, offset INTEGER NOT NULL,"
+                    " stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL, codec INTEGER NOT NULL)"
+                    " WITHOUT ROWID"
+                )
+                db["meta"].create({"key": str, "value": str}, pk="key")
+                db["meta"].insert({"key": "schema", "value": str(SCHEMA_VERSION)})
+
+    def present(self, chunk_ids: Iterable[bytes]) -> set[bytes]:
+        """The subset of `chunk_ids` that the index knows."""
+        ids = list(chunk_ids)
+        found: set[bytes] = set()
+        conn = self.db.conn
+        for i in range(0, len(ids), _BATCH):
+            batch = ids[i:i + _BATCH]
+            q = f"SELECT id FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
+            found.update(row[0] for row in conn.execute(q, batch))
+        return found
+
+    def locate(self, chunk_ids: Iterable[bytes]) -> dict[bytes, tuple[str, PackEntry]]:
+        """Where each known chunk lives; unknown ids are left out."""
+        ids = list(dict.fromkeys(chunk_ids))
+        out: dict[bytes, tuple[str, PackEntry]] = {}
+        conn = self.db.conn
+        for i in range(0, len(ids), _BATCH):
+            batch = ids[i:i + _BATCH]
+            q = ("SELECT id, pack, offset, stored_len, raw_len, codec FROM chunks"
+                 f" WHERE id IN ({','.join('?' * len(batch))})")
+            for cid, pack, off, slen, rlen, codec in conn.execute(q, batch):
+                out[cid] = (pack, PackEntry(cid, off, slen, rlen, codec))
+        return out
+
+    def add_pack(self, name: str, size: int, entries: list[PackEntry]) -> None:
+        """Record a durable pack and its chunks in one transaction (first pack wins a chunk)."""
+        conn = self.db.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT OR IGNORE INTO packs (name, size, chunks) VALUES (?, ?, ?)",
+                         (name, size, len(entries)))
+            conn.executemany(
+                "INSERT OR IGNORE INTO chunks (id, pack, offset, stored_len, raw_len, codec)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries],
+            )
+
+    def packs(self) -> set[str]:
+        return {row[0] for row in self.db.conn.execute("SELECT name FROM packs")}
+
+    def clear(self) -> None:
+        conn = self.db.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("DELETE FROM chunks")
+            conn.execute("DELETE FROM packs")
+
+    def totals(self) -> dict:
+        row = self.db.conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(raw_len), 0), COALESCE(SUM(stored_len), 0) FROM chunks"
+        ).fetchone()
+        packs = self.db.conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM packs").fetchone()
+        return {"chunks": row[0], "chunk_raw_bytes": row[1], "chunk_stored_bytes": row[2],
+                "packs": packs[0], "pack_bytes": packs[1]}

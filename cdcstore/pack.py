@@ -1,0 +1,159 @@
+"""Pack format v1: immutable containers of compressed chunks (pure logic, no paths).
+
+    header   16 B   b"CDCPACK\\0", u32 version, u32 reserved (0)
+    records         each chunk's stored bytes, back to back
+    index    N*36 B per chunk: id (16 B), offset u64, stored length u32,
+                    raw length u32, codec u8 (0 raw, 1 zstd), 3 zero bytes
+    trailer  32 B   u32 N, u32 version, xxh3-128 of the index, b"CDCPEND\\0"
+
+All integers are little-endian. A pack is named by the xxh3-128 of all its bytes.
+Every chunk is checked against its id before it is written (`encode_chunk`) and
+whenever it is read (`decode_chunk`).
+"""
+from __future__ import annotations
+
+import struct
+import threading
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import zstandard
+
+from . import ids
+from .errors import CorruptionError
+
+PACK_VERSION = 1
+MAGIC = b"CDCPACK\x00"
+END_MAGIC = b"CDCPEND\x00"
+HEADER = struct.Struct("<8sII")
+ENTRY = struct.Struct("<16sQIIB3x")
+TRAILER = struct.Struct("<II16s8s")
+CODEC_RAW = 0
+CODEC_ZSTD = 1
+DEFAULT_MAX_PACK_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_PACK_CHUNKS = 8192
+DEFAULT_ZSTD_LEVEL = 3
+
+
+@dataclass(frozen=True, slots=True)
+class PackEntry:
+    """Where one chunk lives inside a pack."""
+
+    chunk_id: bytes
+    offset: int
+    stored_len: int
+    raw_len: int
+    codec: int
+
+
+_local = threading.local()
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    cache = getattr(_local, "compressors", None)
+    if cache is None:
+        cache = _local.compressors = {}
+    c = cache.get(level)
+    if c is None:
+        c = cache[level] = zstandard.ZstdCompressor(level=level)
+    return c
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    d = getattr(_local, "decompressor", None)
+    if d is None:
+        d = _local.decompressor = zstandard.ZstdDecompressor()
+    return d
+
+
+def encode_chunk(raw: bytes, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL) -> tuple[int, bytes]:
+    """Compress a chunk for storage and verify the result decodes to `chunk_id`.
+
+    Returns (codec, stored bytes); the chunk is kept raw when zstd does not shrink it.
+    Safe to call from several threads at once (zstd releases the GIL).
+    """
+    packed = _compressor(level).compress(raw)
+    if len(packed) < len(raw):
+        codec, stored = CODEC_ZSTD, packed
+    else:
+        codec, stored = CODEC_RAW, raw
+    decode_chunk(stored, codec, len(raw), chunk_id)
+    return codec, stored
+
+
+def decode_chunk(stored, codec: int, raw_len: int, chunk_id: bytes) -> bytes:
+    """The raw bytes of a stored chunk, checked against its id and length."""
+    if codec == CODEC_ZSTD:
+        try:
+            raw = _decompressor().decompress(stored, max_output_size=raw_len)
+        except zstandard.ZstdError as e:
+            raise CorruptionError(f"chunk {chunk_id.hex()} does not decompress: {e}") from None
+    elif codec == CODEC_RAW:
+        raw = bytes(stored)
+    else:
+        raise CorruptionError(f"chunk {chunk_id.hex()} has unknown codec {codec}")
+    if len(raw) != raw_len or ids.digest(raw) != chunk_id:
+        raise CorruptionError(f"chunk {chunk_id.hex()} does not match its id")
+    return raw
+
+
+class PackWriter:
+    """Appends verified chunks to a binary file and finishes it with the index.
+
+    The caller owns the file (a temp file, normally) and decides where the
+    finished pack goes; `finish` returns the pack name (its xxh3-128, hex).
+    """
+
+    def __init__(self, out: BinaryIO):
+        self._out = out
+        self._hash = ids.hasher()
+        self.entries: list[PackEntry] = []
+        self.size = 0
+        self._write(HEADER.pack(MAGIC, PACK_VERSION, 0))
+
+    def _write(self, data) -> None:
+        self._out.write(data)
+        self._hash.update(data)
+        self.size += len(data)
+
+    def add(self, chunk_id: bytes, codec: int, stored, raw_len: int) -> PackEntry:
+        entry = PackEntry(chunk_id, self.size, len(stored), raw_len, codec)
+        self._write(stored)
+        self.entries.append(entry)
+        return entry
+
+    def finish(self) -> str:
+        index = b"".join(ENTRY.pack(e.chunk_id, e.offset, e.stored_len, e.raw_len, e.codec)
+                         for e in self.entries)
+        self._write(index)
+        self._write(TRAILER.pack(len(self.entries), PACK_VERSION, ids.digest(index), END_MAGIC))
+        return self._hash.hexdigest()
+
+
+def read_index(f: BinaryIO, size: int, name: str = "pack") -> list[PackEntry]:
+    """Parse and check a pack's index from an open file of `size` bytes."""
+    if size < HEADER.size + TRAILER.size:
+        raise CorruptionError(f"{name} is truncated ({size} bytes)")
+    f.seek(0)
+    magic, version, _ = HEADER.unpack(f.read(HEADER.size))
+    if magic != MAGIC:
+        raise CorruptionError(f"{name} is not a cdcstore pack (bad magic)")
+    if version != PACK_VERSION:
+        raise CorruptionError(f"{name} has pack format version {version}; this cdcstore reads {PACK_VERSION}")
+    f.seek(size - TRAILER.size)
+    count, tversion, index_digest, end = TRAILER.unpack(f.read(TRAILER.size))
+    if end != END_MAGIC or tversion != version:
+        raise CorruptionError(f"{name} is truncated or damaged (bad trailer)")
+    index_len = count * ENTRY.size
+    index_start = size - TRAILER.size - index_len
+    if index_start < HEADER.size:
+        raise CorruptionError(f"{name} is damaged (index larger than pack)")
+    f.seek(index_start)
+    index = f.read(index_len)
+    if ids.digest(index) != index_digest:
+        raise CorruptionError(f"{name} has a damaged index")
+    entries = [PackEntry(*fields) for fields in ENTRY.iter_unpack(index)]
+    for e in entries:
+        if e.offset < HEADER.size or e.offset + e.stored_len > index_start:
+            raise CorruptionError(f"{name} has an index entry outside its records")
+    return entries

@@ -1,0 +1,390 @@
+"""The local directory store: packs, manifests, commits and branches on disk.
+
+Layout (store format v1, see docs/format.md):
+
+    cdcstore.json                     {"format": "cdcstore", "version": 1}
+    packs/ab/<name>.pack              immutable, named by xxh3-128 of their bytes
+    manifests/ab/<name>               file manifests, named likewise
+    repos/<repo>/commits/<id>.json    commits, named by xxh3-128 of their JSON
+    repos/<repo>/branches/<branch>    the commit id a branch points at
+    index.sqlite                      chunk index (a rebuildable cache)
+    tmp/                              files being written (<pid>-<random>.tmp)
+
+Every object is written to tmp/, fsynced and renamed into place, so nothing
+half-written is ever visible. Write order is packs -> index rows -> manifests ->
+commit -> branch (the commit point, a compare-and-swap under a file lock).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import secrets
+import threading
+from typing import Iterable, Iterator
+
+from . import ids
+from .address import check_name
+from .commit import Commit
+from .errors import (ConflictError, CorruptionError, NotAStoreError, PathNotFoundError,
+                     RepoNotFoundError, RevisionNotFoundError, StoreFormatError)
+from .index import ChunkIndex
+from .manifest import Manifest
+from .pack import PackEntry, decode_chunk, read_index
+
+STORE_FORMAT = "cdcstore"
+STORE_VERSION = 1
+MARKER = "cdcstore.json"
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LocalStore:
+    """A store in a local directory. Use `LocalStore.init` to create one."""
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(os.path.expanduser(root))
+        marker = os.path.join(self.root, MARKER)
+        if not os.path.isdir(self.root):
+            raise NotAStoreError(f"no store at {self.root}: create one with `cdcstore init --store {self.root}`")
+        try:
+            with open(marker) as f:
+                meta = json.load(f)
+        except FileNotFoundError:
+            raise NotAStoreError(
+                f"{self.root} is not a cdcstore store (no {MARKER}): pass the store's directory, "
+                f"or create a new store in an empty directory with `cdcstore init --store DIR`"
+            ) from None
+        except ValueError:
+            raise StoreFormatError(f"{marker} is damaged; restore it as "
+                                   f'{{"format": "cdcstore", "version": {STORE_VERSION}}}') from None
+        if meta.get("format") != STORE_FORMAT or meta.get("version") != STORE_VERSION:
+            raise StoreFormatError(f"{self.root} holds store format {meta!r}; this cdcstore reads "
+                                   f"version {STORE_VERSION}: upgrade cdcstore")
+        self.index = ChunkIndex(os.path.join(self.root, "index.sqlite"))
+        self._fds: dict[str, int] = {}
+        self._fd_pid = os.getpid()
+        self._fd_lock = threading.Lock()
+
+    # -- creation ------------------------------------------------------------------
+    @classmethod
+    def init(cls, root: str, exist_ok: bool = False) -> "LocalStore":
+        root = os.path.abspath(os.path.expanduser(root))
+        if os.path.exists(os.path.join(root, MARKER)):
+            if exist_ok:
+                return cls(root)
+            raise FileExistsError(f"a store already exists at {root}")
+        if os.path.isdir(root) and os.listdir(root):
+            raise NotAStoreError(f"{root} is not empty: create the store in a new or empty directory")
+        for sub in ("packs", "manifests", "repos", "tmp"):
+            os.makedirs(os.path.join(root, sub), exist_ok=True)
+        ChunkIndex(os.path.join(root, "index.sqlite"))
+        doc = json.dumps({"format": STORE_FORMAT, "version": STORE_VERSION}).encode()
+        tmp = os.path.join(root, "tmp", f"{os.getpid()}-marker.tmp")
+        with open(tmp, "wb") as f:
+            f.write(doc)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(root, MARKER))
+        fsync_dir(root)
+        return cls(root)
+
+    # -- atomic files -------------------------------------------------------------
+    def tmp_path(self) -> str:
+        return os.path.join(self.root, "tmp", f"{os.getpid()}-{secrets.token_hex(8)}.tmp")
+
+    def publish(self, tmp: str, final: str) -> None:
+        """fsync `tmp` and rename it to `final` (creating parent dirs)."""
+        parent = os.path.dirname(final)
+        os.makedirs(parent, exist_ok=True)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+        fsync_dir(parent)
+
+    def write_atomic(self, final: str, data: bytes) -> None:
+        tmp = self.tmp_path()
+        with open(tmp, "wb") as f:
+            f.write(data)
+        self.publish(tmp, final)
+
+    def clean_tmp(self) -> None:
+        """Remove temp files left by processes that died mid-write."""
+        tmpdir = os.path.join(self.root, "tmp")
+        for name in os.listdir(tmpdir):
+            pid = name.split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(tmpdir, name))
+
+    # -- packs and chunks -----------------------------------------------------------
+    def pack_path(self, name: str) -> str:
+        return os.path.join(self.root, "packs", name[:2], f"{name}.pack")
+
+    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None:
+        """Make a finished pack durable, then index its chunks (invariant 2)."""
+        final = self.pack_path(name)
+        size = os.path.getsize(tmp)
+        self.publish(tmp, final)
+        self.index.add_pack(name, size, entries)
+
+    def iter_pack_names(self) -> Iterator[str]:
+        base = os.path.join(self.root, "packs")
+        for sub in sorted(os.listdir(base)):
+            d = os.path.join(base, sub)
+            if os.path.isdir(d):
+                for fn in sorted(os.listdir(d)):
+                    if fn.endswith(".pack"):
+                        yield fn[:-5]
+
+    def read_pack_index(self, name: str) -> list[PackEntry]:
+        path = self.pack_path(name)
+        with open(path, "rb") as f:
+            return read_index(f, os.fstat(f.fileno()).st_size, f"pack {name}")
+
+    def recover(self) -> int:
+        """Index packs that are on disk but not in the index (a push killed between
+        making a pack durable and indexing it). Returns how many were added."""
+        known = self.index.packs()
+        added = 0
+        for name in self.iter_pack_names():
+            if name not in known:
+                try:
+                    entries = self.read_pack_index(name)
+                except CorruptionError:
+                    continue  # reported by `check`; never indexed
+                self.index.add_pack(name, os.path.getsize(self.pack_path(name)), entries)
+                added += 1
+        return added
+
+    def rebuild_index(self) -> dict:
+        """Recreate the chunk index from the packs alone."""
+        self.index.clear()
+        bad = []
+        packs = 0
+        for name in self.iter_pack_names():
+            try:
+                entries = self.read_pack_index(name)
+            except CorruptionError as e:
+                bad.append(str(e))
+                continue
+            self.index.add_pack(name, os.path.getsize(self.pack_path(name)), entries)
+            packs += 1
+        return {"packs": packs, "bad_packs": bad, **self.index.totals()}
+
+    def check(self) -> dict:
+        """Verify every pack against its name and every chunk against its id."""
+        problems = []
+        packs = chunks = 0
+        for name in self.iter_pack_names():
+            packs += 1
+            path = self.pack_path(name)
+            h = ids.hasher()
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 22), b""):
+                    h.update(block)
+            if h.hexdigest() != name:
+                problems.append(f"pack {name} does not match its name (damaged)")
+                continue
+            try:
+                entries = self.read_pack_index(name)
+                with open(path, "rb") as f:
+                    for e in entries:
+                        f.seek(e.offset)
+                        decode_chunk(f.read(e.stored_len), e.codec, e.raw_len, e.chunk_id)
+                        chunks += 1
+            except CorruptionError as e:
+                problems.append(str(e))
+        return {"packs": packs, "chunks": chunks, "problems": problems}
+
+    def _fd(self, pack: str) -> int:
+        with self._fd_lock:
+            if self._fd_pid != os.getpid():
+                self._fds = {}
+                self._fd_pid = os.getpid()
+            fd = self._fds.get(pack)
+            if fd is None:
+                try:
+                    fd = os.open(self.pack_path(pack), os.O_RDONLY)
+                except FileNotFoundError:
+                    raise CorruptionError(f"pack {pack} is missing from {self.root}; "
+                                          f"run `cdcstore check` and restore it from a copy") from None
+                self._fds[pack] = fd
+            return fd
+
+    def read_stored(self, pack: str, offset: int, length: int) -> bytes:
+        """Raw bytes of a pack range (no decoding)."""
+        data = os.pread(self._fd(pack), length, offset)
+        if len(data) != length:
+            raise CorruptionError(f"pack {pack} is truncated: wanted {length} bytes at {offset}")
+        return data
+
+    def locate(self, chunk_ids: Iterable[bytes]) -> dict[bytes, tuple[str, PackEntry]]:
+        return self.index.locate(chunk_ids)
+
+    def read_chunk(self, pack: str, entry: PackEntry) -> bytes:
+        stored = self.read_stored(pack, entry.offset, entry.stored_len)
+        try:
+            return decode_chunk(stored, entry.codec, entry.raw_len, entry.chunk_id)
+        except CorruptionError as e:
+            raise CorruptionError(f"{e} in pack {pack}: the store is damaged; run `cdcstore check`") from None
+
+    def close(self) -> None:
+        with self._fd_lock:
+            if self._fd_pid == os.getpid():
+                for fd in self._fds.values():
+                    os.close(fd)
+            self._fds = {}
+
+    # -- manifests ------------------------------------------------------------------
+    def manifest_path(self, name: str) -> str:
+        return os.path.join(self.root, "manifests", name[:2], name)
+
+    def put_manifest(self, manifest: Manifest) -> str:
+        data = manifest.encode()
+        name = ids.hexdigest(data)
+        path = self.manifest_path(name)
+        if not os.path.exists(path):
+            self.write_atomic(path, data)
+        return name
+
+    def get_manifest(self, name: str) -> Manifest:
+        try:
+            with open(self.manifest_path(name), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise CorruptionError(f"manifest {name} is missing from {self.root}") from None
+        if ids.hexdigest(data) != name:
+            raise CorruptionError(f"manifest {name} does not match its name (damaged)")
+        return Manifest.decode(data, f"manifest {name}")
+
+    # -- repos, commits, branches -------------------------------------------------------
+    def repo_dir(self, repo: str) -> str:
+        return os.path.join(self.root, "repos", check_name("repo", repo))
+
+    def repos(self) -> list[str]:
+        return sorted(os.listdir(os.path.join(self.root, "repos")))
+
+    def has_repo(self, repo: str) -> bool:
+        return os.path.isdir(self.repo_dir(repo))
+
+    def _require_repo(self, repo: str) -> str:
+        d = self.repo_dir(repo)
+        if not os.path.isdir(d):
+            known = ", ".join(self.repos()) or "none yet"
+            raise RepoNotFoundError(f"no repo {repo!r} in store {self.root} (repos: {known}); "
+                                    f"push to cdc://{repo}/ to create it")
+        return d
+
+    def branches(self, repo: str) -> dict[str, str]:
+        d = os.path.join(self._require_repo(repo), "branches")
+        out = {}
+        for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+            with open(os.path.join(d, name)) as f:
+                out[name] = f.read().strip()
+        return out
+
+    def put_commit(self, commit: Commit) -> str:
+        data = commit.encode()
+        cid = ids.hexdigest(data)
+        path = os.path.join(self.repo_dir(commit.repo), "commits", f"{cid}.json")
+        if not os.path.exists(path):
+            self.write_atomic(path, data)
+        return cid
+
+    def get_commit(self, repo: str, commit_id: str) -> Commit:
+        path = os.path.join(self._require_repo(repo), "commits", f"{commit_id}.json")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            raise RevisionNotFoundError(f"no commit {commit_id} in repo {repo!r}") from None
+        if ids.hexdigest(data) != commit_id:
+            raise CorruptionError(f"commit {commit_id} in repo {repo!r} does not match its id (damaged)")
+        return Commit.decode(data, f"commit {commit_id}")
+
+    def resolve(self, repo: str, rev: str) -> str:
+        """A branch name, a commit id or a unique prefix of one (4+ hex digits) -> commit id."""
+        d = self._require_repo(repo)
+        branch = os.path.join(d, "branches", rev)
+        if os.path.isfile(branch):
+            with open(branch) as f:
+                return f.read().strip()
+        if len(rev) >= 4 and all(c in "0123456789abcdef" for c in rev):
+            matches = [fn[:-5] for fn in os.listdir(os.path.join(d, "commits")) if fn.startswith(rev)]
+            if len(matches) == 1:
+                return matches[0]
+            if len(matches) > 1:
+                raise RevisionNotFoundError(f"revision {rev!r} is ambiguous in repo {repo!r} "
+                                            f"({len(matches)} commits match): give more digits")
+        names = ", ".join(self.branches(repo)) or "none"
+        raise RevisionNotFoundError(f"no branch or commit {rev!r} in repo {repo!r} (branches: {names}); "
+                                    f"a commit id prefix needs at least 4 hex digits")
+
+    @contextlib.contextmanager
+    def _repo_lock(self, repo: str):
+        d = self.repo_dir(repo)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "lock"), "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def update_branch(self, repo: str, branch: str, expected: str | None, new: str) -> None:
+        """Move `branch` from `expected` (None: must not exist) to `new`, atomically.
+
+        Raises ConflictError when another writer moved it first; nothing changes then.
+        """
+        check_name("branch", branch)
+        with self._repo_lock(repo):
+            path = os.path.join(self.repo_dir(repo), "branches", branch)
+            try:
+                with open(path) as f:
+                    current = f.read().strip()
+            except FileNotFoundError:
+                current = None
+            if current != expected:
+                raise ConflictError(
+                    f"branch {branch!r} of repo {repo!r} moved to {current or 'nothing'} while this push was "
+                    f"based on {expected or 'no commit'}: run the push again (stored chunks are reused)"
+                )
+            self.write_atomic(path, (new + "\n").encode())
+
+    def ensure_repo(self, repo: str) -> None:
+        d = self.repo_dir(repo)
+        for sub in ("commits", "branches"):
+            os.makedirs(os.path.join(d, sub), exist_ok=True)
+
+    def log(self, repo: str, rev: str) -> Iterator[tuple[str, Commit]]:
+        cid: str | None = self.resolve(repo, rev)
+        while cid:
+            c = self.get_commit(repo, cid)
+            yield cid, c
+            cid = c.parent
+
+
+def no_such_path(addr_repo: str, rev: str, path: str) -> PathNotFoundError:
+    return PathNotFoundError(f"no file or folder {path!r} in cdc://{addr_repo}@{rev}/: "
+                             f"list what is there with `cdcstore ls cdc://{addr_repo}@{rev}/`")

@@ -1,0 +1,170 @@
+"""The write path: files -> chunks -> new chunks encoded in parallel -> packs.
+
+`Ingest` is one push session against a `LocalStore`. The calling thread reads,
+chunks (native, GIL released) and hashes; a thread pool compresses and verifies
+only the chunks the store lacks (zstd releases the GIL); the calling thread
+appends finished chunks to the current pack, which is flushed - made durable,
+then indexed - whenever it reaches its cap. In-flight memory is bounded by
+`max_inflight_bytes`, and a file is read `block_size` bytes at a time, so memory
+does not grow with file size.
+"""
+from __future__ import annotations
+
+import collections
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from . import ids
+from .chunker import DEFAULT_PARAMS, ChunkParams, Chunker
+from .manifest import Manifest
+from .pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, PackWriter,
+                   encode_chunk)
+from .store import LocalStore
+
+
+@dataclass
+class IngestOptions:
+    params: ChunkParams = DEFAULT_PARAMS
+    zstd_level: int = DEFAULT_ZSTD_LEVEL
+    max_pack_bytes: int = DEFAULT_MAX_PACK_BYTES
+    max_pack_chunks: int = DEFAULT_MAX_PACK_CHUNKS
+    workers: int = max(1, os.cpu_count() or 1)
+    max_inflight_bytes: int = 64 * 1024 * 1024
+    block_size: int = 8 * 1024 * 1024
+
+
+class PackSink:
+    """Appends encoded chunks to a temp pack file and publishes it when full."""
+
+    def __init__(self, store: LocalStore, opts: IngestOptions):
+        self.store = store
+        self.opts = opts
+        self.stored_bytes = 0
+        self.packs: list[str] = []
+        self._file = None
+        self._tmp = ""
+        self._writer: PackWriter | None = None
+
+    def add(self, chunk_id: bytes, codec: int, stored: bytes, raw_len: int) -> None:
+        if self._writer is None:
+            self._tmp = self.store.tmp_path()
+            self._file = open(self._tmp, "wb")
+            self._writer = PackWriter(self._file)
+        self._writer.add(chunk_id, codec, stored, raw_len)
+        w = self._writer
+        if w.size >= self.opts.max_pack_bytes or len(w.entries) >= self.opts.max_pack_chunks:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._writer is None:
+            return
+        name = self._writer.finish()
+        self._file.close()
+        self.store.add_pack(self._tmp, name, self._writer.entries)
+        self.stored_bytes += self._writer.size
+        self.packs.append(name)
+        self._writer = self._file = None
+
+    def abort(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            try:
+                os.unlink(self._tmp)
+            except FileNotFoundError:
+                pass
+        self._writer = self._file = None
+
+
+class Ingest:
+    """One push session: add files, then `finish` to make every new chunk durable."""
+
+    def __init__(self, store: LocalStore, opts: IngestOptions | None = None,
+                 progress: Callable[[int], None] | None = None):
+        self.store = store
+        self.opts = opts or IngestOptions()
+        self.progress = progress
+        self.sink = PackSink(store, self.opts)
+        self.bytes = 0
+        self.new_bytes = 0
+        self.chunks = 0
+        self.new_chunks = 0
+        self._seen: set[bytes] = set()
+        self._pool = ThreadPoolExecutor(self.opts.workers, thread_name_prefix="cdcstore-encode")
+        self._inflight: collections.deque = collections.deque()
+        self._inflight_bytes = 0
+        store.clean_tmp()
+        store.recover()
+
+    def add_file(self, path: str) -> Manifest:
+        """Chunk one local file, schedule its new chunks, and return its manifest."""
+        chunker = Chunker(self.opts.params)
+        file_hash = ids.hasher()
+        chunk_ids: list[bytes] = []
+        lengths: list[int] = []
+        size = 0
+        with open(path, "rb") as f:
+            while True:
+                block = f.read(self.opts.block_size)
+                if block:
+                    file_hash.update(block)
+                    size += len(block)
+                    chunks = chunker.feed(block)
+                else:
+                    chunks = chunker.finish()
+                self._add_chunks(chunks, chunk_ids, lengths)
+                if self.progress and block:
+                    self.progress(len(block))
+                if not block:
+                    break
+        self.bytes += size
+        return Manifest(chunk_ids, lengths, size, file_hash.digest())
+
+    def _add_chunks(self, chunks: list[bytes], chunk_ids: list[bytes], lengths: list[int]) -> None:
+        if not chunks:
+            return
+        batch = [ids.digest(c) for c in chunks]
+        chunk_ids.extend(batch)
+        lengths.extend(len(c) for c in chunks)
+        self.chunks += len(chunks)
+        candidates = [c for c in dict.fromkeys(batch) if c not in self._seen]
+        present = self.store.index.present(candidates) if candidates else set()
+        self._seen.update(present)
+        for cid, data in zip(batch, chunks):
+            if cid in self._seen:
+                continue
+            self._seen.add(cid)
+            self.new_bytes += len(data)
+            self.new_chunks += 1
+            fut = self._pool.submit(encode_chunk, data, cid, self.opts.zstd_level)
+            self._inflight.append((fut, cid, len(data)))
+            self._inflight_bytes += len(data)
+            while self._inflight_bytes > self.opts.max_inflight_bytes:
+                self._drain_one()
+
+    def _drain_one(self) -> None:
+        fut, cid, raw_len = self._inflight.popleft()
+        self._inflight_bytes -= raw_len
+        codec, stored = fut.result()
+        self.sink.add(cid, codec, stored, raw_len)
+
+    def finish(self) -> None:
+        """Wait for every scheduled chunk and make the last pack durable."""
+        try:
+            while self._inflight:
+                self._drain_one()
+            self.sink.flush()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        for fut, _, _ in self._inflight:
+            fut.cancel()
+        self._inflight.clear()
+        self._pool.shutdown(wait=True)
+        self.sink.abort()
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.sink.stored_bytes
