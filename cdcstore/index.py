@@ -11,8 +11,6 @@ import sqlite3
 import threading
 from typing import Iterable
 
-import sqlite_utils
-
 from .pack import PackEntry
 
 SCHEMA_VERSION = 1
@@ -26,23 +24,30 @@ class ChunkIndex:
         self._ensure_schema()
 
     @property
-    def db(self) -> sqlite_utils.Database:
+    def conn(self) -> sqlite3.Connection:
+        """This thread's connection (a new one after a fork)."""
         local = self._local
         if getattr(local, "pid", None) != os.getpid():
             conn = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            local.db = sqlite_utils.Database(conn)
+            local.conn = conn
             local.pid = os.getpid()
-        return local.db
+        return local.conn
+
+    def _has_schema(self) -> bool:
+        return self.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='chunks'").fetchone() is not None
 
     def _ensure_schema(self) -> None:
-        db = self.db
-        if "chunks" in db.table_names():
+        if self._has_schema():
             return
+        import sqlite_utils  # only needed to create a new index; it is slow to import
+
+        db = sqlite_utils.Database(self.conn)
         with db.conn:
             db.execute("BEGIN IMMEDIATE")
-            if "chunks" not in db.table_names():
+            if not self._has_schema():
                 db["packs"].create({"name": str, "size": int, "chunks": int}, pk="name")
                 db.execute(
                     "CREATE TABLE chunks (id BLOB PRIMARY KEY, pack TEXT NOT NULL, offset INTEGER NOT NULL,"
@@ -56,7 +61,7 @@ class ChunkIndex:
         """The subset of `chunk_ids` that the index knows."""
         ids = list(chunk_ids)
         found: set[bytes] = set()
-        conn = self.db.conn
+        conn = self.conn
         for i in range(0, len(ids), _BATCH):
             batch = ids[i:i + _BATCH]
             q = f"SELECT id FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
@@ -67,7 +72,7 @@ class ChunkIndex:
         """Where each known chunk lives; unknown ids are left out."""
         ids = list(dict.fromkeys(chunk_ids))
         out: dict[bytes, tuple[str, PackEntry]] = {}
-        conn = self.db.conn
+        conn = self.conn
         for i in range(0, len(ids), _BATCH):
             batch = ids[i:i + _BATCH]
             q = ("SELECT id, pack, offset, stored_len, raw_len, codec FROM chunks"
@@ -78,7 +83,7 @@ class ChunkIndex:
 
     def add_pack(self, name: str, size: int, entries: list[PackEntry]) -> None:
         """Record a durable pack and its chunks in one transaction (first pack wins a chunk)."""
-        conn = self.db.conn
+        conn = self.conn
         with conn:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("INSERT OR IGNORE INTO packs (name, size, chunks) VALUES (?, ?, ?)",
@@ -90,19 +95,19 @@ class ChunkIndex:
             )
 
     def packs(self) -> set[str]:
-        return {row[0] for row in self.db.conn.execute("SELECT name FROM packs")}
+        return {row[0] for row in self.conn.execute("SELECT name FROM packs")}
 
     def clear(self) -> None:
-        conn = self.db.conn
+        conn = self.conn
         with conn:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("DELETE FROM chunks")
             conn.execute("DELETE FROM packs")
 
     def totals(self) -> dict:
-        row = self.db.conn.execute(
+        row = self.conn.execute(
             "SELECT COUNT(*), COALESCE(SUM(raw_len), 0), COALESCE(SUM(stored_len), 0) FROM chunks"
         ).fetchone()
-        packs = self.db.conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM packs").fetchone()
+        packs = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM packs").fetchone()
         return {"chunks": row[0], "chunk_raw_bytes": row[1], "chunk_stored_bytes": row[2],
                 "packs": packs[0], "pack_bytes": packs[1]}

@@ -1,0 +1,186 @@
+"""Chunker throughput: cdcstore's native gear scan against pyfastcdc, side by side.
+
+    python bench/chunker.py [--size-mb 256] [--repeat 5] [--data-dir /tmp/cdcbench]
+
+Both chunkers cut the same in-memory buffer (default 256 MiB) with min/avg/max =
+16 KiB / 64 KiB / 256 KiB, on two inputs:
+
+  random   os.urandom bytes
+  parquet  a generated Parquet file (int, float, text columns, zstd), its bytes
+           repeated up to the buffer size
+
+Timed per repetition (medians quoted):
+
+  ours           cdcstore.chunker.chunk_ends(buf, ChunkParams(16384, 65536, 262144))
+  pyfastcdc      every chunk of pyfastcdc.FastCDC(avg_size=65536, min_size=16384,
+                 max_size=262144).cut_buf(buf) (library defaults otherwise: NC=1)
+  ours-stream    every chunk of cdcstore.chunker.iter_chunks(io.BytesIO(buf)), for
+                 information (includes copying each chunk into a bytes object)
+  pyfastcdc_nc2  pyfastcdc with normalized_chunking=2 (the level cdcstore's rule
+                 uses), for information only
+
+Repetitions are interleaved (ours, pyfastcdc, ... then again) so that drift in
+machine speed hits every method alike.
+
+GB/s are decimal (1e9 bytes per second). The goal quoted is ours/pyfastcdc >= 1.0
+per input; the figures are reported as measured whether or not they meet it.
+The last line printed is one JSON object with every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+MIN, AVG, MAX = 16 * 1024, 64 * 1024, 256 * 1024
+GOAL_RATIO = 1.0
+
+
+def parquet_bytes(data_dir: str, target: int, seed: int = 7) -> bytes:
+    """Bytes of a generated ~32 MB Parquet file (cached on disk), repeated to `target` bytes."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = os.path.join(data_dir, f"chunker-sample-s{seed}.parquet")
+    if not os.path.exists(path):
+        os.makedirs(data_dir, exist_ok=True)
+        rng = np.random.default_rng(seed)
+        rows = 400_000
+        lens = rng.integers(16, 160, rows)
+        offsets = np.zeros(rows + 1, dtype=np.int32)
+        np.cumsum(lens, out=offsets[1:])
+        alphabet = np.frombuffer(b"etaoinshrdlucmfwypvbgkjqxz      ", dtype=np.uint8)
+        text = alphabet[rng.integers(0, len(alphabet), int(offsets[-1]))]
+        table = pa.table({
+            "id": pa.array(np.arange(rows, dtype=np.int64)),
+            "user": pa.array(rng.integers(0, 10**9, rows)),
+            "score": pa.array(rng.normal(size=rows)),
+            "price": pa.array(np.round(rng.gamma(2.0, 30.0, rows), 2)),
+            "category": pa.array(rng.choice([f"cat_{i}" for i in range(64)], rows)),
+            "text": pa.StringArray.from_buffers(rows, pa.py_buffer(offsets.tobytes()),
+                                                pa.py_buffer(text.tobytes())),
+        })
+        tmp = path + f".{os.getpid()}.tmp"
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    with open(path, "rb") as f:
+        one = f.read()
+    reps = -(-target // len(one))
+    return (one * reps)[:target]
+
+
+def time_ours(buf) -> tuple[float, int]:
+    from cdcstore.chunker import ChunkParams, chunk_ends
+    params = ChunkParams(MIN, AVG, MAX)
+    t0 = time.perf_counter()
+    ends = chunk_ends(buf, params)
+    dt = time.perf_counter() - t0
+    assert ends[-1] == len(buf), "chunk_ends does not cover the buffer"
+    return dt, len(ends)
+
+
+def time_pyfastcdc(buf) -> tuple[float, int]:
+    import pyfastcdc
+    cdc = pyfastcdc.FastCDC(avg_size=AVG, min_size=MIN, max_size=MAX)
+    t0 = time.perf_counter()
+    n = total = 0
+    for c in cdc.cut_buf(buf):
+        n += 1
+        total += c.length
+    dt = time.perf_counter() - t0
+    assert total == len(buf), "pyfastcdc chunks do not cover the buffer"
+    return dt, n
+
+
+def time_pyfastcdc_nc2(buf) -> tuple[float, int]:
+    import pyfastcdc
+    cdc = pyfastcdc.FastCDC(avg_size=AVG, min_size=MIN, max_size=MAX, normalized_chunking=2)
+    t0 = time.perf_counter()
+    n = total = 0
+    for c in cdc.cut_buf(buf):
+        n += 1
+        total += c.length
+    dt = time.perf_counter() - t0
+    assert total == len(buf), "pyfastcdc chunks do not cover the buffer"
+    return dt, n
+
+
+def time_stream(buf) -> tuple[float, int]:
+    from cdcstore.chunker import ChunkParams, iter_chunks
+    params = ChunkParams(MIN, AVG, MAX)
+    t0 = time.perf_counter()
+    n = total = 0
+    for c in iter_chunks(io.BytesIO(buf), params):
+        n += 1
+        total += len(c)
+    dt = time.perf_counter() - t0
+    assert total == len(buf), "iter_chunks does not cover the buffer"
+    return dt, n
+
+
+METHODS = {"ours": time_ours, "pyfastcdc": time_pyfastcdc, "ours_stream": time_stream,
+           "pyfastcdc_nc2": time_pyfastcdc_nc2}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mb", type=float, default=256, help="buffer size in MiB (default 256)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed repetitions per measurement (default 5)")
+    ap.add_argument("--data-dir", default="/tmp/cdcbench", help="where generated data is cached")
+    args = ap.parse_args()
+    size = int(args.size_mb * 1024 * 1024)
+
+    print(f"chunker benchmark: {size / 2**20:.0f} MiB buffer, min/avg/max {MIN}/{AVG}/{MAX}, "
+          f"{args.repeat} repetitions, medians quoted; python {platform.python_version()}, "
+          f"{os.cpu_count()} cpus")
+    inputs = {}
+    t0 = time.perf_counter()
+    inputs["random"] = os.urandom(size)
+    inputs["parquet"] = parquet_bytes(args.data_dir, size)
+    print(f"inputs ready in {time.perf_counter() - t0:.1f} s")
+
+    results: dict = {"size_bytes": size, "repeat": args.repeat, "params": [MIN, AVG, MAX], "inputs": {}}
+    for name, buf in inputs.items():
+        r: dict = {}
+        times: dict = {m: [] for m in METHODS}
+        counts: dict = {m: set() for m in METHODS}
+        for fn in METHODS.values():
+            fn(buf[: 8 * 1024 * 1024])  # warm-up (imports, first touch) on a slice, not timed
+        for _ in range(args.repeat):
+            for method, fn in METHODS.items():
+                dt, n = fn(buf)
+                times[method].append(dt)
+                counts[method].add(n)
+        for method in METHODS:
+            med = statistics.median(times[method])
+            assert len(counts[method]) == 1, f"{method} cut differently between runs"
+            n = counts[method].pop()
+            r[method] = {"gb_s": len(buf) / med / 1e9, "median_s": med, "times_s": times[method],
+                         "chunks": n, "mean_chunk_bytes": len(buf) / n}
+        r["ratio_ours_over_pyfastcdc"] = r["ours"]["gb_s"] / r["pyfastcdc"]["gb_s"]
+        r["ratio_stream_over_pyfastcdc"] = r["ours_stream"]["gb_s"] / r["pyfastcdc"]["gb_s"]
+        r["goal_met"] = r["ratio_ours_over_pyfastcdc"] >= GOAL_RATIO
+        results["inputs"][name] = r
+
+        print(f"\n[{name}]")
+        print(f"  {'method':<13} {'GB/s':>7} {'median s':>9} {'min s':>7} {'max s':>7} {'chunks':>7} {'mean chunk':>11}")
+        for method in METHODS:
+            m = r[method]
+            print(f"  {method:<13} {m['gb_s']:>7.2f} {m['median_s']:>9.3f} {min(m['times_s']):>7.3f} "
+                  f"{max(m['times_s']):>7.3f} {m['chunks']:>7} {m['mean_chunk_bytes'] / 1024:>8.1f} KiB")
+        print(f"  ratio ours/pyfastcdc        = {r['ratio_ours_over_pyfastcdc']:.3f}x "
+              f"(goal >= {GOAL_RATIO}: {'met' if r['goal_met'] else 'NOT met'})")
+        print(f"  ratio ours_stream/pyfastcdc = {r['ratio_stream_over_pyfastcdc']:.3f}x (information)")
+
+    print()
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""The file object behaves like a plain file (property tests against bytes)."""
+import io
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from cdcstore import Store
+from cdcstore.chunker import ChunkParams
+from cdcstore.writer import IngestOptions
+from conftest import golden_input
+
+DATA = golden_input(700_000) + b"z" * 50_000 + golden_input(123_457)[::-1]
+
+
+@pytest.fixture(scope="module")
+def pushed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reader")
+    src = root / "f.bin"
+    src.write_bytes(DATA)
+    s = Store.init(str(root / "store"))
+    s.push([str(src)], "cdc://r/f.bin", options=IngestOptions(params=ChunkParams(1024, 8192, 32768)))
+    yield s
+    s.close()
+
+
+ops = st.lists(st.tuples(st.sampled_from(["seek_set", "seek_cur", "seek_end", "read", "readinto", "pread"]),
+                         st.integers(-900_000, 900_000), st.integers(-1, 300_000)), max_size=25)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=ops)
+def test_random_seeks_and_reads_match_a_plain_file(pushed, ops):
+    plain = io.BytesIO(DATA)
+    with pushed.open("cdc://r/f.bin") as f:
+        for op, a, b in ops:
+            if op.startswith("seek"):
+                whence = {"seek_set": 0, "seek_cur": 1, "seek_end": 2}[op]
+                target = {0: a, 1: plain.tell() + a, 2: len(DATA) + a}[whence]
+                if target < 0:
+                    with pytest.raises(OSError):
+                        f.seek(a, whence)
+                    continue
+                assert f.seek(a, whence) == plain.seek(a, whence)
+            elif op == "read":
+                assert f.read(b) == plain.read(b)
+            elif op == "readinto":
+                n = max(b, 0)
+                x, y = bytearray(n), bytearray(n)
+                assert f.readinto(x) == plain.readinto(y)
+                assert x == y
+            else:
+                start = abs(a)
+                assert f.pread(start, max(b, 0)) == DATA[start:start + max(b, 0)]
+            assert f.tell() == plain.tell()
+
+
+def test_full_read_and_buffered_wrapper(pushed):
+    with pushed.open("cdc://r/f.bin") as f:
+        assert f.read() == DATA
+        assert f.read() == b""
+        assert f.size == len(DATA)
+    with io.BufferedReader(pushed.open("cdc://r/f.bin")) as f:
+        assert f.read(10) == DATA[:10]
+        assert f.read() == DATA[10:]
+
+
+def test_pyarrow_reads_a_column_through_the_file_object(tmp_path):
+    table = pa.table({"a": list(range(100_000)), "b": [f"row {i}" for i in range(100_000)]})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=20_000)
+    s = Store.init(str(tmp_path / "store"))
+    s.push([str(tmp_path / "t.parquet")], "cdc://r/t.parquet")
+    with s.open("cdc://r/t.parquet") as f:
+        got = pq.read_table(f, columns=["b"])
+    assert got.column("b").equals(table.column("b"))
+    with s.open("cdc://r/t.parquet") as f:
+        assert pq.ParquetFile(f).metadata.num_row_groups == 5
