@@ -188,8 +188,9 @@ class Store:
             prefix = a.path + "/" if a.path else ""
             for p in [p for p in files if p.startswith(prefix) and p not in new_paths]:
                 del files[p]
-        for path, m in manifests:  # manifests only after their chunks are durable
-            files[path] = FileEntry(be.put_manifest(m), m.size)
+        names = be.put_manifests([m for _, m in manifests])  # only after their chunks are durable
+        for (path, m), name in zip(manifests, names):
+            files[path] = FileEntry(name, m.size)
         _check_tree(files)
         files = dict(sorted(files.items()))
         changed = base is None or files != base.files or expected is None

@@ -268,6 +268,15 @@ class LocalStore:
             self.write_atomic(path, data)
         return name
 
+    def put_manifests(self, manifests: list[Manifest]) -> list[str]:
+        """Store many manifests; fsyncs overlap on a thread pool."""
+        if len(manifests) < 8:
+            return [self.put_manifest(m) for m in manifests]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(16, thread_name_prefix="cdcstore-manifest") as pool:
+            return list(pool.map(self.put_manifest, manifests))
+
     def get_manifest(self, name: str) -> Manifest:
         try:
             with open(self.manifest_path(name), "rb") as f:

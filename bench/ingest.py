@@ -1,0 +1,557 @@
+"""Ingest benchmark: cdcstore push against hf_xet upload (local:// CAS), side by side.
+
+    python bench/ingest.py [--size-mb 300] [--repeat 3] [--data-dir /tmp/cdcbench]
+    python bench/ingest.py --scale [--scale-gb 5] [--small-files 10000] [--repeat 1]
+
+Default run
+-----------
+Generates (once, cached under --data-dir) a unique Parquet dataset of about
+--size-mb MB in 6 files (int, float and text columns; zstd; written by pyarrow
+with use_content_defined_chunking=True), and an edited copy "v2":
+
+  part-000  a contiguous block of 1% of the rows gets new value/price/text
+  part-001  5% more rows appended at the end
+  extra     one new small file (~1% of the dataset)
+  the other files are unchanged (hard links to the v1 files)
+
+Each repetition, with fresh targets, runs four child processes (so memory is
+measured per side and per push; sides alternate which goes first):
+
+  ours  v1  Store(dir).push(v1/, "cdc://bench/")     into an empty store
+  ours  v2  Store(dir).push(v2/, "cdc://bench/")     same store: dedups against v1
+  xet   v1  XetSession().new_upload_commit(endpoint="local://DIR"),
+            start_upload_file(each file, sha256=SKIP_SHA256), wait_to_finish()
+  xet   v2  the same with the v2 files into the same local:// DIR
+
+The timed region of each child is opening the store / session plus the whole
+push / upload commit. Source files are in the page cache for both sides.
+
+Figures (medians over repetitions): throughput in MB/s (decimal, logical bytes
+of the files / seconds) for v1, v2 and both together, and ours/hf_xet ratios
+(goal >= 2.0); new bytes of v2 (raw bytes of chunks the target lacked:
+TransferResult.new_bytes vs DeduplicationMetrics.new_bytes) and their ratio;
+stored bytes (ours: TransferResult.stored_bytes, the pack bytes; hf_xet: growth
+of its local:// directory, apparent size summed over files like `du -sb`, with
+our directory's growth quoted too for an apples-to-apples view); peak RSS of
+each child (rusage from os.wait4, i.e. ru_maxrss of that process alone).
+
+--scale (off by default)
+------------------------
+Pushes (a) one generated file of --scale-gb GB (default 5; streamed to disk in
+4 MiB segments: half fresh random data, half copies of earlier segments shifted
+by a random insert, so dedup is partial and boundaries move) and (b) a folder
+of --small-files small files (default 10,000; 512 B - 64 KiB, 100 folders, some
+files sharing content) into fresh targets, ours and hf_xet each in its own
+child, and reports time, throughput, new/stored bytes and peak RSS (goal for
+ours: < 1 GB). Needs about 3x --scale-gb of free disk under --data-dir.
+
+The last line printed is one JSON object with every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+GOAL_THROUGHPUT_RATIO = 2.0
+GOAL_SCALE_RSS = 1_000_000_000
+NFILES = 6
+REPO_DEST = "cdc://bench/"
+
+
+# ---------------------------------------------------------------------------------------------
+# data generation (parent only)
+# ---------------------------------------------------------------------------------------------
+
+def _vocab(seed: int = 12345, n: int = 30000):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(2, 13, n)
+    letters = np.frombuffer(b"etaoinshrdlucmfwypvbgkjqxz", dtype=np.uint8)
+    p = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.2, 2.4,
+                  2.0, 1.9, 1.0, 1.5, 2.0, 0.8, 0.15, 0.1, 0.15, 0.07])
+    chars = letters[rng.choice(26, int(lens.sum()), p=p / p.sum())]
+    entry = lens + 1  # word + space
+    off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(entry, out=off[1:])
+    buf = np.full(int(off[-1]), ord(" "), dtype=np.uint8)
+    pos = np.repeat(off[:-1], lens) + (np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens))
+    buf[pos] = chars
+    return buf, off, entry
+
+
+def _text(rng, vocab, rows: int):
+    """Rows of 3-40 words drawn from a skewed (power-law-like) vocabulary distribution."""
+    import numpy as np
+    import pyarrow as pa
+    vbuf, voff, vlen = vocab
+    nw = rng.integers(3, 41, rows)
+    ntok = int(nw.sum())
+    tok = (len(vlen) * rng.random(ntok) ** 3).astype(np.int64)
+    L = vlen[tok]
+    out_off = np.cumsum(L) - L
+    src = np.repeat(voff[tok] - out_off, L) + np.arange(int(L.sum()))
+    data = vbuf[src]
+    starts = np.zeros(rows, dtype=np.int64)
+    np.cumsum(nw[:-1], out=starts[1:])
+    row_bytes = np.add.reduceat(L, starts)
+    offsets = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(row_bytes, out=offsets[1:])
+    return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data.tobytes()))
+
+
+def make_table(seed: int, rows: int, id0: int = 0):
+    import numpy as np
+    import pyarrow as pa
+    rng = np.random.default_rng(seed)
+    hexd = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+    uu = hexd[rng.integers(0, 16, rows * 32, dtype=np.uint8)]
+    return pa.table({
+        "id": pa.array(np.arange(id0, id0 + rows, dtype=np.int64)),
+        "ts": pa.array(1_700_000_000_000 + seed * 10**9 + np.cumsum(rng.integers(0, 5000, rows))),
+        "user_id": pa.array((rng.random(rows) ** 4 * 1_000_000).astype(np.int64)),
+        "value": pa.array(rng.normal(100, 15, rows)),
+        "price": pa.array(np.round(rng.gamma(2.0, 30.0, rows), 2)),
+        "category": pa.array(np.array([f"category_{i:03d}" for i in range(200)])[rng.integers(0, 200, rows)]),
+        "uuid": pa.StringArray.from_buffers(rows, pa.py_buffer((np.arange(rows + 1, dtype=np.int32) * 32).tobytes()),
+                                            pa.py_buffer(uu.tobytes())),
+        "text": _text(rng, _vocab(), rows),
+    })
+
+
+def write_parquet(table, path: str) -> None:
+    import pyarrow.parquet as pq
+    tmp = path + ".tmp"
+    pq.write_table(table, tmp, compression="zstd", use_content_defined_chunking=True)
+    os.replace(tmp, path)
+
+
+def make_dataset(data_dir: str, size_mb: float) -> tuple[str, str, dict]:
+    """v1/ and v2/ folders (cached: reused when the same size was generated before)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    root = os.path.join(data_dir, f"ingest-{size_mb:g}mb")
+    v1, v2 = os.path.join(root, "v1"), os.path.join(root, "v2")
+    done = os.path.join(root, "DONE.json")
+    if os.path.exists(done):
+        with open(done) as f:
+            return v1, v2, json.load(f)
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(v1)
+    os.makedirs(v2)
+    t0 = time.perf_counter()
+    # calibrate compressed bytes per row
+    probe = os.path.join(root, "probe.parquet")
+    write_parquet(make_table(999, 50_000), probe)
+    per_row = os.path.getsize(probe) / 50_000
+    os.unlink(probe)
+    rows = max(1000, int(size_mb * 1e6 / NFILES / per_row))
+    info: dict = {"rows_per_file": rows, "files": NFILES}
+    for i in range(NFILES):
+        write_parquet(make_table(i + 1, rows, id0=i * rows), os.path.join(v1, f"part-{i:03d}.parquet"))
+
+    # v2: edit part-000 (contiguous 1% of rows), append 5% rows to part-001, add a small file
+    rng = np.random.default_rng(2024)
+    t = pq.read_table(os.path.join(v1, "part-000.parquet"))
+    n_upd = max(1, rows // 100)
+    lo = int(rng.integers(0, rows - n_upd))
+    upd = make_table(777, n_upd, id0=lo)
+    mask = np.zeros(rows, dtype=bool)
+    mask[lo:lo + n_upd] = True
+    m = pa.array(mask)
+    for col in ("value", "price", "text"):
+        full = pa.concat_arrays([pa.nulls(lo, upd[col].type), upd[col].combine_chunks(),
+                                 pa.nulls(rows - lo - n_upd, upd[col].type)])
+        t = t.set_column(t.schema.get_field_index(col), col,
+                         pc.if_else(m, full, t[col].combine_chunks()))
+    write_parquet(t, os.path.join(v2, "part-000.parquet"))
+    info["v2_part000_updated_rows"] = [lo, lo + n_upd]
+
+    t = pq.read_table(os.path.join(v1, "part-001.parquet"))
+    n_app = rows // 20
+    t = pa.concat_tables([t, make_table(555, n_app, id0=NFILES * rows).cast(t.schema)])
+    write_parquet(t, os.path.join(v2, "part-001.parquet"))
+    info["v2_part001_appended_rows"] = n_app
+
+    write_parquet(make_table(4242, max(100, rows * NFILES // 100), id0=10 * NFILES * rows),
+                  os.path.join(v2, "extra.parquet"))
+    for i in range(2, NFILES):
+        name = f"part-{i:03d}.parquet"
+        os.link(os.path.join(v1, name), os.path.join(v2, name))
+    info["generate_seconds"] = time.perf_counter() - t0
+    with open(done, "w") as f:
+        json.dump(info, f)
+    return v1, v2, info
+
+
+def make_big_file(path: str, size: int, seed: int = 5) -> None:
+    """Stream `size` bytes to disk: 4 MiB segments, half fresh random, half shifted copies."""
+    import numpy as np
+    if os.path.exists(path) and os.path.getsize(path) == size:
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    rng = np.random.default_rng(seed)
+    seg = 4 * 1024 * 1024
+    pool: list[bytes] = []
+    written = 0
+    with open(path + ".tmp", "wb") as f:
+        while written < size:
+            if not pool or rng.random() < 0.5:
+                block = rng.bytes(seg)
+                pool.append(block)
+                if len(pool) > 32:
+                    pool.pop(int(rng.integers(0, len(pool))))
+            else:
+                src = pool[int(rng.integers(0, len(pool)))]
+                cut = int(rng.integers(0, seg // 2))
+                block = rng.bytes(int(rng.integers(1, 4097))) + src[cut:]
+            block = block[: size - written]
+            f.write(block)
+            written += len(block)
+    os.replace(path + ".tmp", path)
+
+
+def make_small_files(root: str, n: int, seed: int = 9) -> None:
+    import numpy as np
+    done = os.path.join(os.path.dirname(root), os.path.basename(root) + ".DONE")
+    if os.path.exists(done):
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    rng = np.random.default_rng(seed)
+    base = rng.bytes(1 << 20)
+    for i in range(n):
+        d = os.path.join(root, f"d{i // 100:03d}")
+        os.makedirs(d, exist_ok=True)
+        size = int(np.exp(rng.uniform(np.log(512), np.log(65536))))
+        if rng.random() < 0.3:  # shares content with other files
+            off = int(rng.integers(0, len(base) - size))
+            data = base[off:off + size]
+        else:
+            data = rng.bytes(size)
+        with open(os.path.join(d, f"f{i:05d}.bin"), "wb") as f:
+            f.write(data)
+    open(done, "w").close()
+
+
+# ---------------------------------------------------------------------------------------------
+# children: one push / upload each
+# ---------------------------------------------------------------------------------------------
+
+def list_files(src: str) -> list[str]:
+    if os.path.isfile(src):
+        return [src]
+    out = []
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames.sort()
+        out.extend(os.path.join(dirpath, fn) for fn in sorted(filenames))
+    return out
+
+
+def worker(side: str, src: str, target: str, init: bool) -> dict:
+    rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if side == "ours":
+        from cdcstore.api import Store
+        if init:
+            Store.init(target).close()
+        rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        t0 = time.perf_counter()
+        store = Store(target)
+        r = store.push([src], REPO_DEST, message=os.path.basename(src))
+        store.close()
+        dt = time.perf_counter() - t0
+        return {"seconds": dt, "bytes": r.bytes, "files": r.files, "new_bytes": r.new_bytes,
+                "stored_bytes": r.stored_bytes, "chunks": r.chunks, "new_chunks": r.new_chunks,
+                "api_seconds": r.seconds, "rss_before_push": rss_start}
+    import hf_xet
+    files = list_files(src)
+    total = sum(os.path.getsize(p) for p in files)
+    rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    t0 = time.perf_counter()
+    sess = hf_xet.XetSession()
+    commit = sess.new_upload_commit(endpoint="local://" + os.path.abspath(target))
+    handles = [commit.start_upload_file(p, sha256=hf_xet.SKIP_SHA256) for p in files]
+    report = commit.wait_to_finish()
+    dt = time.perf_counter() - t0
+    dm = report.dedup_metrics
+    ok = sum(1 for h in handles if h.result() is not None)
+    return {"seconds": dt, "bytes": total, "files": len(files), "uploaded_ok": ok,
+            "new_bytes": dm.new_bytes, "total_bytes": dm.total_bytes, "chunks": dm.total_chunks,
+            "new_chunks": dm.new_chunks, "xorb_bytes_uploaded": dm.xorb_bytes_uploaded,
+            "shard_bytes_uploaded": dm.shard_bytes_uploaded, "rss_before_push": rss_start}
+
+
+def dir_bytes(path: str, sub: str | None = None) -> int:
+    """Apparent size of every file under path (like `du -sb`), optionally only under `sub`."""
+    total = 0
+    top = os.path.join(path, sub) if sub else path
+    for dirpath, _, filenames in os.walk(top):
+        for fn in filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, fn)).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def xet_xorb_bytes(path: str) -> int:
+    total = 0
+    for dirpath, _, filenames in os.walk(path):
+        if os.path.basename(dirpath) == "xorbs":
+            total += sum(os.lstat(os.path.join(dirpath, f)).st_size for f in filenames
+                         if not f.endswith(".redb"))
+    return total
+
+
+def run_child(side: str, src: str, target: str, init: bool, env_extra: dict) -> dict:
+    """Run one push/upload in a fresh interpreter; return its figures plus its own peak RSS."""
+    before = dir_bytes(target) if os.path.exists(target) else 0
+    before_core = (dir_bytes(target, "packs") if side == "ours" else xet_xorb_bytes(target)) if before else 0
+    env = dict(os.environ, **env_extra)
+    cmd = [sys.executable, os.path.abspath(__file__), "--_worker", side, "--_src", src, "--_target", target]
+    if init:
+        cmd.append("--_init")
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
+    out = p.stdout.read()
+    p.stdout.close()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError(f"{side} child failed (exit {p.returncode}) on {src}")
+    res = json.loads(out.decode().strip().splitlines()[-1])
+    res["peak_rss"] = ru.ru_maxrss * 1024
+    after = dir_bytes(target)
+    res["dir_growth"] = after - before
+    core = dir_bytes(target, "packs") if side == "ours" else xet_xorb_bytes(target)
+    res["core_growth"] = core - before_core  # packs (ours) / xorbs (hf_xet)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# reporting helpers
+# ---------------------------------------------------------------------------------------------
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def mb(x: float) -> str:
+    return f"{x / 1e6:,.1f} MB"
+
+
+def ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def fmt_ratio(r: float | None) -> str:
+    return "n/a (peer is 0)" if r is None else f"{r:.2f}x"
+
+
+def xet_env(cache: str) -> dict:
+    return {"HF_XET_TELEMETRY_ENABLED": "0", "HF_XET_CACHE": cache}
+
+
+# ---------------------------------------------------------------------------------------------
+# main runs
+# ---------------------------------------------------------------------------------------------
+
+def run_default(args) -> dict:
+    v1, v2, info = make_dataset(args.data_dir, args.size_mb)
+    b1 = sum(os.path.getsize(p) for p in list_files(v1))
+    b2 = sum(os.path.getsize(p) for p in list_files(v2))
+    print(f"dataset: v1 {len(list_files(v1))} files {mb(b1)}, v2 {len(list_files(v2))} files {mb(b2)} "
+          f"({info['rows_per_file']:,} rows per file; v2 edits: part-000 rows "
+          f"{info['v2_part000_updated_rows']} updated, part-001 +{info['v2_part001_appended_rows']:,} rows, "
+          f"extra.parquet new)")
+    for p in list_files(v1) + list_files(v2):  # warm the page cache for both sides alike
+        with open(p, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+    work = os.path.join(args.data_dir, "ingest-run")
+    shutil.rmtree(work, ignore_errors=True)
+    runs: dict = {"ours": [], "xet": []}
+    for rep in range(args.repeat):
+        order = ("ours", "xet") if rep % 2 == 0 else ("xet", "ours")
+        for side in order:
+            target = os.path.join(work, f"{side}-r{rep}")
+            env = xet_env(os.path.join(work, f"xet-cache-r{rep}")) if side == "xet" else {}
+            r1 = run_child(side, v1, target, init=True, env_extra=env)
+            r2 = run_child(side, v2, target, init=False, env_extra=env)
+            runs[side].append({"v1": r1, "v2": r2})
+            print(f"  rep {rep + 1}/{args.repeat} {side:<4}: v1 {r1['seconds']:.2f} s, v2 {r2['seconds']:.2f} s, "
+                  f"v2 new {mb(r2['new_bytes'])}, peak RSS {mb(max(r1['peak_rss'], r2['peak_rss']))}")
+            shutil.rmtree(target, ignore_errors=True)
+        shutil.rmtree(os.path.join(work, f"xet-cache-r{rep}"), ignore_errors=True)
+
+    fig: dict = {"dataset": {"v1_bytes": b1, "v2_bytes": b2, **info}, "repeat": args.repeat}
+    for side in ("ours", "xet"):
+        rs = runs[side]
+        s = {
+            "v1_seconds": med([r["v1"]["seconds"] for r in rs]),
+            "v2_seconds": med([r["v2"]["seconds"] for r in rs]),
+            "total_seconds": med([r["v1"]["seconds"] + r["v2"]["seconds"] for r in rs]),
+            "v1_new_bytes": med([r["v1"]["new_bytes"] for r in rs]),
+            "v2_new_bytes": med([r["v2"]["new_bytes"] for r in rs]),
+            "v1_dir_growth": med([r["v1"]["dir_growth"] for r in rs]),
+            "v2_dir_growth": med([r["v2"]["dir_growth"] for r in rs]),
+            "v1_core_growth": med([r["v1"]["core_growth"] for r in rs]),
+            "v2_core_growth": med([r["v2"]["core_growth"] for r in rs]),
+            "v1_peak_rss": med([r["v1"]["peak_rss"] for r in rs]),
+            "v2_peak_rss": med([r["v2"]["peak_rss"] for r in rs]),
+            "rss_before_push": med([r["v1"]["rss_before_push"] for r in rs]),
+            "runs": rs,
+        }
+        if side == "ours":
+            s["v1_stored_bytes"] = med([r["v1"]["stored_bytes"] for r in rs])
+            s["v2_stored_bytes"] = med([r["v2"]["stored_bytes"] for r in rs])
+        else:  # what hf_xet wrote under its local:// directory
+            s["v1_stored_bytes"] = s["v1_dir_growth"]
+            s["v2_stored_bytes"] = s["v2_dir_growth"]
+        s["v1_mb_s"] = b1 / s["v1_seconds"] / 1e6
+        s["v2_mb_s"] = b2 / s["v2_seconds"] / 1e6
+        s["total_mb_s"] = (b1 + b2) / s["total_seconds"] / 1e6
+        fig[side] = s
+    o, x = fig["ours"], fig["xet"]
+    fig["ratios_ours_over_xet"] = {
+        "throughput_v1": ratio(o["v1_mb_s"], x["v1_mb_s"]),
+        "throughput_v2": ratio(o["v2_mb_s"], x["v2_mb_s"]),
+        "throughput_total": ratio(o["total_mb_s"], x["total_mb_s"]),
+        "v2_new_bytes": ratio(o["v2_new_bytes"], x["v2_new_bytes"]),
+        "stored_bytes_total": ratio(o["v1_stored_bytes"] + o["v2_stored_bytes"],
+                                    x["v1_stored_bytes"] + x["v2_stored_bytes"]),
+        "stored_bytes_v2": ratio(o["v2_stored_bytes"], x["v2_stored_bytes"]),
+        "dir_growth_total": ratio(o["v1_dir_growth"] + o["v2_dir_growth"], x["v1_dir_growth"] + x["v2_dir_growth"]),
+        "packs_over_xorbs_total": ratio(o["v1_core_growth"] + o["v2_core_growth"],
+                                        x["v1_core_growth"] + x["v2_core_growth"]),
+        "peak_rss_max": ratio(max(o["v1_peak_rss"], o["v2_peak_rss"]), max(x["v1_peak_rss"], x["v2_peak_rss"])),
+    }
+    fig["goal_throughput_met"] = (fig["ratios_ours_over_xet"]["throughput_total"] or 0) >= GOAL_THROUGHPUT_RATIO
+
+    R = fig["ratios_ours_over_xet"]
+    print(f"\nresults (median of {args.repeat}; MB = 1e6 bytes)")
+    print(f"  {'':<34} {'cdcstore':>14} {'hf_xet':>14} {'ours/hf_xet':>12}")
+    rows = [
+        ("v1 push time", f"{o['v1_seconds']:.2f} s", f"{x['v1_seconds']:.2f} s", None),
+        ("v2 push time", f"{o['v2_seconds']:.2f} s", f"{x['v2_seconds']:.2f} s", None),
+        ("v1 throughput (MB/s)", f"{o['v1_mb_s']:.1f}", f"{x['v1_mb_s']:.1f}", R["throughput_v1"]),
+        ("v2 throughput (MB/s)", f"{o['v2_mb_s']:.1f}", f"{x['v2_mb_s']:.1f}", R["throughput_v2"]),
+        ("v1+v2 throughput (MB/s)", f"{o['total_mb_s']:.1f}", f"{x['total_mb_s']:.1f}", R["throughput_total"]),
+        ("v1 new bytes", mb(o["v1_new_bytes"]), mb(x["v1_new_bytes"]), ratio(o["v1_new_bytes"], x["v1_new_bytes"])),
+        ("v2 new bytes", mb(o["v2_new_bytes"]), mb(x["v2_new_bytes"]), R["v2_new_bytes"]),
+        ("v1 stored bytes (*)", mb(o["v1_stored_bytes"]), mb(x["v1_stored_bytes"]),
+         ratio(o["v1_stored_bytes"], x["v1_stored_bytes"])),
+        ("v2 stored bytes (*)", mb(o["v2_stored_bytes"]), mb(x["v2_stored_bytes"]), R["stored_bytes_v2"]),
+        ("v1+v2 stored bytes (*)", mb(o["v1_stored_bytes"] + o["v2_stored_bytes"]),
+         mb(x["v1_stored_bytes"] + x["v2_stored_bytes"]), R["stored_bytes_total"]),
+        ("v1+v2 whole target dir growth", mb(o["v1_dir_growth"] + o["v2_dir_growth"]),
+         mb(x["v1_dir_growth"] + x["v2_dir_growth"]), R["dir_growth_total"]),
+        ("v1+v2 packs / xorbs only", mb(o["v1_core_growth"] + o["v2_core_growth"]),
+         mb(x["v1_core_growth"] + x["v2_core_growth"]), R["packs_over_xorbs_total"]),
+        ("peak RSS v1 push", mb(o["v1_peak_rss"]), mb(x["v1_peak_rss"]), ratio(o["v1_peak_rss"], x["v1_peak_rss"])),
+        ("peak RSS v2 push", mb(o["v2_peak_rss"]), mb(x["v2_peak_rss"]), ratio(o["v2_peak_rss"], x["v2_peak_rss"])),
+        ("RSS after imports (baseline)", mb(o["rss_before_push"]), mb(x["rss_before_push"]), None),
+    ]
+    for label, a, b, r in rows:
+        print(f"  {label:<34} {a:>14} {b:>14} {'' if r is None else fmt_ratio(r):>12}")
+    print("  (*) ours: TransferResult.stored_bytes (pack bytes); hf_xet: growth of its local:// directory")
+    print(f"  throughput ratio v1+v2 ours/hf_xet = {fmt_ratio(R['throughput_total'])} "
+          f"(goal >= {GOAL_THROUGHPUT_RATIO}: {'met' if fig['goal_throughput_met'] else 'NOT met'})")
+    print(f"  v2 new bytes: {o['v2_new_bytes'] / b2:.1%} of v2 for ours, {x['v2_new_bytes'] / b2:.1%} for hf_xet")
+    return fig
+
+
+def run_scale(args) -> dict:
+    base = os.path.join(args.data_dir, "scale")
+    big = os.path.join(base, f"big-{args.scale_gb:g}gb.bin")
+    small = os.path.join(base, f"small-{args.small_files}")
+    t0 = time.perf_counter()
+    make_big_file(big, int(args.scale_gb * 1e9))
+    make_small_files(small, args.small_files)
+    print(f"scale inputs ready in {time.perf_counter() - t0:.0f} s: {big} ({mb(os.path.getsize(big))}), "
+          f"{small} ({args.small_files} files, {mb(dir_bytes(small))})")
+    work = os.path.join(args.data_dir, "scale-run")
+    shutil.rmtree(work, ignore_errors=True)
+    fig: dict = {"repeat": args.repeat, "goal_peak_rss_bytes": GOAL_SCALE_RSS}
+    for label, src in (("big_file", big), ("small_files", small)):
+        nbytes = sum(os.path.getsize(p) for p in list_files(src))
+        runs: dict = {"ours": [], "xet": []}
+        for rep in range(args.repeat):
+            order = ("ours", "xet") if rep % 2 == 0 else ("xet", "ours")
+            for side in order:
+                target = os.path.join(work, f"{label}-{side}-r{rep}")
+                env = xet_env(os.path.join(work, f"xet-cache-{label}-r{rep}")) if side == "xet" else {}
+                r = run_child(side, src, target, init=True, env_extra=env)
+                runs[side].append(r)
+                print(f"  {label} rep {rep + 1}/{args.repeat} {side:<4}: {r['seconds']:.1f} s, "
+                      f"peak RSS {mb(r['peak_rss'])}, new {mb(r['new_bytes'])}")
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.rmtree(env.get("HF_XET_CACHE", "/nonexistent"), ignore_errors=True)
+        f: dict = {"bytes": nbytes, "files": len(list_files(src))}
+        for side in ("ours", "xet"):
+            rs = runs[side]
+            secs = med([r["seconds"] for r in rs])
+            f[side] = {"seconds": secs, "mb_s": nbytes / secs / 1e6,
+                       "peak_rss": med([r["peak_rss"] for r in rs]),
+                       "peak_rss_max": max(r["peak_rss"] for r in rs),
+                       "new_bytes": med([r["new_bytes"] for r in rs]),
+                       "dir_growth": med([r["dir_growth"] for r in rs]), "runs": rs}
+        f["throughput_ratio_ours_over_xet"] = ratio(f["ours"]["mb_s"], f["xet"]["mb_s"])
+        f["ours_rss_goal_met"] = f["ours"]["peak_rss_max"] < GOAL_SCALE_RSS
+        fig[label] = f
+    print(f"\nscale results (median of {args.repeat}; MB = 1e6 bytes)")
+    print(f"  {'':<28} {'files':>6} {'bytes':>12} {'side':>5} {'seconds':>8} {'MB/s':>7} {'new':>12} "
+          f"{'dir growth':>12} {'peak RSS':>11}")
+    for label in ("big_file", "small_files"):
+        f = fig[label]
+        for side in ("ours", "xet"):
+            s = f[side]
+            print(f"  {label:<28} {f['files']:>6} {mb(f['bytes']):>12} {side:>5} {s['seconds']:>8.1f} "
+                  f"{s['mb_s']:>7.1f} {mb(s['new_bytes']):>12} {mb(s['dir_growth']):>12} {mb(s['peak_rss']):>11}")
+        print(f"  {label}: throughput ours/hf_xet {fmt_ratio(f['throughput_ratio_ours_over_xet'])}; "
+              f"ours peak RSS (max over reps) {mb(f['ours']['peak_rss_max'])} "
+              f"(goal < 1 GB: {'met' if f['ours_rss_goal_met'] else 'NOT met'})")
+    shutil.rmtree(work, ignore_errors=True)
+    return fig
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mb", type=float, default=300, help="size of the v1 dataset in MB (default 300)")
+    ap.add_argument("--repeat", type=int, default=3, help="repetitions; medians are quoted (default 3)")
+    ap.add_argument("--data-dir", default="/tmp/cdcbench", help="generated data and targets (default /tmp/cdcbench)")
+    ap.add_argument("--scale", action="store_true",
+                    help="instead of the default run: a --scale-gb single file and --small-files small files")
+    ap.add_argument("--scale-gb", type=float, default=5, help="size of the single big file for --scale (GB)")
+    ap.add_argument("--small-files", type=int, default=10000, help="number of small files for --scale")
+    ap.add_argument("--_worker", choices=["ours", "xet"], help=argparse.SUPPRESS)
+    ap.add_argument("--_src", help=argparse.SUPPRESS)
+    ap.add_argument("--_target", help=argparse.SUPPRESS)
+    ap.add_argument("--_init", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args._worker:
+        print(json.dumps(worker(args._worker, args._src, args._target, args._init)))
+        return
+    import hf_xet
+    import cdcstore
+    print(f"ingest benchmark: cdcstore vs hf_xet {getattr(hf_xet, '__version__', '1.8.0?')} (local://), "
+          f"{args.repeat} repetitions, medians quoted; python {platform.python_version()}, {os.cpu_count()} cpus; "
+          f"data under {args.data_dir}")
+    fig = run_scale(args) if args.scale else run_default(args)
+    fig["mode"] = "scale" if args.scale else "default"
+    print()
+    print(json.dumps(fig))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
