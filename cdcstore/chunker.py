@@ -8,7 +8,7 @@ The rule itself is written down in docs/format.md and pinned by golden vectors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 from . import _gear
 
@@ -43,13 +43,21 @@ def chunk_ends(data, params: ChunkParams = DEFAULT_PARAMS) -> list[int]:
 class Chunker:
     """Streaming chunker: feed bytes in pieces of any size, then call `finish`.
 
-    Memory is bounded by about twice the maximum chunk size plus one piece.
-    Yielded chunks are `bytes` objects owned by the caller.
+    `cuts` are absolute offsets where a chunk must end (e.g. Parquet page
+    starts): the stream is then chunked as independent segments, each with the
+    rule above. Memory is bounded by about twice the maximum chunk size plus one
+    piece. Returned chunks are `bytes` objects owned by the caller.
     """
 
-    def __init__(self, params: ChunkParams = DEFAULT_PARAMS):
+    def __init__(self, params: ChunkParams = DEFAULT_PARAMS, cuts: Iterable[int] = ()):
         self.params = params
         self._buf = bytearray()
+        self._base = 0  # absolute offset of _buf[0]
+        self._cuts = iter(sorted(set(cuts)))
+        self._next_cut = self._next_after(0)
+
+    def _next_after(self, pos: int) -> int | None:
+        return next((c for c in self._cuts if c > pos), None)
 
     def feed(self, data) -> list[bytes]:
         """Add bytes; return the chunks they complete (possibly none)."""
@@ -65,22 +73,33 @@ class Chunker:
     def _cut(self, eof: bool) -> list[bytes]:
         p = self.params
         buf = self._buf
-        ends = _gear.scan(buf, p.min_size, p.avg_size, p.max_size, eof)
+        chunks: list[bytes] = []
         start = 0
         with memoryview(buf) as view:
-            chunks = []
-            for end in ends:
-                chunks.append(bytes(view[start:end]))
-                start = end
+            while start < len(buf):
+                cut = self._next_cut
+                whole = cut is not None and cut - self._base <= len(buf)
+                seg_end = cut - self._base if whole else len(buf)
+                ends = _gear.scan(view[start:seg_end], p.min_size, p.avg_size, p.max_size, whole or eof)
+                prev = 0
+                for end in ends:
+                    chunks.append(bytes(view[start + prev:start + end]))
+                    prev = end
+                if not whole:
+                    start += prev
+                    break
+                start = seg_end
+                self._next_cut = self._next_after(cut)
         if start:
             del buf[:start]
+            self._base += start
         return chunks
 
 
 def iter_chunks(stream: BinaryIO, params: ChunkParams = DEFAULT_PARAMS,
-                block_size: int = 8 * 1024 * KiB) -> Iterator[bytes]:
+                block_size: int = 8 * 1024 * KiB, cuts: Iterable[int] = ()) -> Iterator[bytes]:
     """Chunks of a binary stream, read `block_size` bytes at a time."""
-    chunker = Chunker(params)
+    chunker = Chunker(params, cuts)
     while True:
         block = stream.read(block_size)
         if not block:

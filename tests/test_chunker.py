@@ -115,3 +115,15 @@ def test_bad_params_are_rejected():
         ChunkParams(100, 50, 200)
     with pytest.raises(ValueError):
         _gear.scan(b"abc", 10, 5, 20, True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(cuts=st.lists(st.integers(-5, 20050), max_size=30), block=st.sampled_from([1, 7, 100, 5000, 70000]))
+def test_forced_cuts_chunk_each_segment_independently(cuts, block):
+    data = golden_input(20000)
+    p = ChunkParams(64, 256, 1024)
+    bounds = sorted({0, len(data), *(c for c in cuts if 0 < c < len(data))})
+    expect = [a + e for a, b in zip(bounds, bounds[1:]) for e in chunk_ends(data[a:b], p)]
+    got = list(iter_chunks(io.BytesIO(data), p, block_size=block, cuts=cuts))
+    assert b"".join(got) == data
+    assert ends_of(map(len, got)) == expect
