@@ -178,7 +178,8 @@ class Store:
                 m = ingest.add_file(local)
                 manifests.append((path, m))
                 if detail:
-                    per_file[path] = {"bytes": m.size, "new_bytes": ingest.new_bytes - before}
+                    per_file[path] = {"bytes": m.size, "new_bytes": ingest.new_bytes - before,
+                                      "chunks": len(m.chunk_ids), "chunking": ingest.last_file_mode}
             ingest.finish()
         finally:
             ingest.close()

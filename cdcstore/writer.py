@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from . import ids
+from . import ids, parquet
 from .chunker import DEFAULT_PARAMS, ChunkParams, Chunker
 from .manifest import Manifest
 from .pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, PackWriter,
@@ -33,6 +33,7 @@ class IngestOptions:
     workers: int = max(1, os.cpu_count() or 1)
     max_inflight_bytes: int = 64 * 1024 * 1024
     block_size: int = 8 * 1024 * 1024
+    parquet_pages: bool = True  # cut Parquet files at page boundaries (falls back to byte CDC)
 
 
 class PackSink:
@@ -94,12 +95,15 @@ class Ingest:
         self._pool = ThreadPoolExecutor(self.opts.workers, thread_name_prefix="cdcstore-encode")
         self._inflight: collections.deque = collections.deque()
         self._inflight_bytes = 0
+        self.last_file_mode = ""
         store.clean_tmp()
         store.recover()
 
     def add_file(self, path: str) -> Manifest:
         """Chunk one local file, schedule its new chunks, and return its manifest."""
-        chunker = Chunker(self.opts.params)
+        cuts = parquet.page_cuts(path) if self.opts.parquet_pages else None
+        self.last_file_mode = "parquet-pages" if cuts else "bytes"
+        chunker = Chunker(self.opts.params, cuts or ())
         file_hash = ids.hasher()
         chunk_ids: list[bytes] = []
         lengths: list[int] = []
