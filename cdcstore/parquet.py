@@ -306,40 +306,82 @@ def plan_row_groups(fingerprints, target_rows: int, min_rows: int, max_rows: int
     return ends
 
 
-def _row_group_ends(table, row_group_bytes: int) -> list[int]:
+def _target_rows(table, nbytes: int) -> int:
+    return max(1, nbytes // max(1, table.nbytes // max(1, table.num_rows)))
+
+
+def _row_group_ends(table, row_group_bytes: int, fps=None) -> list[int]:
     n = table.num_rows
     if n == 0:
         return []
-    bytes_per_row = max(1, table.nbytes // n)
-    target = max(1, row_group_bytes // bytes_per_row)
-    fps = row_fingerprints(table)
+    target = _target_rows(table, row_group_bytes)
+    fps = row_fingerprints(table) if fps is None else fps
     if fps is None:  # nothing to hash: fixed-size groups
         return list(range(target, n, target)) + [n]
     return plan_row_groups(fps, target, max(1, target // 4), target * 4)
 
 
-def write_table(table, where, *, row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES, compression: str = "zstd",
-                use_dictionary=True, **options) -> list[int]:
+def write_dataset(table, directory: str, *, file_bytes: int = 512 * 1024 * 1024,
+                  row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES, basename: str = "part-{:05d}.parquet",
+                  **kwargs) -> list[str]:
+    """Write `table` as several dedup-friendly files of about `file_bytes` of Arrow
+    memory each; returns the file paths.
+
+    File boundaries are content-defined too: a file ends at a row-group boundary
+    whose next row has a fingerprint below 2^64 / (target rows per file), so an
+    edit early in the dataset leaves later files byte-identical.
+    """
+    import os
+
+    import numpy as np
+
+    os.makedirs(directory, exist_ok=True)
+    fps = row_fingerprints(table)
+    rg_ends = _row_group_ends(table, row_group_bytes, fps)
+    target = _target_rows(table, file_bytes)
+    threshold = np.uint64((2**64 - 1) // target)
+    files, start = [], 0
+    for e in rg_ends:
+        rows = e - start
+        natural = e < table.num_rows and fps is not None and fps[e] < threshold and rows >= target // 4
+        if natural or rows >= target * 4 or e == table.num_rows:
+            files.append((start, e))
+            start = e
+    paths = []
+    for i, (a, b) in enumerate(files):
+        path = os.path.join(directory, basename.format(i))
+        ends = [e - a for e in rg_ends if a < e <= b]
+        _write_groups(table.slice(a, b - a), path, ends, row_group_bytes, **kwargs)
+        paths.append(path)
+    return paths
+
+
+def write_table(table, where, *, row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES, **kwargs) -> list[int]:
     """Write `table` as a dedup-friendly Parquet file; returns the row-group sizes.
 
     Arrow content-defined page chunking (options in `CDC_OPTIONS`), content-defined
     row groups of about `row_group_bytes` of Arrow memory each, and a page index.
-    The options are recorded under the `cdcstore.writer` schema metadata key. Other
-    keyword arguments go to `pyarrow.parquet.ParquetWriter`.
+    The options are recorded under the `cdcstore.writer` schema metadata key.
+    `compression` (default zstd), `use_dictionary` and other keyword arguments go to
+    `pyarrow.parquet.ParquetWriter`.
     """
+    return _write_groups(table, where, _row_group_ends(table, row_group_bytes), row_group_bytes, **kwargs)
+
+
+def _write_groups(table, where, ends: list[int], row_group_bytes: int, *, compression: str = "zstd",
+                  **options) -> list[int]:
     import json
 
     import pyarrow.parquet as pq
 
-    ends = _row_group_ends(table, row_group_bytes)
     meta = dict(table.schema.metadata or {})
     meta[WRITER_METADATA_KEY] = json.dumps({
         "version": WRITER_VERSION, "cdc": CDC_OPTIONS, "row_group_bytes": row_group_bytes,
         "compression": compression}).encode()
     schema = table.schema.with_metadata(meta)
     sizes = []
-    with pq.ParquetWriter(where, schema, compression=compression, use_dictionary=use_dictionary,
-                          use_content_defined_chunking=CDC_OPTIONS, write_page_index=True, **options) as w:
+    with pq.ParquetWriter(where, schema, compression=compression, use_content_defined_chunking=CDC_OPTIONS,
+                          write_page_index=True, **options) as w:
         start = 0
         for end in ends:
             w.write_table(table.slice(start, end - start).replace_schema_metadata(meta),
