@@ -43,11 +43,20 @@ class TransferResult:
     chunks: int = 0
     new_chunks: int = 0
     changed: bool = True
-    files_detail: dict | None = None
+    files_detail: dict | None = None  # per pushed file: bytes, new_bytes, chunks, chunking
 
-    def to_dict(self) -> dict:
+    @property
+    def new_bytes_by_file(self) -> dict[str, int]:
+        """Where the new bytes of a push landed, largest first (files with none left out).
+        A chunk new to the store counts for the first file that contains it."""
+        d = self.files_detail or {}
+        return dict(sorted(((p, f["new_bytes"]) for p, f in d.items() if f["new_bytes"]),
+                           key=lambda kv: (-kv[1], kv[0])))
+
+    def to_dict(self, detail: bool = False) -> dict:
         d = asdict(self)
-        if d["files_detail"] is None:
+        d["new_bytes_by_file"] = self.new_bytes_by_file
+        if not detail or d["files_detail"] is None:
             del d["files_detail"]
         return d
 
@@ -148,7 +157,7 @@ class Store:
     # -- writing -------------------------------------------------------------------------
     def push(self, sources: Iterable[str] | str, dest: str | Address, message: str = "",
              *, delete: bool = False, options: IngestOptions | None = None,
-             progress: Callable[[int], None] | None = None, detail: bool = False) -> TransferResult:
+             progress: Callable[[int], None] | None = None) -> TransferResult:
         """Publish local files and folders as one new commit on DEST's branch.
 
         Files already in the branch and not pushed stay; with `delete=True`, files
@@ -177,8 +186,7 @@ class Store:
                 before = ingest.new_bytes
                 m = ingest.add_file(local)
                 manifests.append((path, m))
-                if detail:
-                    per_file[path] = {"bytes": m.size, "new_bytes": ingest.new_bytes - before,
+                per_file[path] = {"bytes": m.size, "new_bytes": ingest.new_bytes - before,
                                       "chunks": len(m.chunk_ids), "chunking": ingest.last_file_mode}
             ingest.finish()
         finally:
@@ -205,7 +213,7 @@ class Store:
             files=len(pairs), bytes=ingest.bytes, new_bytes=ingest.new_bytes,
             stored_bytes=ingest.stored_bytes, seconds=time.perf_counter() - t0, commit=commit_id,
             chunks=ingest.chunks, new_chunks=ingest.new_chunks, changed=changed,
-            files_detail=per_file if detail else None)
+            files_detail=per_file)
 
     # -- reading -------------------------------------------------------------------------
     def _entries(self, a: Address) -> tuple[str, Commit, dict[str, FileEntry]]:

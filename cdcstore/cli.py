@@ -90,7 +90,7 @@ def init(store_path):
 @click.argument("dest", metavar="cdc://REPO[@BRANCH]/DEST")
 @click.option("-m", "--message", default="", help="Commit message.")
 @click.option("--delete", is_flag=True, help="Remove files under DEST that are not being pushed.")
-@click.option("--detail", is_flag=True, help="With --json, report bytes and new bytes per file.")
+@click.option("--detail", is_flag=True, help="With --json, add bytes, new bytes and chunking per file.")
 @store_option
 @json_option
 @handle_errors
@@ -106,14 +106,19 @@ def push(sources, dest, message, delete, detail, store_path, as_json):
         elif os.path.exists(src):
             total += os.path.getsize(src)
     with _progress(total, "push", as_json) as bar:
-        r = s.push(list(sources), dest, message, delete=delete, progress=bar.update, detail=detail)
+        r = s.push(list(sources), dest, message, delete=delete, progress=bar.update)
     if as_json:
-        _print_json(r.to_dict())
+        _print_json(r.to_dict(detail=detail))
         return
     where = parse(dest)
     state = f"commit {r.commit[:12]} on {where.repo}@{where.ref}" if r.changed else "no changes; nothing committed"
     click.echo(f"{state}\n  {r.files} files, {_human(r.bytes)}; new {_human(r.new_bytes)} "
                f"({r.new_chunks}/{r.chunks} chunks), stored {_human(r.stored_bytes)} in {r.seconds:.2f}s")
+    top = list(r.new_bytes_by_file.items())
+    for path, n in top[:10]:
+        click.echo(f"  new {_human(n):>10}  {path}")
+    if len(top) > 10:
+        click.echo(f"  ... and {len(top) - 10} more files with new bytes (see --json)")
 
 
 @cli.command()

@@ -73,11 +73,10 @@ def run(size_mb: int = 64, workdir: str | None = None) -> dict:
         write(pa.concat_tables([shards[5], make_table(n // 100, 99)]), os.path.join(data, "part-005.parquet"))
         write(make_table(n // 4, 100), os.path.join(data, f"part-{SHARDS:03d}.parquet"))
 
-        v2 = store.push([data], "cdc://demo/", message="v2: edits", detail=True)
+        v2 = store.push([data], "cdc://demo/", message="v2: edits")
         print(_row("push v2", v2), f"commit {v2.commit[:12]}")
-        for path, d in v2.files_detail.items():
-            if d["new_bytes"]:
-                print(f"           {path}: {d['new_bytes'] / 1024 / 1024:.2f} MiB new of {d['bytes'] / 1024 / 1024:.2f}")
+        for path, n in v2.new_bytes_by_file.items():
+            print(f"           {path}: {n / 2**20:.2f} MiB new of {v2.files_detail[path]['bytes'] / 2**20:.2f}")
 
         out = os.path.join(work, "readback")
         t0 = time.perf_counter()

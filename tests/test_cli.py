@@ -52,6 +52,7 @@ def test_push_ls_cat_log_pull_stats(env):
     r2 = json.loads(run("push", str(data), "cdc://ds/", "-m", "v2", "--json", "--detail", store=store).stdout)
     assert 0 < r2["new_bytes"] < 600_000 and r2["commit"] != r["commit"]
     assert r2["files_detail"]["sub/b.txt"]["new_bytes"] == 0
+    assert list(r2["new_bytes_by_file"]) == ["a.bin"] and "files_detail" not in r
 
     ls = run("ls", "cdc://ds/", store=store).stdout.decode()
     assert "a.bin" in ls and "sub/" in ls

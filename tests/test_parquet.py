@@ -72,7 +72,7 @@ def test_fallback_for_truncated_and_fake_parquet(tmp_path):
     for name in ("cut.parquet", "fake.parquet", "text.parquet", "badfooter.parquet"):
         assert P.page_cuts(str(tmp_path / name)) is None
     s = Store.init(str(tmp_path / "store"))
-    r = s.push([str(tmp_path)], "cdc://pq/", detail=True)  # never fails the push
+    r = s.push([str(tmp_path)], "cdc://pq/")  # never fails the push
     assert r.files_detail["t.parquet"]["chunking"] == "parquet-pages"
     assert r.files_detail["cut.parquet"]["chunking"] == "bytes"
     for name in ("t.parquet", "cut.parquet", "fake.parquet", "text.parquet", "badfooter.parquet"):
