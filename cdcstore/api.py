@@ -124,7 +124,7 @@ class Store:
         if create and not os.path.exists(os.path.join(path, "cdcstore.json")):
             LocalStore.init(path, exist_ok=True)
         self.backend = LocalStore(path)
-        self.location = self.backend.root
+        self.location = self.backend.location
 
     @classmethod
     def init(cls, location: str | None = None) -> "Store":
@@ -205,7 +205,6 @@ class Store:
         changed = base is None or files != base.files or expected is None
         commit_id = parent
         if changed:
-            be.ensure_repo(a.repo)
             commit = Commit(a.repo, parent, message, time.time(), files)
             commit_id = be.put_commit(commit)
             be.update_branch(a.repo, branch, expected, commit_id)
@@ -321,7 +320,7 @@ class Store:
         """
         be = self.backend
         t0 = time.perf_counter()
-        totals = be.index.totals()
+        totals = be.totals()
         out: dict = {"store": self.location, "repos": len(be.repos()), **totals}
         if addr is not None:
             a = _as_address(addr)

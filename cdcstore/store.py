@@ -16,6 +16,7 @@ commit -> branch (the commit point, a compare-and-swap under a file lock).
 """
 from __future__ import annotations
 
+import abc
 import contextlib
 import fcntl
 import json
@@ -56,7 +57,63 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-class LocalStore:
+class Backend(abc.ABC):
+    """What the API, the writer and the reader need from a store, local or remote.
+
+    Ids are 16-byte digests for chunks and hex strings for packs, manifests and
+    commits. Implementations keep the write order of invariant 2.
+    """
+
+    location: str
+
+    # chunks and packs
+    @abc.abstractmethod
+    def present(self, chunk_ids: list[bytes]) -> set[bytes]: ...
+    @abc.abstractmethod
+    def begin_push(self) -> None: ...
+    @abc.abstractmethod
+    def tmp_path(self) -> str: ...
+    @abc.abstractmethod
+    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None: ...
+    @abc.abstractmethod
+    def locate(self, chunk_ids: Iterable[bytes]) -> dict[bytes, tuple[str, PackEntry]]: ...
+    @abc.abstractmethod
+    def read_chunk(self, pack: str, entry: PackEntry) -> bytes: ...
+
+    # manifests, commits, branches
+    @abc.abstractmethod
+    def put_manifests(self, manifests: list[Manifest]) -> list[str]: ...
+    @abc.abstractmethod
+    def get_manifest(self, name: str) -> Manifest: ...
+    @abc.abstractmethod
+    def put_commit(self, commit: Commit) -> str: ...
+    @abc.abstractmethod
+    def get_commit(self, repo: str, commit_id: str) -> Commit: ...
+    @abc.abstractmethod
+    def resolve(self, repo: str, rev: str) -> str: ...
+    @abc.abstractmethod
+    def update_branch(self, repo: str, branch: str, expected: str | None, new: str) -> None: ...
+    @abc.abstractmethod
+    def branches(self, repo: str) -> dict[str, str]: ...
+    @abc.abstractmethod
+    def has_repo(self, repo: str) -> bool: ...
+    @abc.abstractmethod
+    def repos(self) -> list[str]: ...
+    @abc.abstractmethod
+    def totals(self) -> dict: ...
+
+    def log(self, repo: str, rev: str) -> Iterator[tuple[str, Commit]]:
+        cid: str | None = self.resolve(repo, rev)
+        while cid:
+            c = self.get_commit(repo, cid)
+            yield cid, c
+            cid = c.parent
+
+    def close(self) -> None:
+        pass
+
+
+class LocalStore(Backend):
     """A store in a local directory. Use `LocalStore.init` to create one."""
 
     def __init__(self, root: str):
@@ -78,6 +135,7 @@ class LocalStore:
         if meta.get("format") != STORE_FORMAT or meta.get("version") != STORE_VERSION:
             raise StoreFormatError(f"{self.root} holds store format {meta!r}; this cdcstore reads "
                                    f"version {STORE_VERSION}: upgrade cdcstore")
+        self.location = self.root
         self.index = ChunkIndex(os.path.join(self.root, "index.sqlite"))
         self._fds: dict[str, int] = {}
         self._fd_pid = os.getpid()
@@ -138,6 +196,16 @@ class LocalStore:
                     os.unlink(os.path.join(tmpdir, name))
 
     # -- packs and chunks -----------------------------------------------------------
+    def present(self, chunk_ids: list[bytes]) -> set[bytes]:
+        return self.index.present(chunk_ids)
+
+    def begin_push(self) -> None:
+        self.clean_tmp()
+        self.recover()
+
+    def totals(self) -> dict:
+        return self.index.totals()
+
     def pack_path(self, name: str) -> str:
         return os.path.join(self.root, "packs", name[:2], f"{name}.pack")
 
@@ -314,6 +382,7 @@ class LocalStore:
         return out
 
     def put_commit(self, commit: Commit) -> str:
+        self.ensure_repo(commit.repo)
         data = commit.encode()
         cid = ids.hexdigest(data)
         path = os.path.join(self.repo_dir(commit.repo), "commits", f"{cid}.json")
@@ -385,13 +454,6 @@ class LocalStore:
         d = self.repo_dir(repo)
         for sub in ("commits", "branches"):
             os.makedirs(os.path.join(d, sub), exist_ok=True)
-
-    def log(self, repo: str, rev: str) -> Iterator[tuple[str, Commit]]:
-        cid: str | None = self.resolve(repo, rev)
-        while cid:
-            c = self.get_commit(repo, cid)
-            yield cid, c
-            cid = c.parent
 
 
 def no_such_path(addr_repo: str, rev: str, path: str) -> PathNotFoundError:

@@ -1,6 +1,6 @@
 """The write path: files -> chunks -> new chunks encoded in parallel -> packs.
 
-`Ingest` is one push session against a `LocalStore`. The calling thread reads,
+`Ingest` is one push session against a store backend. The calling thread reads,
 chunks (native, GIL released) and hashes; a thread pool compresses and verifies
 only the chunks the store lacks (zstd releases the GIL); the calling thread
 appends finished chunks to the current pack, which is flushed - made durable,
@@ -21,7 +21,7 @@ from .chunker import DEFAULT_PARAMS, ChunkParams, Chunker
 from .manifest import Manifest
 from .pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, PackWriter,
                    encode_chunk)
-from .store import LocalStore
+from .store import Backend
 
 
 @dataclass
@@ -39,7 +39,7 @@ class IngestOptions:
 class PackSink:
     """Appends encoded chunks to a temp pack file and publishes it when full."""
 
-    def __init__(self, store: LocalStore, opts: IngestOptions):
+    def __init__(self, store: Backend, opts: IngestOptions):
         self.store = store
         self.opts = opts
         self.stored_bytes = 0
@@ -81,7 +81,7 @@ class PackSink:
 class Ingest:
     """One push session: add files, then `finish` to make every new chunk durable."""
 
-    def __init__(self, store: LocalStore, opts: IngestOptions | None = None,
+    def __init__(self, store: Backend, opts: IngestOptions | None = None,
                  progress: Callable[[int], None] | None = None):
         self.store = store
         self.opts = opts or IngestOptions()
@@ -96,8 +96,7 @@ class Ingest:
         self._inflight: collections.deque = collections.deque()
         self._inflight_bytes = 0
         self.last_file_mode = ""
-        store.clean_tmp()
-        store.recover()
+        store.begin_push()
 
     def add_file(self, path: str) -> Manifest:
         """Chunk one local file, schedule its new chunks, and return its manifest."""
@@ -133,7 +132,7 @@ class Ingest:
         lengths.extend(len(c) for c in chunks)
         self.chunks += len(chunks)
         candidates = [c for c in dict.fromkeys(batch) if c not in self._seen]
-        present = self.store.index.present(candidates) if candidates else set()
+        present = self.store.present(candidates) if candidates else set()
         self._seen.update(present)
         for cid, data in zip(batch, chunks):
             if cid in self._seen:
