@@ -205,9 +205,7 @@ class Store:
         changed = base is None or files != base.files or expected is None
         commit_id = parent
         if changed:
-            commit = Commit(a.repo, parent, message, time.time(), files)
-            commit_id = be.put_commit(commit)
-            be.update_branch(a.repo, branch, expected, commit_id)
+            commit_id = be.commit(Commit(a.repo, parent, message, time.time(), files), branch, expected)
         return TransferResult(
             files=len(pairs), bytes=ingest.bytes, new_bytes=ingest.new_bytes,
             stored_bytes=ingest.stored_bytes, seconds=time.perf_counter() - t0, commit=commit_id,
@@ -252,7 +250,7 @@ class Store:
             if any(p.startswith(a.path + "/") for p in commit.files) or not a.path:
                 raise IsADirectoryError(f"{a} is a folder: open a file in it (see `cdcstore ls {a}`)")
             raise no_such_path(a.repo, a.ref, a.path)
-        return FileReader(self.backend, self.backend.get_manifest(entry.manifest), str(a))
+        return FileReader(self.backend, self.backend.get_manifest(entry.manifest, a.repo), str(a), a.repo)
 
     def cat(self, addr: str | Address) -> bytes:
         with self.open(addr) as f:
@@ -278,7 +276,7 @@ class Store:
         total = written = 0
         for path, target in plan:
             entry = commit.files[path]
-            m = self.backend.get_manifest(entry.manifest)
+            m = self.backend.get_manifest(entry.manifest, a.repo)
             total += m.size
             if _same_content(target, m):
                 if progress:
@@ -289,7 +287,7 @@ class Store:
             tmp = f"{target}.cdcstore-{os.getpid()}.part"
             h = ids.hasher()
             try:
-                with FileReader(self.backend, m, path) as src, open(tmp, "wb") as out:
+                with FileReader(self.backend, m, path, a.repo) as src, open(tmp, "wb") as out:
                     while True:
                         block = src.read(8 * 1024 * 1024)
                         if not block:
@@ -325,16 +323,17 @@ class Store:
         if addr is not None:
             a = _as_address(addr)
             cid, commit, found = self._entries(a)
-            chunks = self._chunk_sizes(found.values())
+            chunks = self._chunk_sizes(found.values(), a.repo)
             parent = {}
             if commit.parent:
                 pfiles = be.get_commit(a.repo, commit.parent).files
                 prefix = a.path + "/" if a.path else ""
-                parent = self._chunk_sizes(f for p, f in pfiles.items() if p == a.path or p.startswith(prefix))
+                parent = self._chunk_sizes((f for p, f in pfiles.items() if p == a.path or p.startswith(prefix)),
+                                           a.repo)
             new = [c for c in chunks if c not in parent]
             out.update({"commit": cid, "files": len(found), "bytes": sum(f.size for f in found.values()),
                         "unique_bytes": sum(chunks.values()), "new_bytes": sum(chunks[c] for c in new),
-                        "stored_bytes": sum(e.stored_len for _, e in be.locate(new).values())})
+                        "stored_bytes": sum(e.stored_len for _, e in be.locate(new, a.repo).values())})
         else:
             heads = [(r, c) for r in be.repos() for c in set(be.branches(r).values())]
             files = bytes_ = 0
@@ -347,10 +346,10 @@ class Store:
         out["seconds"] = time.perf_counter() - t0
         return out
 
-    def _chunk_sizes(self, entries) -> dict[bytes, int]:
+    def _chunk_sizes(self, entries, repo: str) -> dict[bytes, int]:
         sizes: dict[bytes, int] = {}
         for f in entries:
-            m = self.backend.get_manifest(f.manifest)
+            m = self.backend.get_manifest(f.manifest, repo)
             sizes.update(zip(m.chunk_ids, m.lengths))
         return sizes
 

@@ -19,15 +19,19 @@ class StoreFormatError(CdcError, ValueError):
     """A store written by an incompatible version of cdcstore."""
 
 
-class RepoNotFoundError(CdcError, FileNotFoundError):
+class NotFoundError(CdcError, FileNotFoundError):
+    """Something named does not exist (a remote 404 maps here)."""
+
+
+class RepoNotFoundError(NotFoundError):
     pass
 
 
-class RevisionNotFoundError(CdcError, FileNotFoundError):
+class RevisionNotFoundError(NotFoundError):
     pass
 
 
-class PathNotFoundError(CdcError, FileNotFoundError):
+class PathNotFoundError(NotFoundError):
     """A path that is not in a revision, or a local path that does not exist."""
 
 
@@ -41,3 +45,12 @@ class ConflictError(CdcError, FileExistsError):
 
 class CorruptionError(CdcError, OSError):
     """Stored bytes do not match their hash or their format."""
+
+
+class AccessDeniedError(CdcError, PermissionError):
+    """The server refused the token (401) or its scope (403)."""
+
+
+class RemoteError(CdcError, ConnectionError):
+    """The server could not be reached or kept failing after retries, or answered
+    with an error that has no closer Python equivalent."""

@@ -55,6 +55,8 @@ class ChunkIndex:
                     " WITHOUT ROWID"
                 )
                 db["meta"].create({"key": str, "value": str}, pk="key")
+                # what each repo's commits reach (the server's access checks; rebuildable from commits)
+                db["repo_objects"].create({"repo": str, "kind": str, "name": str}, pk=("repo", "kind", "name"))
                 db["meta"].insert({"key": "schema", "value": str(SCHEMA_VERSION)})
 
     def present(self, chunk_ids: Iterable[bytes]) -> set[bytes]:
@@ -93,6 +95,18 @@ class ChunkIndex:
                 " VALUES (?, ?, ?, ?, ?, ?)",
                 [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries],
             )
+
+    def grant(self, repo: str, kind: str, names: Iterable[str]) -> None:
+        """Record that `repo` reaches these objects ("pack" or "manifest")."""
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany("INSERT OR IGNORE INTO repo_objects (repo, kind, name) VALUES (?, ?, ?)",
+                             [(repo, kind, n) for n in names])
+
+    def reaches(self, repo: str, kind: str, name: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM repo_objects WHERE repo=? AND kind=? AND name=?",
+                                 (repo, kind, name)).fetchone() is not None
 
     def packs(self) -> set[str]:
         return {row[0] for row in self.conn.execute("SELECT name FROM packs")}

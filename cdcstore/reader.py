@@ -1,9 +1,10 @@
 """A seekable, read-only file object over a file manifest.
 
 A read maps its byte range to chunks (`Manifest.span`), takes chunks from a
-small per-file LRU, and decodes the rest through the chunk source - verifying
-each against its id. Sequential reads prefetch the next chunks on a thread
-pool (decoding releases the GIL); random reads fetch exactly what they touch.
+small per-file LRU, and fetches the rest from the store in one batch (a remote
+store merges them into few range requests); every chunk is verified against its
+id. Sequential reads prefetch the next chunks in batches of about 2 MiB on a
+thread pool (decoding releases the GIL); random reads fetch only what they touch.
 """
 from __future__ import annotations
 
@@ -12,16 +13,10 @@ import io
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol
 
 from .errors import CorruptionError
 from .manifest import Manifest
-from .pack import PackEntry
-
-
-class ChunkSource(Protocol):
-    def locate(self, chunk_ids) -> dict[bytes, tuple[str, PackEntry]]: ...
-    def read_chunk(self, pack: str, entry: PackEntry) -> bytes: ...
+from .store import Backend
 
 
 _pool_lock = threading.Lock()
@@ -41,18 +36,21 @@ def _decode_pool() -> ThreadPoolExecutor:
 class FileReader(io.RawIOBase):
     """File object for one file of one revision. Thread-compatible, not thread-safe."""
 
-    def __init__(self, source: ChunkSource, manifest: Manifest, name: str = "",
-                 readahead_bytes: int = 16 * 1024 * 1024, cache_chunks: int = 64):
+    def __init__(self, source: Backend, manifest: Manifest, name: str = "", repo: str | None = None,
+                 readahead_bytes: int = 16 * 1024 * 1024, cache_chunks: int = 64,
+                 batch_bytes: int = 2 * 1024 * 1024):
         super().__init__()
         self._src = source
         self._m = manifest
+        self._repo = repo
         self.name = name
         self._pos = 0
-        self._locs: dict[bytes, tuple[str, PackEntry]] = {}
+        self._locs: dict[bytes, tuple[str, object]] = {}
         self._lru: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._lru_cap = cache_chunks
-        self._ahead: dict[int, Future] = {}
+        self._pending: dict[int, Future] = {}
         self._readahead = readahead_bytes
+        self._batch = batch_bytes
         self._last_end = -1
 
     # -- io.RawIOBase ---------------------------------------------------------------
@@ -104,9 +102,9 @@ class FileReader(io.RawIOBase):
         return data
 
     def close(self) -> None:
-        for fut in self._ahead.values():
+        for fut in self._pending.values():
             fut.cancel()
-        self._ahead.clear()
+        self._pending.clear()
         self._lru.clear()
         super().close()
 
@@ -120,44 +118,49 @@ class FileReader(io.RawIOBase):
         sequential = offset == self._last_end
         self._last_end = offset + length
         pieces = self._chunks(span, prefetch=sequential)
-        first_start = m.chunk_start(span.start)
-        if len(pieces) == 1:
-            lo = offset - first_start
-            return pieces[0][lo:lo + length]
-        buf = b"".join(pieces)
-        lo = offset - first_start
+        lo = offset - m.chunk_start(span.start)
+        buf = pieces[0] if len(pieces) == 1 else b"".join(pieces)
         return buf[lo:lo + length]
 
     def _chunks(self, span: range, prefetch: bool) -> list[bytes]:
         m = self._m
-        wanted = list(span)
         ahead: list[int] = []
         if prefetch and self._readahead:
-            budget = self._readahead
-            i = span.stop
+            budget, i = self._readahead, span.stop
             while i < len(m.lengths) and budget > 0:
                 budget -= m.lengths[i]
                 ahead.append(i)
                 i += 1
-        self._locate([m.chunk_ids[i] for i in wanted + ahead if i not in self._lru and i not in self._ahead])
+        else:  # random access: drop read-ahead that this read does not use
+            used = {id(self._pending[k]) for k in span if k in self._pending}
+            for k in [k for k in self._pending if k not in span]:
+                fut = self._pending.pop(k)
+                if id(fut) not in used:
+                    fut.cancel()
+        need = [i for i in span if i not in self._lru and i not in self._pending]
+        later = [i for i in ahead if i not in self._lru and i not in self._pending]
+        self._locate([m.chunk_ids[i] for i in need + later])
         pool = _decode_pool()
-        # schedule everything first so that decoding overlaps
-        for i in wanted[1:] + ahead:
-            if i not in self._lru and i not in self._ahead:
-                self._ahead[i] = pool.submit(self._decode, i)
+        group: list[int] = []
+        size = 0
+        for i in later:  # prefetch in ~batch_bytes groups so that they decode in parallel
+            group.append(i)
+            size += m.lengths[i]
+            if size >= self._batch or i == later[-1]:
+                fut = pool.submit(self._fetch, group)
+                for k in group:
+                    self._pending[k] = fut
+                group, size = [], 0
+        got = self._fetch(need) if need else {}
         out = []
-        for i in wanted:
+        for i in span:
             data = self._lru.get(i)
             if data is not None:
                 self._lru.move_to_end(i)
             else:
-                fut = self._ahead.pop(i, None)
-                data = fut.result() if fut is not None else self._decode(i)
+                data = got[i] if i in got else self._pending.pop(i).result()[i]
                 self._remember(i, data)
             out.append(data)
-        if not prefetch:  # random access: drop stale read-ahead
-            for i in [k for k in self._ahead if k < span.start or k >= span.stop]:
-                self._ahead.pop(i).cancel()
         return out
 
     def _remember(self, i: int, data: bytes) -> None:
@@ -166,17 +169,19 @@ class FileReader(io.RawIOBase):
             self._lru.popitem(last=False)
 
     def _locate(self, chunk_ids: list[bytes]) -> None:
-        missing = [c for c in chunk_ids if c not in self._locs]
+        missing = [c for c in dict.fromkeys(chunk_ids) if c not in self._locs]
         if missing:
-            self._locs.update(self._src.locate(missing))
+            self._locs.update(self._src.locate(missing, self._repo))
 
-    def _decode(self, i: int) -> bytes:
-        cid = self._m.chunk_ids[i]
-        loc = self._locs.get(cid)
-        if loc is None:
-            self._locate([cid])
+    def _fetch(self, indices: list[int]) -> dict[int, bytes]:
+        ids = self._m.chunk_ids
+        items = {}
+        for i in indices:
+            cid = ids[i]
             loc = self._locs.get(cid)
             if loc is None:
                 raise CorruptionError(f"chunk {cid.hex()} of {self.name or 'file'} is not in the store "
                                       f"(index damaged?): run `cdcstore rebuild-index`")
-        return self._src.read_chunk(*loc)
+            items[cid] = loc
+        data = self._src.read_chunks(list(items.values()), self._repo)
+        return {i: data[ids[i]] for i in indices}

@@ -75,24 +75,31 @@ class Backend(abc.ABC):
     def tmp_path(self) -> str: ...
     @abc.abstractmethod
     def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None: ...
+    def flush(self) -> None:
+        """Wait until every added pack is durable in the store (uploads finished)."""
+
     @abc.abstractmethod
-    def locate(self, chunk_ids: Iterable[bytes]) -> dict[bytes, tuple[str, PackEntry]]: ...
+    def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]: ...
     @abc.abstractmethod
-    def read_chunk(self, pack: str, entry: PackEntry) -> bytes: ...
+    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes: ...
+
+    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None) -> dict[bytes, bytes]:
+        """Decoded, verified chunks by id (a remote store merges ranges)."""
+        return {e.chunk_id: self.read_chunk(p, e, repo) for p, e in items}
 
     # manifests, commits, branches
     @abc.abstractmethod
     def put_manifests(self, manifests: list[Manifest]) -> list[str]: ...
     @abc.abstractmethod
-    def get_manifest(self, name: str) -> Manifest: ...
+    def get_manifest(self, name: str, repo: str | None = None) -> Manifest: ...
     @abc.abstractmethod
-    def put_commit(self, commit: Commit) -> str: ...
+    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
+        """Store `commit` and move `branch` from `expected` to it (compare-and-swap);
+        ConflictError if the branch moved. Returns the commit id."""
     @abc.abstractmethod
     def get_commit(self, repo: str, commit_id: str) -> Commit: ...
     @abc.abstractmethod
     def resolve(self, repo: str, rev: str) -> str: ...
-    @abc.abstractmethod
-    def update_branch(self, repo: str, branch: str, expected: str | None, new: str) -> None: ...
     @abc.abstractmethod
     def branches(self, repo: str) -> dict[str, str]: ...
     @abc.abstractmethod
@@ -307,10 +314,10 @@ class LocalStore(Backend):
             raise CorruptionError(f"pack {pack} is truncated: wanted {length} bytes at {offset}")
         return data
 
-    def locate(self, chunk_ids: Iterable[bytes]) -> dict[bytes, tuple[str, PackEntry]]:
+    def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
         return self.index.locate(chunk_ids)
 
-    def read_chunk(self, pack: str, entry: PackEntry) -> bytes:
+    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes:
         stored = self.read_stored(pack, entry.offset, entry.stored_len)
         try:
             return decode_chunk(stored, entry.codec, entry.raw_len, entry.chunk_id)
@@ -345,7 +352,7 @@ class LocalStore(Backend):
         with ThreadPoolExecutor(16, thread_name_prefix="cdcstore-manifest") as pool:
             return list(pool.map(self.put_manifest, manifests))
 
-    def get_manifest(self, name: str) -> Manifest:
+    def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
         try:
             with open(self.manifest_path(name), "rb") as f:
                 data = f.read()
@@ -429,6 +436,11 @@ class LocalStore(Backend):
                 yield
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
+        cid = self.put_commit(commit)
+        self.update_branch(commit.repo, branch, expected, cid)
+        return cid
 
     def update_branch(self, repo: str, branch: str, expected: str | None, new: str) -> None:
         """Move `branch` from `expected` (None: must not exist) to `new`, atomically.

@@ -158,6 +158,7 @@ class Ingest:
             while self._inflight:
                 self._drain_one()
             self.sink.flush()
+            self.store.flush()
         finally:
             self.close()
 

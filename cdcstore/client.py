@@ -1,0 +1,322 @@
+"""The HTTP client: `RemoteStore` is a `Backend` that talks to `cdcstore serve`.
+
+The core is synchronous; `Transport` runs one aiohttp session on an event loop in
+a background thread (rebuilt after a fork) and the sync methods wait on it. It
+retries connection errors, 408, 429 and 5xx with exponential backoff and jitter,
+honours Retry-After, gives up on a stalled transfer after a timeout, fetches a
+range wanted twice at once only once, and counts requests and bytes on the wire.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import random
+import tempfile
+import threading
+from typing import Iterable
+
+import aiohttp
+
+from . import ids, transfer
+from .commit import Commit
+from .errors import (AccessDeniedError, ConflictError, CorruptionError, NotFoundError, RemoteError,
+                     RepoNotFoundError)
+from .manifest import Manifest
+from .pack import PackEntry, decode_chunk
+from .store import Backend
+
+RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+ENV_TOKEN = "CDCSTORE_TOKEN"
+
+
+def _header_bytes(headers) -> int:
+    return sum(len(k) + len(v) + 4 for k, v in headers.items()) + 2
+
+
+def _map_error(status: int, body: bytes, what: str) -> Exception:
+    try:
+        message = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        message = body[:200].decode("utf-8", "replace") or f"HTTP {status}"
+    if status in (401, 403):
+        return AccessDeniedError(message)
+    if status == 404:
+        return RepoNotFoundError(message) if message.startswith("no repo") else NotFoundError(message)
+    if status == 409 and "moved" in message:
+        return ConflictError(message)
+    if status == 422:
+        return CorruptionError(message)
+    return RemoteError(f"{what}: server answered {status}: {message}")
+
+
+class Transport:
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 60.0, retries: int = 6,
+                 backoff: float = 0.25, max_backoff: float = 20.0, connections: int = 8,
+                 min_rate: float = 1024 * 1024):
+        self.base = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.connections = connections
+        self.min_rate = min_rate  # bytes/s below which a transfer counts as stalled
+        self.requests = self.sent_bytes = self.received_bytes = 0
+        self._pid = None
+        self._lock = threading.Lock()
+
+    # -- loop thread, per process --------------------------------------------------------------
+    def _ensure(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="cdcstore-transport", daemon=True).start()
+                self._loop, self._pid = loop, os.getpid()
+                self._session: aiohttp.ClientSession | None = None
+                self._flights: dict = {}
+            return self._loop
+
+    def submit(self, coro) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure())
+
+    def run(self, coro):
+        return self.submit(coro).result()
+
+    def close(self) -> None:
+        if self._pid == os.getpid():
+            if self._session is not None:
+                self.run(self._session.close())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._pid = None
+
+    def counters(self) -> dict:
+        return {"requests": self.requests, "sent_bytes": self.sent_bytes, "received_bytes": self.received_bytes}
+
+    # -- requests --------------------------------------------------------------------------------
+    async def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.connections),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(10.0, self.timeout),
+                                              sock_read=self.timeout))
+        return self._session
+
+    async def request(self, method: str, path: str, *, body: bytes | None = None, body_path: str | None = None,
+                      headers: dict | None = None, ok=(200, 201, 206)) -> tuple[int, bytes]:
+        """One request with retries; returns (status, body) or raises a mapped error."""
+        session = await self._get_session()
+        h = dict(headers or {})
+        if self.token:
+            h["Authorization"] = f"Bearer {self.token}"
+        size = len(body) if body is not None else (os.path.getsize(body_path) if body_path else 0)
+        deadline = self.timeout + size / self.min_rate
+        what = f"{method} {path}"
+        for attempt in range(self.retries + 1):
+            delay = None
+            try:
+                data = open(body_path, "rb") if body_path else body
+                try:
+                    async with asyncio.timeout(deadline):
+                        async with session.request(method, self.base + path, data=data, headers=h) as resp:
+                            payload = await resp.read()
+                            self.requests += 1
+                            self.sent_bytes += size + _header_bytes(resp.request_info.headers) + len(what) + 12
+                            self.received_bytes += len(payload) + sum(
+                                len(k) + len(v) + 4 for k, v in resp.raw_headers) + 17
+                            if resp.status in ok:
+                                return resp.status, payload
+                            if resp.status not in RETRY_STATUS or attempt == self.retries:
+                                raise _map_error(resp.status, payload, what)
+                            retry_after = resp.headers.get("Retry-After")
+                            if retry_after and retry_after.strip().isdigit():
+                                delay = min(float(retry_after), self.max_backoff * 3)
+                finally:
+                    if body_path:
+                        data.close()
+            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
+                if attempt == self.retries:
+                    kind = "timed out (stalled)" if isinstance(e, TimeoutError) else f"failed: {e}"
+                    raise RemoteError(f"{what} to {self.base} {kind} after {attempt + 1} attempts; "
+                                      f"check that `cdcstore serve` is running and reachable") from None
+            if delay is None:
+                delay = min(self.max_backoff, self.backoff * 2 ** attempt) * (0.5 + random.random())
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    async def get_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a resource; a range already in flight is shared."""
+        key = (path, start, end)
+        fut = self._flights.get(key)
+        if fut is None:
+            fut = asyncio.ensure_future(self._fetch_range(path, start, end))
+            self._flights[key] = fut
+            fut.add_done_callback(lambda _: self._flights.pop(key, None))
+        return await asyncio.shield(fut)
+
+    async def _fetch_range(self, path: str, start: int, end: int) -> bytes:
+        status, data = await self.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}"})
+        if status == 200:  # server ignored the range
+            data = data[start:end]
+        if len(data) != end - start:
+            raise CorruptionError(f"short range read from {path}: wanted {end - start} bytes, got {len(data)}")
+        return data
+
+
+class RemoteStore(Backend):
+    """A store behind `cdcstore serve`, used exactly like a local one."""
+
+    def __init__(self, url: str, token: str | None = None, *, upload_concurrency: int = 4, **transport):
+        self.location = url.rstrip("/")
+        self.t = Transport(url, token if token is not None else os.environ.get(ENV_TOKEN), **transport)
+        self.upload_concurrency = upload_concurrency
+        self._uploads: list[concurrent.futures.Future] = []
+        self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
+        self._api = transfer.API
+
+    def _call(self, method: str, path: str, **kw) -> bytes:
+        return self.t.run(self.t.request(method, self._api + path, **kw))[1]
+
+    def _json(self, method: str, path: str, **kw) -> dict:
+        return json.loads(self._call(method, path, **kw))
+
+    def counters(self) -> dict:
+        return self.t.counters()
+
+    def health(self) -> dict:
+        return self._json("GET", "/health")
+
+    # -- chunks and packs --------------------------------------------------------------------
+    def present(self, chunk_ids: list[bytes]) -> set[bytes]:
+        out: set[bytes] = set()
+        step = transfer.MAX_IDS_PER_REQUEST
+        for i in range(0, len(chunk_ids), step):
+            batch = chunk_ids[i:i + step]
+            answer = self._call("POST", "/chunks/query", body=transfer.encode_ids(batch))
+            out |= transfer.decode_presence(batch, answer)
+        return out
+
+    def begin_push(self) -> None:
+        self.health()
+
+    def tmp_path(self) -> str:
+        fd, path = tempfile.mkstemp(prefix="cdcstore-upload-", suffix=".pack")
+        os.close(fd)
+        return path
+
+    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None:
+        """Upload in the background (at most `upload_concurrency` at once)."""
+        self._upload_slots.acquire()
+        fut = self.t.submit(self.t.request("PUT", f"{self._api}/packs/{name}", body_path=tmp,
+                                           headers={"Content-Type": "application/octet-stream"}))
+
+        def done(_f):
+            self._upload_slots.release()
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+
+        fut.add_done_callback(done)
+        self._uploads.append(fut)
+
+    def flush(self) -> None:
+        uploads, self._uploads = self._uploads, []
+        for fut in uploads:
+            fut.result()
+
+    def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
+        wanted = list(dict.fromkeys(chunk_ids))
+        out: dict[bytes, tuple[str, PackEntry]] = {}
+        step = transfer.MAX_IDS_PER_REQUEST
+        for i in range(0, len(wanted), step):
+            body = self._call("POST", f"/repos/{repo}/locate", body=transfer.encode_ids(wanted[i:i + step]))
+            out.update(transfer.decode_locations(body))
+        return out
+
+    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None) -> dict[bytes, bytes]:
+        ranges = transfer.plan_ranges(items)
+
+        async def fetch_all():
+            return await asyncio.gather(*(self.t.get_range(f"{self._api}/repos/{repo}/packs/{r.pack}", r.start, r.end)
+                                          for r in ranges))
+
+        out: dict[bytes, bytes] = {}
+        for r, data in zip(ranges, self.t.run(fetch_all())):
+            for e in r.entries:
+                lo = e.offset - r.start
+                out[e.chunk_id] = decode_chunk(data[lo:lo + e.stored_len], e.codec, e.raw_len, e.chunk_id)
+        return out
+
+    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes:
+        return self.read_chunks([(pack, entry)], repo)[entry.chunk_id]
+
+    # -- manifests, commits, branches ----------------------------------------------------------
+    def put_manifests(self, manifests: list[Manifest]) -> list[str]:
+        names: list[str] = []
+        batch: list[bytes] = []
+        size = 0
+
+        def send():
+            got = self._json("POST", "/manifests", body=transfer.encode_blobs(batch))["manifests"]
+            expect = [ids.hexdigest(b) for b in batch]
+            if got != expect:
+                raise CorruptionError("server named the manifests differently than their hashes")
+            names.extend(got)
+
+        for m in manifests:
+            data = m.encode()
+            if batch and size + len(data) + 4 > transfer.MAX_MANIFEST_BATCH_BYTES:
+                send()
+                batch, size = [], 0
+            batch.append(data)
+            size += len(data) + 4
+        if batch:
+            send()
+        return names
+
+    def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
+        data = self._call("GET", f"/repos/{repo}/manifests/{name}")
+        if ids.hexdigest(data) != name:
+            raise CorruptionError(f"manifest {name} from the server does not match its name")
+        return Manifest.decode(data, f"manifest {name}")
+
+    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
+        doc = {"commit": commit.encode().decode(), "branch": branch, "expected": expected}
+        cid = self._json("POST", f"/repos/{commit.repo}/commits", body=json.dumps(doc).encode(),
+                         headers={"Content-Type": "application/json"})["commit"]
+        if cid != commit.id:
+            raise CorruptionError("server named the commit differently than its hash")
+        return cid
+
+    def get_commit(self, repo: str, commit_id: str) -> Commit:
+        data = self._call("GET", f"/repos/{repo}/commits/{commit_id}")
+        if ids.hexdigest(data) != commit_id:
+            raise CorruptionError(f"commit {commit_id} from the server does not match its id")
+        return Commit.decode(data, f"commit {commit_id}")
+
+    def resolve(self, repo: str, rev: str) -> str:
+        return self._json("GET", f"/repos/{repo}/resolve/{rev}")["commit"]
+
+    def branches(self, repo: str) -> dict[str, str]:
+        return self._json("GET", f"/repos/{repo}/branches")["branches"]
+
+    def has_repo(self, repo: str) -> bool:
+        try:
+            self.branches(repo)
+            return True
+        except RepoNotFoundError:
+            return False
+
+    def repos(self) -> list[str]:
+        return self._json("GET", "/repos")["repos"]
+
+    def totals(self) -> dict:
+        return self._json("GET", "/stats")
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self.t.close()

@@ -1,0 +1,118 @@
+"""Wire format v1 of the HTTP protocol (pure logic: bodies, limits, range planning).
+
+docs/protocol.md describes the endpoints; this module is the one place that
+encodes and decodes their binary bodies, so the server and the client cannot
+drift apart.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from .errors import CorruptionError
+from .pack import ENTRY as PACK_ENTRY
+from .pack import PackEntry
+
+API = "/v1"
+PROTOCOL_VERSION = 1
+ID = 16
+
+# limits the server enforces (and the client respects)
+MAX_IDS_PER_REQUEST = 65536
+MAX_PACK_BYTES = 128 * 1024 * 1024
+MAX_MANIFEST_BATCH_BYTES = 64 * 1024 * 1024
+MAX_JSON_BYTES = 16 * 1024 * 1024
+
+LOCATE = struct.Struct("<16s16sQIIB3x")  # chunk id, pack name (16 raw bytes), offset, stored, raw, codec
+_LEN = struct.Struct("<I")
+
+
+def encode_ids(ids: list[bytes]) -> bytes:
+    return b"".join(ids)
+
+
+def decode_ids(body: bytes) -> list[bytes]:
+    if len(body) % ID:
+        raise ValueError(f"body of {len(body)} bytes is not a whole number of 16-byte ids")
+    n = len(body) // ID
+    if n > MAX_IDS_PER_REQUEST:
+        raise ValueError(f"{n} ids in one request; the limit is {MAX_IDS_PER_REQUEST}")
+    return [body[i * ID:(i + 1) * ID] for i in range(n)]
+
+
+def encode_presence(ids: list[bytes], present: set[bytes]) -> bytes:
+    return bytes(1 if i in present else 0 for i in ids)
+
+
+def decode_presence(ids: list[bytes], body: bytes) -> set[bytes]:
+    if len(body) != len(ids):
+        raise CorruptionError("presence answer has the wrong length")
+    return {i for i, flag in zip(ids, body) if flag}
+
+
+def encode_locations(found: dict[bytes, tuple[str, PackEntry]]) -> bytes:
+    return b"".join(LOCATE.pack(cid, bytes.fromhex(pack), e.offset, e.stored_len, e.raw_len, e.codec)
+                    for cid, (pack, e) in found.items())
+
+
+def decode_locations(body: bytes) -> dict[bytes, tuple[str, PackEntry]]:
+    if len(body) % LOCATE.size:
+        raise CorruptionError("location answer has the wrong length")
+    return {cid: (pack.hex(), PackEntry(cid, off, slen, rlen, codec))
+            for cid, pack, off, slen, rlen, codec in LOCATE.iter_unpack(body)}
+
+
+def encode_blobs(blobs: list[bytes]) -> bytes:
+    """Length-prefixed concatenation (manifest batches)."""
+    return b"".join(_LEN.pack(len(b)) + b for b in blobs)
+
+
+def decode_blobs(body: bytes) -> list[bytes]:
+    out, pos = [], 0
+    while pos < len(body):
+        if pos + 4 > len(body):
+            raise ValueError("truncated blob length")
+        (n,) = _LEN.unpack_from(body, pos)
+        pos += 4
+        if pos + n > len(body):
+            raise ValueError("blob longer than the body")
+        out.append(body[pos:pos + n])
+        pos += n
+    return out
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """One HTTP range request on a pack and the chunks it serves."""
+
+    pack: str
+    start: int
+    end: int  # exclusive
+    entries: tuple[PackEntry, ...]
+
+
+def plan_ranges(wanted: list[tuple[str, PackEntry]], max_hole: int = 8 * 1024,
+                max_range: int = 32 * 1024 * 1024) -> list[ByteRange]:
+    """Merge chunk locations into few range requests (pure, no I/O).
+
+    Chunks of the same pack whose gap is at most `max_hole` bytes share a request,
+    as long as the request stays within `max_range` bytes. Each chunk appears once.
+    """
+    by_pack: dict[str, dict[int, PackEntry]] = {}
+    for pack, e in wanted:
+        by_pack.setdefault(pack, {})[e.offset] = e
+    out: list[ByteRange] = []
+    for pack in sorted(by_pack):
+        entries = [by_pack[pack][o] for o in sorted(by_pack[pack])]
+        group = [entries[0]]
+        start, end = entries[0].offset, entries[0].offset + entries[0].stored_len
+        for e in entries[1:]:
+            e_end = e.offset + e.stored_len
+            if e.offset - end <= max_hole and max(end, e_end) - start <= max_range:
+                group.append(e)
+                end = max(end, e_end)
+            else:
+                out.append(ByteRange(pack, start, end, tuple(group)))
+                group, start, end = [e], e.offset, e_end
+        out.append(ByteRange(pack, start, end, tuple(group)))
+    return out
