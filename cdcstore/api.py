@@ -179,18 +179,13 @@ class Store:
         files = dict(base.files) if base else {}
 
         ingest = Ingest(be, options, progress)
-        per_file: dict[str, dict] = {}
         try:
-            manifests = []
-            for local, path in pairs:
-                before = ingest.new_bytes
-                m = ingest.add_file(local)
-                manifests.append((path, m))
-                per_file[path] = {"bytes": m.size, "new_bytes": ingest.new_bytes - before,
-                                      "chunks": len(m.chunk_ids), "chunking": ingest.last_file_mode}
+            manifests = [(path, ingest.add_file(local, path)) for local, path in pairs]
             ingest.finish()
         finally:
             ingest.close()
+        per_file = {path: {"bytes": m.size, "new_bytes": ingest.file_new[path], "chunks": len(m.chunk_ids),
+                           "chunking": ingest.file_mode[path]} for path, m in manifests}
 
         new_paths = {p for p, _ in pairs}
         if delete:

@@ -95,13 +95,20 @@ class Ingest:
         self._pool = ThreadPoolExecutor(self.opts.workers, thread_name_prefix="cdcstore-encode")
         self._inflight: collections.deque = collections.deque()
         self._inflight_bytes = 0
-        self.last_file_mode = ""
+        self._undecided: list[tuple[bytes, bytes, str]] = []  # (id, data, file key) awaiting a presence query
+        self._undecided_bytes = 0
+        self.file_new: dict[str, int] = {}  # file key -> new bytes it brought (complete after finish)
+        self.file_mode: dict[str, str] = {}  # file key -> "parquet-pages" or "bytes"
         store.begin_push()
 
-    def add_file(self, path: str) -> Manifest:
-        """Chunk one local file, schedule its new chunks, and return its manifest."""
+    def add_file(self, path: str, key: str | None = None) -> Manifest:
+        """Chunk one local file, schedule its new chunks, and return its manifest.
+
+        `key` names the file in `file_new` and `file_mode` (default: its path)."""
+        key = path if key is None else key
         cuts = parquet.page_cuts(path) if self.opts.parquet_pages else None
-        self.last_file_mode = "parquet-pages" if cuts else "bytes"
+        self.file_mode[key] = "parquet-pages" if cuts else "bytes"
+        self.file_new.setdefault(key, 0)
         chunker = Chunker(self.opts.params, cuts or ())
         file_hash = ids.hasher()
         chunk_ids: list[bytes] = []
@@ -116,7 +123,7 @@ class Ingest:
                     chunks = chunker.feed(block)
                 else:
                     chunks = chunker.finish()
-                self._add_chunks(chunks, chunk_ids, lengths)
+                self._add_chunks(chunks, chunk_ids, lengths, key)
                 if self.progress and block:
                     self.progress(len(block))
                 if not block:
@@ -124,21 +131,30 @@ class Ingest:
         self.bytes += size
         return Manifest(chunk_ids, lengths, size, file_hash.digest())
 
-    def _add_chunks(self, chunks: list[bytes], chunk_ids: list[bytes], lengths: list[int]) -> None:
-        if not chunks:
-            return
-        batch = [ids.digest(c) for c in chunks]
-        chunk_ids.extend(batch)
-        lengths.extend(len(c) for c in chunks)
+    def _add_chunks(self, chunks: list[bytes], chunk_ids: list[bytes], lengths: list[int], key: str) -> None:
+        """Record chunks in the manifest; queue them for one batched presence query."""
+        for c in chunks:
+            cid = ids.digest(c)
+            chunk_ids.append(cid)
+            lengths.append(len(c))
+            if cid not in self._seen:
+                self._undecided.append((cid, c, key))
+                self._undecided_bytes += len(c)
         self.chunks += len(chunks)
-        candidates = [c for c in dict.fromkeys(batch) if c not in self._seen]
-        present = self.store.present(candidates) if candidates else set()
-        self._seen.update(present)
-        for cid, data in zip(batch, chunks):
+        if len(self._undecided) >= 4096 or self._undecided_bytes >= self.opts.max_inflight_bytes // 2:
+            self._decide()
+
+    def _decide(self) -> None:
+        """Ask the store which queued chunks it lacks; encode those on the pool."""
+        batch, self._undecided, self._undecided_bytes = self._undecided, [], 0
+        candidates = [c for c in dict.fromkeys(cid for cid, _, _ in batch) if c not in self._seen]
+        self._seen.update(self.store.present(candidates) if candidates else ())
+        for cid, data, key in batch:
             if cid in self._seen:
                 continue
             self._seen.add(cid)
             self.new_bytes += len(data)
+            self.file_new[key] += len(data)
             self.new_chunks += 1
             fut = self._pool.submit(encode_chunk, data, cid, self.opts.zstd_level)
             self._inflight.append((fut, cid, len(data)))
@@ -155,6 +171,7 @@ class Ingest:
     def finish(self) -> None:
         """Wait for every scheduled chunk and make the last pack durable."""
         try:
+            self._decide()
             while self._inflight:
                 self._drain_one()
             self.sink.flush()
