@@ -43,6 +43,9 @@ class TransferResult:
     chunks: int = 0
     new_chunks: int = 0
     changed: bool = True
+    sent_bytes: int = 0  # on the wire, bodies and headers (remote stores)
+    received_bytes: int = 0
+    requests: int = 0
     files_detail: dict | None = None  # per pushed file: bytes, new_bytes, chunks, chunking
 
     @property
@@ -114,22 +117,43 @@ def _check_tree(files: dict[str, FileEntry]) -> None:
                                   f"push to another path or remove one of them")
 
 
-class Store:
-    """A cdcstore store: a local directory (http:// stores come with the remote transport)."""
+def is_url(location: str) -> bool:
+    return location.startswith(("http://", "https://"))
 
-    def __init__(self, location: str | None = None, *, create: bool | None = None):
+
+class Store:
+    """A cdcstore store: a local directory, or a server's http(s):// URL.
+
+    `token` (default $CDCSTORE_TOKEN) authenticates to a server; `transport`
+    options (timeout, retries, ...) go to `client.Transport`.
+    """
+
+    def __init__(self, location: str | None = None, *, token: str | None = None, create: bool | None = None,
+                 **transport):
         path = location or default_store_path()
-        if create is None:  # the default store is created on first use
-            create = location is None and not os.environ.get(ENV_STORE)
-        if create and not os.path.exists(os.path.join(path, "cdcstore.json")):
-            LocalStore.init(path, exist_ok=True)
-        self.backend = LocalStore(path)
+        if is_url(path):
+            from .client import RemoteStore
+
+            self.backend = RemoteStore(path, token, **transport)
+        else:
+            if create is None:  # the default store is created on first use
+                create = location is None and not os.environ.get(ENV_STORE)
+            if create and not os.path.exists(os.path.join(path, "cdcstore.json")):
+                LocalStore.init(path, exist_ok=True)
+            self.backend = LocalStore(path)
         self.location = self.backend.location
 
     @classmethod
     def init(cls, location: str | None = None) -> "Store":
+        if location and is_url(location):
+            raise InvalidAddressError("a server's store is created on the server: run `cdcstore init` there")
         LocalStore.init(location or default_store_path())
         return cls(location or default_store_path())
+
+    def counters(self) -> dict:
+        """Requests and bytes on the wire so far (zeros for a local store)."""
+        counters = getattr(self.backend, "counters", None)
+        return counters() if counters else {"requests": 0, "sent_bytes": 0, "received_bytes": 0}
 
     def close(self) -> None:
         self.backend.close()
@@ -164,7 +188,7 @@ class Store:
         under DEST that are not among the sources are removed. Nothing changes
         when the push adds nothing new (no empty commits).
         """
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), self.counters()
         a = _as_address(dest)
         branch = a.ref
         check_name("branch", branch)
@@ -205,7 +229,7 @@ class Store:
             files=len(pairs), bytes=ingest.bytes, new_bytes=ingest.new_bytes,
             stored_bytes=ingest.stored_bytes, seconds=time.perf_counter() - t0, commit=commit_id,
             chunks=ingest.chunks, new_chunks=ingest.new_chunks, changed=changed,
-            files_detail=per_file)
+            files_detail=per_file, **self._wire(c0))
 
     # -- reading -------------------------------------------------------------------------
     def _entries(self, a: Address) -> tuple[str, Commit, dict[str, FileEntry]]:
@@ -258,7 +282,7 @@ class Store:
         A local file that already has the same content is left alone; `new_bytes`
         counts the bytes that had to be written.
         """
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), self.counters()
         a = _as_address(addr)
         cid, commit, found = self._entries(a)
         single = a.path in commit.files
@@ -300,7 +324,11 @@ class Store:
                     os.unlink(tmp)
                 raise
         return TransferResult(files=len(plan), bytes=total, new_bytes=written, stored_bytes=written,
-                              seconds=time.perf_counter() - t0, commit=cid)
+                              seconds=time.perf_counter() - t0, commit=cid, **self._wire(c0))
+
+    def _wire(self, before: dict) -> dict:
+        now = self.counters()
+        return {k: now[k] - before[k] for k in ("sent_bytes", "received_bytes", "requests")}
 
     # -- housekeeping ------------------------------------------------------------------------
     def stats(self, addr: str | Address | None = None) -> dict:

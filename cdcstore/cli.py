@@ -10,7 +10,7 @@ import click
 from tqdm import tqdm
 
 from .address import parse
-from .api import Store, default_store_path
+from .api import Store, default_store_path, is_url
 from .errors import CdcError
 from .store import LocalStore
 
@@ -43,14 +43,33 @@ def handle_errors(fn):
     return wrapper
 
 
-store_option = click.option(
-    "--store", "store_path", metavar="PATH", default=None,
-    help="Store directory (default: $CDCSTORE_STORE, else the user data dir).")
+_store_opt = click.option(
+    "--store", "store_path", metavar="PATH|URL", default=None,
+    help="Store directory or server URL (default: $CDCSTORE_STORE, else the user data dir).")
+_token_opt = click.option("--token", default=None, metavar="TOKEN",
+                          help="Token for a server store (default: $CDCSTORE_TOKEN).")
+
+
+def store_option(fn):
+    return _store_opt(_token_opt(fn))
+
+
+def local_store_option(fn):
+    return _store_opt(fn)
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 
 
-def _store(path: str | None) -> Store:
-    return Store(path)
+def _store(path: str | None, token: str | None = None) -> Store:
+    s = Store(path, token=token)
+    click.get_current_context().call_on_close(s.close)
+    return s
+
+
+def _local(path: str | None) -> LocalStore:
+    path = path or default_store_path()
+    if is_url(path):
+        raise CdcError(f"this command works on a store directory, not {path}: run it on the server")
+    return LocalStore(path)
 
 
 def _progress(total: int, desc: str, quiet: bool):
@@ -77,7 +96,7 @@ def cli() -> None:
 
 
 @cli.command()
-@store_option
+@local_store_option
 @handle_errors
 def init(store_path):
     """Create an empty store."""
@@ -94,11 +113,11 @@ def init(store_path):
 @store_option
 @json_option
 @handle_errors
-def push(sources, dest, message, delete, detail, store_path, as_json):
+def push(sources, dest, message, delete, detail, store_path, token, as_json):
     """Publish local files and folders as one commit."""
     import os
 
-    s = _store(store_path)
+    s = _store(store_path, token)
     total = 0
     for src in sources:
         if os.path.isdir(src):
@@ -114,6 +133,8 @@ def push(sources, dest, message, delete, detail, store_path, as_json):
     state = f"commit {r.commit[:12]} on {where.repo}@{where.ref}" if r.changed else "no changes; nothing committed"
     click.echo(f"{state}\n  {r.files} files, {_human(r.bytes)}; new {_human(r.new_bytes)} "
                f"({r.new_chunks}/{r.chunks} chunks), stored {_human(r.stored_bytes)} in {r.seconds:.2f}s")
+    if r.requests:
+        click.echo(f"  sent {_human(r.sent_bytes)}, received {_human(r.received_bytes)} in {r.requests} requests")
     top = list(r.new_bytes_by_file.items())
     for path, n in top[:10]:
         click.echo(f"  new {_human(n):>10}  {path}")
@@ -127,9 +148,9 @@ def push(sources, dest, message, delete, detail, store_path, as_json):
 @store_option
 @json_option
 @handle_errors
-def pull(src, local, store_path, as_json):
+def pull(src, local, store_path, token, as_json):
     """Write a file or folder of a revision to local disk."""
-    s = _store(store_path)
+    s = _store(store_path, token)
     total = sum(e["size"] for e in s.ls(src, recursive=True))
     with _progress(total, "pull", as_json) as bar:
         r = s.pull(src, local, progress=bar.update)
@@ -146,9 +167,9 @@ def pull(src, local, store_path, as_json):
 @store_option
 @json_option
 @handle_errors
-def ls_cmd(addr, recursive, store_path, as_json):
+def ls_cmd(addr, recursive, store_path, token, as_json):
     """List a folder of a revision."""
-    entries = _store(store_path).ls(addr, recursive=recursive)
+    entries = _store(store_path, token).ls(addr, recursive=recursive)
     if as_json:
         _print_json({"entries": entries})
         return
@@ -161,10 +182,10 @@ def ls_cmd(addr, recursive, store_path, as_json):
 @click.argument("addr", metavar="cdc://REPO[@REV]/PATH")
 @store_option
 @handle_errors
-def cat(addr, store_path):
+def cat(addr, store_path, token):
     """Write a file of a revision to stdout."""
     out = sys.stdout.buffer
-    with _store(store_path).open(addr) as f:
+    with _store(store_path, token).open(addr) as f:
         while True:
             block = f.read(4 * 1024 * 1024)
             if not block:
@@ -178,10 +199,10 @@ def cat(addr, store_path):
 @store_option
 @json_option
 @handle_errors
-def log(repo, store_path, as_json):
+def log(repo, store_path, token, as_json):
     """Show the commits of a branch, newest first."""
     a = parse(repo)
-    entries = _store(store_path).log(a.repo, a.ref)
+    entries = _store(store_path, token).log(a.repo, a.ref)
     if as_json:
         _print_json({"repo": a.repo, "rev": a.ref, "commits": entries})
         return
@@ -195,9 +216,9 @@ def log(repo, store_path, as_json):
 @store_option
 @json_option
 @handle_errors
-def stats(addr, store_path, as_json):
+def stats(addr, store_path, token, as_json):
     """Store totals, or what a revision holds and added over its parent."""
-    st = _store(store_path).stats(addr)
+    st = _store(store_path, token).stats(addr)
     if as_json:
         _print_json(st)
         return
@@ -213,12 +234,12 @@ def stats(addr, store_path, as_json):
 
 
 @cli.command()
-@store_option
+@local_store_option
 @json_option
 @handle_errors
 def check(store_path, as_json):
     """Verify every pack against its name and every chunk against its id."""
-    r = LocalStore(store_path or default_store_path()).check()
+    r = _local(store_path).check()
     if as_json:
         _print_json(r)
     else:
@@ -231,17 +252,34 @@ def check(store_path, as_json):
 
 
 @cli.command(name="rebuild-index")
-@store_option
+@local_store_option
 @json_option
 @handle_errors
 def rebuild_index(store_path, as_json):
     """Recreate the chunk index from the packs alone."""
-    r = LocalStore(store_path or default_store_path()).rebuild_index()
+    r = _local(store_path).rebuild_index()
     if as_json:
         _print_json(r)
     else:
         click.echo(f"indexed {r['chunks']} chunks from {r['packs']} packs"
                    + (f"; skipped {len(r['bad_packs'])} damaged packs" if r["bad_packs"] else ""))
+
+
+@cli.command()
+@local_store_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=8470, show_default=True, type=int, help="Port to bind (0: any free port).")
+@click.option("--tokens", "tokens_file", default=None, metavar="FILE",
+              help='JSON file: {"TOKEN": {"scope": "read"|"write", "repos": ["*"] or [names]}}.')
+@click.option("--allow-no-auth", is_flag=True, help="Serve a non-loopback address without --tokens.")
+@click.option("--max-heavy", default=8, show_default=True,
+              help="Concurrent uploads before the server answers 429 with Retry-After.")
+@handle_errors
+def serve(store_path, host, port, tokens_file, allow_no_auth, max_heavy):
+    """Serve a store over HTTP (protocol v1, docs/protocol.md)."""
+    from .server import serve as run_server
+
+    run_server(_local(store_path).root, host, port, tokens_file, allow_no_auth, max_heavy)
 
 
 @cli.command()

@@ -9,6 +9,7 @@ range wanted twice at once only once, and counts requests and bytes on the wire.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import json
 import os
@@ -74,6 +75,7 @@ class Transport:
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="cdcstore-transport", daemon=True).start()
                 self._loop, self._pid = loop, os.getpid()
+                atexit.register(self.close)
                 self._session: aiohttp.ClientSession | None = None
                 self._flights: dict = {}
             return self._loop
@@ -85,11 +87,13 @@ class Transport:
         return self.submit(coro).result()
 
     def close(self) -> None:
-        if self._pid == os.getpid():
-            if self._session is not None:
-                self.run(self._session.close())
-            self._loop.call_soon_threadsafe(self._loop.stop)
+        with self._lock:
+            if self._pid != os.getpid():
+                return
             self._pid = None
+        if self._session is not None:
+            asyncio.run_coroutine_threadsafe(self._session.close(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
 
     def counters(self) -> dict:
         return {"requests": self.requests, "sent_bytes": self.sent_bytes, "received_bytes": self.received_bytes}
@@ -103,9 +107,17 @@ class Transport:
                                               sock_read=self.timeout))
         return self._session
 
+    def delay(self, attempt: int) -> float:
+        """Exponential backoff with jitter."""
+        return min(self.max_backoff, self.backoff * 2 ** attempt) * (0.5 + random.random())
+
     async def request(self, method: str, path: str, *, body: bytes | None = None, body_path: str | None = None,
-                      headers: dict | None = None, ok=(200, 201, 206)) -> tuple[int, bytes]:
-        """One request with retries; returns (status, body) or raises a mapped error."""
+                      headers: dict | None = None, ok=(200, 201, 206), landed=None) -> tuple[int, bytes]:
+        """One request with retries; returns (status, body) or raises a mapped error.
+
+        `landed`, for uploads: a coroutine asked before each retry whether the
+        previous attempt took effect after all (then the body is not sent again)."""
+        retries = self.retries
         session = await self._get_session()
         h = dict(headers or {})
         if self.token:
@@ -113,8 +125,10 @@ class Transport:
         size = len(body) if body is not None else (os.path.getsize(body_path) if body_path else 0)
         deadline = self.timeout + size / self.min_rate
         what = f"{method} {path}"
-        for attempt in range(self.retries + 1):
+        for attempt in range(retries + 1):
             delay = None
+            if attempt and landed is not None and await landed():
+                return 200, b""
             try:
                 data = open(body_path, "rb") if body_path else body
                 try:
@@ -127,7 +141,7 @@ class Transport:
                                 len(k) + len(v) + 4 for k, v in resp.raw_headers) + 17
                             if resp.status in ok:
                                 return resp.status, payload
-                            if resp.status not in RETRY_STATUS or attempt == self.retries:
+                            if resp.status not in RETRY_STATUS or attempt == retries:
                                 raise _map_error(resp.status, payload, what)
                             retry_after = resp.headers.get("Retry-After")
                             if retry_after and retry_after.strip().isdigit():
@@ -136,13 +150,11 @@ class Transport:
                     if body_path:
                         data.close()
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
-                if attempt == self.retries:
+                if attempt == retries:
                     kind = "timed out (stalled)" if isinstance(e, TimeoutError) else f"failed: {e}"
                     raise RemoteError(f"{what} to {self.base} {kind} after {attempt + 1} attempts; "
                                       f"check that `cdcstore serve` is running and reachable") from None
-            if delay is None:
-                delay = min(self.max_backoff, self.backoff * 2 ** attempt) * (0.5 + random.random())
-            await asyncio.sleep(delay)
+            await asyncio.sleep(self.delay(attempt) if delay is None else delay)
         raise AssertionError("unreachable")
 
     async def get_range(self, path: str, start: int, end: int) -> bytes:
@@ -208,8 +220,7 @@ class RemoteStore(Backend):
     def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None:
         """Upload in the background (at most `upload_concurrency` at once)."""
         self._upload_slots.acquire()
-        fut = self.t.submit(self.t.request("PUT", f"{self._api}/packs/{name}", body_path=tmp,
-                                           headers={"Content-Type": "application/octet-stream"}))
+        fut = self.t.submit(self._upload(tmp, name))
 
         def done(_f):
             self._upload_slots.release()
@@ -220,6 +231,18 @@ class RemoteStore(Backend):
 
         fut.add_done_callback(done)
         self._uploads.append(fut)
+
+    async def _upload(self, tmp: str, name: str) -> None:
+        """PUT a pack; before any retry, ask whether the last attempt landed after all,
+        so that a pack the server already stored is never sent twice."""
+        path = f"{self._api}/packs/{name}"
+
+        async def landed() -> bool:
+            status, _ = await self.t.request("HEAD", path, ok=(200, 404))
+            return status == 200
+
+        await self.t.request("PUT", path, body_path=tmp, headers={"Content-Type": "application/octet-stream"},
+                             landed=landed)
 
     def flush(self) -> None:
         uploads, self._uploads = self._uploads, []

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from . import ids, transfer
-from .address import check_name
+from .address import check_name, normalize_path
 from .commit import Commit
 from .errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, RepoNotFoundError,
                      RevisionNotFoundError)
@@ -210,6 +210,12 @@ class Server:
         self.store.add_pack(tmp, name, entries)
         return len(entries)
 
+    async def head_pack(self, request):
+        self.auth.check(request, None, write=True)
+        name = request.match_info["name"]
+        exists = ids.is_hex_id(name) and os.path.exists(self.store.pack_path(name))
+        return web.Response(status=200 if exists else 404)
+
     async def put_manifests(self, request):
         self.auth.check(request, None, write=True)
         with self.heavy():
@@ -255,6 +261,10 @@ class Server:
         expected = doc.get("expected")
         if commit.repo != repo:
             raise HTTPError(400, f"commit names repo {commit.repo!r} but was sent to {repo!r}")
+        for path in commit.files:
+            if not path or normalize_path(path) != path:
+                raise HTTPError(400, f"invalid file path {path!r} in commit: use relative '/'-separated paths "
+                                     f"without '.', '..' or empty parts")
         cid = await self._io(self._commit, repo, commit, branch, expected)
         return web.json_response({"commit": cid}, status=201)
 
@@ -317,6 +327,7 @@ def make_app(store: LocalStore, config: ServerConfig | None = None) -> web.Appli
         web.get(f"{api}/health", s.health),
         web.post(f"{api}/chunks/query", s.query_chunks),
         web.put(f"{api}/packs/{{name}}", s.put_pack),
+        web.head(f"{api}/packs/{{name}}", s.head_pack),
         web.post(f"{api}/manifests", s.put_manifests),
         web.get(f"{api}/stats", s.stats),
         web.get(f"{api}/repos", s.list_repos),
