@@ -1,10 +1,11 @@
 """cdcstore: content-defined-chunking, deduplicating storage for ML datasets."""
 from .address import Address, parse
 from .api import Store, TransferResult
-from .errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, NotAStoreError,
-                     PathNotFoundError, RepoNotFoundError, RevisionNotFoundError)
+from .errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError,
+                     NotAStoreError, NotFoundError, PathNotFoundError, RemoteError, RepoNotFoundError,
+                     RevisionNotFoundError)
 
 __version__ = "0.1.0"
-__all__ = ["Store", "TransferResult", "Address", "parse", "CdcError", "ConflictError", "CorruptionError",
-           "InvalidAddressError", "NotAStoreError", "PathNotFoundError", "RepoNotFoundError",
-           "RevisionNotFoundError"]
+__all__ = ["Store", "TransferResult", "Address", "parse", "AccessDeniedError", "CdcError", "ConflictError",
+           "CorruptionError", "InvalidAddressError", "NotAStoreError", "NotFoundError", "PathNotFoundError",
+           "RemoteError", "RepoNotFoundError", "RevisionNotFoundError"]

@@ -1,0 +1,265 @@
+"""A real server in a subprocess on loopback, driven by the real client."""
+import http.client
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from cdcstore import AccessDeniedError, ConflictError, Store
+from cdcstore.commit import Commit, FileEntry
+from cdcstore import ids
+from cdcstore.pack import CODEC_RAW, PackWriter
+from cdcstore.store import LocalStore
+from cdcstore.writer import IngestOptions
+from conftest import golden_input
+from server_util import ServerProcess
+
+
+@pytest.fixture
+def server(tmp_path):
+    LocalStore.init(str(tmp_path / "srv"))
+    s = ServerProcess(str(tmp_path / "srv")).start()
+    yield s
+    s.stop()
+
+
+def test_push_pull_over_http_moves_only_new_chunks(server, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.bin").write_bytes(golden_input(4_000_000))
+    (data / "b.txt").write_bytes(b"hello over http\n")
+    with Store(server.url) as s:
+        v1 = s.push([str(data)], "cdc://ds/", message="v1")
+        assert v1.new_bytes == v1.bytes and v1.requests > 0
+        assert v1.sent_bytes >= v1.stored_bytes
+        edited = bytearray(golden_input(4_000_000))
+        edited[2_000_000:2_000_004] = b"EDIT"
+        (data / "a.bin").write_bytes(bytes(edited))
+        v2 = s.push([str(data)], "cdc://ds/", message="v2")
+        assert 0 < v2.new_bytes < 600_000
+        assert v2.sent_bytes <= 1.05 * v2.new_bytes + 64 * 1024  # ids + headers
+        assert s.cat("cdc://ds/a.bin") == bytes(edited)
+        assert s.cat(f"cdc://ds@{v1.commit[:6]}/a.bin") == golden_input(4_000_000)
+        out = tmp_path / "out"
+        p = s.pull("cdc://ds/", str(out))
+        assert p.received_bytes >= p.bytes and (out / "b.txt").read_bytes() == b"hello over http\n"
+        assert [e["message"] for e in s.log("ds")] == ["v2", "v1"]
+        assert s.ls("cdc://ds/")[0]["name"] == "a.bin"
+    # the server's store is an ordinary local store
+    local = Store(server.store)
+    assert local.cat("cdc://ds/a.bin") == bytes(edited) and local.backend.check()["problems"] == []
+
+
+def test_conflict_over_http(server, tmp_path):
+    f = tmp_path / "f.txt"
+    f.write_bytes(b"one")
+    with Store(server.url) as a, Store(server.url) as b:
+        a.push([str(f)], "cdc://r/f.txt")
+        raced = []
+
+        def race(_n):
+            if not raced:
+                raced.append(b.push([str(f)], "cdc://r/g.txt"))
+
+        with pytest.raises(ConflictError):
+            a.push([str(f)], "cdc://r/h.txt", progress=race)
+        assert a.push([str(f)], "cdc://r/h.txt").changed
+        assert {e["name"] for e in a.ls("cdc://r/")} == {"f.txt", "g.txt", "h.txt"}
+
+
+CLIENT_PUSH = textwrap.dedent("""
+    import sys
+    from cdcstore import Store
+    from cdcstore.writer import IngestOptions
+    s = Store(sys.argv[1], retries=0)
+    s.push([sys.argv[2]], "cdc://big/big.bin", options=IngestOptions(max_pack_bytes=1 << 20))
+""")
+
+
+def test_server_sigkill_mid_push_then_push_again(tmp_path):
+    LocalStore.init(str(tmp_path / "srv"))
+    server = ServerProcess(str(tmp_path / "srv")).start()
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(40 << 20))
+    packs_dir = tmp_path / "srv" / "packs"
+
+    def packs():
+        return [p for d in packs_dir.iterdir() for p in d.iterdir()] if packs_dir.exists() else []
+
+    client = subprocess.Popen([sys.executable, "-c", CLIENT_PUSH, server.url, str(big)],
+                              stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while len(packs()) < 3 and time.time() < deadline and client.poll() is None:
+        time.sleep(0.005)
+    server.kill()
+    assert client.wait(60) != 0  # the client could not finish without its server
+    assert len(packs()) >= 3
+    server.start()  # same store, same port
+    try:
+        local = LocalStore(str(tmp_path / "srv"))
+        assert local.check()["problems"] == []
+        local.recover()
+        durable = local.totals()["chunk_raw_bytes"]
+        assert durable > 0
+        with Store(server.url) as s:
+            r = s.push([str(big)], "cdc://big/big.bin", options=IngestOptions(max_pack_bytes=1 << 20))
+            assert r.new_bytes == big.stat().st_size - durable  # nothing stored is sent twice
+            assert r.sent_bytes < r.new_bytes + 256 * 1024 + durable // 100
+            assert s.cat("cdc://big/big.bin") == big.read_bytes()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def auth_server(tmp_path):
+    tokens = {
+        "w-all": {"scope": "write", "repos": ["*"]},
+        "r-all": {"scope": "read", "repos": ["*"]},
+        "w-a": {"scope": "write", "repos": ["a"]},
+        "r-a": {"scope": "read", "repos": ["a"]},
+    }
+    (tmp_path / "tokens.json").write_text(json.dumps(tokens))
+    LocalStore.init(str(tmp_path / "srv"))
+    s = ServerProcess(str(tmp_path / "srv"), "--tokens", str(tmp_path / "tokens.json")).start()
+    yield s
+    s.stop()
+
+
+def test_auth_matrix(auth_server, tmp_path):
+    f = tmp_path / "f.txt"
+    f.write_bytes(b"secret")
+    url = auth_server.url
+    with Store(url, token="w-all") as s:
+        s.push([str(f)], "cdc://a/f.txt")
+        s.push([str(f)], "cdc://b/f.txt")
+    cases = [  # (token, operation, allowed)
+        (None, "read-a", False), ("bogus", "read-a", False),
+        ("r-all", "read-a", True), ("r-all", "read-b", True), ("r-all", "write-a", False),
+        ("r-a", "read-a", True), ("r-a", "read-b", False), ("r-a", "write-a", False),
+        ("w-a", "read-a", True), ("w-a", "write-a", True), ("w-a", "read-b", False), ("w-a", "write-b", False),
+        ("w-all", "write-b", True),
+    ]
+    for token, op, allowed in cases:
+        with Store(url, token=token, retries=0) as s:
+            kind, repo = op.split("-")
+
+            def run():
+                if kind == "read":
+                    return s.cat(f"cdc://{repo}/f.txt")
+                return s.push([str(f)], f"cdc://{repo}/g-{token}.txt")
+
+            if allowed:
+                run()
+            else:
+                with pytest.raises(AccessDeniedError) as e:
+                    run()
+                assert ("401" in str(e.value) or "token" in str(e.value)), str(e.value)
+    with Store(url, token="r-a") as s:
+        assert s.backend.repos() == ["a"]
+    # status codes on the wire
+    def status(token, method="GET", path="/v1/repos/a/branches"):
+        c = http.client.HTTPConnection("127.0.0.1", auth_server.port)
+        c.request(method, path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        r = c.getresponse()
+        body = r.read()
+        return r.status, json.loads(body) if body else None
+
+    assert status(None)[0] == 401
+    assert status("r-a", "GET", "/v1/repos/b/branches")[0] == 403
+    assert status("r-a", "POST", "/v1/chunks/query")[0] == 403
+
+
+def test_serving_open_on_a_public_address_needs_a_flag(tmp_path):
+    LocalStore.init(str(tmp_path / "srv"))
+    p = subprocess.run([sys.executable, "-m", "cdcstore", "serve", "--store", str(tmp_path / "srv"),
+                        "--host", "0.0.0.0", "--port", "0"], capture_output=True, timeout=60)
+    assert p.returncode != 0 and b"--tokens" in p.stderr and b"Traceback" not in p.stderr
+
+
+def raw(server, method, path, body=b"", headers=None):
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    c.request(method, path, body=body, headers=headers or {})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, data
+
+
+def make_pack(chunks, lie=False):
+    buf = io.BytesIO()
+    w = PackWriter(buf)
+    for c in chunks:
+        cid = ids.digest(c if not lie else c + b"x")
+        w.add(cid, CODEC_RAW, c, len(c))
+    name = w.finish()
+    return name, buf.getvalue()
+
+
+def test_bad_input_gets_4xx_with_json(server):
+    name, pack = make_pack([golden_input(5000), b"abc"])
+    cases = [
+        ("PUT", f"/v1/packs/{name}", pack[:-10], {}, 422),  # truncated
+        ("PUT", "/v1/packs/" + make_pack([b"hello"], lie=True)[0], make_pack([b"hello"], lie=True)[1], {}, 422),
+        ("PUT", "/v1/packs/nothex", pack, {}, 400),
+        ("PUT", f"/v1/packs/{name}", b"", {"Content-Length": str(10**12)}, 413),
+        ("POST", "/v1/chunks/query", b"x" * 17, {}, 400),
+        ("GET", "/v1/repos/..%2F..%2Fetc/branches", b"", {}, 400),
+        ("GET", "/v1/repos/%2Fetc/branches", b"", {}, 400),
+        ("GET", "/v1/repos/a/resolve/..", b"", {}, 400),
+        ("POST", "/v1/repos/a/commits", b"{not json", {}, 400),
+        ("POST", "/v1/repos/a/commits", json.dumps({"commit": "{}", "branch": "main"}).encode(), {}, 422),
+        ("POST", "/v1/manifests", b"\xff\xff\xff\xff", {}, 400),
+        ("GET", "/v1/repos/a/packs/" + name, b"", {}, 404),
+    ]
+    for method, path, body, headers, expect in cases:
+        if headers.get("Content-Length"):
+            s = socket.create_connection(("127.0.0.1", server.port))
+            s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {10**12}\r\n\r\n".encode())
+            reply = s.recv(4096)
+            s.close()
+            assert f" {expect} ".encode() in reply.split(b"\r\n")[0], reply[:200]
+            continue
+        status, data = raw(server, method, path, body, headers)
+        assert status == expect, (method, path, status, data[:200])
+        assert "error" in json.loads(data)
+    # a commit with '..' in a file path is refused
+    commit = Commit("a", None, "m", 0.0, {"../evil": FileEntry("0" * 32, 1)})
+    doc = json.dumps({"commit": commit.encode().decode(), "branch": "main", "expected": None}).encode()
+    status, data = raw(server, "POST", "/v1/repos/a/commits", doc)
+    assert status == 400 and b"'..'" in data
+    # and the server is still healthy
+    assert raw(server, "GET", "/v1/health")[0] == 200
+
+
+def test_429_retry_after_is_waited_out(tmp_path):
+    LocalStore.init(str(tmp_path / "srv"))
+    server = ServerProcess(str(tmp_path / "srv"), "--max-heavy", "1").start()
+    try:
+        name, pack = make_pack([golden_input(100_000)])
+        # hold the only heavy slot with an upload that sends half its body, then waits
+        hold = socket.create_connection(("127.0.0.1", server.port))
+        hold.sendall(f"PUT /v1/packs/{name} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(pack)}\r\n\r\n".encode()
+                     + pack[:1000])
+        time.sleep(0.3)
+        f = tmp_path / "f.bin"
+        f.write_bytes(golden_input(300_000))
+        release = threading.Timer(1.5, lambda: hold.sendall(pack[1000:]))
+        release.start()
+        t0 = time.time()
+        with Store(server.url) as s:
+            r = s.push([str(f)], "cdc://r/f.bin")
+        elapsed = time.time() - t0
+        release.join()
+        assert r.changed and elapsed >= 1.0
+        assert '" 429 ' in server.log_text()
+        hold.recv(4096)
+        hold.close()
+    finally:
+        server.stop()
