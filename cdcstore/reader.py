@@ -19,6 +19,7 @@ from .manifest import Manifest
 from .store import Backend
 
 
+LOCATE_ALL_CHUNKS = 65536  # files up to ~4 GiB are located in one go at their first read
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
@@ -119,8 +120,11 @@ class FileReader(io.RawIOBase):
         self._last_end = offset + length
         pieces = self._chunks(span, prefetch=sequential)
         lo = offset - m.chunk_start(span.start)
-        buf = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        return buf[lo:lo + length]
+        if len(pieces) == 1:
+            return pieces[0][lo:lo + length]
+        hi = offset + length - m.chunk_start(span.stop - 1)  # bytes wanted from the last chunk
+        views = [memoryview(pieces[0])[lo:], *pieces[1:-1], memoryview(pieces[-1])[:hi]]
+        return b"".join(views)  # one copy
 
     def _chunks(self, span: range, prefetch: bool) -> list[bytes]:
         m = self._m
@@ -153,22 +157,26 @@ class FileReader(io.RawIOBase):
                 group, size = [], 0
         got = self._fetch(need) if need else {}
         out = []
-        for i in span:
+        for i in span:  # collect everything before caching anything: caching may evict
             data = self._lru.get(i)
-            if data is not None:
-                self._lru.move_to_end(i)
-            else:
+            if data is None:
                 data = got[i] if i in got else self._pending.pop(i).result()[i]
-                self._remember(i, data)
             out.append(data)
+        for i, data in zip(span, out):
+            self._remember(i, data)
         return out
 
     def _remember(self, i: int, data: bytes) -> None:
         self._lru[i] = data
+        self._lru.move_to_end(i)
         while len(self._lru) > self._lru_cap:
             self._lru.popitem(last=False)
 
     def _locate(self, chunk_ids: list[bytes]) -> None:
+        """Learn where chunks live: the whole file at the first read (one batched
+        lookup, so later reads need none) unless it has very many chunks."""
+        if not self._locs and len(self._m.chunk_ids) <= LOCATE_ALL_CHUNKS:
+            chunk_ids = self._m.chunk_ids
         missing = [c for c in dict.fromkeys(chunk_ids) if c not in self._locs]
         if missing:
             self._locs.update(self._src.locate(missing, self._repo))

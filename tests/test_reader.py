@@ -77,3 +77,16 @@ def test_pyarrow_reads_a_column_through_the_file_object(tmp_path):
     assert got.column("b").equals(table.column("b"))
     with s.open("cdc://r/t.parquet") as f:
         assert pq.ParquetFile(f).metadata.num_row_groups == 5
+
+
+def test_read_across_a_chunk_the_cache_is_about_to_evict(pushed):
+    from cdcstore.reader import FileReader
+
+    cid, commit = pushed.resolve("cdc://r/")
+    m = pushed.backend.get_manifest(commit.files["f.bin"].manifest)
+    with FileReader(pushed.backend, m, cache_chunks=4) as f:
+        starts = [m.chunk_start(i) for i in range(len(m.lengths))]
+        for i in range(1, 5):  # cache chunks 1..4, chunk 1 oldest
+            assert f.pread(starts[i] + 1, 10) == DATA[starts[i] + 1:starts[i] + 11]
+        assert f.pread(starts[1] - 100, 200) == DATA[starts[1] - 100:starts[1] + 100]
+        assert f.pread(0, len(DATA)) == DATA
