@@ -51,30 +51,38 @@ def page_cuts(path: str) -> list[int] | None:
     """Offsets where page-aligned chunking must cut, or None if `path` is not
     readable Parquet (then use plain byte CDC)."""
     try:
-        size = os.path.getsize(path)
         with open(path, "rb") as f:
-            if size < 12 or f.read(4) != MAGIC:  # cheap test first: most files are not Parquet
+            return page_cuts_of(f, os.fstat(f.fileno()).st_size)
+    except OSError:
+        return None
+
+
+def page_cuts_of(f: BinaryIO, size: int) -> list[int] | None:
+    """`page_cuts` for an open binary file of `size` bytes (moves its position)."""
+    try:
+        f.seek(0)
+        if size < 12 or f.read(4) != MAGIC:  # cheap test first: most files are not Parquet
+            return None
+        f.seek(size - 8)
+        tail = f.read(8)
+        footer_len = struct.unpack("<I", tail[:4])[0]
+        footer_start = size - 8 - footer_len
+        if tail[4:] != MAGIC or footer_start < 4:
+            return None
+        f.seek(footer_start)
+        ranges = column_chunk_ranges(f.read(footer_len))
+        cuts = {4, footer_start}
+        for start, end in ranges:
+            if not 4 <= start <= end <= footer_start:
                 return None
-            f.seek(size - 8)
-            tail = f.read(8)
-            footer_len = struct.unpack("<I", tail[:4])[0]
-            footer_start = size - 8 - footer_len
-            if tail[4:] != MAGIC or footer_start < 4:
-                return None
-            f.seek(footer_start)
-            ranges = column_chunk_ranges(f.read(footer_len))
-            cuts = {4, footer_start}
-            for start, end in ranges:
-                if not 4 <= start <= end <= footer_start:
-                    return None
-                cuts.add(end)
-                pos = start
-                while pos < end:
-                    cuts.add(pos)
-                    pos += _page_length(f, pos, end)
-                if pos != end:
-                    return None  # pages do not tile the column chunk: do not trust the walk
-            return sorted(c for c in cuts if 0 < c < size)
+            cuts.add(end)
+            pos = start
+            while pos < end:
+                cuts.add(pos)
+                pos += _page_length(f, pos, end)
+            if pos != end:
+                return None  # pages do not tile the column chunk: do not trust the walk
+        return sorted(c for c in cuts if 0 < c < size)
     except (OSError, ThriftError, struct.error, RecursionError):
         return None
 

@@ -36,6 +36,13 @@ class IngestOptions:
     parquet_pages: bool = True  # cut Parquet files at page boundaries (falls back to byte CDC)
 
 
+ENCODE_TASK_BYTES = 1024 * 1024
+
+
+def _encode_all(task: list[tuple[bytes, bytes]], level: int) -> list[tuple[int, bytes]]:
+    return [encode_chunk(data, cid, level) for cid, data in task]
+
+
 class PackSink:
     """Appends encoded chunks to a temp pack file and publishes it when full."""
 
@@ -106,17 +113,20 @@ class Ingest:
 
         `key` names the file in `file_new` and `file_mode` (default: its path)."""
         key = path if key is None else key
-        cuts = parquet.page_cuts(path) if self.opts.parquet_pages else None
-        self.file_mode[key] = "parquet-pages" if cuts else "bytes"
         self.file_new.setdefault(key, 0)
-        chunker = Chunker(self.opts.params, cuts or ())
         file_hash = ids.hasher()
         chunk_ids: list[bytes] = []
         lengths: list[int] = []
         size = 0
         with open(path, "rb") as f:
+            block = f.read(self.opts.block_size)
+            cuts = None
+            if self.opts.parquet_pages and block[:4] == parquet.MAGIC:
+                cuts = parquet.page_cuts_of(f, os.fstat(f.fileno()).st_size)
+                f.seek(len(block))
+            self.file_mode[key] = "parquet-pages" if cuts else "bytes"
+            chunker = Chunker(self.opts.params, cuts or ())
             while True:
-                block = f.read(self.opts.block_size)
                 if block:
                     file_hash.update(block)
                     size += len(block)
@@ -128,6 +138,7 @@ class Ingest:
                     self.progress(len(block))
                 if not block:
                     break
+                block = f.read(self.opts.block_size)
         self.bytes += size
         return Manifest(chunk_ids, lengths, size, file_hash.digest())
 
@@ -145,10 +156,14 @@ class Ingest:
             self._decide()
 
     def _decide(self) -> None:
-        """Ask the store which queued chunks it lacks; encode those on the pool."""
+        """Ask the store which queued chunks it lacks; encode those on the pool, in
+        tasks of about `ENCODE_TASK_BYTES` so that tiny chunks do not pay a thread
+        handoff each."""
         batch, self._undecided, self._undecided_bytes = self._undecided, [], 0
         candidates = [c for c in dict.fromkeys(cid for cid, _, _ in batch) if c not in self._seen]
         self._seen.update(self.store.present(candidates) if candidates else ())
+        task: list[tuple[bytes, bytes]] = []
+        task_bytes = 0
         for cid, data, key in batch:
             if cid in self._seen:
                 continue
@@ -156,17 +171,26 @@ class Ingest:
             self.new_bytes += len(data)
             self.file_new[key] += len(data)
             self.new_chunks += 1
-            fut = self._pool.submit(encode_chunk, data, cid, self.opts.zstd_level)
-            self._inflight.append((fut, cid, len(data)))
-            self._inflight_bytes += len(data)
-            while self._inflight_bytes > self.opts.max_inflight_bytes:
-                self._drain_one()
+            task.append((cid, data))
+            task_bytes += len(data)
+            if task_bytes >= ENCODE_TASK_BYTES:
+                self._submit(task, task_bytes)
+                task, task_bytes = [], 0
+        if task:
+            self._submit(task, task_bytes)
+
+    def _submit(self, task: list[tuple[bytes, bytes]], nbytes: int) -> None:
+        fut = self._pool.submit(_encode_all, task, self.opts.zstd_level)
+        self._inflight.append((fut, [(cid, len(data)) for cid, data in task], nbytes))
+        self._inflight_bytes += nbytes
+        while self._inflight_bytes > self.opts.max_inflight_bytes:
+            self._drain_one()
 
     def _drain_one(self) -> None:
-        fut, cid, raw_len = self._inflight.popleft()
-        self._inflight_bytes -= raw_len
-        codec, stored = fut.result()
-        self.sink.add(cid, codec, stored, raw_len)
+        fut, chunks, nbytes = self._inflight.popleft()
+        self._inflight_bytes -= nbytes
+        for (cid, raw_len), (codec, stored) in zip(chunks, fut.result()):
+            self.sink.add(cid, codec, stored, raw_len)
 
     def finish(self) -> None:
         """Wait for every scheduled chunk and make the last pack durable."""
