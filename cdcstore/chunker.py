@@ -46,58 +46,62 @@ class Chunker:
     `cuts` are absolute offsets where a chunk must end (e.g. Parquet page
     starts): the stream is then chunked as independent segments, each with the
     rule above. Memory is bounded by about twice the maximum chunk size plus one
-    piece. Returned chunks are `bytes` objects owned by the caller.
+    piece. Chunks are read-only memoryviews of the bytes fed (no copies); they
+    stay valid after later calls.
     """
 
     def __init__(self, params: ChunkParams = DEFAULT_PARAMS, cuts: Iterable[int] = ()):
         self.params = params
-        self._buf = bytearray()
-        self._base = 0  # absolute offset of _buf[0]
+        self._pieces: list[bytes] = []  # bytes not yet cut, oldest first
+        self._size = 0
+        self._base = 0  # absolute offset of the first uncut byte
         self._cuts = iter(sorted(set(cuts)))
         self._next_cut = self._next_after(0)
 
     def _next_after(self, pos: int) -> int | None:
         return next((c for c in self._cuts if c > pos), None)
 
-    def feed(self, data) -> list[bytes]:
+    def feed(self, data) -> list[memoryview]:
         """Add bytes; return the chunks they complete (possibly none)."""
-        self._buf += data
-        if len(self._buf) >= 2 * self.params.max_size:
+        self._pieces.append(data if isinstance(data, bytes) else bytes(data))
+        self._size += len(data)
+        if self._size >= 2 * self.params.max_size:
             return self._cut(eof=False)
         return []
 
-    def finish(self) -> list[bytes]:
+    def finish(self) -> list[memoryview]:
         """Return the remaining chunks; the chunker is then empty."""
         return self._cut(eof=True)
 
-    def _cut(self, eof: bool) -> list[bytes]:
+    def _cut(self, eof: bool) -> list[memoryview]:
         p = self.params
-        buf = self._buf
-        chunks: list[bytes] = []
+        buf = self._pieces[0] if len(self._pieces) == 1 else b"".join(self._pieces)
+        view = memoryview(buf)  # chunks are views of immutable bytes: no copies
+        chunks: list[memoryview] = []
         start = 0
-        with memoryview(buf) as view:
-            while start < len(buf):
-                cut = self._next_cut
-                whole = cut is not None and cut - self._base <= len(buf)
-                seg_end = cut - self._base if whole else len(buf)
-                ends = _gear.scan(view[start:seg_end], p.min_size, p.avg_size, p.max_size, whole or eof)
-                prev = 0
-                for end in ends:
-                    chunks.append(bytes(view[start + prev:start + end]))
-                    prev = end
-                if not whole:
-                    start += prev
-                    break
-                start = seg_end
-                self._next_cut = self._next_after(cut)
-        if start:
-            del buf[:start]
-            self._base += start
+        while start < len(buf):
+            cut = self._next_cut
+            whole = cut is not None and cut - self._base <= len(buf)
+            seg_end = cut - self._base if whole else len(buf)
+            ends = _gear.scan(view[start:seg_end], p.min_size, p.avg_size, p.max_size, whole or eof)
+            prev = 0
+            for end in ends:
+                chunks.append(view[start + prev:start + end])
+                prev = end
+            if not whole:
+                start += prev
+                break
+            start = seg_end
+            self._next_cut = self._next_after(cut)
+        rest = buf[start:] if start < len(buf) else b""
+        self._pieces = [rest] if rest else []
+        self._size = len(rest)
+        self._base += start
         return chunks
 
 
 def iter_chunks(stream: BinaryIO, params: ChunkParams = DEFAULT_PARAMS,
-                block_size: int = 8 * 1024 * KiB, cuts: Iterable[int] = ()) -> Iterator[bytes]:
+                block_size: int = 8 * 1024 * KiB, cuts: Iterable[int] = ()) -> Iterator[memoryview]:
     """Chunks of a binary stream, read `block_size` bytes at a time."""
     chunker = Chunker(params, cuts)
     while True:

@@ -66,7 +66,7 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return d
 
 
-def encode_chunk(raw: bytes, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL) -> tuple[int, bytes]:
+def encode_chunk(raw, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL) -> tuple[int, bytes]:
     """Compress a chunk for storage and verify the result decodes to `chunk_id`.
 
     Returns (codec, stored bytes); the chunk is kept raw when zstd does not shrink it.
@@ -74,11 +74,11 @@ def encode_chunk(raw: bytes, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL) -
     """
     packed = _compressor(level).compress(raw)
     if len(packed) < len(raw):
-        codec, stored = CODEC_ZSTD, packed
-    else:
-        codec, stored = CODEC_RAW, raw
-    decode_chunk(stored, codec, len(raw), chunk_id)
-    return codec, stored
+        decode_chunk(packed, CODEC_ZSTD, len(raw), chunk_id)
+        return CODEC_ZSTD, packed
+    if ids.digest(raw) != chunk_id:  # kept raw: re-hash what will be written
+        raise CorruptionError(f"chunk {chunk_id.hex()} does not match its id")
+    return CODEC_RAW, raw
 
 
 def decode_chunk(stored, codec: int, raw_len: int, chunk_id: bytes) -> bytes:

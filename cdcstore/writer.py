@@ -44,7 +44,9 @@ def _encode_all(task: list[tuple[bytes, bytes]], level: int) -> list[tuple[int, 
 
 
 class PackSink:
-    """Appends encoded chunks to a temp pack file and publishes it when full."""
+    """Appends encoded chunks to a temp pack file; a full pack is finished here and
+    handed to one background thread that makes it durable and indexes it (fsync
+    releases the GIL), so chunking goes on meanwhile."""
 
     def __init__(self, store: Backend, opts: IngestOptions):
         self.store = store
@@ -54,8 +56,10 @@ class PackSink:
         self._file = None
         self._tmp = ""
         self._writer: PackWriter | None = None
+        self._publisher = ThreadPoolExecutor(1, thread_name_prefix="cdcstore-publish")
+        self._published: list = []
 
-    def add(self, chunk_id: bytes, codec: int, stored: bytes, raw_len: int) -> None:
+    def add(self, chunk_id: bytes, codec: int, stored, raw_len: int) -> None:
         if self._writer is None:
             self._tmp = self.store.tmp_path()
             self._file = open(self._tmp, "wb")
@@ -66,14 +70,21 @@ class PackSink:
             self.flush()
 
     def flush(self) -> None:
+        """Finish the current pack and queue it for publishing."""
         if self._writer is None:
             return
         name = self._writer.finish()
         self._file.close()
-        self.store.add_pack(self._tmp, name, self._writer.entries)
         self.stored_bytes += self._writer.size
         self.packs.append(name)
+        self._published.append(self._publisher.submit(self.store.add_pack, self._tmp, name, self._writer.entries))
         self._writer = self._file = None
+
+    def wait(self) -> None:
+        """Block until every queued pack is durable and indexed."""
+        done, self._published = self._published, []
+        for fut in done:
+            fut.result()
 
     def abort(self) -> None:
         if self._file is not None:
@@ -83,6 +94,7 @@ class PackSink:
             except FileNotFoundError:
                 pass
         self._writer = self._file = None
+        self._publisher.shutdown(wait=True)
 
 
 class Ingest:
@@ -199,6 +211,7 @@ class Ingest:
             while self._inflight:
                 self._drain_one()
             self.sink.flush()
+            self.sink.wait()
             self.store.flush()
         finally:
             self.close()
