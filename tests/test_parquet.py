@@ -1,5 +1,9 @@
 """Parquet page walking, fallback, and the dedup-friendly writer."""
+import base64
+import io
+import itertools
 import os
+import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -8,6 +12,7 @@ import pytest
 
 from cdcstore import parquet as P
 from cdcstore import Store
+from cdcstore.chunker import ChunkParams, iter_chunks
 
 
 def sample_table(n=60_000, seed=0):
@@ -146,3 +151,32 @@ def test_plan_row_groups_bounds():
     sizes = [b - a for a, b in zip([0] + ends, ends)]
     assert all(s <= 300 for s in sizes)
     assert 500 in ends and 505 not in ends and 10 not in ends
+
+
+# A small Parquet file (pyarrow-written, stored here so its bytes never change) and the
+# page-aligned chunk boundaries it must get: part of chunk format v1.
+GOLDEN_PARQUET = zlib.decompress(base64.b64decode(
+    "eNrd13dQk3cYwPE3IYSww3hDEgKE9YYRIiu4cKCICxURFbcRURCBkDDcExVRFFdL7bJ2t3TYvYdt7R52WLvttttuuvsmfuWP4vW8"
+    "3vUfc889n7v33ufe5/e+uef3viUFpVmiSjwRLkex2K0UhXCh96dAJfqgCn1RjX6oQX8MwEAMwmAMwVDUYhieaSkCI1FEHUahHg1o"
+    "xGg0YQzGYhyaMR4TMBGTMBkltGAKpmIapqMVM9CG/TATszAbczAX7ZiH/XEADsRBOBjzcQgOxWE4HAtwBI7EQhyFRTgax+BYHIfj"
+    "sRgn4ESchCU4GUtxCpbhVJyG07EcZ+BMnIWzcQ7OxXk4Hx24ACtwIVbiIlyMVViNS7AGl2It1mE9OrEBXejGRmzCZmzBZbgcV+BK"
+    "XIWrcQ2uxXW4HjfgRmzFTbgZt2AbbsV23IbbsQN34E7sxF24G/fgXtzXOwfEw0o5rJ4BphXVotrEtOpWKjQWQaH0Ufmq/TT+AYFB"
+    "wSGh2rDwiEhRF6U3GKNNMbFx5viExKRkyZKSmpZuzbD1y8zKzsm15/UfMHDQ4PwhQ4cNLxgxsnBU0egxY8eNL54wcVLJ5NIpZVOn"
+    "TS+fMXPW7Dlz5813LKhYWLlocVX1kpqltXX1zgaXu7GpuWXZ8hUrV61es3bd+g0bWzdt3tK2tX3b9o4dOzt37d6zV+5dnrtlYlmx"
+    "GOIdup4h25zpzVnenO3NOd6c6812b86Tl9uqkOOsy/WxtB0xHi1PNNYUVnRUdYd12A8eKso9dg4HFX32gQu4vxdiF16E+/FivAQv"
+    "xcvwcjyAV+BBvBKvwqvxGrwWr8Pr8Qa8EbvxJrwZb8Fb8RDehrfjHXgn3oV34z14L96H9+MD+CA+hA/jI/goHsbH8HF8Ao/gk/gU"
+    "Po3P4LP4HD6PL+CL+BIexZfxFXwVX8Nj+DoexzfwTXwL38Z38F18D0/g+/gBfogf4cf4CX6KJ/Ez/By/wC/xK/wav8FT+C1+h9/j"
+    "D/gj/oQ/Yw/+gr/ib/g7/oF/4l//eKFSoBJ9UIW+qEY/1KA/BmAgBmEwhmAoajEMwzECI1FEHUahHg1oxGg0YQzGYhyaMR4TMBGT"
+    "MBkltGAKpmIapivOt33gLFO/7/7w/+0Dhny7oFe7K6oqax2iSm4wWalXOAQxyKM7WSj2XEh3XGWwGqySYJIL7IJaa5DPEQVdt1J3"
+    "SpRDao+QNKlWeXWCqPQ8G61MfqraIMn9ed+aTWLQmUL36cIDnpBO6qQesU+l53q9xbpOvXy+pJEV/q2H/elSl/4/NdFjk9ps59RE"
+    "l97TRYrZ6XA1NFU2ZlQ4nRkOl6u+xdxc6XJX19eZs/NsmbYsg9V0+tvDIf9fS+QPr78BpD1pYg=="))
+
+
+def test_golden_parquet_page_cuts_and_chunks(tmp_path):
+    path = tmp_path / "golden.parquet"
+    path.write_bytes(GOLDEN_PARQUET)
+    cuts = P.page_cuts(str(path))
+    assert cuts == [4, 1221, 1404, 1460, 1548, 2765, 2948, 3004, 3092]
+    chunks = iter_chunks(io.BytesIO(GOLDEN_PARQUET), ChunkParams(64, 256, 1024), cuts=cuts)
+    ends = list(itertools.accumulate(len(c) for c in chunks))
+    assert ends == [4, 296, 560, 681, 976, 1221, 1404, 1460, 1548, 1807, 2155, 2436, 2703, 2765, 2948, 3004, 3092, 3407, 3453]
