@@ -11,6 +11,7 @@ caller falls back to plain byte CDC.
 """
 from __future__ import annotations
 
+import math
 import os
 import struct
 from typing import BinaryIO
@@ -195,37 +196,68 @@ def _column_fingerprint(col):
     return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
 
-def row_fingerprints(table):
-    """One uint64 per row from every supported column (numpy array), or None if no
-    column has a supported type."""
+def key_columns(table, min_distinct: float = 0.5) -> list[str]:
+    """The columns that fingerprint rows: supported columns in schema order, as
+    few as give at least `min_distinct` distinct fingerprints per row. Few
+    columns keep row-group boundaries in place when other columns are added,
+    dropped or edited, and spare hashing wide text columns."""
     import numpy as np
 
-    h = np.zeros(table.num_rows, dtype=np.uint64)
-    used = 0
-    for col in table.columns:
-        fp = _column_fingerprint(col)
+    chosen: list[str] = []
+    h = None
+    n = max(1, table.num_rows)
+    for name in table.column_names:
+        fp = _column_fingerprint(table[name])
+        if fp is None:
+            continue
+        h = _combine(h, fp)
+        chosen.append(name)
+        if len(np.unique(h)) >= min_distinct * n:
+            break
+    return chosen
+
+
+def _combine(h, fp):
+    import numpy as np
+
+    if h is None:
+        return _mix(fp)
+    with np.errstate(over="ignore"):
+        return _mix(h * np.uint64(0x9E3779B97F4A7C15) + fp)
+
+
+def row_fingerprints(table, columns: list[str] | None = None):
+    """One uint64 per row from `columns` (default: `key_columns(table)`), or None
+    if no column has a supported type."""
+    columns = key_columns(table) if columns is None else columns
+    h = None
+    for name in columns:
+        fp = _column_fingerprint(table[name])
         if fp is not None:
-            with np.errstate(over="ignore"):
-                h = _mix(h * np.uint64(0x9E3779B97F4A7C15) + fp)
-            used += 1
-    return h if used else None
+            h = _combine(h, fp)
+    return h
 
 
 def plan_row_groups(fingerprints, target_rows: int, min_rows: int, max_rows: int) -> list[int]:
-    """Row-group end offsets: cut before a row whose fingerprint is below 2^64/target,
-    once a group has min_rows; always by max_rows (pure logic)."""
+    """Row-group end offsets (pure logic). A group ends before a row whose
+    fingerprint is below 2^64/target once it has `min_rows`; past twice the
+    target, below 8x that threshold (still content-defined, so a long gap does
+    not end at a position that counts rows); `max_rows` is a last resort."""
     import numpy as np
 
     n = len(fingerprints)
-    threshold = np.uint64((2**64 - 1) // max(1, target_rows))
-    candidates = np.nonzero(fingerprints < threshold)[0].tolist()
+    strict = (2**64 - 1) // max(1, target_rows)
+    loose = np.uint64(min(2**64 - 1, strict * 8))
+    strict = np.uint64(strict)
+    candidates = np.nonzero(fingerprints < loose)[0].tolist()
     ends = []
     start = 0
     for c in candidates + [n]:
         while c - start > max_rows:
             start += max_rows
             ends.append(start)
-        if c - start >= min_rows or c == n:
+        d = c - start
+        if c == n or (d >= min_rows and (fingerprints[c] < strict or d >= 2 * target_rows)):
             if c > start:
                 ends.append(c)
                 start = c
@@ -233,23 +265,31 @@ def plan_row_groups(fingerprints, target_rows: int, min_rows: int, max_rows: int
 
 
 def _target_rows(table, nbytes: int) -> int:
-    return max(1, nbytes // max(1, table.nbytes // max(1, table.num_rows)))
+    """Rows per `nbytes` of Arrow memory, rounded to a power of two so that a small
+    change in row width (a column added) keeps the same target."""
+    rows = max(1, nbytes // max(1, table.nbytes // max(1, table.num_rows)))
+    return 1 << max(0, round(math.log2(rows)))
 
 
-def _row_group_ends(table, row_group_bytes: int, fps=None) -> list[int]:
+def _row_group_ends(table, row_group_bytes: int, fps) -> list[int]:
     n = table.num_rows
     if n == 0:
         return []
     target = _target_rows(table, row_group_bytes)
-    fps = row_fingerprints(table) if fps is None else fps
     if fps is None:  # nothing to hash: fixed-size groups
         return list(range(target, n, target)) + [n]
-    return plan_row_groups(fps, target, max(1, target // 4), target * 4)
+    return plan_row_groups(fps, target, max(1, target // 4), target * 32)
+
+
+def _plan(table, row_group_bytes: int, key: list[str] | None):
+    key = key_columns(table) if key is None else list(key)
+    fps = row_fingerprints(table, key)
+    return key, fps, _row_group_ends(table, row_group_bytes, fps)
 
 
 def write_dataset(table, directory: str, *, file_bytes: int = 512 * 1024 * 1024,
-                  row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES, basename: str = "part-{:05d}.parquet",
-                  **kwargs) -> list[str]:
+                  row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES, key_columns: list[str] | None = None,
+                  basename: str = "part-{:05d}.parquet", **kwargs) -> list[str]:
     """Write `table` as several dedup-friendly files of about `file_bytes` of Arrow
     memory each; returns the file paths.
 
@@ -257,13 +297,10 @@ def write_dataset(table, directory: str, *, file_bytes: int = 512 * 1024 * 1024,
     whose next row has a fingerprint below 2^64 / (target rows per file), so an
     edit early in the dataset leaves later files byte-identical.
     """
-    import os
-
     import numpy as np
 
     os.makedirs(directory, exist_ok=True)
-    fps = row_fingerprints(table)
-    rg_ends = _row_group_ends(table, row_group_bytes, fps)
+    key, fps, rg_ends = _plan(table, row_group_bytes, key_columns)
     target = _target_rows(table, file_bytes)
     threshold = np.uint64((2**64 - 1) // target)
     files, start = [], 0
@@ -277,25 +314,29 @@ def write_dataset(table, directory: str, *, file_bytes: int = 512 * 1024 * 1024,
     for i, (a, b) in enumerate(files):
         path = os.path.join(directory, basename.format(i))
         ends = [e - a for e in rg_ends if a < e <= b]
-        _write_groups(table.slice(a, b - a), path, ends, row_group_bytes, **kwargs)
+        _write_groups(table.slice(a, b - a), path, ends, row_group_bytes, key, **kwargs)
         paths.append(path)
     return paths
 
 
-def write_table(table, where, *, row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES, **kwargs) -> list[int]:
+def write_table(table, where, *, row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
+                key_columns: list[str] | None = None, **kwargs) -> list[int]:
     """Write `table` as a dedup-friendly Parquet file; returns the row-group sizes.
 
     Arrow content-defined page chunking (options in `CDC_OPTIONS`), content-defined
     row groups of about `row_group_bytes` of Arrow memory each, and a page index.
-    The options are recorded under the `cdcstore.writer` schema metadata key.
-    `compression` (default zstd), `use_dictionary` and other keyword arguments go to
-    `pyarrow.parquet.ParquetWriter`.
+    Row fingerprints come from `key_columns` (default: the first columns that tell
+    rows apart, see `key_columns()`); pass them explicitly to keep boundaries
+    stable across versions whatever else changes. The options are recorded under
+    the `cdcstore.writer` schema metadata key. `compression` (default zstd),
+    `use_dictionary` and other keyword arguments go to `pyarrow.parquet.ParquetWriter`.
     """
-    return _write_groups(table, where, _row_group_ends(table, row_group_bytes), row_group_bytes, **kwargs)
+    key, _, ends = _plan(table, row_group_bytes, key_columns)
+    return _write_groups(table, where, ends, row_group_bytes, key, **kwargs)
 
 
-def _write_groups(table, where, ends: list[int], row_group_bytes: int, *, compression: str = "zstd",
-                  **options) -> list[int]:
+def _write_groups(table, where, ends: list[int], row_group_bytes: int, key: list[str], *,
+                  compression: str = "zstd", **options) -> list[int]:
     import json
 
     import pyarrow.parquet as pq
@@ -303,7 +344,7 @@ def _write_groups(table, where, ends: list[int], row_group_bytes: int, *, compre
     meta = dict(table.schema.metadata or {})
     meta[WRITER_METADATA_KEY] = json.dumps({
         "version": WRITER_VERSION, "cdc": CDC_OPTIONS, "row_group_bytes": row_group_bytes,
-        "compression": compression}).encode()
+        "key_columns": key, "compression": compression}).encode()
     schema = table.schema.with_metadata(meta)
     sizes = []
     with pq.ParquetWriter(where, schema, compression=compression, use_content_defined_chunking=CDC_OPTIONS,
