@@ -117,6 +117,7 @@ class ChunkIndex:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("DELETE FROM chunks")
             conn.execute("DELETE FROM packs")
+            conn.execute("DELETE FROM repo_objects")
 
     def totals(self) -> dict:
         row = self.conn.execute(

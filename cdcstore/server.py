@@ -271,25 +271,19 @@ class Server:
     def _commit(self, repo: str, commit: Commit, branch: str, expected: str | None) -> str:
         if commit.parent is not None:
             self.store.get_commit(repo, commit.parent)  # must exist in this repo
-        names = sorted({f.manifest for f in commit.files.values()})
-        chunk_ids: set[bytes] = set()
-        for n in names:
-            if not ids.is_hex_id(n):
-                raise HTTPError(400, f"invalid manifest name {n!r}")
+        sizes: dict[str, set[int]] = {}
+        for f in commit.files.values():
+            if not ids.is_hex_id(f.manifest):
+                raise HTTPError(400, f"invalid manifest name {f.manifest!r}")
+            sizes.setdefault(f.manifest, set()).add(f.size)
+        for name, wanted in sizes.items():
             try:
-                m = self.store.get_manifest(n)
+                m = self.store.get_manifest(name)
             except CorruptionError:
-                raise HTTPError(409, f"manifest {n} is not on the server: upload it first") from None
-            chunk_ids.update(m.chunk_ids)
-            for path, f in commit.files.items():
-                if f.manifest == n and f.size != m.size:
-                    raise HTTPError(400, f"{path}: size {f.size} does not match its manifest ({m.size})")
-        packs = {pack for pack, _ in self.store.locate(chunk_ids).values()}
-        self.store.index.grant(repo, "manifest", names)
-        self.store.index.grant(repo, "pack", packs)
-        cid = self.store.put_commit(commit)
-        self.store.update_branch(repo, branch, expected, cid)
-        return cid
+                raise HTTPError(409, f"manifest {name} is not on the server: upload it first") from None
+            if wanted != {m.size}:
+                raise HTTPError(400, f"a file size in the commit does not match manifest {name} ({m.size} bytes)")
+        return self.store.commit(commit, branch, expected)
 
     async def get_manifest(self, request):
         repo = self._repo(request)

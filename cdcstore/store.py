@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 from . import ids
 from .address import check_name
 from .commit import Commit
-from .errors import (ConflictError, CorruptionError, NotAStoreError, PathNotFoundError,
+from .errors import (CdcError, ConflictError, CorruptionError, NotAStoreError, PathNotFoundError,
                      RepoNotFoundError, RevisionNotFoundError, StoreFormatError)
 from .index import ChunkIndex
 from .manifest import Manifest
@@ -265,6 +265,10 @@ class LocalStore(Backend):
                 continue
             self.index.add_pack(name, os.path.getsize(self.pack_path(name)), entries)
             packs += 1
+        for repo in self.repos():  # what each repo reaches, from its commits
+            for fn in os.listdir(os.path.join(self.repo_dir(repo), "commits")):
+                commit = self.get_commit(repo, fn[:-5])
+                self._grant(Commit(repo, None, "", 0.0, commit.files))
         return {"packs": packs, "bad_packs": bad, **self.index.totals()}
 
     def check(self) -> dict:
@@ -457,9 +461,25 @@ class LocalStore(Backend):
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
+        self._grant(commit)
         cid = self.put_commit(commit)
         self.update_branch(commit.repo, branch, expected, cid)
         return cid
+
+    def _grant(self, commit: Commit) -> None:
+        """Record which manifests and packs the commit's repo reaches (what a server
+        lets a repo's tokens read). Only manifests new since the parent are walked."""
+        names = {f.manifest for f in commit.files.values()}
+        if commit.parent:
+            try:
+                names -= {f.manifest for f in self.get_commit(commit.repo, commit.parent).files.values()}
+            except CdcError:
+                pass
+        chunk_ids: set[bytes] = set()
+        for n in names:
+            chunk_ids.update(self.get_manifest(n).chunk_ids)
+        self.index.grant(commit.repo, "manifest", names)
+        self.index.grant(commit.repo, "pack", {pack for pack, _ in self.index.locate(chunk_ids).values()})
 
     def update_branch(self, repo: str, branch: str, expected: str | None, new: str) -> None:
         """Move `branch` from `expected` (None: must not exist) to `new`, atomically.

@@ -263,3 +263,13 @@ def test_429_retry_after_is_waited_out(tmp_path):
         hold.close()
     finally:
         server.stop()
+
+
+def test_a_store_filled_locally_is_readable_through_its_server(server, tmp_path):
+    f = tmp_path / "local.bin"
+    f.write_bytes(golden_input(300_000))
+    with Store(server.store) as local:
+        local.push([str(f)], "cdc://loc/local.bin")
+        local.backend.rebuild_index()  # and the access records survive an index rebuild
+    with Store(server.url) as s:
+        assert s.cat("cdc://loc/local.bin") == f.read_bytes()
