@@ -18,7 +18,7 @@ from . import ids
 from .address import DEFAULT_BRANCH, Address, check_name, normalize_path, parse
 from .commit import Commit, FileEntry
 from .errors import CorruptionError, InvalidAddressError, PathNotFoundError
-from .reader import FileReader
+from .reader import FileReader, LocalSeed
 from .store import LocalStore, no_such_path
 from .writer import Ingest, IngestOptions
 
@@ -306,9 +306,12 @@ class Store:
             tmp = f"{target}.cdcstore-{os.getpid()}.part"
             h = ids.hasher()
             try:
-                with FileReader(self.backend, m, path, a.repo) as src, open(tmp, "wb") as out:
+                source = self.backend
+                if os.path.isfile(target) and is_url(self.location):  # reuse what the old copy has
+                    source = LocalSeed(self.backend, target)
+                with FileReader(source, m, path, a.repo) as src, open(tmp, "wb") as out:
                     while True:
-                        block = src.read(8 * 1024 * 1024)
+                        block = src.read(16 * 1024 * 1024)
                         if not block:
                             break
                         h.update(block)

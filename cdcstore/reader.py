@@ -3,7 +3,7 @@
 A read maps its byte range to chunks (`Manifest.span`), takes chunks from a
 small per-file LRU, and fetches the rest from the store in one batch (a remote
 store merges them into few range requests); every chunk is verified against its
-id. Sequential reads prefetch the next chunks in batches of about 2 MiB on a
+id. Sequential reads prefetch the next chunks in batches of about 4 MiB on a
 thread pool (decoding releases the GIL); random reads fetch only what they touch.
 """
 from __future__ import annotations
@@ -24,12 +24,13 @@ _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
-def _decode_pool() -> ThreadPoolExecutor:
-    """One process-wide decode pool, rebuilt after a fork."""
+def _prefetch_pool() -> ThreadPoolExecutor:
+    """One process-wide read-ahead pool, rebuilt after a fork. Its tasks wait on
+    the network or decode (which releases the GIL), so it has more threads than cores."""
     global _pool
     with _pool_lock:
         if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), ThreadPoolExecutor(max(2, os.cpu_count() or 2),
+            _pool = (os.getpid(), ThreadPoolExecutor(max(8, 2 * (os.cpu_count() or 2)),
                                                      thread_name_prefix="cdcstore-read"))
         return _pool[1]
 
@@ -38,8 +39,8 @@ class FileReader(io.RawIOBase):
     """File object for one file of one revision. Thread-compatible, not thread-safe."""
 
     def __init__(self, source: Backend, manifest: Manifest, name: str = "", repo: str | None = None,
-                 readahead_bytes: int = 16 * 1024 * 1024, cache_chunks: int = 64,
-                 batch_bytes: int = 2 * 1024 * 1024):
+                 readahead_bytes: int = 32 * 1024 * 1024, cache_chunks: int = 64,
+                 batch_bytes: int = 4 * 1024 * 1024):
         super().__init__()
         self._src = source
         self._m = manifest
@@ -144,7 +145,7 @@ class FileReader(io.RawIOBase):
         need = [i for i in span if i not in self._lru and i not in self._pending]
         later = [i for i in ahead if i not in self._lru and i not in self._pending]
         self._locate([m.chunk_ids[i] for i in need + later])
-        pool = _decode_pool()
+        pool = _prefetch_pool()
         group: list[int] = []
         size = 0
         for i in later:  # prefetch in ~batch_bytes groups so that they decode in parallel
@@ -193,3 +194,57 @@ class FileReader(io.RawIOBase):
             items[cid] = loc
         data = self._src.read_chunks(list(items.values()), self._repo)
         return {i: data[ids[i]] for i in indices}
+
+
+class LocalSeed:
+    """A chunk source that takes chunks from an older local copy of a file when it
+    has them (chunked with the same rule) and asks `backend` for the rest - how a
+    pull of v2 over v1 fetches only what changed."""
+
+    LOCAL = "local-seed"
+
+    def __init__(self, backend: Backend, path: str, params=None):
+        from .chunker import DEFAULT_PARAMS, Chunker
+        from .ids import digest
+        from .pack import CODEC_RAW, PackEntry
+        from .parquet import MAGIC, page_cuts_of
+
+        self._backend = backend
+        self._path = path
+        self._have: dict[bytes, PackEntry] = {}
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(4)
+            cuts = page_cuts_of(f, size) if head == MAGIC else None
+            f.seek(0)
+            chunker = Chunker(params or DEFAULT_PARAMS, cuts or ())
+            offset = 0
+            while True:
+                block = f.read(8 * 1024 * 1024)
+                for c in chunker.feed(block) if block else chunker.finish():
+                    cid = digest(c)
+                    self._have.setdefault(cid, PackEntry(cid, offset, len(c), len(c), CODEC_RAW))
+                    offset += len(c)
+                if not block:
+                    break
+
+    def locate(self, chunk_ids, repo=None):
+        ids = list(chunk_ids)
+        out = {c: (self.LOCAL, self._have[c]) for c in ids if c in self._have}
+        rest = [c for c in ids if c not in out]
+        if rest:
+            out.update(self._backend.locate(rest, repo))
+        return out
+
+    def read_chunks(self, items, repo=None) -> dict[bytes, bytes]:
+        from .pack import decode_chunk
+
+        mine = [e for p, e in items if p == self.LOCAL]
+        out = self._backend.read_chunks([(p, e) for p, e in items if p != self.LOCAL], repo) \
+            if len(mine) < len(items) else {}
+        if mine:
+            with open(self._path, "rb") as f:
+                for e in mine:
+                    data = os.pread(f.fileno(), e.stored_len, e.offset)
+                    out[e.chunk_id] = decode_chunk(data, e.codec, e.raw_len, e.chunk_id)
+        return out

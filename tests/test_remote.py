@@ -273,3 +273,20 @@ def test_a_store_filled_locally_is_readable_through_its_server(server, tmp_path)
         local.backend.rebuild_index()  # and the access records survive an index rebuild
     with Store(server.url) as s:
         assert s.cat("cdc://loc/local.bin") == f.read_bytes()
+
+
+def test_pull_over_an_older_copy_fetches_only_changed_chunks(server, tmp_path):
+    f = tmp_path / "src" / "a.bin"
+    f.parent.mkdir()
+    f.write_bytes(golden_input(6_000_000))
+    out = tmp_path / "out"
+    with Store(server.url) as s:
+        s.push([str(f.parent)], "cdc://r/")
+        s.pull("cdc://r/", str(out))
+        edited = bytearray(golden_input(6_000_000))
+        edited[3_000_000:3_000_003] = b"new"
+        f.write_bytes(bytes(edited))
+        v2 = s.push([str(f.parent)], "cdc://r/")
+        p = s.pull("cdc://r/", str(out))
+    assert (out / "a.bin").read_bytes() == bytes(edited)
+    assert p.received_bytes < v2.new_bytes + 64 * 1024  # not the whole 6 MB file
