@@ -150,13 +150,20 @@ def main() -> None:
         r: dict = {}
         times: dict = {m: [] for m in METHODS}
         counts: dict = {m: set() for m in METHODS}
-        for fn in METHODS.values():
-            fn(buf[: 8 * 1024 * 1024])  # warm-up (imports, first touch) on a slice, not timed
-        for _ in range(args.repeat):
-            for method, fn in METHODS.items():
-                dt, n = fn(buf)
-                times[method].append(dt)
-                counts[method].add(n)
+        try:
+            for fn in METHODS.values():
+                fn(buf[: 8 * 1024 * 1024])  # warm-up (imports, first touch) on a slice, not timed
+            for _ in range(args.repeat):
+                for method, fn in METHODS.items():
+                    dt, n = fn(buf)
+                    times[method].append(dt)
+                    counts[method].add(n)
+        except Exception as e:  # keep the contract: the last line is one JSON object
+            import traceback
+            traceback.print_exc()
+            print(f"\nbenchmark FAILED on {name}: {type(e).__name__}: {e}")
+            print(json.dumps({"error": f"{type(e).__name__}: {e}", "input": name}))
+            return 1
         for method in METHODS:
             med = statistics.median(times[method])
             assert len(counts[method]) == 1, f"{method} cut differently between runs"
@@ -178,7 +185,9 @@ def main() -> None:
               f"(goal >= {GOAL_RATIO}: {'met' if r['goal_met'] else 'NOT met'})")
         print(f"  ratio ours_stream/pyfastcdc = {r['ratio_stream_over_pyfastcdc']:.3f}x (information)")
 
-    print()
+    results["loadavg_end"] = os.getloadavg()
+    print(f"\nload average at end (other work on this machine skews timings): "
+          f"{' '.join(f'{x:.2f}' for x in results['loadavg_end'])}")
     print(json.dumps(results))
 
 

@@ -1,7 +1,7 @@
 """Ingest benchmark: cdcstore push against hf_xet upload (local:// CAS), side by side.
 
-    python bench/ingest.py [--size-mb 300] [--repeat 3] [--data-dir /tmp/cdcbench]
-    python bench/ingest.py --scale [--scale-gb 5] [--small-files 10000] [--repeat 1]
+    python bench/ingest.py [--size-mb 300] [--repeat 5] [--data-dir /tmp/cdcbench]
+    python bench/ingest.py --scale [--scale-gb 5] [--small-files 10000] [--repeat 3]
 
 Default run
 -----------
@@ -17,14 +17,17 @@ with use_content_defined_chunking=True), and an edited copy "v2":
 Each repetition, with fresh targets, runs four child processes (so memory is
 measured per side and per push; sides alternate which goes first):
 
-  ours  v1  Store(dir).push(v1/, "cdc://bench/")     into an empty store
+  ours  v1  Store(dir).push(v1/, "cdc://bench/")     into an empty store (made by
+            Store.init in the parent, so its one-off cost is outside the child)
   ours  v2  Store(dir).push(v2/, "cdc://bench/")     same store: dedups against v1
   xet   v1  XetSession().new_upload_commit(endpoint="local://DIR"),
             start_upload_file(each file, sha256=SKIP_SHA256), wait_to_finish()
   xet   v2  the same with the v2 files into the same local:// DIR
 
 The timed region of each child is opening the store / session plus the whole
-push / upload commit. Source files are in the page cache for both sides.
+push / upload commit (the opening part is also quoted on its own). Source files
+are in the page cache for both sides, and os.sync() runs before each child so
+that no earlier writes are flushed inside a timed region.
 
 Figures (medians over repetitions): throughput in MB/s (decimal, logical bytes
 of the files / seconds) for v1, v2 and both together, and ours/hf_xet ratios
@@ -33,15 +36,19 @@ TransferResult.new_bytes vs DeduplicationMetrics.new_bytes) and their ratio;
 stored bytes (ours: TransferResult.stored_bytes, the pack bytes; hf_xet: growth
 of its local:// directory, apparent size summed over files like `du -sb`, with
 our directory's growth quoted too for an apples-to-apples view); peak RSS of
-each child (rusage from os.wait4, i.e. ru_maxrss of that process alone).
+each child: VmHWM from /proc/self/status read by the child at its end (its own
+peak; getrusage's ru_maxrss is not used because Linux carries the parent's peak
+across fork+exec into it). "RSS after imports" is VmHWM just before the timed
+region, for scale.
 
 --scale (off by default)
 ------------------------
 Pushes (a) one generated file of --scale-gb GB (default 5; streamed to disk in
 4 MiB segments: half fresh random data, half copies of earlier segments shifted
 by a random insert, so dedup is partial and boundaries move) and (b) a folder
-of --small-files small files (default 10,000; 512 B - 64 KiB, 100 folders, some
-files sharing content) into fresh targets, ours and hf_xet each in its own
+of --small-files small files (default 10,000; 512 B - 64 KiB log-uniform, 100
+folders; 30% are slices of one shared 1 MiB block at random offsets, which
+hardly dedup) into fresh targets, ours and hf_xet each in its own
 child, and reports time, throughput, new/stored bytes and peak RSS (goal for
 ours: < 1 GB). Needs about 3x --scale-gb of free disk under --data-dir.
 
@@ -133,6 +140,23 @@ def write_parquet(table, path: str) -> None:
     os.replace(tmp, path)
 
 
+def calibrated_rows(target_bytes: float, seed: int, path: str) -> int:
+    """Rows of make_table(seed, rows) whose Parquet file is within ~2% of target_bytes.
+
+    Estimated from a 200k-row probe, then corrected once from a full-size trial
+    (compressed bytes per row shrink a little as files grow). Leaves `path` written.
+    """
+    write_parquet(make_table(seed, 200_000), path)
+    rows = max(1000, int(target_bytes / (os.path.getsize(path) / 200_000)))
+    for _ in range(2):
+        write_parquet(make_table(seed, rows), path)
+        actual = os.path.getsize(path)
+        if abs(actual / target_bytes - 1) < 0.02:
+            break
+        rows = max(1000, int(rows * target_bytes / actual))
+    return rows
+
+
 def make_dataset(data_dir: str, size_mb: float) -> tuple[str, str, dict]:
     """v1/ and v2/ folders (cached: reused when the same size was generated before)."""
     import numpy as np
@@ -140,7 +164,7 @@ def make_dataset(data_dir: str, size_mb: float) -> tuple[str, str, dict]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    root = os.path.join(data_dir, f"ingest-{size_mb:g}mb")
+    root = os.path.join(data_dir, f"ingest-g2-{size_mb:g}mb")
     v1, v2 = os.path.join(root, "v1"), os.path.join(root, "v2")
     done = os.path.join(root, "DONE.json")
     if os.path.exists(done):
@@ -151,11 +175,7 @@ def make_dataset(data_dir: str, size_mb: float) -> tuple[str, str, dict]:
     os.makedirs(v2)
     t0 = time.perf_counter()
     # calibrate compressed bytes per row
-    probe = os.path.join(root, "probe.parquet")
-    write_parquet(make_table(999, 50_000), probe)
-    per_row = os.path.getsize(probe) / 50_000
-    os.unlink(probe)
-    rows = max(1000, int(size_mb * 1e6 / NFILES / per_row))
+    rows = calibrated_rows(size_mb * 1e6 / NFILES, 1, os.path.join(v1, "part-000.parquet"))
     info: dict = {"rows_per_file": rows, "files": NFILES}
     for i in range(NFILES):
         write_parquet(make_table(i + 1, rows, id0=i * rows), os.path.join(v1, f"part-{i:03d}.parquet"))
@@ -257,34 +277,49 @@ def list_files(src: str) -> list[str]:
     return out
 
 
-def worker(side: str, src: str, target: str, init: bool) -> dict:
-    rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def vm_hwm() -> int:
+    """Peak RSS of this process image (VmHWM, reset by exec - unlike ru_maxrss, which on Linux
+    carries the forking parent's peak across fork+exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def worker(side: str, src: str, target: str) -> dict:
+    res = _work(side, src, target)
+    res["peak_rss"] = vm_hwm()
+    return res
+
+
+def _work(side: str, src: str, target: str) -> dict:
     if side == "ours":
         from cdcstore.api import Store
-        if init:
-            Store.init(target).close()
-        rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        rss_start = vm_hwm()
         t0 = time.perf_counter()
         store = Store(target)
+        t_open = time.perf_counter() - t0
         r = store.push([src], REPO_DEST, message=os.path.basename(src))
         store.close()
         dt = time.perf_counter() - t0
-        return {"seconds": dt, "bytes": r.bytes, "files": r.files, "new_bytes": r.new_bytes,
+        return {"seconds": dt, "open_seconds": t_open, "bytes": r.bytes, "files": r.files, "new_bytes": r.new_bytes,
                 "stored_bytes": r.stored_bytes, "chunks": r.chunks, "new_chunks": r.new_chunks,
                 "api_seconds": r.seconds, "rss_before_push": rss_start}
     import hf_xet
     files = list_files(src)
     total = sum(os.path.getsize(p) for p in files)
-    rss_start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss_start = vm_hwm()
     t0 = time.perf_counter()
     sess = hf_xet.XetSession()
     commit = sess.new_upload_commit(endpoint="local://" + os.path.abspath(target))
+    t_open = time.perf_counter() - t0
     handles = [commit.start_upload_file(p, sha256=hf_xet.SKIP_SHA256) for p in files]
     report = commit.wait_to_finish()
     dt = time.perf_counter() - t0
     dm = report.dedup_metrics
     ok = sum(1 for h in handles if h.result() is not None)
-    return {"seconds": dt, "bytes": total, "files": len(files), "uploaded_ok": ok,
+    return {"seconds": dt, "open_seconds": t_open, "bytes": total, "files": len(files), "uploaded_ok": ok,
             "new_bytes": dm.new_bytes, "total_bytes": dm.total_bytes, "chunks": dm.total_chunks,
             "new_chunks": dm.new_chunks, "xorb_bytes_uploaded": dm.xorb_bytes_uploaded,
             "shard_bytes_uploaded": dm.shard_bytes_uploaded, "rss_before_push": rss_start}
@@ -314,21 +349,18 @@ def xet_xorb_bytes(path: str) -> int:
 
 def run_child(side: str, src: str, target: str, init: bool, env_extra: dict) -> dict:
     """Run one push/upload in a fresh interpreter; return its figures plus its own peak RSS."""
+    if init and side == "ours":  # create the empty store here: its one-off cost is not the push's
+        from cdcstore.api import Store
+        Store.init(target).close()
     before = dir_bytes(target) if os.path.exists(target) else 0
     before_core = (dir_bytes(target, "packs") if side == "ours" else xet_xorb_bytes(target)) if before else 0
     env = dict(os.environ, **env_extra)
+    os.sync()  # earlier writes (data generation, previous targets) must not be flushed inside the timed region
     cmd = [sys.executable, os.path.abspath(__file__), "--_worker", side, "--_src", src, "--_target", target]
-    if init:
-        cmd.append("--_init")
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
-    out = p.stdout.read()
-    p.stdout.close()
-    _, status, ru = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"{side} child failed (exit {p.returncode}) on {src}")
-    res = json.loads(out.decode().strip().splitlines()[-1])
-    res["peak_rss"] = ru.ru_maxrss * 1024
+    res = json.loads(p.stdout.decode().strip().splitlines()[-1])
     after = dir_bytes(target)
     res["dir_growth"] = after - before
     core = dir_bytes(target, "packs") if side == "ours" else xet_xorb_bytes(target)
@@ -400,6 +432,8 @@ def run_default(args) -> dict:
             "v1_seconds": med([r["v1"]["seconds"] for r in rs]),
             "v2_seconds": med([r["v2"]["seconds"] for r in rs]),
             "total_seconds": med([r["v1"]["seconds"] + r["v2"]["seconds"] for r in rs]),
+            "v1_open_seconds": med([r["v1"]["open_seconds"] for r in rs]),
+            "v2_open_seconds": med([r["v2"]["open_seconds"] for r in rs]),
             "v1_new_bytes": med([r["v1"]["new_bytes"] for r in rs]),
             "v2_new_bytes": med([r["v2"]["new_bytes"] for r in rs]),
             "v1_dir_growth": med([r["v1"]["dir_growth"] for r in rs]),
@@ -443,6 +477,8 @@ def run_default(args) -> dict:
     rows = [
         ("v1 push time", f"{o['v1_seconds']:.2f} s", f"{x['v1_seconds']:.2f} s", None),
         ("v2 push time", f"{o['v2_seconds']:.2f} s", f"{x['v2_seconds']:.2f} s", None),
+        ("  of which store/session open v1", f"{o['v1_open_seconds']:.3f} s", f"{x['v1_open_seconds']:.3f} s", None),
+        ("  of which store/session open v2", f"{o['v2_open_seconds']:.3f} s", f"{x['v2_open_seconds']:.3f} s", None),
         ("v1 throughput (MB/s)", f"{o['v1_mb_s']:.1f}", f"{x['v1_mb_s']:.1f}", R["throughput_v1"]),
         ("v2 throughput (MB/s)", f"{o['v2_mb_s']:.1f}", f"{x['v2_mb_s']:.1f}", R["throughput_v2"]),
         ("v1+v2 throughput (MB/s)", f"{o['total_mb_s']:.1f}", f"{x['total_mb_s']:.1f}", R["throughput_total"]),
@@ -524,10 +560,24 @@ def run_scale(args) -> dict:
     return fig
 
 
+def code_version() -> dict:
+    """The cdcstore code measured: git HEAD and uncommitted changes under cdcstore/ (read-only git)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "cdcstore"],
+                               capture_output=True, text=True, timeout=10).stdout.split("\n")
+        return {"head": head, "uncommitted": [d[3:] for d in dirty if d.strip()]}
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=float, default=300, help="size of the v1 dataset in MB (default 300)")
-    ap.add_argument("--repeat", type=int, default=3, help="repetitions; medians are quoted (default 3)")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="repetitions; medians are quoted (default 5; 3 with --scale)")
     ap.add_argument("--data-dir", default="/tmp/cdcbench", help="generated data and targets (default /tmp/cdcbench)")
     ap.add_argument("--scale", action="store_true",
                     help="instead of the default run: a --scale-gb single file and --small-files small files")
@@ -536,20 +586,31 @@ def main() -> None:
     ap.add_argument("--_worker", choices=["ours", "xet"], help=argparse.SUPPRESS)
     ap.add_argument("--_src", help=argparse.SUPPRESS)
     ap.add_argument("--_target", help=argparse.SUPPRESS)
-    ap.add_argument("--_init", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args._worker:
-        print(json.dumps(worker(args._worker, args._src, args._target, args._init)))
+        print(json.dumps(worker(args._worker, args._src, args._target)))
         return
-    import hf_xet
-    import cdcstore
-    print(f"ingest benchmark: cdcstore vs hf_xet {getattr(hf_xet, '__version__', '1.8.0?')} (local://), "
+    if args.repeat is None:
+        args.repeat = 3 if args.scale else 5
+    from importlib.metadata import version
+    print(f"ingest benchmark: cdcstore vs hf_xet {version('hf_xet')} (local://), "
           f"{args.repeat} repetitions, medians quoted; python {platform.python_version()}, {os.cpu_count()} cpus; "
           f"data under {args.data_dir}")
-    fig = run_scale(args) if args.scale else run_default(args)
+    try:
+        fig = run_scale(args) if args.scale else run_default(args)
+    except Exception as e:  # keep the contract: the last line is one JSON object
+        import traceback
+        traceback.print_exc()
+        print(f"\nbenchmark FAILED: {type(e).__name__}: {e}")
+        print(json.dumps({"mode": "scale" if args.scale else "default", "error": f"{type(e).__name__}: {e}",
+                          "code": code_version()}))
+        return 1
     fig["mode"] = "scale" if args.scale else "default"
-    print()
+    fig["code"] = code_version()
+    fig["loadavg_end"] = os.getloadavg()
+    print(f"\nload average at end (other work on this machine skews timings): "
+          f"{' '.join(f'{x:.2f}' for x in fig['loadavg_end'])}; cdcstore code {fig['code']}")
     print(json.dumps(fig))
 
 

@@ -1,0 +1,630 @@
+"""Transfer benchmark: cdcstore push and pull over HTTP on loopback, against fsspec + a static server.
+
+    python bench/transfer.py [--size-mb 300] [--repeat 3] [--data-dir /tmp/cdcbench-transfer]
+
+Data
+----
+Generated once (cached under --data-dir, keyed by size): a Parquet dataset "v1" of
+at least --size-mb MB in 6 files (columns: id, ts, user_id int64; value, price
+float64; category, uuid, text string - text is 3-40 words per row drawn from a
+skewed vocabulary of 30,000 made-up words, uuid is random hex, so the files do not
+compress to nothing), zstd, written by pyarrow with use_content_defined_chunking=True.
+Numbers come from numpy with fixed seeds, so every run sees the same bytes. "v2" is
+an edited copy:
+
+  part-000  a contiguous block of 1% of its rows gets new value/price/text
+  part-001  2% more rows appended at the end
+  extra     one new small file (about 0.5% of the dataset)
+  the other files are unchanged (hard links to the v1 files)
+
+Each repetition (fresh server store, fresh local directories)
+------------------------------------------------------------
+A real `python -m cdcstore serve` subprocess on a free loopback port
+(tests/server_util.ServerProcess) over a store made by LocalStore.init, and a
+plain aiohttp static file server (`web.static` over the v2 folder) in another
+subprocess on another free loopback port. The client runs in this process
+(Store(url); one fresh Store per operation).
+
+  push v1   Store(url).push([v1/], "cdc://bench/")                     timed
+  push v2   Store(url).push([v2/], "cdc://bench/")  (dedups against v1) timed
+  pull v1   Store(url).pull("cdc://bench@<v1 commit>/", warm/)         timed
+  pull v2   Store(url).pull("cdc://bench/", warm/)  into the dir holding v1, timed
+  cold      Store(url).pull("cdc://bench/", cold/)  into an empty dir, timed
+  fsspec    fsspec.filesystem("http").get([file urls], fsspec/) from the static server
+            into an empty dir, timed (all files in one get() call, which fetches them
+            concurrently; 5 MiB reads)
+  fsspec 1-by-1  the same, one file at a time with get_file (for information: our pull
+            also goes file by file), timed
+  (the three cold downloads rotate which goes first.) Every downloaded tree is compared
+  with the v2 folder byte for byte on the first repetition, outside the timings.
+
+Figures
+-------
+1. push v2 on the wire / new bytes: (sent_bytes + received_bytes) of the v2 push over
+   its new_bytes (raw bytes of chunks the server lacked). Goal <= 1.05.
+2. pull v2 into a client holding v1: received_bytes of that pull over v2's new_bytes
+   (no goal; `pull` skips identical local files but downloads a changed file whole -
+   the local chunk cache is a later issue - so this is what it costs today).
+3. cold full download of v2: throughput of our pull over fsspec's (same bytes, same
+   run, both servers on loopback serving files that are warm in the page cache; the
+   page cache cannot be dropped here). Goal >= 1.0. The figure is the ratio of the median
+   throughputs; the per-repetition ratios and the ratio against fsspec one file at a
+   time are shown too.
+4. requests per GB (1e9 logical bytes): v1 push, cold pull of v2 (and the others).
+Timed figures are medians over --repeat repetitions; byte and request counts are
+deterministic (checked across repetitions; wire bytes may differ by a few bytes because
+a commit's JSON holds its float timestamp - the first repetition's counts are quoted).
+MB = 1e6 bytes.
+
+The last line printed is one JSON object with every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import filecmp
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+NFILES = 6
+REPO = "bench"
+DEST = f"cdc://{REPO}/"
+GOAL_PUSH_WIRE_OVER_NEW = 1.05
+GOAL_COLD_OURS_OVER_FSSPEC = 1.0
+FSSPEC_CHUNK = 5 * 2 ** 20
+BYTE_SLACK = 16  # wire bytes may differ this much between repetitions (timestamps in commit JSON)
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+# ---------------------------------------------------------------------------------------------
+
+_VOCAB = None
+
+
+def vocab(seed: int = 12345, n: int = 30000):
+    """n made-up words (English-like letter frequencies): one byte buffer of 'word ' entries,
+    their offsets and entry lengths."""
+    global _VOCAB
+    if _VOCAB is not None:
+        return _VOCAB
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(2, 13, n)
+    letters = np.frombuffer(b"etaoinshrdlucmfwypvbgkjqxz", dtype=np.uint8)
+    p = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.2, 2.4,
+                  2.0, 1.9, 1.0, 1.5, 2.0, 0.8, 0.15, 0.1, 0.15, 0.07])
+    chars = letters[rng.choice(26, int(lens.sum()), p=p / p.sum())]
+    entry = lens + 1
+    off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(entry, out=off[1:])
+    buf = np.full(int(off[-1]), ord(" "), dtype=np.uint8)
+    buf[np.repeat(off[:-1], lens) + (np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens))] = chars
+    _VOCAB = (buf, off, entry)
+    return _VOCAB
+
+
+def text_array(rng, rows: int):
+    """rows strings of 3-40 words, word ranks drawn from a power-law-like distribution."""
+    import numpy as np
+    import pyarrow as pa
+    vbuf, voff, vlen = vocab()
+    nw = rng.integers(3, 41, rows)
+    tok = (len(vlen) * rng.random(int(nw.sum())) ** 3).astype(np.int64)
+    L = vlen[tok]
+    data = vbuf[np.repeat(voff[tok] - (np.cumsum(L) - L), L) + np.arange(int(L.sum()))]
+    starts = np.zeros(rows, dtype=np.int64)
+    np.cumsum(nw[:-1], out=starts[1:])
+    offsets = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(np.add.reduceat(L, starts), out=offsets[1:])
+    return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data.tobytes()))
+
+
+def make_table(seed: int, rows: int, id0: int = 0):
+    import numpy as np
+    import pyarrow as pa
+    rng = np.random.default_rng(seed)
+    hexd = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+    uu = hexd[rng.integers(0, 16, rows * 32, dtype=np.uint8)]
+    cats = np.array([f"category_{i:03d}" for i in range(200)])
+    return pa.table({
+        "id": pa.array(np.arange(id0, id0 + rows, dtype=np.int64)),
+        "ts": pa.array(1_700_000_000_000 + seed * 10**9 + np.cumsum(rng.integers(0, 5000, rows))),
+        "user_id": pa.array((rng.random(rows) ** 4 * 1_000_000).astype(np.int64)),
+        "value": pa.array(rng.normal(100, 15, rows)),
+        "price": pa.array(np.round(rng.gamma(2.0, 30.0, rows), 2)),
+        "category": pa.array(cats[rng.integers(0, 200, rows)]),
+        "uuid": pa.StringArray.from_buffers(rows, pa.py_buffer((np.arange(rows + 1, dtype=np.int32) * 32).tobytes()),
+                                            pa.py_buffer(uu.tobytes())),
+        "text": text_array(rng, rows),
+    })
+
+
+def write_parquet(table, path: str) -> None:
+    import pyarrow.parquet as pq
+    tmp = path + ".tmp"
+    pq.write_table(table, tmp, compression="zstd", use_content_defined_chunking=True)
+    os.replace(tmp, path)
+
+
+def calibrated_rows(target_bytes: float, seed: int, path: str) -> int:
+    """Rows of make_table(seed, rows) whose file is at least target_bytes and within ~3% of it
+    (estimated from a probe, then corrected from full-size trials). Leaves `path` written."""
+    write_parquet(make_table(seed, 100_000), path)
+    rows = max(1000, int(target_bytes * 1.01 / (os.path.getsize(path) / 100_000)))
+    for _ in range(3):
+        write_parquet(make_table(seed, rows), path)
+        actual = os.path.getsize(path)
+        if 1.0 <= actual / target_bytes < 1.03:
+            break
+        rows = max(1000, int(rows * target_bytes * 1.01 / actual))
+    return rows
+
+
+def data_root(data_dir: str, size_mb: float) -> str:
+    return os.path.join(data_dir, f"data-g1-{size_mb:g}mb")  # bump g1 when the generator changes
+
+
+def make_dataset(data_dir: str, size_mb: float) -> tuple[str, str, dict]:
+    """v1/ and v2/ folders, cached: reused when the same size was generated before."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    root = data_root(data_dir, size_mb)
+    v1, v2 = os.path.join(root, "v1"), os.path.join(root, "v2")
+    done = os.path.join(root, "DONE.json")
+    if os.path.exists(done):
+        with open(done) as f:
+            return v1, v2, json.load(f)
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(v1)
+    os.makedirs(v2)
+    t0 = time.perf_counter()
+    rows = calibrated_rows(size_mb * 1e6 / NFILES, 1, os.path.join(v1, "part-000.parquet"))
+    info: dict = {"rows_per_file": rows, "files_v1": NFILES}
+    for i in range(1, NFILES):  # part-000 was left written (seed 1) by the calibration
+        write_parquet(make_table(i + 1, rows, id0=i * rows), os.path.join(v1, f"part-{i:03d}.parquet"))
+
+    # part-000: a contiguous 1% of the rows get new value / price / text
+    rng = np.random.default_rng(2024)
+    t = pq.read_table(os.path.join(v1, "part-000.parquet"))
+    n_upd = max(1, rows // 100)
+    lo = int(rng.integers(0, rows - n_upd))
+    upd = make_table(777, n_upd, id0=lo)
+    mask = np.zeros(rows, dtype=bool)
+    mask[lo:lo + n_upd] = True
+    for col in ("value", "price", "text"):
+        full = pa.concat_arrays([pa.nulls(lo, upd[col].type), upd[col].combine_chunks(),
+                                 pa.nulls(rows - lo - n_upd, upd[col].type)])
+        t = t.set_column(t.schema.get_field_index(col), col, pc.if_else(pa.array(mask), full, t[col].combine_chunks()))
+    write_parquet(t, os.path.join(v2, "part-000.parquet"))
+    info["v2_part000_updated_rows"] = [lo, lo + n_upd]
+
+    # part-001: 2% more rows appended
+    t = pq.read_table(os.path.join(v1, "part-001.parquet"))
+    n_app = max(1, rows // 50)
+    t = pa.concat_tables([t, make_table(555, n_app, id0=NFILES * rows).cast(t.schema)])
+    write_parquet(t, os.path.join(v2, "part-001.parquet"))
+    info["v2_part001_appended_rows"] = n_app
+
+    # a small new file (~0.5% of the dataset)
+    write_parquet(make_table(4242, max(100, rows * NFILES // 200), id0=10 * NFILES * rows),
+                  os.path.join(v2, "extra.parquet"))
+    for i in range(2, NFILES):
+        name = f"part-{i:03d}.parquet"
+        os.link(os.path.join(v1, name), os.path.join(v2, name))
+    info["generate_seconds"] = time.perf_counter() - t0
+    with open(done, "w") as f:
+        json.dump(info, f)
+    return v1, v2, info
+
+
+def list_files(root: str) -> list[str]:
+    """Paths relative to root, sorted."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        out.extend(os.path.relpath(os.path.join(dirpath, fn), root) for fn in sorted(filenames))
+    return out
+
+
+def tree_bytes(root: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, p)) for p in list_files(root))
+
+
+def same_tree(a: str, b: str) -> str | None:
+    """None if both trees hold the same files with the same bytes, else what differs."""
+    fa, fb = list_files(a), list_files(b)
+    if fa != fb:
+        return f"file lists differ: {sorted(set(fa) ^ set(fb))}"
+    for p in fa:
+        if not filecmp.cmp(os.path.join(a, p), os.path.join(b, p), shallow=False):
+            return f"{p} differs"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# servers
+# ---------------------------------------------------------------------------------------------
+
+def static_main(root: str, port: int) -> None:
+    """Child: a plain aiohttp static file server over `root` (sendfile, Range support)."""
+    from aiohttp import web
+    app = web.Application()
+    app.router.add_static("/", root)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+class StaticServer:
+    def __init__(self, root: str, probe: str):
+        from tests.server_util import free_port
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.probe = probe
+        self.proc = None
+
+    def start(self) -> "StaticServer":
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_static", self.root,
+                                      str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"static server exited: {self.proc.stderr.read().decode(errors='replace')}")
+            try:
+                req = urllib.request.Request(f"{self.url}/{self.probe}", method="HEAD")
+                with urllib.request.urlopen(req, timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("static server did not come up")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# one repetition
+# ---------------------------------------------------------------------------------------------
+
+def wire(r) -> dict:
+    return {"seconds": r.seconds, "files": r.files, "bytes": r.bytes, "new_bytes": r.new_bytes,
+            "stored_bytes": r.stored_bytes, "sent_bytes": r.sent_bytes, "received_bytes": r.received_bytes,
+            "requests": r.requests, "chunks": r.chunks, "new_chunks": r.new_chunks}
+
+
+def fsspec_get(url: str, files: list[str], dest: str) -> float:
+    import fsspec
+    fs = fsspec.filesystem("http", skip_instance_cache=True)
+    os.makedirs(dest, exist_ok=True)
+    t0 = time.perf_counter()
+    fs.get([f"{url}/{p}" for p in files], [os.path.join(dest, p) for p in files], chunk_size=FSSPEC_CHUNK)
+    dt = time.perf_counter() - t0
+    del fs
+    return dt
+
+
+def fsspec_get_sequential(url: str, files: list[str], dest: str) -> float:
+    """For information: one file at a time (get_file), as our pull goes file by file."""
+    import fsspec
+    fs = fsspec.filesystem("http", skip_instance_cache=True)
+    os.makedirs(dest, exist_ok=True)
+    t0 = time.perf_counter()
+    for p in files:
+        fs.get_file(f"{url}/{p}", os.path.join(dest, p), chunk_size=FSSPEC_CHUNK)
+    dt = time.perf_counter() - t0
+    del fs
+    return dt
+
+
+def one_rep(rep: int, work: str, v1: str, v2: str, verify: bool) -> dict:
+    from cdcstore.api import Store
+    from cdcstore.store import LocalStore
+    from tests.server_util import ServerProcess
+
+    rdir = os.path.join(work, f"rep{rep}")
+    shutil.rmtree(rdir, ignore_errors=True)
+    os.makedirs(rdir)
+    store_dir = os.path.join(rdir, "server-store")
+    LocalStore.init(store_dir)
+    v2_files = list_files(v2)
+    srv = ServerProcess(store_dir).start()
+    static = StaticServer(v2, v2_files[0]).start()
+    out: dict = {}
+    try:
+        os.sync()  # earlier writes (previous repetition, data generation) stay out of the timed regions
+
+        def run(fn):
+            with Store(srv.url) as s:
+                return fn(s)
+
+        r1 = run(lambda s: s.push([v1], DEST, message="v1"))
+        out["push_v1"] = wire(r1)
+        r2 = run(lambda s: s.push([v2], DEST, message="v2"))
+        out["push_v2"] = wire(r2)
+        warm = os.path.join(rdir, "warm")
+        out["pull_v1"] = wire(run(lambda s: s.pull(f"cdc://{REPO}@{r1.commit}/", warm)))
+        os.sync()
+        out["pull_v2_over_v1"] = wire(run(lambda s: s.pull(DEST, warm)))
+
+        cold, fsd, fsq = (os.path.join(rdir, d) for d in ("cold", "fsspec", "fsspec-seq"))
+        os.makedirs(cold)
+        sides = ["ours", "fsspec", "fsspec_seq"]
+        order = sides[rep % 3:] + sides[:rep % 3]
+        out["cold_order"] = order
+        for side in order:
+            os.sync()
+            if side == "ours":
+                out["pull_v2_cold"] = wire(run(lambda s: s.pull(DEST, cold)))
+            elif side == "fsspec":
+                out["fsspec_seconds"] = fsspec_get(static.url, v2_files, fsd)
+            else:
+                out["fsspec_seq_seconds"] = fsspec_get_sequential(static.url, v2_files, fsq)
+        if verify:
+            errs = {name: same_tree(v2, d) for name, d in (("warm", warm), ("cold", cold), ("fsspec", fsd),
+                                                           ("fsspec-seq", fsq))}
+            out["verify"] = {k: v or "ok" for k, v in errs.items()}
+        out["fsspec_bytes"] = tree_bytes(fsd)
+        out["fsspec_seq_bytes"] = tree_bytes(fsq)
+        out["server_store_bytes"] = sum(os.path.getsize(os.path.join(store_dir, p))
+                                        for p in list_files(store_dir))
+    finally:
+        static.stop()
+        srv.stop()
+        out["server_status"] = status_counts(srv.log_text())
+    shutil.rmtree(rdir, ignore_errors=True)
+    return out
+
+
+def status_counts(log: str) -> dict:
+    """HTTP statuses in the server's access log (a 429 or 5xx would mean retries inflated the counts)."""
+    counts: dict = {}
+    for m in re.finditer(r'cdcstore\.access \S+ "[^"]*" (\d{3}) ', log):
+        counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+    return dict(sorted(counts.items()))
+
+
+# ---------------------------------------------------------------------------------------------
+# reporting
+# ---------------------------------------------------------------------------------------------
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def code_version() -> dict:
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "cdcstore"],
+                               capture_output=True, text=True, timeout=10).stdout.split("\n")
+        return {"head": head, "uncommitted": [d[3:] for d in dirty if d.strip()]}
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
+COUNT_KEYS = ("files", "bytes", "new_bytes", "stored_bytes", "sent_bytes", "received_bytes", "requests",
+              "chunks", "new_chunks")
+OPS = ("push_v1", "push_v2", "pull_v1", "pull_v2_over_v1", "pull_v2_cold")
+
+
+def summarize(reps: list[dict], info: dict) -> dict:
+    fig: dict = {"data": info, "repeat": len(reps), "ops": {}}
+    varying = []
+    for op in OPS:
+        first = reps[0][op]
+        counts = {k: first[k] for k in COUNT_KEYS}
+        for k in COUNT_KEYS:
+            vals = [r[op][k] for r in reps]
+            # commits carry a float timestamp, so their JSON (sent by a push, read by a pull) may
+            # differ by a byte or two between repetitions; anything more is worth a warning
+            slack = BYTE_SLACK if k in ("sent_bytes", "received_bytes") else 0
+            if max(vals) - min(vals) > slack:
+                varying.append(f"{op}.{k}: {vals}")
+        secs = [r[op]["seconds"] for r in reps]
+        m = med(secs)
+        fig["ops"][op] = {**counts, "seconds": m, "times_s": secs,
+                          "mb_s": counts["bytes"] / m / 1e6 if m else None,
+                          "requests_per_gb": counts["requests"] / (counts["bytes"] / 1e9) if counts["bytes"] else None,
+                          "wire_bytes": counts["sent_bytes"] + counts["received_bytes"]}
+    fs_secs = [r["fsspec_seconds"] for r in reps]
+    fb = reps[0]["fsspec_bytes"]
+    fig["ops"]["fsspec_cold"] = {"bytes": fb, "seconds": med(fs_secs), "times_s": fs_secs,
+                                 "mb_s": fb / med(fs_secs) / 1e6}
+    fq_secs = [r["fsspec_seq_seconds"] for r in reps]
+    fig["ops"]["fsspec_cold_sequential"] = {"bytes": fb, "seconds": med(fq_secs), "times_s": fq_secs,
+                                            "mb_s": fb / med(fq_secs) / 1e6}
+    fig["server_status_per_rep"] = [r["server_status"] for r in reps]  # from the server's access log
+    fig["counts_vary_between_reps"] = varying
+    O = fig["ops"]
+    p2, w2, c2 = O["push_v2"], O["pull_v2_over_v1"], O["pull_v2_cold"]
+    new = p2["new_bytes"]
+    per_rep_ratio = [r["fsspec_seconds"] / r["pull_v2_cold"]["seconds"] for r in reps]
+    fig["figures"] = {
+        "push_v2_wire_over_new_bytes": p2["wire_bytes"] / new if new else None,
+        "push_v2_sent_over_new_bytes": p2["sent_bytes"] / new if new else None,
+        "push_v2_sent_over_stored_bytes": p2["sent_bytes"] / p2["stored_bytes"] if p2["stored_bytes"] else None,
+        "pull_v2_over_v1_received_over_new_bytes": w2["received_bytes"] / new if new else None,
+        "pull_v2_over_v1_wire_over_new_bytes": w2["wire_bytes"] / new if new else None,
+        "cold_throughput_ours_over_fsspec": O["fsspec_cold"]["seconds"] / c2["seconds"],
+        "cold_throughput_ours_over_fsspec_per_rep": per_rep_ratio,
+        "cold_throughput_ours_over_fsspec_per_rep_median": med(per_rep_ratio),
+        "cold_throughput_ours_over_fsspec_sequential": O["fsspec_cold_sequential"]["seconds"] / c2["seconds"],
+        "cold_received_over_bytes": c2["received_bytes"] / c2["bytes"],
+        "requests_per_gb_push_v1": O["push_v1"]["requests_per_gb"],
+        "requests_per_gb_push_v2": O["push_v2"]["requests_per_gb"],
+        "requests_per_gb_pull_v1": O["pull_v1"]["requests_per_gb"],
+        "requests_per_gb_pull_v2_cold": c2["requests_per_gb"],
+        "requests_per_gb_pull_v2_over_v1": w2["requests_per_gb"],
+    }
+    F = fig["figures"]
+    fig["goals"] = {
+        "push_v2_wire_over_new_bytes": {"goal": f"<= {GOAL_PUSH_WIRE_OVER_NEW}",
+                                        "met": F["push_v2_wire_over_new_bytes"] is not None
+                                        and F["push_v2_wire_over_new_bytes"] <= GOAL_PUSH_WIRE_OVER_NEW},
+        "cold_throughput_ours_over_fsspec": {"goal": f">= {GOAL_COLD_OURS_OVER_FSSPEC}",
+                                             "met": F["cold_throughput_ours_over_fsspec"] >= GOAL_COLD_OURS_OVER_FSSPEC},
+    }
+    return fig
+
+
+def mb(x: float) -> str:
+    return f"{x / 1e6:,.2f} MB"
+
+
+def report(fig: dict) -> None:
+    O, F, G = fig["ops"], fig["figures"], fig["goals"]
+    n = fig["repeat"]
+    print(f"\nresults (times: median of {n}; byte and request counts are deterministic; MB = 1e6 bytes)")
+    print(f"  {'operation':<22} {'files':>5} {'bytes':>12} {'new bytes':>12} {'sent':>12} {'received':>12} "
+          f"{'requests':>8} {'req/GB':>7} {'median s':>9} {'MB/s':>7}")
+    for op in OPS:
+        o = O[op]
+        print(f"  {op:<22} {o['files']:>5} {mb(o['bytes']):>12} {mb(o['new_bytes']):>12} {mb(o['sent_bytes']):>12} "
+              f"{mb(o['received_bytes']):>12} {o['requests']:>8} {o['requests_per_gb']:>7.0f} {o['seconds']:>9.2f} "
+              f"{o['mb_s']:>7.1f}")
+    f = O["fsspec_cold"]
+    for label, key in (("fsspec get (all files)", "fsspec_cold"), ("fsspec get_file 1-by-1", "fsspec_cold_sequential")):
+        f = O[key]
+        print(f"  {label:<22} {fig['data']['v2_files']:>5} {mb(f['bytes']):>12} {'':>12} "
+              f"{'':>12} {'':>12} {'':>8} {'':>7} {f['seconds']:>9.2f} {f['mb_s']:>7.1f}")
+    f = O["fsspec_cold"]
+    print("  (push 'new bytes' = raw bytes of chunks the server lacked; pull 'new bytes' = bytes of the files "
+          "that had to be written)")
+    p2 = O["push_v2"]
+    print("\nfigures")
+    print(f"  1. push v2: wire {mb(p2['wire_bytes'])} (sent {mb(p2['sent_bytes'])} + received "
+          f"{mb(p2['received_bytes'])}) / new bytes {mb(p2['new_bytes'])} = {F['push_v2_wire_over_new_bytes']:.4f} "
+          f"(goal {G['push_v2_wire_over_new_bytes']['goal']}: "
+          f"{'met' if G['push_v2_wire_over_new_bytes']['met'] else 'NOT met'}); "
+          f"stored (packs) {mb(p2['stored_bytes'])}, sent/stored {F['push_v2_sent_over_stored_bytes']:.4f}")
+    w = O["pull_v2_over_v1"]
+    print(f"  2. pull v2 into a client holding v1: received {mb(w['received_bytes'])} / v2 new bytes "
+          f"{mb(p2['new_bytes'])} = {F['pull_v2_over_v1_received_over_new_bytes']:.2f}x "
+          f"({w['requests']} requests; files rewritten: {mb(w['new_bytes'])} of {mb(w['bytes'])}); no goal - "
+          f"pull skips identical local files but fetches each changed file whole")
+    c = O["pull_v2_cold"]
+    per = ", ".join(f"{x:.2f}" for x in F["cold_throughput_ours_over_fsspec_per_rep"])
+    print(f"  3. cold full download of v2 ({mb(c['bytes'])}): ours {c['mb_s']:.1f} MB/s vs fsspec+static "
+          f"{f['mb_s']:.1f} MB/s -> ours/fsspec = {F['cold_throughput_ours_over_fsspec']:.2f}x "
+          f"(per repetition: {per}; median of those {F['cold_throughput_ours_over_fsspec_per_rep_median']:.2f}) "
+          f"(goal {G['cold_throughput_ours_over_fsspec']['goal']}: "
+          f"{'met' if G['cold_throughput_ours_over_fsspec']['met'] else 'NOT met'}); for information, against "
+          f"fsspec one file at a time ({O['fsspec_cold_sequential']['mb_s']:.1f} MB/s): "
+          f"{F['cold_throughput_ours_over_fsspec_sequential']:.2f}x; ours received "
+          f"{mb(c['received_bytes'])} on the wire ({F['cold_received_over_bytes']:.3f} of the file bytes). "
+          f"Server-side data is warm in the page cache for both (dropping it is not possible here)")
+    print(f"  4. requests per GB: push v1 {F['requests_per_gb_push_v1']:.0f}, push v2 {F['requests_per_gb_push_v2']:.0f}, "
+          f"pull v1 {F['requests_per_gb_pull_v1']:.0f}, cold pull v2 {F['requests_per_gb_pull_v2_cold']:.0f}, "
+          f"pull v2 over v1 {F['requests_per_gb_pull_v2_over_v1']:.0f} (per GB of logical bytes)")
+    if fig["counts_vary_between_reps"]:
+        print("  WARNING: counts differ between repetitions: " + "; ".join(fig["counts_vary_between_reps"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-mb", type=float, default=300, help="size of the v1 dataset in MB (default 300)")
+    ap.add_argument("--repeat", type=int, default=3, help="repetitions; medians are quoted (default 3)")
+    ap.add_argument("--data-dir", default="/tmp/cdcbench-transfer",
+                    help="generated data and per-repetition stores (default /tmp/cdcbench-transfer)")
+    ap.add_argument("--no-verify", dest="verify", action="store_false",
+                    help="skip the byte-for-byte check of the pulled trees (first repetition)")
+    ap.add_argument("--_static", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._static:
+        static_main(args._static[0], int(args._static[1]))
+        return 0
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)  # for tests.server_util
+
+    import aiohttp
+    import fsspec
+    import pyarrow
+    print(f"transfer benchmark: cdcstore push/pull over HTTP on loopback vs fsspec HTTPFileSystem + aiohttp "
+          f"static server; {args.repeat} repetitions, medians quoted; python {platform.python_version()}, "
+          f"{os.cpu_count()} cpus, aiohttp {aiohttp.__version__}, fsspec {fsspec.__version__}, pyarrow "
+          f"{pyarrow.__version__}; data under {args.data_dir}; load average at start "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    t0 = time.perf_counter()
+    cached = os.path.exists(os.path.join(data_root(args.data_dir, args.size_mb), "DONE.json"))
+    v1, v2, info = make_dataset(args.data_dir, args.size_mb)
+    info = dict(info, v1_bytes=tree_bytes(v1), v2_bytes=tree_bytes(v2), v1_files=len(list_files(v1)),
+                v2_files=len(list_files(v2)))
+    print(f"data: v1 {mb(info['v1_bytes'])} in {info['v1_files']} files, v2 {mb(info['v2_bytes'])} in "
+          f"{info['v2_files']} files (part-000 rows {info['v2_part000_updated_rows']} updated, "
+          f"{info['v2_part001_appended_rows']:,} rows appended to part-001, new extra.parquet); "
+          f"ready in {time.perf_counter() - t0:.1f} s{' (cached from an earlier run)' if cached else ''}")
+
+    work = os.path.join(args.data_dir, "run")
+    os.makedirs(work, exist_ok=True)
+    reps = []
+    errors = []
+    for rep in range(args.repeat):
+        t0 = time.perf_counter()
+        try:
+            r = one_rep(rep, work, v1, v2, args.verify and rep == 0)
+        except Exception as e:
+            print(f"  rep {rep + 1}/{args.repeat} FAILED: {type(e).__name__}: {e}")
+            print(json.dumps({"error": f"{type(e).__name__}: {e}", "rep": rep, "data": info}))
+            return 1
+        reps.append(r)
+        if "verify" in r:
+            bad = {k: v for k, v in r["verify"].items() if v != "ok"}
+            if bad:
+                errors.append(f"rep {rep}: pulled trees differ from v2: {bad}")
+            print("  checked: " + ", ".join(f"{k} {v}" for k, v in r["verify"].items()) +
+                  " (pulled trees against the v2 folder, byte for byte)")
+        # (one 404 per repetition is expected: the first push asks for the branches of a repo
+        # that does not exist yet)
+        odd = {k: v for k, v in r["server_status"].items() if k == "429" or k[0] == "5"}
+        if odd:
+            errors.append(f"rep {rep}: the server answered {odd} (retries may inflate request and byte counts)")
+        for k in ("fsspec_bytes", "fsspec_seq_bytes"):
+            if r[k] != info["v2_bytes"]:
+                errors.append(f"rep {rep}: {k}: fsspec downloaded {r[k]} bytes, expected {info['v2_bytes']}")
+        print(f"  rep {rep + 1}/{args.repeat} ({time.perf_counter() - t0:.0f} s): "
+              f"push v1 {r['push_v1']['seconds']:.2f} s, push v2 {r['push_v2']['seconds']:.2f} s, "
+              f"pull v1 {r['pull_v1']['seconds']:.2f} s, pull v2 over v1 {r['pull_v2_over_v1']['seconds']:.2f} s, "
+              f"cold pull v2 {r['pull_v2_cold']['seconds']:.2f} s, fsspec {r['fsspec_seconds']:.2f} s, "
+              f"fsspec 1-by-1 {r['fsspec_seq_seconds']:.2f} s "
+              f"(order {'/'.join(r['cold_order'])})")
+
+    fig = summarize(reps, info)
+    fig["errors"] = errors
+    fig["code"] = code_version()
+    fig["versions"] = {"python": platform.python_version(), "aiohttp": aiohttp.__version__,
+                       "fsspec": fsspec.__version__, "pyarrow": pyarrow.__version__, "cpus": os.cpu_count()}
+    report(fig)
+    for e in errors:
+        print(f"  ERROR: {e}")
+    fig["loadavg_end"] = os.getloadavg()
+    print(f"\nload average at end (other work on this machine skews timings): "
+          f"{' '.join(f'{x:.2f}' for x in fig['loadavg_end'])}; cdcstore code {fig['code']}")
+    print(json.dumps(fig))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
