@@ -309,15 +309,13 @@ class Store:
                 source = self.backend
                 if os.path.isfile(target) and is_url(self.location):  # reuse what the old copy has
                     source = LocalSeed(self.backend, target)
-                with FileReader(source, m, path, a.repo) as src, open(tmp, "wb") as out:
-                    while True:
-                        block = src.read(16 * 1024 * 1024)
-                        if not block:
-                            break
-                        h.update(block)
-                        out.write(block)
+                with FileReader(source, m, path, a.repo, sequential=True) as src, open(tmp, "wb") as out:
+                    while pieces := src.read_pieces(16 * 1024 * 1024):
+                        for p in pieces:  # chunk-sized writes: this kernel is slow on writes over ~4 MiB
+                            h.update(p)
+                            out.write(p)
                         if progress:
-                            progress(len(block))
+                            progress(sum(len(p) for p in pieces))
                 if h.digest() != m.file_hash:
                     raise CorruptionError(f"{path}: reassembled file does not match its hash; "
                                           f"run `cdcstore check`")

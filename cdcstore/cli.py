@@ -186,11 +186,9 @@ def cat(addr, store_path, token):
     """Write a file of a revision to stdout."""
     out = sys.stdout.buffer
     with _store(store_path, token).open(addr) as f:
-        while True:
-            block = f.read(4 * 1024 * 1024)
-            if not block:
-                break
-            out.write(block)
+        while pieces := f.read_pieces(8 * 1024 * 1024):
+            for p in pieces:
+                out.write(p)
     out.flush()
 
 

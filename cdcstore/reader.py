@@ -40,7 +40,7 @@ class FileReader(io.RawIOBase):
 
     def __init__(self, source: Backend, manifest: Manifest, name: str = "", repo: str | None = None,
                  readahead_bytes: int = 32 * 1024 * 1024, cache_chunks: int = 64,
-                 batch_bytes: int = 4 * 1024 * 1024):
+                 batch_bytes: int = 4 * 1024 * 1024, sequential: bool = False):
         super().__init__()
         self._src = source
         self._m = manifest
@@ -53,7 +53,7 @@ class FileReader(io.RawIOBase):
         self._pending: dict[int, Future] = {}
         self._readahead = readahead_bytes
         self._batch = batch_bytes
-        self._last_end = -1
+        self._last_end = 0 if sequential else -1  # a sequential reader prefetches from its first read
 
     # -- io.RawIOBase ---------------------------------------------------------------
     def readable(self) -> bool:
@@ -113,19 +113,36 @@ class FileReader(io.RawIOBase):
     # -- ranges ----------------------------------------------------------------------
     def pread(self, offset: int, length: int) -> bytes:
         """Bytes [offset, offset+length) without moving the file position."""
+        pieces = self.pieces(offset, length)
+        if len(pieces) == 1:
+            return bytes(pieces[0])
+        return b"".join(pieces)  # one copy
+
+    def pieces(self, offset: int, length: int) -> list:
+        """The bytes [offset, offset+length) as a list of bytes-like pieces (views of
+        the chunks, no copies); for callers that write or hash rather than join."""
         m = self._m
         span = m.span(offset, offset + length)
         if not span:
-            return b""
+            return [b""]
         sequential = offset == self._last_end
         self._last_end = offset + length
-        pieces = self._chunks(span, prefetch=sequential)
+        chunks = self._chunks(span, prefetch=sequential)
         lo = offset - m.chunk_start(span.start)
-        if len(pieces) == 1:
-            return pieces[0][lo:lo + length]
+        if len(chunks) == 1:
+            return [memoryview(chunks[0])[lo:lo + length]]
         hi = offset + length - m.chunk_start(span.stop - 1)  # bytes wanted from the last chunk
-        views = [memoryview(pieces[0])[lo:], *pieces[1:-1], memoryview(pieces[-1])[:hi]]
-        return b"".join(views)  # one copy
+        return [memoryview(chunks[0])[lo:], *chunks[1:-1], memoryview(chunks[-1])[:hi]]
+
+    def read_pieces(self, size: int) -> list:
+        """Like `read(size)` but returns `pieces` (empty list at the end of file)."""
+        self._checkClosed()
+        start = self._pos
+        end = min(self._m.size, start + size)
+        if start >= end:
+            return []
+        self._pos = end
+        return self.pieces(start, end - start)
 
     def _chunks(self, span: range, prefetch: bool) -> list[bytes]:
         m = self._m
