@@ -267,6 +267,7 @@ class RemoteStore(Backend):
 
         out: dict[bytes, bytes] = {}
         for r, data in zip(ranges, self.t.run(fetch_all())):
+            data = memoryview(data)
             for e in r.entries:
                 lo = e.offset - r.start
                 out[e.chunk_id] = decode_chunk(data[lo:lo + e.stored_len], e.codec, e.raw_len, e.chunk_id)

@@ -81,15 +81,16 @@ def encode_chunk(raw, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL) -> tuple
     return CODEC_RAW, raw
 
 
-def decode_chunk(stored, codec: int, raw_len: int, chunk_id: bytes) -> bytes:
-    """The raw bytes of a stored chunk, checked against its id and length."""
+def decode_chunk(stored, codec: int, raw_len: int, chunk_id: bytes):
+    """The raw bytes of a stored chunk (bytes-like: a raw chunk comes back as the
+    object it was given), checked against its id and length."""
     if codec == CODEC_ZSTD:
         try:
             raw = _decompressor().decompress(stored, max_output_size=raw_len)
         except zstandard.ZstdError as e:
             raise CorruptionError(f"chunk {chunk_id.hex()} does not decompress: {e}") from None
     elif codec == CODEC_RAW:
-        raw = bytes(stored)
+        raw = stored  # no copy: a view stays a view
     else:
         raise CorruptionError(f"chunk {chunk_id.hex()} has unknown codec {codec}")
     if len(raw) != raw_len or ids.digest(raw) != chunk_id:

@@ -17,9 +17,11 @@ commit -> branch (the commit point, a compare-and-swap under a file lock).
 from __future__ import annotations
 
 import abc
+import collections
 import contextlib
 import fcntl
 import json
+import mmap
 import os
 import secrets
 import threading
@@ -33,10 +35,12 @@ from .errors import (CdcError, ConflictError, CorruptionError, NotAStoreError, P
 from .index import ChunkIndex
 from .manifest import Manifest
 from .pack import PackEntry, decode_chunk, read_index
+from .transfer import plan_ranges
 
 STORE_FORMAT = "cdcstore"
 STORE_VERSION = 1
 MARKER = "cdcstore.json"
+MAX_MAPS = 256  # open pack maps per process
 
 
 def fsync_dir(path: str) -> None:
@@ -144,7 +148,7 @@ class LocalStore(Backend):
                                    f"version {STORE_VERSION}: upgrade cdcstore")
         self.location = self.root
         self.index = ChunkIndex(os.path.join(self.root, "index.sqlite"))
-        self._fds: dict[str, int] = {}
+        self._maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()
         self._fd_pid = os.getpid()
         self._fd_lock = threading.Lock()
 
@@ -296,44 +300,64 @@ class LocalStore(Backend):
                 problems.append(str(e))
         return {"packs": packs, "chunks": chunks, "problems": problems}
 
-    def _fd(self, pack: str) -> int:
+    def _map(self, pack: str) -> mmap.mmap:
+        """A read-only map of a pack (per process; at most MAX_MAPS kept open).
+
+        Reads from the map skip one copy; packs are immutable, so a map never sees
+        a change. (A pack truncated by hand while mapped would raise SIGBUS, not
+        an error: `check` finds such damage.)"""
         with self._fd_lock:
             if self._fd_pid != os.getpid():
-                self._fds = {}
+                self._maps = collections.OrderedDict()
                 self._fd_pid = os.getpid()
-            fd = self._fds.get(pack)
-            if fd is None:
+            m = self._maps.get(pack)
+            if m is None:
                 try:
-                    fd = os.open(self.pack_path(pack), os.O_RDONLY)
+                    with open(self.pack_path(pack), "rb") as f:
+                        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
                 except FileNotFoundError:
                     raise CorruptionError(f"pack {pack} is missing from {self.root}; "
                                           f"run `cdcstore check` and restore it from a copy") from None
-                self._fds[pack] = fd
-            return fd
+                except ValueError:  # an empty file cannot be mapped
+                    raise CorruptionError(f"pack {pack} is empty (damaged); run `cdcstore check`") from None
+                self._maps[pack] = m
+                while len(self._maps) > MAX_MAPS:
+                    self._maps.popitem(last=False)  # closed once no read holds a view of it
+            else:
+                self._maps.move_to_end(pack)
+            return m
 
-    def read_stored(self, pack: str, offset: int, length: int) -> bytes:
-        """Raw bytes of a pack range (no decoding)."""
-        data = os.pread(self._fd(pack), length, offset)
-        if len(data) != length:
-            raise CorruptionError(f"pack {pack} is truncated: wanted {length} bytes at {offset}")
-        return data
+    def read_stored(self, pack: str, offset: int, length: int):
+        """Raw bytes of a pack range (a read-only view; no decoding)."""
+        m = self._map(pack)
+        if offset < 0 or offset + length > len(m):
+            raise CorruptionError(f"pack {pack} is truncated: wanted {length} bytes at {offset}, "
+                                  f"it has {len(m)}; run `cdcstore check`")
+        return memoryview(m)[offset:offset + length]
 
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
         return self.index.locate(chunk_ids)
 
     def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes:
-        stored = self.read_stored(pack, entry.offset, entry.stored_len)
-        try:
-            return decode_chunk(stored, entry.codec, entry.raw_len, entry.chunk_id)
-        except CorruptionError as e:
-            raise CorruptionError(f"{e} in pack {pack}: the store is damaged; run `cdcstore check`") from None
+        return self.read_chunks([(pack, entry)])[entry.chunk_id]
+
+    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None) -> dict[bytes, bytes]:
+        """One view per run of adjacent chunks in a pack; each chunk verified."""
+        out = {}
+        for r in plan_ranges(items, max_hole=0):
+            data = self.read_stored(r.pack, r.start, r.end - r.start)
+            for e in r.entries:
+                lo = e.offset - r.start
+                try:
+                    out[e.chunk_id] = decode_chunk(data[lo:lo + e.stored_len], e.codec, e.raw_len, e.chunk_id)
+                except CorruptionError as err:
+                    raise CorruptionError(f"{err} in pack {r.pack}: the store is damaged; "
+                                          f"run `cdcstore check`") from None
+        return out
 
     def close(self) -> None:
         with self._fd_lock:
-            if self._fd_pid == os.getpid():
-                for fd in self._fds.values():
-                    os.close(fd)
-            self._fds = {}
+            self._maps = collections.OrderedDict()  # maps close when the last view goes
 
     # -- manifests ------------------------------------------------------------------
     def manifest_path(self, name: str) -> str:
