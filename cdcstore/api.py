@@ -204,7 +204,7 @@ class Store:
 
         ingest = Ingest(be, options, progress)
         try:
-            manifests = [(path, ingest.add_file(local, path)) for local, path in pairs]
+            manifests = list(zip([p for _, p in pairs], ingest.add_files(pairs)))
             ingest.finish()
         finally:
             ingest.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
@@ -34,6 +35,7 @@ class IngestOptions:
     max_inflight_bytes: int = 64 * 1024 * 1024
     block_size: int = 8 * 1024 * 1024
     parquet_pages: bool = True  # cut Parquet files at page boundaries (falls back to byte CDC)
+    file_threads: int = 2  # files chunked at once
 
 
 ENCODE_TASK_BYTES = 1024 * 1024
@@ -118,14 +120,24 @@ class Ingest:
         self._undecided_bytes = 0
         self.file_new: dict[str, int] = {}  # file key -> new bytes it brought (complete after finish)
         self.file_mode: dict[str, str] = {}  # file key -> "parquet-pages" or "bytes"
+        self._lock = threading.RLock()  # guards everything below the chunking of one file
         store.begin_push()
+
+    def add_files(self, pairs: list[tuple[str, str]]) -> list[Manifest]:
+        """`add_file` for many (path, key) pairs, `opts.file_threads` files at a time
+        (reading, chunking and hashing release the GIL); manifests in input order."""
+        if self.opts.file_threads <= 1 or len(pairs) < 2:
+            return [self.add_file(p, k) for p, k in pairs]
+        with ThreadPoolExecutor(self.opts.file_threads, thread_name_prefix="cdcstore-chunk") as pool:
+            return list(pool.map(lambda pk: self.add_file(*pk), pairs))
 
     def add_file(self, path: str, key: str | None = None) -> Manifest:
         """Chunk one local file, schedule its new chunks, and return its manifest.
 
         `key` names the file in `file_new` and `file_mode` (default: its path)."""
         key = path if key is None else key
-        self.file_new.setdefault(key, 0)
+        with self._lock:
+            self.file_new.setdefault(key, 0)
         file_hash = ids.hasher()
         chunk_ids: list[bytes] = []
         lengths: list[int] = []
@@ -151,21 +163,23 @@ class Ingest:
                 if not block:
                     break
                 block = f.read(self.opts.block_size)
-        self.bytes += size
+        with self._lock:
+            self.bytes += size
         return Manifest(chunk_ids, lengths, size, file_hash.digest())
 
     def _add_chunks(self, chunks: list[bytes], chunk_ids: list[bytes], lengths: list[int], key: str) -> None:
         """Record chunks in the manifest; queue them for one batched presence query."""
-        for c in chunks:
-            cid = ids.digest(c)
-            chunk_ids.append(cid)
-            lengths.append(len(c))
-            if cid not in self._seen:
-                self._undecided.append((cid, c, key))
-                self._undecided_bytes += len(c)
-        self.chunks += len(chunks)
-        if len(self._undecided) >= 4096 or self._undecided_bytes >= self.opts.max_inflight_bytes // 2:
-            self._decide()
+        new_ids = [ids.digest(c) for c in chunks]  # outside the lock: hashing releases the GIL
+        chunk_ids.extend(new_ids)
+        lengths.extend(len(c) for c in chunks)
+        with self._lock:
+            for cid, c in zip(new_ids, chunks):
+                if cid not in self._seen:
+                    self._undecided.append((cid, c, key))
+                    self._undecided_bytes += len(c)
+            self.chunks += len(chunks)
+            if len(self._undecided) >= 4096 or self._undecided_bytes >= self.opts.max_inflight_bytes // 2:
+                self._decide()
 
     def _decide(self) -> None:
         """Ask the store which queued chunks it lacks; encode those on the pool, in
