@@ -290,3 +290,38 @@ def test_pull_over_an_older_copy_fetches_only_changed_chunks(server, tmp_path):
         p = s.pull("cdc://r/", str(out))
     assert (out / "a.bin").read_bytes() == bytes(edited)
     assert p.received_bytes < v2.new_bytes + 64 * 1024  # not the whole 6 MB file
+
+
+def test_a_stalled_server_times_out_with_an_error(tmp_path):
+    from cdcstore import RemoteError
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    accepted = []
+    stop = threading.Event()
+
+    def accept_and_stall():  # reads requests, never answers
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+                accepted.append(conn)
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept_and_stall, daemon=True)
+    t.start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        t0 = time.time()
+        with Store(url, timeout=1.0, retries=1, backoff=0.05) as s:
+            with pytest.raises(RemoteError, match="timed out"):
+                s.ls("cdc://r/")
+        assert time.time() - t0 < 15 and accepted
+    finally:
+        stop.set()
+        t.join()
+        for c in accepted:
+            c.close()
+        listener.close()
