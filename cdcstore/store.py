@@ -399,14 +399,21 @@ class LocalStore(Backend):
             fsync_dir(parent)
         return names
 
-    def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
+    @staticmethod
+    def _read_named(path: str, name: str, what: str, missing: Exception) -> bytes:
+        """The bytes of an object file, checked against the hash that names it."""
         try:
-            with open(self.manifest_path(name), "rb") as f:
+            with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
-            raise CorruptionError(f"manifest {name} is missing from {self.root}") from None
+            raise missing from None
         if ids.hexdigest(data) != name:
-            raise CorruptionError(f"manifest {name} does not match its name (damaged)")
+            raise CorruptionError(f"{what} does not match its name (damaged)")
+        return data
+
+    def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
+        data = self._read_named(self.manifest_path(name), name, f"manifest {name}",
+                                CorruptionError(f"manifest {name} is missing from {self.root}"))
         return Manifest.decode(data, f"manifest {name}")
 
     # -- repos, commits, branches -------------------------------------------------------
@@ -446,13 +453,8 @@ class LocalStore(Backend):
 
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         path = os.path.join(self._require_repo(repo), "commits", f"{commit_id}.json")
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            raise RevisionNotFoundError(f"no commit {commit_id} in repo {repo!r}") from None
-        if ids.hexdigest(data) != commit_id:
-            raise CorruptionError(f"commit {commit_id} in repo {repo!r} does not match its id (damaged)")
+        data = self._read_named(path, commit_id, f"commit {commit_id} in repo {repo!r}",
+                                RevisionNotFoundError(f"no commit {commit_id} in repo {repo!r}"))
         return Commit.decode(data, f"commit {commit_id}")
 
     def resolve(self, repo: str, rev: str) -> str:
