@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import platformdirs
 
@@ -19,6 +19,9 @@ from .address import DEFAULT_BRANCH, Address, check_name, normalize_path, parse
 from .commit import Commit, FileEntry
 from .errors import CorruptionError, InvalidAddressError, PathNotFoundError
 from .reader import FileReader, LocalSeed
+
+if TYPE_CHECKING:
+    from .cache import ChunkCache
 from .store import LocalStore, no_such_path
 from .writer import Ingest, IngestOptions
 
@@ -125,16 +128,23 @@ class Store:
     """A cdcstore store: a local directory, or a server's http(s):// URL.
 
     `token` (default $CDCSTORE_TOKEN) authenticates to a server; `transport`
-    options (timeout, retries, ...) go to `client.Transport`.
+    options (timeout, retries, ...) go to `client.Transport`. Reads from a server
+    go through the local dedup cache (`cache.ChunkCache`; default location under the
+    user cache dir or $CDCSTORE_CACHE): pass a path or a `ChunkCache` to choose
+    another, or `cache=False` to read without one.
     """
 
     def __init__(self, location: str | None = None, *, token: str | None = None, create: bool | None = None,
-                 **transport):
+                 cache: ChunkCache | str | bool = True, **transport):
         path = location or default_store_path()
         if is_url(path):
+            from .cache import CachedBackend, ChunkCache
             from .client import RemoteStore
 
             self.backend = RemoteStore(path, token, **transport)
+            if cache is not False and cache is not None:
+                c = cache if isinstance(cache, ChunkCache) else ChunkCache(None if cache is True else cache)
+                self.backend = CachedBackend(self.backend, c)
         else:
             if create is None:  # the default store is created on first use
                 create = location is None and not os.environ.get(ENV_STORE)

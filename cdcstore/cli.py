@@ -263,6 +263,57 @@ def rebuild_index(store_path, as_json):
                    + (f"; skipped {len(r['bad_packs'])} damaged packs" if r["bad_packs"] else ""))
 
 
+@cli.group()
+def cache():
+    """The local dedup cache of chunks read from servers."""
+
+
+_cache_opt = click.option("--cache", "cache_path", default=None, metavar="PATH",
+                          help="Cache file (default: $CDCSTORE_CACHE, else the user cache dir).")
+
+
+@cache.command(name="stats")
+@_cache_opt
+@json_option
+@handle_errors
+def cache_stats(cache_path, as_json):
+    """Size and contents of the cache."""
+    from .cache import ChunkCache
+
+    st = ChunkCache(cache_path).stats()
+    if as_json:
+        _print_json(st)
+    else:
+        click.echo(f"{st['path']}: {st['chunks']} chunks, {_human(st['bytes'])} stored "
+                   f"({_human(st['raw_bytes'])} raw), {st['objects']} manifests and commits; "
+                   f"limit {_human(st['max_bytes'])}")
+
+
+@cache.command(name="prune")
+@_cache_opt
+@click.option("--max-size", default=None, metavar="SIZE", help="Prune down to 90% of this (e.g. 5G).")
+@handle_errors
+def cache_prune(cache_path, max_size):
+    """Evict least recently used chunks down to the size limit."""
+    from .cache import ChunkCache, parse_size
+
+    c = ChunkCache(cache_path)
+    freed = c.prune(parse_size(max_size) if max_size else None)
+    click.echo(f"freed {_human(freed)}; {_human(c.bytes())} left")
+
+
+@cache.command(name="clear")
+@_cache_opt
+@handle_errors
+def cache_clear(cache_path):
+    """Empty the cache."""
+    from .cache import ChunkCache
+
+    c = ChunkCache(cache_path)
+    c.clear()
+    click.echo(f"cleared {c.path}")
+
+
 @cli.command()
 @local_store_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")

@@ -258,7 +258,10 @@ class RemoteStore(Backend):
             out.update(transfer.decode_locations(body))
         return out
 
-    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None) -> dict[bytes, bytes]:
+    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
+                    stored: dict | None = None) -> dict[bytes, bytes]:
+        """Verified chunks by id, fetched in merged range requests; `stored`, if given,
+        receives each chunk's stored (compressed) bytes too (for a cache)."""
         ranges = transfer.plan_ranges(items)
 
         async def fetch_all():
@@ -271,6 +274,8 @@ class RemoteStore(Backend):
             for e in r.entries:
                 lo = e.offset - r.start
                 out[e.chunk_id] = decode_chunk(data[lo:lo + e.stored_len], e.codec, e.raw_len, e.chunk_id)
+                if stored is not None:
+                    stored[e.chunk_id] = data[lo:lo + e.stored_len]
         return out
 
     def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes:

@@ -87,8 +87,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes: ...
 
-    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None) -> dict[bytes, bytes]:
-        """Decoded, verified chunks by id (a remote store merges ranges)."""
+    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
+                    stored: dict | None = None) -> dict[bytes, bytes]:
+        """Decoded, verified chunks by id (a remote store merges ranges). `stored`, if
+        given, may receive chunks' stored bytes (for a cache)."""
         return {e.chunk_id: self.read_chunk(p, e, repo) for p, e in items}
 
     # manifests, commits, branches
@@ -341,7 +343,8 @@ class LocalStore(Backend):
     def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes:
         return self.read_chunks([(pack, entry)])[entry.chunk_id]
 
-    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None) -> dict[bytes, bytes]:
+    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
+                    stored: dict | None = None) -> dict[bytes, bytes]:
         """One view per run of adjacent chunks in a pack; each chunk verified."""
         out = {}
         for r in plan_ranges(items, max_hole=0):

@@ -25,4 +25,6 @@ def store(tmp_path):
 def _isolated_default_store(tmp_path, monkeypatch):
     """Never touch the user's real default store from tests."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
-    monkeypatch.delenv("CDCSTORE_STORE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    for var in ("CDCSTORE_STORE", "CDCSTORE_CACHE", "CDCSTORE_CACHE_SIZE", "CDCSTORE_TOKEN"):
+        monkeypatch.delenv(var, raising=False)

@@ -1,0 +1,291 @@
+"""The local dedup cache: chunks (and immutable manifests and commits) by id.
+
+One sqlite file (WAL mode, busy timeout) shared by every file, version, repo and
+process on the machine: a chunk fetched for v1 serves v2, and DataLoader workers
+share it. Entries keep their stored (compressed) form and are checked against
+their id on every read; a corrupt entry is dropped and fetched again. The cache is
+bounded: past `max_bytes`, the least recently used entries go until it is at 90%.
+Recency is refreshed at most once a minute per entry, so hits rarely write.
+
+`CachedBackend` puts the cache in front of any `Backend` (normally a
+`RemoteStore`): reads take what the cache holds and fetch only the rest.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+import time
+from typing import Iterable
+
+import platformdirs
+
+from . import ids
+from .commit import Commit
+from .errors import CorruptionError, InvalidAddressError
+from .manifest import Manifest
+from .pack import CODEC_RAW, PackEntry, decode_chunk
+from .store import Backend
+
+ENV_CACHE = "CDCSTORE_CACHE"
+ENV_CACHE_SIZE = "CDCSTORE_CACHE_SIZE"
+DEFAULT_MAX_BYTES = 20 * 1024**3
+TOUCH_EVERY = 60.0  # seconds between recency updates of one entry
+CACHED = "cache"  # the pseudo pack name of a cached chunk
+_BATCH = 500
+_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str | int) -> int:
+    """'20G', '512M', '1.5T' or a number of bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgtKMGT]?)(i?[bB])?\s*", str(text))
+    if not m:
+        raise InvalidAddressError(f"invalid size {text!r}: use bytes or a number with K, M, G or T")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def default_cache_path() -> str:
+    return os.environ.get(ENV_CACHE) or os.path.join(platformdirs.user_cache_dir("cdcstore"), "cache.sqlite")
+
+
+class ChunkCache:
+    def __init__(self, path: str | None = None, max_bytes: int | str | None = None):
+        self.path = os.path.abspath(os.path.expanduser(path or default_cache_path()))
+        if max_bytes is None:
+            max_bytes = os.environ.get(ENV_CACHE_SIZE, DEFAULT_MAX_BYTES)
+        self.max_bytes = parse_size(max_bytes)
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self._local = threading.local()
+        with self.conn:
+            self.conn.executescript("""
+                CREATE TABLE IF NOT EXISTS chunks (id BLOB PRIMARY KEY, codec INTEGER NOT NULL,
+                    raw_len INTEGER NOT NULL, size INTEGER NOT NULL, used REAL NOT NULL, data BLOB NOT NULL);
+                CREATE INDEX IF NOT EXISTS chunks_used ON chunks(used);
+                CREATE TABLE IF NOT EXISTS objects (kind TEXT NOT NULL, name TEXT NOT NULL, data BLOB NOT NULL,
+                    PRIMARY KEY (kind, name));
+                CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+                INSERT OR IGNORE INTO meta VALUES ('bytes', 0);
+                CREATE TRIGGER IF NOT EXISTS chunks_add AFTER INSERT ON chunks
+                    BEGIN UPDATE meta SET value = value + NEW.size WHERE key = 'bytes'; END;
+                CREATE TRIGGER IF NOT EXISTS chunks_del AFTER DELETE ON chunks
+                    BEGIN UPDATE meta SET value = value - OLD.size WHERE key = 'bytes'; END;
+            """)
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """This thread's connection (a new one after a fork)."""
+        local = self._local
+        if getattr(local, "pid", None) != os.getpid():
+            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            local.conn, local.pid = conn, os.getpid()
+        return local.conn
+
+    # -- chunks -----------------------------------------------------------------------------
+    def has(self, chunk_ids: Iterable[bytes]) -> dict[bytes, PackEntry]:
+        """Which of these chunks the cache holds (as entries with their raw length)."""
+        wanted = list(dict.fromkeys(chunk_ids))
+        out = {}
+        for i in range(0, len(wanted), _BATCH):
+            batch = wanted[i:i + _BATCH]
+            q = f"SELECT id, codec, raw_len, size FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
+            for cid, codec, raw_len, size in self.conn.execute(q, batch):
+                out[cid] = PackEntry(cid, 0, size, raw_len, codec)
+        return out
+
+    def get(self, chunk_ids: Iterable[bytes]) -> dict[bytes, bytes]:
+        """Verified raw bytes of the cached chunks among `chunk_ids`; corrupt entries
+        are deleted and left out (so the caller fetches them again)."""
+        wanted = list(dict.fromkeys(chunk_ids))
+        out, bad = {}, []
+        now = time.time()
+        for i in range(0, len(wanted), _BATCH):
+            batch = wanted[i:i + _BATCH]
+            q = f"SELECT id, codec, raw_len, data FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
+            for cid, codec, raw_len, data in self.conn.execute(q, batch):
+                try:
+                    out[cid] = decode_chunk(data, codec, raw_len, cid)
+                except CorruptionError:
+                    bad.append(cid)
+        if bad or out:
+            with self.conn:
+                self.conn.execute("BEGIN IMMEDIATE")
+                self.conn.executemany("DELETE FROM chunks WHERE id = ?", [(b,) for b in bad])
+                self.conn.executemany("UPDATE chunks SET used = ? WHERE id = ? AND used < ?",
+                                      [(now, c, now - TOUCH_EVERY) for c in out])
+        return out
+
+    def put(self, entries: list[tuple[bytes, int, int, bytes]]) -> None:
+        """Store (id, codec, raw length, stored bytes) entries, then evict if over budget."""
+        if not entries:
+            return
+        now = time.time()
+        with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.executemany(
+                "INSERT OR IGNORE INTO chunks (id, codec, raw_len, size, used, data) VALUES (?, ?, ?, ?, ?, ?)",
+                [(cid, codec, raw_len, len(data), now, bytes(data)) for cid, codec, raw_len, data in entries])
+        if self.bytes() > self.max_bytes:
+            self.prune()
+
+    def bytes(self) -> int:
+        return self.conn.execute("SELECT value FROM meta WHERE key = 'bytes'").fetchone()[0]
+
+    def prune(self, max_bytes: int | None = None) -> int:
+        """Evict least recently used chunks until at most 90% of `max_bytes` remain;
+        returns the bytes freed."""
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        target = int(limit * 0.9) if self.bytes() > limit or max_bytes is not None else limit
+        freed = 0
+        while True:
+            excess = self.bytes() - target
+            if excess <= 0:
+                return freed
+            with self.conn:
+                self.conn.execute("BEGIN IMMEDIATE")
+                rows = self.conn.execute("SELECT id, size FROM chunks ORDER BY used LIMIT 1000").fetchall()
+                if not rows:
+                    return freed
+                drop, total = [], 0
+                for cid, size in rows:
+                    drop.append((cid,))
+                    total += size
+                    if total >= excess:
+                        break
+                self.conn.executemany("DELETE FROM chunks WHERE id = ?", drop)
+                freed += total
+
+    # -- immutable objects (manifests, commits) ------------------------------------------------
+    def get_object(self, kind: str, name: str) -> bytes | None:
+        row = self.conn.execute("SELECT data FROM objects WHERE kind = ? AND name = ?", (kind, name)).fetchone()
+        if row is None:
+            return None
+        if ids.hexdigest(row[0]) != name:
+            with self.conn:
+                self.conn.execute("DELETE FROM objects WHERE kind = ? AND name = ?", (kind, name))
+            return None
+        return row[0]
+
+    def put_object(self, kind: str, name: str, data: bytes) -> None:
+        with self.conn:
+            self.conn.execute("INSERT OR IGNORE INTO objects (kind, name, data) VALUES (?, ?, ?)", (kind, name, data))
+
+    # -- housekeeping --------------------------------------------------------------------------
+    def stats(self) -> dict:
+        n, raw = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(raw_len), 0) FROM chunks").fetchone()
+        objects = self.conn.execute("SELECT COUNT(*) FROM objects").fetchone()[0]
+        return {"path": self.path, "chunks": n, "bytes": self.bytes(), "raw_bytes": raw,
+                "objects": objects, "max_bytes": self.max_bytes}
+
+    def clear(self) -> None:
+        with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute("DELETE FROM chunks")
+            self.conn.execute("DELETE FROM objects")
+        self.conn.execute("VACUUM")
+
+
+class CachedBackend(Backend):
+    """A backend whose reads go through a `ChunkCache` first; writes pass through."""
+
+    def __init__(self, backend: Backend, cache: ChunkCache):
+        self.inner = backend
+        self.cache = cache
+        self.location = backend.location
+
+    def __getattr__(self, name):  # counters(), health() and the like of the inner backend
+        return getattr(self.inner, name)
+
+    # reads: cache first
+    def locate(self, chunk_ids, repo=None):
+        wanted = list(dict.fromkeys(chunk_ids))
+        out = {c: (CACHED, e) for c, e in self.cache.has(wanted).items()}
+        rest = [c for c in wanted if c not in out]
+        if rest:
+            out.update(self.inner.locate(rest, repo))
+        return out
+
+    def read_chunks(self, items: list[tuple[str, PackEntry]], repo=None) -> dict[bytes, bytes]:
+        out = self.cache.get([e.chunk_id for _, e in items])
+        missing = [(p, e) for p, e in items if e.chunk_id not in out]
+        if any(p == CACHED for p, _ in missing):  # evicted or corrupt since located: locate again
+            again = self.inner.locate([e.chunk_id for p, e in missing if p == CACHED], repo)
+            missing = [again[e.chunk_id] if p == CACHED else (p, e) for p, e in missing]
+        if missing:
+            fetched, stored = self._fetch(missing, repo)
+            out.update(fetched)
+            self.cache.put(stored)
+        return out
+
+    def _fetch(self, items, repo):
+        """Fetch from the inner backend; keep each chunk's stored (compressed) form."""
+        stored: dict[bytes, bytes] = {}
+        raw = self.inner.read_chunks(items, repo, stored=stored)
+        entries = [(e.chunk_id, e.codec, e.raw_len, stored[e.chunk_id]) if e.chunk_id in stored
+                   else (e.chunk_id, CODEC_RAW, e.raw_len, raw[e.chunk_id]) for _, e in items]
+        return raw, entries
+
+    def read_chunk(self, pack, entry, repo=None):
+        return self.read_chunks([(pack, entry)], repo)[entry.chunk_id]
+
+    def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
+        data = self.cache.get_object("manifest", name)
+        if data is None:
+            m = self.inner.get_manifest(name, repo)
+            self.cache.put_object("manifest", name, m.encode())
+            return m
+        return Manifest.decode(data, f"manifest {name}")
+
+    def get_commit(self, repo: str, commit_id: str) -> Commit:
+        data = self.cache.get_object(f"commit:{repo}", commit_id)
+        if data is None:
+            c = self.inner.get_commit(repo, commit_id)
+            self.cache.put_object(f"commit:{repo}", commit_id, c.encode())
+            return c
+        return Commit.decode(data, f"commit {commit_id}")
+
+    def resolve(self, repo: str, rev: str) -> str:
+        if ids.is_hex_id(rev) and self.cache.get_object(f"commit:{repo}", rev) is not None:
+            return rev  # a full commit id already seen: no request
+        return self.inner.resolve(repo, rev)
+
+    # everything else passes through
+    def present(self, chunk_ids):
+        return self.inner.present(chunk_ids)
+
+    def begin_push(self):
+        self.inner.begin_push()
+
+    def tmp_path(self):
+        return self.inner.tmp_path()
+
+    def add_pack(self, tmp, name, entries):
+        self.inner.add_pack(tmp, name, entries)
+
+    def flush(self):
+        self.inner.flush()
+
+    def put_manifests(self, manifests):
+        return self.inner.put_manifests(manifests)
+
+    def commit(self, commit, branch, expected):
+        return self.inner.commit(commit, branch, expected)
+
+    def branches(self, repo):
+        return self.inner.branches(repo)
+
+    def has_repo(self, repo):
+        return self.inner.has_repo(repo)
+
+    def repos(self):
+        return self.inner.repos()
+
+    def totals(self):
+        return self.inner.totals()
+
+    def close(self):
+        self.inner.close()

@@ -1,0 +1,120 @@
+"""The local dedup cache, in front of a real server."""
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import xxhash
+
+from cdcstore import Store
+from cdcstore.cache import ChunkCache, parse_size
+from cdcstore.store import LocalStore
+from conftest import golden_input
+from server_util import ServerProcess
+
+
+@pytest.fixture
+def server(tmp_path):
+    LocalStore.init(str(tmp_path / "srv"))
+    s = ServerProcess(str(tmp_path / "srv")).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def published(server, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f.bin").write_bytes(golden_input(3_000_000))
+    with Store(server.url, cache=False) as s:
+        v1 = s.push([str(src)], "cdc://r/")
+        edited = bytearray(golden_input(3_000_000))
+        edited[1_500_000:1_500_004] = b"v2v2"
+        (src / "f.bin").write_bytes(bytes(edited))
+        v2 = s.push([str(src)], "cdc://r/")
+    return v1, v2, bytes(edited)
+
+
+def test_cached_read_makes_no_request_and_v1_chunks_serve_v2(server, published, tmp_path):
+    v1, v2, edited = published
+    cache = ChunkCache(str(tmp_path / "c.sqlite"))
+    with Store(server.url, cache=cache) as s:
+        assert s.cat(f"cdc://r@{v1.commit}/f.bin") == golden_input(3_000_000)
+        before = s.counters()
+        assert s.cat(f"cdc://r@{v1.commit}/f.bin") == golden_input(3_000_000)
+        assert s.counters() == before  # fully served from the cache: not one request
+        got_before = s.counters()["received_bytes"]
+        assert s.cat(f"cdc://r@{v2.commit}/f.bin") == edited
+        received = s.counters()["received_bytes"] - got_before
+        assert received < v2.new_bytes + 32 * 1024  # only the chunks v1 did not have
+    st = cache.stats()
+    assert st["chunks"] > 0 and st["objects"] >= 4
+
+
+def test_eviction_keeps_the_cache_bounded(server, published, tmp_path):
+    v1, v2, _ = published
+    cache = ChunkCache(str(tmp_path / "c.sqlite"), max_bytes=1_000_000)
+    with Store(server.url, cache=cache) as s:
+        s.cat(f"cdc://r@{v1.commit}/f.bin")
+        assert cache.bytes() <= 1_000_000
+        assert s.cat(f"cdc://r@{v2.commit}/f.bin") == published[2]  # evicted chunks are fetched again
+    assert 0 < cache.bytes() <= 1_000_000
+    freed = cache.prune(200_000)
+    assert freed > 0 and cache.bytes() <= 200_000
+    cache.clear()
+    assert cache.stats()["chunks"] == 0
+
+
+def test_a_corrupt_cache_entry_is_fetched_again(server, published, tmp_path):
+    v1, _, _ = published
+    path = str(tmp_path / "c.sqlite")
+    with Store(server.url, cache=ChunkCache(path)) as s:
+        s.cat(f"cdc://r@{v1.commit}/f.bin")
+    db = sqlite3.connect(path)
+    rows = db.execute("SELECT id, data FROM chunks").fetchall()
+    for cid, data in rows[:5]:
+        bad = bytearray(data)
+        bad[len(bad) // 2] ^= 0xFF
+        db.execute("UPDATE chunks SET data = ? WHERE id = ?", (bytes(bad), cid))
+    db.commit()
+    db.close()
+    with Store(server.url, cache=ChunkCache(path)) as s:
+        assert s.cat(f"cdc://r@{v1.commit}/f.bin") == golden_input(3_000_000)
+        assert s.counters()["received_bytes"] > 0  # the damaged entries came from the server
+
+
+READER = textwrap.dedent("""
+    import sys
+    from cdcstore import Store
+    from cdcstore.cache import ChunkCache
+    with Store(sys.argv[1], cache=ChunkCache(sys.argv[2], max_bytes=sys.argv[4])) as s:
+        data = s.cat(sys.argv[3])
+    import xxhash
+    sys.stdout.write(str(len(data)) + " " + xxhash.xxh3_64_hexdigest(data))
+""")
+
+
+def test_processes_share_one_cache_at_once(server, published, tmp_path):
+    v1, v2, edited = published
+    path = str(tmp_path / "c.sqlite")
+    procs = [subprocess.Popen([sys.executable, "-c", READER, server.url, path,
+                               f"cdc://r@{(v1, v2)[i % 2].commit}/f.bin", "2000000"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(6)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+    expect = {0: f"{len(golden_input(3_000_000))} {xxhash.xxh3_64_hexdigest(golden_input(3_000_000))}",
+              1: f"{len(edited)} {xxhash.xxh3_64_hexdigest(edited)}"}
+    assert [o[0].decode() for o in outs] == [expect[i % 2] for i in range(6)]
+    assert ChunkCache(path).bytes() <= 2_000_000
+
+
+def test_cache_cli_and_sizes(tmp_path):
+    assert parse_size("2G") == 2 * 1024**3 and parse_size("512k") == 512 * 1024 and parse_size(10) == 10
+    path = str(tmp_path / "c.sqlite")
+    ChunkCache(path).put([(b"x" * 16, 0, 3, b"abc")])
+    run = lambda *a: subprocess.run([sys.executable, "-m", "cdcstore", "cache", *a, "--cache", path],
+                                    capture_output=True, text=True, timeout=60)
+    assert '"chunks": 1' in run("stats", "--json").stdout
+    assert run("prune", "--max-size", "1").returncode == 0
+    assert run("clear").returncode == 0 and ChunkCache(path).stats()["chunks"] == 0
