@@ -37,6 +37,9 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py
+from common import finish  # noqa: E402
+
 MIN, AVG, MAX = 16 * 1024, 64 * 1024, 256 * 1024
 GOAL_RATIO = 1.0
 
@@ -85,9 +88,9 @@ def time_ours(buf) -> tuple[float, int]:
     return dt, len(ends)
 
 
-def time_pyfastcdc(buf) -> tuple[float, int]:
+def time_pyfastcdc(buf, **options) -> tuple[float, int]:
     import pyfastcdc
-    cdc = pyfastcdc.FastCDC(avg_size=AVG, min_size=MIN, max_size=MAX)
+    cdc = pyfastcdc.FastCDC(avg_size=AVG, min_size=MIN, max_size=MAX, **options)
     t0 = time.perf_counter()
     n = total = 0
     for c in cdc.cut_buf(buf):
@@ -99,16 +102,7 @@ def time_pyfastcdc(buf) -> tuple[float, int]:
 
 
 def time_pyfastcdc_nc2(buf) -> tuple[float, int]:
-    import pyfastcdc
-    cdc = pyfastcdc.FastCDC(avg_size=AVG, min_size=MIN, max_size=MAX, normalized_chunking=2)
-    t0 = time.perf_counter()
-    n = total = 0
-    for c in cdc.cut_buf(buf):
-        n += 1
-        total += c.length
-    dt = time.perf_counter() - t0
-    assert total == len(buf), "pyfastcdc chunks do not cover the buffer"
-    return dt, n
+    return time_pyfastcdc(buf, normalized_chunking=2)
 
 
 def time_stream(buf) -> tuple[float, int]:
@@ -185,10 +179,7 @@ def main() -> None:
               f"(goal >= {GOAL_RATIO}: {'met' if r['goal_met'] else 'NOT met'})")
         print(f"  ratio ours_stream/pyfastcdc = {r['ratio_stream_over_pyfastcdc']:.3f}x (information)")
 
-    results["loadavg_end"] = os.getloadavg()
-    print(f"\nload average at end (other work on this machine skews timings): "
-          f"{' '.join(f'{x:.2f}' for x in results['loadavg_end'])}")
-    print(json.dumps(results))
+    finish(results)
 
 
 if __name__ == "__main__":

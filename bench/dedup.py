@@ -79,6 +79,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py
+from common import code_version, core_columns, draw_words, xet_env  # noqa: E402
+
 GOAL_C_OVER_A_MAX = 1.0
 GOAL_C_OVER_A_SHIFT = 0.85
 GOAL_D_OVER_A_SHIFT = 0.25
@@ -101,47 +104,13 @@ CDCW_RG_DIVISOR = 12
 # data
 # ---------------------------------------------------------------------------------------------
 
-_VOCAB = None
-
-
-def vocab(seed: int = 12345, n: int = 30000):
-    """A vocabulary of n made-up words (English-like letter frequencies), as one byte buffer
-    of 'word ' entries plus offsets and entry lengths."""
-    global _VOCAB
-    if _VOCAB is not None:
-        return _VOCAB
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    lens = rng.integers(2, 13, n)
-    letters = np.frombuffer(b"etaoinshrdlucmfwypvbgkjqxz", dtype=np.uint8)
-    p = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.2, 2.4,
-                  2.0, 1.9, 1.0, 1.5, 2.0, 0.8, 0.15, 0.1, 0.15, 0.07])
-    chars = letters[rng.choice(26, int(lens.sum()), p=p / p.sum())]
-    entry = lens + 1
-    off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(entry, out=off[1:])
-    buf = np.full(int(off[-1]), ord(" "), dtype=np.uint8)
-    starts = np.repeat(off[:-1], lens)
-    within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
-    buf[starts + within] = chars
-    _VOCAB = (buf, off, entry)
-    return _VOCAB
-
-
 def text_array(rng, rows: int):
-    """rows strings of 3-40 words, word ranks drawn from a power-law-like distribution."""
+    """rows strings of 3-40 words, word ranks drawn from a power-law-like distribution
+    (common.draw_words, without the space after each row's last word)."""
     import numpy as np
     import pyarrow as pa
-    vbuf, voff, vlen = vocab()
-    nw = rng.integers(3, 41, rows)
-    ntok = int(nw.sum())
-    tok = (len(vlen) * rng.random(ntok) ** 3).astype(np.int64)
-    L = vlen[tok]
-    out_off = np.cumsum(L) - L
-    data = vbuf[np.repeat(voff[tok] - out_off, L) + np.arange(int(L.sum()))]
-    starts = np.zeros(rows, dtype=np.int64)
-    np.cumsum(nw[:-1], out=starts[1:])
-    row_bytes = np.add.reduceat(L, starts) - 1  # without each row's trailing space
+    data, L, nw, row_bytes = draw_words(rng, rows)
+    row_bytes = row_bytes - 1  # without each row's trailing space
     keep = np.ones(len(data), dtype=bool)
     keep[np.cumsum(L)[np.cumsum(nw) - 1] - 1] = False  # the space after each row's last word
     compact = data[keep]
@@ -150,25 +119,12 @@ def text_array(rng, rows: int):
     return pa.StringArray.from_buffers(rows, pa.py_buffer(coff.tobytes()), pa.py_buffer(compact.tobytes()))
 
 
-CATEGORIES = None
-
-
 def make_table(seed: int, rows: int, id0: int = 0):
+    """common.core_columns plus text (no uuid column: not the table of ingest.py)."""
     import numpy as np
     import pyarrow as pa
-    global CATEGORIES
-    if CATEGORIES is None:
-        CATEGORIES = np.array([f"category_{i:03d}" for i in range(200)])
     rng = np.random.default_rng(seed)
-    return pa.table({
-        "id": pa.array(np.arange(id0, id0 + rows, dtype=np.int64)),
-        "ts": pa.array(1_700_000_000_000 + seed * 10**9 + np.cumsum(rng.integers(0, 5000, rows))),
-        "user_id": pa.array((rng.random(rows) ** 4 * 1_000_000).astype(np.int64)),
-        "value": pa.array(rng.normal(100, 15, rows)),
-        "price": pa.array(np.round(rng.gamma(2.0, 30.0, rows), 2)),
-        "category": pa.array(CATEGORIES[rng.integers(0, 200, rows)]),
-        "text": text_array(rng, rows),
-    })
+    return pa.table({**core_columns(rng, seed, rows, id0), "text": text_array(rng, rows)})
 
 
 def write_plain(table, path: str, row_group_size: int, compression: str) -> None:
@@ -254,7 +210,7 @@ def xet_worker(src: str, target: str) -> dict:
 
 
 def xet_upload(src: str, target: str, cache: str) -> dict:
-    env = dict(os.environ, HF_XET_TELEMETRY_ENABLED="0", HF_XET_CACHE=cache)
+    env = dict(os.environ, **xet_env(cache))
     cmd = [sys.executable, os.path.abspath(__file__), "--_xet", src, target]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     if p.returncode != 0:
@@ -347,18 +303,6 @@ def ratio(x: float, y: float) -> float | None:
 
 def fr(r: float | None) -> str:
     return "n/a" if r is None else f"{r:.3f}"
-
-
-def code_version() -> dict:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "cdcstore"],
-                               capture_output=True, text=True, timeout=10).stdout.split("\n")
-        return {"head": head, "uncommitted": [d[3:] for d in dirty if d.strip()]}
-    except (OSError, subprocess.SubprocessError):
-        return {}
 
 
 def same_bytes(p: str, q: str) -> bool:

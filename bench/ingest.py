@@ -62,10 +62,13 @@ import os
 import platform
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py
+from common import (cached_dataset, calibrated_rows, code_version, finish, make_table, make_v2,  # noqa: E402
+                    med, write_parquet, xet_env)
 
 GOAL_THROUGHPUT_RATIO = 2.0
 GOAL_SCALE_RSS = 1_000_000_000
@@ -77,141 +80,19 @@ REPO_DEST = "cdc://bench/"
 # data generation (parent only)
 # ---------------------------------------------------------------------------------------------
 
-def _vocab(seed: int = 12345, n: int = 30000):
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    lens = rng.integers(2, 13, n)
-    letters = np.frombuffer(b"etaoinshrdlucmfwypvbgkjqxz", dtype=np.uint8)
-    p = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.2, 2.4,
-                  2.0, 1.9, 1.0, 1.5, 2.0, 0.8, 0.15, 0.1, 0.15, 0.07])
-    chars = letters[rng.choice(26, int(lens.sum()), p=p / p.sum())]
-    entry = lens + 1  # word + space
-    off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(entry, out=off[1:])
-    buf = np.full(int(off[-1]), ord(" "), dtype=np.uint8)
-    pos = np.repeat(off[:-1], lens) + (np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens))
-    buf[pos] = chars
-    return buf, off, entry
-
-
-def _text(rng, vocab, rows: int):
-    """Rows of 3-40 words drawn from a skewed (power-law-like) vocabulary distribution."""
-    import numpy as np
-    import pyarrow as pa
-    vbuf, voff, vlen = vocab
-    nw = rng.integers(3, 41, rows)
-    ntok = int(nw.sum())
-    tok = (len(vlen) * rng.random(ntok) ** 3).astype(np.int64)
-    L = vlen[tok]
-    out_off = np.cumsum(L) - L
-    src = np.repeat(voff[tok] - out_off, L) + np.arange(int(L.sum()))
-    data = vbuf[src]
-    starts = np.zeros(rows, dtype=np.int64)
-    np.cumsum(nw[:-1], out=starts[1:])
-    row_bytes = np.add.reduceat(L, starts)
-    offsets = np.zeros(rows + 1, dtype=np.int64)
-    np.cumsum(row_bytes, out=offsets[1:])
-    return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data.tobytes()))
-
-
-def make_table(seed: int, rows: int, id0: int = 0):
-    import numpy as np
-    import pyarrow as pa
-    rng = np.random.default_rng(seed)
-    hexd = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-    uu = hexd[rng.integers(0, 16, rows * 32, dtype=np.uint8)]
-    return pa.table({
-        "id": pa.array(np.arange(id0, id0 + rows, dtype=np.int64)),
-        "ts": pa.array(1_700_000_000_000 + seed * 10**9 + np.cumsum(rng.integers(0, 5000, rows))),
-        "user_id": pa.array((rng.random(rows) ** 4 * 1_000_000).astype(np.int64)),
-        "value": pa.array(rng.normal(100, 15, rows)),
-        "price": pa.array(np.round(rng.gamma(2.0, 30.0, rows), 2)),
-        "category": pa.array(np.array([f"category_{i:03d}" for i in range(200)])[rng.integers(0, 200, rows)]),
-        "uuid": pa.StringArray.from_buffers(rows, pa.py_buffer((np.arange(rows + 1, dtype=np.int32) * 32).tobytes()),
-                                            pa.py_buffer(uu.tobytes())),
-        "text": _text(rng, _vocab(), rows),
-    })
-
-
-def write_parquet(table, path: str) -> None:
-    import pyarrow.parquet as pq
-    tmp = path + ".tmp"
-    pq.write_table(table, tmp, compression="zstd", use_content_defined_chunking=True)
-    os.replace(tmp, path)
-
-
-def calibrated_rows(target_bytes: float, seed: int, path: str) -> int:
-    """Rows of make_table(seed, rows) whose Parquet file is within ~2% of target_bytes.
-
-    Estimated from a 200k-row probe, then corrected once from a full-size trial
-    (compressed bytes per row shrink a little as files grow). Leaves `path` written.
-    """
-    write_parquet(make_table(seed, 200_000), path)
-    rows = max(1000, int(target_bytes / (os.path.getsize(path) / 200_000)))
-    for _ in range(2):
-        write_parquet(make_table(seed, rows), path)
-        actual = os.path.getsize(path)
-        if abs(actual / target_bytes - 1) < 0.02:
-            break
-        rows = max(1000, int(rows * target_bytes / actual))
-    return rows
-
-
 def make_dataset(data_dir: str, size_mb: float) -> tuple[str, str, dict]:
     """v1/ and v2/ folders (cached: reused when the same size was generated before)."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+    def build(v1: str, v2: str) -> dict:
+        # calibrate compressed bytes per row
+        rows = calibrated_rows(size_mb * 1e6 / NFILES, 1, os.path.join(v1, "part-000.parquet"))
+        info: dict = {"rows_per_file": rows, "files": NFILES}
+        for i in range(NFILES):
+            write_parquet(make_table(i + 1, rows, id0=i * rows), os.path.join(v1, f"part-{i:03d}.parquet"))
+        # v2: edit part-000 (contiguous 1% of rows), append 5% rows to part-001, add a small file
+        info.update(make_v2(v1, v2, rows, NFILES, n_append=rows // 20, n_extra=max(100, rows * NFILES // 100)))
+        return info
 
-    root = os.path.join(data_dir, f"ingest-g2-{size_mb:g}mb")
-    v1, v2 = os.path.join(root, "v1"), os.path.join(root, "v2")
-    done = os.path.join(root, "DONE.json")
-    if os.path.exists(done):
-        with open(done) as f:
-            return v1, v2, json.load(f)
-    shutil.rmtree(root, ignore_errors=True)
-    os.makedirs(v1)
-    os.makedirs(v2)
-    t0 = time.perf_counter()
-    # calibrate compressed bytes per row
-    rows = calibrated_rows(size_mb * 1e6 / NFILES, 1, os.path.join(v1, "part-000.parquet"))
-    info: dict = {"rows_per_file": rows, "files": NFILES}
-    for i in range(NFILES):
-        write_parquet(make_table(i + 1, rows, id0=i * rows), os.path.join(v1, f"part-{i:03d}.parquet"))
-
-    # v2: edit part-000 (contiguous 1% of rows), append 5% rows to part-001, add a small file
-    rng = np.random.default_rng(2024)
-    t = pq.read_table(os.path.join(v1, "part-000.parquet"))
-    n_upd = max(1, rows // 100)
-    lo = int(rng.integers(0, rows - n_upd))
-    upd = make_table(777, n_upd, id0=lo)
-    mask = np.zeros(rows, dtype=bool)
-    mask[lo:lo + n_upd] = True
-    m = pa.array(mask)
-    for col in ("value", "price", "text"):
-        full = pa.concat_arrays([pa.nulls(lo, upd[col].type), upd[col].combine_chunks(),
-                                 pa.nulls(rows - lo - n_upd, upd[col].type)])
-        t = t.set_column(t.schema.get_field_index(col), col,
-                         pc.if_else(m, full, t[col].combine_chunks()))
-    write_parquet(t, os.path.join(v2, "part-000.parquet"))
-    info["v2_part000_updated_rows"] = [lo, lo + n_upd]
-
-    t = pq.read_table(os.path.join(v1, "part-001.parquet"))
-    n_app = rows // 20
-    t = pa.concat_tables([t, make_table(555, n_app, id0=NFILES * rows).cast(t.schema)])
-    write_parquet(t, os.path.join(v2, "part-001.parquet"))
-    info["v2_part001_appended_rows"] = n_app
-
-    write_parquet(make_table(4242, max(100, rows * NFILES // 100), id0=10 * NFILES * rows),
-                  os.path.join(v2, "extra.parquet"))
-    for i in range(2, NFILES):
-        name = f"part-{i:03d}.parquet"
-        os.link(os.path.join(v1, name), os.path.join(v2, name))
-    info["generate_seconds"] = time.perf_counter() - t0
-    with open(done, "w") as f:
-        json.dump(info, f)
-    return v1, v2, info
+    return cached_dataset(os.path.join(data_dir, f"ingest-g2-{size_mb:g}mb"), build)
 
 
 def make_big_file(path: str, size: int, seed: int = 5) -> None:
@@ -372,10 +253,6 @@ def run_child(side: str, src: str, target: str, init: bool, env_extra: dict) -> 
 # reporting helpers
 # ---------------------------------------------------------------------------------------------
 
-def med(xs):
-    return statistics.median(xs)
-
-
 def mb(x: float) -> str:
     return f"{x / 1e6:,.1f} MB"
 
@@ -386,10 +263,6 @@ def ratio(a: float, b: float) -> float | None:
 
 def fmt_ratio(r: float | None) -> str:
     return "n/a (peer is 0)" if r is None else f"{r:.2f}x"
-
-
-def xet_env(cache: str) -> dict:
-    return {"HF_XET_TELEMETRY_ENABLED": "0", "HF_XET_CACHE": cache}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -560,19 +433,6 @@ def run_scale(args) -> dict:
     return fig
 
 
-def code_version() -> dict:
-    """The cdcstore code measured: git HEAD and uncommitted changes under cdcstore/ (read-only git)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "cdcstore"],
-                               capture_output=True, text=True, timeout=10).stdout.split("\n")
-        return {"head": head, "uncommitted": [d[3:] for d in dirty if d.strip()]}
-    except (OSError, subprocess.SubprocessError):
-        return {}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=float, default=300, help="size of the v1 dataset in MB (default 300)")
@@ -608,10 +468,7 @@ def main() -> None:
         return 1
     fig["mode"] = "scale" if args.scale else "default"
     fig["code"] = code_version()
-    fig["loadavg_end"] = os.getloadavg()
-    print(f"\nload average at end (other work on this machine skews timings): "
-          f"{' '.join(f'{x:.2f}' for x in fig['loadavg_end'])}; cdcstore code {fig['code']}")
-    print(json.dumps(fig))
+    finish(fig)
 
 
 if __name__ == "__main__":

@@ -32,15 +32,16 @@ MB = 1e6 bytes. The last line printed is one JSON object with every figure.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py
+from common import calibrated_rows, code_version, finish  # noqa: E402
 
 PIECE = 8 * 1024 * 1024
 RANDOM_LEN = 64 * 1024
@@ -49,10 +50,7 @@ GOALS = {"full_ours_over_xet": 3.0, "full_ours_over_plain": 0.5, "random_latency
 
 
 def make_file(data_dir: str, size_mb: float) -> str:
-    """One Parquet file of about size_mb MB, cached; built with bench/ingest.py's generator."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from ingest import calibrated_rows  # noqa: E402  (sibling benchmark script)
-
+    """One Parquet file of about size_mb MB, cached; built with bench/ingest.py's generator (in common.py)."""
     root = os.path.join(data_dir, f"read-g2-{size_mb:g}mb")
     path = os.path.join(root, "data.parquet")
     if os.path.exists(path):
@@ -80,6 +78,19 @@ def xxh(path_or_bytes) -> str:
 # the three sides
 # ----------------------------------------------------------------------------------------------
 
+def read_to_end(f, hasher=None) -> int:
+    """Read the file object f to EOF in PIECE-sized reads; the byte count (each piece fed to hasher)."""
+    n = 0
+    while True:
+        b = f.read(PIECE)
+        if not b:
+            break
+        n += len(b)
+        if hasher:
+            hasher.update(b)
+    return n
+
+
 class Ours:
     name = "ours"
 
@@ -87,16 +98,8 @@ class Ours:
         self.store = store
 
     def full(self, hasher=None) -> int:
-        n = 0
         with self.store.open(ADDR) as f:
-            while True:
-                b = f.read(PIECE)
-                if not b:
-                    break
-                n += len(b)
-                if hasher:
-                    hasher.update(b)
-        return n
+            return read_to_end(f, hasher)
 
     def random(self, offsets) -> tuple[list[float], list[bytes]]:
         lat, sample = [], []
@@ -155,16 +158,8 @@ class Plain:
         self.path = path
 
     def full(self, hasher=None) -> int:
-        n = 0
         with open(self.path, "rb") as f:
-            while True:
-                b = f.read(PIECE)
-                if not b:
-                    break
-                n += len(b)
-                if hasher:
-                    hasher.update(b)
-        return n
+            return read_to_end(f, hasher)
 
     def random(self, offsets) -> tuple[list[float], list[bytes]]:
         lat, sample = [], []
@@ -185,18 +180,6 @@ def pct(xs: list[float], q: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
-def code_version() -> dict:
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "cdcstore"],
-                               capture_output=True, text=True, timeout=10).stdout.split("\n")
-        return {"head": head, "uncommitted": [d[3:] for d in dirty if d.strip()]}
-    except (OSError, subprocess.SubprocessError):
-        return {}
 
 
 def main() -> None:
@@ -375,10 +358,7 @@ def main() -> None:
         print("  errors: " + "; ".join(f"{k}: {v}" for k, v in sorted(errors.items())))
     store.close()
     shutil.rmtree(work, ignore_errors=True)
-    fig["loadavg_end"] = os.getloadavg()
-    print(f"\nload average at end (other work on this machine skews timings): "
-          f"{' '.join(f'{x:.2f}' for x in fig['loadavg_end'])}; cdcstore code {fig['code']}")
-    print(json.dumps(fig))
+    finish(fig)
     return 1 if errors else 0
 
 

@@ -67,7 +67,6 @@ import os
 import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -75,6 +74,10 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)  # bench/common.py
+from common import (cached_dataset, code_version, finish, loadavg_text, make_table, make_v2, med,  # noqa: E402
+                    write_parquet)
+
 NFILES = 6
 REPO = "bench"
 DEST = f"cdc://{REPO}/"
@@ -88,77 +91,10 @@ BYTE_SLACK = 16  # wire bytes may differ this much between repetitions (timestam
 # data
 # ---------------------------------------------------------------------------------------------
 
-_VOCAB = None
-
-
-def vocab(seed: int = 12345, n: int = 30000):
-    """n made-up words (English-like letter frequencies): one byte buffer of 'word ' entries,
-    their offsets and entry lengths."""
-    global _VOCAB
-    if _VOCAB is not None:
-        return _VOCAB
-    import numpy as np
-    rng = np.random.default_rng(seed)
-    lens = rng.integers(2, 13, n)
-    letters = np.frombuffer(b"etaoinshrdlucmfwypvbgkjqxz", dtype=np.uint8)
-    p = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.2, 2.4,
-                  2.0, 1.9, 1.0, 1.5, 2.0, 0.8, 0.15, 0.1, 0.15, 0.07])
-    chars = letters[rng.choice(26, int(lens.sum()), p=p / p.sum())]
-    entry = lens + 1
-    off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(entry, out=off[1:])
-    buf = np.full(int(off[-1]), ord(" "), dtype=np.uint8)
-    buf[np.repeat(off[:-1], lens) + (np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens))] = chars
-    _VOCAB = (buf, off, entry)
-    return _VOCAB
-
-
-def text_array(rng, rows: int):
-    """rows strings of 3-40 words, word ranks drawn from a power-law-like distribution."""
-    import numpy as np
-    import pyarrow as pa
-    vbuf, voff, vlen = vocab()
-    nw = rng.integers(3, 41, rows)
-    tok = (len(vlen) * rng.random(int(nw.sum())) ** 3).astype(np.int64)
-    L = vlen[tok]
-    data = vbuf[np.repeat(voff[tok] - (np.cumsum(L) - L), L) + np.arange(int(L.sum()))]
-    starts = np.zeros(rows, dtype=np.int64)
-    np.cumsum(nw[:-1], out=starts[1:])
-    offsets = np.zeros(rows + 1, dtype=np.int64)
-    np.cumsum(np.add.reduceat(L, starts), out=offsets[1:])
-    return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data.tobytes()))
-
-
-def make_table(seed: int, rows: int, id0: int = 0):
-    import numpy as np
-    import pyarrow as pa
-    rng = np.random.default_rng(seed)
-    hexd = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-    uu = hexd[rng.integers(0, 16, rows * 32, dtype=np.uint8)]
-    cats = np.array([f"category_{i:03d}" for i in range(200)])
-    return pa.table({
-        "id": pa.array(np.arange(id0, id0 + rows, dtype=np.int64)),
-        "ts": pa.array(1_700_000_000_000 + seed * 10**9 + np.cumsum(rng.integers(0, 5000, rows))),
-        "user_id": pa.array((rng.random(rows) ** 4 * 1_000_000).astype(np.int64)),
-        "value": pa.array(rng.normal(100, 15, rows)),
-        "price": pa.array(np.round(rng.gamma(2.0, 30.0, rows), 2)),
-        "category": pa.array(cats[rng.integers(0, 200, rows)]),
-        "uuid": pa.StringArray.from_buffers(rows, pa.py_buffer((np.arange(rows + 1, dtype=np.int32) * 32).tobytes()),
-                                            pa.py_buffer(uu.tobytes())),
-        "text": text_array(rng, rows),
-    })
-
-
-def write_parquet(table, path: str) -> None:
-    import pyarrow.parquet as pq
-    tmp = path + ".tmp"
-    pq.write_table(table, tmp, compression="zstd", use_content_defined_chunking=True)
-    os.replace(tmp, path)
-
-
-def calibrated_rows(target_bytes: float, seed: int, path: str) -> int:
+def calibrated_rows_at_least(target_bytes: float, seed: int, path: str) -> int:
     """Rows of make_table(seed, rows) whose file is at least target_bytes and within ~3% of it
-    (estimated from a probe, then corrected from full-size trials). Leaves `path` written."""
+    (estimated from a probe, then corrected from full-size trials). Leaves `path` written.
+    (Not common.calibrated_rows, which aims at +-2% and may fall short of the target.)"""
     write_parquet(make_table(seed, 100_000), path)
     rows = max(1000, int(target_bytes * 1.01 / (os.path.getsize(path) / 100_000)))
     for _ in range(3):
@@ -176,58 +112,18 @@ def data_root(data_dir: str, size_mb: float) -> str:
 
 def make_dataset(data_dir: str, size_mb: float) -> tuple[str, str, dict]:
     """v1/ and v2/ folders, cached: reused when the same size was generated before."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+    def build(v1: str, v2: str) -> dict:
+        rows = calibrated_rows_at_least(size_mb * 1e6 / NFILES, 1, os.path.join(v1, "part-000.parquet"))
+        info: dict = {"rows_per_file": rows, "files_v1": NFILES}
+        for i in range(1, NFILES):  # part-000 was left written (seed 1) by the calibration
+            write_parquet(make_table(i + 1, rows, id0=i * rows), os.path.join(v1, f"part-{i:03d}.parquet"))
+        # v2: part-000 a contiguous 1% of the rows updated, part-001 2% more rows appended,
+        # a small new file (~0.5% of the dataset)
+        info.update(make_v2(v1, v2, rows, NFILES, n_append=max(1, rows // 50),
+                            n_extra=max(100, rows * NFILES // 200)))
+        return info
 
-    root = data_root(data_dir, size_mb)
-    v1, v2 = os.path.join(root, "v1"), os.path.join(root, "v2")
-    done = os.path.join(root, "DONE.json")
-    if os.path.exists(done):
-        with open(done) as f:
-            return v1, v2, json.load(f)
-    shutil.rmtree(root, ignore_errors=True)
-    os.makedirs(v1)
-    os.makedirs(v2)
-    t0 = time.perf_counter()
-    rows = calibrated_rows(size_mb * 1e6 / NFILES, 1, os.path.join(v1, "part-000.parquet"))
-    info: dict = {"rows_per_file": rows, "files_v1": NFILES}
-    for i in range(1, NFILES):  # part-000 was left written (seed 1) by the calibration
-        write_parquet(make_table(i + 1, rows, id0=i * rows), os.path.join(v1, f"part-{i:03d}.parquet"))
-
-    # part-000: a contiguous 1% of the rows get new value / price / text
-    rng = np.random.default_rng(2024)
-    t = pq.read_table(os.path.join(v1, "part-000.parquet"))
-    n_upd = max(1, rows // 100)
-    lo = int(rng.integers(0, rows - n_upd))
-    upd = make_table(777, n_upd, id0=lo)
-    mask = np.zeros(rows, dtype=bool)
-    mask[lo:lo + n_upd] = True
-    for col in ("value", "price", "text"):
-        full = pa.concat_arrays([pa.nulls(lo, upd[col].type), upd[col].combine_chunks(),
-                                 pa.nulls(rows - lo - n_upd, upd[col].type)])
-        t = t.set_column(t.schema.get_field_index(col), col, pc.if_else(pa.array(mask), full, t[col].combine_chunks()))
-    write_parquet(t, os.path.join(v2, "part-000.parquet"))
-    info["v2_part000_updated_rows"] = [lo, lo + n_upd]
-
-    # part-001: 2% more rows appended
-    t = pq.read_table(os.path.join(v1, "part-001.parquet"))
-    n_app = max(1, rows // 50)
-    t = pa.concat_tables([t, make_table(555, n_app, id0=NFILES * rows).cast(t.schema)])
-    write_parquet(t, os.path.join(v2, "part-001.parquet"))
-    info["v2_part001_appended_rows"] = n_app
-
-    # a small new file (~0.5% of the dataset)
-    write_parquet(make_table(4242, max(100, rows * NFILES // 200), id0=10 * NFILES * rows),
-                  os.path.join(v2, "extra.parquet"))
-    for i in range(2, NFILES):
-        name = f"part-{i:03d}.parquet"
-        os.link(os.path.join(v1, name), os.path.join(v2, name))
-    info["generate_seconds"] = time.perf_counter() - t0
-    with open(done, "w") as f:
-        json.dump(info, f)
-    return v1, v2, info
+    return cached_dataset(data_root(data_dir, size_mb), build)
 
 
 def list_files(root: str) -> list[str]:
@@ -352,8 +248,8 @@ def one_rep(rep: int, work: str, v1: str, v2: str, verify: bool) -> dict:
     try:
         os.sync()  # earlier writes (previous repetition, data generation) stay out of the timed regions
 
-        def run(fn):
-            with Store(srv.url) as s:
+        def run(fn):  # no local dedup cache: this measures what crosses the wire (bench/fs.py measures the cache)
+            with Store(srv.url, cache=False) as s:
                 return fn(s)
 
         r1 = run(lambda s: s.push([v1], DEST, message="v1"))
@@ -405,21 +301,6 @@ def status_counts(log: str) -> dict:
 # ---------------------------------------------------------------------------------------------
 # reporting
 # ---------------------------------------------------------------------------------------------
-
-def med(xs):
-    return statistics.median(xs)
-
-
-def code_version() -> dict:
-    try:
-        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "cdcstore"],
-                               capture_output=True, text=True, timeout=10).stdout.split("\n")
-        return {"head": head, "uncommitted": [d[3:] for d in dirty if d.strip()]}
-    except (OSError, subprocess.SubprocessError):
-        return {}
-
 
 COUNT_KEYS = ("files", "bytes", "new_bytes", "stored_bytes", "sent_bytes", "received_bytes", "requests",
               "chunks", "new_chunks")
@@ -565,8 +446,7 @@ def main() -> int:
     print(f"transfer benchmark: cdcstore push/pull over HTTP on loopback vs fsspec HTTPFileSystem + aiohttp "
           f"static server; {args.repeat} repetitions, medians quoted; python {platform.python_version()}, "
           f"{os.cpu_count()} cpus, aiohttp {aiohttp.__version__}, fsspec {fsspec.__version__}, pyarrow "
-          f"{pyarrow.__version__}; data under {args.data_dir}; load average at start "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+          f"{pyarrow.__version__}; data under {args.data_dir}; load average at start {loadavg_text()}")
     t0 = time.perf_counter()
     cached = os.path.exists(os.path.join(data_root(args.data_dir, args.size_mb), "DONE.json"))
     v1, v2, info = make_dataset(args.data_dir, args.size_mb)
@@ -619,10 +499,7 @@ def main() -> int:
     report(fig)
     for e in errors:
         print(f"  ERROR: {e}")
-    fig["loadavg_end"] = os.getloadavg()
-    print(f"\nload average at end (other work on this machine skews timings): "
-          f"{' '.join(f'{x:.2f}' for x in fig['loadavg_end'])}; cdcstore code {fig['code']}")
-    print(json.dumps(fig))
+    finish(fig)
     return 1 if errors else 0
 
 

@@ -198,19 +198,33 @@ class Store:
         under DEST that are not among the sources are removed. Nothing changes
         when the push adds nothing new (no empty commits).
         """
-        t0, c0 = time.perf_counter(), self.counters()
         a = _as_address(dest)
-        branch = a.ref
-        check_name("branch", branch)
         if isinstance(sources, str):
             sources = [sources]
         pairs = plan_sources(sources, a.path, isinstance(dest, str) and dest.endswith("/"))
+        under = (a.path + "/" if a.path else "") if delete else None
+        return self.commit_files(a.repo, a.ref, pairs, message, remove_under=under, options=options,
+                                 progress=progress)
+
+    def commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "", *,
+                     remove: Iterable[str] = (), remove_under: str | None = None,
+                     options: IngestOptions | None = None,
+                     progress: Callable[[int], None] | None = None) -> TransferResult:
+        """One commit on `branch` of `repo`: add (local file, path in repo) pairs and
+        remove the paths in `remove` (each must exist); with `remove_under`, also
+        remove every file under that prefix that is not being added."""
+        t0, c0 = time.perf_counter(), self.counters()
+        check_name("repo", repo)
+        check_name("branch", branch)
         be = self.backend
-        branches = be.branches(a.repo) if be.has_repo(a.repo) else {}
+        branches = be.branches(repo) if be.has_repo(repo) else {}
         expected = branches.get(branch)
         parent = expected or branches.get(DEFAULT_BRANCH)
-        base = be.get_commit(a.repo, parent) if parent else None
+        base = be.get_commit(repo, parent) if parent else None
         files = dict(base.files) if base else {}
+        for path in remove:
+            if files.pop(normalize_path(path), None) is None:
+                raise no_such_path(repo, branch, path)
 
         ingest = Ingest(be, options, progress)
         try:
@@ -220,11 +234,9 @@ class Store:
             ingest.close()
         per_file = {path: {"bytes": m.size, "new_bytes": ingest.file_new[path], "chunks": len(m.chunk_ids),
                            "chunking": ingest.file_mode[path]} for path, m in manifests}
-
-        new_paths = {p for p, _ in pairs}
-        if delete:
-            prefix = a.path + "/" if a.path else ""
-            for p in [p for p in files if p.startswith(prefix) and p not in new_paths]:
+        if remove_under is not None:
+            adding = {p for p, _ in manifests}
+            for p in [p for p in files if p.startswith(remove_under) and p not in adding]:
                 del files[p]
         names = be.put_manifests([m for _, m in manifests])  # only after their chunks are durable
         for (path, m), name in zip(manifests, names):
@@ -234,12 +246,20 @@ class Store:
         changed = base is None or files != base.files or expected is None
         commit_id = parent
         if changed:
-            commit_id = be.commit(Commit(a.repo, parent, message, time.time(), files), branch, expected)
+            commit_id = be.commit(Commit(repo, parent, message, time.time(), files), branch, expected)
         return TransferResult(
             files=len(pairs), bytes=ingest.bytes, new_bytes=ingest.new_bytes,
             stored_bytes=ingest.stored_bytes, seconds=time.perf_counter() - t0, commit=commit_id,
             chunks=ingest.chunks, new_chunks=ingest.new_chunks, changed=changed,
             files_detail=per_file, **self._wire(c0))
+
+    def remove(self, addr: str | Address, recursive: bool = False, message: str = "") -> TransferResult:
+        """A commit without a file, or (recursive) without a folder."""
+        a = _as_address(addr)
+        _, commit, found = self._entries(a)
+        if not recursive and a.path not in commit.files:
+            raise IsADirectoryError(f"{a} is a folder: remove it with recursive=True")
+        return self.commit_files(a.repo, a.ref, [], message or f"remove {a.path}", remove=list(found))
 
     # -- reading -------------------------------------------------------------------------
     def _entries(self, a: Address) -> tuple[str, Commit, dict[str, FileEntry]]:

@@ -1,0 +1,242 @@
+"""Helpers shared by the benchmark scripts in this folder (each run as `python bench/X.py`).
+
+  data      the generated Parquet data of ingest.py, read.py and transfer.py (and the word
+            list and columns that dedup.py's table shares with it), and the v1/v2 dataset
+            folders of ingest.py and transfer.py
+  run       the cdcstore code state (git, read-only), hf_xet's environment for a child
+  report    medians, the load average, the closing lines (load average, one JSON object)
+
+Only the standard library is imported here at module level: numpy and pyarrow are imported
+inside the generators, so a child process that loads a script (and with it this module) for
+one push or upload does not pay for them.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import time
+from typing import Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+
+
+# ---------------------------------------------------------------------------------------------
+# generated Parquet data (fixed seeds: every run sees the same bytes)
+# ---------------------------------------------------------------------------------------------
+# The scripts cache what they generate under versioned names (ingest-g2-*, read-g2-*, data-g1-*):
+# a change to the bytes made here needs those bumped.
+
+_CATEGORIES = None
+
+
+@functools.lru_cache(maxsize=None)
+def vocab(seed: int = 12345, n: int = 30000):
+    """n made-up words (English-like letter frequencies): one byte buffer of 'word ' entries,
+    their offsets and entry lengths (computed once, then cached)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(2, 13, n)
+    letters = np.frombuffer(b"etaoinshrdlucmfwypvbgkjqxz", dtype=np.uint8)
+    p = np.array([12.7, 9.1, 8.2, 7.5, 7.0, 6.7, 6.3, 6.1, 6.0, 4.3, 4.0, 2.8, 2.8, 2.4, 2.2, 2.4,
+                  2.0, 1.9, 1.0, 1.5, 2.0, 0.8, 0.15, 0.1, 0.15, 0.07])
+    chars = letters[rng.choice(26, int(lens.sum()), p=p / p.sum())]
+    entry = lens + 1  # word + space
+    off = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(entry, out=off[1:])
+    buf = np.full(int(off[-1]), ord(" "), dtype=np.uint8)
+    starts = np.repeat(off[:-1], lens)
+    within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+    buf[starts + within] = chars
+    return buf, off, entry
+
+
+def draw_words(rng, rows: int):
+    """Rows of 3-40 words, word ranks drawn from a power-law-like distribution over vocab().
+
+    Returns (data, L, nw, row_bytes): the words back to back, each followed by a space; the
+    byte length of each word with its space; words per row; bytes per row (trailing space included).
+    """
+    import numpy as np
+    vbuf, voff, vlen = vocab()
+    nw = rng.integers(3, 41, rows)
+    ntok = int(nw.sum())
+    tok = (len(vlen) * rng.random(ntok) ** 3).astype(np.int64)
+    L = vlen[tok]
+    out_off = np.cumsum(L) - L
+    data = vbuf[np.repeat(voff[tok] - out_off, L) + np.arange(int(L.sum()))]
+    starts = np.zeros(rows, dtype=np.int64)
+    np.cumsum(nw[:-1], out=starts[1:])
+    return data, L, nw, np.add.reduceat(L, starts)
+
+
+def text_array(rng, rows: int):
+    """draw_words as a large_string column (each row keeps its trailing space)."""
+    import numpy as np
+    import pyarrow as pa
+    data, _, _, row_bytes = draw_words(rng, rows)
+    offsets = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(row_bytes, out=offsets[1:])
+    return pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data.tobytes()))
+
+
+def core_columns(rng, seed: int, rows: int, id0: int = 0) -> dict:
+    """The columns id, ts, user_id (int64), value, price (float64) and category (string), in
+    that order of columns and of draws from rng."""
+    import numpy as np
+    import pyarrow as pa
+    global _CATEGORIES
+    if _CATEGORIES is None:
+        _CATEGORIES = np.array([f"category_{i:03d}" for i in range(200)])
+    return {
+        "id": pa.array(np.arange(id0, id0 + rows, dtype=np.int64)),
+        "ts": pa.array(1_700_000_000_000 + seed * 10**9 + np.cumsum(rng.integers(0, 5000, rows))),
+        "user_id": pa.array((rng.random(rows) ** 4 * 1_000_000).astype(np.int64)),
+        "value": pa.array(rng.normal(100, 15, rows)),
+        "price": pa.array(np.round(rng.gamma(2.0, 30.0, rows), 2)),
+        "category": pa.array(_CATEGORIES[rng.integers(0, 200, rows)]),
+    }
+
+
+def make_table(seed: int, rows: int, id0: int = 0):
+    """core_columns plus uuid (32 random hex digits) and text (text_array)."""
+    import numpy as np
+    import pyarrow as pa
+    rng = np.random.default_rng(seed)
+    hexd = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+    uu = hexd[rng.integers(0, 16, rows * 32, dtype=np.uint8)]
+    cols = core_columns(rng, seed, rows, id0)
+    cols["uuid"] = pa.StringArray.from_buffers(rows, pa.py_buffer((np.arange(rows + 1, dtype=np.int32) * 32).tobytes()),
+                                               pa.py_buffer(uu.tobytes()))
+    cols["text"] = text_array(rng, rows)
+    return pa.table(cols)
+
+
+def write_parquet(table, path: str) -> None:
+    """zstd, pyarrow's content-defined chunking on; written to a temporary name, then renamed."""
+    import pyarrow.parquet as pq
+    tmp = path + ".tmp"
+    pq.write_table(table, tmp, compression="zstd", use_content_defined_chunking=True)
+    os.replace(tmp, path)
+
+
+def calibrated_rows(target_bytes: float, seed: int, path: str) -> int:
+    """Rows of make_table(seed, rows) whose Parquet file is within ~2% of target_bytes.
+
+    Estimated from a 200k-row probe, then corrected once from a full-size trial
+    (compressed bytes per row shrink a little as files grow). Leaves `path` written.
+    """
+    write_parquet(make_table(seed, 200_000), path)
+    rows = max(1000, int(target_bytes / (os.path.getsize(path) / 200_000)))
+    for _ in range(2):
+        write_parquet(make_table(seed, rows), path)
+        actual = os.path.getsize(path)
+        if abs(actual / target_bytes - 1) < 0.02:
+            break
+        rows = max(1000, int(rows * target_bytes / actual))
+    return rows
+
+
+def cached_dataset(root: str, build: Callable[[str, str], dict]) -> tuple[str, str, dict]:
+    """root/v1 and root/v2, filled by build(v1, v2) -> info the first time; later calls reuse
+    them (root/DONE.json holds info, with generate_seconds added)."""
+    v1, v2 = os.path.join(root, "v1"), os.path.join(root, "v2")
+    done = os.path.join(root, "DONE.json")
+    if os.path.exists(done):
+        with open(done) as f:
+            return v1, v2, json.load(f)
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(v1)
+    os.makedirs(v2)
+    t0 = time.perf_counter()
+    info = build(v1, v2)
+    info["generate_seconds"] = time.perf_counter() - t0
+    with open(done, "w") as f:
+        json.dump(info, f)
+    return v1, v2, info
+
+
+def make_v2(v1: str, v2: str, rows: int, nfiles: int, n_append: int, n_extra: int) -> dict:
+    """The edited copy v2 of a v1 folder of `nfiles` files part-NNN.parquet of `rows` rows each:
+
+      part-000  a contiguous block of 1% of the rows gets new value/price/text
+      part-001  n_append more rows appended at the end
+      extra     one new small file of n_extra rows
+      the other files are unchanged (hard links to the v1 files)
+
+    Returns what was edited, for the dataset's info."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(2024)
+    t = pq.read_table(os.path.join(v1, "part-000.parquet"))
+    n_upd = max(1, rows // 100)
+    lo = int(rng.integers(0, rows - n_upd))
+    upd = make_table(777, n_upd, id0=lo)
+    mask = np.zeros(rows, dtype=bool)
+    mask[lo:lo + n_upd] = True
+    m = pa.array(mask)
+    for col in ("value", "price", "text"):
+        full = pa.concat_arrays([pa.nulls(lo, upd[col].type), upd[col].combine_chunks(),
+                                 pa.nulls(rows - lo - n_upd, upd[col].type)])
+        t = t.set_column(t.schema.get_field_index(col), col, pc.if_else(m, full, t[col].combine_chunks()))
+    write_parquet(t, os.path.join(v2, "part-000.parquet"))
+
+    t = pq.read_table(os.path.join(v1, "part-001.parquet"))
+    t = pa.concat_tables([t, make_table(555, n_append, id0=nfiles * rows).cast(t.schema)])
+    write_parquet(t, os.path.join(v2, "part-001.parquet"))
+
+    write_parquet(make_table(4242, n_extra, id0=10 * nfiles * rows), os.path.join(v2, "extra.parquet"))
+    for i in range(2, nfiles):
+        name = f"part-{i:03d}.parquet"
+        os.link(os.path.join(v1, name), os.path.join(v2, name))
+    return {"v2_part000_updated_rows": [lo, lo + n_upd], "v2_part001_appended_rows": n_append}
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+# ---------------------------------------------------------------------------------------------
+
+def code_version() -> dict:
+    """The cdcstore code measured: git HEAD and uncommitted changes under cdcstore/ (read-only git)."""
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "cdcstore"],
+                               capture_output=True, text=True, timeout=10).stdout.split("\n")
+        return {"head": head, "uncommitted": [d[3:] for d in dirty if d.strip()]}
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
+def xet_env(cache: str) -> dict:
+    """Environment additions for an hf_xet child: no telemetry, its own cache directory."""
+    return {"HF_XET_TELEMETRY_ENABLED": "0", "HF_XET_CACHE": cache}
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------
+
+def med(xs):
+    return statistics.median(xs)
+
+
+def loadavg_text(load=None) -> str:
+    """The load average (now, or the one given) as '1.00 0.50 0.25'."""
+    return " ".join(f"{x:.2f}" for x in (os.getloadavg() if load is None else load))
+
+
+def finish(fig: dict) -> None:
+    """The closing lines: records the load average in fig["loadavg_end"], prints it (with the
+    code state when fig has "code"), then fig as one JSON object - the last line printed."""
+    fig["loadavg_end"] = os.getloadavg()
+    code = f"; cdcstore code {fig['code']}" if "code" in fig else ""
+    print(f"\nload average at end (other work on this machine skews timings): "
+          f"{loadavg_text(fig['loadavg_end'])}{code}")
+    print(json.dumps(fig))
