@@ -144,3 +144,20 @@ def test_writes_transactions_rm_and_pickle(served, tmp_path):
         fs.rm("w/zzz")
     clone = pickle.loads(pickle.dumps(fs))
     assert clone._heads and clone.cat("w/one.txt") == b"one"
+
+
+def _read_label_sum(fs):
+    with fs.open("ds/data/t.parquet") as f:
+        return pc.sum(pq.read_table(f, columns=["label"])["label"]).as_py()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_fork_and_spawn(served, method):
+    import multiprocessing
+
+    server, t, _ = served
+    fs = CdcFileSystem(store=server.url)
+    expect = _read_label_sum(fs)  # the parent has a live event loop thread and session before forking
+    ctx = multiprocessing.get_context(method)
+    with ctx.Pool(2) as pool:
+        assert pool.map(_read_label_sum, [fs, fs, fs]) == [expect] * 3
