@@ -34,6 +34,7 @@ DEFAULT_MAX_BYTES = 20 * 1024**3
 TOUCH_EVERY = 60.0  # seconds between recency updates of one entry
 CACHED = "cache"  # the pseudo pack name of a cached chunk
 _BATCH = 500
+_INHERITED: list = []  # connections inherited across fork, kept open and unused
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
@@ -79,6 +80,8 @@ class ChunkCache:
         """This thread's connection (a new one after a fork)."""
         local = self._local
         if getattr(local, "pid", None) != os.getpid():
+            if getattr(local, "conn", None) is not None:
+                _INHERITED.append(local.conn)  # never close a parent's connection in a child (sqlite: fork)
             conn = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")

@@ -15,6 +15,7 @@ from .pack import PackEntry
 
 SCHEMA_VERSION = 1
 _BATCH = 500  # ids per IN (...) query, below sqlite's variable limit
+_INHERITED: list = []  # connections inherited across fork, kept open and unused
 
 
 class ChunkIndex:
@@ -28,6 +29,8 @@ class ChunkIndex:
         """This thread's connection (a new one after a fork)."""
         local = self._local
         if getattr(local, "pid", None) != os.getpid():
+            if getattr(local, "conn", None) is not None:
+                _INHERITED.append(local.conn)  # never close a parent's connection in a child (sqlite: fork)
             conn = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
