@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
-import threading
 import time
 from typing import Iterable
 
@@ -26,6 +25,7 @@ from .commit import Commit
 from .errors import CorruptionError, InvalidAddressError
 from .manifest import Manifest
 from .pack import CODEC_RAW, PackEntry, decode_chunk
+from .sqlite import Connections
 from .store import Backend
 
 ENV_CACHE = "CDCSTORE_CACHE"
@@ -34,7 +34,6 @@ DEFAULT_MAX_BYTES = 20 * 1024**3
 TOUCH_EVERY = 60.0  # seconds between recency updates of one entry
 CACHED = "cache"  # the pseudo pack name of a cached chunk
 _BATCH = 500
-_INHERITED: list = []  # connections inherited across fork, kept open and unused
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
@@ -59,7 +58,7 @@ class ChunkCache:
             max_bytes = os.environ.get(ENV_CACHE_SIZE, DEFAULT_MAX_BYTES)
         self.max_bytes = parse_size(max_bytes)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self._local = threading.local()
+        self._conns = Connections(self.path)
         with self.conn:
             self.conn.executescript("""
                 CREATE TABLE IF NOT EXISTS chunks (id BLOB PRIMARY KEY, codec INTEGER NOT NULL,
@@ -78,15 +77,7 @@ class ChunkCache:
     @property
     def conn(self) -> sqlite3.Connection:
         """This thread's connection (a new one after a fork)."""
-        local = self._local
-        if getattr(local, "pid", None) != os.getpid():
-            if getattr(local, "conn", None) is not None:
-                _INHERITED.append(local.conn)  # never close a parent's connection in a child (sqlite: fork)
-            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            local.conn, local.pid = conn, os.getpid()
-        return local.conn
+        return self._conns.conn
 
     # -- chunks -----------------------------------------------------------------------------
     def has(self, chunk_ids: Iterable[bytes]) -> dict[bytes, PackEntry]:

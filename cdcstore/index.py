@@ -6,37 +6,26 @@ it at once; connections are per thread and per process (rebuilt after a fork).
 """
 from __future__ import annotations
 
-import os
 import sqlite3
-import threading
 from typing import Iterable
 
 from .pack import PackEntry
+from .sqlite import Connections
 
 SCHEMA_VERSION = 1
 _BATCH = 500  # ids per IN (...) query, below sqlite's variable limit
-_INHERITED: list = []  # connections inherited across fork, kept open and unused
 
 
 class ChunkIndex:
     def __init__(self, path: str):
         self.path = path
-        self._local = threading.local()
+        self._conns = Connections(path)
         self._ensure_schema()
 
     @property
     def conn(self) -> sqlite3.Connection:
         """This thread's connection (a new one after a fork)."""
-        local = self._local
-        if getattr(local, "pid", None) != os.getpid():
-            if getattr(local, "conn", None) is not None:
-                _INHERITED.append(local.conn)  # never close a parent's connection in a child (sqlite: fork)
-            conn = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            local.conn = conn
-            local.pid = os.getpid()
-        return local.conn
+        return self._conns.conn
 
     def _has_schema(self) -> bool:
         return self.conn.execute(
