@@ -7,6 +7,8 @@ import xxhash
 sys.path.insert(0, os.path.dirname(__file__))
 
 from cdcstore import Store  # noqa: E402
+from cdcstore.store import LocalStore  # noqa: E402
+from server_util import ServerProcess  # noqa: E402
 
 
 def golden_input(n: int) -> bytes:
@@ -19,6 +21,15 @@ def store(tmp_path):
     s = Store.init(str(tmp_path / "store"))
     yield s
     s.close()
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A real `cdcstore serve` on a free loopback port, over a fresh store."""
+    LocalStore.init(str(tmp_path / "srv"))
+    s = ServerProcess(str(tmp_path / "srv")).start()
+    yield s
+    s.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -15,14 +15,6 @@ from server_util import ServerProcess
 
 
 @pytest.fixture
-def server(tmp_path):
-    LocalStore.init(str(tmp_path / "srv"))
-    s = ServerProcess(str(tmp_path / "srv")).start()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
 def published(server, tmp_path):
     src = tmp_path / "src"
     src.mkdir()

@@ -22,14 +22,6 @@ from conftest import golden_input
 from server_util import ServerProcess
 
 
-@pytest.fixture
-def server(tmp_path):
-    LocalStore.init(str(tmp_path / "srv"))
-    s = ServerProcess(str(tmp_path / "srv")).start()
-    yield s
-    s.stop()
-
-
 def test_push_pull_over_http_moves_only_new_chunks(server, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
