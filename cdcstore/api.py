@@ -141,10 +141,11 @@ class Store:
             from .cache import CachedBackend, ChunkCache
             from .client import RemoteStore
 
-            self.backend = RemoteStore(path, token, **transport)
+            remote = RemoteStore(path, token, **transport)
+            self.backend = remote
             if cache is not False and cache is not None:
                 c = cache if isinstance(cache, ChunkCache) else ChunkCache(None if cache is True else cache)
-                self.backend = CachedBackend(self.backend, c)
+                self.backend = CachedBackend(remote, c, remote.t.token)
         else:
             if create is None:  # the default store is created on first use
                 create = location is None and not os.environ.get(ENV_STORE)

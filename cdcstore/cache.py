@@ -13,8 +13,10 @@ Recency is refreshed at most once a minute per entry, so hits rarely write.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import sqlite3
+import threading
 import time
 from typing import Iterable
 
@@ -32,6 +34,8 @@ ENV_CACHE = "CDCSTORE_CACHE"
 ENV_CACHE_SIZE = "CDCSTORE_CACHE_SIZE"
 DEFAULT_MAX_BYTES = 20 * 1024**3
 TOUCH_EVERY = 60.0  # seconds between recency updates of one entry
+PENDING_BYTES = 256 * 1024 * 1024  # background cache writes waiting at most
+HEAD_TTL = 10.0  # seconds a branch head resolved by one process serves the others
 CACHED = "cache"  # the pseudo pack name of a cached chunk
 _BATCH = 500
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -59,6 +63,10 @@ class ChunkCache:
         self.max_bytes = parse_size(max_bytes)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._conns = Connections(self.path)
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._writer_pid = None
+        self._queue = None
         with self.conn:
             self.conn.executescript("""
                 CREATE TABLE IF NOT EXISTS chunks (id BLOB PRIMARY KEY, codec INTEGER NOT NULL,
@@ -67,6 +75,8 @@ class ChunkCache:
                 CREATE TABLE IF NOT EXISTS objects (kind TEXT NOT NULL, name TEXT NOT NULL, data BLOB NOT NULL,
                     PRIMARY KEY (kind, name));
                 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+                CREATE TABLE IF NOT EXISTS heads (repo TEXT NOT NULL, rev TEXT NOT NULL, revcommit TEXT NOT NULL,
+                    at REAL NOT NULL, PRIMARY KEY (repo, rev));
                 INSERT OR IGNORE INTO meta VALUES ('bytes', 0);
                 CREATE TRIGGER IF NOT EXISTS chunks_add AFTER INSERT ON chunks
                     BEGIN UPDATE meta SET value = value + NEW.size WHERE key = 'bytes'; END;
@@ -93,24 +103,26 @@ class ChunkCache:
 
     def get(self, chunk_ids: Iterable[bytes]) -> dict[bytes, bytes]:
         """Verified raw bytes of the cached chunks among `chunk_ids`; corrupt entries
-        are deleted and left out (so the caller fetches them again)."""
+        are deleted and left out (so the caller fetches them again). A hit writes only
+        when its recency is over a minute old, so warm reads stay read-only."""
         wanted = list(dict.fromkeys(chunk_ids))
-        out, bad = {}, []
+        out, bad, stale = {}, [], []
         now = time.time()
         for i in range(0, len(wanted), _BATCH):
             batch = wanted[i:i + _BATCH]
-            q = f"SELECT id, codec, raw_len, data FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
-            for cid, codec, raw_len, data in self.conn.execute(q, batch):
+            q = f"SELECT id, codec, raw_len, used, data FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
+            for cid, codec, raw_len, used, data in self.conn.execute(q, batch):
                 try:
                     out[cid] = decode_chunk(data, codec, raw_len, cid)
+                    if used < now - TOUCH_EVERY:
+                        stale.append(cid)
                 except CorruptionError:
                     bad.append(cid)
-        if bad or out:
+        if bad or stale:
             with self.conn:
                 self.conn.execute("BEGIN IMMEDIATE")
                 self.conn.executemany("DELETE FROM chunks WHERE id = ?", [(b,) for b in bad])
-                self.conn.executemany("UPDATE chunks SET used = ? WHERE id = ? AND used < ?",
-                                      [(now, c, now - TOUCH_EVERY) for c in out])
+                self.conn.executemany("UPDATE chunks SET used = ? WHERE id = ?", [(now, c) for c in stale])
         return out
 
     def put(self, entries: list[tuple[bytes, int, int, bytes]]) -> None:
@@ -125,6 +137,40 @@ class ChunkCache:
                 [(cid, codec, raw_len, len(data), now, bytes(data)) for cid, codec, raw_len, data in entries])
         if self.bytes() > self.max_bytes:
             self.prune()
+
+    def put_later(self, entries: list[tuple[bytes, int, int, bytes]]) -> None:
+        """`put` on a background thread, so that a read does not wait for the cache
+        write. Entries are dropped (it is a cache) while over `PENDING_BYTES` wait."""
+        if not entries:
+            return
+        size = sum(len(e[3]) for e in entries)
+        with self._idle:
+            if self._writer_pid != os.getpid():
+                self._queue, self._pending, self._writer_pid = queue.SimpleQueue(), 0, os.getpid()
+                threading.Thread(target=self._write_loop, args=(self._queue,), daemon=True,
+                                 name="cdcstore-cache-writer").start()
+            if self._pending + size > PENDING_BYTES:
+                return
+            self._pending += size
+        self._queue.put((entries, size))
+
+    def _write_loop(self, q: "queue.SimpleQueue") -> None:
+        while True:
+            entries, size = q.get()
+            try:
+                self.put(entries)
+            except sqlite3.Error:
+                pass  # a cache write that fails only costs a later fetch
+            finally:
+                with self._idle:
+                    self._pending -= size
+                    self._idle.notify_all()
+
+    def wait(self, timeout: float = 60.0) -> None:
+        """Block until this process's background writes are done."""
+        with self._idle:
+            if self._writer_pid == os.getpid():
+                self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def bytes(self) -> int:
         return self.conn.execute("SELECT value FROM meta WHERE key = 'bytes'").fetchone()[0]
@@ -168,6 +214,16 @@ class ChunkCache:
         with self.conn:
             self.conn.execute("INSERT OR IGNORE INTO objects (kind, name, data) VALUES (?, ?, ?)", (kind, name, data))
 
+    # -- branch heads, briefly ----------------------------------------------------------------
+    def get_head(self, repo: str, rev: str, ttl: float = HEAD_TTL) -> str | None:
+        row = self.conn.execute("SELECT revcommit FROM heads WHERE repo = ? AND rev = ? AND at > ?",
+                                (repo, rev, time.time() - ttl)).fetchone()
+        return row[0] if row else None
+
+    def put_head(self, repo: str, rev: str, commit_id: str) -> None:
+        with self.conn:
+            self.conn.execute("INSERT OR REPLACE INTO heads VALUES (?, ?, ?, ?)", (repo, rev, commit_id, time.time()))
+
     # -- housekeeping --------------------------------------------------------------------------
     def stats(self) -> dict:
         n, raw = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(raw_len), 0) FROM chunks").fetchone()
@@ -180,16 +236,23 @@ class ChunkCache:
             self.conn.execute("BEGIN IMMEDIATE")
             self.conn.execute("DELETE FROM chunks")
             self.conn.execute("DELETE FROM objects")
+            self.conn.execute("DELETE FROM heads")
         self.conn.execute("VACUUM")
 
 
 class CachedBackend(Backend):
     """A backend whose reads go through a `ChunkCache` first; writes pass through."""
 
-    def __init__(self, backend: Backend, cache: ChunkCache):
+    locate_is_cheap = False  # chunks the cache lacks are located on the server
+
+    def __init__(self, backend: Backend, cache: ChunkCache, token: str | None = None):
         self.inner = backend
         self.cache = cache
         self.location = backend.location
+        # commits and branch heads are remembered per server and token, so that another
+        # token must still ask the server (which checks it); chunks and manifests are
+        # shared: they are reached only through a commit
+        self._scope = ids.hexdigest(f"{backend.location}\n{token or ''}".encode())[:16]
 
     def __getattr__(self, name):  # counters(), health() and the like of the inner backend
         return getattr(self.inner, name)
@@ -212,7 +275,7 @@ class CachedBackend(Backend):
         if missing:
             fetched, stored = self._fetch(missing, repo)
             out.update(fetched)
-            self.cache.put(stored)
+            self.cache.put_later(stored)
         return out
 
     def _fetch(self, items, repo):
@@ -235,17 +298,24 @@ class CachedBackend(Backend):
         return Manifest.decode(data, f"manifest {name}")
 
     def get_commit(self, repo: str, commit_id: str) -> Commit:
-        data = self.cache.get_object(f"commit:{repo}", commit_id)
+        data = self.cache.get_object(f"commit:{self._scope}:{repo}", commit_id)
         if data is None:
             c = self.inner.get_commit(repo, commit_id)
-            self.cache.put_object(f"commit:{repo}", commit_id, c.encode())
+            self.cache.put_object(f"commit:{self._scope}:{repo}", commit_id, c.encode())
             return c
         return Commit.decode(data, f"commit {commit_id}")
 
     def resolve(self, repo: str, rev: str) -> str:
-        if ids.is_hex_id(rev) and self.cache.get_object(f"commit:{repo}", rev) is not None:
-            return rev  # a full commit id already seen: no request
-        return self.inner.resolve(repo, rev)
+        """A full commit id already seen costs no request; a branch resolved by any
+        process on this machine in the last `HEAD_TTL` seconds neither (so that many
+        workers starting at once ask the server once)."""
+        if ids.is_hex_id(rev) and self.cache.get_object(f"commit:{self._scope}:{repo}", rev) is not None:
+            return rev
+        cid = self.cache.get_head(f"{self._scope}:{repo}", rev)
+        if cid is None:
+            cid = self.inner.resolve(repo, rev)
+            self.cache.put_head(f"{self._scope}:{repo}", rev, cid)
+        return cid
 
     # everything else passes through
     def present(self, chunk_ids):
@@ -267,7 +337,9 @@ class CachedBackend(Backend):
         return self.inner.put_manifests(manifests)
 
     def commit(self, commit, branch, expected):
-        return self.inner.commit(commit, branch, expected)
+        cid = self.inner.commit(commit, branch, expected)
+        self.cache.put_head(f"{self._scope}:{commit.repo}", branch, cid)  # this machine sees its own push
+        return cid
 
     def branches(self, repo):
         return self.inner.branches(repo)
@@ -282,4 +354,5 @@ class CachedBackend(Backend):
         return self.inner.totals()
 
     def close(self):
+        self.cache.wait()  # let queued cache writes land
         self.inner.close()

@@ -179,6 +179,8 @@ class Transport:
 class RemoteStore(Backend):
     """A store behind `cdcstore serve`, used exactly like a local one."""
 
+    locate_is_cheap = False
+
     def __init__(self, url: str, token: str | None = None, *, upload_concurrency: int = 4, **transport):
         self.location = url.rstrip("/")
         self.t = Transport(url, token if token is not None else os.environ.get(ENV_TOKEN), **transport)

@@ -191,9 +191,11 @@ class FileReader(io.RawIOBase):
             self._lru.popitem(last=False)
 
     def _locate(self, chunk_ids: list[bytes]) -> None:
-        """Learn where chunks live: the whole file at the first read (one batched
-        lookup, so later reads need none) unless it has very many chunks."""
-        if not self._locs and len(self._m.chunk_ids) <= LOCATE_ALL_CHUNKS:
+        """Learn where chunks live: for a local store the whole file at the first read
+        (one batched lookup, so later reads need none); for a server only what this
+        read and its read-ahead need (locating a whole 1 GB file costs ~1 MB)."""
+        if not self._locs and len(self._m.chunk_ids) <= LOCATE_ALL_CHUNKS \
+                and getattr(self._src, "locate_is_cheap", True):
             chunk_ids = self._m.chunk_ids
         missing = [c for c in dict.fromkeys(chunk_ids) if c not in self._locs]
         if missing:

@@ -33,9 +33,11 @@ def test_cached_read_makes_no_request_and_v1_chunks_serve_v2(server, published, 
     cache = ChunkCache(str(tmp_path / "c.sqlite"))
     with Store(server.url, cache=cache) as s:
         assert s.cat(f"cdc://r@{v1.commit}/f.bin") == golden_input(3_000_000)
+        cache.wait()  # cache writes happen in the background
         before = s.counters()
         assert s.cat(f"cdc://r@{v1.commit}/f.bin") == golden_input(3_000_000)
         assert s.counters() == before  # fully served from the cache: not one request
+        cache.wait()
         got_before = s.counters()["received_bytes"]
         assert s.cat(f"cdc://r@{v2.commit}/f.bin") == edited
         received = s.counters()["received_bytes"] - got_before
@@ -49,6 +51,7 @@ def test_eviction_keeps_the_cache_bounded(server, published, tmp_path):
     cache = ChunkCache(str(tmp_path / "c.sqlite"), max_bytes=1_000_000)
     with Store(server.url, cache=cache) as s:
         s.cat(f"cdc://r@{v1.commit}/f.bin")
+        cache.wait()
         assert cache.bytes() <= 1_000_000
         assert s.cat(f"cdc://r@{v2.commit}/f.bin") == published[2]  # evicted chunks are fetched again
     assert 0 < cache.bytes() <= 1_000_000

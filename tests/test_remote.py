@@ -39,6 +39,7 @@ def test_push_pull_over_http_moves_only_new_chunks(server, tmp_path):
         assert v2.sent_bytes <= 1.05 * v2.new_bytes + 64 * 1024  # ids + headers
         assert s.cat("cdc://ds/a.bin") == bytes(edited)
         assert s.cat(f"cdc://ds@{v1.commit[:6]}/a.bin") == golden_input(4_000_000)
+        s.backend.cache.wait()  # cache writes happen in the background
         out = tmp_path / "out"
         p = s.pull("cdc://ds/", str(out))
         assert (out / "b.txt").read_bytes() == b"hello over http\n"
