@@ -34,7 +34,7 @@ ENV_CACHE = "CDCSTORE_CACHE"
 ENV_CACHE_SIZE = "CDCSTORE_CACHE_SIZE"
 DEFAULT_MAX_BYTES = 20 * 1024**3
 TOUCH_EVERY = 60.0  # seconds between recency updates of one entry
-PENDING_BYTES = 256 * 1024 * 1024  # background cache writes waiting at most
+PENDING_BYTES = 256 * 1024 * 1024  # background cache writes waiting at most (then readers wait)
 HEAD_TTL = 10.0  # seconds a branch head resolved by one process serves the others
 CACHED = "cache"  # the pseudo pack name of a cached chunk
 _BATCH = 500
@@ -56,6 +56,9 @@ def default_cache_path() -> str:
 
 
 class ChunkCache:
+    def __reduce__(self):  # pickles as its settings (connections and threads are per process)
+        return ChunkCache, (self.path, self.max_bytes)
+
     def __init__(self, path: str | None = None, max_bytes: int | str | None = None):
         self.path = os.path.abspath(os.path.expanduser(path or default_cache_path()))
         if max_bytes is None:
@@ -67,6 +70,7 @@ class ChunkCache:
         self._pending = 0
         self._writer_pid = None
         self._queue = None
+        self._queued: dict[bytes, tuple] = {}  # id -> entry waiting for the background writer
         with self.conn:
             self.conn.executescript("""
                 CREATE TABLE IF NOT EXISTS chunks (id BLOB PRIMARY KEY, codec INTEGER NOT NULL,
@@ -93,7 +97,9 @@ class ChunkCache:
     def has(self, chunk_ids: Iterable[bytes]) -> dict[bytes, PackEntry]:
         """Which of these chunks the cache holds (as entries with their raw length)."""
         wanted = list(dict.fromkeys(chunk_ids))
-        out = {}
+        queued = self._queued if self._writer_pid == os.getpid() else {}
+        out = {cid: PackEntry(cid, 0, len(e[3]), e[2], e[1]) for cid in wanted if (e := queued.get(cid))}
+        wanted = [c for c in wanted if c not in out]
         for i in range(0, len(wanted), _BATCH):
             batch = wanted[i:i + _BATCH]
             q = f"SELECT id, codec, raw_len, size FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
@@ -107,6 +113,12 @@ class ChunkCache:
         when its recency is over a minute old, so warm reads stay read-only."""
         wanted = list(dict.fromkeys(chunk_ids))
         out, bad, stale = {}, [], []
+        queued = self._queued if self._writer_pid == os.getpid() else {}
+        for cid in wanted:  # entries still waiting for the background writer
+            e = queued.get(cid)
+            if e is not None:
+                out[cid] = decode_chunk(e[3], e[1], e[2], cid)
+        wanted = [c for c in wanted if c not in out]
         now = time.time()
         for i in range(0, len(wanted), _BATCH):
             batch = wanted[i:i + _BATCH]
@@ -139,19 +151,22 @@ class ChunkCache:
             self.prune()
 
     def put_later(self, entries: list[tuple[bytes, int, int, bytes]]) -> None:
-        """`put` on a background thread, so that a read does not wait for the cache
-        write. Entries are dropped (it is a cache) while over `PENDING_BYTES` wait."""
+        """`put` on a background thread, so that a read does not wait for sqlite.
+        Queued entries already count as cached in this process; past `PENDING_BYTES`
+        waiting, the caller waits (memory stays bounded)."""
         if not entries:
             return
         size = sum(len(e[3]) for e in entries)
         with self._idle:
             if self._writer_pid != os.getpid():
                 self._queue, self._pending, self._writer_pid = queue.SimpleQueue(), 0, os.getpid()
+                self._queued = {}
                 threading.Thread(target=self._write_loop, args=(self._queue,), daemon=True,
                                  name="cdcstore-cache-writer").start()
-            if self._pending + size > PENDING_BYTES:
-                return
+            self._idle.wait_for(lambda: self._pending + size <= PENDING_BYTES or not self._pending, 60)
             self._pending += size
+            for e in entries:
+                self._queued[e[0]] = e
         self._queue.put((entries, size))
 
     def _write_loop(self, q: "queue.SimpleQueue") -> None:
@@ -164,6 +179,8 @@ class ChunkCache:
             finally:
                 with self._idle:
                     self._pending -= size
+                    for e in entries:
+                        self._queued.pop(e[0], None)
                     self._idle.notify_all()
 
     def wait(self, timeout: float = 60.0) -> None:

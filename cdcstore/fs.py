@@ -21,6 +21,8 @@ from fsspec.transaction import Transaction
 from .address import SCHEME, Address, parse
 from .api import Store
 from .commit import Commit
+from .manifest import Manifest
+from .reader import FileReader
 
 
 class CdcTransaction(Transaction):
@@ -95,6 +97,7 @@ class CdcFileSystem(AbstractFileSystem):
         self._pid = None
         self._heads: dict[tuple[str, str], str] = dict(resolved or {})  # (repo, rev) -> commit id
         self._commits: dict[tuple[str, str], Commit] = {}
+        self._manifests: dict[str, Manifest] = {}  # the last 256 opened (immutable)
 
     # -- plumbing ---------------------------------------------------------------------------
     @property
@@ -200,8 +203,19 @@ class CdcFileSystem(AbstractFileSystem):
         if mode != "rb":
             raise ValueError(f"cdc:// opens files with mode 'rb' or 'wb', not {mode!r}")
         a = self._address(path)
-        cid, _ = self._commit_of(a)  # read the commit this instance resolved, not a newer one
-        return self.store.open(Address(a.repo, cid, a.path))
+        _, commit = self._commit_of(a)  # read the commit this instance resolved, not a newer one
+        entry = commit.files.get(a.path)
+        if entry is None:
+            if self.info(path)["type"] == "directory":
+                raise IsADirectoryError(f"{SCHEME}{path} is a folder")
+            raise FileNotFoundError(f"{SCHEME}{path}")
+        m = self._manifests.get(entry.manifest)
+        if m is None:
+            m = self.store.backend.get_manifest(entry.manifest, a.repo)
+            if len(self._manifests) >= 256:
+                self._manifests.pop(next(iter(self._manifests)))
+            self._manifests[entry.manifest] = m
+        return FileReader(self.store.backend, m, f"{SCHEME}{path}", a.repo)
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         with self._open(path) as f:

@@ -161,3 +161,15 @@ def test_workers_fork_and_spawn(served, method):
     ctx = multiprocessing.get_context(method)
     with ctx.Pool(2) as pool:
         assert pool.map(_read_label_sum, [fs, fs, fs]) == [expect] * 3
+
+
+def test_pickles_with_a_cache_object(served, tmp_path):
+    import pickle
+
+    from cdcstore.cache import ChunkCache
+
+    server, t, _ = served
+    fs = CdcFileSystem(store=server.url, cache=ChunkCache(str(tmp_path / "c.sqlite"), max_bytes="1G"))
+    clone = pickle.loads(pickle.dumps(fs))
+    assert clone.cat_file("ds/data/small.parquet", 0, 4) == b"PAR1"
+    assert clone.store.backend.cache.max_bytes == 1024**3
