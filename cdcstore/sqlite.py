@@ -14,8 +14,11 @@ import time
 _INHERITED: list = []  # connections inherited across fork: kept, never used or closed
 
 
-def connect(path: str) -> sqlite3.Connection:
+def connect(path: str, synchronous: str = "NORMAL", page_size: int | None = None) -> sqlite3.Connection:
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
     conn = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
+    if new and page_size:
+        conn.execute(f"PRAGMA page_size={int(page_size)}")  # only before the file has pages
     for attempt in range(200):  # switching to WAL can fail fast while another process holds a lock
         try:
             if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
@@ -25,15 +28,16 @@ def connect(path: str) -> sqlite3.Connection:
             if "locked" not in str(e) or attempt == 199:
                 raise
             time.sleep(0.05)
-    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
     return conn
 
 
 class Connections:
     """`conn` is this thread's connection to `path`, opened on first use."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, **options):
         self.path = path
+        self.options = options  # for `connect`
         self._local = threading.local()
 
     @property
@@ -42,5 +46,5 @@ class Connections:
         if getattr(local, "pid", None) != os.getpid():
             if getattr(local, "conn", None) is not None:
                 _INHERITED.append(local.conn)
-            local.conn, local.pid = connect(self.path), os.getpid()
+            local.conn, local.pid = connect(self.path, **self.options), os.getpid()
         return local.conn
