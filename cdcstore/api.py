@@ -340,7 +340,8 @@ class Store:
                 source = self.backend
                 if os.path.isfile(target) and is_url(self.location):  # reuse what the old copy has
                     source = LocalSeed(self.backend, target)
-                with FileReader(source, m, path, a.repo, sequential=True) as src, open(tmp, "wb") as out:
+                with FileReader(source, m, path, a.repo, sequential=True, readahead_bytes=64 << 20,
+                                batch_bytes=8 << 20) as src, open(tmp, "wb") as out:
                     while pieces := src.read_pieces(16 * 1024 * 1024):
                         for p in pieces:  # chunk-sized writes: this kernel is slow on writes over ~4 MiB
                             h.update(p)
