@@ -53,7 +53,7 @@ def load_tokens(path: str) -> dict:
             raise InvalidAddressError(f"tokens file {path} is not JSON: {e}") from None
     if not isinstance(doc, dict):
         raise InvalidAddressError(f"tokens file {path} must hold a JSON object of token -> grant")
-    for tok, grant in doc.items():
+    for grant in doc.values():
         if (not isinstance(grant, dict) or grant.get("scope") not in ("read", "write")
                 or not isinstance(grant.get("repos"), list)):
             raise InvalidAddressError(
@@ -294,7 +294,7 @@ class Server:
         return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
 
     async def locate(self, request):
-        repo = self._repo(request)
+        self._repo(request)  # checks the token's access to the repo
         wanted = transfer.decode_ids(await self._body(request, transfer.MAX_IDS_PER_REQUEST * transfer.ID))
         found = await self._io(self.store.locate, wanted)
         return web.Response(body=transfer.encode_locations(found), content_type="application/octet-stream")

@@ -10,7 +10,6 @@ import struct
 from dataclasses import dataclass
 
 from .errors import CorruptionError
-from .pack import ENTRY as PACK_ENTRY
 from .pack import PackEntry
 
 API = "/v1"

@@ -9,9 +9,7 @@ import xxhash
 
 from cdcstore import Store
 from cdcstore.cache import ChunkCache, parse_size
-from cdcstore.store import LocalStore
 from conftest import golden_input
-from server_util import ServerProcess
 
 
 @pytest.fixture

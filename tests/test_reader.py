@@ -1,6 +1,5 @@
 """The file object behaves like a plain file (property tests against bytes)."""
 import io
-import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq

@@ -11,7 +11,6 @@ import pytest
 
 from cdcstore import (ConflictError, CorruptionError, InvalidAddressError, NotAStoreError, PathNotFoundError,
                       RepoNotFoundError, RevisionNotFoundError, Store)
-from cdcstore.store import LocalStore
 from cdcstore.writer import IngestOptions
 from conftest import golden_input
 
