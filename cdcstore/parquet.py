@@ -271,25 +271,26 @@ def _target_rows(table, nbytes: int) -> int:
     return 1 << max(0, round(math.log2(rows)))
 
 
-def _row_group_ends(table, row_group_bytes: int, fps) -> list[int]:
+def _row_group_ends(table, row_group_bytes: int, fps, target: int | None = None) -> list[int]:
     n = table.num_rows
     if n == 0:
         return []
-    target = _target_rows(table, row_group_bytes)
+    target = target or _target_rows(table, row_group_bytes)
     if fps is None:  # nothing to hash: fixed-size groups
         return list(range(target, n, target)) + [n]
     return plan_row_groups(fps, target, max(1, target // 4), target * 32)
 
 
-def _plan(table, row_group_bytes: int, key: list[str] | None):
+def _plan(table, row_group_bytes: int, key: list[str] | None, rows: int | None = None):
     key = key_columns(table) if key is None else list(key)
     fps = row_fingerprints(table, key)
-    return key, fps, _row_group_ends(table, row_group_bytes, fps)
+    return key, fps, _row_group_ends(table, row_group_bytes, fps, rows)
 
 
 def write_dataset(table, directory: str, *, file_bytes: int = 512 * 1024 * 1024,
                   row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES, key_columns: list[str] | None = None,
-                  basename: str = "part-{:05d}.parquet", **kwargs) -> list[str]:
+                  row_group_rows: int | None = None, basename: str = "part-{:05d}.parquet",
+                  **kwargs) -> list[str]:
     """Write `table` as several dedup-friendly files of about `file_bytes` of Arrow
     memory each; returns the file paths.
 
@@ -300,7 +301,7 @@ def write_dataset(table, directory: str, *, file_bytes: int = 512 * 1024 * 1024,
     import numpy as np
 
     os.makedirs(directory, exist_ok=True)
-    key, fps, rg_ends = _plan(table, row_group_bytes, key_columns)
+    key, fps, rg_ends = _plan(table, row_group_bytes, key_columns, row_group_rows)
     target = _target_rows(table, file_bytes)
     threshold = np.uint64((2**64 - 1) // target)
     files, start = [], 0
@@ -320,18 +321,20 @@ def write_dataset(table, directory: str, *, file_bytes: int = 512 * 1024 * 1024,
 
 
 def write_table(table, where, *, row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
-                key_columns: list[str] | None = None, **kwargs) -> list[int]:
+                key_columns: list[str] | None = None, row_group_rows: int | None = None, **kwargs) -> list[int]:
     """Write `table` as a dedup-friendly Parquet file; returns the row-group sizes.
 
     Arrow content-defined page chunking (options in `CDC_OPTIONS`), content-defined
     row groups of about `row_group_bytes` of Arrow memory each, and a page index.
     Row fingerprints come from `key_columns` (default: the first columns that tell
-    rows apart, see `key_columns()`); pass them explicitly to keep boundaries
-    stable across versions whatever else changes. The options are recorded under
+    rows apart, see `key_columns()`); pass them, and `row_group_rows` (a target in
+    rows instead of one derived from `row_group_bytes` and the row width), to keep
+    boundaries stable across versions whatever else changes, columns added or
+    dropped included. The options are recorded under
     the `cdcstore.writer` schema metadata key. `compression` (default zstd),
     `use_dictionary` and other keyword arguments go to `pyarrow.parquet.ParquetWriter`.
     """
-    key, _, ends = _plan(table, row_group_bytes, key_columns)
+    key, _, ends = _plan(table, row_group_bytes, key_columns, row_group_rows)
     return _write_groups(table, where, ends, row_group_bytes, key, **kwargs)
 
 

@@ -143,6 +143,15 @@ def test_content_defined_row_groups_survive_a_mid_file_insert(tmp_path):
     assert r.new_bytes < 0.35 * os.path.getsize(tmp_path / "b.parquet")
 
 
+def test_fixed_key_and_target_keep_row_groups_when_a_column_is_added(tmp_path):
+    t = sample_table(120_000)
+    wider = t.append_column("extra", pa.array(np.arange(t.num_rows, dtype=np.float64)))
+    opts = dict(key_columns=["id"], row_group_rows=16_384)
+    a = P.write_table(t, str(tmp_path / "a.parquet"), **opts)
+    b = P.write_table(wider, str(tmp_path / "b.parquet"), **opts)
+    assert a == b and len(a) > 3
+
+
 def test_plan_row_groups_bounds():
     fps = np.array([2**63] * 1000, dtype=np.uint64)
     fps[[10, 500, 505, 990]] = 0
