@@ -19,11 +19,11 @@ from .address import DEFAULT_BRANCH, Address, check_name, normalize_path, parse
 from .commit import Commit, FileEntry
 from .errors import CorruptionError, InvalidAddressError, PathNotFoundError
 from .reader import FileReader, LocalSeed
+from .store import LocalStore, no_such_path
+from .writer import Ingest, IngestOptions
 
 if TYPE_CHECKING:
     from .cache import ChunkCache
-from .store import LocalStore, no_such_path
-from .writer import Ingest, IngestOptions
 
 ENV_STORE = "CDCSTORE_STORE"
 

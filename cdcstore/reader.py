@@ -14,9 +14,13 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from .chunker import DEFAULT_PARAMS
 from .errors import CorruptionError
+from .ids import digest
 from .manifest import Manifest
+from .pack import CODEC_RAW, PackEntry, decode_chunk
 from .store import Backend
+from .writer import FileChunks
 
 
 LOCATE_ALL_CHUNKS = 65536  # local files up to ~4 GiB are located in one go at their first read
@@ -229,29 +233,16 @@ class LocalSeed:
     LOCAL = "local-seed"
 
     def __init__(self, backend: Backend, path: str, params=None):
-        from .chunker import DEFAULT_PARAMS, Chunker
-        from .ids import digest
-        from .pack import CODEC_RAW, PackEntry
-        from .parquet import MAGIC, page_cuts_of
-
         self._backend = backend
         self._path = path
         self._have: dict[bytes, PackEntry] = {}
+        offset = 0
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.read(4)
-            cuts = page_cuts_of(f, size) if head == MAGIC else None
-            f.seek(0)
-            chunker = Chunker(params or DEFAULT_PARAMS, cuts or ())
-            offset = 0
-            while True:
-                block = f.read(8 * 1024 * 1024)
-                for c in chunker.feed(block) if block else chunker.finish():
+            for _, chunks in FileChunks(f, params or DEFAULT_PARAMS):  # the rule a push uses
+                for c in chunks:
                     cid = digest(c)
                     self._have.setdefault(cid, PackEntry(cid, offset, len(c), len(c), CODEC_RAW))
                     offset += len(c)
-                if not block:
-                    break
 
     def locate(self, chunk_ids, repo=None):
         ids = list(chunk_ids)
@@ -262,8 +253,6 @@ class LocalSeed:
         return out
 
     def read_chunks(self, items, repo=None) -> dict[bytes, bytes]:
-        from .pack import decode_chunk
-
         mine = [e for p, e in items if p == self.LOCAL]
         out = self._backend.read_chunks([(p, e) for p, e in items if p != self.LOCAL], repo) \
             if len(mine) < len(items) else {}

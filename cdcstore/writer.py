@@ -41,6 +41,29 @@ class IngestOptions:
 ENCODE_TASK_BYTES = 1024 * 1024
 
 
+class FileChunks:
+    """The chunks of an open binary file, block by block: iterating yields
+    (block, chunks completed by it), and last (b"", the final chunks). Parquet files
+    are cut at page boundaries when `parquet_pages` (then `mode` says so)."""
+
+    def __init__(self, f, params: ChunkParams, parquet_pages: bool = True, block_size: int = 8 << 20):
+        self.f, self.block_size = f, block_size
+        self.first = f.read(block_size)
+        cuts = None
+        if parquet_pages and self.first[:4] == parquet.MAGIC:
+            cuts = parquet.page_cuts_of(f, os.fstat(f.fileno()).st_size)
+            f.seek(len(self.first))
+        self.mode = "parquet-pages" if cuts else "bytes"
+        self.chunker = Chunker(params, cuts or ())
+
+    def __iter__(self):
+        block = self.first
+        while block:
+            yield block, self.chunker.feed(block)
+            block = self.f.read(self.block_size)
+        yield b"", self.chunker.finish()
+
+
 def _encode_all(task: list[tuple[bytes, bytes]], level: int) -> list[tuple[int, bytes]]:
     return [encode_chunk(data, cid, level) for cid, data in task]
 
@@ -143,26 +166,14 @@ class Ingest:
         lengths: list[int] = []
         size = 0
         with open(path, "rb") as f:
-            block = f.read(self.opts.block_size)
-            cuts = None
-            if self.opts.parquet_pages and block[:4] == parquet.MAGIC:
-                cuts = parquet.page_cuts_of(f, os.fstat(f.fileno()).st_size)
-                f.seek(len(block))
-            self.file_mode[key] = "parquet-pages" if cuts else "bytes"
-            chunker = Chunker(self.opts.params, cuts or ())
-            while True:
-                if block:
-                    file_hash.update(block)
-                    size += len(block)
-                    chunks = chunker.feed(block)
-                else:
-                    chunks = chunker.finish()
+            blocks = FileChunks(f, self.opts.params, self.opts.parquet_pages, self.opts.block_size)
+            self.file_mode[key] = blocks.mode
+            for block, chunks in blocks:
+                file_hash.update(block)
+                size += len(block)
                 self._add_chunks(chunks, chunk_ids, lengths, key)
                 if self.progress and block:
                     self.progress(len(block))
-                if not block:
-                    break
-                block = f.read(self.opts.block_size)
         with self._lock:
             self.bytes += size
         return Manifest(chunk_ids, lengths, size, file_hash.digest())
