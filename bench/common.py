@@ -1,10 +1,15 @@
 """Helpers shared by the benchmark scripts in this folder (each run as `python bench/X.py`).
 
   data      the generated Parquet data of ingest.py, read.py and transfer.py (and the word
-            list and columns that dedup.py's table shares with it), and the v1/v2 dataset
-            folders of ingest.py and transfer.py
+            list and columns that dedup.py's table shares with it), the v1/v2 dataset
+            folders of ingest.py and transfer.py, the 1% row update of their v2 (and fs.py's)
   run       the cdcstore code state (git, read-only), hf_xet's environment for a child
-  report    medians, the load average, the closing lines (load average, one JSON object)
+  servers   tests/server_util.py loaded by its path, and StaticServer: the plain aiohttp static
+            file server of transfer.py and fs.py, a child running this file
+            (`python bench/common.py --_static ROOT PORT [LOG]`)
+  reads     the reads of read.py and fs.py: to the end, random 64 KiB ones, xxh3 of a file
+  report    medians, percentiles, the load average, the closing lines (load average, one JSON
+            object)
 
 Only the standard library is imported here at module level: numpy and pyarrow are imported
 inside the generators, so a child process that loads a script (and with it this module) for
@@ -15,9 +20,11 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from typing import Callable
 
@@ -159,22 +166,14 @@ def cached_dataset(root: str, build: Callable[[str, str], dict]) -> tuple[str, s
     return v1, v2, info
 
 
-def make_v2(v1: str, v2: str, rows: int, nfiles: int, n_append: int, n_extra: int) -> dict:
-    """The edited copy v2 of a v1 folder of `nfiles` files part-NNN.parquet of `rows` rows each:
-
-      part-000  a contiguous block of 1% of the rows gets new value/price/text
-      part-001  n_append more rows appended at the end
-      extra     one new small file of n_extra rows
-      the other files are unchanged (hard links to the v1 files)
-
-    Returns what was edited, for the dataset's info."""
+def update_block(t, rows: int):
+    """Table t (of `rows` rows) with a contiguous block of 1% of its rows given new value/price/text
+    (where: a draw of default_rng(2024); the new values: make_table(777, ...)).
+    Returns (the new table, the block's first row, its row count)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
     rng = np.random.default_rng(2024)
-    t = pq.read_table(os.path.join(v1, "part-000.parquet"))
     n_upd = max(1, rows // 100)
     lo = int(rng.integers(0, rows - n_upd))
     upd = make_table(777, n_upd, id0=lo)
@@ -185,6 +184,22 @@ def make_v2(v1: str, v2: str, rows: int, nfiles: int, n_append: int, n_extra: in
         full = pa.concat_arrays([pa.nulls(lo, upd[col].type), upd[col].combine_chunks(),
                                  pa.nulls(rows - lo - n_upd, upd[col].type)])
         t = t.set_column(t.schema.get_field_index(col), col, pc.if_else(m, full, t[col].combine_chunks()))
+    return t, lo, n_upd
+
+
+def make_v2(v1: str, v2: str, rows: int, nfiles: int, n_append: int, n_extra: int) -> dict:
+    """The edited copy v2 of a v1 folder of `nfiles` files part-NNN.parquet of `rows` rows each:
+
+      part-000  a contiguous block of 1% of the rows gets new value/price/text
+      part-001  n_append more rows appended at the end
+      extra     one new small file of n_extra rows
+      the other files are unchanged (hard links to the v1 files)
+
+    Returns what was edited, for the dataset's info."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t, lo, n_upd = update_block(pq.read_table(os.path.join(v1, "part-000.parquet")), rows)
     write_parquet(t, os.path.join(v2, "part-000.parquet"))
 
     t = pq.read_table(os.path.join(v1, "part-001.parquet"))
@@ -220,11 +235,180 @@ def xet_env(cache: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
+# servers
+# ---------------------------------------------------------------------------------------------
+
+def server_util():
+    """tests/server_util.py, loaded by its path (sys.path is left alone, so that PYTHONPATH can
+    choose which cdcstore is measured: the server subprocess and the workers inherit it)."""
+    import importlib.util
+    mod = sys.modules.get("cdcbench_server_util")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("cdcbench_server_util",
+                                                      os.path.join(ROOT, "tests", "server_util.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sys.modules["cdcbench_server_util"] = mod
+    return mod
+
+
+STATIC_FORMAT = '"%r" %s %b %{Content-Length}o'  # the access log line of StaticServer (fs.py parses it)
+
+
+def static_main(root: str, port: int, log_path: str | None = None) -> None:
+    """Child: a plain aiohttp static file server over `root` (sendfile, Range support); with a
+    log_path, it logs each request there with its status, bytes written and Content-Length
+    (STATIC_FORMAT)."""
+    from aiohttp import web
+    access = None
+    if log_path:
+        import logging
+        handler = logging.StreamHandler(open(log_path, "a", buffering=1))
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access = logging.getLogger("static.access")
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
+    app = web.Application()
+    app.router.add_static("/", root)
+    if access is None:
+        web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    else:
+        web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=access,
+                    access_log_format=STATIC_FORMAT)
+
+
+class StaticServer:
+    """static_main in a child process (`python bench/common.py --_static ROOT PORT [LOG]`) on a
+    free loopback port; start() returns once a HEAD of `probe` (a file under root) answers 200."""
+
+    def __init__(self, root: str, probe: str, log_path: str | None = None):
+        self.root = root
+        self.port = server_util().free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.probe = probe
+        self.log_path = log_path
+        self.proc = None
+
+    def start(self) -> StaticServer:
+        import urllib.request
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_static", self.root,
+                                      str(self.port)] + ([self.log_path] if self.log_path else []),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"static server exited: {self.proc.stderr.read().decode(errors='replace')}")
+            try:
+                req = urllib.request.Request(f"{self.url}/{self.probe}", method="HEAD")
+                with urllib.request.urlopen(req, timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("static server did not come up")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# reads (read.py, fs.py)
+# ---------------------------------------------------------------------------------------------
+
+PIECE = 8 * 1024 * 1024  # the read size of full reads
+RANDOM_LEN = 64 * 1024  # the length of each random read
+
+
+def read_to_end(f, hasher=None) -> int:
+    """Read the file object f to EOF in PIECE-sized reads; the byte count (each piece fed to hasher)."""
+    n = 0
+    while True:
+        b = f.read(PIECE)
+        if not b:
+            break
+        n += len(b)
+        if hasher:
+            hasher.update(b)
+    return n
+
+
+def xxh_file(path: str) -> str:
+    """xxh3-128 of a file's bytes (hex)."""
+    import xxhash
+    h = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(PIECE), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def random_offsets(path: str, size: int, reads: int, seed: int) -> tuple[list[int], list[bytes]]:
+    """`reads` uniform offsets of RANDOM_LEN reads in a file of `size` bytes (random.Random(seed)),
+    and the file's bytes at every 100th of them (what random_reads samples)."""
+    rng = random.Random(seed)
+    offsets = [rng.randrange(0, size - RANDOM_LEN + 1) for _ in range(reads)]
+    with open(path, "rb") as f:
+        expect = []
+        for off in offsets[::100]:
+            f.seek(off)
+            expect.append(f.read(RANDOM_LEN))
+    return offsets, expect
+
+
+def random_reads(f, offsets, name: str | None = None) -> tuple[list[float], list[bytes]]:
+    """seek + read(RANDOM_LEN) at each offset on the open file object f: the latency of each, and
+    the bytes of every 100th read. With a name, a short read raises (naming the side)."""
+    lat, sample = [], []
+    for i, off in enumerate(offsets):
+        t0 = time.perf_counter()
+        f.seek(off)
+        b = f.read(RANDOM_LEN)
+        lat.append(time.perf_counter() - t0)
+        if name is not None and len(b) != RANDOM_LEN:
+            raise RuntimeError(f"{name}: short read at {off}: {len(b)}")
+        if i % 100 == 0:
+            sample.append(b)
+    return lat, sample
+
+
+def xet_random_reads(sess, endpoint: str, info, offsets) -> tuple[list[float], list[bytes]]:
+    """random_reads with hf_xet: download_stream(info, off, off + RANDOM_LEN) joined, in a new
+    download stream group of sess on endpoint."""
+    group = sess.new_download_stream_group(endpoint=endpoint)
+    lat, sample = [], []
+    for i, off in enumerate(offsets):
+        t0 = time.perf_counter()
+        b = b"".join(group.download_stream(info, off, off + RANDOM_LEN))
+        lat.append(time.perf_counter() - t0)
+        if len(b) != RANDOM_LEN:
+            raise RuntimeError(f"hf_xet: short read at {off}: {len(b)}")
+        if i % 100 == 0:
+            sample.append(b)
+    group.finish()
+    return lat, sample
+
+
+# ---------------------------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------------------------
 
 def med(xs):
     return statistics.median(xs)
+
+
+def pct(xs: list[float], q: float) -> float:
+    """The q-quantile of xs (linear interpolation between the nearest ranks)."""
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
 def loadavg_text(load=None) -> str:
@@ -240,3 +424,12 @@ def finish(fig: dict) -> None:
     print(f"\nload average at end (other work on this machine skews timings): "
           f"{loadavg_text(fig['loadavg_end'])}{code}")
     print(json.dumps(fig))
+
+
+if __name__ == "__main__":
+    # the child of StaticServer.start: python bench/common.py --_static ROOT PORT [LOG]
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "--_static":
+        static_main(sys.argv[2], int(sys.argv[3]), *sys.argv[4:])
+    else:
+        sys.exit("usage: python bench/common.py --_static ROOT PORT [LOG] (StaticServer's child; "
+                 "the benchmarks are the other scripts here)")

@@ -34,17 +34,15 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import random
 import shutil
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py
-from common import calibrated_rows, code_version, finish  # noqa: E402
+from common import (PIECE, RANDOM_LEN, calibrated_rows, code_version, finish, pct, random_offsets,  # noqa: E402
+                    random_reads, read_to_end, xet_random_reads, xxh_file)
 
-PIECE = 8 * 1024 * 1024
-RANDOM_LEN = 64 * 1024
 ADDR = "cdc://bench/data.parquet"
 GOALS = {"full_ours_over_xet": 3.0, "full_ours_over_plain": 0.5, "random_latency_ours_over_xet": 0.1}
 
@@ -62,34 +60,9 @@ def make_file(data_dir: str, size_mb: float) -> str:
     return path
 
 
-def xxh(path_or_bytes) -> str:
-    import xxhash
-    h = xxhash.xxh3_128()
-    if isinstance(path_or_bytes, (bytes, bytearray)):
-        h.update(path_or_bytes)
-    else:
-        with open(path_or_bytes, "rb") as f:
-            for block in iter(lambda: f.read(PIECE), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
 # ----------------------------------------------------------------------------------------------
-# the three sides
+# the three sides (their reads: common.read_to_end, random_reads, xet_random_reads)
 # ----------------------------------------------------------------------------------------------
-
-def read_to_end(f, hasher=None) -> int:
-    """Read the file object f to EOF in PIECE-sized reads; the byte count (each piece fed to hasher)."""
-    n = 0
-    while True:
-        b = f.read(PIECE)
-        if not b:
-            break
-        n += len(b)
-        if hasher:
-            hasher.update(b)
-    return n
-
 
 class Ours:
     name = "ours"
@@ -102,18 +75,8 @@ class Ours:
             return read_to_end(f, hasher)
 
     def random(self, offsets) -> tuple[list[float], list[bytes]]:
-        lat, sample = [], []
         with self.store.open(ADDR) as f:
-            for i, off in enumerate(offsets):
-                t0 = time.perf_counter()
-                f.seek(off)
-                b = f.read(RANDOM_LEN)
-                lat.append(time.perf_counter() - t0)
-                if len(b) != RANDOM_LEN:
-                    raise RuntimeError(f"ours: short read at {off}: {len(b)}")
-                if i % 100 == 0:
-                    sample.append(b)
-        return lat, sample
+            return random_reads(f, offsets, "ours")
 
 
 class Xet:
@@ -137,18 +100,7 @@ class Xet:
         return n
 
     def random(self, offsets) -> tuple[list[float], list[bytes]]:
-        group = self.sess.new_download_stream_group(endpoint=self.endpoint)
-        lat, sample = [], []
-        for i, off in enumerate(offsets):
-            t0 = time.perf_counter()
-            b = b"".join(group.download_stream(self.info, off, off + RANDOM_LEN))
-            lat.append(time.perf_counter() - t0)
-            if len(b) != RANDOM_LEN:
-                raise RuntimeError(f"hf_xet: short read at {off}: {len(b)}")
-            if i % 100 == 0:
-                sample.append(b)
-        group.finish()
-        return lat, sample
+        return xet_random_reads(self.sess, self.endpoint, self.info, offsets)
 
 
 class Plain:
@@ -162,24 +114,8 @@ class Plain:
             return read_to_end(f, hasher)
 
     def random(self, offsets) -> tuple[list[float], list[bytes]]:
-        lat, sample = [], []
         with open(self.path, "rb") as f:
-            for i, off in enumerate(offsets):
-                t0 = time.perf_counter()
-                f.seek(off)
-                b = f.read(RANDOM_LEN)
-                lat.append(time.perf_counter() - t0)
-                if i % 100 == 0:
-                    sample.append(b)
-        return lat, sample
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+            return random_reads(f, offsets)  # no short-read check: the plain file is the reference
 
 
 def main() -> None:
@@ -229,14 +165,8 @@ def main() -> None:
     # correctness, once, outside the timings. A side that fails (raises or returns wrong
     # bytes) is reported as failed for that measurement and left out of its timings.
     import xxhash
-    want = xxh(path)
-    rng = random.Random(args.seed)
-    offsets = [rng.randrange(0, size - RANDOM_LEN + 1) for _ in range(args.reads)]
-    with open(path, "rb") as f:
-        expect = []
-        for off in offsets[::100]:
-            f.seek(off)
-            expect.append(f.read(RANDOM_LEN))
+    want = xxh_file(path)
+    offsets, expect = random_offsets(path, size, args.reads, args.seed)
     errors: dict = {}
 
     def attempt(side, what, fn):
@@ -358,6 +288,7 @@ def main() -> None:
         print("  errors: " + "; ".join(f"{k}: {v}" for k, v in sorted(errors.items())))
     store.close()
     shutil.rmtree(work, ignore_errors=True)
+    # the last line printed is json.dumps(fig) (common.finish)
     finish(fig)
     return 1 if errors else 0
 

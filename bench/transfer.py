@@ -22,8 +22,8 @@ Each repetition (fresh server store, fresh local directories)
 A real `python -m cdcstore serve` subprocess on a free loopback port
 (tests/server_util.ServerProcess) over a store made by LocalStore.init, and a
 plain aiohttp static file server (`web.static` over the v2 folder) in another
-subprocess on another free loopback port. The client runs in this process
-(Store(url); one fresh Store per operation).
+subprocess on another free loopback port (bench/common.py's StaticServer). The
+client runs in this process (Store(url); one fresh Store per operation).
 
   push v1   Store(url).push([v1/], "cdc://bench/")                     timed
   push v2   Store(url).push([v2/], "cdc://bench/")  (dedups against v1) timed
@@ -67,16 +67,14 @@ import os
 import platform
 import re
 import shutil
-import subprocess
 import sys
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)  # bench/common.py
-from common import (cached_dataset, code_version, finish, loadavg_text, make_table, make_v2, med,  # noqa: E402
-                    write_parquet)
+from common import (StaticServer, cached_dataset, code_version, finish, loadavg_text, make_table,  # noqa: E402
+                    make_v2, med, write_parquet)
 
 NFILES = 6
 REPO = "bench"
@@ -148,53 +146,6 @@ def same_tree(a: str, b: str) -> str | None:
         if not filecmp.cmp(os.path.join(a, p), os.path.join(b, p), shallow=False):
             return f"{p} differs"
     return None
-
-
-# ---------------------------------------------------------------------------------------------
-# servers
-# ---------------------------------------------------------------------------------------------
-
-def static_main(root: str, port: int) -> None:
-    """Child: a plain aiohttp static file server over `root` (sendfile, Range support)."""
-    from aiohttp import web
-    app = web.Application()
-    app.router.add_static("/", root)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
-
-
-class StaticServer:
-    def __init__(self, root: str, probe: str):
-        from tests.server_util import free_port
-        self.root = root
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.probe = probe
-        self.proc = None
-
-    def start(self) -> "StaticServer":
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_static", self.root,
-                                      str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"static server exited: {self.proc.stderr.read().decode(errors='replace')}")
-            try:
-                req = urllib.request.Request(f"{self.url}/{self.probe}", method="HEAD")
-                with urllib.request.urlopen(req, timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("static server did not come up")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,11 +383,7 @@ def main() -> int:
                     help="generated data and per-repetition stores (default /tmp/cdcbench-transfer)")
     ap.add_argument("--no-verify", dest="verify", action="store_false",
                     help="skip the byte-for-byte check of the pulled trees (first repetition)")
-    ap.add_argument("--_static", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args._static:
-        static_main(args._static[0], int(args._static[1]))
-        return 0
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)  # for tests.server_util
 
