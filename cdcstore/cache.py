@@ -12,6 +12,7 @@ Recency is refreshed at most once a minute per entry, so hits rarely write.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import queue
 import re
@@ -307,21 +308,40 @@ class CachedBackend(Backend):
     def read_chunk(self, pack, entry, repo=None):
         return self.read_chunks([(pack, entry)], repo)[entry.chunk_id]
 
+    def _once(self, lookup, fetch):
+        """`lookup()` in the cache, else `fetch()` - by one process of the machine at a
+        time (a file lock), so that workers starting together ask the server once and
+        the others find the answer cached."""
+        found = lookup()
+        if found is not None:
+            return found
+        with open(self.cache.path + ".lock", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                found = lookup()
+                return found if found is not None else fetch()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
-        data = self.cache.get_object("manifest", name)
-        if data is None:
+        def fetch():
             m = self.inner.get_manifest(name, repo)
             self.cache.put_object("manifest", name, m.encode())
-            return m
-        return Manifest.decode(data, f"manifest {name}")
+            return m.encode()
+
+        return Manifest.decode(self._once(lambda: self.cache.get_object("manifest", name), fetch),
+                               f"manifest {name}")
 
     def get_commit(self, repo: str, commit_id: str) -> Commit:
-        data = self.cache.get_object(f"commit:{self._scope}:{repo}", commit_id)
-        if data is None:
-            c = self.inner.get_commit(repo, commit_id)
-            self.cache.put_object(f"commit:{self._scope}:{repo}", commit_id, c.encode())
-            return c
-        return Commit.decode(data, f"commit {commit_id}")
+        kind = f"commit:{self._scope}:{repo}"
+
+        def fetch():
+            data = self.inner.get_commit(repo, commit_id).encode()
+            self.cache.put_object(kind, commit_id, data)
+            return data
+
+        return Commit.decode(self._once(lambda: self.cache.get_object(kind, commit_id), fetch),
+                             f"commit {commit_id}")
 
     def resolve(self, repo: str, rev: str) -> str:
         """A full commit id already seen costs no request; a branch resolved by any
@@ -329,11 +349,14 @@ class CachedBackend(Backend):
         workers starting at once ask the server once)."""
         if ids.is_hex_id(rev) and self.cache.get_object(f"commit:{self._scope}:{repo}", rev) is not None:
             return rev
-        cid = self.cache.get_head(f"{self._scope}:{repo}", rev)
-        if cid is None:
+        key = f"{self._scope}:{repo}"
+
+        def fetch():
             cid = self.inner.resolve(repo, rev)
-            self.cache.put_head(f"{self._scope}:{repo}", rev, cid)
-        return cid
+            self.cache.put_head(key, rev, cid)
+            return cid
+
+        return self._once(lambda: self.cache.get_head(key, rev), fetch)
 
     # everything else passes through
     def present(self, chunk_ids):
