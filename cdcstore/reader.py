@@ -45,7 +45,7 @@ class FileReader(io.RawIOBase):
 
     def __init__(self, source: Backend, manifest: Manifest, name: str = "", repo: str | None = None,
                  readahead_bytes: int = 32 * 1024 * 1024, cache_chunks: int = 64,
-                 batch_bytes: int = 4 * 1024 * 1024, sequential: bool = False):
+                 batch_bytes: int = 8 * 1024 * 1024, sequential: bool = False):
         super().__init__()
         self._src = source
         self._m = manifest
@@ -185,7 +185,9 @@ class FileReader(io.RawIOBase):
             if data is None:
                 data = got[i] if i in got else self._pending.pop(i).result()[i]
             out.append(data)
-        for i, data in zip(span, out):
+        # a sequential scan only comes back for the chunk it stopped in; random reads keep all
+        keep = zip(span, out) if not prefetch else [(span[-1], out[-1])]
+        for i, data in keep:
             self._remember(i, data)
         return out
 
