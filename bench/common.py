@@ -294,27 +294,12 @@ class StaticServer:
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_static", self.root,
                                       str(self.port)] + ([self.log_path] if self.log_path else []),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"static server exited: {self.proc.stderr.read().decode(errors='replace')}")
-            try:
-                req = urllib.request.Request(f"{self.url}/{self.probe}", method="HEAD")
-                with urllib.request.urlopen(req, timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("static server did not come up")
+        server_util().wait_until_up(self.proc, urllib.request.Request(f"{self.url}/{self.probe}", method="HEAD"),
+                         lambda: self.proc.stderr.read().decode(errors="replace"))
+        return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        server_util().stop_process(self.proc)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,7 +27,6 @@ from .pack import decode_chunk, read_index
 from .store import LocalStore
 
 log = logging.getLogger("cdcstore.server")
-STORE_KEY = web.AppKey("store", LocalStore)
 
 
 class HTTPError(Exception):
@@ -315,7 +314,6 @@ def make_app(store: LocalStore, config: ServerConfig | None = None) -> web.Appli
     config = config or ServerConfig()
     s = Server(store, config)
     app = web.Application(middlewares=[errors_middleware], client_max_size=transfer.MAX_JSON_BYTES)
-    app[STORE_KEY] = store
     api = transfer.API
     app.add_routes([
         web.get(f"{api}/health", s.health),

@@ -77,7 +77,6 @@ class PackSink:
         self.store = store
         self.opts = opts
         self.stored_bytes = 0
-        self.packs: list[str] = []
         self._file = None
         self._tmp = ""
         self._writer: PackWriter | None = None
@@ -101,7 +100,6 @@ class PackSink:
         name = self._writer.finish()
         self._file.close()
         self.stored_bytes += self._writer.size
-        self.packs.append(name)
         self._published.append(self._publisher.submit(self.store.add_pack, self._tmp, name, self._writer.entries))
         self._writer = self._file = None
 

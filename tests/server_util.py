@@ -14,6 +14,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until_up(proc: subprocess.Popen, request: urllib.request.Request, exited, timeout: float = 30):
+    """Poll `request` until it answers 200; `exited()` describes a process that died."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {exited()}")
+        try:
+            with urllib.request.urlopen(request, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not come up")
+
+
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """Terminate, then kill if it does not exit within 10 s."""
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class ServerProcess:
     def __init__(self, store: str, *args: str, port: int | None = None):
         self.store = store
@@ -28,17 +54,8 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cdcstore", "serve", "--store", self.store, "--port", str(self.port), *self.args],
             stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {open(self.log_path).read()}")
-            try:
-                with urllib.request.urlopen(self.url + "/v1/health", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("server did not come up")
+        wait_until_up(self.proc, urllib.request.Request(self.url + "/v1/health"), self.log_text)
+        return self
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -46,12 +63,7 @@ class ServerProcess:
             self.proc.wait()
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_process(self.proc)
         self.log.close()
 
     def log_text(self) -> str:
