@@ -14,6 +14,7 @@ from . import _gear
 
 CHUNK_FORMAT_VERSION = 1
 KiB = 1024
+MAX_CHUNK_BYTES = 16 * KiB * KiB  # format limit: no chunk is larger (readers refuse bigger raw lengths)
 
 
 @dataclass(frozen=True)
@@ -25,9 +26,9 @@ class ChunkParams:
     max_size: int = 256 * KiB
 
     def __post_init__(self) -> None:
-        if not (1 <= self.min_size <= self.avg_size <= self.max_size):
+        if not (1 <= self.min_size <= self.avg_size <= self.max_size <= MAX_CHUNK_BYTES):
             raise ValueError(
-                f"chunk sizes must satisfy 1 <= min <= avg <= max, got "
+                f"chunk sizes must satisfy 1 <= min <= avg <= max <= {MAX_CHUNK_BYTES}, got "
                 f"min={self.min_size} avg={self.avg_size} max={self.max_size}"
             )
 

@@ -4,17 +4,24 @@
      "files": {path: {"manifest": id, "size": n}, ...}}
 
 Encoded as compact JSON with sorted keys so that the same commit always has the
-same bytes and therefore the same id.
+same bytes and therefore the same id. `Commit.validate` checks every field; it
+runs when a commit is encoded, decoded (a tampered store or a hostile server)
+and received by the server, so no invalid commit is written or trusted.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from . import ids
-from .errors import CorruptionError
+from .address import check_name, normalize_path
+from .errors import CdcError, CorruptionError
 
 COMMIT_VERSION = 1
+MAX_MESSAGE = 64 * 1024  # characters
+MAX_TIME = 32503680000.0  # 3000-01-01 UTC, in epoch seconds
+MAX_SIZE = 2 ** 53  # file sizes stay exact in every JSON reader
 
 
 @dataclass(frozen=True)
@@ -31,7 +38,26 @@ class Commit:
     time: float
     files: dict[str, FileEntry] = field(default_factory=dict)
 
+    def validate(self) -> "Commit":
+        """Check every field; raises ValueError naming the first bad one."""
+        check_name("repo", self.repo)
+        if self.parent is not None and not (isinstance(self.parent, str) and ids.is_hex_id(self.parent)):
+            raise ValueError(f"parent {self.parent!r} is not a commit id (32 lowercase hex digits) or null")
+        if not isinstance(self.message, str) or len(self.message) > MAX_MESSAGE:
+            raise ValueError(f"message must be a string of at most {MAX_MESSAGE} characters")
+        if (not isinstance(self.time, (int, float)) or isinstance(self.time, bool)
+                or not math.isfinite(self.time) or not 0 <= self.time <= MAX_TIME):
+            raise ValueError(f"time {self.time!r} is not epoch seconds between 0 and {MAX_TIME:.0f} (year 3000)")
+        if not isinstance(self.files, dict):
+            raise ValueError("files must be an object of path -> {manifest, size}")
+        for path, f in self.files.items():
+            _check_path(path)
+            _check_entry(path, f)
+        _check_tree(self.files)
+        return self
+
     def encode(self) -> bytes:
+        self.validate()
         doc = {
             "format": COMMIT_VERSION,
             "repo": self.repo,
@@ -50,12 +76,46 @@ class Commit:
     def decode(cls, data: bytes, name: str = "commit") -> "Commit":
         try:
             doc = json.loads(data)
+            if not isinstance(doc, dict):
+                raise ValueError("not a JSON object")
             if doc.get("format") != COMMIT_VERSION:
-                raise CorruptionError(f"{name} has commit format {doc.get('format')}; this cdcstore reads {COMMIT_VERSION}")
-            files = {p: FileEntry(f["manifest"], int(f["size"])) for p, f in doc["files"].items()}
-            return cls(doc["repo"], doc["parent"], doc["message"], float(doc["time"]), files)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+                raise CorruptionError(f"{name} has commit format {doc.get('format')!r}; "
+                                      f"this cdcstore reads {COMMIT_VERSION}")
+            if not isinstance(doc["files"], dict):
+                raise ValueError("files must be an object of path -> {manifest, size}")
+            files = {p: FileEntry(f["manifest"], f["size"]) for p, f in doc["files"].items()}
+            return cls(doc["repo"], doc["parent"], doc["message"], doc["time"], files).validate()
+        except CorruptionError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, CdcError) as e:
             raise CorruptionError(f"{name} is not a valid commit: {e}") from None
 
     def total_size(self) -> int:
         return sum(f.size for f in self.files.values())
+
+
+def _check_path(path) -> None:
+    ok = isinstance(path, str) and path != ""
+    try:
+        ok = ok and normalize_path(path) == path
+    except CdcError:
+        ok = False
+    if not ok:
+        raise ValueError(f"invalid file path {path!r}: use relative '/'-separated paths "
+                         f"without '.', '..' or empty parts")
+
+
+def _check_entry(path: str, f) -> None:
+    if not isinstance(f, FileEntry) or not (isinstance(f.manifest, str) and ids.is_hex_id(f.manifest)):
+        raise ValueError(f"file {path!r}: manifest must be 32 lowercase hex digits")
+    if not isinstance(f.size, int) or isinstance(f.size, bool) or not 0 <= f.size < MAX_SIZE:
+        raise ValueError(f"file {path!r}: size must be an integer between 0 and 2**53")
+
+
+def _check_tree(files: dict) -> None:
+    """No path may be both a file and a folder (`a` and `a/b`)."""
+    for path in files:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in files:
+                raise ValueError(f"{'/'.join(parts[:i])!r} is both a file and a folder (holds {path!r})")

@@ -20,6 +20,7 @@ from typing import BinaryIO
 import zstandard
 
 from . import ids
+from .chunker import MAX_CHUNK_BYTES
 from .errors import CorruptionError
 
 PACK_VERSION = 1
@@ -66,6 +67,18 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return d
 
 
+def _bounded_decompress(stored, raw_len: int) -> bytes:
+    """Decompress at most `raw_len` + 1 bytes: a frame whose header claims another
+    size is refused unread (zstd would allocate whatever the header claims)."""
+    size = zstandard.frame_content_size(stored)
+    if size == raw_len:
+        return _decompressor().decompress(stored, max_output_size=raw_len)
+    if size != -1:
+        raise zstandard.ZstdError(f"its frame declares {size} bytes, the index {raw_len}")
+    with _decompressor().stream_reader(stored) as r:
+        return r.read(raw_len + 1)
+
+
 def encode_chunk(raw, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL) -> tuple[int, bytes]:
     """Compress a chunk for storage and verify the result decodes to `chunk_id`.
 
@@ -83,10 +96,15 @@ def encode_chunk(raw, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL) -> tuple
 
 def decode_chunk(stored, codec: int, raw_len: int, chunk_id: bytes):
     """The raw bytes of a stored chunk (bytes-like: a raw chunk comes back as the
-    object it was given), checked against its id and length."""
+    object it was given), checked against its id and length. A raw length over
+    the format's maximum is refused before anything is decompressed, and
+    decompression never produces more than `raw_len` bytes."""
+    if not 0 <= raw_len <= MAX_CHUNK_BYTES:
+        raise CorruptionError(f"chunk {chunk_id.hex()} claims {raw_len} bytes; the format's maximum "
+                              f"chunk size is {MAX_CHUNK_BYTES}")
     if codec == CODEC_ZSTD:
         try:
-            raw = _decompressor().decompress(stored, max_output_size=raw_len)
+            raw = _bounded_decompress(stored, raw_len)
         except zstandard.ZstdError as e:
             raise CorruptionError(f"chunk {chunk_id.hex()} does not decompress: {e}") from None
     elif codec == CODEC_RAW:
@@ -157,4 +175,7 @@ def read_index(f: BinaryIO, size: int, name: str = "pack") -> list[PackEntry]:
     for e in entries:
         if e.offset < HEADER.size or e.offset + e.stored_len > index_start:
             raise CorruptionError(f"{name} has an index entry outside its records")
+        if e.raw_len > MAX_CHUNK_BYTES:
+            raise CorruptionError(f"{name} has a chunk of {e.raw_len} bytes; the format's maximum chunk "
+                                  f"size is {MAX_CHUNK_BYTES}")
     return entries
