@@ -323,12 +323,21 @@ def cache_clear(cache_path):
 @click.option("--allow-no-auth", is_flag=True, help="Serve a non-loopback address without --tokens.")
 @click.option("--max-heavy", default=8, show_default=True,
               help="Concurrent uploads before the server answers 429 with Retry-After.")
+@click.option("--body-timeout", default=30.0, show_default=True, type=float,
+              help="Seconds without a request body byte before the server answers 408.")
+@click.option("--min-body-rate", default=16384.0, show_default=True, type=float,
+              help="Bytes/s a request body must average once past --body-timeout (else 408).")
+@click.option("--maintenance-interval", default=600.0, show_default=True, type=float,
+              help="Seconds between removing dead temp files and indexing unindexed packs.")
 @handle_errors
-def serve(store_path, host, port, tokens_file, allow_no_auth, max_heavy):
+def serve(store_path, host, port, tokens_file, allow_no_auth, max_heavy, body_timeout, min_body_rate,
+          maintenance_interval):
     """Serve a store over HTTP (protocol v1, docs/protocol.md)."""
     from .server import serve as run_server
 
-    run_server(_local(store_path).root, host, port, tokens_file, allow_no_auth, max_heavy)
+    run_server(_local(store_path).root, host, port, tokens_file, allow_no_auth, max_heavy,
+               body_idle_timeout=body_timeout, min_body_rate=min_body_rate,
+               maintenance_interval=maintenance_interval)
 
 
 @cli.command()

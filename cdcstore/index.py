@@ -100,6 +100,9 @@ class ChunkIndex:
         return self.conn.execute("SELECT 1 FROM repo_objects WHERE repo=? AND kind=? AND name=?",
                                  (repo, kind, name)).fetchone() is not None
 
+    def has_pack(self, name: str) -> bool:
+        return self.conn.execute("SELECT 1 FROM packs WHERE name=?", (name,)).fetchone() is not None
+
     def packs(self) -> set[str]:
         return {row[0] for row in self.conn.execute("SELECT name FROM packs")}
 

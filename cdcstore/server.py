@@ -9,16 +9,19 @@ the cap the answer is 429 with Retry-After. CPU work runs off the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
 import logging
 import os
-import contextlib
+import sqlite3
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from . import ids, transfer
-from .address import check_name, normalize_path
+from .address import check_name
 from .commit import Commit
 from .errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, RepoNotFoundError,
                      RevisionNotFoundError)
@@ -41,6 +44,22 @@ class ServerConfig:
     tokens: dict | None = None  # token -> {"scope": "read"|"write", "repos": [...]}; None: open
     max_heavy: int = 8  # concurrent heavy requests before 429
     retry_after: int = 1
+    body_idle_timeout: float = 30.0  # seconds without a body byte before 408
+    min_body_rate: float = 16 * 1024  # bytes/s a body must average once past the idle timeout
+    maintenance_interval: float = 600.0  # seconds between temp cleanups and recoveries
+
+
+class ClientGone(Exception):
+    """The client closed the connection in the middle of its request body."""
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _disk_full(e: BaseException) -> bool:
+    if isinstance(e, OSError):
+        return e.errno in DISK_FULL
+    return isinstance(e, sqlite3.OperationalError) and "full" in str(e)
 
 
 def load_tokens(path: str) -> dict:
@@ -83,9 +102,17 @@ async def errors_middleware(request: web.Request, handler):
         return _error(422, str(e))
     except (CdcError, ValueError, KeyError, TypeError) as e:
         return _error(400, str(e) or type(e).__name__)
+    except ClientGone as e:  # nobody reads the answer; one quiet line
+        log.info("%s %s: %s", request.method, request.path, e)
+        return _error(400, str(e))
     except asyncio.CancelledError:
         raise
-    except Exception as e:  # a bug: log it, never crash, never leak a traceback
+    except Exception as e:
+        if _disk_full(e):
+            log.error("disk full on %s %s: %s", request.method, request.path, e)
+            return _error(507, "disk full: the server has no space left to store this; "
+                               "free space on the server, then push again")
+        # a bug: log it, never crash, never leak a traceback
         log.exception("internal error on %s %s", request.method, request.path)
         return _error(500, f"internal error: {type(e).__name__}")
 
@@ -99,8 +126,8 @@ class Auth:
     def grant(self, request: web.Request) -> dict | None:
         if self.tokens is None:
             return {"scope": "write", "repos": ["*"]}
-        header = request.headers.get("Authorization", "")
-        token = header[7:] if header.startswith("Bearer ") else ""
+        scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else ""
         grant = self.tokens.get(token) if token else None
         if grant is None:
             raise HTTPError(401, "missing or unknown token: pass --token or set CDCSTORE_TOKEN",
@@ -130,15 +157,50 @@ class Server:
     async def _io(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
+    async def _blocks(self, request: web.Request):
+        """The request body, block by block. A client that sends nothing for
+        `body_idle_timeout` seconds, or less than `min_body_rate` bytes/s on average
+        once past it, gets 408 and loses its slot; one that hangs up raises ClientGone."""
+        idle, rate = self.config.body_idle_timeout, self.config.min_body_rate
+        loop = asyncio.get_running_loop()
+        start, got = loop.time(), 0
+        while True:
+            try:
+                async with asyncio.timeout(idle):
+                    block = await request.content.readany()
+            except TimeoutError:
+                raise HTTPError(408, f"no request body bytes for {idle:g} s: send the body without pauses",
+                                {"Connection": "close"}) from None
+            except (HttpProcessingError, ConnectionError) as e:
+                raise ClientGone(f"client went away mid-body after {got} bytes ({type(e).__name__})") from None
+            if not block:
+                return
+            got += len(block)
+            elapsed = loop.time() - start
+            if elapsed > idle and got < rate * elapsed:
+                raise HTTPError(408, f"request body arrives at {got / elapsed:.0f} bytes/s, under the "
+                                     f"minimum of {rate:.0f} bytes/s", {"Connection": "close"})
+            yield block
+
     async def _body(self, request: web.Request, limit: int) -> bytes:
         if request.content_length is not None and request.content_length > limit:
             raise HTTPError(413, f"body of {request.content_length} bytes is over the limit of {limit}")
         data = bytearray()
-        async for block in request.content.iter_chunked(1 << 20):
+        async for block in self._blocks(request):
             data += block
             if len(data) > limit:
                 raise HTTPError(413, f"body is over the limit of {limit} bytes")
         return bytes(data)
+
+    async def _json(self, request: web.Request) -> dict:
+        """A JSON object body; anything else (bad JSON, nesting too deep, huge numbers) is a 400."""
+        try:
+            doc = json.loads(await self._body(request, transfer.MAX_JSON_BYTES))
+        except (ValueError, RecursionError) as e:
+            raise HTTPError(400, f"body is not valid JSON: {str(e)[:200]}") from None
+        if not isinstance(doc, dict):
+            raise HTTPError(400, "body must be a JSON object")
+        return doc
 
     @contextlib.contextmanager
     def heavy(self):
@@ -176,8 +238,8 @@ class Server:
             raise HTTPError(413, f"pack of {request.content_length} bytes is over the limit "
                                  f"of {transfer.MAX_PACK_BYTES}")
         with self.heavy():
-            if os.path.exists(self.store.pack_path(name)):
-                async for _ in request.content.iter_chunked(1 << 20):
+            if await self._io(self.store.index_found_pack, name):
+                async for _ in self._blocks(request):
                     pass  # already stored (a retried upload): drain and accept
                 return web.json_response({"pack": name, "stored": False})
             tmp = self.store.tmp_path()
@@ -185,7 +247,7 @@ class Server:
             size = 0
             try:
                 with open(tmp, "wb") as f:
-                    async for block in request.content.iter_chunked(1 << 20):
+                    async for block in self._blocks(request):
                         size += len(block)
                         if size > transfer.MAX_PACK_BYTES:
                             raise HTTPError(413, f"pack is over the limit of {transfer.MAX_PACK_BYTES} bytes")
@@ -212,13 +274,16 @@ class Server:
     async def head_pack(self, request):
         self.auth.check(request, None, write=True)
         name = request.match_info["name"]
-        exists = ids.is_hex_id(name) and os.path.exists(self.store.pack_path(name))
+        exists = ids.is_hex_id(name) and await self._io(self.store.index_found_pack, name)
         return web.Response(status=200 if exists else 404)
 
     async def put_manifests(self, request):
         self.auth.check(request, None, write=True)
         with self.heavy():
             blobs = transfer.decode_blobs(await self._body(request, transfer.MAX_MANIFEST_BATCH_BYTES))
+            if len(blobs) > transfer.MAX_MANIFESTS_PER_REQUEST:
+                raise HTTPError(413, f"{len(blobs)} manifests in one request; the limit is "
+                                     f"{transfer.MAX_MANIFESTS_PER_REQUEST}: send smaller batches")
             names = await self._io(self._add_manifests, blobs)
         return web.json_response({"manifests": names})
 
@@ -254,16 +319,14 @@ class Server:
 
     async def post_commit(self, request):
         repo = self._repo(request, write=True)
-        doc = json.loads(await self._body(request, transfer.MAX_JSON_BYTES))
-        commit = Commit.decode(doc["commit"].encode(), "uploaded commit")
-        branch = check_name("branch", doc["branch"])
+        doc = await self._json(request)
+        commit = _uploaded_commit(doc.get("commit"))
+        branch = check_name("branch", doc.get("branch") if isinstance(doc.get("branch"), str) else "")
         expected = doc.get("expected")
+        if expected is not None and not (isinstance(expected, str) and ids.is_hex_id(expected)):
+            raise HTTPError(400, '"expected" must be null or a commit id (32 lowercase hex digits)')
         if commit.repo != repo:
             raise HTTPError(400, f"commit names repo {commit.repo!r} but was sent to {repo!r}")
-        for path in commit.files:
-            if not path or normalize_path(path) != path:
-                raise HTTPError(400, f"invalid file path {path!r} in commit: use relative '/'-separated paths "
-                                     f"without '.', '..' or empty parts")
         cid = await self._io(self._commit, repo, commit, branch, expected)
         return web.json_response({"commit": cid}, status=201)
 
@@ -290,6 +353,8 @@ class Server:
         if not ids.is_hex_id(name) or not await self._io(self.store.index.reaches, repo, "manifest", name):
             raise HTTPError(404, f"no manifest {name} in repo {repo!r}")
         path = self.store.manifest_path(name)
+        if not os.path.isfile(path):
+            raise HTTPError(404, f"manifest {name} is missing on the server: run `cdcstore check` there")
         return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
 
     async def locate(self, request):
@@ -303,7 +368,36 @@ class Server:
         name = request.match_info["name"]
         if not ids.is_hex_id(name) or not await self._io(self.store.index.reaches, repo, "pack", name):
             raise HTTPError(404, f"no pack {name} in repo {repo!r}")
-        return web.FileResponse(self.store.pack_path(name), headers={"Content-Type": "application/octet-stream"})
+        path = self.store.pack_path(name)
+        if not os.path.isfile(path):
+            raise HTTPError(404, f"pack {name} is missing on the server: run `cdcstore check` there")
+        return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
+
+    # -- maintenance -------------------------------------------------------------------------
+    def maintain(self) -> None:
+        """Remove temp files of dead writers and index packs that are durable but not
+        indexed (a server or writer killed between the two steps)."""
+        self.store.clean_tmp()
+        added = self.store.recover()
+        if added:
+            log.warning("recovered %d packs that were durable but not indexed", added)
+
+    async def _maintenance_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.maintenance_interval)
+            try:
+                await self._io(self.maintain)
+            except Exception as e:  # a full or read-only disk: try again next round
+                log.error("maintenance failed: %s: %s", type(e).__name__, e)
+
+    async def on_startup(self, app: web.Application) -> None:
+        await self._io(self.maintain)
+        self._maintenance = asyncio.ensure_future(self._maintenance_loop())
+
+    async def on_cleanup(self, app: web.Application) -> None:
+        self._maintenance.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._maintenance
 
     async def stats(self, request):
         self.auth.grant(request)
@@ -314,6 +408,8 @@ def make_app(store: LocalStore, config: ServerConfig | None = None) -> web.Appli
     config = config or ServerConfig()
     s = Server(store, config)
     app = web.Application(middlewares=[errors_middleware], client_max_size=transfer.MAX_JSON_BYTES)
+    app.on_startup.append(s.on_startup)
+    app.on_cleanup.append(s.on_cleanup)
     api = transfer.API
     app.add_routes([
         web.get(f"{api}/health", s.health),
@@ -337,8 +433,18 @@ def make_app(store: LocalStore, config: ServerConfig | None = None) -> web.Appli
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+def _uploaded_commit(text) -> Commit:
+    """The commit of a POST body, fully validated (a bad one is a 400)."""
+    if not isinstance(text, str):
+        raise HTTPError(400, '"commit" must be the commit\'s JSON, as a string')
+    try:
+        return Commit.decode(text.encode(), "uploaded commit")
+    except (CorruptionError, UnicodeError) as e:
+        raise HTTPError(400, str(e)) from None
+
+
 def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
-          allow_open: bool = False, max_heavy: int = 8) -> None:
+          allow_open: bool = False, max_heavy: int = 8, **limits) -> None:
     """Run the server until interrupted. Without tokens it only binds loopback,
     unless `allow_open` says otherwise explicitly."""
     tokens = load_tokens(tokens_file) if tokens_file else None
@@ -350,7 +456,7 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
         log.warning("serving without authentication (no --tokens): anyone who can connect can write")
     store = LocalStore(store_path)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    app = make_app(store, ServerConfig(tokens=tokens, max_heavy=max_heavy))
+    app = make_app(store, ServerConfig(tokens=tokens, max_heavy=max_heavy, **limits))
     print(f"cdcstore serving {store.root} on http://{host}:{port}{transfer.API}", flush=True)
     web.run_app(app, host=host, port=port, print=None, access_log=logging.getLogger("cdcstore.access"),
                 access_log_format='%a "%r" %s %b %Tfs')

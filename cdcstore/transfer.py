@@ -20,6 +20,7 @@ ID = 16
 MAX_IDS_PER_REQUEST = 65536
 MAX_PACK_BYTES = 128 * 1024 * 1024
 MAX_MANIFEST_BATCH_BYTES = 64 * 1024 * 1024
+MAX_MANIFESTS_PER_REQUEST = 10_000
 MAX_JSON_BYTES = 16 * 1024 * 1024
 
 LOCATE = struct.Struct("<16s16sQIIB3x")  # chunk id, pack name (16 raw bytes), offset, stored, raw, codec

@@ -13,7 +13,6 @@ import time
 import pytest
 
 from cdcstore import AccessDeniedError, ConflictError, Store
-from cdcstore.commit import Commit, FileEntry
 from cdcstore import ids
 from cdcstore.pack import CODEC_RAW, PackWriter
 from cdcstore.store import LocalStore
@@ -211,7 +210,7 @@ def test_bad_input_gets_4xx_with_json(server):
         ("GET", "/v1/repos/%2Fetc/branches", b"", {}, 400),
         ("GET", "/v1/repos/a/resolve/..", b"", {}, 400),
         ("POST", "/v1/repos/a/commits", b"{not json", {}, 400),
-        ("POST", "/v1/repos/a/commits", json.dumps({"commit": "{}", "branch": "main"}).encode(), {}, 422),
+        ("POST", "/v1/repos/a/commits", json.dumps({"commit": "{}", "branch": "main"}).encode(), {}, 400),
         ("POST", "/v1/manifests", b"\xff\xff\xff\xff", {}, 400),
         ("GET", "/v1/repos/a/packs/" + name, b"", {}, 404),
     ]
@@ -227,8 +226,9 @@ def test_bad_input_gets_4xx_with_json(server):
         assert status == expect, (method, path, status, data[:200])
         assert "error" in json.loads(data)
     # a commit with '..' in a file path is refused
-    commit = Commit("a", None, "m", 0.0, {"../evil": FileEntry("0" * 32, 1)})
-    doc = json.dumps({"commit": commit.encode().decode(), "branch": "main", "expected": None}).encode()
+    commit = json.dumps({"format": 1, "repo": "a", "parent": None, "message": "m", "time": 0.0,
+                         "files": {"../evil": {"manifest": "0" * 32, "size": 1}}})
+    doc = json.dumps({"commit": commit, "branch": "main", "expected": None}).encode()
     status, data = raw(server, "POST", "/v1/repos/a/commits", doc)
     assert status == 400 and b"'..'" in data
     # and the server is still healthy
