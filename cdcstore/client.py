@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import json
 import os
 import random
@@ -26,10 +27,25 @@ from .errors import (AccessDeniedError, ConflictError, CorruptionError, NotFound
                      RepoNotFoundError)
 from .manifest import Manifest
 from .pack import PackEntry, decode_chunk
-from .store import Backend
+from .store import Backend, _pid_alive
 
-RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
 ENV_TOKEN = "CDCSTORE_TOKEN"
+UPLOAD_PREFIX = "cdcstore-upload-"  # + "<pid>-": temp packs, removable once that pid is gone
+
+
+def clean_upload_temps(tmpdir: str | None = None) -> int:
+    """Remove temp pack files that processes which died mid-push left behind."""
+    tmpdir = tmpdir or tempfile.gettempdir()
+    removed = 0
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmpdir):
+            pid = name[len(UPLOAD_PREFIX):].split("-", 1)[0] if name.startswith(UPLOAD_PREFIX) else ""
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(tmpdir, name))
+                    removed += 1
+    return removed
 
 
 def _header_bytes(headers) -> int:
@@ -49,6 +65,8 @@ def _map_error(status: int, body: bytes, what: str) -> Exception:
         return ConflictError(message)
     if status == 422:
         return CorruptionError(message)
+    if status == 507:  # never retried: waiting does not free space
+        return RemoteError(f"{what}: the server's disk is full (507): {message}")
     return RemoteError(f"{what}: server answered {status}: {message}")
 
 
@@ -188,6 +206,7 @@ class RemoteStore(Backend):
         self._uploads: list[concurrent.futures.Future] = []
         self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
         self._api = transfer.API
+        clean_upload_temps()
 
     def _call(self, method: str, path: str, **kw) -> bytes:
         return self.t.run(self.t.request(method, self._api + path, **kw))[1]
@@ -215,7 +234,7 @@ class RemoteStore(Backend):
         self.health()
 
     def tmp_path(self) -> str:
-        fd, path = tempfile.mkstemp(prefix="cdcstore-upload-", suffix=".pack")
+        fd, path = tempfile.mkstemp(prefix=f"{UPLOAD_PREFIX}{os.getpid()}-", suffix=".pack")
         os.close(fd)
         return path
 
@@ -298,7 +317,8 @@ class RemoteStore(Backend):
 
         for m in manifests:
             data = m.encode()
-            if batch and size + len(data) + 4 > transfer.MAX_MANIFEST_BATCH_BYTES:
+            if batch and (size + len(data) + 4 > transfer.MAX_MANIFEST_BATCH_BYTES
+                          or len(batch) == transfer.MAX_MANIFESTS_PER_REQUEST):
                 send()
                 batch, size = [], 0
             batch.append(data)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from . import ids, transfer
 from .address import check_name
@@ -171,8 +172,10 @@ class Server:
             except TimeoutError:
                 raise HTTPError(408, f"no request body bytes for {idle:g} s: send the body without pauses",
                                 {"Connection": "close"}) from None
-            except (HttpProcessingError, ConnectionError) as e:
+            except ConnectionError as e:
                 raise ClientGone(f"client went away mid-body after {got} bytes ({type(e).__name__})") from None
+            except (HttpProcessingError, RequestPayloadError) as e:  # e.g. a bad Content-Encoding
+                raise HTTPError(400, f"request body cannot be read: {e}") from None
             if not block:
                 return
             got += len(block)
@@ -433,6 +436,18 @@ def make_app(store: LocalStore, config: ServerConfig | None = None) -> web.Appli
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+class OneLineErrors(logging.Filter):
+    """aiohttp logs each malformed request with a traceback: keep one line that names it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            e = record.exc_info[1]
+            text = " ".join(str(e).split())[:200]
+            record.msg, record.args = f"{record.getMessage()}: {type(e).__name__}: {text}", ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def _uploaded_commit(text) -> Commit:
     """The commit of a POST body, fully validated (a bad one is a 400)."""
     if not isinstance(text, str):
@@ -456,6 +471,7 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
         log.warning("serving without authentication (no --tokens): anyone who can connect can write")
     store = LocalStore(store_path)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("aiohttp.server").addFilter(OneLineErrors())
     app = make_app(store, ServerConfig(tokens=tokens, max_heavy=max_heavy, **limits))
     print(f"cdcstore serving {store.root} on http://{host}:{port}{transfer.API}", flush=True)
     web.run_app(app, host=host, port=port, print=None, access_log=logging.getLogger("cdcstore.access"),
