@@ -153,6 +153,7 @@ class Server:
         self.config = config
         self.auth = Auth(config.tokens)
         self._heavy = 0
+        self._maintenance: asyncio.Future | None = None
 
     # -- helpers -----------------------------------------------------------------------------
     async def _io(self, fn, *args):
@@ -398,9 +399,10 @@ class Server:
         self._maintenance = asyncio.ensure_future(self._maintenance_loop())
 
     async def on_cleanup(self, app: web.Application) -> None:
-        self._maintenance.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._maintenance
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._maintenance
 
     async def stats(self, request):
         self.auth.grant(request)
