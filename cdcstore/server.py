@@ -386,16 +386,19 @@ class Server:
         if added:
             log.warning("recovered %d packs that were durable but not indexed", added)
 
+    async def _maintain_once(self) -> None:
+        try:
+            await self._io(self.maintain)
+        except Exception as e:  # a full or read-only disk: serve anyway, try again next round
+            log.error("maintenance failed: %s: %s", type(e).__name__, e)
+
     async def _maintenance_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.maintenance_interval)
-            try:
-                await self._io(self.maintain)
-            except Exception as e:  # a full or read-only disk: try again next round
-                log.error("maintenance failed: %s: %s", type(e).__name__, e)
+            await self._maintain_once()
 
     async def on_startup(self, app: web.Application) -> None:
-        await self._io(self.maintain)
+        await self._maintain_once()  # before the first request is served
         self._maintenance = asyncio.ensure_future(self._maintenance_loop())
 
     async def on_cleanup(self, app: web.Application) -> None:
