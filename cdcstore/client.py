@@ -23,7 +23,7 @@ import aiohttp
 from . import ids, transfer
 from .commit import Commit
 from .errors import (AccessDeniedError, ConflictError, CorruptionError, NotFoundError, RefExistsError,
-                     RemoteError, RepoNotFoundError)
+                     RemoteError, RepoNotFoundError, RevisionNotFoundError)
 from .manifest import Manifest
 from .pack import PackEntry, decode_chunk
 from .store import Backend
@@ -44,11 +44,15 @@ def _map_error(status: int, body: bytes, what: str) -> Exception:
     if status in (401, 403):
         return AccessDeniedError(message)
     if status == 404:
-        return RepoNotFoundError(message) if message.startswith("no repo") else NotFoundError(message)
-    if status == 409 and "moved" in message:
-        return ConflictError(message)
+        if message.startswith("no repo"):
+            return RepoNotFoundError(message)
+        if message.startswith(("no branch", "no tag", "no commit", "revision ")):
+            return RevisionNotFoundError(message)
+        return NotFoundError(message)
     if status == 409 and "already exists" in message:
         return RefExistsError(message)
+    if status == 409 and "moved" in message:
+        return ConflictError(message)
     if status == 422:
         return CorruptionError(message)
     return RemoteError(f"{what}: server answered {status}: {message}")
