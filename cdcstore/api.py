@@ -249,7 +249,7 @@ class Store:
         check_write_target(branch)
         be = self.backend
         branches = be.branches(repo) if be.has_repo(repo) else {}
-        if branches and branch in be.tags(repo):
+        if branches and branch not in branches and branch in be.tags(repo):
             raise InvalidAddressError(f"{branch!r} is a tag of repo {repo!r}: a tag is immutable: push to a branch")
         expected = branches.get(branch)
         parent = expected or branches.get(DEFAULT_BRANCH)
