@@ -199,10 +199,14 @@ class Store:
     def tags(self, repo: str) -> dict[str, str]:
         return self.backend.tags(check_name("repo", repo))
 
+    def _resolve_now(self, repo: str, rev: str) -> str:
+        """The commit `rev` names on the store now (never a cached branch head)."""
+        return getattr(self.backend, "inner", self.backend).resolve(check_name("repo", repo), rev)
+
     def tag(self, repo: str, name: str, rev: str = DEFAULT_BRANCH) -> str:
         """Name the commit `rev` resolves to with a new tag, forever; returns the commit id."""
         check_ref_name("tag", name)
-        cid = self.backend.resolve(check_name("repo", repo), rev)
+        cid = self._resolve_now(repo, rev)
         self.backend.create_tag(repo, name, cid)
         return cid
 
@@ -212,7 +216,7 @@ class Store:
     def create_branch(self, repo: str, name: str, rev: str = DEFAULT_BRANCH) -> str:
         """A new branch at the commit `rev` resolves to; returns the commit id."""
         check_ref_name("branch", name)
-        cid = self.backend.resolve(check_name("repo", repo), rev)
+        cid = self._resolve_now(repo, rev)
         self.backend.create_branch(repo, name, cid)
         return cid
 

@@ -222,7 +222,8 @@ def _refs_command(kind: str, repo: str, name: str | None, rev: str | None, delet
         refs = s.tags(repo) if kind == "tag" else s.branches(repo)
         if as_json:
             _print_json({"repo": repo, "tags" if kind == "tag" else "branches": refs})
-        for n, cid in ([] if as_json else refs.items()):
+            return
+        for n, cid in refs.items():
             click.echo(f"{cid[:12]}  {n}")
         return
     if delete:

@@ -185,6 +185,11 @@ def test_a_cold_cache_gets_exactly_the_pinned_commit(tmp_path):
             assert r.backend.resolve("r", "rel") == v1
             assert r.counters()["requests"] == before
             assert r.backend.resolve("r", "main") == v2
+            with Store(srv.url, cache=False) as w:
+                v3 = w.push(_file(tmp_path, "c", b"third"), "cdc://r/x").commit
+            assert r.backend.resolve("r", "main") == v2  # the head stays cached for a few seconds
+            assert r.tag("r", "fresh") == v3  # but a tag names the head the server has now
+            assert r.create_branch("r", "exp") == v3
     finally:
         srv.stop()
 
