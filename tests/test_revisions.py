@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from cdcstore import AccessDeniedError, InvalidAddressError, RevisionNotFoundError, Store
-from cdcstore.cache import ChunkCache
 from cdcstore.commit import Commit
 from cdcstore.errors import CdcError, RefExistsError
 from cdcstore.fs import CdcFileSystem
