@@ -2,10 +2,10 @@
 from .address import Address, parse
 from .api import Store, TransferResult
 from .errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError,
-                     NotAStoreError, NotFoundError, PathNotFoundError, RemoteError, RepoNotFoundError,
-                     RevisionNotFoundError)
+                     NotAStoreError, NotFoundError, PathNotFoundError, RefExistsError, RemoteError,
+                     RepoNotFoundError, RevisionNotFoundError)
 
 __version__ = "0.1.0"
 __all__ = ["Store", "TransferResult", "Address", "parse", "AccessDeniedError", "CdcError", "ConflictError",
            "CorruptionError", "InvalidAddressError", "NotAStoreError", "NotFoundError", "PathNotFoundError",
-           "RemoteError", "RepoNotFoundError", "RevisionNotFoundError"]
+           "RefExistsError", "RemoteError", "RepoNotFoundError", "RevisionNotFoundError"]

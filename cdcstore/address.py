@@ -21,6 +21,28 @@ def check_name(kind: str, name: str) -> str:
     return name
 
 
+def is_commit_like(rev: str) -> bool:
+    """4 or more hex digits: a commit id or a prefix of one, never a branch or tag."""
+    return len(rev) >= 4 and all(c in "0123456789abcdefABCDEF" for c in rev)
+
+
+def check_ref_name(kind: str, name: str) -> str:
+    """A branch or tag name: a valid name that cannot be mistaken for a commit id."""
+    check_name(kind, name)
+    if is_commit_like(name):
+        raise InvalidAddressError(
+            f"invalid {kind} name {name!r}: 4 or more hex digits name a commit; "
+            f"add a letter g-z, '.', '_' or '-' (e.g. 'v-{name}')")
+    return name
+
+
+def check_write_target(name: str) -> str:
+    """The branch a write goes to: refuses a commit id (commits never change)."""
+    if is_commit_like(name):
+        raise InvalidAddressError(f"cannot write to {name!r}: a commit is immutable: push to a branch")
+    return check_ref_name("branch", name)
+
+
 def normalize_path(path: str) -> str:
     """A path inside a revision: '/'-separated, relative, no '.', '..' or empty parts.
 

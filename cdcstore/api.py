@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 import platformdirs
 
 from . import ids
-from .address import DEFAULT_BRANCH, Address, check_name, normalize_path, parse
+from .address import DEFAULT_BRANCH, Address, check_name, check_ref_name, check_write_target, normalize_path, parse
 from .commit import Commit, FileEntry
 from .errors import CorruptionError, InvalidAddressError, PathNotFoundError
 from .reader import FileReader, LocalSeed
@@ -181,13 +181,47 @@ class Store:
         cid = self.backend.resolve(a.repo, a.ref)
         return cid, self.backend.get_commit(a.repo, cid)
 
-    def log(self, repo: str, rev: str = DEFAULT_BRANCH) -> list[dict]:
-        return [{"commit": cid, "parent": c.parent, "message": c.message, "time": c.time,
-                 "files": len(c.files), "bytes": c.total_size()}
-                for cid, c in self.backend.log(check_name("repo", repo), rev)]
+    def log(self, repo: str, rev: str = DEFAULT_BRANCH, limit: int | None = None) -> list[dict]:
+        """Commits from `rev` back to the first, newest first; at most `limit`."""
+        if limit is not None and limit < 0:
+            raise InvalidAddressError(f"log limit must be 0 or more, not {limit}")
+        out = []
+        for cid, c in self.backend.log(check_name("repo", repo), rev):
+            if limit is not None and len(out) >= limit:
+                break
+            out.append({"commit": cid, "parent": c.parent, "message": c.message, "time": c.time,
+                        "files": len(c.files), "bytes": c.total_size()})
+        return out
 
     def branches(self, repo: str) -> dict[str, str]:
-        return self.backend.branches(repo)
+        return self.backend.branches(check_name("repo", repo))
+
+    def tags(self, repo: str) -> dict[str, str]:
+        return self.backend.tags(check_name("repo", repo))
+
+    def _resolve_now(self, repo: str, rev: str) -> str:
+        """The commit `rev` names on the store now (never a cached branch head)."""
+        return getattr(self.backend, "inner", self.backend).resolve(check_name("repo", repo), rev)
+
+    def tag(self, repo: str, name: str, rev: str = DEFAULT_BRANCH) -> str:
+        """Name the commit `rev` resolves to with a new tag, forever; returns the commit id."""
+        check_ref_name("tag", name)
+        cid = self._resolve_now(repo, rev)
+        self.backend.create_tag(repo, name, cid)
+        return cid
+
+    def delete_tag(self, repo: str, name: str) -> str:
+        return self.backend.delete_tag(check_name("repo", repo), check_name("tag", name))
+
+    def create_branch(self, repo: str, name: str, rev: str = DEFAULT_BRANCH) -> str:
+        """A new branch at the commit `rev` resolves to; returns the commit id."""
+        check_ref_name("branch", name)
+        cid = self._resolve_now(repo, rev)
+        self.backend.create_branch(repo, name, cid)
+        return cid
+
+    def delete_branch(self, repo: str, name: str) -> str:
+        return self.backend.delete_branch(check_name("repo", repo), check_name("branch", name))
 
     # -- writing -------------------------------------------------------------------------
     def push(self, sources: Iterable[str] | str, dest: str | Address, message: str = "",
@@ -216,9 +250,11 @@ class Store:
         remove every file under that prefix that is not being added."""
         t0, c0 = time.perf_counter(), self.counters()
         check_name("repo", repo)
-        check_name("branch", branch)
+        check_write_target(branch)
         be = self.backend
         branches = be.branches(repo) if be.has_repo(repo) else {}
+        if branches and branch not in branches and branch in be.tags(repo):
+            raise InvalidAddressError(f"{branch!r} is a tag of repo {repo!r}: a tag is immutable: push to a branch")
         expected = branches.get(branch)
         parent = expected or branches.get(DEFAULT_BRANCH)
         base = be.get_commit(repo, parent) if parent else None

@@ -24,6 +24,7 @@ from typing import Iterable
 import platformdirs
 
 from . import ids
+from .address import is_commit_like
 from .commit import Commit
 from .errors import CorruptionError, InvalidAddressError
 from .manifest import Manifest
@@ -36,6 +37,7 @@ ENV_CACHE_SIZE = "CDCSTORE_CACHE_SIZE"
 DEFAULT_MAX_BYTES = 20 * 1024**3
 TOUCH_EVERY = 60.0  # seconds between recency updates of one entry
 PENDING_BYTES = 256 * 1024 * 1024  # background cache writes waiting at most (then readers wait)
+TAG_PREFIX = "tag/"  # heads rows of tags (kept without a time limit: tags never move)
 HEAD_TTL = 10.0  # seconds a branch head resolved by one process serves the others
 CACHED = "cache"  # the pseudo pack name of a cached chunk
 _BATCH = 500
@@ -243,6 +245,10 @@ class ChunkCache:
         with self.conn:
             self.conn.execute("INSERT OR REPLACE INTO heads VALUES (?, ?, ?, ?)", (repo, rev, commit_id, time.time()))
 
+    def forget_head(self, repo: str, rev: str) -> None:
+        with self.conn:
+            self.conn.execute("DELETE FROM heads WHERE repo = ? AND rev = ?", (repo, rev))
+
     # -- housekeeping --------------------------------------------------------------------------
     def stats(self) -> dict:
         n, raw = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(raw_len), 0) FROM chunks").fetchone()
@@ -343,20 +349,50 @@ class CachedBackend(Backend):
         return Commit.decode(self._once(lambda: self.cache.get_object(kind, commit_id), fetch),
                              f"commit {commit_id}")
 
-    def resolve(self, repo: str, rev: str) -> str:
-        """A full commit id already seen costs no request; a branch resolved by any
-        process on this machine in the last `HEAD_TTL` seconds neither (so that many
-        workers starting at once ask the server once)."""
-        if ids.is_hex_id(rev) and self.cache.get_object(f"commit:{self._scope}:{repo}", rev) is not None:
-            return rev
+    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
+        """A full commit id already seen, or a tag resolved once (tags never move),
+        costs no request; a branch resolved by any process on this machine in the last
+        `HEAD_TTL` seconds neither (so that many workers starting at once ask the
+        server once). A commit id or prefix never reads a cached branch head."""
         key = f"{self._scope}:{repo}"
+        if is_commit_like(rev):
+            if ids.is_hex_id(rev) and self.cache.get_object(f"commit:{key}", rev) is not None:
+                return rev, "commit"
+            return self.inner.resolve_ref(repo, rev)
+        tag = self.cache.get_head(key, TAG_PREFIX + rev, ttl=float("inf"))
+        if tag is not None:
+            return tag, "tag"
 
         def fetch():
-            cid = self.inner.resolve(repo, rev)
-            self.cache.put_head(key, rev, cid)
-            return cid
+            cid, kind = self.inner.resolve_ref(repo, rev)
+            self.cache.put_head(key, (TAG_PREFIX if kind == "tag" else "") + rev, cid)
+            return f"{kind}:{cid}"
 
-        return self._once(lambda: self.cache.get_head(key, rev), fetch)
+        def lookup():
+            found = self.cache.get_head(key, rev)
+            return f"branch:{found}" if found else None
+
+        kind, _, cid = self._once(lookup, fetch).partition(":")
+        return cid, kind
+
+    def tags(self, repo):
+        return self.inner.tags(repo)
+
+    def create_tag(self, repo, name, commit_id):
+        self.inner.create_tag(repo, name, commit_id)
+
+    def delete_tag(self, repo, name):
+        cid = self.inner.delete_tag(repo, name)
+        self.cache.forget_head(f"{self._scope}:{repo}", TAG_PREFIX + name)
+        return cid
+
+    def create_branch(self, repo, name, commit_id):
+        self.inner.create_branch(repo, name, commit_id)
+
+    def delete_branch(self, repo, name):
+        cid = self.inner.delete_branch(repo, name)
+        self.cache.forget_head(f"{self._scope}:{repo}", name)
+        return cid
 
     # everything else passes through
     def present(self, chunk_ids):

@@ -9,9 +9,9 @@ import sys
 import click
 from tqdm import tqdm
 
-from .address import parse
+from .address import DEFAULT_BRANCH, parse
 from .api import Store, default_store_path, is_url
-from .errors import CdcError
+from .errors import CdcError, InvalidAddressError
 from .store import LocalStore
 
 EXIT_ERROR = 1
@@ -194,19 +194,77 @@ def cat(addr, store_path, token):
 
 @cli.command()
 @click.argument("repo", metavar="REPO[@REV]")
+@click.option("-n", "--max-count", "limit", type=click.IntRange(min=0), default=None,
+              help="Show at most N commits.")
 @store_option
 @json_option
 @handle_errors
-def log(repo, store_path, token, as_json):
-    """Show the commits of a branch, newest first."""
+def log(repo, limit, store_path, token, as_json):
+    """Show the commits of a revision, newest first."""
     a = parse(repo)
-    entries = _store(store_path, token).log(a.repo, a.ref)
+    entries = _store(store_path, token).log(a.repo, a.ref, limit=limit)
     if as_json:
         _print_json({"repo": a.repo, "rev": a.ref, "commits": entries})
         return
     for e in entries:
         when = datetime.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
         click.echo(f"{e['commit'][:12]}  {when}  {e['files']:>6} files {_human(e['bytes']):>10}  {e['message']}")
+
+
+def _refs_command(kind: str, repo: str, name: str | None, rev: str | None, delete: bool,
+                  store_path, token, as_json) -> None:
+    """List, create or delete the branches or tags of a repo (one code path for both)."""
+    s = _store(store_path, token)
+    if name is None:
+        if delete or rev:
+            raise InvalidAddressError(f"name the {kind} to {'delete' if delete else 'create'}: "
+                                      f"cdcstore {kind} {repo} NAME")
+        refs = s.tags(repo) if kind == "tag" else s.branches(repo)
+        if as_json:
+            _print_json({"repo": repo, "tags" if kind == "tag" else "branches": refs})
+            return
+        for n, cid in refs.items():
+            click.echo(f"{cid[:12]}  {n}")
+        return
+    if delete:
+        if rev:
+            raise InvalidAddressError(f"--delete takes no revision: cdcstore {kind} {repo} {name} --delete")
+        cid = s.delete_tag(repo, name) if kind == "tag" else s.delete_branch(repo, name)
+        action = "deleted"
+    else:
+        rev = rev or DEFAULT_BRANCH
+        cid = s.tag(repo, name, rev) if kind == "tag" else s.create_branch(repo, name, rev)
+        action = "created"
+    if as_json:
+        _print_json({"repo": repo, kind: name, "commit": cid, "action": action})
+    else:
+        click.echo(f"{action} {kind} {repo}@{name} at commit {cid[:12]}")
+
+
+@cli.command()
+@click.argument("repo", metavar="REPO")
+@click.argument("name", required=False)
+@click.argument("rev", required=False, metavar="[REV]")
+@click.option("--delete", is_flag=True, help="Delete the tag NAME (tags are otherwise never changed).")
+@store_option
+@json_option
+@handle_errors
+def tag(repo, name, rev, delete, store_path, token, as_json):
+    """List tags; with NAME, tag REV (default: main) forever; NAME --delete removes it."""
+    _refs_command("tag", repo, name, rev, delete, store_path, token, as_json)
+
+
+@cli.command()
+@click.argument("repo", metavar="REPO")
+@click.argument("name", required=False)
+@click.argument("rev", required=False, metavar="[REV]")
+@click.option("--delete", is_flag=True, help="Delete the branch NAME (its commits stay reachable by id).")
+@store_option
+@json_option
+@handle_errors
+def branch(repo, name, rev, delete, store_path, token, as_json):
+    """List branches; with NAME, create a branch at REV (default: main); NAME --delete removes it."""
+    _refs_command("branch", repo, name, rev, delete, store_path, token, as_json)
 
 
 @cli.command()

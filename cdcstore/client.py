@@ -23,8 +23,8 @@ import aiohttp
 
 from . import ids, transfer
 from .commit import Commit
-from .errors import (AccessDeniedError, ConflictError, CorruptionError, NotFoundError, RemoteError,
-                     RepoNotFoundError)
+from .errors import (AccessDeniedError, ConflictError, CorruptionError, NotFoundError, RefExistsError,
+                     RemoteError, RepoNotFoundError, RevisionNotFoundError)
 from .manifest import Manifest
 from .pack import PackEntry, decode_chunk
 from .store import Backend, _pid_alive
@@ -60,7 +60,13 @@ def _map_error(status: int, body: bytes, what: str) -> Exception:
     if status in (401, 403):
         return AccessDeniedError(message)
     if status == 404:
-        return RepoNotFoundError(message) if message.startswith("no repo") else NotFoundError(message)
+        if message.startswith("no repo"):
+            return RepoNotFoundError(message)
+        if message.startswith(("no branch", "no tag", "no commit", "revision ")):
+            return RevisionNotFoundError(message)
+        return NotFoundError(message)
+    if status == 409 and "already exists" in message:
+        return RefExistsError(message)
     if status == 409 and "moved" in message:
         return ConflictError(message)
     if status == 422:
@@ -347,11 +353,34 @@ class RemoteStore(Backend):
             raise CorruptionError(f"commit {commit_id} from the server does not match its id")
         return Commit.decode(data, f"commit {commit_id}")
 
-    def resolve(self, repo: str, rev: str) -> str:
-        return self._json("GET", f"/repos/{repo}/resolve/{rev}")["commit"]
+    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
+        doc = self._json("GET", f"/repos/{repo}/resolve/{rev}")
+        cid, kind = doc["commit"], doc.get("kind", "branch")
+        if not ids.is_hex_id(cid) or (kind == "commit" and not cid.startswith(rev.lower())):
+            raise CorruptionError(f"the server resolved {rev!r} to {cid!r}, which is not that commit")
+        return cid, kind
 
     def branches(self, repo: str) -> dict[str, str]:
         return self._json("GET", f"/repos/{repo}/branches")["branches"]
+
+    def tags(self, repo: str) -> dict[str, str]:
+        return self._json("GET", f"/repos/{repo}/tags")["tags"]
+
+    def _create_ref(self, repo: str, kinds: str, name: str, commit_id: str) -> None:
+        self._json("POST", f"/repos/{repo}/{kinds}", body=json.dumps({"name": name, "commit": commit_id}).encode(),
+                   headers={"Content-Type": "application/json"})
+
+    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
+        self._create_ref(repo, "tags", name, commit_id)
+
+    def create_branch(self, repo: str, name: str, commit_id: str) -> None:
+        self._create_ref(repo, "branches", name, commit_id)
+
+    def delete_tag(self, repo: str, name: str) -> str:
+        return self._json("DELETE", f"/repos/{repo}/tags/{name}")["commit"]
+
+    def delete_branch(self, repo: str, name: str) -> str:
+        return self._json("DELETE", f"/repos/{repo}/branches/{name}")["commit"]
 
     def has_repo(self, repo: str) -> bool:
         try:

@@ -54,3 +54,7 @@ class AccessDeniedError(CdcError, PermissionError):
 class RemoteError(CdcError, ConnectionError):
     """The server could not be reached or kept failing after retries, or answered
     with an error that has no closer Python equivalent."""
+
+
+class RefExistsError(CdcError, FileExistsError):
+    """A branch or tag of that name already exists (tags are never overwritten)."""

@@ -18,7 +18,7 @@ import tempfile
 from fsspec import AbstractFileSystem
 from fsspec.transaction import Transaction
 
-from .address import SCHEME, Address, parse
+from .address import SCHEME, Address, check_write_target, parse
 from .api import Store
 from .commit import Commit
 from .manifest import Manifest
@@ -54,6 +54,7 @@ class CdcWriteFile(io.RawIOBase):
         self.address = fs._address(path)
         if not self.address.path:
             raise IsADirectoryError(f"{SCHEME}{path} names a repo, not a file")
+        check_write_target(self.address.ref)  # before any byte is written
         fd, self.tmp = tempfile.mkstemp(prefix="cdcstore-write-")
         self._f = os.fdopen(fd, "wb")
 

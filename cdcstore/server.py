@@ -22,15 +22,18 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from . import ids, transfer
-from .address import check_name
+from .address import check_name, check_ref_name, check_write_target
 from .commit import Commit
-from .errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, RepoNotFoundError,
-                     RevisionNotFoundError)
+from .errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, RefExistsError,
+                     RepoNotFoundError, RevisionNotFoundError)
 from .manifest import Manifest
 from .pack import decode_chunk, read_index
 from .store import LocalStore
 
 log = logging.getLogger("cdcstore.server")
+
+
+REF_KINDS = {"tags": "tag", "branches": "branch"}  # URL segment -> kind of name
 
 
 class HTTPError(Exception):
@@ -97,7 +100,7 @@ async def errors_middleware(request: web.Request, handler):
         raise
     except (RepoNotFoundError, RevisionNotFoundError, FileNotFoundError) as e:
         return _error(404, str(e))
-    except ConflictError as e:
+    except (ConflictError, RefExistsError) as e:
         return _error(409, str(e))
     except CorruptionError as e:
         return _error(422, str(e))
@@ -311,7 +314,35 @@ class Server:
     async def resolve(self, request):
         repo = self._repo(request)
         rev = check_name("revision", request.match_info["rev"])
-        return web.json_response({"commit": await self._io(self.store.resolve, repo, rev)})
+        cid, kind = await self._io(self.store.resolve_ref, repo, rev)
+        return web.json_response({"commit": cid, "kind": kind})
+
+    async def tags(self, request):
+        repo = self._repo(request)
+        return web.json_response({"tags": await self._io(self.store.tags, repo)})
+
+    async def _ref_doc(self, request) -> tuple[str, str]:
+        doc = await self._json(request)
+        if not isinstance(doc.get("name"), str) or not isinstance(doc.get("commit"), str):
+            raise HTTPError(400, 'expected a JSON object {"name": NAME, "commit": COMMIT_ID}')
+        if not ids.is_hex_id(doc["commit"]):
+            raise HTTPError(400, f"invalid commit id {doc['commit']!r}: 32 lowercase hex digits")
+        return doc["name"], doc["commit"]
+
+    async def create_ref(self, request):
+        repo = self._repo(request, write=True)
+        kind = REF_KINDS[request.match_info["kind"]]
+        name, cid = await self._ref_doc(request)
+        check_ref_name(kind, name)
+        await self._io(self.store.create_ref, repo, kind, name, cid)
+        return web.json_response({kind: name, "commit": cid}, status=201)
+
+    async def delete_ref(self, request):
+        repo = self._repo(request, write=True)
+        kind = REF_KINDS[request.match_info["kind"]]
+        name = check_name(kind, request.match_info["name"])
+        cid = await self._io(self.store.delete_ref, repo, kind, name)
+        return web.json_response({kind: name, "commit": cid})
 
     async def get_commit(self, request):
         repo = self._repo(request)
@@ -325,7 +356,7 @@ class Server:
         repo = self._repo(request, write=True)
         doc = await self._json(request)
         commit = _uploaded_commit(doc.get("commit"))
-        branch = check_name("branch", doc.get("branch") if isinstance(doc.get("branch"), str) else "")
+        branch = check_write_target(doc.get("branch") if isinstance(doc.get("branch"), str) else "")
         expected = doc.get("expected")
         if expected is not None and not (isinstance(expected, str) and ids.is_hex_id(expected)):
             raise HTTPError(400, '"expected" must be null or a commit id (32 lowercase hex digits)')
@@ -429,6 +460,9 @@ def make_app(store: LocalStore, config: ServerConfig | None = None) -> web.Appli
         web.get(f"{api}/repos", s.list_repos),
         web.get(f"{api}/repos/{{repo}}/branches", s.branches),
         web.get(f"{api}/repos/{{repo}}/resolve/{{rev}}", s.resolve),
+        web.get(f"{api}/repos/{{repo}}/tags", s.tags),
+        web.post(f"{api}/repos/{{repo}}/{{kind:tags|branches}}", s.create_ref),
+        web.delete(f"{api}/repos/{{repo}}/{{kind:tags|branches}}/{{name}}", s.delete_ref),
         web.get(f"{api}/repos/{{repo}}/commits/{{id}}", s.get_commit),
         web.post(f"{api}/repos/{{repo}}/commits", s.post_commit),
         web.get(f"{api}/repos/{{repo}}/manifests/{{name}}", s.get_manifest),

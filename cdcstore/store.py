@@ -7,6 +7,7 @@ Layout (store format v1, see docs/format.md):
     manifests/ab/<name>               file manifests, named likewise
     repos/<repo>/commits/<id>.json    commits, named by xxh3-128 of their JSON
     repos/<repo>/branches/<branch>    the commit id a branch points at
+    repos/<repo>/tags/<tag>           the commit id a tag names (never rewritten)
     index.sqlite                      chunk index (a rebuildable cache)
     tmp/                              files being written (<pid>-<random>.tmp)
 
@@ -29,10 +30,11 @@ import threading
 from typing import Iterable, Iterator
 
 from . import ids
-from .address import check_name
+from .address import check_name, check_ref_name, check_write_target, is_commit_like
 from .commit import Commit
-from .errors import (CdcError, ConflictError, CorruptionError, NotAStoreError, PathNotFoundError,
-                     RepoNotFoundError, RevisionNotFoundError, StoreFormatError)
+from .errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, NotAStoreError,
+                     PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
+                     StoreFormatError)
 from .index import ChunkIndex
 from .manifest import Manifest
 from .pack import PackEntry, decode_chunk, read_index
@@ -112,10 +114,26 @@ class Backend(abc.ABC):
         ConflictError if the branch moved. Returns the commit id."""
     @abc.abstractmethod
     def get_commit(self, repo: str, commit_id: str) -> Commit: ...
+    def resolve(self, repo: str, rev: str) -> str:
+        return self.resolve_ref(repo, rev)[0]
+
     @abc.abstractmethod
-    def resolve(self, repo: str, rev: str) -> str: ...
+    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
+        """(commit id, "commit" | "branch" | "tag") of a revision (see docs/format.md)."""
     @abc.abstractmethod
     def branches(self, repo: str) -> dict[str, str]: ...
+    @abc.abstractmethod
+    def tags(self, repo: str) -> dict[str, str]: ...
+    @abc.abstractmethod
+    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
+        """A new tag; RefExistsError if the name is taken by a tag or a branch."""
+    @abc.abstractmethod
+    def delete_tag(self, repo: str, name: str) -> str: ...
+    @abc.abstractmethod
+    def create_branch(self, repo: str, name: str, commit_id: str) -> None: ...
+    @abc.abstractmethod
+    def delete_branch(self, repo: str, name: str) -> str:
+        """Remove a branch (never the last one of a repo); returns the commit it named."""
     @abc.abstractmethod
     def has_repo(self, repo: str) -> bool: ...
     @abc.abstractmethod
@@ -476,12 +494,7 @@ class LocalStore(Backend):
         return d
 
     def branches(self, repo: str) -> dict[str, str]:
-        d = os.path.join(self._require_repo(repo), "branches")
-        out = {}
-        for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-            with open(os.path.join(d, name)) as f:
-                out[name] = f.read().strip()
-        return out
+        return self._read_refs(os.path.join(self._require_repo(repo), "branches"))
 
     def put_commit(self, commit: Commit) -> str:
         self.ensure_repo(commit.repo)
@@ -498,23 +511,74 @@ class LocalStore(Backend):
                                 RevisionNotFoundError(f"no commit {commit_id} in repo {repo!r}"))
         return Commit.decode(data, f"commit {commit_id}")
 
-    def resolve(self, repo: str, rev: str) -> str:
-        """A branch name, a commit id or a unique prefix of one (4+ hex digits) -> commit id."""
+    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
+        """(commit id, kind) of a revision: 4+ hex digits are a commit id or a unique
+        prefix of one ("commit"); any other name is a branch or a tag, never both."""
         d = self._require_repo(repo)
-        branch = os.path.join(d, "branches", rev)
-        if os.path.isfile(branch):
-            with open(branch) as f:
-                return f.read().strip()
-        if len(rev) >= 4 and all(c in "0123456789abcdef" for c in rev):
-            matches = [fn[:-5] for fn in os.listdir(os.path.join(d, "commits")) if fn.startswith(rev)]
-            if len(matches) == 1:
-                return matches[0]
-            if len(matches) > 1:
-                raise RevisionNotFoundError(f"revision {rev!r} is ambiguous in repo {repo!r} "
-                                            f"({len(matches)} commits match): give more digits")
-        names = ", ".join(self.branches(repo)) or "none"
-        raise RevisionNotFoundError(f"no branch or commit {rev!r} in repo {repo!r} (branches: {names}); "
-                                    f"a commit id prefix needs at least 4 hex digits")
+        if is_commit_like(rev):
+            prefix = rev.lower()
+            matches = [fn[:-5] for fn in os.listdir(os.path.join(d, "commits"))
+                       if fn.startswith(prefix) and fn.endswith(".json")]
+            return pick_commit(repo, rev, matches), "commit"
+        check_name("revision", rev)
+        branches = self.branches(repo)
+        return resolve_name(repo, rev, branches.get(rev), self.tags(repo).get(rev), branches)
+
+    def _ref_dir(self, repo: str, kind: str) -> str:
+        return os.path.join(self._require_repo(repo), "branches" if kind == "branch" else "tags")
+
+    def _read_refs(self, d: str) -> dict[str, str]:
+        out = {}
+        for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+            if name.startswith("."):
+                continue
+            with open(os.path.join(d, name)) as f:
+                out[name] = f.read().strip()
+        return out
+
+    def tags(self, repo: str) -> dict[str, str]:
+        return self._read_refs(self._ref_dir(repo, "tag"))
+
+    def create_ref(self, repo: str, kind: str, name: str, commit_id: str) -> None:
+        """Create branch or tag `name` at `commit_id` under the repo lock; refuses a
+        name that is already a branch or a tag, and a commit the repo lacks."""
+        check_ref_name(kind, name)
+        self.get_commit(repo, commit_id)  # must exist (and be intact) in this repo
+        with self._repo_lock(repo):
+            for other in ("branch", "tag"):
+                if os.path.exists(os.path.join(self._ref_dir(repo, other), name)):
+                    raise RefExistsError(f"{other} {name!r} already exists in repo {repo!r}: "
+                                         f"choose another {kind} name" + (
+                                             "; tags are never moved" if other == "tag" else ""))
+            self.write_atomic(os.path.join(self._ref_dir(repo, kind), name), (commit_id + "\n").encode())
+
+    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
+        self.create_ref(repo, "tag", name, commit_id)
+
+    def create_branch(self, repo: str, name: str, commit_id: str) -> None:
+        self.create_ref(repo, "branch", name, commit_id)
+
+    def delete_ref(self, repo: str, kind: str, name: str) -> str:
+        """Remove a branch or tag (never the repo's last branch); returns its commit id."""
+        check_name(kind, name)
+        with self._repo_lock(repo):
+            refs = self._read_refs(self._ref_dir(repo, kind))
+            if name not in refs:
+                raise RevisionNotFoundError(f"no {kind} {name!r} in repo {repo!r} "
+                                            f"({kind}s: {', '.join(refs) or 'none'})")
+            if kind == "branch" and len(refs) == 1:
+                raise InvalidAddressError(f"branch {name!r} is the only branch of repo {repo!r}: "
+                                          f"create another branch before deleting it")
+            path = os.path.join(self._ref_dir(repo, kind), name)
+            os.unlink(path)
+            fsync_dir(os.path.dirname(path))
+            return refs[name]
+
+    def delete_tag(self, repo: str, name: str) -> str:
+        return self.delete_ref(repo, "tag", name)
+
+    def delete_branch(self, repo: str, name: str) -> str:
+        return self.delete_ref(repo, "branch", name)
 
     @contextlib.contextmanager
     def _repo_lock(self, repo: str):
@@ -553,8 +617,11 @@ class LocalStore(Backend):
 
         Raises ConflictError when another writer moved it first; nothing changes then.
         """
-        check_name("branch", branch)
+        check_write_target(branch)
         with self._repo_lock(repo):
+            if os.path.exists(os.path.join(self.repo_dir(repo), "tags", branch)):
+                raise InvalidAddressError(f"{branch!r} is a tag of repo {repo!r}: a tag is immutable: "
+                                          f"push to a branch")
             path = os.path.join(self.repo_dir(repo), "branches", branch)
             try:
                 with open(path) as f:
@@ -572,6 +639,30 @@ class LocalStore(Backend):
         d = self.repo_dir(repo)
         for sub in ("commits", "branches"):
             os.makedirs(os.path.join(d, sub), exist_ok=True)
+
+
+def pick_commit(repo: str, rev: str, matches: list[str]) -> str:
+    """The one commit id a hex prefix names; an error for none or several."""
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise RevisionNotFoundError(f"revision {rev!r} is ambiguous in repo {repo!r} "
+                                    f"({len(matches)} commits match): give more digits")
+    raise RevisionNotFoundError(f"no commit {rev!r} in repo {repo!r} (4 or more hex digits name a "
+                                f"commit id or a prefix of one; see `cdcstore log {repo}`)")
+
+
+def resolve_name(repo: str, rev: str, branch: str | None, tag: str | None,
+                 branches: dict[str, str]) -> tuple[str, str]:
+    """(commit id, kind) of a name that is a branch or a tag; an error if both or neither."""
+    if branch and tag:
+        raise RevisionNotFoundError(f"revision {rev!r} is ambiguous in repo {repo!r}: it is both a branch "
+                                    f"and a tag; delete one of them")
+    if branch or tag:
+        return (branch, "branch") if branch else (tag, "tag")
+    names = ", ".join(branches) or "none"
+    raise RevisionNotFoundError(f"no branch or tag {rev!r} in repo {repo!r} (branches: {names}); "
+                                f"a commit id prefix needs at least 4 hex digits")
 
 
 def no_such_path(addr_repo: str, rev: str, path: str) -> PathNotFoundError:

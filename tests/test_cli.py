@@ -93,7 +93,7 @@ def test_check_and_rebuild_index(env):
 
 @pytest.mark.parametrize("args, needle", [
     (("ls", "cdc://nope/"), "no repo 'nope'"),
-    (("ls", "cdc://ds@zzz/"), "no branch or commit 'zzz'"),
+    (("ls", "cdc://ds@zzz/"), "no branch or tag 'zzz'"),
     (("cat", "cdc://ds/missing.bin"), "no file or folder 'missing.bin'"),
     (("push", "/no/such/dir", "cdc://ds/"), "does not exist"),
     (("ls", "cdc://bad name/"), "invalid repo name"),

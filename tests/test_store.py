@@ -92,7 +92,7 @@ def test_branches_and_revisions(store, dataset):
     assert store.branches("r") == {"main": v1.commit, "dev": v2.commit}
     assert {e["name"] for e in store.ls("cdc://r@dev/")} == {"f.txt", "a.bin"}  # branched from main
     assert {e["name"] for e in store.ls(f"cdc://r@{v1.commit[:4]}/")} == {"f.txt"}
-    with pytest.raises(RevisionNotFoundError, match="no branch or commit 'nope'"):
+    with pytest.raises(RevisionNotFoundError, match="no branch or tag 'nope'"):
         store.ls("cdc://r@nope/")
     with pytest.raises(RepoNotFoundError, match="no repo 'missing'"):
         store.ls("cdc://missing/")
