@@ -101,16 +101,17 @@ def _commit_parts(rel: str, path: str) -> list[str]:
 def _safe_target(root: str, parts: list[str], path: str) -> str:
     """root/parts..., refused when an existing folder on the way resolves outside root
     (a symlinked parent); folders still missing are created inside it later."""
-    target = os.path.join(root, *parts)
     real_root = os.path.realpath(root)
-    d = os.path.dirname(target)
-    while d != root and not os.path.lexists(d) and os.path.dirname(d) != d:
-        d = os.path.dirname(d)
-    real = os.path.realpath(d)
-    if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
-        raise InvalidAddressError(f"{path!r} would be written through {d!r}, a symlink out of {root!r}: "
-                                  f"refusing; remove that symlink or pull elsewhere")
-    return target
+    d = root
+    for part in parts[:-1]:
+        d = os.path.join(d, part)
+        if not os.path.lexists(d):
+            break  # the rest is created inside root
+        real = os.path.realpath(d)
+        if not real.startswith(real_root.rstrip(os.sep) + os.sep):
+            raise InvalidAddressError(f"{path!r} would be written through {d!r}, a symlink out of {root!r}: "
+                                      f"refusing; remove that symlink or pull elsewhere")
+    return os.path.join(root, *parts)
 
 
 def _check_replaceable(target: str) -> None:
