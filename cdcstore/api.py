@@ -256,10 +256,12 @@ class Store:
 
     @classmethod
     def init(cls, location: str | None = None) -> "Store":
-        if location and is_url(location):
-            raise InvalidAddressError("a server's store is created on the server: run `cdcstore init` there")
-        LocalStore.init(location or default_store_path())
-        return cls(location or default_store_path())
+        location = location or default_store_path()  # $CDCSTORE_STORE may name a server too
+        if is_url(location):
+            raise InvalidAddressError(f"{location} is a server: a server's store is created on the server "
+                                      f"(run `cdcstore init --store DIR` there, then `cdcstore serve`)")
+        LocalStore.init(location)
+        return cls(location)
 
     def counters(self) -> dict:
         """Requests and bytes on the wire so far (zeros for a local store)."""

@@ -176,9 +176,12 @@ def test_serve_on_busy_port_does_not_announce(tmp_path, local):
 
 
 # -- 7, 8. init on a URL, unknown schemes -------------------------------------------------------
-def test_init_on_url_says_server_side(tmp_path):
+def test_init_on_url_says_server_side(tmp_path, monkeypatch):
     line = one_line(cdc("init", "--store", "http://127.0.0.1:1/"))
     assert "created on the server" in line and "created store" not in line
+    monkeypatch.setenv("CDCSTORE_STORE", "http://127.0.0.1:1/")
+    line = one_line(cdc("init", cwd=tmp_path))
+    assert "created on the server" in line and os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("url", ["htp://127.0.0.1:1/", "s3://bucket/x", "file://x"])
