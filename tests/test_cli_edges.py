@@ -268,3 +268,21 @@ def test_pull_from_hostile_server(tmp_path, local):
         assert not (tmp_path / "escaped.bin").exists()
     finally:
         srv.stop()
+
+
+def test_fs_get_refuses_dotdot_and_symlink_targets(tmp_path, local):
+    import fsspec
+
+    _hostile_branch(local, ["../escaped.bin"])
+    fs = fsspec.filesystem("cdc", store=local)
+    out = tmp_path / "dest"
+    out.mkdir()
+    with pytest.raises((CdcError, ValueError)):
+        fs.get("cdc://r@evil/", str(out) + "/", recursive=True)
+    assert not (tmp_path / "escaped.bin").exists()
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    os.symlink(victim, out / "f.bin")
+    with pytest.raises(CdcError):
+        fs.get("cdc://r/f.bin", str(out / "f.bin"))
+    assert victim.read_bytes() == b"keep"
