@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import os
+import re
+import stat
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
@@ -67,15 +69,95 @@ class TransferResult:
         return d
 
 
+@dataclass
+class PullResult:
+    """What a pull did: `bytes` of `files` in the revision; `written_files` and
+    `written_bytes` had to be written (the rest already matched on disk)."""
+
+    files: int
+    bytes: int
+    written_files: int
+    written_bytes: int
+    seconds: float
+    commit: str
+    sent_bytes: int = 0
+    received_bytes: int = 0
+    requests: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _commit_parts(rel: str, path: str) -> list[str]:
+    """The '/'-separated parts of a path read from a commit, refusing any that could
+    leave the destination ('..', '.', empty, absolute, backslashes, NUL)."""
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
+        raise CorruptionError(f"the commit holds an unsafe path {path!r} that would write outside "
+                              f"the destination: refusing to pull it (the store or server is damaged or hostile)")
+    return parts
+
+
+def _safe_target(root: str, parts: list[str], path: str) -> str:
+    """root/parts..., refused when an existing folder on the way resolves outside root
+    (a symlinked parent); folders still missing are created inside it later."""
+    real_root = os.path.realpath(root)
+    d = root
+    for part in parts[:-1]:
+        d = os.path.join(d, part)
+        if not os.path.lexists(d):
+            break  # the rest is created inside root
+        real = os.path.realpath(d)
+        if not real.startswith(real_root.rstrip(os.sep) + os.sep):
+            raise InvalidAddressError(f"{path!r} would be written through {d!r}, a symlink out of {root!r}: "
+                                      f"refusing; remove that symlink or pull elsewhere")
+    return os.path.join(root, *parts)
+
+
+def _check_replaceable(target: str) -> None:
+    """Refuse to replace a symlink, FIFO, device or socket with a regular file."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise InvalidAddressError(f"{target!r}: a parent of it is a file: pull elsewhere") from None
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return
+    kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+        "a device or socket"
+    raise InvalidAddressError(f"{target!r} is {kind}: pull never replaces or writes through it; "
+                              f"pull to a regular path (or use `cdcstore cat` to write to stdout or a pipe)")
+
+
 def _as_address(addr: str | Address) -> Address:
     return addr if isinstance(addr, Address) else parse(addr)
 
 
-def plan_sources(sources: Iterable[str], dest: str, dest_is_dir: bool) -> list[tuple[str, str]]:
+def _special(path: str) -> str | None:
+    """Why a local path is not pushed (a FIFO, socket, device, folder symlink, dangling
+    link), or None for a regular file or a symlink to one. Never opens the path."""
+    try:
+        st = os.stat(path)  # follows a symlink to a file
+    except OSError:
+        return "a broken symlink"
+    if stat.S_ISREG(st.st_mode):
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return "a symlink to a folder (not followed)"
+    kind = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+            else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
+    return kind + (" (through a symlink)" if os.path.islink(path) else "")
+
+
+def plan_sources(sources: Iterable[str], dest: str, dest_is_dir: bool,
+                 on_skip: Callable[[str, str], None] | None = None) -> list[tuple[str, str]]:
     """(local file, path in the revision) pairs for a push.
 
     One folder: its contents go under DEST. One file: to DEST, or DEST/name when
     DEST is empty or ends with '/'. Several sources: each goes to DEST/name.
+    Symlinks to files are followed; FIFOs, sockets, devices and folder symlinks
+    are skipped (never opened) and reported to `on_skip(path, why)`.
     """
     sources = list(sources)
     if not sources:
@@ -90,19 +172,32 @@ def plan_sources(sources: Iterable[str], dest: str, dest_is_dir: bool) -> list[t
     def join(*parts: str) -> str:
         return normalize_path("/".join(p for p in parts if p))
 
+    def skip(path: str, why: str) -> None:
+        if on_skip:
+            on_skip(path, why)
+
     for s in sources:
         name = os.path.basename(os.path.normpath(s))
         if os.path.isdir(s):
             root = base if len(sources) == 1 else join(base, name)
-            for dirpath, dirnames, filenames in os.walk(s):
+            for dirpath, dirnames, filenames in os.walk(s):  # never follows folder symlinks: no loops
                 dirnames.sort()
                 rel = os.path.relpath(dirpath, s)
-                for fn in sorted(filenames):
-                    pairs.append((os.path.join(dirpath, fn), join(root, "" if rel == "." else rel, fn)))
+                for fn in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+                    local = os.path.join(dirpath, fn)
+                    why = _special(local)
+                    if why:
+                        skip(local, why)
+                    else:
+                        pairs.append((local, join(root, "" if rel == "." else rel, fn)))
+        elif why := _special(s):
+            skip(s, why)
         elif len(sources) == 1 and not dest_is_dir:
             pairs.append((s, base))
         else:
             pairs.append((s, join(base, name)))
+    if not pairs:
+        raise InvalidAddressError("nothing to push: no regular files among the sources")
     dests = [d for _, d in pairs]
     if len(set(dests)) != len(dests):
         raise InvalidAddressError("two sources map to the same path in the repo: push them to different folders")
@@ -121,7 +216,12 @@ def _check_tree(files: dict[str, FileEntry]) -> None:
 
 
 def is_url(location: str) -> bool:
-    return location.startswith(("http://", "https://"))
+    """True for an http(s):// server URL; any other `scheme://` is refused."""
+    m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", location)
+    if m and m.group(1).lower() not in ("http", "https"):
+        raise InvalidAddressError(f"unsupported store scheme {m.group(1)}://: give a folder path, "
+                                  f"or a server URL starting with http:// or https://")
+    return bool(m)
 
 
 class Store:
@@ -156,10 +256,12 @@ class Store:
 
     @classmethod
     def init(cls, location: str | None = None) -> "Store":
-        if location and is_url(location):
-            raise InvalidAddressError("a server's store is created on the server: run `cdcstore init` there")
-        LocalStore.init(location or default_store_path())
-        return cls(location or default_store_path())
+        location = location or default_store_path()  # $CDCSTORE_STORE may name a server too
+        if is_url(location):
+            raise InvalidAddressError(f"{location} is a server: a server's store is created on the server "
+                                      f"(run `cdcstore init --store DIR` there, then `cdcstore serve`)")
+        LocalStore.init(location)
+        return cls(location)
 
     def counters(self) -> dict:
         """Requests and bytes on the wire so far (zeros for a local store)."""
@@ -226,17 +328,19 @@ class Store:
     # -- writing -------------------------------------------------------------------------
     def push(self, sources: Iterable[str] | str, dest: str | Address, message: str = "",
              *, delete: bool = False, options: IngestOptions | None = None,
-             progress: Callable[[int], None] | None = None) -> TransferResult:
+             progress: Callable[[int], None] | None = None,
+             on_skip: Callable[[str, str], None] | None = None) -> TransferResult:
         """Publish local files and folders as one new commit on DEST's branch.
 
         Files already in the branch and not pushed stay; with `delete=True`, files
         under DEST that are not among the sources are removed. Nothing changes
-        when the push adds nothing new (no empty commits).
+        when the push adds nothing new (no empty commits). FIFOs, sockets, devices
+        and folder symlinks are skipped and reported to `on_skip(path, why)`.
         """
         a = _as_address(dest)
         if isinstance(sources, str):
             sources = [sources]
-        pairs = plan_sources(sources, a.path, isinstance(dest, str) and dest.endswith("/"))
+        pairs = plan_sources(sources, a.path, isinstance(dest, str) and dest.endswith("/"), on_skip)
         under = (a.path + "/" if a.path else "") if delete else None
         return self.commit_files(a.repo, a.ref, pairs, message, remove_under=under, options=options,
                                  progress=progress)
@@ -343,24 +447,28 @@ class Store:
             return f.read()
 
     def pull(self, addr: str | Address, local: str,
-             progress: Callable[[int], None] | None = None) -> TransferResult:
+             progress: Callable[[int], None] | None = None) -> "PullResult":
         """Write a file or folder of a revision to local disk, atomically per file.
 
-        A local file that already has the same content is left alone; `new_bytes`
-        counts the bytes that had to be written.
+        A local file that already has the same content is left alone. LOCAL ending
+        in '/' (or an existing folder) receives a single file by its name. Every
+        target must stay inside LOCAL (no '..', absolute paths or symlinked folders
+        leading out), and an existing symlink, FIFO or device is refused, never replaced.
         """
         t0, c0 = time.perf_counter(), self.counters()
         a = _as_address(addr)
         cid, commit, found = self._entries(a)
-        single = a.path in commit.files
-        if single:
-            target = os.path.join(local, a.path.rsplit("/", 1)[-1]) if os.path.isdir(local) else local
-            plan = [(a.path, target)]
+        if a.path in commit.files:
+            name = _commit_parts(a.path, a.path)[-1]
+            into = local.endswith(("/", os.sep)) or os.path.isdir(local)
+            root, plan = (local, [(a.path, [name])]) if into else (os.path.dirname(local) or ".", [(a.path, None)])
         else:
             prefix = a.path + "/" if a.path else ""
-            plan = [(p, os.path.join(local, *p[len(prefix):].split("/"))) for p in found]
-        total = written = 0
-        for path, target in plan:
+            root, plan = local, [(p, _commit_parts(p[len(prefix):], p)) for p in found]
+        total = written = written_files = 0
+        for path, parts in plan:
+            target = local if parts is None else _safe_target(root, parts, path)
+            _check_replaceable(target)
             entry = commit.files[path]
             m = self.backend.get_manifest(entry.manifest, a.repo)
             total += m.size
@@ -369,31 +477,37 @@ class Store:
                     progress(m.size)
                 continue
             written += m.size
+            written_files += 1
             os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
-            tmp = f"{target}.cdcstore-{os.getpid()}.part"
-            h = ids.hasher()
-            try:
-                source = self.backend
-                if os.path.isfile(target) and is_url(self.location):  # reuse what the old copy has
-                    source = LocalSeed(self.backend, target)
-                with FileReader(source, m, path, a.repo, sequential=True, readahead_bytes=64 << 20,
-                                batch_bytes=8 << 20) as src, open(tmp, "wb") as out:
-                    while pieces := src.read_pieces(16 * 1024 * 1024):
-                        for p in pieces:  # chunk-sized writes: this kernel is slow on writes over ~4 MiB
-                            h.update(p)
-                            out.write(p)
-                        if progress:
-                            progress(sum(len(p) for p in pieces))
-                if h.digest() != m.file_hash:
-                    raise CorruptionError(f"{path}: reassembled file does not match its hash; "
-                                          f"run `cdcstore check`")
-                os.replace(tmp, target)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
-        return TransferResult(files=len(plan), bytes=total, new_bytes=written, stored_bytes=written,
-                              seconds=time.perf_counter() - t0, commit=cid, **self._wire(c0))
+            self._write_file(a.repo, path, m, target, progress)
+        return PullResult(files=len(plan), bytes=total, written_files=written_files,
+                          written_bytes=written, seconds=time.perf_counter() - t0, commit=cid,
+                          **self._wire(c0))
+
+    def _write_file(self, repo: str, path: str, m, target: str, progress) -> None:
+        """Reassemble one file into a temp file beside `target`, verify, rename."""
+        tmp = f"{target}.cdcstore-{os.getpid()}.part"
+        h = ids.hasher()
+        try:
+            source = self.backend
+            if os.path.isfile(target) and is_url(self.location):  # reuse what the old copy has
+                source = LocalSeed(self.backend, target)
+            with FileReader(source, m, path, repo, sequential=True, readahead_bytes=64 << 20,
+                            batch_bytes=8 << 20) as src, open(tmp, "wb") as out:
+                while pieces := src.read_pieces(16 * 1024 * 1024):
+                    for p in pieces:  # chunk-sized writes: this kernel is slow on writes over ~4 MiB
+                        h.update(p)
+                        out.write(p)
+                    if progress:
+                        progress(sum(len(p) for p in pieces))
+            if h.digest() != m.file_hash:
+                raise CorruptionError(f"{path}: reassembled file does not match its hash; "
+                                      f"run `cdcstore check`")
+            os.replace(tmp, target)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
     def _wire(self, before: dict) -> dict:
         now = self.counters()

@@ -4,43 +4,92 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import logging
+import os
 import sys
 
 import click
 from tqdm import tqdm
 
 from .address import DEFAULT_BRANCH, parse
-from .api import Store, default_store_path, is_url
+from .api import Store, default_store_path, is_url, plan_sources
 from .errors import CdcError, InvalidAddressError
 from .store import LocalStore
 
 EXIT_ERROR = 1
 
 
-def _fail(message: str) -> None:
-    click.echo(f"cdcstore: error: {message}", err=True)
+def _as_json() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.params.get("as_json"))
+
+
+def _fail(message: str, exc: BaseException | None = None) -> None:
+    """One error line on stderr; with --json, one JSON object on stdout instead."""
+    if _as_json():
+        click.echo(json.dumps({"error": message, "type": type(exc).__name__ if exc else "Error"}))
+    else:
+        click.echo(f"cdcstore: error: {message}", err=True)
     sys.exit(EXIT_ERROR)
 
 
+def _stdout_closed() -> None:
+    """The reader of stdout went away (`| head`): stop quietly, as `cat` does."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
+    sys.exit(0)
+
+
 def handle_errors(fn):
-    """Turn expected failures into one line on stderr and a non-zero exit."""
+    """Turn expected failures into one line on stderr (or JSON with --json) and exit 1."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except CdcError as e:
-            _fail(str(e))
+            _fail(str(e), e)
+        except BrokenPipeError:
+            _stdout_closed()
         except (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError,
                 FileNotFoundError) as e:
-            _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
+            _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e), e)
         except OSError as e:
-            _fail(f"{e}")
+            _fail(f"{e}", e)
         except KeyboardInterrupt:
             click.echo("cdcstore: interrupted", err=True)
             sys.exit(130)
 
     return wrapper
+
+
+def _quiet() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.find_root().meta.get("cdcstore.quiet"))
+
+
+def _set_quiet(ctx, _param, value) -> None:
+    if value:
+        ctx.find_root().meta["cdcstore.quiet"] = True
+    _route_retry_notes(quiet=_quiet())
+
+
+def _route_retry_notes(quiet: bool) -> None:
+    """Retry notes of the HTTP client (logger cdcstore.client) go to stderr unless quiet."""
+    log = logging.getLogger("cdcstore.client")
+    log.propagate = False
+    log.handlers = [] if quiet else [_stderr_handler]
+    log.setLevel(logging.CRITICAL if quiet else logging.INFO)
+
+
+_stderr_handler = logging.StreamHandler(sys.stderr)
+_stderr_handler.setFormatter(logging.Formatter("cdcstore: %(message)s"))
+
+quiet_option = click.option("-q", "--quiet", is_flag=True, expose_value=False, is_eager=True,
+                            callback=_set_quiet, help="No progress bars or retry notes: only the result or error.")
 
 
 _store_opt = click.option(
@@ -51,12 +100,15 @@ _token_opt = click.option("--token", default=None, metavar="TOKEN",
 
 
 def store_option(fn):
-    return _store_opt(_token_opt(fn))
+    return quiet_option(_store_opt(_token_opt(fn)))
 
 
 def local_store_option(fn):
-    return _store_opt(fn)
-json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+    return quiet_option(_store_opt(fn))
+
+
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print one JSON object (an error too: {\"error\", \"type\"} on stdout).")
 
 
 def _store(path: str | None, token: str | None = None) -> Store:
@@ -74,7 +126,7 @@ def _local(path: str | None) -> LocalStore:
 
 def _progress(total: int, desc: str, quiet: bool):
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                disable=True if quiet else None, file=sys.stderr, leave=False)
+                disable=True if quiet or _quiet() else None, file=sys.stderr, leave=False)
 
 
 def _print_json(obj: dict) -> None:
@@ -91,6 +143,7 @@ def _human(n: float) -> str:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="cdcstore")
+@quiet_option
 def cli() -> None:
     """Content-defined-chunking, deduplicating store for dataset versions."""
 
@@ -115,17 +168,13 @@ def init(store_path):
 @handle_errors
 def push(sources, dest, message, delete, detail, store_path, token, as_json):
     """Publish local files and folders as one commit."""
-    import os
-
     s = _store(store_path, token)
-    total = 0
-    for src in sources:
-        if os.path.isdir(src):
-            total += sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(src) for f in fs)
-        elif os.path.exists(src):
-            total += os.path.getsize(src)
+    skipped: list[str] = []
+    total = sum(os.path.getsize(f) for f, _ in plan_sources(sources, "", True, lambda *_: None))
     with _progress(total, "push", as_json) as bar:
-        r = s.push(list(sources), dest, message, delete=delete, progress=bar.update)
+        r = s.push(list(sources), dest, message, delete=delete, progress=bar.update,
+                   on_skip=lambda path, why: skipped.append(f"{path} ({why})"))
+    _warn_skipped(skipped)
     if as_json:
         _print_json(r.to_dict(detail=detail))
         return
@@ -140,6 +189,16 @@ def push(sources, dest, message, delete, detail, store_path, token, as_json):
         click.echo(f"  new {_human(n):>10}  {path}")
     if len(top) > 10:
         click.echo(f"  ... and {len(top) - 10} more files with new bytes (see --json)")
+
+
+def _warn_skipped(skipped: list[str], show: int = 5) -> None:
+    """One warning line per skipped special file (the first few), then the count."""
+    if not skipped:
+        return
+    for line in skipped[:show]:
+        click.echo(f"cdcstore: warning: skipped {line}", err=True)
+    click.echo(f"cdcstore: warning: skipped {len(skipped)} files that are not regular files "
+               f"(FIFOs, sockets, devices, folder symlinks)", err=True)
 
 
 @cli.command()
@@ -157,8 +216,8 @@ def pull(src, local, store_path, token, as_json):
     if as_json:
         _print_json(r.to_dict())
         return
-    click.echo(f"{r.files} files, {_human(r.bytes)} from commit {r.commit[:12]}; "
-               f"wrote {_human(r.new_bytes)} in {r.seconds:.2f}s")
+    click.echo(f"{r.files} files, {_human(r.bytes)} from commit {r.commit[:12]}; wrote "
+               f"{r.written_files} files, {_human(r.written_bytes)} in {r.seconds:.2f}s")
 
 
 @cli.command(name="ls")

@@ -13,6 +13,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import json
+import logging
 import os
 import random
 import tempfile
@@ -30,6 +31,14 @@ from .pack import PackEntry, decode_chunk
 from .store import Backend, _pid_alive
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
+REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
+NOTE_AFTER = 1.0  # seconds: a retry waiting this long is logged (the CLI prints it unless -q)
+log = logging.getLogger("cdcstore.client")
+
+
+def _refused(e: BaseException) -> bool:
+    """A connection refused (nothing listens on the port), as opposed to a timeout or reset."""
+    return isinstance(e, aiohttp.ClientConnectorError) and isinstance(e.os_error, ConnectionRefusedError)
 ENV_TOKEN = "CDCSTORE_TOKEN"
 UPLOAD_PREFIX = "cdcstore-upload-"  # + "<pid>-": temp packs, removable once that pid is gone
 
@@ -167,6 +176,7 @@ class Transport:
                                 return resp.status, payload
                             if resp.status not in RETRY_STATUS or attempt == retries:
                                 raise _map_error(resp.status, payload, what)
+                            reason = "server busy" if resp.status == 429 else f"server answered {resp.status}"
                             retry_after = resp.headers.get("Retry-After")
                             if retry_after and retry_after.strip().isdigit():
                                 delay = min(float(retry_after), self.max_backoff * 3)
@@ -174,11 +184,21 @@ class Transport:
                     if body_path:
                         data.close()
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
-                if attempt == retries:
+                if _refused(e):
+                    if attempt >= min(retries, REFUSED_RETRIES):
+                        raise RemoteError(f"cannot connect to {self.base}: connection refused; "
+                                          f"is `cdcstore serve` running there?") from None
+                    delay = self.backoff * 0.4
+                elif attempt == retries:
                     kind = "timed out (stalled)" if isinstance(e, TimeoutError) else f"failed: {e}"
                     raise RemoteError(f"{what} to {self.base} {kind} after {attempt + 1} attempts; "
                                       f"check that `cdcstore serve` is running and reachable") from None
-            await asyncio.sleep(self.delay(attempt) if delay is None else delay)
+                reason = "timed out" if isinstance(e, TimeoutError) else type(e).__name__
+            delay = self.delay(attempt) if delay is None else delay
+            if delay >= NOTE_AFTER:
+                log.info("retrying %s in %.1f s (%s), attempt %d of %d", what, delay, reason,
+                         attempt + 2, retries + 1)
+            await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
     async def get_range(self, path: str, start: int, end: int) -> bytes:

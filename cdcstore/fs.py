@@ -19,7 +19,7 @@ from fsspec import AbstractFileSystem
 from fsspec.transaction import Transaction
 
 from .address import SCHEME, Address, check_write_target, parse
-from .api import Store
+from .api import Store, _check_replaceable
 from .commit import Commit
 from .manifest import Manifest
 from .reader import FileReader
@@ -237,6 +237,14 @@ class CdcFileSystem(AbstractFileSystem):
             self.store.commit_files(repo, branch, pairs, f"write {names}")
             self._heads.pop((repo, branch), None)
         self.invalidate_cache()
+
+    def get_file(self, rpath, lpath, callback=None, outfile=None, **kwargs):
+        """Like fsspec's, but the store path is validated (no '..') and an existing
+        symlink, FIFO or device at `lpath` is refused, never written through."""
+        if outfile is None and not isinstance(lpath, io.IOBase):
+            self._address(rpath)  # raises on '..' and NUL
+            _check_replaceable(os.fspath(lpath))
+        return super().get_file(rpath, lpath, callback=callback, outfile=outfile, **kwargs)
 
     def put_file(self, lpath, rpath, **kwargs):
         if os.path.isdir(lpath):

@@ -507,12 +507,22 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
             raise InvalidAddressError(
                 f"refusing to serve {host} without --tokens: anyone could read and write. "
                 f"Pass --tokens FILE, bind 127.0.0.1, or add --allow-no-auth to accept the risk")
-        log.warning("serving without authentication (no --tokens): anyone who can connect can write")
     store = LocalStore(store_path)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("aiohttp.server").addFilter(OneLineErrors())
     app = make_app(store, ServerConfig(tokens=tokens, max_heavy=max_heavy, **limits))
-    print(f"cdcstore serving {store.root} on http://{host}:{port}{transfer.API}", flush=True)
-    web.run_app(app, host=host, port=port, print=None, access_log=logging.getLogger("cdcstore.access"),
-                access_log_format='%a "%r" %s %b %Tfs')
-    store.close()
+
+    def announce(_msg: str) -> None:  # run_app calls this only once it listens: bind first, announce after
+        if tokens is None:
+            log.warning("serving without authentication (no --tokens): anyone who can connect can write")
+        print(f"cdcstore serving {store.root} on http://{host}:{port}{transfer.API}", flush=True)
+
+    try:
+        web.run_app(app, host=host, port=port, print=announce,
+                    access_log=logging.getLogger("cdcstore.access"), access_log_format='%a "%r" %s %b %Tfs')
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE or "address already in use" in str(e):
+            raise InvalidAddressError(f"port {port} is in use: pick another with --port") from None
+        raise
+    finally:
+        store.close()

@@ -42,7 +42,7 @@ def test_push_pull_round_trip(store, dataset, tmp_path):
     for rel in ("a.bin", "sub/b.bin", "sub/deeper/empty.txt", "small.txt"):
         assert (out / rel).read_bytes() == (dataset / rel).read_bytes()
     again = store.pull("cdc://ds/", str(out))
-    assert again.new_bytes == 0  # identical local files are left alone
+    assert again.written_bytes == 0 and again.written_files == 0  # identical local files are left alone
     assert store.cat("cdc://ds/small.txt") == b"hello\n"
     assert [e["name"] for e in store.ls("cdc://ds/")] == ["a.bin", "small.txt", "sub"]
     assert store.ls("cdc://ds/sub")[0] == {"name": "sub/b.bin", "type": "file", "size": 500_000}
