@@ -88,6 +88,14 @@ class ChunkIndex:
                 [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries],
             )
 
+    def drop_chunks(self, pack: str, chunk_ids: Iterable[bytes]) -> None:
+        """Forget these chunks' rows in `pack` (a stored copy that failed verification
+        counts as absent, so the next push stores the chunk again)."""
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany("DELETE FROM chunks WHERE id=? AND pack=?", [(c, pack) for c in chunk_ids])
+
     def grant(self, repo: str, kind: str, names: Iterable[str]) -> None:
         """Record that `repo` reaches these objects ("pack" or "manifest")."""
         conn = self.conn

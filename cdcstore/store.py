@@ -21,7 +21,6 @@ import collections
 import contextlib
 import fcntl
 import json
-import mmap
 import os
 import secrets
 import threading
@@ -150,7 +149,7 @@ class LocalStore(Backend):
                                    f"version {STORE_VERSION}: upgrade cdcstore")
         self.location = self.root
         self.index = ChunkIndex(os.path.join(self.root, "index.sqlite"))
-        self._maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()
+        self._fds: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._fd_pid = os.getpid()
         self._fd_lock = threading.Lock()
 
@@ -302,40 +301,43 @@ class LocalStore(Backend):
                 problems.append(str(e))
         return {"packs": packs, "chunks": chunks, "problems": problems}
 
-    def _map(self, pack: str) -> mmap.mmap:
-        """A read-only map of a pack (per process; at most MAX_MAPS kept open).
+    def _fd(self, pack: str) -> int:
+        """An open descriptor of a pack (per process; at most MAX_MAPS kept open).
 
-        Reads from the map skip one copy; packs are immutable, so a map never sees
-        a change. (A pack truncated by hand while mapped would raise SIGBUS, not
-        an error: `check` finds such damage.)"""
+        Reads use os.preadv, never mmap: a pack truncated under a reader gives a
+        short read (a CorruptionError), not a SIGBUS."""
         with self._fd_lock:
             if self._fd_pid != os.getpid():
-                self._maps = collections.OrderedDict()
+                self._fds = collections.OrderedDict()  # the parent's descriptors stay theirs
                 self._fd_pid = os.getpid()
-            m = self._maps.get(pack)
-            if m is None:
+            fd = self._fds.get(pack)
+            if fd is None:
                 try:
-                    with open(self.pack_path(pack), "rb") as f:
-                        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                    fd = os.open(self.pack_path(pack), os.O_RDONLY)
                 except FileNotFoundError:
                     raise CorruptionError(f"pack {pack} is missing from {self.root}; "
                                           f"run `cdcstore check` and restore it from a copy") from None
-                except ValueError:  # an empty file cannot be mapped
-                    raise CorruptionError(f"pack {pack} is empty (damaged); run `cdcstore check`") from None
-                self._maps[pack] = m
-                while len(self._maps) > MAX_MAPS:
-                    self._maps.popitem(last=False)  # closed once no read holds a view of it
+                self._fds[pack] = fd
+                while len(self._fds) > MAX_MAPS:
+                    os.close(self._fds.popitem(last=False)[1])
             else:
-                self._maps.move_to_end(pack)
-            return m
+                self._fds.move_to_end(pack)
+            return fd
 
     def read_stored(self, pack: str, offset: int, length: int):
-        """Raw bytes of a pack range (a read-only view; no decoding)."""
-        m = self._map(pack)
-        if offset < 0 or offset + length > len(m):
+        """Raw bytes of a pack range (no decoding); CorruptionError if the pack is short."""
+        buf = bytearray(length)
+        view = memoryview(buf)
+        got = 0
+        while offset >= 0 and got < length:
+            n = os.preadv(self._fd(pack), [view[got:]], offset + got)
+            if n == 0:
+                break
+            got += n
+        if offset < 0 or got != length:
             raise CorruptionError(f"pack {pack} is truncated: wanted {length} bytes at {offset}, "
-                                  f"it has {len(m)}; run `cdcstore check`")
-        return memoryview(m)[offset:offset + length]
+                                  f"got {got}; run `cdcstore check`")
+        return view
 
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
         return self.index.locate(chunk_ids)
@@ -354,13 +356,17 @@ class LocalStore(Backend):
                 try:
                     out[e.chunk_id] = decode_chunk(data[lo:lo + e.stored_len], e.codec, e.raw_len, e.chunk_id)
                 except CorruptionError as err:
-                    raise CorruptionError(f"{err} in pack {r.pack}: the store is damaged; "
-                                          f"run `cdcstore check`") from None
+                    self.index.drop_chunks(r.pack, [e.chunk_id])  # absent now: a push stores it again
+                    raise CorruptionError(f"{err} in pack {r.pack}: the store is damaged; run `cdcstore check`,"
+                                          f" or push the original files again to repair it") from None
         return out
 
     def close(self) -> None:
         with self._fd_lock:
-            self._maps = collections.OrderedDict()  # maps close when the last view goes
+            if self._fd_pid == os.getpid():
+                for fd in self._fds.values():
+                    os.close(fd)
+            self._fds = collections.OrderedDict()
 
     # -- manifests ------------------------------------------------------------------
     def manifest_path(self, name: str) -> str:
