@@ -88,6 +88,11 @@ class ChunkIndex:
                 [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries],
             )
 
+    def rows(self) -> dict[bytes, tuple[str, PackEntry]]:
+        """Every chunk row: id -> (pack, entry)."""
+        return {cid: (pack, PackEntry(cid, off, slen, rlen, codec)) for cid, pack, off, slen, rlen, codec
+                in self.conn.execute("SELECT id, pack, offset, stored_len, raw_len, codec FROM chunks")}
+
     def drop_chunks(self, pack: str, chunk_ids: Iterable[bytes]) -> None:
         """Forget these chunks' rows in `pack` (a stored copy that failed verification
         counts as absent, so the next push stores the chunk again)."""

@@ -50,6 +50,15 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _sample(names: list[str], fraction: float) -> set[str]:
+    """A deterministic pseudo-random sample of about `fraction` of `names` (at least one
+    when fraction > 0): those whose xxh3 is lowest."""
+    if fraction <= 0 or not names:
+        return set()
+    k = max(1, round(len(names) * min(fraction, 1.0)))
+    return set(sorted(names, key=lambda n: ids.hexdigest(n.encode()))[:k])
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -276,30 +285,141 @@ class LocalStore(Backend):
                 self._grant(Commit(repo, None, "", 0.0, commit.files))
         return {"packs": packs, "bad_packs": bad, **self.index.totals()}
 
-    def check(self) -> dict:
-        """Verify every pack against its name and every chunk against its id."""
-        problems = []
-        packs = chunks = 0
-        for name in self.iter_pack_names():
-            packs += 1
-            path = self.pack_path(name)
-            h = ids.hasher()
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 22), b""):
-                    h.update(block)
-            if h.hexdigest() != name:
-                problems.append(f"pack {name} does not match its name (damaged)")
-                continue
+    def check(self, read_data: bool = False, subset: float | None = None) -> dict:
+        """Verify the store; returns {"packs", "chunks", "problems", "details"}.
+
+        Always: each pack's footer, every index row against a present pack and its
+        footer, and every commit and manifest that a branch or tag reaches (parses,
+        and its chunks are indexed). `read_data` also hashes every pack and decodes
+        every chunk; `subset` (0..1) does so for a deterministic sample of packs. A
+        chunk whose stored copy fails verification loses its index row, so the next
+        push of its file stores it again. Each problem names the files it affects."""
+        found: list[tuple[str, set[bytes]]] = []  # (problem, chunk ids it affects)
+        rows = self.index.rows()
+        names = list(self.iter_pack_names())
+        sample = _sample(names, 1.0 if read_data else subset or 0.0)
+        chunks = 0
+        for name in names:
+            chunks += self._check_pack(name, name in sample, rows, found)
+        on_disk = set(names)
+        lost = collections.defaultdict(set)
+        for cid, (pack, _) in rows.items():
+            if pack not in on_disk:
+                lost[pack].add(cid)
+        for pack, cids in sorted(lost.items()):
+            self.index.drop_chunks(pack, cids)
+            found.append((f"pack {pack} is missing: {len(cids)} indexed chunks are lost "
+                          f"(push the original files again, or restore the pack)", cids))
+        users = self._check_reachable(found)
+        problems, details = [], []
+        for text, cids in found:
+            files = sorted({f for c in cids for f in ((c,) if isinstance(c, str) else users.get(c, ()))})
+            shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+            problems.append(text + (f"; affects {shown}" if files else ""))
+            details.append({"problem": text, "files": files})
+        return {"packs": len(names), "chunks": chunks, "read_packs": len(sample),
+                "problems": problems, "details": details}
+
+    def _check_pack(self, name: str, read: bool, rows: dict, found: list) -> int:
+        """Check one pack's footer against the index rows (and its bytes when `read`)."""
+        indexed = {cid: e for cid, (p, e) in rows.items() if p == name}
+        try:
+            entries = self.read_pack_index(name)
+        except CorruptionError as e:
+            entries = None
+            found.append((f"{e}; run `cdcstore rebuild-index` (rows that still verify are kept)",
+                           set(indexed)))
+        if entries is not None:
+            by_id = {e.chunk_id: e for e in entries}
+            missing = {c for c in by_id if c not in rows and self._verifies(name, by_id[c])}
+            wrong = {c for c, e in indexed.items() if by_id.get(c) != e}
+            if missing:
+                found.append((f"the index lacks {len(missing)} chunks of pack {name}: "
+                              f"run `cdcstore rebuild-index`", missing))
+            if wrong:
+                self.index.drop_chunks(name, wrong)
+                found.append((f"{len(wrong)} index rows of pack {name} do not match its footer "
+                              f"(dropped): run `cdcstore rebuild-index`", wrong))
+        if not read:
+            return len(entries or ())
+        if self._pack_hash(name) != name:
+            found.append((f"pack {name} does not match its name (damaged)", set()))
+        bad = {e.chunk_id for e in (entries if entries is not None else indexed.values())
+               if not self._verifies(name, e)}
+        bad &= set(indexed)  # a damaged copy that another pack's copy replaced is harmless
+        if bad:
+            self.index.drop_chunks(name, bad)
+            found.append((f"{len(bad)} chunks of pack {name} fail verification (their index rows are "
+                          f"dropped: push the original files again to repair them)", bad))
+        return len(entries or indexed)
+
+    def _verifies(self, pack: str, e: PackEntry) -> bool:
+        try:
+            decode_chunk(self.read_stored(pack, e.offset, e.stored_len), e.codec, e.raw_len, e.chunk_id)
+            return True
+        except CorruptionError:
+            return False
+
+    def _pack_hash(self, name: str) -> str:
+        h = ids.hasher()
+        with open(self.pack_path(name), "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        return h.hexdigest()
+
+    def refs(self, repo: str) -> dict[str, str]:
+        """Branches and tags of a repo (name -> commit id); tags as "tag:NAME"."""
+        out = dict(self.branches(repo))
+        d = os.path.join(self.repo_dir(repo), "tags")
+        for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+            with open(os.path.join(d, name)) as f:
+                out[f"tag:{name}"] = f.read().strip()
+        return out
+
+    def _check_reachable(self, found: list) -> dict[bytes, set[str]]:
+        """Walk every commit that a branch or tag reaches; returns chunk id -> the files
+        (cdc://repo@ref/path) that use it, and adds problems for what does not parse or
+        is not indexed."""
+        users: dict[bytes, set[str]] = collections.defaultdict(set)
+        manifests: dict[str, Manifest | None] = {}
+        seen_commits: set[tuple[str, str]] = set()
+        for repo in self.repos():
+            for ref, head in self.refs(repo).items():
+                cid = head
+                while cid and (repo, cid) not in seen_commits:
+                    seen_commits.add((repo, cid))
+                    try:
+                        commit = self.get_commit(repo, cid)
+                    except CdcError as e:
+                        found.append((f"{e}: restore it from a copy",
+                                      {f"cdc://{repo}@{ref.removeprefix('tag:')}"}))
+                        break
+                    for path, fe in commit.files.items():
+                        label = f"cdc://{repo}@{ref.removeprefix('tag:')}/{path}"
+                        m = self._check_manifest(fe.manifest, label, manifests, found)
+                        for c in m.chunk_ids if m else ():
+                            users[c].add(label)
+                    cid = commit.parent
+        needed = set(users)
+        absent = needed - self.index.present(needed)
+        if absent:
+            found.append((f"{len(absent)} chunks that commits use are not in the index "
+                          f"(push the original files again to repair them)", absent))
+        return users
+
+    def _check_manifest(self, name: str, label: str, cache: dict, found: list) -> Manifest | None:
+        """The parsed manifest, or None after recording the problem (with `label` among
+        the files it affects)."""
+        if name not in cache:
             try:
-                entries = self.read_pack_index(name)
-                with open(path, "rb") as f:
-                    for e in entries:
-                        f.seek(e.offset)
-                        decode_chunk(f.read(e.stored_len), e.codec, e.raw_len, e.chunk_id)
-                        chunks += 1
-            except CorruptionError as e:
-                problems.append(str(e))
-        return {"packs": packs, "chunks": chunks, "problems": problems}
+                cache[name] = self.get_manifest(name)
+            except CdcError as e:
+                cache[name] = None
+                found.append((f"{e}: restore it from a copy, or push the file again", set()))
+                cache[("problem", name)] = found[-1][1]
+        if cache[name] is None:
+            cache[("problem", name)].add(label)
+        return cache[name]
 
     def _fd(self, pack: str) -> int:
         """An open descriptor of a pack (per process; at most MAX_MAPS kept open).

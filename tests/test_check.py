@@ -60,17 +60,63 @@ def test_push_again_repairs_a_damaged_chunk(pushed):
     assert Store(store.location).cat("cdc://ds/a.bin") == golden_input(2_000_000)
 
 
-def test_check_finds_damage_without_read_data_and_repair_heals(pushed):
+def test_check_read_data_finds_damage_names_files_and_repair_heals(pushed):
     store, src = pushed
     [pack] = packs(store)
     flip(pack, 100_000)
-    r = Store(store.location).backend.check()
+    assert Store(store.location).backend.check()["problems"] == []  # structure only: footers, rows
+    r = Store(store.location).backend.check(read_data=True)
     assert any("does not match its name" in p for p in r["problems"])
     assert any("ds" in p and "a.bin" in p for p in r["problems"])
-    Store(store.location).push([str(src)], "cdc://ds/a.bin")
-    os.unlink(pack)
+    assert any("fail verification" in p and "cdc://ds@main/a.bin" in p for p in r["problems"])
+    assert Store(store.location).push([str(src)], "cdc://ds/a.bin").new_bytes > 0
     r = Store(store.location).backend.check(read_data=True)
-    assert r["problems"] == [], r["problems"]
+    assert [p for p in r["problems"] if "does not match its name" not in p] == []
+    assert Store(store.location).cat("cdc://ds/a.bin") == golden_input(2_000_000)
+
+
+def test_fast_check_finds_deleted_pack_rows_and_objects(pushed, tmp_path):
+    store, src = pushed
+    [pack] = packs(store)
+    os.unlink(pack)
+    r = cli("check", "--store", store.location)
+    assert r.returncode == 1 and "is missing" in r.stdout and "cdc://ds@main/a.bin" in r.stdout
+    Store(store.location).push([str(src)], "cdc://ds/a.bin")  # heals
+    assert cli("check", "--store", store.location).returncode == 0
+    # a damaged commit and a missing manifest are problems that name their files
+    s = Store(store.location)
+    commit = s.backend.resolve("ds", "main")
+    manifest = s.backend.get_commit("ds", commit).files["a.bin"].manifest
+    os.unlink(s.backend.manifest_path(manifest))
+    r = json.loads(cli("check", "--store", store.location, "--json").stdout)
+    assert r["details"][0]["files"] == ["cdc://ds@main/a.bin"] and "manifest" in r["details"][0]["problem"]
+    with open(os.path.join(store.location, "repos", "ds", "commits", f"{commit}.json"), "ab") as f:
+        f.write(b" ")
+    r = cli("check", "--store", store.location)
+    assert r.returncode == 1 and f"commit {commit}" in r.stdout
+
+
+def test_fast_check_finds_missing_and_wrong_index_rows(pushed):
+    store, _ = pushed
+    idx = store.backend.index
+    rows = idx.rows()
+    first, second = list(rows)[:2]
+    with idx.conn:
+        idx.conn.execute("DELETE FROM chunks WHERE id=?", (first,))
+        idx.conn.execute("UPDATE chunks SET offset=offset+1 WHERE id=?", (second,))
+    r = Store(store.location).backend.check()
+    text = "\n".join(r["problems"])
+    assert "lacks 1 chunks" in text and "do not match its footer" in text and "a.bin" in text
+
+
+def test_read_data_subset_reads_a_deterministic_sample(store, tmp_path):
+    for i in range(4):
+        write(str(tmp_path / f"f{i}"), golden_input(100_000 + i))
+        store.push([str(tmp_path / f"f{i}")], f"cdc://ds/f{i}")
+    r1 = cli("check", "--store", store.location, "--read-data-subset", "50%", "--json", check=True)
+    assert json.loads(r1.stdout)["read_packs"] == 2
+    r = cli("check", "--store", store.location, "--read-data-subset", "150%")
+    assert r.returncode != 0 and "0% and 100%" in r.stderr
 
 
 def test_truncated_pack_under_a_reader_is_an_error_not_sigbus(pushed, tmp_path):
