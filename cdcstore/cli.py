@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import sqlite3
 import sys
 
 import click
@@ -12,6 +13,7 @@ from tqdm import tqdm
 from .address import parse
 from .api import Store, default_store_path, is_url
 from .errors import CdcError
+from .index import damaged_message
 from .store import LocalStore
 
 EXIT_ERROR = 1
@@ -31,6 +33,8 @@ def handle_errors(fn):
             return fn(*args, **kwargs)
         except CdcError as e:
             _fail(str(e))
+        except sqlite3.DatabaseError as e:
+            _fail(damaged_message(e))
         except (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError,
                 FileNotFoundError) as e:
             _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))

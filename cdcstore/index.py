@@ -9,10 +9,15 @@ from __future__ import annotations
 import sqlite3
 from typing import Iterable
 
+from .errors import CorruptionError
 from .pack import PackEntry
 from .sqlite import Connections
 
 SCHEMA_VERSION = 1
+
+
+def damaged_message(err: Exception) -> str:
+    return f"the chunk index is damaged ({err}): run `cdcstore rebuild-index`"
 _BATCH = 500  # ids per IN (...) query, below sqlite's variable limit
 
 
@@ -20,7 +25,10 @@ class ChunkIndex:
     def __init__(self, path: str):
         self.path = path
         self._conns = Connections(path)
-        self._ensure_schema()
+        try:
+            self._ensure_schema()
+        except sqlite3.DatabaseError as e:
+            raise CorruptionError(damaged_message(e)) from None
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -115,6 +123,22 @@ class ChunkIndex:
 
     def packs(self) -> set[str]:
         return {row[0] for row in self.conn.execute("SELECT name FROM packs")}
+
+    def replace_all(self, packs: list[tuple[str, int, list[PackEntry]]],
+                    grants: list[tuple[str, str, str]]) -> None:
+        """Swap in a whole new index in one transaction (first pack wins a chunk)."""
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            for table in ("chunks", "packs", "repo_objects"):
+                conn.execute(f"DELETE FROM {table}")
+            conn.executemany("INSERT OR IGNORE INTO packs (name, size, chunks) VALUES (?, ?, ?)",
+                             [(n, size, len(entries)) for n, size, entries in packs])
+            conn.executemany(
+                "INSERT OR IGNORE INTO chunks (id, pack, offset, stored_len, raw_len, codec) VALUES (?, ?, ?, ?, ?, ?)",
+                [(e.chunk_id, n, e.offset, e.stored_len, e.raw_len, e.codec) for n, _, entries in packs
+                 for e in entries])
+            conn.executemany("INSERT OR IGNORE INTO repo_objects (repo, kind, name) VALUES (?, ?, ?)", grants)
 
     def clear(self) -> None:
         conn = self.conn

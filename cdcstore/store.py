@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import secrets
+import sqlite3
 import threading
 from typing import Iterable, Iterator
 
@@ -157,7 +158,11 @@ class LocalStore(Backend):
             raise StoreFormatError(f"{self.root} holds store format {meta!r}; this cdcstore reads "
                                    f"version {STORE_VERSION}: upgrade cdcstore")
         self.location = self.root
-        self.index = ChunkIndex(os.path.join(self.root, "index.sqlite"))
+        self._index_error: CorruptionError | None = None
+        try:
+            self._index = ChunkIndex(os.path.join(self.root, "index.sqlite"))
+        except CorruptionError as e:  # only `rebuild_index` works then
+            self._index_error = e
         self._fds: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._fd_pid = os.getpid()
         self._fd_lock = threading.Lock()
@@ -267,23 +272,76 @@ class LocalStore(Backend):
         return added
 
     def rebuild_index(self) -> dict:
-        """Recreate the chunk index from the packs alone."""
-        self.index.clear()
-        bad = []
-        packs = 0
+        """Recreate the chunk index from the packs and commits, in one transaction (a
+        served store's readers see the old index until the new one is complete).
+
+        A damaged pack is reported and skipped, but its old index rows that still
+        verify are kept, so nothing readable becomes unreadable. A garbage index file
+        is moved aside to index.sqlite.damaged and a new one is built."""
+        old_rows = {} if self._index_error else self._safe_rows()
+        if self._index_error:
+            self._replace_damaged_index()
+        bad: list[str] = []
+        packs = []
         for name in self.iter_pack_names():
             try:
                 entries = self.read_pack_index(name)
             except CorruptionError as e:
-                bad.append(str(e))
-                continue
-            self.index.add_pack(name, os.path.getsize(self.pack_path(name)), entries)
-            packs += 1
-        for repo in self.repos():  # what each repo reaches, from its commits
-            for fn in os.listdir(os.path.join(self.repo_dir(repo), "commits")):
-                commit = self.get_commit(repo, fn[:-5])
-                self._grant(Commit(repo, None, "", 0.0, commit.files))
-        return {"packs": packs, "bad_packs": bad, **self.index.totals()}
+                entries = [en for cid, (p, en) in old_rows.items() if p == name and self._verifies(name, en)]
+                bad.append(f"{e}; kept {len(entries)} chunks whose old index rows still verify")
+            packs.append((name, os.path.getsize(self.pack_path(name)), entries))
+        where: dict[bytes, str] = {}
+        for name, _, entries in packs:
+            for en in entries:
+                where.setdefault(en.chunk_id, name)
+        grants = self._grants_from_commits(where, bad)
+        self.index.replace_all(packs, grants)
+        return {"packs": len(packs), "bad_packs": bad, **self.index.totals()}
+
+    def _safe_rows(self) -> dict:
+        try:
+            return self.index.rows()
+        except sqlite3.DatabaseError:
+            return {}
+
+    def _replace_damaged_index(self) -> None:
+        path = os.path.join(self.root, "index.sqlite")
+        os.replace(path, path + ".damaged")
+        for suffix in ("-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path + suffix)
+        self._index = ChunkIndex(path)
+        self._index_error = None
+
+    def _grants_from_commits(self, where: dict[bytes, str], bad: list[str]) -> list[tuple[str, str, str]]:
+        """(repo, kind, name) for every manifest and pack that a repo's commits reach."""
+        out: set[tuple[str, str, str]] = set()
+        manifests: dict[str, Manifest | None] = {}
+        for repo in self.repos():
+            d = os.path.join(self.repo_dir(repo), "commits")
+            for fn in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+                try:
+                    commit = self.get_commit(repo, fn.removesuffix(".json"))
+                except CdcError as e:
+                    bad.append(str(e))
+                    continue
+                for fe in commit.files.values():
+                    if fe.manifest not in manifests:
+                        try:
+                            manifests[fe.manifest] = self.get_manifest(fe.manifest)
+                        except CdcError as e:
+                            manifests[fe.manifest] = None
+                            bad.append(str(e))
+                    m = manifests[fe.manifest]
+                    out.add((repo, "manifest", fe.manifest))
+                    out.update((repo, "pack", where[c]) for c in (m.chunk_ids if m else ()) if c in where)
+        return sorted(out)
+
+    @property
+    def index(self) -> ChunkIndex:
+        if self._index_error:
+            raise self._index_error
+        return self._index
 
     def check(self, read_data: bool = False, subset: float | None = None) -> dict:
         """Verify the store; returns {"packs", "chunks", "problems", "details"}.
