@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import errno
 import functools
 import json
 import sqlite3
@@ -33,12 +34,17 @@ def handle_errors(fn):
             return fn(*args, **kwargs)
         except CdcError as e:
             _fail(str(e))
+        except sqlite3.OperationalError as e:
+            _fail(f"the chunk index cannot be used ({e}): check the store's permissions and free disk space")
         except sqlite3.DatabaseError as e:
             _fail(damaged_message(e))
         except (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError,
                 FileNotFoundError) as e:
             _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
         except OSError as e:
+            if e.errno == errno.ENOSPC:
+                _fail(f"disk full ({e.strerror}{': ' + str(e.filename) if e.filename else ''}): "
+                      f"free space and run the command again (nothing half-written is kept)")
             _fail(f"{e}")
         except KeyboardInterrupt:
             click.echo("cdcstore: interrupted", err=True)

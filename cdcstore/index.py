@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Iterable
 
-from .errors import CorruptionError
+from .errors import CdcError, CorruptionError
 from .pack import PackEntry
 from .sqlite import Connections
 
@@ -27,6 +27,9 @@ class ChunkIndex:
         self._conns = Connections(path)
         try:
             self._ensure_schema()
+        except sqlite3.OperationalError as e:  # cannot open or write: not damage
+            raise CdcError(f"cannot use the chunk index {path} ({e}): the store directory must be "
+                           f"writable, for reads too (sqlite WAL mode); check its permissions and disk") from None
         except sqlite3.DatabaseError as e:
             raise CorruptionError(damaged_message(e)) from None
 

@@ -154,6 +154,9 @@ class LocalStore(Backend):
         except ValueError:
             raise StoreFormatError(f"{marker} is damaged; restore it as "
                                    f'{{"format": "cdcstore", "version": {STORE_VERSION}}}') from None
+        if not isinstance(meta, dict):
+            raise StoreFormatError(f"{marker} is damaged (not a JSON object); restore it as "
+                                   f'{{"format": "cdcstore", "version": {STORE_VERSION}}}')
         if meta.get("format") != STORE_FORMAT or meta.get("version") != STORE_VERSION:
             raise StoreFormatError(f"{self.root} holds store format {meta!r}; this cdcstore reads "
                                    f"version {STORE_VERSION}: upgrade cdcstore")
@@ -608,7 +611,9 @@ class LocalStore(Backend):
         return os.path.join(self.root, "repos", check_name("repo", repo))
 
     def repos(self) -> list[str]:
-        return sorted(os.listdir(os.path.join(self.root, "repos")))
+        """Repo folders (a stray file in repos/ is not a repo)."""
+        base = os.path.join(self.root, "repos")
+        return sorted(n for n in os.listdir(base) if os.path.isdir(os.path.join(base, n)))
 
     def has_repo(self, repo: str) -> bool:
         return os.path.isdir(self.repo_dir(repo))

@@ -211,3 +211,43 @@ def test_reads_keep_working_during_rebuild(store, tmp_path):
     for t in threads:
         t.join()
     assert failures == [] and reads[0] >= 300
+
+
+def test_stray_files_and_bad_marker_give_one_line(pushed, tmp_path):
+    store, src = pushed
+    write(os.path.join(store.location, "packs", "README"), b"x")
+    write(os.path.join(store.location, "packs", "ab", "x.txt"), b"y")
+    write(os.path.join(store.location, "repos", "stray"), b"z")
+    cli("push", str(src), "cdc://other/a.bin", "--store", store.location, check=True)
+    assert "no problems" in cli("check", "--store", store.location, check=True).stdout
+    cli("rebuild-index", "--store", store.location, check=True)
+    r = cli("push", str(src), "cdc://stray/a.bin", "--store", store.location)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1
+    write(os.path.join(store.location, "cdcstore.json"), b"[]")
+    r = cli("ls", "cdc://ds/", "--store", store.location)
+    assert r.returncode != 0 and "cdcstore.json is damaged" in r.stderr
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A real 4 MiB filesystem (tmpfs; needs root, as in CI's container)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_and_read_only_store_give_one_line(tiny_fs, tmp_path):
+    root = str(tiny_fs / "s")
+    cli("init", "--store", root, check=True)
+    write(str(tmp_path / "big"), os.urandom(6_000_000))
+    write(str(tmp_path / "small"), b"hello\n")
+    r = cli("push", str(tmp_path / "big"), "cdc://r/big", "--store", root)
+    assert r.returncode != 0 and "disk full" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert os.listdir(os.path.join(root, "tmp")) == []
+    cli("push", str(tmp_path / "small"), "cdc://r/small", "--store", root, check=True)
+    subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
+    for args in (["push", str(tmp_path / "small"), "cdc://r/x"], ["cat", "cdc://r/small"]):
+        r = cli(*args, "--store", root)
+        assert r.returncode != 0 and "writable" in r.stderr and len(r.stderr.strip().splitlines()) == 1
