@@ -354,8 +354,10 @@ class LocalStore(Backend):
         and its chunks are indexed). `read_data` also hashes every pack and decodes
         every chunk; `subset` (0..1) does so for a deterministic sample of packs. A
         chunk whose stored copy fails verification loses its index row, so the next
-        push of its file stores it again. Each problem names the files it affects."""
+        push of its file stores it again. Each problem names the files it affects.
+        Durable packs that a killed push left unindexed are indexed first (`recover`)."""
         found: list[tuple[str, set[bytes]]] = []  # (problem, chunk ids it affects)
+        recovered = self.recover()  # durable packs a killed push left unindexed: not damage
         rows = self.index.rows()
         names = list(self.iter_pack_names())
         sample = _sample(names, 1.0 if read_data else subset or 0.0)
@@ -378,7 +380,7 @@ class LocalStore(Backend):
             shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
             problems.append(text + (f"; affects {shown}" if files else ""))
             details.append({"problem": text, "files": files})
-        return {"packs": len(names), "chunks": chunks, "read_packs": len(sample),
+        return {"packs": len(names), "chunks": chunks, "read_packs": len(sample), "recovered_packs": recovered,
                 "problems": problems, "details": details}
 
     def _check_pack(self, name: str, read: bool, rows: dict, found: list) -> int:

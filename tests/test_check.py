@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -32,7 +33,7 @@ def flip(path, at):
 
 def cli(*args, check=False):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run([sys.executable, "-m", "cdcstore", *args], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "cdcstore", *args], capture_output=True, text=True, errors="replace",
                        env=env, timeout=60)
     assert "Traceback" not in r.stderr, r.stderr
     if check:
@@ -251,3 +252,27 @@ def test_full_disk_and_read_only_store_give_one_line(tiny_fs, tmp_path):
     for args in (["push", str(tmp_path / "small"), "cdc://r/x"], ["cat", "cdc://r/small"]):
         r = cli(*args, "--store", root)
         assert r.returncode != 0 and "writable" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_broken_cache_warns_once_and_reads_go_on(server, tmp_path, monkeypatch):
+    data = golden_input(1_500_000)
+    write(str(tmp_path / "a.bin"), data)
+    with Store(server.url, cache=False) as s:
+        s.push([str(tmp_path / "a.bin")], "cdc://ds/a.bin")
+    cache = tmp_path / "cache.sqlite"
+    with Store(server.url, cache=str(cache)) as s:
+        assert s.cat("cdc://ds/a.bin") == data
+        s.backend.cache.wait()
+    conn = sqlite3.connect(str(cache))
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    assert os.path.getsize(cache) > 1_000_000
+    os.truncate(cache, os.path.getsize(cache) // 3)  # truncated: header fine, pages gone
+    (tmp_path / "folder").mkdir()
+    write(str(tmp_path / "garbage"), os.urandom(20_000))
+    for path in (str(cache), str(tmp_path / "folder"), str(tmp_path / "garbage")):
+        monkeypatch.setenv("CDCSTORE_CACHE", path)
+        r = cli("cat", "cdc://ds/a.bin", "--store", server.url)
+        warnings = [line for line in r.stderr.splitlines() if "cache" in line]
+        assert r.returncode == 0 and len(r.stdout) > 0, r.stderr
+        assert len(warnings) == 1 and "reading without it" in warnings[0], r.stderr
