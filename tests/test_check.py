@@ -276,3 +276,8 @@ def test_broken_cache_warns_once_and_reads_go_on(server, tmp_path, monkeypatch):
         warnings = [line for line in r.stderr.splitlines() if "cache" in line]
         assert r.returncode == 0 and len(r.stdout) > 0, r.stderr
         assert len(warnings) == 1 and "reading without it" in warnings[0], r.stderr
+
+
+def test_check_on_a_url_says_where_to_run_it():
+    r = cli("check", "--store", "http://127.0.0.1:9")
+    assert r.returncode != 0 and "run `cdcstore check --store DIR` on the server" in r.stderr
