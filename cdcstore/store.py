@@ -487,7 +487,7 @@ class LocalStore(Backend):
     def _fd(self, pack: str) -> int:
         """An open descriptor of a pack (per process; at most MAX_MAPS kept open).
 
-        Reads use os.preadv, never mmap: a pack truncated under a reader gives a
+        Reads use os.pread, never mmap: a pack truncated under a reader gives a
         short read (a CorruptionError), not a SIGBUS."""
         with self._fd_lock:
             if self._fd_pid != os.getpid():
@@ -509,18 +509,21 @@ class LocalStore(Backend):
 
     def read_stored(self, pack: str, offset: int, length: int):
         """Raw bytes of a pack range (no decoding); CorruptionError if the pack is short."""
-        buf = bytearray(length)
-        view = memoryview(buf)
-        got = 0
-        while offset >= 0 and got < length:
-            n = os.preadv(self._fd(pack), [view[got:]], offset + got)
-            if n == 0:
-                break
-            got += n
-        if offset < 0 or got != length:
+        data = os.pread(self._fd(pack), length, offset) if offset >= 0 else b""
+        if len(data) < length and data:  # a short read that is not the end of the file
+            data += self._read_rest(pack, offset + len(data), length - len(data))
+        if len(data) != length:
             raise CorruptionError(f"pack {pack} is truncated: wanted {length} bytes at {offset}, "
-                                  f"got {got}; run `cdcstore check`")
-        return view
+                                  f"got {len(data)}; run `cdcstore check`")
+        return memoryview(data)
+
+    def _read_rest(self, pack: str, offset: int, length: int) -> bytes:
+        parts = []
+        while length > 0 and (part := os.pread(self._fd(pack), length, offset)):
+            parts.append(part)
+            offset += len(part)
+            length -= len(part)
+        return b"".join(parts)
 
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
         return self.index.locate(chunk_ids)
