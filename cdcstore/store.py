@@ -281,8 +281,10 @@ class LocalStore(Backend):
         A damaged pack is reported and skipped, but its old index rows that still
         verify are kept, so nothing readable becomes unreadable. A garbage index file
         is moved aside to index.sqlite.damaged and a new one is built."""
-        old_rows = {} if self._index_error else self._safe_rows()
-        if self._index_error:
+        try:
+            old_rows = self._safe_rows()
+        except CorruptionError:
+            old_rows = {}
             self._replace_damaged_index()
         bad: list[str] = []
         packs = []
@@ -342,8 +344,11 @@ class LocalStore(Backend):
 
     @property
     def index(self) -> ChunkIndex:
+        """The chunk index; a damaged one is tried again on each use (another process may
+        have rebuilt it meanwhile), else CorruptionError naming rebuild-index."""
         if self._index_error:
-            raise self._index_error
+            self._index = ChunkIndex(os.path.join(self.root, "index.sqlite"))
+            self._index_error = None
         return self._index
 
     def check(self, read_data: bool = False, subset: float | None = None) -> dict:

@@ -152,8 +152,10 @@ def test_garbage_index_one_line_everywhere_and_rebuild_fixes_it(pushed):
     for args in (["cat", "cdc://ds/a.bin"], ["check"], ["stats"]):
         r = cli(*args, "--store", store.location)
         assert r.returncode != 0 and "chunk index is damaged" in r.stderr and "rebuild-index" in r.stderr, r.stderr
+    opened_before = Store(store.location)  # e.g. a server: it recovers once the index is rebuilt
     cli("rebuild-index", "--store", store.location, check=True)
     assert Store(store.location).cat("cdc://ds/a.bin") == golden_input(2_000_000)
+    assert opened_before.cat("cdc://ds/a.bin") == golden_input(2_000_000)
 
 
 def test_rebuild_keeps_readable_chunks_of_a_pack_with_a_damaged_trailer(pushed):
