@@ -292,7 +292,7 @@ class LocalStore(Backend):
             try:
                 entries = self.read_pack_index(name)
             except CorruptionError as e:
-                entries = [en for cid, (p, en) in old_rows.items() if p == name and self._verifies(name, en)]
+                entries = [en for en in old_rows.get(name, ()) if self._verifies(name, en)]
                 bad.append(f"{e}; kept {len(entries)} chunks whose old index rows still verify")
             packs.append((name, os.path.getsize(self.pack_path(name)), entries))
         where: dict[bytes, str] = {}
@@ -303,11 +303,15 @@ class LocalStore(Backend):
         self.index.replace_all(packs, grants)
         return {"packs": len(packs), "bad_packs": bad, **self.index.totals()}
 
-    def _safe_rows(self) -> dict:
+    def _safe_rows(self) -> dict[str, list[PackEntry]]:
+        """The current index rows by pack ({} if sqlite cannot read them)."""
+        out: dict[str, list[PackEntry]] = collections.defaultdict(list)
         try:
-            return self.index.rows()
+            for pack, e in self.index.rows().values():
+                out[pack].append(e)
         except sqlite3.DatabaseError:
             return {}
+        return out
 
     def _replace_damaged_index(self) -> None:
         path = os.path.join(self.root, "index.sqlite")
@@ -366,9 +370,12 @@ class LocalStore(Backend):
         rows = self.index.rows()
         names = list(self.iter_pack_names())
         sample = _sample(names, 1.0 if read_data else subset or 0.0)
+        by_pack: dict[str, dict[bytes, PackEntry]] = collections.defaultdict(dict)
+        for cid, (pack, e) in rows.items():
+            by_pack[pack][cid] = e
         chunks = 0
         for name in names:
-            chunks += self._check_pack(name, name in sample, rows, found)
+            chunks += self._check_pack(name, name in sample, rows, by_pack.get(name, {}), found)
         on_disk = set(names)
         lost = collections.defaultdict(set)
         for cid, (pack, _) in rows.items():
@@ -388,9 +395,9 @@ class LocalStore(Backend):
         return {"packs": len(names), "chunks": chunks, "read_packs": len(sample), "recovered_packs": recovered,
                 "problems": problems, "details": details}
 
-    def _check_pack(self, name: str, read: bool, rows: dict, found: list) -> int:
-        """Check one pack's footer against the index rows (and its bytes when `read`)."""
-        indexed = {cid: e for cid, (p, e) in rows.items() if p == name}
+    def _check_pack(self, name: str, read: bool, rows: dict, indexed: dict, found: list) -> int:
+        """Check one pack's footer against the index rows (`indexed`: its own), and its
+        bytes when `read`."""
         try:
             entries = self.read_pack_index(name)
         except CorruptionError as e:
