@@ -238,13 +238,13 @@ class Store:
                  cache: ChunkCache | str | bool = True, **transport):
         path = location or default_store_path()
         if is_url(path):
-            from .cache import CachedBackend, ChunkCache
+            from .cache import CachedBackend, open_cache
             from .client import RemoteStore
 
             remote = RemoteStore(path, token, **transport)
             self.backend = remote
-            if cache is not False and cache is not None:
-                c = cache if isinstance(cache, ChunkCache) else ChunkCache(None if cache is True else cache)
+            c = open_cache(cache) if cache is not False and cache is not None else None
+            if c is not None:  # a cache that cannot be opened was warned about once
                 self.backend = CachedBackend(remote, c, remote.t.token)
         else:
             if create is None:  # the default store is created on first use

@@ -13,6 +13,7 @@ Recency is refreshed at most once a minute per entry, so hits rarely write.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import queue
 import re
@@ -263,6 +264,55 @@ class ChunkCache:
             self.conn.execute("DELETE FROM objects")
             self.conn.execute("DELETE FROM heads")
         self.conn.execute("VACUUM")
+
+
+_EMPTY_ANSWER = {"has": dict, "get": dict}  # what a broken cache answers; None otherwise
+
+
+def _warn_cache(path: str, err: Exception) -> None:
+    logging.getLogger("cdcstore").warning(
+        f"cdcstore: warning: the cache {path} cannot be used ({err}); reading without it "
+        f"(delete it, or set {ENV_CACHE} to a file path, to get a new one)")
+
+
+def open_cache(spec: "ChunkCache | str | bool") -> "ChunkCache | GuardedCache | None":
+    """The cache a `Store` asked for, or None (after one warning) if it cannot be opened."""
+    if isinstance(spec, ChunkCache):
+        return GuardedCache(spec)
+    path = None if spec is True else spec
+    try:
+        return GuardedCache(ChunkCache(path))
+    except (sqlite3.Error, OSError) as e:
+        _warn_cache(os.path.abspath(os.path.expanduser(path or default_cache_path())), e)
+        return None
+
+
+class GuardedCache:
+    """A ChunkCache that, once it fails (a corrupt or truncated file), warns once and
+    then answers like an empty cache, so that reads go on without it."""
+
+    def __init__(self, cache: ChunkCache):
+        self.inner = cache
+        self.path = cache.path
+        self.broken = False
+
+    def __reduce__(self):
+        return GuardedCache, (self.inner,)
+
+    def __getattr__(self, name):
+        fn = getattr(self.inner, name)
+        if not callable(fn):
+            return fn
+
+        def guarded(*args, **kwargs):
+            if not self.broken:
+                try:
+                    return fn(*args, **kwargs)
+                except (sqlite3.DatabaseError, OSError) as e:
+                    self.broken = True
+                    _warn_cache(self.path, e)
+            return _EMPTY_ANSWER.get(name, lambda: None)()
+        return guarded
 
 
 class CachedBackend(Backend):

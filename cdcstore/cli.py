@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import datetime
+import errno
 import functools
 import json
 import logging
 import os
+import sqlite3
 import sys
 
 import click
@@ -14,6 +16,7 @@ from tqdm import tqdm
 from .address import DEFAULT_BRANCH, parse
 from .api import Store, default_store_path, is_url, plan_sources
 from .errors import CdcError, InvalidAddressError
+from .index import damaged_message
 from .store import LocalStore
 
 EXIT_ERROR = 1
@@ -54,10 +57,17 @@ def handle_errors(fn):
             _fail(str(e), e)
         except BrokenPipeError:
             _stdout_closed()
+        except sqlite3.OperationalError as e:
+            _fail(f"the chunk index cannot be used ({e}): check the store's permissions and free disk space", e)
+        except sqlite3.DatabaseError as e:
+            _fail(damaged_message(e), e)
         except (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError,
                 FileNotFoundError) as e:
             _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e), e)
         except OSError as e:
+            if e.errno == errno.ENOSPC:
+                _fail(f"disk full ({e.strerror}{': ' + str(e.filename) if e.filename else ''}): "
+                      f"free space and run the command again (nothing half-written is kept)", e)
             _fail(f"{e}", e)
         except KeyboardInterrupt:
             click.echo("cdcstore: interrupted", err=True)
@@ -117,10 +127,11 @@ def _store(path: str | None, token: str | None = None) -> Store:
     return s
 
 
-def _local(path: str | None) -> LocalStore:
+def _local(path: str | None, command: str = "this command") -> LocalStore:
     path = path or default_store_path()
     if is_url(path):
-        raise CdcError(f"this command works on a store directory, not {path}: run it on the server")
+        raise CdcError(f"`cdcstore {command}` works on a store directory, not {path}: "
+                       f"run `cdcstore {command} --store DIR` on the server")
     return LocalStore(path)
 
 
@@ -348,19 +359,38 @@ def stats(addr, store_path, token, as_json):
                    f"in {st['packs']} packs {_human(st['pack_bytes'])} (x{ratio:.2f})")
 
 
+def _percent(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        n = float(value.rstrip("%"))
+    except ValueError:
+        n = -1.0
+    if not 0 < n <= 100:
+        raise CdcError(f"--read-data-subset wants a percentage between 0% and 100%, not {value!r}")
+    return n / 100
+
+
 @cli.command()
 @local_store_option
+@click.option("--read-data", is_flag=True, help="Also hash every pack and decode every chunk (reads all data).")
+@click.option("--read-data-subset", metavar="N%", default=None,
+              help="Read and decode a deterministic sample of N% of the packs.")
 @json_option
 @handle_errors
-def check(store_path, as_json):
-    """Verify every pack against its name and every chunk against its id."""
-    r = _local(store_path).check()
+def check(store_path, read_data, read_data_subset, as_json):
+    """Verify the store's structure: every pack footer, every index row against its
+    pack, and every commit and manifest that a branch or tag reaches. Fast: no chunk
+    is decoded unless --read-data or --read-data-subset is given. A chunk that fails
+    verification is forgotten, so pushing its file again repairs it. Runs on a store
+    directory: for a served store, run `cdcstore check --store DIR` on the server."""
+    r = _local(store_path, "check").check(read_data=read_data, subset=_percent(read_data_subset))
     if as_json:
         _print_json(r)
     else:
         for p in r["problems"]:
             click.echo(f"problem: {p}")
-        click.echo(f"checked {r['packs']} packs, {r['chunks']} chunks: "
+        click.echo(f"checked {r['packs']} packs ({r['read_packs']} read), {r['chunks']} chunks: "
                    f"{len(r['problems']) or 'no'} problems")
     if r["problems"]:
         sys.exit(EXIT_ERROR)
@@ -372,7 +402,7 @@ def check(store_path, as_json):
 @handle_errors
 def rebuild_index(store_path, as_json):
     """Recreate the chunk index from the packs alone."""
-    r = _local(store_path).rebuild_index()
+    r = _local(store_path, "rebuild-index").rebuild_index()
     if as_json:
         _print_json(r)
     else:

@@ -9,10 +9,15 @@ from __future__ import annotations
 import sqlite3
 from typing import Iterable
 
+from .errors import CdcError, CorruptionError
 from .pack import PackEntry
 from .sqlite import Connections
 
 SCHEMA_VERSION = 1
+
+
+def damaged_message(err: Exception) -> str:
+    return f"the chunk index is damaged ({err}): run `cdcstore rebuild-index`"
 _BATCH = 500  # ids per IN (...) query, below sqlite's variable limit
 
 
@@ -20,7 +25,13 @@ class ChunkIndex:
     def __init__(self, path: str):
         self.path = path
         self._conns = Connections(path)
-        self._ensure_schema()
+        try:
+            self._ensure_schema()
+        except sqlite3.OperationalError as e:  # cannot open or write: not damage
+            raise CdcError(f"cannot use the chunk index {path} ({e}): the store directory must be "
+                           f"writable, for reads too (sqlite WAL mode); check its permissions and disk") from None
+        except sqlite3.DatabaseError as e:
+            raise CorruptionError(damaged_message(e)) from None
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -88,6 +99,19 @@ class ChunkIndex:
                 [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries],
             )
 
+    def rows(self) -> dict[bytes, tuple[str, PackEntry]]:
+        """Every chunk row: id -> (pack, entry)."""
+        return {cid: (pack, PackEntry(cid, off, slen, rlen, codec)) for cid, pack, off, slen, rlen, codec
+                in self.conn.execute("SELECT id, pack, offset, stored_len, raw_len, codec FROM chunks")}
+
+    def drop_chunks(self, pack: str, chunk_ids: Iterable[bytes]) -> None:
+        """Forget these chunks' rows in `pack` (a stored copy that failed verification
+        counts as absent, so the next push stores the chunk again)."""
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany("DELETE FROM chunks WHERE id=? AND pack=?", [(c, pack) for c in chunk_ids])
+
     def grant(self, repo: str, kind: str, names: Iterable[str]) -> None:
         """Record that `repo` reaches these objects ("pack" or "manifest")."""
         conn = self.conn
@@ -105,6 +129,22 @@ class ChunkIndex:
 
     def packs(self) -> set[str]:
         return {row[0] for row in self.conn.execute("SELECT name FROM packs")}
+
+    def replace_all(self, packs: list[tuple[str, int, list[PackEntry]]],
+                    grants: list[tuple[str, str, str]]) -> None:
+        """Swap in a whole new index in one transaction (first pack wins a chunk)."""
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            for table in ("chunks", "packs", "repo_objects"):
+                conn.execute(f"DELETE FROM {table}")
+            conn.executemany("INSERT OR IGNORE INTO packs (name, size, chunks) VALUES (?, ?, ?)",
+                             [(n, size, len(entries)) for n, size, entries in packs])
+            conn.executemany(
+                "INSERT OR IGNORE INTO chunks (id, pack, offset, stored_len, raw_len, codec) VALUES (?, ?, ?, ?, ?, ?)",
+                [(e.chunk_id, n, e.offset, e.stored_len, e.raw_len, e.codec) for n, _, entries in packs
+                 for e in entries])
+            conn.executemany("INSERT OR IGNORE INTO repo_objects (repo, kind, name) VALUES (?, ?, ?)", grants)
 
     def clear(self) -> None:
         conn = self.conn

@@ -23,9 +23,9 @@ import concurrent.futures
 import contextlib
 import fcntl
 import json
-import mmap
 import os
 import secrets
+import sqlite3
 import threading
 from typing import Iterable, Iterator
 
@@ -59,6 +59,15 @@ def _write_synced(path: str, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _sample(names: list[str], fraction: float) -> set[str]:
+    """A deterministic pseudo-random sample of about `fraction` of `names` (at least one
+    when fraction > 0): those whose xxh3 is lowest."""
+    if fraction <= 0 or not names:
+        return set()
+    k = max(1, round(len(names) * min(fraction, 1.0)))
+    return set(sorted(names, key=lambda n: ids.hexdigest(n.encode()))[:k])
 
 
 def _pid_alive(pid: int) -> bool:
@@ -171,12 +180,19 @@ class LocalStore(Backend):
         except ValueError:
             raise StoreFormatError(f"{marker} is damaged; restore it as "
                                    f'{{"format": "cdcstore", "version": {STORE_VERSION}}}') from None
+        if not isinstance(meta, dict):
+            raise StoreFormatError(f"{marker} is damaged (not a JSON object); restore it as "
+                                   f'{{"format": "cdcstore", "version": {STORE_VERSION}}}')
         if meta.get("format") != STORE_FORMAT or meta.get("version") != STORE_VERSION:
             raise StoreFormatError(f"{self.root} holds store format {meta!r}; this cdcstore reads "
                                    f"version {STORE_VERSION}: upgrade cdcstore")
         self.location = self.root
-        self.index = ChunkIndex(os.path.join(self.root, "index.sqlite"))
-        self._maps: collections.OrderedDict[str, mmap.mmap] = collections.OrderedDict()
+        self._index_error: CorruptionError | None = None
+        try:
+            self._index = ChunkIndex(os.path.join(self.root, "index.sqlite"))
+        except CorruptionError as e:  # only `rebuild_index` works then
+            self._index_error = e
+        self._fds: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._fd_pid = os.getpid()
         self._fd_lock = threading.Lock()
 
@@ -313,83 +329,267 @@ class LocalStore(Backend):
         return True
 
     def rebuild_index(self) -> dict:
-        """Recreate the chunk index from the packs alone."""
-        self.index.clear()
-        bad = []
-        packs = 0
+        """Recreate the chunk index from the packs and commits, in one transaction (a
+        served store's readers see the old index until the new one is complete).
+
+        A damaged pack is reported and skipped, but its old index rows that still
+        verify are kept, so nothing readable becomes unreadable. A garbage index file
+        is moved aside to index.sqlite.damaged and a new one is built."""
+        try:
+            old_rows = self._safe_rows()
+        except CorruptionError:
+            old_rows = {}
+            self._replace_damaged_index()
+        bad: list[str] = []
+        packs = []
         for name in self.iter_pack_names():
             try:
                 entries = self.read_pack_index(name)
             except CorruptionError as e:
-                bad.append(str(e))
-                continue
-            self.index.add_pack(name, os.path.getsize(self.pack_path(name)), entries)
-            packs += 1
-        for repo in self.repos():  # what each repo reaches, from its commits
-            for fn in os.listdir(os.path.join(self.repo_dir(repo), "commits")):
-                commit = self.get_commit(repo, fn[:-5])
-                self._grant(Commit(repo, None, "", 0.0, commit.files))
-        return {"packs": packs, "bad_packs": bad, **self.index.totals()}
+                entries = [en for en in old_rows.get(name, ()) if self._verifies(name, en)]
+                bad.append(f"{e}; kept {len(entries)} chunks whose old index rows still verify")
+            packs.append((name, os.path.getsize(self.pack_path(name)), entries))
+        where: dict[bytes, str] = {}
+        for name, _, entries in packs:
+            for en in entries:
+                where.setdefault(en.chunk_id, name)
+        grants = self._grants_from_commits(where, bad)
+        self.index.replace_all(packs, grants)
+        return {"packs": len(packs), "bad_packs": bad, **self.index.totals()}
 
-    def check(self) -> dict:
-        """Verify every pack against its name and every chunk against its id."""
-        problems = []
-        packs = chunks = 0
-        for name in self.iter_pack_names():
-            packs += 1
-            path = self.pack_path(name)
-            h = ids.hasher()
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 22), b""):
-                    h.update(block)
-            if h.hexdigest() != name:
-                problems.append(f"pack {name} does not match its name (damaged)")
-                continue
+    def _safe_rows(self) -> dict[str, list[PackEntry]]:
+        """The current index rows by pack ({} if sqlite cannot read them)."""
+        out: dict[str, list[PackEntry]] = collections.defaultdict(list)
+        try:
+            for pack, e in self.index.rows().values():
+                out[pack].append(e)
+        except sqlite3.DatabaseError:
+            return {}
+        return out
+
+    def _replace_damaged_index(self) -> None:
+        path = os.path.join(self.root, "index.sqlite")
+        os.replace(path, path + ".damaged")
+        for suffix in ("-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path + suffix)
+        self._index = ChunkIndex(path)
+        self._index_error = None
+
+    def _grants_from_commits(self, where: dict[bytes, str], bad: list[str]) -> list[tuple[str, str, str]]:
+        """(repo, kind, name) for every manifest and pack that a repo's commits reach."""
+        out: set[tuple[str, str, str]] = set()
+        manifests: dict[str, Manifest | None] = {}
+        for repo in self.repos():
+            d = os.path.join(self.repo_dir(repo), "commits")
+            for fn in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+                try:
+                    commit = self.get_commit(repo, fn.removesuffix(".json"))
+                except CdcError as e:
+                    bad.append(str(e))
+                    continue
+                for fe in commit.files.values():
+                    if fe.manifest not in manifests:
+                        try:
+                            manifests[fe.manifest] = self.get_manifest(fe.manifest)
+                        except CdcError as e:
+                            manifests[fe.manifest] = None
+                            bad.append(str(e))
+                    m = manifests[fe.manifest]
+                    out.add((repo, "manifest", fe.manifest))
+                    out.update((repo, "pack", where[c]) for c in (m.chunk_ids if m else ()) if c in where)
+        return sorted(out)
+
+    @property
+    def index(self) -> ChunkIndex:
+        """The chunk index; a damaged one is tried again on each use (another process may
+        have rebuilt it meanwhile), else CorruptionError naming rebuild-index."""
+        if self._index_error:
+            self._index = ChunkIndex(os.path.join(self.root, "index.sqlite"))
+            self._index_error = None
+        return self._index
+
+    def check(self, read_data: bool = False, subset: float | None = None) -> dict:
+        """Verify the store; returns {"packs", "chunks", "problems", "details"}.
+
+        Always: each pack's footer, every index row against a present pack and its
+        footer, and every commit and manifest that a branch or tag reaches (parses,
+        and its chunks are indexed). `read_data` also hashes every pack and decodes
+        every chunk; `subset` (0..1) does so for a deterministic sample of packs. A
+        chunk whose stored copy fails verification loses its index row, so the next
+        push of its file stores it again. Each problem names the files it affects.
+        Durable packs that a killed push left unindexed are indexed first (`recover`)."""
+        found: list[tuple[str, set[bytes]]] = []  # (problem, chunk ids it affects)
+        recovered = self.recover()  # durable packs a killed push left unindexed: not damage
+        rows = self.index.rows()
+        names = list(self.iter_pack_names())
+        sample = _sample(names, 1.0 if read_data else subset or 0.0)
+        by_pack: dict[str, dict[bytes, PackEntry]] = collections.defaultdict(dict)
+        for cid, (pack, e) in rows.items():
+            by_pack[pack][cid] = e
+        chunks = 0
+        for name in names:
+            chunks += self._check_pack(name, name in sample, rows, by_pack.get(name, {}), found)
+        on_disk = set(names)
+        lost = collections.defaultdict(set)
+        for cid, (pack, _) in rows.items():
+            if pack not in on_disk:
+                lost[pack].add(cid)
+        for pack, cids in sorted(lost.items()):
+            self.index.drop_chunks(pack, cids)
+            found.append((f"pack {pack} is missing: {len(cids)} indexed chunks are lost "
+                          f"(push the original files again, or restore the pack)", cids))
+        users = self._check_reachable(found)
+        problems, details = [], []
+        for text, cids in found:
+            files = sorted({f for c in cids for f in ((c,) if isinstance(c, str) else users.get(c, ()))})
+            shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+            problems.append(text + (f"; affects {shown}" if files else ""))
+            details.append({"problem": text, "files": files})
+        return {"packs": len(names), "chunks": chunks, "read_packs": len(sample), "recovered_packs": recovered,
+                "problems": problems, "details": details}
+
+    def _check_pack(self, name: str, read: bool, rows: dict, indexed: dict, found: list) -> int:
+        """Check one pack's footer against the index rows (`indexed`: its own), and its
+        bytes when `read`."""
+        try:
+            entries = self.read_pack_index(name)
+        except CorruptionError as e:
+            entries = None
+            found.append((f"{e}; run `cdcstore rebuild-index` (rows that still verify are kept)",
+                           set(indexed)))
+        if entries is not None:
+            by_id = {e.chunk_id: e for e in entries}
+            missing = {c for c in by_id if c not in rows and self._verifies(name, by_id[c])}
+            wrong = {c for c, e in indexed.items() if by_id.get(c) != e}
+            if missing:
+                found.append((f"the index lacks {len(missing)} chunks of pack {name}: "
+                              f"run `cdcstore rebuild-index`", missing))
+            if wrong:
+                self.index.drop_chunks(name, wrong)
+                found.append((f"{len(wrong)} index rows of pack {name} do not match its footer "
+                              f"(dropped): run `cdcstore rebuild-index`", wrong))
+        if not read:
+            return len(entries or ())
+        if self._pack_hash(name) != name:
+            found.append((f"pack {name} does not match its name (damaged)", set()))
+        bad = {e.chunk_id for e in (entries if entries is not None else indexed.values())
+               if not self._verifies(name, e)}
+        bad &= set(indexed)  # a damaged copy that another pack's copy replaced is harmless
+        if bad:
+            self.index.drop_chunks(name, bad)
+            found.append((f"{len(bad)} chunks of pack {name} fail verification (their index rows are "
+                          f"dropped: push the original files again to repair them)", bad))
+        return len(entries or indexed)
+
+    def _verifies(self, pack: str, e: PackEntry) -> bool:
+        try:
+            decode_chunk(self.read_stored(pack, e.offset, e.stored_len), e.codec, e.raw_len, e.chunk_id)
+            return True
+        except CorruptionError:
+            return False
+
+    def _pack_hash(self, name: str) -> str:
+        h = ids.hasher()
+        with open(self.pack_path(name), "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                h.update(block)
+        return h.hexdigest()
+
+    def refs(self, repo: str) -> dict[str, str]:
+        """Branches and tags of a repo (name -> commit id); tags as "tag:NAME"."""
+        out = dict(self.branches(repo))
+        d = os.path.join(self.repo_dir(repo), "tags")
+        for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+            with open(os.path.join(d, name)) as f:
+                out[f"tag:{name}"] = f.read().strip()
+        return out
+
+    def _check_reachable(self, found: list) -> dict[bytes, set[str]]:
+        """Walk every commit that a branch or tag reaches; returns chunk id -> the files
+        (cdc://repo@ref/path) that use it, and adds problems for what does not parse or
+        is not indexed."""
+        users: dict[bytes, set[str]] = collections.defaultdict(set)
+        manifests: dict[str, Manifest | None] = {}
+        seen_commits: set[tuple[str, str]] = set()
+        for repo in self.repos():
+            for ref, head in self.refs(repo).items():
+                cid = head
+                while cid and (repo, cid) not in seen_commits:
+                    seen_commits.add((repo, cid))
+                    try:
+                        commit = self.get_commit(repo, cid)
+                    except CdcError as e:
+                        found.append((f"{e}: restore it from a copy",
+                                      {f"cdc://{repo}@{ref.removeprefix('tag:')}"}))
+                        break
+                    for path, fe in commit.files.items():
+                        label = f"cdc://{repo}@{ref.removeprefix('tag:')}/{path}"
+                        m = self._check_manifest(fe.manifest, label, manifests, found)
+                        for c in m.chunk_ids if m else ():
+                            users[c].add(label)
+                    cid = commit.parent
+        needed = set(users)
+        absent = needed - self.index.present(needed)
+        if absent:
+            found.append((f"{len(absent)} chunks that commits use are not in the index "
+                          f"(push the original files again to repair them)", absent))
+        return users
+
+    def _check_manifest(self, name: str, label: str, cache: dict, found: list) -> Manifest | None:
+        """The parsed manifest, or None after recording the problem (with `label` among
+        the files it affects)."""
+        if name not in cache:
             try:
-                entries = self.read_pack_index(name)
-                with open(path, "rb") as f:
-                    for e in entries:
-                        f.seek(e.offset)
-                        decode_chunk(f.read(e.stored_len), e.codec, e.raw_len, e.chunk_id)
-                        chunks += 1
-            except CorruptionError as e:
-                problems.append(str(e))
-        return {"packs": packs, "chunks": chunks, "problems": problems}
+                cache[name] = self.get_manifest(name)
+            except CdcError as e:
+                cache[name] = None
+                found.append((f"{e}: restore it from a copy, or push the file again", set()))
+                cache[("problem", name)] = found[-1][1]
+        if cache[name] is None:
+            cache[("problem", name)].add(label)
+        return cache[name]
 
-    def _map(self, pack: str) -> mmap.mmap:
-        """A read-only map of a pack (per process; at most MAX_MAPS kept open).
+    def _fd(self, pack: str) -> int:
+        """An open descriptor of a pack (per process; at most MAX_MAPS kept open).
 
-        Reads from the map skip one copy; packs are immutable, so a map never sees
-        a change. (A pack truncated by hand while mapped would raise SIGBUS, not
-        an error: `check` finds such damage.)"""
+        Reads use os.pread, never mmap: a pack truncated under a reader gives a
+        short read (a CorruptionError), not a SIGBUS."""
         with self._fd_lock:
             if self._fd_pid != os.getpid():
-                self._maps = collections.OrderedDict()
+                self._fds = collections.OrderedDict()  # the parent's descriptors stay theirs
                 self._fd_pid = os.getpid()
-            m = self._maps.get(pack)
-            if m is None:
+            fd = self._fds.get(pack)
+            if fd is None:
                 try:
-                    with open(self.pack_path(pack), "rb") as f:
-                        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                    fd = os.open(self.pack_path(pack), os.O_RDONLY)
                 except FileNotFoundError:
                     raise CorruptionError(f"pack {pack} is missing from {self.root}; "
                                           f"run `cdcstore check` and restore it from a copy") from None
-                except ValueError:  # an empty file cannot be mapped
-                    raise CorruptionError(f"pack {pack} is empty (damaged); run `cdcstore check`") from None
-                self._maps[pack] = m
-                while len(self._maps) > MAX_MAPS:
-                    self._maps.popitem(last=False)  # closed once no read holds a view of it
+                self._fds[pack] = fd
+                while len(self._fds) > MAX_MAPS:
+                    os.close(self._fds.popitem(last=False)[1])
             else:
-                self._maps.move_to_end(pack)
-            return m
+                self._fds.move_to_end(pack)
+            return fd
 
     def read_stored(self, pack: str, offset: int, length: int):
-        """Raw bytes of a pack range (a read-only view; no decoding)."""
-        m = self._map(pack)
-        if offset < 0 or offset + length > len(m):
+        """Raw bytes of a pack range (no decoding); CorruptionError if the pack is short."""
+        data = os.pread(self._fd(pack), length, offset) if offset >= 0 else b""
+        if len(data) < length and data:  # a short read that is not the end of the file
+            data += self._read_rest(pack, offset + len(data), length - len(data))
+        if len(data) != length:
             raise CorruptionError(f"pack {pack} is truncated: wanted {length} bytes at {offset}, "
-                                  f"it has {len(m)}; run `cdcstore check`")
-        return memoryview(m)[offset:offset + length]
+                                  f"got {len(data)}; run `cdcstore check`")
+        return memoryview(data)
+
+    def _read_rest(self, pack: str, offset: int, length: int) -> bytes:
+        parts = []
+        while length > 0 and (part := os.pread(self._fd(pack), length, offset)):
+            parts.append(part)
+            offset += len(part)
+            length -= len(part)
+        return b"".join(parts)
 
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
         return self.index.locate(chunk_ids)
@@ -408,13 +608,17 @@ class LocalStore(Backend):
                 try:
                     out[e.chunk_id] = decode_chunk(data[lo:lo + e.stored_len], e.codec, e.raw_len, e.chunk_id)
                 except CorruptionError as err:
-                    raise CorruptionError(f"{err} in pack {r.pack}: the store is damaged; "
-                                          f"run `cdcstore check`") from None
+                    self.index.drop_chunks(r.pack, [e.chunk_id])  # absent now: a push stores it again
+                    raise CorruptionError(f"{err} in pack {r.pack}: the store is damaged; run `cdcstore check`,"
+                                          f" or push the original files again to repair it") from None
         return out
 
     def close(self) -> None:
         with self._fd_lock:
-            self._maps = collections.OrderedDict()  # maps close when the last view goes
+            if self._fd_pid == os.getpid():
+                for fd in self._fds.values():
+                    os.close(fd)
+            self._fds = collections.OrderedDict()
 
     # -- manifests ------------------------------------------------------------------
     def manifest_path(self, name: str) -> str:
@@ -480,7 +684,9 @@ class LocalStore(Backend):
         return os.path.join(self.root, "repos", check_name("repo", repo))
 
     def repos(self) -> list[str]:
-        return sorted(os.listdir(os.path.join(self.root, "repos")))
+        """Repo folders (a stray file in repos/ is not a repo)."""
+        base = os.path.join(self.root, "repos")
+        return sorted(n for n in os.listdir(base) if os.path.isdir(os.path.join(base, n)))
 
     def has_repo(self, repo: str) -> bool:
         return os.path.isdir(self.repo_dir(repo))
