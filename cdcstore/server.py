@@ -265,7 +265,7 @@ class Server:
                 raise HTTPError(400, f"invalid file path {path!r} in commit: use relative '/'-separated paths "
                                      f"without '.', '..' or empty parts")
         cid = await self._io(self._commit, repo, commit, branch, expected)
-        return web.json_response({"commit": cid}, status=201)
+        return web.json_response({"commit": cid, "rebased": cid != commit.id}, status=201)
 
     def _commit(self, repo: str, commit: Commit, branch: str, expected: str | None) -> str:
         if commit.parent is not None:
