@@ -148,3 +148,34 @@ def test_lost_commit_answer_is_recognised(tmp_path, server, moved):
         assert log[0]["parent"] == log[1]["commit"]
         names = {e["name"] for e in direct.ls("cdc://ds/", recursive=True)}
         assert "mine/m.bin" in names
+
+
+def test_pyarrow_write_dataset_partitions_all_land(server):
+    import fsspec
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    fs = fsspec.filesystem("cdc", store=server.url, cache=False, skip_instance_cache=True)
+    table = pa.table({"part": [i % 4 for i in range(400)], "x": list(range(400))})
+    ds.write_dataset(table, "repo/ds", filesystem=fs, format="parquet",
+                     partitioning=ds.partitioning(pa.schema([("part", pa.int64())]), flavor="hive"),
+                     use_threads=True)
+    with Store(server.url, cache=False) as s:
+        names = [e["name"] for e in s.ls("cdc://repo/ds/", recursive=True)]
+    assert len(names) == 4 and {n.split("/")[1] for n in names} == {f"part={i}" for i in range(4)}
+
+
+def test_dask_to_parquet_processes_all_land(server):
+    dask = pytest.importorskip("dask")
+    dd = pytest.importorskip("dask.dataframe")
+    import pandas as pd
+
+    df = dd.from_pandas(pd.DataFrame({"x": range(600)}), npartitions=6)
+    with dask.config.set(scheduler="processes", num_workers=2):
+        df.to_parquet("cdc://repo/x", storage_options={"store": server.url, "cache": False},
+                      write_metadata_file=False)
+    with Store(server.url, cache=False) as s:
+        names = [e["name"] for e in s.ls("cdc://repo/x/", recursive=True)]
+    assert len(names) == 6, names
+    back = dd.read_parquet("cdc://repo/x", storage_options={"store": server.url, "cache": False}).compute()
+    assert sorted(back["x"]) == list(range(600))
