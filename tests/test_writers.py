@@ -179,3 +179,83 @@ def test_dask_to_parquet_processes_all_land(server):
     assert len(names) == 6, names
     back = dd.read_parquet("cdc://repo/x", storage_options={"store": server.url, "cache": False}).compute()
     assert sorted(back["x"]) == list(range(600))
+
+
+def _fs(location, **kw):
+    import fsspec
+
+    return fsspec.filesystem("cdc", store=location, cache=False, skip_instance_cache=True, **kw)
+
+
+def test_fs_put_folder_is_one_commit(tmp_path, store):
+    d = tmp_path / "up"
+    (d / "sub").mkdir(parents=True)
+    for i in range(4):
+        (d / "sub" / f"{i}.txt").write_bytes(b"x%d" % i)
+    (d / "top.txt").write_bytes(b"top")
+    fs = _fs(store.location)
+    fs.put(str(d) + "/", "ds/up", recursive=True)
+    assert len(store.log("ds")) == 1
+    assert len(store.ls("cdc://ds/up/", recursive=True)) == 5
+
+
+def test_fs_copy_and_mv_reuse_manifests(store):
+    fs = _fs(store.location)
+    fs.pipe("ds/a/one.bin", os.urandom(4000))
+    fs.pipe("ds/a/two.bin", os.urandom(4000))
+    before = store.stats()["pack_bytes"]
+    fs.copy("ds/a", "ds/b", recursive=True)
+    assert len(store.log("ds")) == 3  # one commit for the folder copy
+    fs.mv("ds/a/one.bin", "ds/c/one.bin")
+    assert len(store.log("ds")) == 4  # copy + remove is one commit
+    fs.invalidate_cache()
+    assert fs.cat("ds/b/one.bin") == fs.cat("ds/c/one.bin") and not fs.exists("ds/a/one.bin")
+    assert store.stats()["pack_bytes"] == before  # no data written
+
+
+def test_fs_open_xb_and_discard_on_error(store):
+    fs = _fs(store.location)
+    with fs.open("ds/new.bin", "xb") as f:
+        f.write(b"first")
+    with pytest.raises(FileExistsError):
+        fs.open("ds/new.bin", "xb")
+    with pytest.raises(RuntimeError):
+        with fs.open("ds/partial.bin", "wb") as f:
+            f.write(b"half")
+            raise RuntimeError("boom")
+    fs.invalidate_cache()
+    assert not fs.exists("ds/partial.bin") and len(store.log("ds")) == 1
+
+
+def test_fs_rm_inside_transaction_is_one_commit(store):
+    fs = _fs(store.location)
+    fs.pipe("ds/old.bin", b"old")
+    with fs.transaction:
+        fs.rm("ds/old.bin")
+        with fs.open("ds/new.bin", "wb") as f:
+            f.write(b"new")
+        assert fs.exists("ds/old.bin")  # nothing committed yet
+    log = store.log("ds")
+    assert len(log) == 2
+    assert [e["name"] for e in store.ls("cdc://ds/")] == ["new.bin"]
+
+
+def test_fs_branch_head_refreshes_after_ttl(store, tmp_path):
+    fs = _fs(store.location, head_ttl=0.2)
+    fs.pipe("ds/v.txt", b"v1")
+    assert fs.cat("ds/v.txt") == b"v1"
+    (tmp_path / "v.txt").write_bytes(b"v2")
+    store.push(str(tmp_path / "v.txt"), "cdc://ds/v.txt")  # another writer
+    pinned = store.log("ds")[1]["commit"]
+    assert fs.cat(f"ds@{pinned}/v.txt") == b"v1"
+    time.sleep(0.3)
+    assert fs.cat("ds/v.txt") == b"v2"
+    assert fs.cat(f"ds@{pinned}/v.txt") == b"v1"
+
+
+def test_fs_not_implemented_has_message(store):
+    fs = _fs(store.location)
+    for name in ("cp_file", "mv", "copy", "put"):
+        assert getattr(type(fs), name) is not getattr(__import__("fsspec").AbstractFileSystem, name)
+    with pytest.raises(ValueError, match="mode"):
+        fs.open("ds/x", "ab")
