@@ -16,7 +16,7 @@ import platformdirs
 
 from . import ids
 from .address import DEFAULT_BRANCH, Address, check_name, normalize_path, parse
-from .commit import Commit, FileEntry
+from .commit import Commit, FileEntry, tree_clashes
 from .errors import CorruptionError, InvalidAddressError, PathNotFoundError
 from .reader import FileReader, LocalSeed
 from .store import LocalStore, no_such_path
@@ -110,11 +110,7 @@ def plan_sources(sources: Iterable[str], dest: str, dest_is_dir: bool) -> list[t
 
 
 def _check_tree(files: dict[str, FileEntry]) -> None:
-    folders = set()
-    for p in files:
-        parts = p.split("/")
-        folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
-    clash = folders.intersection(files)
+    clash = tree_clashes(files)
     if clash:
         raise InvalidAddressError(f"{sorted(clash)[0]!r} would be both a file and a folder: "
                                   f"push to another path or remove one of them")

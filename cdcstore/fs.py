@@ -162,7 +162,8 @@ class CdcFileSystem(AbstractFileSystem):
         key = (a.repo, a.ref)
         cid = self._heads.get(key)
         now = time.monotonic()
-        if cid is not None and not cid.startswith(a.ref):  # a branch: refresh after head_ttl
+        pinned = cid is not None and len(a.ref) >= 4 and cid.startswith(a.ref)  # a commit id (prefix)
+        if cid is not None and not pinned:  # a branch: refresh after head_ttl
             seen = self._resolved_at.setdefault(key, now)
             if now - seen > self.head_ttl:
                 cid = None
