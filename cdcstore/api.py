@@ -18,7 +18,7 @@ import platformdirs
 
 from . import ids
 from .address import DEFAULT_BRANCH, Address, check_name, check_ref_name, check_write_target, normalize_path, parse
-from .commit import Commit, FileEntry
+from .commit import Commit, FileEntry, tree_clashes
 from .errors import CorruptionError, InvalidAddressError, PathNotFoundError
 from .reader import FileReader, LocalSeed
 from .store import LocalStore, no_such_path
@@ -205,11 +205,7 @@ def plan_sources(sources: Iterable[str], dest: str, dest_is_dir: bool,
 
 
 def _check_tree(files: dict[str, FileEntry]) -> None:
-    folders = set()
-    for p in files:
-        parts = p.split("/")
-        folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
-    clash = folders.intersection(files)
+    clash = tree_clashes(files)
     if clash:
         raise InvalidAddressError(f"{sorted(clash)[0]!r} would be both a file and a folder: "
                                   f"push to another path or remove one of them")
@@ -347,11 +343,13 @@ class Store:
 
     def commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "", *,
                      remove: Iterable[str] = (), remove_under: str | None = None,
-                     options: IngestOptions | None = None,
+                     entries: dict[str, FileEntry] | None = None, options: IngestOptions | None = None,
                      progress: Callable[[int], None] | None = None) -> TransferResult:
         """One commit on `branch` of `repo`: add (local file, path in repo) pairs and
         remove the paths in `remove` (each must exist); with `remove_under`, also
-        remove every file under that prefix that is not being added."""
+        remove every file under that prefix that is not being added. `entries` sets
+        paths to stored files (manifests already in the store: a copy reads no data).
+        Returns the landed commit (a rebased one if another writer moved the branch)."""
         t0, c0 = time.perf_counter(), self.counters()
         check_name("repo", repo)
         check_write_target(branch)
@@ -382,6 +380,8 @@ class Store:
         names = be.put_manifests([m for _, m in manifests])  # only after their chunks are durable
         for (path, m), name in zip(manifests, names):
             files[path] = FileEntry(name, m.size)
+        for path, entry in (entries or {}).items():
+            files[normalize_path(path)] = entry
         _check_tree(files)
         files = dict(sorted(files.items()))
         changed = base is None or files != base.files or expected is None
@@ -401,6 +401,20 @@ class Store:
         if not recursive and a.path not in commit.files:
             raise IsADirectoryError(f"{a} is a folder: remove it with recursive=True")
         return self.commit_files(a.repo, a.ref, [], message or f"remove {a.path}", remove=list(found))
+
+    def copy(self, src: str | Address, dst: str | Address, message: str = "") -> TransferResult:
+        """A commit on DST's branch holding SRC's file (or folder) at DST, made from
+        SRC's manifests: no data is read or written. DST may be in another repo."""
+        s, d = _as_address(src), _as_address(dst)
+        _, commit, found = self._entries(s)
+        if s.path in commit.files:
+            entries = {d.path: found[s.path]}
+        else:
+            cut = len(s.path) + 1 if s.path else 0
+            entries = {"/".join(q for q in (d.path, p[cut:]) if q): f for p, f in found.items()}
+        if not all(entries):
+            raise InvalidAddressError(f"copy {s} to a file path, not to the root of {d.repo}")
+        return self.commit_files(d.repo, d.ref, [], message or f"copy {s} to {d}", entries=entries)
 
     # -- reading -------------------------------------------------------------------------
     def _entries(self, a: Address) -> tuple[str, Commit, dict[str, FileEntry]]:

@@ -23,7 +23,7 @@ from typing import Iterable
 import aiohttp
 
 from . import ids, transfer
-from .commit import Commit
+from .commit import Commit, changes
 from .errors import (AccessDeniedError, ConflictError, CorruptionError, NotFoundError, RefExistsError,
                      RemoteError, RepoNotFoundError, RevisionNotFoundError)
 from .manifest import Manifest
@@ -364,8 +364,20 @@ class RemoteStore(Backend):
         cid = self._json("POST", f"/repos/{commit.repo}/commits", body=json.dumps(doc).encode(),
                          headers={"Content-Type": "application/json"})["commit"]
         if cid != commit.id:
-            raise CorruptionError("server named the commit differently than its hash")
+            self._check_rebased(commit, cid)
         return cid
+
+    def _check_rebased(self, commit: Commit, landed: str) -> None:
+        """The server rebased `commit` onto a moved head: the landed commit must hold
+        our change set and nothing of ours may be lost."""
+        if not ids.is_hex_id(landed):
+            raise CorruptionError(f"server answered an invalid commit id {landed!r}")
+        got = self.get_commit(commit.repo, landed)
+        base = self.get_commit(commit.repo, commit.parent).files if commit.parent else {}
+        changed, removed = changes(base, commit.files)
+        if (got.message != commit.message or any(got.files.get(p) != f for p, f in changed.items())
+                or removed & set(got.files)):
+            raise CorruptionError(f"server landed commit {landed} that does not hold this commit's changes")
 
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         data = self._call("GET", f"/repos/{repo}/commits/{commit_id}")

@@ -114,8 +114,45 @@ def _check_entry(path: str, f) -> None:
 
 def _check_tree(files: dict) -> None:
     """No path may be both a file and a folder (`a` and `a/b`)."""
-    for path in files:
-        parts = path.split("/")
-        for i in range(1, len(parts)):
-            if "/".join(parts[:i]) in files:
-                raise ValueError(f"{'/'.join(parts[:i])!r} is both a file and a folder (holds {path!r})")
+    clash = sorted(tree_clashes(files))
+    if clash:
+        raise ValueError(f"{clash[0]!r} is both a file and a folder")
+
+
+# -- rebase of disjoint commits (pure) ------------------------------------------------------
+def changes(old: dict[str, FileEntry], new: dict[str, FileEntry]) -> tuple[dict[str, FileEntry], set[str]]:
+    """What turns `old` into `new`: (paths added or changed -> entry, paths removed)."""
+    changed = {p: f for p, f in new.items() if old.get(p) != f}
+    return changed, set(old) - set(new)
+
+
+def touched(old: dict[str, FileEntry], new: dict[str, FileEntry]) -> set[str]:
+    changed, removed = changes(old, new)
+    return set(changed) | removed
+
+
+def tree_clashes(files: dict[str, FileEntry]) -> set[str]:
+    """Paths that would be both a file and a folder."""
+    folders = set()
+    for p in files:
+        parts = p.split("/")
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    return folders.intersection(files)
+
+
+def rebase_files(ours: tuple[dict[str, FileEntry], set[str]], theirs: set[str],
+                 head: dict[str, FileEntry]) -> tuple[dict[str, FileEntry] | None, list[str]]:
+    """Apply our change set to `head`, whose history since our base touched `theirs`.
+
+    Returns (files, []) or (None, overlapping paths) when both sides touched a path
+    or the result would make a path both a file and a folder."""
+    changed, removed = ours
+    overlap = sorted((set(changed) | removed) & theirs)
+    if overlap:
+        return None, overlap
+    files = {p: f for p, f in head.items() if p not in removed}
+    files.update(changed)
+    clash = sorted(tree_clashes(files))
+    if clash:
+        return None, clash
+    return dict(sorted(files.items())), []

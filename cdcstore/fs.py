@@ -6,21 +6,26 @@
 Paths are `REPO[@REV]/PATH`. A branch resolves to a commit once per filesystem
 instance and the commit's listing is kept (commits are immutable), so listing,
 `info`, `glob` and `find` cost no further requests; a pickled instance carries the
-resolved commits to its workers. Writes (`open("wb")`, `put`, `pipe`) and `rm` are
-commits; inside `fs.transaction` they become one commit per branch.
+resolved commits to its workers. A branch is resolved again after `head_ttl`
+seconds (default 5; commit ids never expire), so a long-lived instance sees new
+pushes. Writes (`open("wb"/"xb")`, `put`, `pipe`), `copy`, `mv` and `rm` are
+commits; `put` of a folder is one commit, and inside `fs.transaction` everything
+becomes one commit per branch. A commit that touches other paths than a
+concurrent writer's lands on top of it (rebased); only overlapping paths conflict.
 """
 from __future__ import annotations
 
 import io
 import os
 import tempfile
+import time
 
 from fsspec import AbstractFileSystem
 from fsspec.transaction import Transaction
 
 from .address import SCHEME, Address, check_write_target, parse
 from .api import Store, _check_replaceable
-from .commit import Commit
+from .commit import Commit, FileEntry
 from .manifest import Manifest
 from .reader import FileReader
 
@@ -46,10 +51,11 @@ class CdcWriteFile(io.RawIOBase):
     """A file being written: bytes go to a local temp file; `close` commits it
     (or hands it to the open transaction)."""
 
-    def __init__(self, fs: "CdcFileSystem", path: str, autocommit: bool = True):
+    def __init__(self, fs: "CdcFileSystem", path: str, autocommit: bool = True, exclusive: bool = False):
         super().__init__()
         self.fs = fs
         self.path = path
+        self.exclusive = exclusive  # "xb": fail if the path exists when the commit is made
         self.autocommit = autocommit  # False inside a transaction (fsspec registers the file)
         self.address = fs._address(path)
         if not self.address.path:
@@ -60,6 +66,17 @@ class CdcWriteFile(io.RawIOBase):
 
     def writable(self) -> bool:
         return True
+
+    def __exit__(self, exc_type, *rest) -> None:
+        if exc_type is not None:  # an error inside `with`: nothing is committed
+            self.autocommit = False
+            self.fs._forget_pending(self)
+            try:
+                self.close()
+            finally:
+                self.discard()
+            return
+        self.close()
 
     def write(self, data) -> int:
         return self._f.write(data)
@@ -85,15 +102,30 @@ class CdcWriteFile(io.RawIOBase):
             pass
 
 
+class _Pending:
+    """A change other than a written file, deferred to a transaction's commit:
+    paths to remove, or paths to set to stored files (a copy)."""
+
+    def __init__(self, address: Address, remove=(), entries=None):
+        self.address = address
+        self.remove = list(remove)
+        self.entries = dict(entries or {})
+
+    def discard(self) -> None:
+        pass
+
+
 class CdcFileSystem(AbstractFileSystem):
     protocol = "cdc"
     root_marker = ""
     transaction_type = CdcTransaction
 
     def __init__(self, store: str | None = None, token: str | None = None, cache=True,
-                 resolved: dict | None = None, **kwargs):
-        super().__init__(store=store, token=token, cache=cache, resolved=resolved, **kwargs)
+                 resolved: dict | None = None, head_ttl: float = 5.0, **kwargs):
+        super().__init__(store=store, token=token, cache=cache, resolved=resolved, head_ttl=head_ttl, **kwargs)
         self._args = dict(location=store, token=token, cache=cache)
+        self.head_ttl = head_ttl
+        self._resolved_at: dict[tuple[str, str], float] = {}
         self._store: Store | None = None
         self._pid = None
         self._heads: dict[tuple[str, str], str] = dict(resolved or {})  # (repo, rev) -> commit id
@@ -130,8 +162,15 @@ class CdcFileSystem(AbstractFileSystem):
     def _commit_of(self, a: Address) -> tuple[str, Commit]:
         key = (a.repo, a.ref)
         cid = self._heads.get(key)
+        now = time.monotonic()
+        pinned = cid is not None and len(a.ref) >= 4 and cid.startswith(a.ref)  # a commit id (prefix)
+        if cid is not None and not pinned:  # a branch: refresh after head_ttl
+            seen = self._resolved_at.setdefault(key, now)
+            if now - seen > self.head_ttl:
+                cid = None
         if cid is None:
             cid = self._heads[key] = self.store.backend.resolve(a.repo, a.ref)
+            self._resolved_at[key] = now
         commit = self._commits.get((a.repo, cid))
         if commit is None:
             commit = self._commits[(a.repo, cid)] = self.store.backend.get_commit(a.repo, cid)
@@ -199,10 +238,13 @@ class CdcFileSystem(AbstractFileSystem):
         return datetime.datetime.fromtimestamp(self.info(path)["mtime"], tz=datetime.timezone.utc)
 
     def _open(self, path, mode="rb", autocommit=True, **kwargs):
-        if "w" in mode:
-            return CdcWriteFile(self, path, autocommit)
+        if mode in ("wb", "xb"):
+            if mode == "xb" and self.exists(path):
+                raise FileExistsError(f"{SCHEME}{self._strip_protocol(path)} exists (mode 'xb')")
+            return CdcWriteFile(self, path, autocommit, exclusive=mode == "xb")
         if mode != "rb":
-            raise ValueError(f"cdc:// opens files with mode 'rb' or 'wb', not {mode!r}")
+            raise ValueError(f"cdc:// opens files with mode 'rb', 'wb' or 'xb', not {mode!r}; "
+                             f"a stored file cannot be appended to or changed in place")
         a = self._address(path)
         _, commit = self._commit_of(a)  # read the commit this instance resolved, not a newer one
         entry = commit.files.get(a.path)
@@ -227,14 +269,25 @@ class CdcFileSystem(AbstractFileSystem):
 
     # -- writing ----------------------------------------------------------------------------
     def _commit_writes(self, files: list) -> None:
-        """One commit per (repo, branch) for a batch of written files."""
-        groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        """One commit per (repo, branch) for a batch of written files and pending
+        removals and copies."""
+        groups: dict[tuple[str, str], tuple[list, list, dict, list]] = {}
         for f in files:
             a = f.address
-            groups.setdefault((a.repo, a.ref), []).append((f.tmp, a.path))
-        for (repo, branch), pairs in groups.items():
-            names = ", ".join(p for _, p in pairs[:3]) + (" ..." if len(pairs) > 3 else "")
-            self.store.commit_files(repo, branch, pairs, f"write {names}")
+            pairs, remove, entries, exclusive = groups.setdefault((a.repo, a.ref), ([], [], {}, []))
+            if isinstance(f, _Pending):
+                remove.extend(f.remove)
+                entries.update(f.entries)
+            else:
+                pairs.append((f.tmp, a.path))
+                if f.exclusive:
+                    exclusive.append(a.path)
+        for (repo, branch), (pairs, remove, entries, exclusive) in groups.items():
+            self._check_absent(repo, branch, exclusive)
+            touched = [p for _, p in pairs] + list(entries) + remove
+            names = ", ".join(touched[:3]) + (" ..." if len(touched) > 3 else "")
+            verb = "write" if pairs or entries else "remove"
+            self.store.commit_files(repo, branch, pairs, f"{verb} {names}", remove=remove, entries=entries)
             self._heads.pop((repo, branch), None)
         self.invalidate_cache()
 
@@ -246,6 +299,35 @@ class CdcFileSystem(AbstractFileSystem):
             _check_replaceable(os.fspath(lpath))
         return super().get_file(rpath, lpath, callback=callback, outfile=outfile, **kwargs)
 
+    def _check_absent(self, repo: str, branch: str, paths: list[str]) -> None:
+        """Mode "xb": the paths must not exist on the branch now."""
+        if not paths:
+            return
+        be = self.store.backend
+        head = be.branches(repo).get(branch) if be.has_repo(repo) else None
+        files = be.get_commit(repo, head).files if head else {}
+        taken = [p for p in paths if p in files]
+        if taken:
+            raise FileExistsError(f"{SCHEME}{repo}@{branch}/{taken[0]} exists (mode 'xb'): nothing was written")
+
+    def _forget_pending(self, f) -> None:
+        if self._intrans and self.transaction is not None and f in self.transaction.files:
+            self.transaction.files.remove(f)
+
+    def _defer(self, pending: _Pending) -> None:
+        """Part of the open transaction, or a commit now."""
+        if self._intrans:
+            self.transaction.files.append(pending)
+        else:
+            self._commit_writes([pending])
+
+    def put(self, lpath, rpath, recursive=False, **kwargs):
+        """Upload files; a folder (recursive=True) becomes one commit per branch."""
+        if self._intrans:
+            return super().put(lpath, rpath, recursive=recursive, **kwargs)
+        with self.transaction:
+            return super().put(lpath, rpath, recursive=recursive, **kwargs)
+
     def put_file(self, lpath, rpath, **kwargs):
         if os.path.isdir(lpath):
             return  # folders are implicit
@@ -253,9 +335,36 @@ class CdcFileSystem(AbstractFileSystem):
             while block := src.read(1 << 20):
                 f.write(block)
 
+    def cp_file(self, path1, path2, **kwargs):
+        """A commit that points PATH2 at PATH1's stored file: no data is copied."""
+        src, dst = self._address(path1), self._address(path2)
+        _, commit = self._commit_of(src)
+        entry = commit.files.get(src.path)
+        if entry is None:
+            raise FileNotFoundError(f"{SCHEME}{self._strip_protocol(path1)}")
+        if not dst.path:
+            raise IsADirectoryError(f"{SCHEME}{self._strip_protocol(path2)} names a repo, not a file")
+        self._defer(_Pending(dst, entries={dst.path: FileEntry(entry.manifest, entry.size)}))
+
+    def copy(self, path1, path2, recursive=False, maxdepth=None, on_error=None, **kwargs):
+        """One commit per destination branch, made from stored manifests."""
+        if self._intrans:
+            return super().copy(path1, path2, recursive=recursive, maxdepth=maxdepth, on_error=on_error, **kwargs)
+        with self.transaction:
+            return super().copy(path1, path2, recursive=recursive, maxdepth=maxdepth, on_error=on_error, **kwargs)
+
+    def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
+        """Copy (from manifests) and remove, as one commit when both are on one branch."""
+        if self._intrans:
+            self.copy(path1, path2, recursive=recursive, maxdepth=maxdepth)
+            return self.rm(path1, recursive=recursive)
+        with self.transaction:
+            self.copy(path1, path2, recursive=recursive, maxdepth=maxdepth)
+            self.rm(path1, recursive=recursive)
+
     def rm(self, path, recursive=False, maxdepth=None):
         paths = path if isinstance(path, list) else [path]
-        groups: dict[tuple[str, str], list[str]] = {}
+        groups: dict[tuple[str, str], tuple[Address, list[str]]] = {}
         for p in paths:
             a = self._address(p)
             _, commit = self._commit_of(a)
@@ -268,11 +377,9 @@ class CdcFileSystem(AbstractFileSystem):
                     raise FileNotFoundError(f"{SCHEME}{p}")
                 if not recursive:
                     raise IsADirectoryError(f"{SCHEME}{p} is a folder: pass recursive=True")
-            groups.setdefault((a.repo, a.ref), []).extend(victims)
-        for (repo, branch), victims in groups.items():
-            self.store.commit_files(repo, branch, [], f"remove {len(victims)} files", remove=victims)
-            self._heads.pop((repo, branch), None)
-        self.invalidate_cache()
+            groups.setdefault((a.repo, a.ref), (a, []))[1].extend(victims)
+        for a, victims in groups.values():
+            self._defer(_Pending(a, remove=sorted(set(victims))))
 
     def rm_file(self, path):
         self.rm(path)

@@ -363,7 +363,7 @@ class Server:
         if commit.repo != repo:
             raise HTTPError(400, f"commit names repo {commit.repo!r} but was sent to {repo!r}")
         cid = await self._io(self._commit, repo, commit, branch, expected)
-        return web.json_response({"commit": cid}, status=201)
+        return web.json_response({"commit": cid, "rebased": cid != commit.id}, status=201)
 
     def _commit(self, repo: str, commit: Commit, branch: str, expected: str | None) -> str:
         if commit.parent is not None:

@@ -31,7 +31,7 @@ from typing import Iterable, Iterator
 
 from . import ids
 from .address import check_name, check_ref_name, check_write_target, is_commit_like
-from .commit import Commit
+from .commit import Commit, changes, rebase_files, touched
 from .errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, NotAStoreError,
                      PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
                      StoreFormatError)
@@ -801,8 +801,7 @@ class LocalStore(Backend):
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
         self._grant(commit)
         cid = self.put_commit(commit)
-        self.update_branch(commit.repo, branch, expected, cid)
-        return cid
+        return self.update_branch(commit.repo, branch, expected, cid, commit)
 
     def _grant(self, commit: Commit) -> None:
         """Record which manifests and packs the commit's repo reaches (what a server
@@ -819,10 +818,15 @@ class LocalStore(Backend):
         self.index.grant(commit.repo, "manifest", names)
         self.index.grant(commit.repo, "pack", {pack for pack, _ in self.index.locate(chunk_ids).values()})
 
-    def update_branch(self, repo: str, branch: str, expected: str | None, new: str) -> None:
-        """Move `branch` from `expected` (None: must not exist) to `new`, atomically.
+    def update_branch(self, repo: str, branch: str, expected: str | None, new: str,
+                      commit: Commit | None = None) -> str:
+        """Move `branch` from `expected` (None: must not exist) to `new`, atomically;
+        returns the commit the branch now points at.
 
-        Raises ConflictError when another writer moved it first; nothing changes then.
+        If another writer moved the branch first and `commit` (the commit named `new`)
+        touches no path that the branch's new history touched, a rebased copy of it
+        lands on the moved head instead (see docs/architecture.md). Otherwise
+        ConflictError, naming the overlapping paths; nothing changes then.
         """
         check_write_target(branch)
         with self._repo_lock(repo):
@@ -836,11 +840,58 @@ class LocalStore(Backend):
             except FileNotFoundError:
                 current = None
             if current != expected:
-                raise ConflictError(
-                    f"branch {branch!r} of repo {repo!r} moved to {current or 'nothing'} while this push was "
-                    f"based on {expected or 'no commit'}: run the push again (stored chunks are reused)"
-                )
+                if commit is None or current is None:
+                    raise ConflictError(
+                        f"branch {branch!r} of repo {repo!r} moved to {current or 'nothing'} while this push "
+                        f"was based on {expected or 'no commit'}: run the push again (stored chunks are reused)")
+                new, fresh = self._rebase(commit, branch, current)
+                if not fresh:  # this very commit landed before (a retried request)
+                    return new
             self.write_atomic(path, (new + "\n").encode())
+            return new
+
+    def _applied_path(self, repo: str, original: str) -> str:
+        return os.path.join(self.repo_dir(repo), "applied", original)
+
+    def _history(self, repo: str, head: str, base: str | None) -> Iterator[tuple[str, Commit]]:
+        """Commits from `head` back to (not including) `base`; ConflictError if `base`
+        is not an ancestor of `head`."""
+        cid: str | None = head
+        while cid != base:
+            if cid is None:
+                raise ConflictError(f"commit {base} is not in the history of {head} in repo {repo!r}: "
+                                    f"the branch was reset; run the push again")
+            c = self.get_commit(repo, cid)
+            yield cid, c
+            cid = c.parent
+
+    def _rebase(self, commit: Commit, branch: str, head: str) -> tuple[str, bool]:
+        """Land `commit` on `head` (called under the repo lock). Returns (the rebased
+        commit's id, True), or (the landed id, False) when `commit` or its rebased
+        copy is already in the history since its parent (a retried request).
+        Raises ConflictError on overlapping paths."""
+        repo, cid = commit.repo, commit.id
+        try:
+            with open(self._applied_path(repo, cid)) as f:
+                recorded = f.read().strip()
+        except FileNotFoundError:
+            recorded = None
+        theirs: set[str] = set()
+        for hid, h in self._history(repo, head, commit.parent):
+            if hid in (cid, recorded):
+                return hid, False
+            parent_files = self.get_commit(repo, h.parent).files if h.parent else {}
+            theirs |= touched(parent_files, h.files)
+        base_files = self.get_commit(repo, commit.parent).files if commit.parent else {}
+        files, overlap = rebase_files(changes(base_files, commit.files), theirs,
+                                      self.get_commit(repo, head).files)
+        if files is None:
+            shown = ", ".join(overlap[:5]) + (f" and {len(overlap) - 5} more" if len(overlap) > 5 else "")
+            raise ConflictError(f"branch {branch!r} of repo {repo!r} moved to {head} and another writer changed "
+                                f"the same paths: {shown}; pull the branch and run the push again")
+        landed = self.put_commit(Commit(repo, head, commit.message, commit.time, files))
+        self.write_atomic(self._applied_path(repo, cid), (landed + "\n").encode())  # before the branch moves
+        return landed, True
 
     def ensure_repo(self, repo: str) -> None:
         d = self.repo_dir(repo)

@@ -64,10 +64,19 @@ def test_conflict_over_http(server, tmp_path):
             if not raced:
                 raced.append(b.push([str(f)], "cdc://r/g.txt"))
 
-        with pytest.raises(ConflictError):
-            a.push([str(f)], "cdc://r/h.txt", progress=race)
-        assert a.push([str(f)], "cdc://r/h.txt").changed
+        landed = a.push([str(f)], "cdc://r/h.txt", progress=race)  # disjoint: rebased onto g.txt's commit
+        assert a.branches("r")["main"] == landed.commit and a.log("r")[1]["commit"] == raced[0].commit
         assert {e["name"] for e in a.ls("cdc://r/")} == {"f.txt", "g.txt", "h.txt"}
+        g = tmp_path / "g2.txt"
+        g.write_bytes(b"two")
+        raced.clear()
+
+        def race_same(_n):
+            if not raced:
+                raced.append(b.push([str(g)], "cdc://r/same.txt"))
+
+        with pytest.raises(ConflictError, match="same.txt"):  # overlapping: the loser is told which path
+            a.push([str(f)], "cdc://r/same.txt", progress=race_same)
 
 
 CLIENT_PUSH = textwrap.dedent("""
