@@ -126,6 +126,7 @@ class CdcFileSystem(AbstractFileSystem):
         self._args = dict(location=store, token=token, cache=cache)
         self.head_ttl = head_ttl
         self._resolved_at: dict[tuple[str, str], float] = {}
+        self._pinned: set[tuple[str, str]] = set()  # (repo, rev) that name a commit or a tag: never refreshed
         self._store: Store | None = None
         self._pid = None
         self._heads: dict[tuple[str, str], str] = dict(resolved or {})  # (repo, rev) -> commit id
@@ -163,14 +164,17 @@ class CdcFileSystem(AbstractFileSystem):
         key = (a.repo, a.ref)
         cid = self._heads.get(key)
         now = time.monotonic()
-        pinned = cid is not None and len(a.ref) >= 4 and cid.startswith(a.ref)  # a commit id (prefix)
-        if cid is not None and not pinned:  # a branch: refresh after head_ttl
+        pinned = key in self._pinned or (cid is not None and len(a.ref) >= 4 and cid.startswith(a.ref))
+        if cid is not None and not pinned:  # a branch: refresh after head_ttl (commits and tags never move)
             seen = self._resolved_at.setdefault(key, now)
             if now - seen > self.head_ttl:
                 cid = None
         if cid is None:
-            cid = self._heads[key] = self.store.backend.resolve(a.repo, a.ref)
+            cid, kind = self.store.backend.resolve_ref(a.repo, a.ref)
+            self._heads[key] = cid
             self._resolved_at[key] = now
+            if kind != "branch":
+                self._pinned.add(key)
         commit = self._commits.get((a.repo, cid))
         if commit is None:
             commit = self._commits[(a.repo, cid)] = self.store.backend.get_commit(a.repo, cid)
@@ -178,7 +182,7 @@ class CdcFileSystem(AbstractFileSystem):
 
     def invalidate_cache(self, path=None) -> None:
         """Forget resolved branches (a new commit moves them)."""
-        self._heads = {k: v for k, v in self._heads.items() if k[1] == v}  # keep pinned commit ids
+        self._heads = {k: v for k, v in self._heads.items() if k in self._pinned or k[1] == v}  # keep commits, tags
         super().invalidate_cache(path)
 
     def _name(self, a: Address, path: str) -> str:
