@@ -490,10 +490,13 @@ class LocalStore(Backend):
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
-        self._grant(commit)
         cid = self.put_commit(commit)
-        self.update_branch(commit.repo, branch, expected, cid)
+        self.update_branch(commit.repo, branch, expected, cid, landed=lambda: self._grant_landed(commit))
         return cid
+
+    def _grant_landed(self, commit: Commit) -> None:
+        """Grant a commit's reach once its compare-and-swap succeeded: a refused commit grants nothing."""
+        self._grant(commit)
 
     def _grant(self, commit: Commit) -> None:
         """Record which manifests and packs the commit's repo reaches (what a server
@@ -510,8 +513,9 @@ class LocalStore(Backend):
         self.index.grant(commit.repo, "manifest", names)
         self.index.grant(commit.repo, "pack", {pack for pack, _ in self.index.locate(chunk_ids).values()})
 
-    def update_branch(self, repo: str, branch: str, expected: str | None, new: str) -> None:
+    def update_branch(self, repo: str, branch: str, expected: str | None, new: str, landed=None) -> None:
         """Move `branch` from `expected` (None: must not exist) to `new`, atomically.
+        `landed()` runs under the lock after the check, before the branch file is written.
 
         Raises ConflictError when another writer moved it first; nothing changes then.
         """
@@ -528,6 +532,8 @@ class LocalStore(Backend):
                     f"branch {branch!r} of repo {repo!r} moved to {current or 'nothing'} while this push was "
                     f"based on {expected or 'no commit'}: run the push again (stored chunks are reused)"
                 )
+            if landed is not None:
+                landed()
             self.write_atomic(path, (new + "\n").encode())
 
     def ensure_repo(self, repo: str) -> None:
