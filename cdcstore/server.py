@@ -267,9 +267,20 @@ class Server:
         cid = await self._io(self._commit, repo, commit, branch, expected)
         return web.json_response({"commit": cid}, status=201)
 
+    def _check_parent(self, repo: str, parent) -> None:
+        """A parent must be a 32-hex commit id of this repo: never a path (no file-existence oracle)."""
+        if parent is None:
+            return
+        if not isinstance(parent, str) or not ids.is_hex_id(parent):
+            raise HTTPError(400, "commit parent must be a 32-hex-digit commit id or null")
+        try:
+            self.store.get_commit(repo, parent)
+        except (CdcError, OSError):
+            raise HTTPError(400, f"commit parent {parent} is not a commit of repo {repo!r}: "
+                                 f"base the commit on the branch head") from None
+
     def _commit(self, repo: str, commit: Commit, branch: str, expected: str | None) -> str:
-        if commit.parent is not None:
-            self.store.get_commit(repo, commit.parent)  # must exist in this repo
+        self._check_parent(repo, commit.parent)
         sizes: dict[str, set[int]] = {}
         for f in commit.files.values():
             if not ids.is_hex_id(f.manifest):

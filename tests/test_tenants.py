@@ -22,3 +22,20 @@ def test_refused_commit_grants_nothing(store, tmp_path):
     packs = {p for p, _ in be.index.locate(
         {c for n in names for c in be.get_manifest(n).chunk_ids}).values()}
     assert packs and not any(be.index.reaches("a", "pack", p) for p in packs)
+
+
+@pytest.mark.parametrize("parent", ["../../x", "..", "commits", "zz" * 16, "0" * 32, "garbage"])
+def test_commit_parent_must_be_a_commit_id_of_this_repo(server, parent):
+    """A parent is never used as a path: folders, traversal and garbage give one 400, no 500 or oracle."""
+    import json
+    import urllib.error
+    import urllib.request
+    body = Commit("r", parent, "", 0.0, {}).encode().decode()
+    req = urllib.request.Request(server.url + "/v1/repos/r/commits", method="POST",
+                                 data=json.dumps({"commit": body, "branch": "main", "expected": None}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 400
+    text = e.value.read().decode()
+    assert server.store not in text and "parent" in text
