@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import contextlib
 from dataclasses import dataclass
 
@@ -65,8 +66,30 @@ def _error(status: int, message: str, headers: dict | None = None) -> web.Respon
     return web.json_response({"error": message, "status": status}, status=status, headers=headers)
 
 
+STORE_ROOTS = web.AppKey("store_roots", tuple)
+_REPO_LIST = re.compile(r" \(repos: [^)]*\)")
+
+
+def sanitize(message: str, roots: tuple) -> str:
+    """An error message without the server's paths or the list of other tenants' repos."""
+    for root in roots:
+        message = message.replace(root, "the server's store")
+    return _REPO_LIST.sub("", message)
+
+
 @web.middleware
 async def errors_middleware(request: web.Request, handler):
+    response = await _handle_errors(request, handler)
+    if response.status >= 400 and getattr(response, "body", None) and response.content_type == "application/json":
+        doc = json.loads(response.body)
+        if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+            doc["error"] = sanitize(doc["error"], request.app[STORE_ROOTS])
+            response = _error(response.status, doc["error"], {k: v for k, v in response.headers.items()
+                                                              if k.lower().startswith(("retry-after", "www-auth"))})
+    return response
+
+
+async def _handle_errors(request: web.Request, handler):
     try:
         return await handler(request)
     except HTTPError as e:
@@ -325,6 +348,7 @@ def make_app(store: LocalStore, config: ServerConfig | None = None) -> web.Appli
     config = config or ServerConfig()
     s = Server(store, config)
     app = web.Application(middlewares=[errors_middleware], client_max_size=transfer.MAX_JSON_BYTES)
+    app[STORE_ROOTS] = tuple(sorted({store.root, os.path.realpath(store.root)}, key=len, reverse=True))
     api = transfer.API
     app.add_routes([
         web.get(f"{api}/health", s.health),

@@ -39,3 +39,19 @@ def test_commit_parent_must_be_a_commit_id_of_this_repo(server, parent):
     assert e.value.code == 400
     text = e.value.read().decode()
     assert server.store not in text and "parent" in text
+
+
+def test_error_bodies_hide_server_paths_and_other_repos(server, tmp_path):
+    """A 404 for an unknown repo names neither the store's folder nor the repos of other tenants."""
+    import urllib.error
+    import urllib.request
+    from cdcstore import Store
+    src = tmp_path / "b"
+    src.mkdir()
+    (src / "x.txt").write_bytes(b"x")
+    Store(server.store).push([str(src)], "cdc://tenant-b-secret-name/")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(server.url + "/v1/repos/nope/branches", timeout=10)
+    text = e.value.read().decode()
+    assert e.value.code == 404 and "nope" in text
+    assert str(tmp_path) not in text and "tenant-b-secret-name" not in text
