@@ -327,10 +327,17 @@ class Server:
         return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
 
     async def locate(self, request):
-        self._repo(request)  # checks the token's access to the repo
+        repo = self._repo(request)  # checks the token's access to the repo
         wanted = transfer.decode_ids(await self._body(request, transfer.MAX_IDS_PER_REQUEST * transfer.ID))
-        found = await self._io(self.store.locate, wanted)
+        found = await self._io(self._locate_reached, repo, wanted)
         return web.Response(body=transfer.encode_locations(found), content_type="application/octet-stream")
+
+    def _locate_reached(self, repo: str, wanted) -> dict:
+        """Locations only of chunks in packs that `repo` reaches: locate never reveals other repos' chunks."""
+        found = self.store.locate(wanted)
+        packs = {p for p, _ in found.values()}
+        reached = {p for p in packs if self.store.index.reaches(repo, "pack", p)}
+        return {c: loc for c, loc in found.items() if loc[0] in reached}
 
     async def get_pack(self, request):
         repo = self._repo(request)

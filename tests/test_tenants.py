@@ -55,3 +55,22 @@ def test_error_bodies_hide_server_paths_and_other_repos(server, tmp_path):
     text = e.value.read().decode()
     assert e.value.code == 404 and "nope" in text
     assert str(tmp_path) not in text and "tenant-b-secret-name" not in text
+
+
+def test_locate_through_another_repo_reveals_nothing(server, tmp_path):
+    """Repo A's locate answers nothing about a chunk that only repo B reaches."""
+    import urllib.request
+    from cdcstore import Store
+    for repo, data in (("b", b"B's secret " * 1000), ("a", b"A's own data")):
+        src = tmp_path / repo
+        src.mkdir()
+        (src / "f.bin").write_bytes(data)
+        Store(server.store).push([str(src)], f"cdc://{repo}/")
+    be = Store(server.store).backend
+    b = be.get_commit("b", be.resolve("b", "main"))
+    chunk = be.get_manifest(b.files["f.bin"].manifest).chunk_ids[0]
+
+    def locate(repo):
+        req = urllib.request.Request(f"{server.url}/v1/repos/{repo}/locate", data=chunk, method="POST")
+        return urllib.request.urlopen(req, timeout=10).read()
+    assert chunk in locate("b") and chunk not in locate("a")
