@@ -14,6 +14,7 @@ import errno
 import json
 import logging
 import os
+import re
 import sqlite3
 from dataclasses import dataclass
 
@@ -88,8 +89,30 @@ def _error(status: int, message: str, headers: dict | None = None) -> web.Respon
     return web.json_response({"error": message, "status": status}, status=status, headers=headers)
 
 
+STORE_ROOTS = web.AppKey("store_roots", tuple)
+_REPO_LIST = re.compile(r" \(repos: [^)]*\)")
+
+
+def sanitize(message: str, roots: tuple) -> str:
+    """An error message without the server's paths or the list of other tenants' repos."""
+    for root in roots:
+        message = message.replace(root, "the server's store")
+    return _REPO_LIST.sub("", message)
+
+
 @web.middleware
 async def errors_middleware(request: web.Request, handler):
+    response = await _handle_errors(request, handler)
+    if response.status >= 400 and getattr(response, "body", None) and response.content_type == "application/json":
+        doc = json.loads(response.body)
+        if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+            doc["error"] = sanitize(doc["error"], request.app[STORE_ROOTS])
+            response = _error(response.status, doc["error"], {k: v for k, v in response.headers.items()
+                                                              if k.lower().startswith(("retry-after", "www-auth"))})
+    return response
+
+
+async def _handle_errors(request: web.Request, handler):
     try:
         return await handler(request)
     except HTTPError as e:
@@ -365,9 +388,20 @@ class Server:
         cid = await self._io(self._commit, repo, commit, branch, expected)
         return web.json_response({"commit": cid, "rebased": cid != commit.id}, status=201)
 
+    def _check_parent(self, repo: str, parent) -> None:
+        """A parent must be a 32-hex commit id of this repo: never a path (no file-existence oracle)."""
+        if parent is None:
+            return
+        if not isinstance(parent, str) or not ids.is_hex_id(parent):
+            raise HTTPError(400, "commit parent must be a 32-hex-digit commit id or null")
+        try:
+            self.store.get_commit(repo, parent)
+        except (CdcError, OSError):
+            raise HTTPError(400, f"commit parent {parent} is not a commit of repo {repo!r}: "
+                                 f"base the commit on the branch head") from None
+
     def _commit(self, repo: str, commit: Commit, branch: str, expected: str | None) -> str:
-        if commit.parent is not None:
-            self.store.get_commit(repo, commit.parent)  # must exist in this repo
+        self._check_parent(repo, commit.parent)
         sizes: dict[str, set[int]] = {}
         for f in commit.files.values():
             if not ids.is_hex_id(f.manifest):
@@ -393,10 +427,17 @@ class Server:
         return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
 
     async def locate(self, request):
-        self._repo(request)  # checks the token's access to the repo
+        repo = self._repo(request)  # checks the token's access to the repo
         wanted = transfer.decode_ids(await self._body(request, transfer.MAX_IDS_PER_REQUEST * transfer.ID))
-        found = await self._io(self.store.locate, wanted)
+        found = await self._io(self._locate_reached, repo, wanted)
         return web.Response(body=transfer.encode_locations(found), content_type="application/octet-stream")
+
+    def _locate_reached(self, repo: str, wanted) -> dict:
+        """Locations only of chunks in packs that `repo` reaches: locate never reveals other repos' chunks."""
+        found = self.store.locate(wanted)
+        packs = {p for p, _ in found.values()}
+        reached = {p for p in packs if self.store.index.reaches(repo, "pack", p)}
+        return {c: loc for c, loc in found.items() if loc[0] in reached}
 
     async def get_pack(self, request):
         repo = self._repo(request)
@@ -449,6 +490,7 @@ def make_app(store: LocalStore, config: ServerConfig | None = None) -> web.Appli
     app = web.Application(middlewares=[errors_middleware], client_max_size=transfer.MAX_JSON_BYTES)
     app.on_startup.append(s.on_startup)
     app.on_cleanup.append(s.on_cleanup)
+    app[STORE_ROOTS] = tuple(sorted({store.root, os.path.realpath(store.root)}, key=len, reverse=True))
     api = transfer.API
     app.add_routes([
         web.get(f"{api}/health", s.health),

@@ -799,9 +799,8 @@ class LocalStore(Backend):
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
-        self._grant(commit)
         cid = self.put_commit(commit)
-        return self.update_branch(commit.repo, branch, expected, cid, commit)
+        return self.update_branch(commit.repo, branch, expected, cid, commit, landed=self._grant)
 
     def _grant(self, commit: Commit) -> None:
         """Record which manifests and packs the commit's repo reaches (what a server
@@ -819,9 +818,10 @@ class LocalStore(Backend):
         self.index.grant(commit.repo, "pack", {pack for pack, _ in self.index.locate(chunk_ids).values()})
 
     def update_branch(self, repo: str, branch: str, expected: str | None, new: str,
-                      commit: Commit | None = None) -> str:
+                      commit: Commit | None = None, landed=None) -> str:
         """Move `branch` from `expected` (None: must not exist) to `new`, atomically;
-        returns the commit the branch now points at.
+        returns the commit the branch now points at. `landed(commit)` runs under the
+        lock once the commit that lands is known, before the branch file is written.
 
         If another writer moved the branch first and `commit` (the commit named `new`)
         touches no path that the branch's new history touched, a rebased copy of it
@@ -847,6 +847,8 @@ class LocalStore(Backend):
                 new, fresh = self._rebase(commit, branch, current)
                 if not fresh:  # this very commit landed before (a retried request)
                     return new
+            if landed is not None:
+                landed(self.get_commit(repo, new))
             self.write_atomic(path, (new + "\n").encode())
             return new
 
