@@ -13,7 +13,7 @@ from .errors import CdcError, CorruptionError
 from .pack import PackEntry
 from .sqlite import Connections
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: repo_chunks, token_chunks, chunks_by_pack
 
 
 def damaged_message(err: Exception) -> str:
@@ -43,8 +43,33 @@ class ChunkIndex:
             "SELECT 1 FROM sqlite_master WHERE type='table' AND name='chunks'").fetchone() is not None
 
     def _ensure_schema(self) -> None:
-        if self._has_schema():
+        if not self._has_schema():
+            self._create_schema()
+        self._ensure_reach_tables()
+
+    def _ensure_reach_tables(self) -> None:
+        """Chunk-level reach (schema 2): which chunks each repo's landed commits name, and
+        which chunks each token uploaded. A store indexed before schema 2 is marked
+        `reach_stale` until its grants are rebuilt from the commits (the server does so at start)."""
+        conn = self.conn
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='repo_chunks'").fetchone():
             return
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='repo_chunks'").fetchone():
+                return
+            conn.execute("CREATE TABLE repo_chunks (repo TEXT NOT NULL, id BLOB NOT NULL, PRIMARY KEY (repo, id))"
+                         " WITHOUT ROWID")
+            conn.execute("CREATE TABLE token_chunks (owner TEXT NOT NULL, id BLOB NOT NULL, PRIMARY KEY (owner, id))"
+                         " WITHOUT ROWID")
+            conn.execute("CREATE INDEX IF NOT EXISTS chunks_by_pack ON chunks (pack, offset)")
+            if conn.execute("SELECT 1 FROM repo_objects LIMIT 1").fetchone():
+                conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('reach_stale', '1')")
+
+    def reach_stale(self) -> bool:
+        return self.conn.execute("SELECT 1 FROM meta WHERE key='reach_stale'").fetchone() is not None
+
+    def _create_schema(self) -> None:
         import sqlite_utils  # only needed to create a new index; it is slow to import
 
         db = sqlite_utils.Database(self.conn)
@@ -120,6 +145,46 @@ class ChunkIndex:
             conn.executemany("INSERT OR IGNORE INTO repo_objects (repo, kind, name) VALUES (?, ?, ?)",
                              [(repo, kind, n) for n in names])
 
+    def grant_chunks(self, table: str, who: str, chunk_ids: Iterable[bytes]) -> None:
+        """Record that repo `who` reaches (table "repo_chunks") or token owner `who`
+        uploaded (table "token_chunks") these chunks."""
+        assert table in ("repo_chunks", "token_chunks")
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(f"INSERT OR IGNORE INTO {table} VALUES (?, ?)", [(who, c) for c in chunk_ids])
+
+    def visible(self, chunk_ids: Iterable[bytes], repos: list[str], owner: str | None) -> set[bytes]:
+        """The subset of `chunk_ids` that the index holds and that one of `repos` reaches
+        or that token `owner` uploaded (what a token scoped to `repos` may learn of)."""
+        ids = list(dict.fromkeys(chunk_ids))
+        found: set[bytes] = set()
+        conn = self.conn
+        step = max(1, _BATCH - len(repos) - 1)
+        for i in range(0, len(ids), step):
+            batch = ids[i:i + step]
+            marks = ",".join("?" * len(batch))
+            q = (f"SELECT c.id FROM chunks c WHERE c.id IN ({marks}) AND (EXISTS (SELECT 1 FROM repo_chunks r"
+                 f" WHERE r.id = c.id AND r.repo IN ({','.join('?' * len(repos)) or 'NULL'}))"
+                 f" OR EXISTS (SELECT 1 FROM token_chunks t WHERE t.id = c.id AND t.owner = ?))")
+            found.update(row[0] for row in conn.execute(q, [*batch, *repos, owner or ""]))
+        return found
+
+    def pack_chunks(self, pack: str, start: int, end: int) -> list[PackEntry]:
+        """Indexed chunks of `pack` whose bytes overlap [start, end)."""
+        rows = self.conn.execute(
+            "SELECT id, offset, stored_len, raw_len, codec FROM chunks WHERE pack = ? AND offset < ?"
+            " AND offset >= ? ORDER BY offset", (pack, end, start - (1 << 25))).fetchall()  # chunks < 32 MiB stored
+        return [PackEntry(*r) for r in rows if r[1] + r[2] > start]
+
+    def reach_totals(self, repos: list[str]) -> dict:
+        """Chunk totals over what `repos` reach (a scoped token's view of the store)."""
+        row = self.conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(raw_len), 0), COALESCE(SUM(stored_len), 0) FROM chunks c WHERE EXISTS"
+            f" (SELECT 1 FROM repo_chunks r WHERE r.id = c.id AND r.repo IN ({','.join('?' * len(repos)) or 'NULL'}))",
+            repos).fetchone()
+        return {"chunks": row[0], "chunk_raw_bytes": row[1], "chunk_stored_bytes": row[2]}
+
     def reaches(self, repo: str, kind: str, name: str) -> bool:
         return self.conn.execute("SELECT 1 FROM repo_objects WHERE repo=? AND kind=? AND name=?",
                                  (repo, kind, name)).fetchone() is not None
@@ -131,13 +196,16 @@ class ChunkIndex:
         return {row[0] for row in self.conn.execute("SELECT name FROM packs")}
 
     def replace_all(self, packs: list[tuple[str, int, list[PackEntry]]],
-                    grants: list[tuple[str, str, str]]) -> None:
-        """Swap in a whole new index in one transaction (first pack wins a chunk)."""
+                    grants: list[tuple[str, str, str]], chunk_grants: Iterable[tuple[str, bytes]] = ()) -> None:
+        """Swap in a whole new index in one transaction (first pack wins a chunk).
+        Uploads recorded per token are kept (they cannot be rebuilt from the packs)."""
         conn = self.conn
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            for table in ("chunks", "packs", "repo_objects"):
+            for table in ("chunks", "packs", "repo_objects", "repo_chunks"):
                 conn.execute(f"DELETE FROM {table}")
+            conn.execute("DELETE FROM meta WHERE key = 'reach_stale'")
+            conn.executemany("INSERT OR IGNORE INTO repo_chunks (repo, id) VALUES (?, ?)", chunk_grants)
             conn.executemany("INSERT OR IGNORE INTO packs (name, size, chunks) VALUES (?, ?, ?)",
                              [(n, size, len(entries)) for n, size, entries in packs])
             conn.executemany(
@@ -153,6 +221,7 @@ class ChunkIndex:
             conn.execute("DELETE FROM chunks")
             conn.execute("DELETE FROM packs")
             conn.execute("DELETE FROM repo_objects")
+            conn.execute("DELETE FROM repo_chunks")
 
     def totals(self) -> dict:
         row = self.conn.execute(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -144,6 +145,14 @@ async def _handle_errors(request: web.Request, handler):
         return _error(500, f"internal error: {type(e).__name__}")
 
 
+@dataclass(frozen=True)
+class Scope:
+    """A token limited to some repos: it sees chunks those repos reach and chunks it uploaded."""
+
+    repos: tuple[str, ...]
+    owner: str  # a hash of the token (tokens are never stored)
+
+
 class Auth:
     """Bearer-token checks; `None` tokens means an open (loopback) server."""
 
@@ -168,9 +177,21 @@ class Auth:
         if repo is not None and "*" not in g["repos"] and repo not in g["repos"]:
             raise HTTPError(403, f"this token has no access to repo {repo!r}")
 
+    def scope(self, request: web.Request) -> Scope:
+        """What a request's token may learn of: None for an open server or a "*" token
+        (everything), else its repos and an owner id for the chunks it uploads."""
+        g = self.grant(request)
+        if "*" in g["repos"]:
+            return None
+        token = request.headers.get("Authorization", "").strip().partition(" ")[2].strip()
+        return Scope(tuple(g["repos"]), hashlib.blake2b(token.encode(), digest_size=16).hexdigest())
+
     def visible(self, request: web.Request, repos: list[str]) -> list[str]:
         g = self.grant(request)
         return repos if "*" in g["repos"] else [r for r in repos if r in g["repos"]]
+
+
+MAX_SCOPED_RANGE = 64 * 1024 * 1024  # bytes of one masked pack range (clients ask for <= 32 MiB)
 
 
 class Server:
@@ -255,9 +276,24 @@ class Server:
     async def query_chunks(self, request):
         self.auth.check(request, None, write=True)
         wanted = transfer.decode_ids(await self._body(request, transfer.MAX_IDS_PER_REQUEST * transfer.ID))
-        present = await self._io(self.store.present, wanted)
+        present = await self._io(self._visible, self.auth.scope(request), wanted)
         return web.Response(body=transfer.encode_presence(wanted, present),
                             content_type="application/octet-stream")
+
+    def _visible(self, scope: Scope | None, chunk_ids, repos: tuple[str, ...] | None = None) -> set[bytes]:
+        """The chunks among `chunk_ids` that the server holds and `scope` may learn of
+        (its repos, or `repos`, reach them, or it uploaded them): nothing leaks through dedup."""
+        if scope is None:
+            return self.store.present(list(chunk_ids))
+        return self.store.index.visible(chunk_ids, list(scope.repos if repos is None else repos), scope.owner)
+
+    def _require_visible(self, scope: Scope | None, chunk_ids: set[bytes], what: str) -> None:
+        if scope is None or not chunk_ids:
+            return
+        hidden = chunk_ids - self._visible(scope, chunk_ids)
+        if hidden:
+            raise HTTPError(403, f"{what} names {len(hidden)} chunks that this token neither uploaded nor may "
+                                 f"read (e.g. {next(iter(hidden)).hex()}): upload their packs first")
 
     async def put_pack(self, request):
         self.auth.check(request, None, write=True)
@@ -267,10 +303,14 @@ class Server:
         if request.content_length is not None and request.content_length > transfer.MAX_PACK_BYTES:
             raise HTTPError(413, f"pack of {request.content_length} bytes is over the limit "
                                  f"of {transfer.MAX_PACK_BYTES}")
+        scope = self.auth.scope(request)
         with self.heavy():
             if await self._io(self.store.index_found_pack, name):
-                async for _ in self._blocks(request):
-                    pass  # already stored (a retried upload): drain and accept
+                h = ids.hasher()
+                async for block in self._blocks(request):  # already stored (a retried upload): drain
+                    h.update(block)
+                if scope is not None and h.hexdigest() == name:  # the token holds every byte of it
+                    await self._io(self._record_upload, scope, name, None)
                 return web.json_response({"pack": name, "stored": False})
             tmp = self.store.tmp_path()
             h = ids.hasher()
@@ -285,13 +325,21 @@ class Server:
                         f.write(block)
                 if h.hexdigest() != name:
                     raise HTTPError(422, f"pack bytes do not match the name {name} (truncated or damaged upload)")
-                count = await self._io(self._verify_and_add, tmp, name)
+                entries = await self._io(self._verify_and_add, tmp, name)
+                if scope is not None:
+                    await self._io(self._record_upload, scope, name, entries)
+                count = len(entries)
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
         return web.json_response({"pack": name, "stored": True, "chunks": count}, status=201)
 
-    def _verify_and_add(self, tmp: str, name: str) -> int:
+    def _record_upload(self, scope: Scope, name: str, entries) -> None:
+        if entries is None:
+            entries = self.store.read_pack_index(name)
+        self.store.index.grant_chunks("token_chunks", scope.owner, [e.chunk_id for e in entries])
+
+    def _verify_and_add(self, tmp: str, name: str) -> list:
         with open(tmp, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             entries = read_index(f, size, f"uploaded pack {name}")
@@ -299,7 +347,7 @@ class Server:
                 f.seek(e.offset)
                 decode_chunk(f.read(e.stored_len), e.codec, e.raw_len, e.chunk_id)
         self.store.add_pack(tmp, name, entries)
-        return len(entries)
+        return entries
 
     async def head_pack(self, request):
         self.auth.check(request, None, write=True)
@@ -314,12 +362,13 @@ class Server:
             if len(blobs) > transfer.MAX_MANIFESTS_PER_REQUEST:
                 raise HTTPError(413, f"{len(blobs)} manifests in one request; the limit is "
                                      f"{transfer.MAX_MANIFESTS_PER_REQUEST}: send smaller batches")
-            names = await self._io(self._add_manifests, blobs)
+            names = await self._io(self._add_manifests, blobs, self.auth.scope(request))
         return web.json_response({"manifests": names})
 
-    def _add_manifests(self, blobs: list[bytes]) -> list[str]:
+    def _add_manifests(self, blobs: list[bytes], scope: Scope | None = None) -> list[str]:
         manifests = [Manifest.decode(b, "uploaded manifest") for b in blobs]
         wanted = list({c for m in manifests for c in m.chunk_ids})
+        self._require_visible(scope, set(wanted) & self.store.present(wanted), "a manifest")
         missing = set(wanted) - self.store.present(wanted)
         if missing:
             raise HTTPError(409, f"{len(missing)} chunks named by the manifests are not on the server "
@@ -385,7 +434,7 @@ class Server:
             raise HTTPError(400, '"expected" must be null or a commit id (32 lowercase hex digits)')
         if commit.repo != repo:
             raise HTTPError(400, f"commit names repo {commit.repo!r} but was sent to {repo!r}")
-        cid = await self._io(self._commit, repo, commit, branch, expected)
+        cid = await self._io(self._commit, repo, commit, branch, expected, self.auth.scope(request))
         return web.json_response({"commit": cid, "rebased": cid != commit.id}, status=201)
 
     def _check_parent(self, repo: str, parent) -> None:
@@ -400,8 +449,12 @@ class Server:
             raise HTTPError(400, f"commit parent {parent} is not a commit of repo {repo!r}: "
                                  f"base the commit on the branch head") from None
 
-    def _commit(self, repo: str, commit: Commit, branch: str, expected: str | None) -> str:
+    def _commit(self, repo: str, commit: Commit, branch: str, expected: str | None,
+                scope: Scope | None = None) -> str:
         self._check_parent(repo, commit.parent)
+        inherited = {f.manifest for f in self.store.get_commit(repo, commit.parent).files.values()} \
+            if commit.parent else set()
+        new_chunks: set[bytes] = set()
         sizes: dict[str, set[int]] = {}
         for f in commit.files.values():
             if not ids.is_hex_id(f.manifest):
@@ -414,6 +467,9 @@ class Server:
                 raise HTTPError(409, f"manifest {name} is not on the server: upload it first") from None
             if wanted != {m.size}:
                 raise HTTPError(400, f"a file size in the commit does not match manifest {name} ({m.size} bytes)")
+            if scope is not None and name not in inherited:
+                new_chunks.update(m.chunk_ids)
+        self._require_visible(scope, new_chunks, "the commit")  # manifest names can be guessed or learned
         return self.store.commit(commit, branch, expected)
 
     async def get_manifest(self, request):
@@ -429,31 +485,62 @@ class Server:
     async def locate(self, request):
         repo = self._repo(request)  # checks the token's access to the repo
         wanted = transfer.decode_ids(await self._body(request, transfer.MAX_IDS_PER_REQUEST * transfer.ID))
-        found = await self._io(self._locate_reached, repo, wanted)
+        found = await self._io(self._locate_reached, repo, wanted, self.auth.scope(request))
         return web.Response(body=transfer.encode_locations(found), content_type="application/octet-stream")
 
-    def _locate_reached(self, repo: str, wanted) -> dict:
-        """Locations only of chunks in packs that `repo` reaches: locate never reveals other repos' chunks."""
+    def _locate_reached(self, repo: str, wanted, scope: Scope | None) -> dict:
+        """Locations of the chunks that `repo` reaches or the token uploaded: locate never
+        reveals other repos' chunks."""
         found = self.store.locate(wanted)
-        packs = {p for p, _ in found.values()}
-        reached = {p for p in packs if self.store.index.reaches(repo, "pack", p)}
-        return {c: loc for c, loc in found.items() if loc[0] in reached}
+        keep = self.store.index.visible(found, [repo], scope.owner if scope else None)
+        return {c: loc for c, loc in found.items() if c in keep}
 
     async def get_pack(self, request):
+        """Pack bytes. An open server or a "*" token gets the file (ranges served by aiohttp);
+        a scoped token gets one range in which every byte that is not part of a chunk its
+        repo reaches (or it uploaded) is zero: other repos' chunks and the footer never leave."""
         repo = self._repo(request)
         name = request.match_info["name"]
-        if not ids.is_hex_id(name) or not await self._io(self.store.index.reaches, repo, "pack", name):
+        scope = self.auth.scope(request)
+        if not ids.is_hex_id(name) or not await self._io(self.store.index.has_pack, name):
             raise HTTPError(404, f"no pack {name} in repo {repo!r}")
         path = self.store.pack_path(name)
         if not os.path.isfile(path):
             raise HTTPError(404, f"pack {name} is missing on the server: run `cdcstore check` there")
-        return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
+        if scope is None:
+            return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
+        try:
+            rng = request.http_range
+        except ValueError:
+            rng = None
+        start, stop = (rng.start, rng.stop) if rng is not None else (None, None)
+        if start is None or stop is None or start < 0 or stop <= start or stop - start > MAX_SCOPED_RANGE:
+            raise HTTPError(416, f"a token limited to some repos reads packs by one byte range "
+                                 f"(Range: bytes=a-b, at most {MAX_SCOPED_RANGE} bytes)")
+        body = await self._io(self._masked_range, repo, scope, name, start, stop)
+        return web.Response(status=206, body=body, content_type="application/octet-stream",
+                            headers={"Content-Range": f"bytes {start}-{start + len(body) - 1}/*"})
+
+    def _masked_range(self, repo: str, scope: Scope, name: str, start: int, stop: int) -> bytes:
+        entries = self.store.index.pack_chunks(name, start, stop)
+        keep = self._visible(scope, [e.chunk_id for e in entries], (repo,))
+        spans = [(max(e.offset, start), min(e.offset + e.stored_len, stop)) for e in entries if e.chunk_id in keep]
+        if not spans:
+            raise HTTPError(404, f"no chunk of repo {repo!r} in that range of pack {name}")
+        stop = min(stop, os.path.getsize(self.store.pack_path(name)))
+        out = bytearray(stop - start)
+        for lo, hi in spans:
+            out[lo - start:hi - start] = self.store.read_stored(name, lo, hi - lo)
+        return bytes(out)
 
     # -- maintenance -------------------------------------------------------------------------
     def maintain(self) -> None:
         """Remove temp files of dead writers and index packs that are durable but not
         indexed (a server or writer killed between the two steps)."""
         self.store.clean_tmp()
+        if self.store.index.reach_stale():  # indexed before chunk-level reach: grant from the commits once
+            log.warning("rebuilding the index once: this store predates chunk-level access records")
+            self.store.rebuild_index()
         added = self.store.recover()
         if added:
             log.warning("recovered %d packs that were durable but not indexed", added)
@@ -480,8 +567,11 @@ class Server:
                 await self._maintenance
 
     async def stats(self, request):
-        self.auth.grant(request)
-        return web.json_response(await self._io(self.store.totals))
+        """Store totals; a token limited to some repos sees only what they reach."""
+        scope = self.auth.scope(request)
+        if scope is None:
+            return web.json_response(await self._io(self.store.totals))
+        return web.json_response(await self._io(self.store.index.reach_totals, list(scope.repos)))
 
 
 def make_app(store: LocalStore, config: ServerConfig | None = None) -> web.Application:

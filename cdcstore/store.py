@@ -350,12 +350,8 @@ class LocalStore(Backend):
                 entries = [en for en in old_rows.get(name, ()) if self._verifies(name, en)]
                 bad.append(f"{e}; kept {len(entries)} chunks whose old index rows still verify")
             packs.append((name, os.path.getsize(self.pack_path(name)), entries))
-        where: dict[bytes, str] = {}
-        for name, _, entries in packs:
-            for en in entries:
-                where.setdefault(en.chunk_id, name)
-        grants = self._grants_from_commits(where, bad)
-        self.index.replace_all(packs, grants)
+        grants, chunk_grants = self._grants_from_commits(bad)
+        self.index.replace_all(packs, grants, chunk_grants)
         return {"packs": len(packs), "bad_packs": bad, **self.index.totals()}
 
     def _safe_rows(self) -> dict[str, list[PackEntry]]:
@@ -377,29 +373,36 @@ class LocalStore(Backend):
         self._index = ChunkIndex(path)
         self._index_error = None
 
-    def _grants_from_commits(self, where: dict[bytes, str], bad: list[str]) -> list[tuple[str, str, str]]:
-        """(repo, kind, name) for every manifest and pack that a repo's commits reach."""
+    def _grants_from_commits(self, bad: list[str]) -> tuple[list[tuple[str, str, str]], set[tuple[str, bytes]]]:
+        """What each repo reaches through the commits its branches and tags name (commits
+        that never landed grant nothing): (repo, "manifest", name) and (repo, chunk id)."""
         out: set[tuple[str, str, str]] = set()
+        chunks: set[tuple[str, bytes]] = set()
         manifests: dict[str, Manifest | None] = {}
         for repo in self.repos():
-            d = os.path.join(self.repo_dir(repo), "commits")
-            for fn in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-                try:
-                    commit = self.get_commit(repo, fn.removesuffix(".json"))
-                except CdcError as e:
-                    bad.append(str(e))
-                    continue
-                for fe in commit.files.values():
-                    if fe.manifest not in manifests:
-                        try:
-                            manifests[fe.manifest] = self.get_manifest(fe.manifest)
-                        except CdcError as e:
-                            manifests[fe.manifest] = None
-                            bad.append(str(e))
-                    m = manifests[fe.manifest]
-                    out.add((repo, "manifest", fe.manifest))
-                    out.update((repo, "pack", where[c]) for c in (m.chunk_ids if m else ()) if c in where)
-        return sorted(out)
+            seen: set[str] = set()
+            for head in set(self.refs(repo).values()):
+                cid: str | None = head
+                while cid and cid not in seen:
+                    seen.add(cid)
+                    try:
+                        commit = self.get_commit(repo, cid)
+                    except CdcError as e:
+                        bad.append(str(e))
+                        break
+                    for fe in commit.files.values():
+                        if fe.manifest not in manifests:
+                            try:
+                                manifests[fe.manifest] = self.get_manifest(fe.manifest)
+                            except CdcError as e:
+                                manifests[fe.manifest] = None
+                                bad.append(str(e))
+                        m = manifests[fe.manifest]
+                        if (repo, "manifest", fe.manifest) not in out:
+                            out.add((repo, "manifest", fe.manifest))
+                            chunks.update((repo, c) for c in (m.chunk_ids if m else ()))
+                    cid = commit.parent
+        return sorted(out), chunks
 
     @property
     def index(self) -> ChunkIndex:
@@ -803,7 +806,7 @@ class LocalStore(Backend):
         return self.update_branch(commit.repo, branch, expected, cid, commit, landed=self._grant)
 
     def _grant(self, commit: Commit) -> None:
-        """Record which manifests and packs the commit's repo reaches (what a server
+        """Record which manifests and chunks the commit's repo reaches (what a server
         lets a repo's tokens read). Only manifests new since the parent are walked."""
         names = {f.manifest for f in commit.files.values()}
         if commit.parent:
@@ -815,7 +818,7 @@ class LocalStore(Backend):
         for n in names:
             chunk_ids.update(self.get_manifest(n).chunk_ids)
         self.index.grant(commit.repo, "manifest", names)
-        self.index.grant(commit.repo, "pack", {pack for pack, _ in self.index.locate(chunk_ids).values()})
+        self.index.grant_chunks("repo_chunks", commit.repo, chunk_ids)
 
     def update_branch(self, repo: str, branch: str, expected: str | None, new: str,
                       commit: Commit | None = None, landed=None) -> str:
