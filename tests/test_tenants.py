@@ -75,3 +75,124 @@ def test_locate_through_another_repo_reveals_nothing(server, tmp_path):
         req = urllib.request.Request(f"{server.url}/v1/repos/{repo}/locate", data=chunk, method="POST")
         return urllib.request.urlopen(req, timeout=10).read()
     assert chunk in locate("b") and chunk not in locate("a")
+
+
+# -- the attack of issue 8 against a real server with tokens ------------------------------------
+import json  # noqa: E402
+import os  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.request  # noqa: E402
+
+from cdcstore import Store  # noqa: E402
+from cdcstore.store import LocalStore  # noqa: E402
+from server_util import ServerProcess  # noqa: E402
+
+TOKENS = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-b": {"scope": "write", "repos": ["b"]},
+          "tok-admin": {"scope": "write", "repos": ["*"]}}
+
+
+def _call(url, token, method="GET", data=None, headers=None):
+    """(status, body) of one raw request."""
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Authorization": f"Bearer {token}", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+@pytest.fixture
+def tenants(tmp_path):
+    LocalStore.init(str(tmp_path / "srv"))
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps(TOKENS))
+    srv = ServerProcess(str(tmp_path / "srv"), "--tokens", str(tokens)).start()
+    yield srv
+    srv.stop()
+
+
+def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path):
+    url, api = tenants.url, tenants.url + "/v1"
+    public, secret = os.urandom(300_000), os.urandom(300_000)
+    src = tmp_path / "b"
+    src.mkdir()
+    (src / "public.bin").write_bytes(public)
+    (src / "secret.bin").write_bytes(secret)
+    with Store(url, token="tok-b", cache=False) as sb:
+        sb.push([str(src)], "cdc://b/")
+    srv = Store(tenants.store).backend
+    head_b = srv.get_commit("b", srv.resolve("b", "main"))
+    pub_name = head_b.files["public.bin"].manifest
+    pub_ids = srv.get_manifest(pub_name).chunk_ids
+    secret_ids = srv.get_manifest(head_b.files["secret.bin"].manifest).chunk_ids
+    (b_pack,) = {p for p, _ in srv.locate(pub_ids + secret_ids).values()}
+    # the attacker knows public.bin: same bytes, same chunks, same manifest (its name included)
+    scratch = Store.init(str(tmp_path / "scratch"))
+    scratch.push([str(src / "public.bin")], "cdc://x/public.bin")
+    assert scratch.backend.get_manifest(pub_name).chunk_ids == pub_ids
+    manifest_bytes = open(scratch.backend.manifest_path(pub_name), "rb").read()
+    ids_body = b"".join(pub_ids)
+
+    status, body = _call(api + "/chunks/query", "tok-a", "POST", ids_body)
+    assert status == 200 and body == bytes(len(pub_ids)), "presence reveals B's chunks"
+    assert _call(api + "/repos/a/locate", "tok-a", "POST", ids_body) == (200, b"")
+    from cdcstore.transfer import encode_blobs
+    status, body = _call(api + "/manifests", "tok-a", "POST", encode_blobs([manifest_bytes]))
+    assert status == 403, body
+    commit = {"format": 1, "repo": "a", "parent": None, "message": "", "time": 1.0,
+              "files": {"stolen.bin": {"manifest": pub_name, "size": len(public)}}}
+    for expected in (None, "0" * 32):  # landing or refused by the compare-and-swap: both refused
+        status, body = _call(api + "/repos/a/commits", "tok-a", "POST",
+                             json.dumps({"commit": json.dumps(commit), "branch": "main",
+                                         "expected": expected}).encode())
+        assert status in (403, 404), body
+    assert not srv.has_repo("a") or "stolen.bin" not in srv.get_commit("a", srv.resolve("a", "main")).files
+    pack_size = os.path.getsize(srv.pack_path(b_pack))
+    status, _ = _call(f"{api}/repos/a/packs/{b_pack}", "tok-a", headers={"Range": f"bytes=0-{pack_size - 1}"})
+    assert status in (403, 404)
+    status, body = _call(api + "/stats", "tok-a")
+    assert status == 200 and json.loads(body)["chunks"] == 0
+
+    # A holds public.bin itself: it uploads it (proving possession), commits and reads it back
+    with Store(url, token="tok-a", cache=False) as sa:
+        r = sa.push([str(src / "public.bin")], "cdc://a/public.bin")
+        assert r.new_bytes == len(public)  # unseen chunks are sent, never assumed
+        assert sa.cat("cdc://a/public.bin") == public
+    # B's pack, read through repo a, shows public.bin's chunks and zeros elsewhere
+    status, body = _call(f"{api}/repos/a/packs/{b_pack}", "tok-a", headers={"Range": f"bytes=0-{pack_size - 1}"})
+    assert status == 206 and len(body) == pack_size
+    for cid, (pack, e) in srv.locate(secret_ids).items():
+        assert pack == b_pack and body[e.offset:e.offset + e.stored_len] == bytes(e.stored_len)
+    assert secret[:4096] not in body and secret[-4096:] not in body
+    status, body = _call(f"{api}/repos/a/packs/{b_pack}", "tok-a")  # no range: refused, never the file
+    assert status == 416
+    # B still reads everything; each chunk is indexed once
+    with Store(url, token="tok-b", cache=False) as sb:
+        assert sb.cat("cdc://b/secret.bin") == secret
+    assert srv.totals()["chunks"] == len(set(pub_ids) | set(secret_ids))
+
+
+def test_index_from_before_chunk_reach_is_regranted_at_server_start(tmp_path):
+    """A store indexed before schema 2 (no repo_chunks) is regranted from its commits when served."""
+    import sqlite3
+    root = str(tmp_path / "srv")
+    s = Store.init(root)
+    src = tmp_path / "d"
+    src.mkdir()
+    (src / "f.bin").write_bytes(os.urandom(50_000))
+    s.push([str(src)], "cdc://a/")
+    s.close()
+    conn = sqlite3.connect(os.path.join(root, "index.sqlite"))
+    conn.execute("DROP TABLE repo_chunks")
+    conn.execute("DROP TABLE token_chunks")
+    conn.commit()
+    conn.close()
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps(TOKENS))
+    srv = ServerProcess(root, "--tokens", str(tokens)).start()
+    try:
+        with Store(srv.url, token="tok-a", cache=False) as sa:
+            assert sa.cat("cdc://a/f.bin") == (src / "f.bin").read_bytes()
+    finally:
+        srv.stop()
