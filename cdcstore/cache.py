@@ -448,6 +448,9 @@ class CachedBackend(Backend):
     def present(self, chunk_ids):
         return self.inner.present(chunk_ids)
 
+    def present_or_prove(self, chunks):
+        return self.inner.present_or_prove(chunks)
+
     def begin_push(self):
         self.inner.begin_push()
 

@@ -12,11 +12,14 @@ import asyncio
 import contextlib
 import errno
 import hashlib
+import hmac
 import json
 import logging
 import os
 import re
+import secrets
 import sqlite3
+import time
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -200,6 +203,7 @@ class Server:
         self.config = config
         self.auth = Auth(config.tokens)
         self._heavy = 0
+        self._secret = secrets.token_bytes(32)  # keys proof nonces; a restart invalidates them
         self._maintenance: asyncio.Future | None = None
 
     # -- helpers -----------------------------------------------------------------------------
@@ -276,8 +280,14 @@ class Server:
     async def query_chunks(self, request):
         self.auth.check(request, None, write=True)
         wanted = transfer.decode_ids(await self._body(request, transfer.MAX_IDS_PER_REQUEST * transfer.ID))
-        present = await self._io(self._visible, self.auth.scope(request), wanted)
-        return web.Response(body=transfer.encode_presence(wanted, present),
+        scope = self.auth.scope(request)
+        held = await self._io(self.store.present, wanted)
+        present, provable, nonce = held, set(), b""
+        if scope is not None:
+            present = await self._io(self._visible, scope, held)
+            if transfer.PROVE_HEADER in request.headers:  # a client that can prove possession
+                provable, nonce = held - present, self._nonce(scope.owner)
+        return web.Response(body=transfer.encode_presence(wanted, present, provable, nonce),
                             content_type="application/octet-stream")
 
     def _visible(self, scope: Scope | None, chunk_ids, repos: tuple[str, ...] | None = None) -> set[bytes]:
@@ -294,6 +304,35 @@ class Server:
         if hidden:
             raise HTTPError(403, f"{what} names {len(hidden)} chunks that this token neither uploaded nor may "
                                  f"read (e.g. {next(iter(hidden)).hex()}): upload their packs first")
+
+    def _nonce(self, owner: str, age: int = 0) -> bytes:
+        """A per-token nonce for possession proofs, valid for 5-10 minutes (stateless: an
+        HMAC of the token's owner id and the time bucket under a per-process secret)."""
+        bucket = int(time.time() // 300) - age
+        return hmac.new(self._secret, f"{owner}:{bucket}".encode(), hashlib.sha256).digest()[:transfer.ID]
+
+    async def prove_chunks(self, request):
+        """Proof of possession: the token shows it holds chunks' bytes (keyed blake2b under
+        the nonce of its last query) and may then use them as if it had uploaded them."""
+        self.auth.check(request, None, write=True)
+        scope = self.auth.scope(request)
+        body = await self._body(request, transfer.ID + transfer.MAX_PROOFS_PER_REQUEST * (transfer.ID + transfer.PROOF))
+        nonce, proofs = transfer.decode_proofs(body)
+        if scope is None:  # nothing is hidden from this token
+            held = await self._io(self.store.present, [c for c, _ in proofs])
+            return web.Response(body=bytes(c in held for c, _ in proofs), content_type="application/octet-stream")
+        if not any(hmac.compare_digest(nonce, self._nonce(scope.owner, age)) for age in (0, 1)):
+            raise HTTPError(400, "unknown or expired proof nonce: ask chunks/query again")
+        with self.heavy():
+            ok = await self._io(self._check_proofs, scope, nonce, proofs)
+        return web.Response(body=bytes(c in ok for c, _ in proofs), content_type="application/octet-stream")
+
+    def _check_proofs(self, scope: Scope, nonce: bytes, proofs: list[tuple[bytes, bytes]]) -> set[bytes]:
+        found = self.store.locate([c for c, _ in proofs])
+        raw = self.store.read_chunks(list(found.values())) if found else {}
+        ok = {c for c, proof in proofs if c in raw and hmac.compare_digest(transfer.chunk_proof(raw[c], nonce), proof)}
+        self.store.index.grant_chunks("token_chunks", scope.owner, ok)
+        return ok
 
     async def put_pack(self, request):
         self.auth.check(request, None, write=True)
@@ -585,6 +624,7 @@ def make_app(store: LocalStore, config: ServerConfig | None = None) -> web.Appli
     app.add_routes([
         web.get(f"{api}/health", s.health),
         web.post(f"{api}/chunks/query", s.query_chunks),
+        web.post(f"{api}/chunks/prove", s.prove_chunks),
         web.put(f"{api}/packs/{{name}}", s.put_pack),
         web.head(f"{api}/packs/{{name}}", s.head_pack),
         web.post(f"{api}/manifests", s.put_manifests),

@@ -6,6 +6,7 @@ drift apart.
 """
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 
@@ -40,14 +41,57 @@ def decode_ids(body: bytes) -> list[bytes]:
     return [body[i * ID:(i + 1) * ID] for i in range(n)]
 
 
-def encode_presence(ids: list[bytes], present: set[bytes]) -> bytes:
-    return bytes(1 if i in present else 0 for i in ids)
+def encode_presence(ids: list[bytes], present: set[bytes], provable: set[bytes] = frozenset(),
+                    nonce: bytes = b"") -> bytes:
+    """N flags (1 held, 2 held but prove it, 0 absent), then the 16-byte nonce for proofs if any flag is 2."""
+    return bytes(1 if i in present else 2 if i in provable else 0 for i in ids) + (nonce if provable else b"")
 
 
 def decode_presence(ids: list[bytes], body: bytes) -> set[bytes]:
-    if len(body) != len(ids):
+    """Chunks answered 1 (held and visible)."""
+    return {i for i, flag in zip(ids, _flags(ids, body)) if flag == 1}
+
+
+def decode_to_prove(ids: list[bytes], body: bytes) -> list[bytes]:
+    """Chunks answered 2 (held, but the token must prove it holds their bytes)."""
+    return [i for i, flag in zip(ids, _flags(ids, body)) if flag == 2]
+
+
+def presence_nonce(ids: list[bytes], body: bytes) -> bytes:
+    """The nonce to key proofs with (after the flags), or b"" when nothing is to be proved."""
+    _flags(ids, body)
+    return body[len(ids):]
+
+
+def _flags(ids: list[bytes], body: bytes) -> bytes:
+    if len(body) not in (len(ids), len(ids) + ID):
         raise CorruptionError("presence answer has the wrong length")
-    return {i for i, flag in zip(ids, body) if flag}
+    return body[:len(ids)]
+
+
+PROVE_HEADER = "X-Cdc-Prove"  # a query that sends it may get 2 = "held: prove you hold it" (protocol 1.1)
+MAX_PROOFS_PER_REQUEST = 4096
+PROOF = 16  # bytes of blake2b(raw chunk, key=nonce)
+
+
+def chunk_proof(raw, nonce: bytes) -> bytes:
+    """Proof that the sender holds a chunk's bytes: a keyed blake2b of them."""
+    return hashlib.blake2b(raw, key=nonce, digest_size=PROOF).digest()
+
+
+def encode_proofs(nonce: bytes, proofs: list[tuple[bytes, bytes]]) -> bytes:
+    return nonce + b"".join(cid + proof for cid, proof in proofs)
+
+
+def decode_proofs(body: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    nonce, rest = body[:ID], body[ID:]
+    if len(nonce) != ID or len(rest) % (ID + PROOF):
+        raise ValueError("proof body must be a 16-byte nonce then 32-byte (chunk id, proof) pairs")
+    n = len(rest) // (ID + PROOF)
+    if n > MAX_PROOFS_PER_REQUEST:
+        raise ValueError(f"{n} proofs in one request; the limit is {MAX_PROOFS_PER_REQUEST}")
+    step = ID + PROOF
+    return nonce, [(rest[i:i + ID], rest[i + ID:i + step]) for i in range(0, len(rest), step)]
 
 
 def encode_locations(found: dict[bytes, tuple[str, PackEntry]]) -> bytes:

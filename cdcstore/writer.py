@@ -196,7 +196,9 @@ class Ingest:
         handoff each."""
         batch, self._undecided, self._undecided_bytes = self._undecided, [], 0
         candidates = [c for c in dict.fromkeys(cid for cid, _, _ in batch) if c not in self._seen]
-        self._seen.update(self.store.present(candidates) if candidates else ())
+        if candidates:
+            data = {cid: c for cid, c, _ in batch}
+            self._seen.update(self.store.present_or_prove({cid: data[cid] for cid in candidates}))
         task: list[tuple[bytes, bytes]] = []
         task_bytes = 0
         for cid, data, key in batch:

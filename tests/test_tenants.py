@@ -154,11 +154,25 @@ def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path
     status, body = _call(api + "/stats", "tok-a")
     assert status == 200 and json.loads(body)["chunks"] == 0
 
-    # A holds public.bin itself: it uploads it (proving possession), commits and reads it back
+    # proofs: a wrong proof or a made-up nonce proves nothing
+    from cdcstore import transfer
+    status, body = _call(api + "/chunks/query", "tok-a", "POST", ids_body, {transfer.PROVE_HEADER: "1"})
+    assert status == 200 and body[:len(pub_ids)] == b"\x02" * len(pub_ids)
+    nonce = transfer.presence_nonce(pub_ids, body)
+    forged = transfer.encode_proofs(nonce, [(c, bytes(16)) for c in pub_ids])
+    assert _call(api + "/chunks/prove", "tok-a", "POST", forged) == (200, bytes(len(pub_ids)))
+    stale = transfer.encode_proofs(bytes(16), [(pub_ids[0], transfer.chunk_proof(public[:10], bytes(16)))])
+    assert _call(api + "/chunks/prove", "tok-a", "POST", stale)[0] == 400
+    assert _call(api + "/repos/a/locate", "tok-a", "POST", ids_body) == (200, b"")
+    pack_bytes = srv.totals()["pack_bytes"]
+
+    # A holds public.bin itself: it proves possession (nothing sent, nothing stored twice), commits, reads
     with Store(url, token="tok-a", cache=False) as sa:
         r = sa.push([str(src / "public.bin")], "cdc://a/public.bin")
-        assert r.new_bytes == len(public)  # unseen chunks are sent, never assumed
+        assert r.new_bytes == 0 and sa.backend.proven_chunks == len(set(pub_ids))
+        assert r.sent_bytes < len(public) // 10
         assert sa.cat("cdc://a/public.bin") == public
+    assert srv.totals()["pack_bytes"] == pack_bytes  # the server still stores each chunk once
     # B's pack, read through repo a, shows public.bin's chunks and zeros elsewhere
     status, body = _call(f"{api}/repos/a/packs/{b_pack}", "tok-a", headers={"Range": f"bytes=0-{pack_size - 1}"})
     assert status == 206 and len(body) == pack_size
