@@ -88,6 +88,8 @@ class EpochOrder:
 
     def sequence_index(self, lo: int, hi: int) -> np.ndarray:
         """Sequence indices of the global positions [lo, hi)."""
+        if self.window == 1:
+            return np.arange(lo, hi, dtype=np.int64)
         parts = []
         while lo < hi:
             w = lo // self.window
