@@ -43,12 +43,19 @@ def epoch_end(total: int, start: int, block: int, consumers: int, drop_last: boo
     return start + max(whole, 0)
 
 
-def consumer_blocks(start: int, end: int, block: int, consumer: int, consumers: int):
-    """The [lo, hi) position ranges of one consumer, in order."""
-    lo = start + consumer * block
-    while lo < end:
-        yield lo, min(lo + block, end)
-        lo += block * consumers
+def consumer_steps(start: int, end: int, block: int, consumer: int, consumers: int, rows: int = 1024,
+                   span: int = 1024):
+    """The positions of one consumer in arrays of whole blocks, in order: about `rows` positions
+    each, spread over at most max(`span`, one round of blocks) positions of the global order."""
+    stride = block * consumers
+    per = max(1, min(rows // block, span // stride))
+    first = start + consumer * block
+    count = max(0, -(-(end - first) // stride))
+    offsets = np.arange(block, dtype=np.int64)
+    for i in range(0, count, per):
+        starts = first + stride * np.arange(i, min(i + per, count), dtype=np.int64)
+        pos = (starts[:, None] + offsets).ravel()
+        yield pos[pos < end]
 
 
 @dataclass
@@ -86,18 +93,17 @@ class EpochOrder:
             self._perm = (w, perm)
         return self._perm[1]
 
-    def sequence_index(self, lo: int, hi: int) -> np.ndarray:
-        """Sequence indices of the global positions [lo, hi)."""
+    def sequence_index(self, pos: np.ndarray) -> np.ndarray:
+        """Sequence indices of global positions (in increasing order)."""
         if self.window == 1:
-            return np.arange(lo, hi, dtype=np.int64)
-        parts = []
-        while lo < hi:
-            w = lo // self.window
+            return pos
+        win = pos // self.window
+        out = np.empty_like(pos)
+        for w in np.unique(win).tolist():
+            mask = win == w
             base = w * self.window
-            stop = min(hi, base + self.window)
-            parts.append(base + self.window_perm(w)[lo - base:stop - base])
-            lo = stop
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+            out[mask] = base + self.window_perm(w)[pos[mask] - base]
+        return out
 
     def locate(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(unit id, row inside the unit) of each sequence index."""

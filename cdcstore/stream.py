@@ -178,9 +178,9 @@ class StreamingDataset:
     `source`: `cdc://REPO[@REV]/PATH` naming a file, a folder (its .parquet files) or a glob; or a
     list of them. `format`: "numpy" (dicts of arrays), "arrow" (RecordBatch) or "python" (dicts of
     lists); with `batch_size=None` it yields rows as dicts. `shuffle` permutes row groups and rows
-    within windows of `shuffle_buffer` rows. `block_size` (default: batch_size, or 1 for rows) is
-    the unit dealt to consumers: set it to the DataLoader's batch size when the DataLoader batches
-    rows. `rank`/`world_size` default to torch.distributed, then $RANK/$WORLD_SIZE.
+    within windows of `shuffle_buffer` rows. Consumers are dealt blocks of `batch_size` positions; in
+    row mode `block_size` (default 1) sets the block: make it the DataLoader's batch size when the
+    DataLoader batches rows, so that a count of steps stays an exact resume point. `rank`/`world_size` default to torch.distributed, then $RANK/$WORLD_SIZE.
     """
 
     def __init__(self, source, *, columns=None, batch_size: int | None = None, format: str = "numpy",
@@ -198,7 +198,7 @@ class StreamingDataset:
         self.batch_size, self.format = batch_size, format
         self.shuffle, self.seed, self.shuffle_buffer = bool(shuffle), int(seed), int(shuffle_buffer)
         self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.block = int(block_size or batch_size or 1)
+        self.block = int(batch_size or block_size or 1)
         self.prefetch_bytes, self.prefetch_row_groups = int(prefetch_bytes), int(prefetch_row_groups)
         self.drop_last = drop_last
         self._store_args = {"location": getattr(store, "location", store), "token": token}
@@ -329,30 +329,32 @@ class StreamingDataset:
         order = _order.EpochOrder(tuple(u[2] for u in self.units), self.seed, epoch, self.shuffle,
                                   self.shuffle_buffer)
         end = _order.epoch_end(total, min(start, total), self.block, n, self.drop_last)
-        blocks = _order.consumer_blocks(min(start, total), end, self.block, k, n)
+        steps = _order.consumer_steps(min(start, total), end, self.block, k, n,
+                                      span=order.window if order.window > 1 else 1024)
         self._consumed = 0
         if self._t0 is None:
             self._t0 = time.perf_counter()
-        pre = _Prefetcher(lambda: self._produce(order, blocks, skip), self.prefetch_bytes,
+        pre = _Prefetcher(lambda: self._produce(order, steps, skip), self.prefetch_bytes,
                           self.prefetch_row_groups)
         try:
             yield from self._consume(pre, order)
         finally:
             pre.close()
 
-    def _produce(self, order: _order.EpochOrder, blocks, skip: int):
-        """In the prefetch thread: each needed row group once, in order of first need, then each block."""
+    def _produce(self, order: _order.EpochOrder, steps, skip: int):
+        """In the prefetch thread: each needed row group once, in order of first need, then each step
+        (whole blocks of this consumer's positions)."""
         loaded: set[int] = set()
         files: dict[int, tuple[pq.ParquetFile, object]] = {}
         try:
-            for lo, hi in blocks:
-                units, rows = order.locate(order.sequence_index(lo + skip, hi + skip))
+            for pos in steps:
+                units, rows = order.locate(order.sequence_index(pos + skip))
                 for u in dict.fromkeys(units.tolist()):
                     if u not in loaded:
                         loaded.add(u)
                         table = self._read_unit(u, files)
                         yield ("unit", u, table, _order.release_bound(order, u) - skip), table.nbytes or 1
-                yield ("block", lo, hi, units, rows), 0
+                yield ("step", int(pos[-1]) + 1, units, rows), 0
         finally:
             for _, reader in files.values():
                 reader.close()
@@ -392,11 +394,11 @@ class StreamingDataset:
                 held[u] = (table, bound)
                 m["max_rows_held"] = max(m["max_rows_held"], sum(t.num_rows for t, _ in held.values()))
                 continue
-            _, lo, hi, units, rows = item
-            batch = self._gather(held, units, rows)
-            for u in [u for u, (_, bound) in held.items() if bound <= hi]:
+            _, past, units, rows = item
+            table = self._gather(held, units, rows)
+            for u in [u for u, (_, bound) in held.items() if bound <= past]:
                 del held[u]
-            yield from self._emit(batch)
+            yield from self._emit(table)
 
     def _gather(self, held: dict, units: np.ndarray, rows: np.ndarray) -> pa.Table:
         """The rows of one block, in order, from the row groups held."""
@@ -408,25 +410,28 @@ class StreamingDataset:
         return table.take(pa.array(index))
 
     def _emit(self, table: pa.Table):
+        """Rows, or one batch per block (the last one of a consumer may be short)."""
         m = self._metrics
-        n = table.num_rows
         if self.batch_size is None:
-            rows = table.to_pylist()
-            for row in rows:
+            for row in table.to_pylist():
                 self._consumed += 1
                 m["samples"] += 1
                 yield row
-            m["batches"] += 1
             return
+        for lo in range(0, table.num_rows, self.block):
+            yield self._format(table.slice(lo, self.block))
+
+    def _format(self, table: pa.Table):
+        m = self._metrics
+        n = table.num_rows
         self._consumed += n
         m["samples"] += n
         m["batches"] += 1
         if self.format == "arrow":
-            yield table.combine_chunks().to_batches()[0] if n else pa.RecordBatch.from_pylist([], table.schema)
-        elif self.format == "python":
-            yield table.to_pydict()
-        else:
-            yield {name: col.to_numpy() for name, col in zip(table.column_names, table.columns)}
+            return table.combine_chunks().to_batches()[0] if n else pa.RecordBatch.from_pylist([], table.schema)
+        if self.format == "python":
+            return table.to_pydict()
+        return {name: col.to_numpy() for name, col in zip(table.column_names, table.columns)}
 
     # -- figures and torch ------------------------------------------------------------------------
     def metrics(self) -> dict:
