@@ -204,7 +204,7 @@ class StreamingDataset:
         self._store_args = {"location": getattr(store, "location", store), "token": token}
         self._store: tuple[int, Store] | None = self._own_store(store)
         self.files, self.commits = self._resolve([source] if isinstance(source, str) else list(source))
-        self._meta = [pq.ParquetFile(f, pre_buffer=False).metadata for f in self._opened_all()]
+        self._meta = [self._footer(f) for f in self.files]
         self.units = [(fi, rg, md.row_group(rg).num_rows)
                       for fi, md in enumerate(self._meta) for rg in range(md.num_row_groups)]
         self._limit: tuple[int, int | None] = (0, None)  # skip, take
@@ -239,10 +239,13 @@ class StreamingDataset:
                 files.setdefault((f.repo, f.commit, f.path), f)
         return list(files.values()), commits
 
-    def _opened_all(self):
-        for f in self.files:
-            with self.store.open(f.address) as r:
-                yield r
+    def _footer(self, f: SourceFile) -> pq.FileMetaData:
+        with self.store.open(f.address) as r:
+            try:
+                return pq.ParquetFile(r, pre_buffer=False).metadata
+            except (pa.ArrowInvalid, OSError) as e:
+                raise InvalidAddressError(f"{f.address} is not a readable Parquet file ({e}): "
+                                          f"stream Parquet files only") from None
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -431,7 +434,9 @@ class StreamingDataset:
             return table.combine_chunks().to_batches()[0] if n else pa.RecordBatch.from_pylist([], table.schema)
         if self.format == "python":
             return table.to_pydict()
-        return {name: col.to_numpy() for name, col in zip(table.column_names, table.columns)}
+        table = table.combine_chunks()  # writable arrays: torch takes them without a warning
+        return {name: col.chunk(0).to_numpy(zero_copy_only=False, writable=True) if col.num_chunks
+                else col.to_numpy() for name, col in zip(table.column_names, table.columns)}
 
     # -- figures and torch ------------------------------------------------------------------------
     def metrics(self) -> dict:

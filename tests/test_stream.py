@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdcstore import Store
-from cdcstore.errors import PathNotFoundError
+from cdcstore.errors import InvalidAddressError, PathNotFoundError
 from cdcstore.stream import StreamingDataset
 
 BATCH = 7  # divides no row group, file or total
@@ -197,6 +197,8 @@ def test_bad_input_is_one_clear_error(ds_store):
         StreamingDataset("cdc://ds/nothing-here/", store=ds_store)
     with pytest.raises(ValueError, match="format"):
         StreamingDataset("cdc://ds/train/", format="pandas", store=ds_store)
+    with pytest.raises(InvalidAddressError, match="README.txt is not a readable Parquet file"):
+        StreamingDataset("cdc://ds/train/README.txt", store=ds_store)
     other = StreamingDataset("cdc://ds/train/", seed=9, store=ds_store)
     with pytest.raises(ValueError, match="another snapshot or order"):
         other.load_state_dict(make(ds_store).state_dict())
@@ -237,5 +239,5 @@ def test_torch_dataloader_with_two_persistent_workers(ds_store):
     state = ds.state_dict(consumed=steps * BATCH)
     fresh = make(ds_store)
     fresh.load_state_dict(state)
-    rest = [int(v) for b in torch_data.DataLoader(fresh.as_torch(), batch_size=None, num_workers=3) for v in b["id"]]
+    rest = [int(v) for b in torch_data.DataLoader(fresh.as_torch(), batch_size=None, num_workers=1) for v in b["id"]]
     assert sorted(seen + rest) == list(range(TOTAL))
