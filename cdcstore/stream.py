@@ -337,10 +337,12 @@ class StreamingDataset:
         self._consumed = 0
         if self._t0 is None:
             self._t0 = time.perf_counter()
-        pre = _Prefetcher(lambda: self._produce(order, steps, skip), self.prefetch_bytes,
-                          self.prefetch_row_groups)
+        return self._run(lambda: self._produce(order, steps, skip))
+
+    def _run(self, produce):
+        pre = _Prefetcher(produce, self.prefetch_bytes, self.prefetch_row_groups)
         try:
-            yield from self._consume(pre, order)
+            yield from self._consume(pre)
         finally:
             pre.close()
 
@@ -383,7 +385,7 @@ class StreamingDataset:
         return sum(g.column(j).total_compressed_size for j in range(g.num_columns)
                    if want is None or g.column(j).path_in_schema.split(".")[0] in want)
 
-    def _consume(self, pre: _Prefetcher, order: _order.EpochOrder):
+    def _consume(self, pre: _Prefetcher):
         held: dict[int, tuple[pa.Table, int]] = {}
         m = self._metrics
         while True:
@@ -455,6 +457,72 @@ class StreamingDataset:
         resume position with DataLoader workers, persistent ones included."""
         self._shared.share()
         return __getattr__("TorchStreamingDataset")(self)
+
+
+class Interleave:
+    """Items drawn from several datasets with `probabilities`, seeded by (seed, epoch).
+
+    Draw i picks among the sources still live with the uniform number u_i of (seed, epoch, i // 1024),
+    so the mix is a function of (seed, epoch) and each source's own order. `stopping="first_exhausted"`
+    ends when a draw picks an exhausted source; `"all_exhausted"` drops exhausted sources and goes on
+    until all are done, so every item of every source comes exactly once (no oversampling). With
+    workers, each consumer mixes its own shares; `state_dict()` resumes exactly on the same split."""
+
+    def __init__(self, datasets, probabilities=None, seed: int = 0, stopping: str = "first_exhausted"):
+        if stopping not in ("first_exhausted", "all_exhausted"):
+            raise ValueError(f"stopping must be 'first_exhausted' or 'all_exhausted', not {stopping!r}")
+        self.datasets = list(datasets)
+        p = np.full(len(self.datasets), 1.0) if probabilities is None else np.asarray(probabilities, float)
+        if len(p) != len(self.datasets) or (p < 0).any() or p.sum() <= 0:
+            raise ValueError("probabilities: one non-negative weight per dataset, not all zero")
+        self.probabilities, self.seed, self.stopping = p / p.sum(), int(seed), stopping
+        self._epoch, self._draws, self._live = 0, 0, [True] * len(self.datasets)
+
+    def set_epoch(self, epoch: int) -> None:
+        if int(epoch) != self._epoch:
+            self._draws, self._live = 0, [True] * len(self.datasets)
+        self._epoch = int(epoch)
+        for d in self.datasets:
+            d.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self._epoch, "draws": self._draws, "live": list(self._live),
+                "sources": [d.state_dict() for d in self.datasets]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._epoch, self._draws, self._live = state["epoch"], state["draws"], list(state["live"])
+        for d, st in zip(self.datasets, state["sources"]):
+            d.load_state_dict(st)
+
+    def _uniform(self, i: int, cache: dict) -> float:
+        key = i // 1024
+        if key not in cache:
+            cache.clear()
+            cache[key] = _order.rng(self.seed, self._epoch, key).random(1024)
+        return float(cache[key][i % 1024])
+
+    def __iter__(self):
+        its = [iter(d) for d in self.datasets]
+        cache: dict = {}
+        while any(self._live):
+            p = np.where(self._live, self.probabilities, 0.0)
+            if p.sum() <= 0:
+                return
+            k = int(np.searchsorted(np.cumsum(p / p.sum()), self._uniform(self._draws, cache), side="right"))
+            k = min(k, len(its) - 1)
+            item = next(its[k], None)
+            self._draws += 1
+            if item is None:
+                self._live[k] = False
+                if self.stopping == "first_exhausted":
+                    return
+                continue
+            yield item
+
+
+def interleave(datasets, probabilities=None, seed: int = 0, stopping: str = "first_exhausted") -> Interleave:
+    """Mix several datasets (see `Interleave`)."""
+    return Interleave(datasets, probabilities, seed, stopping)
 
 
 def torch_dataset(ds: StreamingDataset):

@@ -241,3 +241,28 @@ def test_torch_dataloader_with_two_persistent_workers(ds_store):
     fresh.load_state_dict(state)
     rest = [int(v) for b in torch_data.DataLoader(fresh.as_torch(), batch_size=None, num_workers=1) for v in b["id"]]
     assert sorted(seen + rest) == list(range(TOTAL))
+
+
+def test_interleave_mixes_by_seed_and_resumes(ds_store):
+    from cdcstore.stream import interleave
+
+    def sources():
+        return [StreamingDataset("cdc://ds/train/part-[0-2].parquet", batch_size=None, columns=["id"],
+                                 store=ds_store, shuffle=True, seed=1),
+                StreamingDataset("cdc://ds/train/part-[3-5].parquet", batch_size=None, columns=["id"],
+                                 store=ds_store, shuffle=True, seed=2)]
+
+    small = sum(map(sum, GROUPS[:3]))
+    full = [r["id"] for r in interleave(sources(), [0.25, 0.75], seed=3, stopping="all_exhausted")]
+    assert sorted(full) == list(range(TOTAL))
+    assert full == [r["id"] for r in interleave(sources(), [0.25, 0.75], seed=3, stopping="all_exhausted")]
+    head = [i < small for i in full[:200]]
+    assert 20 < sum(head) < 80, "about a quarter from the first source"
+    first = [r["id"] for r in interleave(sources(), [0.25, 0.75], seed=3)]
+    assert len(first) < TOTAL and full[:len(first)] == first
+    mix = interleave(sources(), [0.25, 0.75], seed=3, stopping="all_exhausted")
+    it = iter(mix)
+    before = [next(it)["id"] for _ in range(123)]
+    again = interleave(sources(), [0.25, 0.75], seed=3, stopping="all_exhausted")
+    again.load_state_dict(pickle.loads(pickle.dumps(mix.state_dict())))
+    assert before + [r["id"] for r in again] == full
