@@ -131,8 +131,9 @@ class _Prefetcher:
         self._thread.start()
 
     def _run(self) -> None:
+        items = self._produce()
         try:
-            for item, nbytes in self._produce():
+            for item, nbytes in items:
                 with self._cv:
                     while not self._stop and nbytes and self._units and (
                             self._bytes + nbytes > self._max_bytes or self._units >= self._max_items):
@@ -146,6 +147,7 @@ class _Prefetcher:
         except BaseException as e:  # handed to the consumer
             self._error = e
         finally:
+            items.close()  # closes the files it opened
             with self._cv:
                 self._done = True
                 self._cv.notify_all()
