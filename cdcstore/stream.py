@@ -32,6 +32,9 @@ from .api import Store
 from .errors import InvalidAddressError, PathNotFoundError
 
 FORMATS = ("numpy", "arrow", "python")
+SUMMED = ("samples", "batches", "bytes_read", "row_groups", "wait_seconds", "read_seconds", "requests",
+          "received_bytes")
+FIGURES = SUMMED + ("max_rows_held", "started")
 _GLOB = set("*?[")
 
 
@@ -85,18 +88,40 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
 
 
 class _Shared:
-    """Epoch and resume position, shared with DataLoader workers (persistent ones too): a
-    multiprocessing array inherited by workers, plain values when pickled any other way."""
+    """Epoch and resume position, shared with DataLoader workers (persistent ones too), and the
+    figures they add up: multiprocessing arrays inherited by workers (or passed at spawn), plain
+    values when pickled any other way."""
 
     def __init__(self, epoch: int = 0, start: int = 0):
         self._local = [epoch, start]
         self._arr = None
+        self._figs = None
 
     def share(self) -> None:
         import multiprocessing
 
         if self._arr is None:
-            self._arr = multiprocessing.get_context().Array("q", self._local, lock=False)
+            ctx = multiprocessing.get_context()
+            self._arr = ctx.Array("q", self._local, lock=False)
+            self._figs = ctx.Array("d", len(FIGURES))
+
+    @property
+    def shared(self) -> bool:
+        return self._figs is not None
+
+    def add(self, delta: dict) -> None:
+        """Add one process's new figures to the shared ones."""
+        with self._figs.get_lock():
+            for i, k in enumerate(SUMMED):
+                self._figs[i] += delta[k]
+            held, started = len(SUMMED), len(SUMMED) + 1
+            self._figs[held] = max(self._figs[held], delta["max_rows_held"])
+            if not self._figs[started] or delta["started"] < self._figs[started]:
+                self._figs[started] = delta["started"]
+
+    def figures(self) -> dict:
+        with self._figs.get_lock():
+            return dict(zip(FIGURES, self._figs[:]))
 
     def get(self) -> tuple[int, int]:
         src = self._arr if self._arr is not None else self._local
@@ -110,8 +135,9 @@ class _Shared:
     def __getstate__(self):
         from multiprocessing.context import get_spawning_popen
 
-        shared = self._arr if get_spawning_popen() is not None else None  # only to a child process
-        return {"_local": list(self.get()), "_arr": shared}
+        spawning = get_spawning_popen() is not None  # shared arrays go to a child process only
+        return {"_local": list(self.get()), "_arr": self._arr if spawning else None,
+                "_figs": self._figs if spawning else None}
 
 
 class _Prefetcher:
@@ -215,6 +241,7 @@ class StreamingDataset:
         self._metrics = {"samples": 0, "batches": 0, "bytes_read": 0, "row_groups": 0,
                          "wait_seconds": 0.0, "read_seconds": 0.0, "max_rows_held": 0}
         self._t0: float | None = None
+        self._flushed: tuple[int, dict] | None = None  # (pid, figures already added to the shared ones)
 
     # -- construction ----------------------------------------------------------------------
     def _own_store(self, store) -> tuple[int, Store] | None:
@@ -339,6 +366,9 @@ class StreamingDataset:
         self._consumed = 0
         if self._t0 is None:
             self._t0 = time.perf_counter()
+            self._started = time.time()
+        if self._flushed is None or self._flushed[0] != os.getpid():  # first iteration in this process
+            self._flushed = (os.getpid(), self._figures_now())
         return self._run(lambda: self._produce(order, steps, skip))
 
     def _run(self, produce):
@@ -395,6 +425,7 @@ class StreamingDataset:
             item = pre.get()
             m["wait_seconds"] += time.perf_counter() - t0
             if item is None:
+                self._flush()
                 return
             if item[0] == "unit":
                 _, u, table, bound = item
@@ -406,6 +437,7 @@ class StreamingDataset:
             for u in [u for u, (_, bound) in held.items() if bound <= past]:
                 del held[u]
             yield from self._emit(table)
+            self._flush()
 
     def _gather(self, held: dict, units: np.ndarray, rows: np.ndarray) -> pa.Table:
         """The rows of one block, in order, from the row groups held."""
@@ -443,15 +475,38 @@ class StreamingDataset:
                 else col.to_numpy() for name, col in zip(table.column_names, table.columns)}
 
     # -- figures and torch ------------------------------------------------------------------------
+    def _figures_now(self) -> dict:
+        c = self.store.counters()
+        return {**self._metrics, "requests": c["requests"], "received_bytes": c["received_bytes"],
+                "started": getattr(self, "_started", 0.0)}
+
+    def _flush(self) -> None:
+        """Add what this process did since the last flush to the figures shared with workers."""
+        if not self._shared.shared:
+            return
+        now = self._figures_now()
+        before = self._flushed[1]
+        self._shared.add({**{k: now[k] - before.get(k, 0) for k in SUMMED},
+                          "max_rows_held": now["max_rows_held"], "started": now["started"]})
+        self._flushed = (os.getpid(), now)
+
     def metrics(self) -> dict:
-        """Figures of this process so far: samples, batches, bytes read (compressed column chunks),
-        seconds waiting on data, samples/s, and the store's request counters."""
-        m = dict(self._metrics)
-        elapsed = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
+        """Figures so far: samples, batches, bytes read (compressed column chunks), row groups,
+        seconds waiting on data and reading, samples/s, MB/s, and the store's request counters.
+        After `as_torch()` they add up every DataLoader worker (and this process); otherwise they
+        are this process's."""
+        if self._shared.shared:
+            f = self._shared.figures()
+            m = {k: (v if k.endswith("seconds") else int(v)) for k, v in f.items() if k != "started"}
+            elapsed = time.time() - f["started"] if f["started"] else 0.0
+            m["store"] = {"requests": m.pop("requests"), "received_bytes": m.pop("received_bytes")}
+        else:
+            m = dict(self._metrics)
+            elapsed = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
+            m["store"] = self.store.counters()
         m["seconds"] = elapsed
         m["samples_per_s"] = m["samples"] / elapsed if elapsed else 0.0
         m["mb_per_s"] = m["bytes_read"] / 1e6 / elapsed if elapsed else 0.0
-        m["store"] = self.store.counters()
         return m
 
     def as_torch(self):

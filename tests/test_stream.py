@@ -228,6 +228,9 @@ def test_torch_dataloader_with_two_persistent_workers(ds_store):
         ds.set_epoch(epoch)  # reaches the persistent workers
         got = [int(v) for b in loader for v in b["id"]]
         assert got == flat(loader_order(ds_store, 1, 1, epoch=epoch))
+    m = ds.metrics()  # figures add up the workers
+    assert m["samples"] == 2 * TOTAL and m["batches"] == 2 * -(-TOTAL // BATCH) and m["row_groups"] >= 2 * 14
+    assert m["bytes_read"] > 0 and m["samples_per_s"] > 0 and m["store"]["requests"] == 0
     # resume recipe: count steps in the loop, then state_dict(consumed=steps * world_size * batch)
     ds.set_epoch(2)
     seen, steps = [], 0
