@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import os
-import queue
+import collections
 import sys
 import threading
 import time
@@ -147,7 +147,7 @@ class _Prefetcher:
     def __init__(self, produce, max_bytes: int, max_items: int):
         self._produce = produce
         self._max_bytes, self._max_items = max_bytes, max(1, max_items)
-        self._q: queue.deque = queue.deque()
+        self._q: collections.deque = collections.deque()
         self._bytes = self._units = 0
         self._cv = threading.Condition()
         self._stop = False
@@ -208,7 +208,8 @@ class StreamingDataset:
     lists); with `batch_size=None` it yields rows as dicts. `shuffle` permutes row groups and rows
     within windows of `shuffle_buffer` rows. Consumers are dealt blocks of `batch_size` positions; in
     row mode `block_size` (default 1) sets the block: make it the DataLoader's batch size when the
-    DataLoader batches rows, so that a count of steps stays an exact resume point. `rank`/`world_size` default to torch.distributed, then $RANK/$WORLD_SIZE.
+    DataLoader batches rows, so that a count of steps stays an exact resume point.
+    `rank`/`world_size` default to torch.distributed, then $RANK/$WORLD_SIZE, then (0, 1).
     """
 
     def __init__(self, source, *, columns=None, batch_size: int | None = None, format: str = "numpy",
@@ -261,9 +262,9 @@ class StreamingDataset:
         commits: dict[str, str] = {}
         for src in sources:
             a = parse(src)
-            cid, commit = self.store.resolve(a)
-            if commits.setdefault(f"{a.repo}@{a.ref}", cid) != cid:
-                raise InvalidAddressError(f"{a.repo}@{a.ref} moved while resolving: try again")
+            key = f"{a.repo}@{a.ref}"
+            cid, commit = self.store.resolve(Address(a.repo, commits.get(key, a.rev), a.path))
+            commits[key] = cid  # one commit per revision named, even if a branch moves meanwhile
             for f in expand(src, commit.files, cid):
                 files.setdefault((f.repo, f.commit, f.path), f)
         return list(files.values()), commits
@@ -308,15 +309,16 @@ class StreamingDataset:
         done = start + self._consumed if consumed is None else int(consumed)
         return {"epoch": epoch, "seed": self.seed, "consumed": min(done, self._order_total()),
                 "commits": dict(self.commits), "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
-                "files": [f.address for f in self.files]}
+                "limit": list(self._limit), "files": [f.address for f in self.files]}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume where `state` was taken, with any number of ranks or workers."""
-        mine = {k: getattr(self, k) for k in ("seed", "shuffle", "shuffle_buffer")}
-        theirs = {k: state.get(k) for k in mine}
+        mine = {k: getattr(self, k) for k in ("seed", "shuffle", "shuffle_buffer")} | {"limit": list(self._limit)}
+        theirs = {k: state.get(k) for k in mine} | {"limit": list(state.get("limit", self._limit))}
         if mine != theirs or state.get("commits") != self.commits or \
                 state.get("files", [f.address for f in self.files]) != [f.address for f in self.files]:
-            raise ValueError("this state was taken on another snapshot or order (commits, files, seed, shuffle): "
+            raise ValueError("this state was taken on another snapshot or order (commits, files, seed, shuffle, "
+                             "skip/take): "
                              "build the dataset with the same sources at the same commits and settings")
         self._shared.set(int(state["epoch"]), int(state["consumed"]))
         self._consumed = 0
@@ -324,18 +326,20 @@ class StreamingDataset:
     # -- combinators ---------------------------------------------------------------------------
     def skip(self, n: int) -> "StreamingDataset":
         """A copy that leaves out the first n samples of each epoch's global order."""
-        out = copy.copy(self)
         skip, take = self._limit
-        out._limit = (skip + int(n), None if take is None else max(take - int(n), 0))
-        out._shared = _Shared(*self._shared.get())
-        return out
+        return self._limited(skip + int(n), None if take is None else max(take - int(n), 0))
 
     def take(self, n: int) -> "StreamingDataset":
         """A copy that serves at most the first n samples of each epoch's global order."""
-        out = copy.copy(self)
         skip, take = self._limit
-        out._limit = (skip, int(n) if take is None else min(take, int(n)))
+        return self._limited(skip, int(n) if take is None else min(take, int(n)))
+
+    def _limited(self, skip: int, take: int | None) -> "StreamingDataset":
+        out = copy.copy(self)
+        out._limit = (skip, take)
         out._shared = _Shared(*self._shared.get())
+        out._metrics = {k: 0 for k in self._metrics}
+        out._t0 = out._flushed = None
         return out
 
     def _order_total(self) -> int:
