@@ -35,6 +35,7 @@ FORMATS = ("numpy", "arrow", "python")
 SUMMED = ("samples", "batches", "bytes_read", "row_groups", "wait_seconds", "read_seconds", "requests",
           "received_bytes")
 FIGURES = SUMMED + ("max_rows_held", "started")
+SLOTS = 65  # figure slots: this process, then DataLoader workers 0..63 (worker w uses slot w % 64 + 1)
 _GLOB = set("*?[")
 
 
@@ -103,25 +104,27 @@ class _Shared:
         if self._arr is None:
             ctx = multiprocessing.get_context()
             self._arr = ctx.Array("q", self._local, lock=False)
-            self._figs = ctx.Array("d", len(FIGURES))
+            self._figs = ctx.Array("d", SLOTS * len(FIGURES), lock=False)  # one writer per slot: no lock
 
     @property
     def shared(self) -> bool:
         return self._figs is not None
 
-    def add(self, delta: dict) -> None:
-        """Add one process's new figures to the shared ones."""
-        with self._figs.get_lock():
-            for i, k in enumerate(SUMMED):
-                self._figs[i] += delta[k]
-            held, started = len(SUMMED), len(SUMMED) + 1
-            self._figs[held] = max(self._figs[held], delta["max_rows_held"])
-            if not self._figs[started] or delta["started"] < self._figs[started]:
-                self._figs[started] = delta["started"]
+    def read(self, slot: int) -> dict:
+        n = len(FIGURES)
+        return dict(zip(FIGURES, self._figs[slot * n:(slot + 1) * n]))
+
+    def write(self, slot: int, values: dict) -> None:
+        n = len(FIGURES)
+        self._figs[slot * n:(slot + 1) * n] = [float(values[k]) for k in FIGURES]
 
     def figures(self) -> dict:
-        with self._figs.get_lock():
-            return dict(zip(FIGURES, self._figs[:]))
+        """All slots together."""
+        slots = [self.read(i) for i in range(SLOTS)]
+        out = {k: sum(f[k] for f in slots) for k in SUMMED}
+        out["max_rows_held"] = max(f["max_rows_held"] for f in slots)
+        out["started"] = min((f["started"] for f in slots if f["started"]), default=0.0)
+        return out
 
     def get(self) -> tuple[int, int]:
         src = self._arr if self._arr is not None else self._local
@@ -242,7 +245,8 @@ class StreamingDataset:
         self._metrics = {"samples": 0, "batches": 0, "bytes_read": 0, "row_groups": 0,
                          "wait_seconds": 0.0, "read_seconds": 0.0, "max_rows_held": 0}
         self._t0: float | None = None
-        self._flushed: tuple[int, dict] | None = None  # (pid, figures already added to the shared ones)
+        self._slot = 0  # where this process writes its figures when they are shared
+        self._flushed: tuple[int, dict, dict] | None = None  # (pid, figures at start, slot at start)
 
     # -- construction ----------------------------------------------------------------------
     def _own_store(self, store) -> tuple[int, Store] | None:
@@ -354,6 +358,7 @@ class StreamingDataset:
         info = torch_data.get_worker_info() if torch_data is not None else None
         if info is not None:
             worker, workers = info.id, info.num_workers
+            self._slot = worker % (SLOTS - 1) + 1
         return self.iterate(worker, workers)
 
     def iterate(self, worker: int = 0, num_workers: int = 1) -> Iterator:
@@ -372,7 +377,8 @@ class StreamingDataset:
             self._t0 = time.perf_counter()
             self._started = time.time()
         if self._flushed is None or self._flushed[0] != os.getpid():  # first iteration in this process
-            self._flushed = (os.getpid(), self._figures_now())
+            carried = self._shared.read(self._slot) if self._shared.shared else {}
+            self._flushed = (os.getpid(), self._figures_now(), carried)
         return self._run(lambda: self._produce(order, steps, skip))
 
     def _run(self, produce):
@@ -485,14 +491,16 @@ class StreamingDataset:
                 "started": getattr(self, "_started", 0.0)}
 
     def _flush(self) -> None:
-        """Add what this process did since the last flush to the figures shared with workers."""
+        """Write this process's figures (what an earlier process in its slot left, plus what this one
+        did) to its slot of the figures shared with workers."""
         if not self._shared.shared:
             return
         now = self._figures_now()
-        before = self._flushed[1]
-        self._shared.add({**{k: now[k] - before.get(k, 0) for k in SUMMED},
-                          "max_rows_held": now["max_rows_held"], "started": now["started"]})
-        self._flushed = (os.getpid(), now)
+        _, base, carried = self._flushed
+        values = {k: carried[k] + now[k] - base[k] for k in SUMMED}
+        values["max_rows_held"] = max(carried["max_rows_held"], now["max_rows_held"])
+        values["started"] = carried["started"] or now["started"]
+        self._shared.write(self._slot, values)
 
     def metrics(self) -> dict:
         """Figures so far: samples, batches, bytes read (compressed column chunks), row groups,
@@ -612,7 +620,8 @@ def _torch_class():
         def load_state_dict(self, state: dict) -> None:
             self.ds.load_state_dict(state)
 
-    TorchStreamingDataset.__module__ = __name__
+    TorchStreamingDataset.__module__ = __name__  # pickled by name, found by this module's __getattr__
+    TorchStreamingDataset.__qualname__ = "TorchStreamingDataset"
     return TorchStreamingDataset
 
 

@@ -223,6 +223,8 @@ def test_over_a_real_server(server, tmp_path):
 def test_torch_dataloader_with_two_persistent_workers(ds_store):
     import torch.utils.data as torch_data  # in the test extra: this test fails, never skips, without torch
     ds = make(ds_store)
+    copy = pickle.loads(pickle.dumps(make(ds_store).as_torch()))  # found by name, as a spawned worker does
+    assert isinstance(copy, torch_data.IterableDataset) and ids_of(copy) == ids_of(make(ds_store))
     loader = torch_data.DataLoader(ds.as_torch(), batch_size=None, num_workers=2, persistent_workers=True)
     for epoch in (0, 1):
         ds.set_epoch(epoch)  # reaches the persistent workers
