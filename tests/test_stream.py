@@ -1,6 +1,7 @@
 """cdcstore.stream: exactly once per epoch on any split, exact elastic resume, bounded memory."""
 import pickle
 import random
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -8,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdcstore import Store
-from cdcstore.errors import InvalidAddressError, PathNotFoundError
+from cdcstore.errors import CorruptionError, InvalidAddressError, PathNotFoundError
 from cdcstore.stream import StreamingDataset
 
 BATCH = 7  # divides no row group, file or total
@@ -271,3 +272,34 @@ def test_interleave_mixes_by_seed_and_resumes(ds_store):
     again = interleave(sources(), [0.25, 0.75], seed=3, stopping="all_exhausted")
     again.load_state_dict(pickle.loads(pickle.dumps(mix.state_dict())))
     assert before + [r["id"] for r in again] == full
+
+
+def test_prefetch_stays_within_its_byte_budget():
+    from cdcstore.stream import _Prefetcher
+
+    seen, ready = [], threading.Event()
+
+    def produce():
+        ready.wait()
+        for i in range(50):
+            seen.append(pre._bytes)  # what is queued while the next row group is read
+            yield i, 40
+
+    pre = _Prefetcher(produce, max_bytes=100, max_items=8)
+    ready.set()
+    got = []
+    while (item := pre.get()) is not None:
+        got.append(item)
+    pre.close()
+    assert got == list(range(50)) and max(seen) <= 100
+
+
+def test_a_damaged_pack_fails_the_consumer_instead_of_hanging(ds_store, tmp_path):
+    ds = make(ds_store)
+    for pack in (tmp_path / "store" / "packs").rglob("*"):
+        if pack.is_file():
+            data = bytearray(pack.read_bytes())
+            data[len(data) // 2:] = bytes(len(data) - len(data) // 2)
+            pack.write_bytes(bytes(data))
+    with pytest.raises(CorruptionError):
+        ids_of(ds)
