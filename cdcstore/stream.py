@@ -1,0 +1,633 @@
+"""Stream Parquet rows from `cdc://` into training: exact, elastic, resumable.
+
+    ds = StreamingDataset("cdc://ds@v1/train/", batch_size=1024, shuffle=True, seed=7)
+    for batch in ds: ...                       # dicts of numpy arrays
+    loader = DataLoader(ds.as_torch(), batch_size=None, num_workers=2)
+
+The revision is resolved once, at construction; footers are read once and travel with the object
+when it is pickled to workers. The order, sharding and resume math is in `order.py`; this module
+does the I/O: it reads, for each row group a consumer needs, only the columns asked for, in a
+background thread within a byte budget. docs/streaming.md says what is exact and what memory is
+bounded by.
+"""
+from __future__ import annotations
+
+import copy
+import fnmatch
+import os
+import collections
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import order as _order
+from .address import Address, parse
+from .api import Store
+from .errors import InvalidAddressError, PathNotFoundError
+
+FORMATS = ("numpy", "arrow", "python")
+SUMMED = ("samples", "batches", "bytes_read", "row_groups", "wait_seconds", "read_seconds", "requests",
+          "received_bytes")
+FIGURES = SUMMED + ("max_rows_held", "started")
+SLOTS = 65  # figure slots: this process, then DataLoader workers 0..63 (worker w uses slot w % 64 + 1)
+_GLOB = set("*?[")
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file of one resolved commit."""
+
+    repo: str
+    commit: str
+    path: str
+    size: int
+
+    @property
+    def address(self) -> str:
+        return str(Address(self.repo, self.commit, self.path))
+
+
+def expand(source: str, files: dict, commit: str) -> list[SourceFile]:
+    """The files a `cdc://` source names in a commit's file map: a file, a folder's Parquet files, or a
+    glob's matches, in path order (pure)."""
+    a = parse(source)
+    if a.path in files:
+        return [SourceFile(a.repo, commit, a.path, files[a.path].size)]
+    if _GLOB & set(a.path):
+        found = [p for p in files if fnmatch.fnmatchcase(p, a.path)]
+    else:
+        prefix = a.path + "/" if a.path else ""
+        found = [p for p in files if p.startswith(prefix) and p.endswith(".parquet")]
+    if not found:
+        raise PathNotFoundError(f"{source}: no Parquet file there at commit {commit[:12]}: "
+                                f"check the path with `cdcstore ls`")
+    return [SourceFile(a.repo, commit, p, files[p].size) for p in sorted(found)]
+
+
+def _torch_rank() -> tuple[int, int] | None:
+    """(rank, world size) from torch.distributed when it is imported and initialised."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Arguments first, then torch.distributed, then $RANK / $WORLD_SIZE, then (0, 1)."""
+    if rank is not None or world_size is not None:
+        return int(rank or 0), int(world_size or 1)
+    found = _torch_rank()
+    if found:
+        return found
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+class _Shared:
+    """Epoch and resume position, shared with DataLoader workers (persistent ones too), and the
+    figures they add up: multiprocessing arrays inherited by workers (or passed at spawn), plain
+    values when pickled any other way."""
+
+    def __init__(self, epoch: int = 0, start: int = 0):
+        self._local = [epoch, start]
+        self._arr = None
+        self._figs = None
+
+    def share(self) -> None:
+        import multiprocessing
+
+        if self._arr is None:
+            ctx = multiprocessing.get_context()
+            self._arr = ctx.Array("q", self._local, lock=False)
+            self._figs = ctx.Array("d", SLOTS * len(FIGURES), lock=False)  # one writer per slot: no lock
+
+    @property
+    def shared(self) -> bool:
+        return self._figs is not None
+
+    def read(self, slot: int) -> dict:
+        n = len(FIGURES)
+        return dict(zip(FIGURES, self._figs[slot * n:(slot + 1) * n]))
+
+    def write(self, slot: int, values: dict) -> None:
+        n = len(FIGURES)
+        self._figs[slot * n:(slot + 1) * n] = [float(values[k]) for k in FIGURES]
+
+    def figures(self) -> dict:
+        """All slots together."""
+        slots = [self.read(i) for i in range(SLOTS)]
+        out = {k: sum(f[k] for f in slots) for k in SUMMED}
+        out["max_rows_held"] = max(f["max_rows_held"] for f in slots)
+        out["started"] = min((f["started"] for f in slots if f["started"]), default=0.0)
+        return out
+
+    def get(self) -> tuple[int, int]:
+        src = self._arr if self._arr is not None else self._local
+        return int(src[0]), int(src[1])
+
+    def set(self, epoch: int, start: int) -> None:
+        self._local[:] = [epoch, start]
+        if self._arr is not None:
+            self._arr[0], self._arr[1] = epoch, start
+
+    def __getstate__(self):
+        from multiprocessing.context import get_spawning_popen
+
+        spawning = get_spawning_popen() is not None  # shared arrays go to a child process only
+        return {"_local": list(self.get()), "_arr": self._arr if spawning else None,
+                "_figs": self._figs if spawning else None}
+
+
+class _Prefetcher:
+    """Runs `produce` in a thread: it yields (item, nbytes); a bounded queue holds at most
+    `max_items` row groups and `max_bytes` bytes of them (always at least one)."""
+
+    def __init__(self, produce, max_bytes: int, max_items: int):
+        self._produce = produce
+        self._max_bytes, self._max_items = max_bytes, max(1, max_items)
+        self._q: collections.deque = collections.deque()
+        self._bytes = self._units = 0
+        self._cv = threading.Condition()
+        self._stop = False
+        self._done = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="cdcstore-stream", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        items = self._produce()
+        try:
+            for item, nbytes in items:
+                with self._cv:
+                    while not self._stop and nbytes and self._units and (
+                            self._bytes + nbytes > self._max_bytes or self._units >= self._max_items):
+                        self._cv.wait()
+                    if self._stop:
+                        return
+                    self._q.append((item, nbytes))
+                    self._bytes += nbytes
+                    self._units += bool(nbytes)
+                    self._cv.notify_all()
+        except BaseException as e:  # handed to the consumer
+            self._error = e
+        finally:
+            items.close()  # closes the files it opened
+            with self._cv:
+                self._done = True
+                self._cv.notify_all()
+
+    def get(self):
+        """The next item, or None at the end."""
+        with self._cv:
+            while not self._q and not self._done:
+                self._cv.wait()
+            if self._q:
+                item, nbytes = self._q.popleft()
+                self._bytes -= nbytes
+                self._units -= bool(nbytes)
+                self._cv.notify_all()
+                return item
+            if self._error is not None:
+                raise self._error
+            return None
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(timeout=30)
+
+
+class StreamingDataset:
+    """Parquet row groups of one snapshot of `cdc://` sources, as batches or rows.
+
+    `source`: `cdc://REPO[@REV]/PATH` naming a file, a folder (its .parquet files) or a glob; or a
+    list of them. `format`: "numpy" (dicts of arrays), "arrow" (RecordBatch) or "python" (dicts of
+    lists); with `batch_size=None` it yields rows as dicts. `shuffle` permutes row groups and rows
+    within windows of `shuffle_buffer` rows. Consumers are dealt blocks of `batch_size` positions; in
+    row mode `block_size` (default 1) sets the block: make it the DataLoader's batch size when the
+    DataLoader batches rows, so that a count of steps stays an exact resume point.
+    `rank`/`world_size` default to torch.distributed, then $RANK/$WORLD_SIZE, then (0, 1).
+    """
+
+    def __init__(self, source, *, columns=None, batch_size: int | None = None, format: str = "numpy",
+                 shuffle: bool = False, seed: int = 0, shuffle_buffer: int = 10_000,
+                 rank: int | None = None, world_size: int | None = None, store=None,
+                 token: str | None = None, prefetch_bytes: int = 256 << 20, prefetch_row_groups: int = 8,
+                 drop_last: bool = False, block_size: int | None = None):
+        if format not in FORMATS:
+            raise ValueError(f"format {format!r} is not one of {', '.join(FORMATS)}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer or None, not {batch_size!r}")
+        if seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, not {seed!r}")
+        self.columns = list(columns) if columns is not None else None
+        self.batch_size, self.format = batch_size, format
+        self.shuffle, self.seed, self.shuffle_buffer = bool(shuffle), int(seed), int(shuffle_buffer)
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.block = int(batch_size or block_size or 1)
+        self.prefetch_bytes, self.prefetch_row_groups = int(prefetch_bytes), int(prefetch_row_groups)
+        self.drop_last = drop_last
+        self._store_args = {"location": getattr(store, "location", store), "token": token}
+        self._store: tuple[int, Store] | None = self._own_store(store)
+        self.files, self.commits = self._resolve([source] if isinstance(source, str) else list(source))
+        self._meta = [self._footer(f) for f in self.files]
+        self.units = [(fi, rg, md.row_group(rg).num_rows)
+                      for fi, md in enumerate(self._meta) for rg in range(md.num_row_groups)]
+        self._limit: tuple[int, int | None] = (0, None)  # skip, take
+        self._shared = _Shared()
+        self._consumed = 0
+        self._metrics = {"samples": 0, "batches": 0, "bytes_read": 0, "row_groups": 0,
+                         "wait_seconds": 0.0, "read_seconds": 0.0, "max_rows_held": 0}
+        self._t0: float | None = None
+        self._slot = 0  # where this process writes its figures when they are shared
+        self._flushed: tuple[int, dict, dict] | None = None  # (pid, figures at start, slot at start)
+
+    # -- construction ----------------------------------------------------------------------
+    def _own_store(self, store) -> tuple[int, Store] | None:
+        return (os.getpid(), store) if isinstance(store, Store) else None
+
+    @property
+    def store(self) -> Store:
+        """This process's Store (nothing network-bound survives a fork or a pickle)."""
+        if self._store is None or self._store[0] != os.getpid():
+            self._store = (os.getpid(), Store(self._store_args["location"], token=self._store_args["token"]))
+        return self._store[1]
+
+    def _resolve(self, sources: list[str]) -> tuple[list[SourceFile], dict[str, str]]:
+        if not sources:
+            raise InvalidAddressError("StreamingDataset needs at least one cdc:// source")
+        files: dict[tuple[str, str, str], SourceFile] = {}
+        commits: dict[str, str] = {}
+        for src in sources:
+            a = parse(src)
+            key = f"{a.repo}@{a.ref}"
+            cid, commit = self.store.resolve(Address(a.repo, commits.get(key, a.rev), a.path))
+            commits[key] = cid  # one commit per revision named, even if a branch moves meanwhile
+            for f in expand(src, commit.files, cid):
+                files.setdefault((f.repo, f.commit, f.path), f)
+        return list(files.values()), commits
+
+    def _footer(self, f: SourceFile) -> pq.FileMetaData:
+        with self.store.open(f.address) as r:
+            try:
+                return pq.ParquetFile(r, pre_buffer=False).metadata
+            except (pa.ArrowInvalid, OSError) as e:
+                raise InvalidAddressError(f"{f.address} is not a readable Parquet file ({e}): "
+                                          f"stream Parquet files only") from None
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_store"] = None
+        return state
+
+    # -- epochs and state --------------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        return sum(n for _, _, n in self.units)
+
+    @property
+    def epoch(self) -> int:
+        return self._shared.get()[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next iteration (in DataLoader workers too). A new epoch starts at
+        its beginning; setting the current one keeps a loaded resume position."""
+        cur, start = self._shared.get()
+        self._shared.set(int(epoch), start if int(epoch) == cur else 0)
+        if int(epoch) != cur:
+            self._consumed = 0
+
+    def state_dict(self, consumed: int | None = None) -> dict:
+        """Where the stream is: the count of samples of the epoch's global order consumed so far.
+
+        Without `consumed`, the count is what this object yielded in-process (exact with one
+        consumer). With DataLoader workers or ranks pass it from the training loop:
+        `consumed = steps * world_size * batch_size` (see docs/streaming.md)."""
+        epoch, start = self._shared.get()
+        done = start + self._consumed if consumed is None else int(consumed)
+        return {"epoch": epoch, "seed": self.seed, "consumed": min(done, self._order_total()),
+                "commits": dict(self.commits), "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
+                "limit": list(self._limit), "files": [f.address for f in self.files]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume where `state` was taken, with any number of ranks or workers."""
+        mine = {k: getattr(self, k) for k in ("seed", "shuffle", "shuffle_buffer")} | {"limit": list(self._limit)}
+        theirs = {k: state.get(k) for k in mine} | {"limit": list(state.get("limit", self._limit))}
+        if mine != theirs or state.get("commits") != self.commits or \
+                state.get("files", [f.address for f in self.files]) != [f.address for f in self.files]:
+            raise ValueError("this state was taken on another snapshot or order (commits, files, seed, shuffle, "
+                             "skip/take): "
+                             "build the dataset with the same sources at the same commits and settings")
+        self._shared.set(int(state["epoch"]), int(state["consumed"]))
+        self._consumed = 0
+
+    # -- combinators ---------------------------------------------------------------------------
+    def skip(self, n: int) -> "StreamingDataset":
+        """A copy that leaves out the first n samples of each epoch's global order."""
+        skip, take = self._limit
+        return self._limited(skip + int(n), None if take is None else max(take - int(n), 0))
+
+    def take(self, n: int) -> "StreamingDataset":
+        """A copy that serves at most the first n samples of each epoch's global order."""
+        skip, take = self._limit
+        return self._limited(skip, int(n) if take is None else min(take, int(n)))
+
+    def _limited(self, skip: int, take: int | None) -> "StreamingDataset":
+        out = copy.copy(self)
+        out._limit = (skip, take)
+        out._shared = _Shared(*self._shared.get())
+        out._metrics = {k: 0 for k in self._metrics}
+        out._t0 = out._flushed = None
+        return out
+
+    def _order_total(self) -> int:
+        skip, take = self._limit
+        n = max(self.num_rows - skip, 0)
+        return n if take is None else min(n, take)
+
+    # -- iteration -------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator:
+        worker, workers = 0, 1
+        torch_data = sys.modules.get("torch.utils.data")
+        info = torch_data.get_worker_info() if torch_data is not None else None
+        if info is not None:
+            worker, workers = info.id, info.num_workers
+            self._slot = worker % (SLOTS - 1) + 1
+        return self.iterate(worker, workers)
+
+    def iterate(self, worker: int = 0, num_workers: int = 1) -> Iterator:
+        """The samples of consumer (this rank, `worker` of `num_workers`) for the current epoch."""
+        epoch, start = self._shared.get()
+        k, n = _order.consumer_index(self.rank, self.world_size, worker, num_workers)
+        skip, _ = self._limit
+        total = self._order_total()
+        order = _order.EpochOrder(tuple(u[2] for u in self.units), self.seed, epoch, self.shuffle,
+                                  self.shuffle_buffer)
+        end = _order.epoch_end(total, min(start, total), self.block, n, self.drop_last)
+        steps = _order.consumer_steps(min(start, total), end, self.block, k, n,
+                                      span=order.window if order.window > 1 else 1024)
+        self._consumed = 0
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+            self._started = time.time()
+        if self._flushed is None or self._flushed[0] != os.getpid():  # first iteration in this process
+            carried = self._shared.read(self._slot) if self._shared.shared else {}
+            self._flushed = (os.getpid(), self._figures_now(), carried)
+        return self._run(lambda: self._produce(order, steps, skip))
+
+    def _run(self, produce):
+        pre = _Prefetcher(produce, self.prefetch_bytes, self.prefetch_row_groups)
+        try:
+            yield from self._consume(pre)
+        finally:
+            pre.close()
+
+    def _produce(self, order: _order.EpochOrder, steps, skip: int):
+        """In the prefetch thread: each needed row group once, in order of first need, then each step
+        (whole blocks of this consumer's positions)."""
+        loaded: set[int] = set()
+        files: dict[int, tuple[pq.ParquetFile, object]] = {}
+        try:
+            for pos in steps:
+                units, rows = order.locate(order.sequence_index(pos + skip))
+                for u in dict.fromkeys(units.tolist()):
+                    if u not in loaded:
+                        loaded.add(u)
+                        table = self._read_unit(u, files)
+                        yield ("unit", u, table, _order.release_bound(order, u) - skip), table.nbytes or 1
+                yield ("step", int(pos[-1]) + 1, units, rows), 0
+        finally:
+            for _, reader in files.values():
+                reader.close()
+
+    def _read_unit(self, u: int, files: dict) -> pa.Table:
+        fi, rg, _ = self.units[u]
+        if fi not in files:
+            if len(files) >= 8:
+                files.pop(next(iter(files)))[1].close()
+            reader = self.store.open(self.files[fi].address)
+            files[fi] = (pq.ParquetFile(reader, metadata=self._meta[fi], pre_buffer=False), reader)
+        pf = files[fi][0]
+        t0 = time.perf_counter()
+        table = pf.read_row_group(rg, columns=self.columns)
+        self._metrics["read_seconds"] += time.perf_counter() - t0
+        self._metrics["bytes_read"] += self._column_bytes(fi, rg)
+        self._metrics["row_groups"] += 1
+        return table
+
+    def _column_bytes(self, fi: int, rg: int) -> int:
+        g = self._meta[fi].row_group(rg)
+        want = None if self.columns is None else set(self.columns)
+        return sum(g.column(j).total_compressed_size for j in range(g.num_columns)
+                   if want is None or g.column(j).path_in_schema.split(".")[0] in want)
+
+    def _consume(self, pre: _Prefetcher):
+        held: dict[int, tuple[pa.Table, int]] = {}
+        m = self._metrics
+        while True:
+            t0 = time.perf_counter()
+            item = pre.get()
+            m["wait_seconds"] += time.perf_counter() - t0
+            if item is None:
+                self._flush()
+                return
+            if item[0] == "unit":
+                _, u, table, bound = item
+                held[u] = (table, bound)
+                m["max_rows_held"] = max(m["max_rows_held"], sum(t.num_rows for t, _ in held.values()))
+                continue
+            _, past, units, rows = item
+            table = self._gather(held, units, rows)
+            for u in [u for u, (_, bound) in held.items() if bound <= past]:
+                del held[u]
+            yield from self._emit(table)
+            self._flush()
+
+    def _gather(self, held: dict, units: np.ndarray, rows: np.ndarray) -> pa.Table:
+        """The rows of one block, in order, from the row groups held."""
+        ids, which = np.unique(units, return_inverse=True)
+        tables = [held[int(u)][0] for u in ids]
+        base = np.cumsum([0] + [t.num_rows for t in tables])[:-1]
+        index = rows + base[which]
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        return table.take(pa.array(index))
+
+    def _emit(self, table: pa.Table):
+        """Rows, or one batch per block (the last one of a consumer may be short)."""
+        m = self._metrics
+        if self.batch_size is None:
+            for row in table.to_pylist():
+                self._consumed += 1
+                m["samples"] += 1
+                yield row
+            return
+        for lo in range(0, table.num_rows, self.block):
+            yield self._format(table.slice(lo, self.block))
+
+    def _format(self, table: pa.Table):
+        m = self._metrics
+        n = table.num_rows
+        self._consumed += n
+        m["samples"] += n
+        m["batches"] += 1
+        if self.format == "arrow":
+            return table.combine_chunks().to_batches()[0] if n else pa.RecordBatch.from_pylist([], table.schema)
+        if self.format == "python":
+            return table.to_pydict()
+        table = table.combine_chunks()  # writable arrays: torch takes them without a warning
+        return {name: col.chunk(0).to_numpy(zero_copy_only=False, writable=True) if col.num_chunks
+                else col.to_numpy() for name, col in zip(table.column_names, table.columns)}
+
+    # -- figures and torch ------------------------------------------------------------------------
+    def _figures_now(self) -> dict:
+        c = self.store.counters()
+        return {**self._metrics, "requests": c["requests"], "received_bytes": c["received_bytes"],
+                "started": getattr(self, "_started", 0.0)}
+
+    def _flush(self) -> None:
+        """Write this process's figures (what an earlier process in its slot left, plus what this one
+        did) to its slot of the figures shared with workers."""
+        if not self._shared.shared:
+            return
+        now = self._figures_now()
+        _, base, carried = self._flushed
+        values = {k: carried[k] + now[k] - base[k] for k in SUMMED}
+        values["max_rows_held"] = max(carried["max_rows_held"], now["max_rows_held"])
+        values["started"] = carried["started"] or now["started"]
+        self._shared.write(self._slot, values)
+
+    def metrics(self) -> dict:
+        """Figures so far: samples, batches, bytes read (compressed column chunks), row groups,
+        seconds waiting on data and reading, samples/s, MB/s, and the store's request counters.
+        After `as_torch()` they add up every DataLoader worker (and this process); otherwise they
+        are this process's."""
+        if self._shared.shared:
+            f = self._shared.figures()
+            m = {k: (v if k.endswith("seconds") else int(v)) for k, v in f.items() if k != "started"}
+            elapsed = time.time() - f["started"] if f["started"] else 0.0
+            m["store"] = {"requests": m.pop("requests"), "received_bytes": m.pop("received_bytes")}
+        else:
+            m = dict(self._metrics)
+            elapsed = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
+            m["store"] = self.store.counters()
+        m["seconds"] = elapsed
+        m["samples_per_s"] = m["samples"] / elapsed if elapsed else 0.0
+        m["mb_per_s"] = m["bytes_read"] / 1e6 / elapsed if elapsed else 0.0
+        return m
+
+    def as_torch(self):
+        """This dataset as a torch IterableDataset (torch must be installed). Shares epoch and
+        resume position with DataLoader workers, persistent ones included."""
+        self._shared.share()
+        return __getattr__("TorchStreamingDataset")(self)
+
+
+class Interleave:
+    """Items drawn from several datasets with `probabilities`, seeded by (seed, epoch).
+
+    Draw i picks among the sources still live with the uniform number u_i of (seed, epoch, i // 1024),
+    so the mix is a function of (seed, epoch) and each source's own order. `stopping="first_exhausted"`
+    ends when a draw picks an exhausted source; `"all_exhausted"` drops exhausted sources and goes on
+    until all are done, so every item of every source comes exactly once (no oversampling). With
+    workers, each consumer mixes its own shares; `state_dict()` resumes exactly on the same split."""
+
+    def __init__(self, datasets, probabilities=None, seed: int = 0, stopping: str = "first_exhausted"):
+        if stopping not in ("first_exhausted", "all_exhausted"):
+            raise ValueError(f"stopping must be 'first_exhausted' or 'all_exhausted', not {stopping!r}")
+        self.datasets = list(datasets)
+        p = np.full(len(self.datasets), 1.0) if probabilities is None else np.asarray(probabilities, float)
+        if len(p) != len(self.datasets) or (p < 0).any() or p.sum() <= 0:
+            raise ValueError("probabilities: one non-negative weight per dataset, not all zero")
+        self.probabilities, self.seed, self.stopping = p / p.sum(), int(seed), stopping
+        self._epoch, self._draws, self._live = 0, 0, [True] * len(self.datasets)
+
+    def set_epoch(self, epoch: int) -> None:
+        if int(epoch) != self._epoch:
+            self._draws, self._live = 0, [True] * len(self.datasets)
+        self._epoch = int(epoch)
+        for d in self.datasets:
+            d.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self._epoch, "draws": self._draws, "live": list(self._live),
+                "sources": [d.state_dict() for d in self.datasets]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._epoch, self._draws, self._live = state["epoch"], state["draws"], list(state["live"])
+        for d, st in zip(self.datasets, state["sources"]):
+            d.load_state_dict(st)
+
+    def _uniform(self, i: int, cache: dict) -> float:
+        key = i // 1024
+        if key not in cache:
+            cache.clear()
+            cache[key] = _order.rng(self.seed, self._epoch, key).random(1024)
+        return float(cache[key][i % 1024])
+
+    def __iter__(self):
+        its = [iter(d) for d in self.datasets]
+        cache: dict = {}
+        while any(self._live):
+            p = np.where(self._live, self.probabilities, 0.0)
+            if p.sum() <= 0:
+                return
+            k = int(np.searchsorted(np.cumsum(p / p.sum()), self._uniform(self._draws, cache), side="right"))
+            k = min(k, len(its) - 1)
+            item = next(its[k], None)
+            self._draws += 1
+            if item is None:
+                self._live[k] = False
+                if self.stopping == "first_exhausted":
+                    return
+                continue
+            yield item
+
+
+def interleave(datasets, probabilities=None, seed: int = 0, stopping: str = "first_exhausted") -> Interleave:
+    """Mix several datasets (see `Interleave`)."""
+    return Interleave(datasets, probabilities, seed, stopping)
+
+
+def torch_dataset(ds: StreamingDataset):
+    """`ds.as_torch()`."""
+    return ds.as_torch()
+
+
+def _torch_class():
+    from torch.utils.data import IterableDataset
+
+    class TorchStreamingDataset(IterableDataset):
+        """A torch IterableDataset over a StreamingDataset: each DataLoader worker reads its share."""
+
+        def __init__(self, ds: StreamingDataset):
+            self.ds = ds
+
+        def __iter__(self):
+            return iter(self.ds)
+
+        def set_epoch(self, epoch: int) -> None:
+            self.ds.set_epoch(epoch)
+
+        def state_dict(self, consumed: int | None = None) -> dict:
+            return self.ds.state_dict(consumed)
+
+        def load_state_dict(self, state: dict) -> None:
+            self.ds.load_state_dict(state)
+
+    TorchStreamingDataset.__module__ = __name__  # pickled by name, found by this module's __getattr__
+    TorchStreamingDataset.__qualname__ = "TorchStreamingDataset"
+    return TorchStreamingDataset
+
+
+def __getattr__(name: str):
+    """`TorchStreamingDataset` is built on first use, so that importing this module never imports torch."""
+    if name == "TorchStreamingDataset":
+        cls = globals()[name] = _torch_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
