@@ -262,15 +262,16 @@ def garbage_requests(pack_name: str, pack: bytes, cid: str) -> list[tuple[str, s
                     (method, f"/v1/repos/a/manifests/{n}", b"", {}),
                     (method, f"/v1/repos/a/packs/{n}", b"", {}),
                     (method, f"/v1/repos/{n}/locate", b"", {})]
-    for path in ("/v1/health", "/v1/stats", "/v1/repos", "/v1/chunks/query", "/v1/manifests",
-                 "/v1/repos/a/commits", "/v1/", "/", "/v1/packs/", "/v2/health", "/v1/../etc/passwd"):
+    for path in ("/v1/health", "/v1/stats", "/v1/repos", "/v1/chunks/query", "/v1/chunks/prove", "/v1/manifests",
+                 "/v1/repos/a/commits", "/v1/repos/a/tags", "/v1/repos/a/branches", "/v1/", "/", "/v1/packs/", "/v2/health", "/v1/../etc/passwd"):
         for method in ("GET", "POST", "PUT", "DELETE", "OPTIONS", "HEAD"):
             out.append((method, path, b"", {}))
     bodies = [b"", b"x", b"x" * 17, b"\xff" * 1000, b"\x00\x00\x00\xff" + b"x" * 10, b"{}", b"[]", b"null",
               b"[" * 100_000, b"{\"a\":" * 50_000, b"1" * 100_000, b"\"\\ud800\"", os.urandom(70_000),
               bytes(16 * 70_000), b"1e400", b"-0", b"\xef\xbb\xbf{}"]
     for body in bodies:
-        for path in ("/v1/chunks/query", "/v1/manifests", "/v1/repos/a/commits", "/v1/repos/a/locate"):
+        for path in ("/v1/chunks/query", "/v1/chunks/prove", "/v1/manifests", "/v1/repos/a/commits",
+                     "/v1/repos/a/locate", "/v1/repos/a/tags", "/v1/repos/a/branches"):
             out.append(("POST", path, body, {}))
         out.append(("PUT", f"/v1/packs/{pack_name}", body, {}))
     # wrong JSON shapes and types for a commit

@@ -210,3 +210,26 @@ def test_index_from_before_chunk_reach_is_regranted_at_server_start(tmp_path):
             assert sa.cat("cdc://a/f.bin") == (src / "f.bin").read_bytes()
     finally:
         srv.stop()
+
+
+def test_scoped_endpoints_answer_garbage_with_4xx(tenants, tmp_path):
+    """Proofs, masked pack ranges and scoped queries under garbage: 4xx, never 5xx, never foreign bytes."""
+    src = tmp_path / "b"
+    src.mkdir()
+    secret = os.urandom(200_000)
+    (src / "s.bin").write_bytes(secret)
+    with Store(tenants.url, token="tok-b", cache=False) as sb:
+        sb.push([str(src)], "cdc://b/")
+    srv = Store(tenants.store).backend
+    (pack,) = srv.index.packs()
+    api = tenants.url + "/v1"
+    answers = []
+    for body in (b"", b"x", bytes(15), bytes(16), bytes(16 + 31), bytes(16 + 32 * 5000), os.urandom(16 + 32 * 3)):
+        answers.append(_call(api + "/chunks/prove", "tok-a", "POST", body))
+        answers.append(_call(api + "/chunks/query", "tok-a", "POST", body, {"X-Cdc-Prove": "1"}))
+    for rng in ("bytes=0-0", "bytes=-100", "bytes=100-", "bytes=5-1", "bytes=0-99999999999", "bytes=a-b",
+                "bytes=0-1,5-9", "items=0-1", "bytes=0-" + "9" * 40, ""):
+        for repo in ("a", "b"):
+            answers.append(_call(f"{api}/repos/{repo}/packs/{pack}", "tok-a", headers={"Range": rng}))
+    assert all(status < 500 for status, _ in answers), [a for a in answers if a[0] >= 500][:3]
+    assert all(secret[:1000] not in body and secret[-1000:] not in body for _, body in answers)
