@@ -15,7 +15,7 @@ from cdcstore.commit import FileEntry, changes, rebase_files
 from cdcstore.errors import ConflictError
 
 ROUNDS_LOCAL = 20
-ROUNDS_REMOTE = 5
+ROUNDS_REMOTE = 20
 
 
 def E(m):
