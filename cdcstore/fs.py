@@ -26,6 +26,7 @@ from fsspec.transaction import Transaction
 from .address import SCHEME, Address, check_write_target, parse
 from .api import Store, _check_replaceable
 from .commit import Commit, FileEntry
+from .errors import InvalidAddressError
 from .manifest import Manifest
 from .reader import FileReader
 
@@ -295,12 +296,29 @@ class CdcFileSystem(AbstractFileSystem):
             self._heads.pop((repo, branch), None)
         self.invalidate_cache()
 
+    def get(self, rpath, lpath, recursive=False, **kwargs):
+        """Like fsspec's; a recursive get never writes through a symlinked folder that
+        leads out of `lpath` (see `get_file`)."""
+        root = os.fspath(lpath) if isinstance(lpath, (str, os.PathLike)) else None
+        self._get_root = os.path.realpath(root) if root and recursive else None
+        try:
+            return super().get(rpath, lpath, recursive=recursive, **kwargs)
+        finally:
+            self._get_root = None
+
     def get_file(self, rpath, lpath, callback=None, outfile=None, **kwargs):
-        """Like fsspec's, but the store path is validated (no '..') and an existing
-        symlink, FIFO or device at `lpath` is refused, never written through."""
+        """Like fsspec's, but the store path is validated (no '..'), an existing symlink,
+        FIFO or device at `lpath` is refused, never written through, and in a recursive
+        `get` the target's folder must resolve inside the destination."""
         if outfile is None and not isinstance(lpath, io.IOBase):
             self._address(rpath)  # raises on '..' and NUL
-            _check_replaceable(os.fspath(lpath))
+            target = os.fspath(lpath)
+            _check_replaceable(target)
+            root = getattr(self, "_get_root", None)
+            parent = os.path.realpath(os.path.dirname(os.path.abspath(target)))
+            if root and parent != root and not parent.startswith(root.rstrip(os.sep) + os.sep):
+                raise InvalidAddressError(f"{target!r} would be written through a symlink out of {root!r}: "
+                                          f"refusing; remove that symlink or get elsewhere")
         return super().get_file(rpath, lpath, callback=callback, outfile=outfile, **kwargs)
 
     def _check_absent(self, repo: str, branch: str, paths: list[str]) -> None:
