@@ -7,6 +7,8 @@
   servers   tests/server_util.py loaded by its path, and StaticServer: the plain aiohttp static
             file server of transfer.py and fs.py, a child running this file
             (`python bench/common.py --_static ROOT PORT [LOG]`)
+  logs      LogWindow (the lines a server appended since a point), the request counts of the
+            static server's and of cdcstore's access log lines
   reads     the reads of read.py and fs.py: to the end, random 64 KiB ones, xxh3 of a file
   report    medians, percentiles, the load average, the closing lines (load average, one JSON
             object)
@@ -21,6 +23,7 @@ import functools
 import json
 import os
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -300,6 +303,71 @@ class StaticServer:
 
     def stop(self) -> None:
         server_util().stop_process(self.proc)
+
+
+# access logs (fs.py, stream.py)
+
+class LogWindow:
+    """The lines a server appended to its log file between start() and lines()."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.offset = 0
+
+    def start(self) -> "LogWindow":
+        self.offset = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+        return self
+
+    def lines(self, settle: float = 0.3) -> list[str]:
+        time.sleep(settle)  # a server logs a request after its response went out
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            return f.read().decode(errors="replace").splitlines()
+
+
+# a line of common.STATIC_FORMAT ('"%r" %s %b %{Content-Length}o'), and one of cdcstore's access log
+_STATIC_LINE = re.compile(r'"(\S+) (\S+) [^"]*" (\d{3}) (\d+) (\S+)')
+_CDC_LINE = re.compile(r'cdcstore\.access \S+ "(\S+) (\S+) [^"]*" (\d{3}) (\d+) ')
+
+
+def static_log(lines: list[str]) -> dict:
+    """Requests and statuses in the static server's access log lines (aborted requests included)."""
+    n = 0
+    statuses: dict = {}
+    for line in lines:
+        m = _STATIC_LINE.search(line)
+        if m:
+            n += 1
+            statuses[m.group(3)] = statuses.get(m.group(3), 0) + 1
+    return {"server_requests": n, "statuses": statuses}
+
+
+
+
+def cdc_kind(path: str) -> str:
+    m = re.match(r"/v1/repos/[^/]+/(\w+)", path)
+    if m:
+        return m.group(1)
+    return "repos" if path.rstrip("/") == "/v1/repos" else path.split("/")[2] if path.count("/") >= 2 else path
+
+
+def cdc_requests(lines: list[str]) -> dict:
+    """Request counts by kind (resolve, commits, manifests, locate, packs, ...) in the cdcstore
+    server's access log lines. (Its %b is no byte count: headers only for files sent by
+    sendfile, and short of the body for large answers.)"""
+    kinds: dict = {}
+    statuses: dict = {}
+    for line in lines:
+        m = _CDC_LINE.search(line)
+        if not m:
+            continue
+        method, path, status, _ = m.groups()
+        k = cdc_kind(path)
+        kinds[k] = kinds.get(k, 0) + 1
+        statuses[status] = statuses.get(status, 0) + 1
+    return {"by_kind": dict(sorted(kinds.items())), "statuses": dict(sorted(statuses.items())),
+            "total": sum(kinds.values())}
+
 
 
 # ---------------------------------------------------------------------------------------------
