@@ -46,7 +46,7 @@ def column_bytes(path, columns) -> int:
 
 
 def assert_projected(got: int, path, columns) -> None:
-    assert got > column_bytes(path, columns) // 2  # counted on this instance: the read went over the wire
+    assert got > 0  # counted on this instance: the read went over the wire
     assert got < column_bytes(path, columns) * 1.5 + 2 * 256 * 1024  # chunk granularity
     assert got < 0.5 * path.stat().st_size  # the wide column was never fetched
 
@@ -67,6 +67,7 @@ def test_scan_pyarrow_dataset_pushes_projection_and_filter(served):
     df, got = received(fs, lambda: lazy.filter(pl.col("id") < 1000).select("score").collect())
     assert df["score"].to_list() == t["score"][:1000].to_pylist()
     assert_projected(got, path, [0, 1])
+    assert got < column_bytes(path, [0, 1]) // 2  # row-group statistics: only the first row group
 
 
 def test_scan_parquet_on_a_file_object(served):
