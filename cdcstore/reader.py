@@ -53,14 +53,19 @@ def _prefetch_pool() -> ThreadPoolExecutor:
         return _pool[1]
 
 
-_arrow_held: set[weakref.ref] = set()  # readers and buffers pyarrow may still hold
+_arrow_held: dict[int, weakref.ref] = {}  # readers and buffers pyarrow may still hold, by id
 _arrow_read = threading.Event()  # set once pyarrow has read through a FileReader
 
 
 def _hand_to_arrow(obj):
     """Track `obj` until it is freed (the callback runs in whichever thread frees it)."""
-    _arrow_held.add(weakref.ref(obj, _arrow_held.discard))
+    ref = weakref.ref(obj, _forget)
+    _arrow_held[id(ref)] = ref  # by id: a weak reference hashes its object, which may be unhashable
     return obj
+
+
+def _forget(ref: weakref.ref) -> None:
+    _arrow_held.pop(id(ref), None)
 
 
 def arrow_settled(timeout: float = 5.0, patience: float = 0.5) -> bool:
