@@ -5,13 +5,26 @@ small per-file LRU, and fetches the rest from the store in one batch (a remote
 store merges them into few range requests); every chunk is verified against its
 id. Sequential reads prefetch the next chunks in batches of about 4 MiB on a
 thread pool (decoding releases the GIL); random reads fetch only what they touch.
+
+Exit: pyarrow keeps what it read through a Python file (the file itself and every
+buffer `read_buffer` returned) in C++ objects that its own threads may still be
+freeing after `read_table` has returned. A C++ thread that takes the GIL once the
+interpreter is finalising aborts the process ("terminate called without an active
+exception", exit 134; apache/arrow#34314, #39162). So every object handed to
+pyarrow is tracked, and an `atexit` hook waits (GIL released, bounded) until
+pyarrow has let go of them, while the interpreter is still whole.
 """
 from __future__ import annotations
 
+import atexit
 import collections
+import gc
 import io
 import os
+import sys
 import threading
+import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from .chunker import DEFAULT_PARAMS
@@ -40,6 +53,55 @@ def _prefetch_pool() -> ThreadPoolExecutor:
         return _pool[1]
 
 
+_arrow_held: dict[int, weakref.ref] = {}  # readers and buffers pyarrow may still hold, by id
+_arrow_read = threading.Event()  # set once pyarrow has read through a FileReader
+
+
+def _hand_to_arrow(obj):
+    """Track `obj` until it is freed (the callback runs in whichever thread frees it)."""
+    ref = weakref.ref(obj, _forget)
+    _arrow_held[id(ref)] = ref  # by id: a weak reference hashes its object, which may be unhashable
+    return obj
+
+
+def _forget(ref: weakref.ref) -> None:
+    _arrow_held.pop(id(ref), None)
+
+
+def arrow_settled(timeout: float = 5.0, patience: float = 0.5) -> bool:
+    """Wait, with the GIL released, until pyarrow has freed what it read through a
+    FileReader: True when all is freed. Stops early when nothing was freed for
+    `patience` seconds (the rest is held by live Python objects, which the main
+    thread frees later, safely) and after `timeout` seconds in any case."""
+    if not _arrow_read.is_set():
+        return True
+    gc.collect()  # frees pyarrow objects kept in reference cycles, here, with the GIL
+    for handler in _fsspec_handlers():
+        _hand_to_arrow(handler)
+    now = time.monotonic()
+    deadline, last_progress, left = now + timeout, now, len(_arrow_held)
+    while _arrow_held and now < deadline and now - last_progress < patience:
+        time.sleep(0.002)  # pyarrow's threads take the GIL to drop their references
+        now = time.monotonic()
+        if len(_arrow_held) < left:
+            last_progress, left = now, len(_arrow_held)
+    return not _arrow_held
+
+
+def _fsspec_handlers() -> list:
+    """pyarrow's wrappers of `cdc://` filesystems (`FSSpecHandler`) still alive: a
+    dataset's fragments hold one, and may be freed on a pyarrow thread."""
+    fs = sys.modules.get("pyarrow.fs")
+    handler = getattr(fs, "FSSpecHandler", None)
+    if handler is None:
+        return []
+    return [o for o in gc.get_objects()
+            if isinstance(o, handler) and getattr(getattr(o, "fs", None), "protocol", None) == "cdc"]
+
+
+atexit.register(arrow_settled)
+
+
 class FileReader(io.RawIOBase):
     """File object for one file of one revision. Thread-compatible, not thread-safe."""
 
@@ -59,6 +121,7 @@ class FileReader(io.RawIOBase):
         self._readahead = readahead_bytes
         self._batch = batch_bytes
         self._last_end = 0 if sequential else -1  # a sequential reader prefetches from its first read
+        self._handed = False  # pyarrow reads through this file (`read_buffer`)
 
     # -- io.RawIOBase ---------------------------------------------------------------
     def readable(self) -> bool:
@@ -94,6 +157,15 @@ class FileReader(io.RawIOBase):
         n = len(data)
         memoryview(b).cast("B")[:n] = data
         return n
+
+    def read_buffer(self, size: int | None = -1) -> memoryview:
+        """`read` for pyarrow (its Python-file wrapper prefers this method): the bytes
+        as a view that is tracked until pyarrow frees it, see `arrow_settled`."""
+        if not self._handed:
+            self._handed = True
+            _arrow_read.set()
+            _hand_to_arrow(self)
+        return _hand_to_arrow(memoryview(self.read(size)))
 
     def readall(self) -> bytes:
         return self.read(-1)
