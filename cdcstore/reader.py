@@ -96,7 +96,8 @@ def _fsspec_handlers() -> list:
     if handler is None:
         return []
     return [o for o in gc.get_objects()
-            if isinstance(o, handler) and getattr(getattr(o, "fs", None), "protocol", None) == "cdc"]
+            if issubclass(type(o), handler)  # type(), not isinstance: never touch objects' __class__
+            and getattr(getattr(o, "fs", None), "protocol", None) == "cdc"]
 
 
 atexit.register(arrow_settled)
