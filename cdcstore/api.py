@@ -303,9 +303,12 @@ class Store:
 
     def tag(self, repo: str, name: str, rev: str = DEFAULT_BRANCH) -> str:
         """Name the commit `rev` resolves to with a new tag, forever; returns the commit id."""
-        check_ref_name("tag", name)
+        return self._create_ref("tag", repo, name, rev)
+
+    def _create_ref(self, kind: str, repo: str, name: str, rev: str) -> str:
+        check_ref_name(kind, name)
         cid = self._resolve_now(repo, rev)
-        self.backend.create_tag(repo, name, cid)
+        (self.backend.create_tag if kind == "tag" else self.backend.create_branch)(repo, name, cid)
         return cid
 
     def delete_tag(self, repo: str, name: str) -> str:
@@ -313,10 +316,7 @@ class Store:
 
     def create_branch(self, repo: str, name: str, rev: str = DEFAULT_BRANCH) -> str:
         """A new branch at the commit `rev` resolves to; returns the commit id."""
-        check_ref_name("branch", name)
-        cid = self._resolve_now(repo, rev)
-        self.backend.create_branch(repo, name, cid)
-        return cid
+        return self._create_ref("branch", repo, name, rev)
 
     def delete_branch(self, repo: str, name: str) -> str:
         return self.backend.delete_branch(check_name("repo", repo), check_name("branch", name))
