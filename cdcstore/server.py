@@ -556,7 +556,8 @@ class Server:
         if start is None or stop is None or start < 0 or stop <= start or stop - start > MAX_SCOPED_RANGE:
             raise HTTPError(416, f"a token limited to some repos reads packs by one byte range "
                                  f"(Range: bytes=a-b, at most {MAX_SCOPED_RANGE} bytes)")
-        body = await self._io(self._masked_range, repo, scope, name, start, stop)
+        with self.heavy():  # a masked range is built in memory: bounded by the heavy slots
+            body = await self._io(self._masked_range, repo, scope, name, start, stop)
         return web.Response(status=206, body=body, content_type="application/octet-stream",
                             headers={"Content-Range": f"bytes {start}-{start + len(body) - 1}/*"})
 
