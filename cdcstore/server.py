@@ -32,7 +32,7 @@ from .commit import Commit
 from .errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, RefExistsError,
                      RepoNotFoundError, RevisionNotFoundError)
 from .manifest import Manifest
-from .pack import decode_chunk, read_index
+from .pack import read_verified
 from .store import LocalStore
 
 log = logging.getLogger("cdcstore.server")
@@ -380,11 +380,7 @@ class Server:
 
     def _verify_and_add(self, tmp: str, name: str) -> list:
         with open(tmp, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            entries = read_index(f, size, f"uploaded pack {name}")
-            for e in entries:  # re-hash every chunk: ids are never taken on trust
-                f.seek(e.offset)
-                decode_chunk(f.read(e.stored_len), e.codec, e.raw_len, e.chunk_id)
+            entries = read_verified(f, os.fstat(f.fileno()).st_size, f"uploaded pack {name}")
         self.store.add_pack(tmp, name, entries)
         return entries
 

@@ -37,7 +37,7 @@ from .errors import (CdcError, ConflictError, CorruptionError, InvalidAddressErr
                      StoreFormatError)
 from .index import ChunkIndex
 from .manifest import Manifest
-from .pack import PackEntry, decode_chunk, read_index
+from .pack import PackEntry, decode_chunk, read_index, read_verified
 from .transfer import plan_ranges
 
 STORE_FORMAT = "cdcstore"
@@ -320,16 +320,10 @@ class LocalStore(Backend):
             return True
         path = self.pack_path(name)
         try:
+            if self._pack_hash(name) != name:
+                return False
             with open(path, "rb") as f:
-                h = ids.hasher()
-                for block in iter(lambda: f.read(1 << 22), b""):
-                    h.update(block)
-                if h.hexdigest() != name:
-                    return False
-                entries = read_index(f, os.fstat(f.fileno()).st_size, f"pack {name}")
-                for e in entries:
-                    f.seek(e.offset)
-                    decode_chunk(f.read(e.stored_len), e.codec, e.raw_len, e.chunk_id)
+                entries = read_verified(f, os.fstat(f.fileno()).st_size, f"pack {name}")
         except (FileNotFoundError, IsADirectoryError, CorruptionError):
             return False
         self.index.add_pack(name, os.path.getsize(path), entries)
@@ -508,12 +502,7 @@ class LocalStore(Backend):
 
     def refs(self, repo: str) -> dict[str, str]:
         """Branches and tags of a repo (name -> commit id); tags as "tag:NAME"."""
-        out = dict(self.branches(repo))
-        d = os.path.join(self.repo_dir(repo), "tags")
-        for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-            with open(os.path.join(d, name)) as f:
-                out[f"tag:{name}"] = f.read().strip()
-        return out
+        return {**self.branches(repo), **{f"tag:{n}": c for n, c in self.tags(repo).items()}}
 
     def _check_reachable(self, found: list) -> dict[bytes, set[str]]:
         """Walk every commit that a branch or tag reaches; returns chunk id -> the files
