@@ -249,36 +249,37 @@ class RemoteStore(Backend):
 
     # -- chunks and packs --------------------------------------------------------------------
     def present(self, chunk_ids: list[bytes]) -> set[bytes]:
-        out: set[bytes] = set()
-        step = transfer.MAX_IDS_PER_REQUEST
-        for i in range(0, len(chunk_ids), step):
-            batch = chunk_ids[i:i + step]
-            answer = self._call("POST", "/chunks/query", body=transfer.encode_ids(batch))
-            out |= transfer.decode_presence(batch, answer)
-        return out
+        return self.present_or_prove(dict.fromkeys(chunk_ids))
 
-    def present_or_prove(self, chunks: dict[bytes, bytes]) -> set[bytes]:
-        """Presence, with proof of possession: chunks the server holds but this token
-        cannot see yet (another tenant's) are proved by a keyed hash of their bytes
-        instead of being sent again (docs/protocol.md, trust model)."""
+    def present_or_prove(self, chunks: dict[bytes, bytes | None]) -> set[bytes]:
+        """Presence, with proof of possession when the chunks' bytes are given: chunks
+        the server holds but this token cannot see yet (another tenant's) are proved by a
+        keyed hash of their bytes instead of being sent again (docs/protocol.md)."""
         out: set[bytes] = set()
         wanted = list(chunks)
+        can_prove = all(v is not None for v in chunks.values())
         step = transfer.MAX_IDS_PER_REQUEST
         for i in range(0, len(wanted), step):
             batch = wanted[i:i + step]
             answer = self._call("POST", "/chunks/query", body=transfer.encode_ids(batch),
-                                headers={transfer.PROVE_HEADER: "1"})
+                                headers={transfer.PROVE_HEADER: "1"} if can_prove else None)
             out |= transfer.decode_presence(batch, answer)
-            to_prove, nonce = transfer.decode_to_prove(batch, answer), transfer.presence_nonce(batch, answer)
-            for j in range(0, len(to_prove), transfer.MAX_PROOFS_PER_REQUEST):
-                part = to_prove[j:j + transfer.MAX_PROOFS_PER_REQUEST]
-                proofs = [(c, transfer.chunk_proof(chunks[c], nonce)) for c in part]
-                flags = self._call("POST", "/chunks/prove", body=transfer.encode_proofs(nonce, proofs))
-                if len(flags) != len(part):
-                    raise CorruptionError("proof answer has the wrong length")
-                out.update(c for c, ok in zip(part, flags) if ok)
-                self.proven_chunks += sum(1 for ok in flags if ok)
+            if can_prove:
+                out |= self._prove(chunks, transfer.decode_to_prove(batch, answer),
+                                   transfer.presence_nonce(batch, answer))
         return out
+
+    def _prove(self, chunks: dict[bytes, bytes], to_prove: list[bytes], nonce: bytes) -> set[bytes]:
+        proved: set[bytes] = set()
+        for j in range(0, len(to_prove), transfer.MAX_PROOFS_PER_REQUEST):
+            part = to_prove[j:j + transfer.MAX_PROOFS_PER_REQUEST]
+            proofs = [(c, transfer.chunk_proof(chunks[c], nonce)) for c in part]
+            flags = self._call("POST", "/chunks/prove", body=transfer.encode_proofs(nonce, proofs))
+            if len(flags) != len(part):
+                raise CorruptionError("proof answer has the wrong length")
+            proved.update(c for c, ok in zip(part, flags) if ok)
+        self.proven_chunks += len(proved)
+        return proved
 
     def begin_push(self) -> None:
         self.health()

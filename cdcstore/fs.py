@@ -128,6 +128,7 @@ class CdcFileSystem(AbstractFileSystem):
         self.head_ttl = head_ttl
         self._resolved_at: dict[tuple[str, str], float] = {}
         self._pinned: set[tuple[str, str]] = set()  # (repo, rev) that name a commit or a tag: never refreshed
+        self._get_root: str | None = None  # the destination of a recursive get in progress
         self._store: Store | None = None
         self._pid = None
         self._heads: dict[tuple[str, str], str] = dict(resolved or {})  # (repo, rev) -> commit id
@@ -314,7 +315,7 @@ class CdcFileSystem(AbstractFileSystem):
             self._address(rpath)  # raises on '..' and NUL
             target = os.fspath(lpath)
             _check_replaceable(target)
-            root = getattr(self, "_get_root", None)
+            root = self._get_root
             parent = os.path.realpath(os.path.dirname(os.path.abspath(target)))
             if root and parent != root and not parent.startswith(root.rstrip(os.sep) + os.sep):
                 raise InvalidAddressError(f"{target!r} would be written through a symlink out of {root!r}: "

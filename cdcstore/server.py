@@ -472,23 +472,22 @@ class Server:
         cid = await self._io(self._commit, repo, commit, branch, expected, self.auth.scope(request))
         return web.json_response({"commit": cid, "rebased": cid != commit.id}, status=201)
 
-    def _check_parent(self, repo: str, parent) -> None:
-        """A parent must be a 32-hex commit id of this repo: never a path (no file-existence oracle)."""
+    def _parent(self, repo: str, parent) -> Commit | None:
+        """The parent commit: a 32-hex commit id of this repo, never a path (no file-existence oracle)."""
         if parent is None:
-            return
+            return None
         if not isinstance(parent, str) or not ids.is_hex_id(parent):
             raise HTTPError(400, "commit parent must be a 32-hex-digit commit id or null")
         try:
-            self.store.get_commit(repo, parent)
+            return self.store.get_commit(repo, parent)
         except (CdcError, OSError):
             raise HTTPError(400, f"commit parent {parent} is not a commit of repo {repo!r}: "
                                  f"base the commit on the branch head") from None
 
     def _commit(self, repo: str, commit: Commit, branch: str, expected: str | None,
                 scope: Scope | None = None) -> str:
-        self._check_parent(repo, commit.parent)
-        inherited = {f.manifest for f in self.store.get_commit(repo, commit.parent).files.values()} \
-            if commit.parent else set()
+        parent = self._parent(repo, commit.parent)
+        inherited = {f.manifest for f in parent.files.values()} if parent else set()
         new_chunks: set[bytes] = set()
         sizes: dict[str, set[int]] = {}
         for f in commit.files.values():

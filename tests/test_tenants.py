@@ -22,6 +22,8 @@ def test_refused_commit_grants_nothing(store, tmp_path):
     packs = {p for p, _ in be.index.locate(
         {c for n in names for c in be.get_manifest(n).chunk_ids}).values()}
     assert packs and not any(be.index.reaches("a", "pack", p) for p in packs)
+    chunks = {c for n in names for c in be.get_manifest(n).chunk_ids}
+    assert be.index.visible(chunks, ["b"], None) == chunks and not be.index.visible(chunks, ["a"], None)
 
 
 @pytest.mark.parametrize("parent", ["../../x", "..", "commits", "zz" * 16, "0" * 32, "garbage"])
