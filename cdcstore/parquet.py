@@ -1,106 +1,11 @@
-"""Parquet as a first-class citizen: page-aligned cut points and a dedup-friendly writer.
+"""Parquet as a first-class citizen: a dedup-friendly writer (`write_table`, `write_dataset`).
 
-`page_cuts` reads a Parquet file's footer and walks the page headers of every
-column chunk (Thrift compact protocol, `thrift.py`; no pyarrow import, one small
-read per page), and returns the offsets where a chunk must end: every page
-start, every column chunk end and the start of the footer region. Files written
-with Arrow's content-defined chunking then dedup at page granularity; pages larger
-than the maximum chunk size are sub-chunked by the byte chunker (hash reset at the
-page start). Anything that is not a readable Parquet file yields None, and the
-caller falls back to plain byte CDC.
+The page walker that gives the chunker page-aligned cut points is `cdcstore.core.pages`.
 """
 from __future__ import annotations
 
 import math
 import os
-import struct
-from typing import BinaryIO
-
-from .thrift import Decoder, ThriftError
-
-MAGIC = b"PAR1"
-_HEADER_PROBE = 4096  # bytes read per page header at first; grown when a header is longer
-
-
-def read_page_header(buf, pos: int = 0) -> tuple[int, int, int]:
-    """(header length, page type, compressed page size) of the PageHeader at `pos`."""
-    d = Decoder(buf, pos)
-    h = d.struct()
-    ptype, size = h.get(1), h.get(3)
-    if not isinstance(ptype, int) or not isinstance(size, int) or size < 0:
-        raise ThriftError("page header lacks type or size")
-    return d.pos - pos, ptype, size
-
-
-def column_chunk_ranges(footer: bytes) -> list[tuple[int, int]]:
-    """(start, end) of every column chunk, from the FileMetaData bytes."""
-    meta = Decoder(footer).struct()
-    ranges = []
-    for rg in meta.get(4, []):  # FileMetaData.row_groups
-        for cc in rg.get(1, []):  # RowGroup.columns
-            md = cc.get(3)  # ColumnChunk.meta_data
-            if not isinstance(md, dict) or 9 not in md or 7 not in md:
-                raise ThriftError("column chunk without metadata")
-            start = md[9]  # data_page_offset
-            if md.get(11):  # dictionary_page_offset
-                start = min(start, md[11])
-            ranges.append((start, start + md[7]))  # total_compressed_size
-    return sorted(ranges)
-
-
-def page_cuts(path: str) -> list[int] | None:
-    """Offsets where page-aligned chunking must cut, or None if `path` is not
-    readable Parquet (then use plain byte CDC)."""
-    try:
-        with open(path, "rb") as f:
-            return page_cuts_of(f, os.fstat(f.fileno()).st_size)
-    except OSError:
-        return None
-
-
-def page_cuts_of(f: BinaryIO, size: int) -> list[int] | None:
-    """`page_cuts` for an open binary file of `size` bytes (moves its position)."""
-    try:
-        f.seek(0)
-        if size < 12 or f.read(4) != MAGIC:  # cheap test first: most files are not Parquet
-            return None
-        f.seek(size - 8)
-        tail = f.read(8)
-        footer_len = struct.unpack("<I", tail[:4])[0]
-        footer_start = size - 8 - footer_len
-        if tail[4:] != MAGIC or footer_start < 4:
-            return None
-        f.seek(footer_start)
-        ranges = column_chunk_ranges(f.read(footer_len))
-        cuts = {4, footer_start}
-        for start, end in ranges:
-            if not 4 <= start <= end <= footer_start:
-                return None
-            cuts.add(end)
-            pos = start
-            while pos < end:
-                cuts.add(pos)
-                pos += _page_length(f, pos, end)
-            if pos != end:
-                return None  # pages do not tile the column chunk: do not trust the walk
-        return sorted(c for c in cuts if 0 < c < size)
-    except (OSError, ThriftError, struct.error, RecursionError):
-        return None
-
-
-def _page_length(f: BinaryIO, pos: int, end: int) -> int:
-    probe = _HEADER_PROBE
-    while True:
-        f.seek(pos)
-        head = f.read(min(probe, end - pos))
-        try:
-            hlen, _, body = read_page_header(head)
-            return hlen + body
-        except ThriftError as e:
-            if str(e) != "truncated" or probe >= end - pos or probe >= (64 << 20):
-                raise
-            probe *= 16
-
 
 # -- the dedup-friendly writer -------------------------------------------------------------
 #

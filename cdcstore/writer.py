@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from . import ids, parquet
+from . import ids, pages
 from .chunker import DEFAULT_PARAMS, ChunkParams, Chunker
 from .manifest import Manifest
 from .pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, PackWriter,
@@ -50,8 +50,8 @@ class FileChunks:
         self.f, self.block_size = f, block_size
         self.first = f.read(block_size)
         cuts = None
-        if parquet_pages and self.first[:4] == parquet.MAGIC:
-            cuts = parquet.page_cuts_of(f, os.fstat(f.fileno()).st_size)
+        if parquet_pages and self.first[:4] == pages.MAGIC:
+            cuts = pages.page_cuts_of(f, os.fstat(f.fileno()).st_size)
             f.seek(len(self.first))
         self.mode = "parquet-pages" if cuts else "bytes"
         self.chunker = Chunker(params, cuts or ())

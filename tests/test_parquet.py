@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cdcstore import parquet as P
+from cdcstore import pages, parquet as P
 from cdcstore import Store
 from cdcstore.chunker import ChunkParams, iter_chunks
 
@@ -44,7 +44,7 @@ WRITE_VARIANTS = {
 def test_page_walk_tiles_every_column_chunk(tmp_path, variant):
     path = str(tmp_path / "t.parquet")
     pq.write_table(sample_table(), path, **WRITE_VARIANTS[variant])
-    cuts = P.page_cuts(path)
+    cuts = pages.page_cuts(path)
     assert cuts is not None
     md = pq.ParquetFile(path).metadata
     data = open(path, "rb").read()
@@ -60,7 +60,7 @@ def test_page_walk_tiles_every_column_chunk(tmp_path, variant):
     assert footer_start in cuts
     for c in cuts:
         if any(a <= c < b for a, b in ranges):  # every cut inside a column chunk starts a page
-            _, page_type, size = P.read_page_header(data, c)
+            _, page_type, size = pages.read_page_header(data, c)
             assert page_type in (0, 2, 3) and size >= 0
 
 
@@ -75,7 +75,7 @@ def test_fallback_for_truncated_and_fake_parquet(tmp_path):
     bad_footer[-20:-8] = b"\xff" * 12
     (tmp_path / "badfooter.parquet").write_bytes(bytes(bad_footer))
     for name in ("cut.parquet", "fake.parquet", "text.parquet", "badfooter.parquet"):
-        assert P.page_cuts(str(tmp_path / name)) is None
+        assert pages.page_cuts(str(tmp_path / name)) is None
     s = Store.init(str(tmp_path / "store"))
     r = s.push([str(tmp_path)], "cdc://pq/")  # never fails the push
     assert r.files_detail["t.parquet"]["chunking"] == "parquet-pages"
@@ -91,7 +91,7 @@ def test_page_aligned_round_trip_and_chunks_follow_pages(tmp_path):
     r = s.push([str(path)], "cdc://pq/t.parquet")
     assert s.cat("cdc://pq/t.parquet") == path.read_bytes()
     m = s.backend.get_manifest(s.resolve("cdc://pq/")[1].files["t.parquet"].manifest)
-    cuts = set(P.page_cuts(str(path)))
+    cuts = set(pages.page_cuts(str(path)))
     assert cuts <= set(m.ends) | {0}  # every page start is a chunk boundary
     assert r.chunks == len(m.chunk_ids)
 
@@ -106,7 +106,7 @@ def test_writer_files_read_back_equal(tmp_path):
     assert b"cdcstore.writer" in back.schema.metadata
     md = pq.ParquetFile(path).metadata
     assert md.num_row_groups == len(sizes)
-    assert P.page_cuts(path) is not None
+    assert pages.page_cuts(path) is not None
     import duckdb
     import pandas as pd
     import polars as pl
@@ -184,7 +184,7 @@ GOLDEN_PARQUET = zlib.decompress(base64.b64decode(
 def test_golden_parquet_page_cuts_and_chunks(tmp_path):
     path = tmp_path / "golden.parquet"
     path.write_bytes(GOLDEN_PARQUET)
-    cuts = P.page_cuts(str(path))
+    cuts = pages.page_cuts(str(path))
     assert cuts == [4, 1221, 1404, 1460, 1548, 2765, 2948, 3004, 3092]
     chunks = iter_chunks(io.BytesIO(GOLDEN_PARQUET), ChunkParams(64, 256, 1024), cuts=cuts)
     ends = list(itertools.accumulate(len(c) for c in chunks))
