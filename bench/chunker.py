@@ -11,10 +11,10 @@ Both chunkers cut the same in-memory buffer (default 256 MiB) with min/avg/max =
 
 Timed per repetition (medians quoted):
 
-  ours           cdcstore.chunker.chunk_ends(buf, ChunkParams(16384, 65536, 262144))
+  ours           cdcstore.core.chunker.chunk_ends(buf, ChunkParams(16384, 65536, 262144))
   pyfastcdc      every chunk of pyfastcdc.FastCDC(avg_size=65536, min_size=16384,
                  max_size=262144).cut_buf(buf) (library defaults otherwise: NC=1)
-  ours-stream    every chunk of cdcstore.chunker.iter_chunks(io.BytesIO(buf)), for
+  ours-stream    every chunk of cdcstore.core.chunker.iter_chunks(io.BytesIO(buf)), for
                  information (includes copying each chunk into a bytes object)
   pyfastcdc_nc2  pyfastcdc with normalized_chunking=2 (the level cdcstore's rule
                  uses), for information only
@@ -79,7 +79,7 @@ def parquet_bytes(data_dir: str, target: int, seed: int = 7) -> bytes:
 
 
 def time_ours(buf) -> tuple[float, int]:
-    from cdcstore.chunker import ChunkParams, chunk_ends
+    from cdcstore.core.chunker import ChunkParams, chunk_ends
     params = ChunkParams(MIN, AVG, MAX)
     t0 = time.perf_counter()
     ends = chunk_ends(buf, params)
@@ -106,7 +106,7 @@ def time_pyfastcdc_nc2(buf) -> tuple[float, int]:
 
 
 def time_stream(buf) -> tuple[float, int]:
-    from cdcstore.chunker import ChunkParams, iter_chunks
+    from cdcstore.core.chunker import ChunkParams, iter_chunks
     params = ChunkParams(MIN, AVG, MAX)
     t0 = time.perf_counter()
     n = total = 0

@@ -805,7 +805,7 @@ def main() -> int:
     import fsspec
     import hf_xet  # noqa: F401
     import pyarrow
-    from cdcstore.store import LocalStore
+    from cdcstore.storage.repository import LocalStore
     import cdcstore
     ServerProcess = server_util().ServerProcess
 

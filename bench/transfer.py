@@ -184,7 +184,7 @@ def fsspec_get_sequential(url: str, files: list[str], dest: str) -> float:
 
 def one_rep(rep: int, work: str, v1: str, v2: str, verify: bool) -> dict:
     from cdcstore.api import Store
-    from cdcstore.store import LocalStore
+    from cdcstore.storage.repository import LocalStore
     from tests.server_util import ServerProcess
 
     rdir = os.path.join(work, f"rep{rep}")

@@ -1,7 +1,7 @@
 """cdcstore: content-defined-chunking, deduplicating storage for ML datasets."""
-from .address import Address, parse
+from .core.address import Address, parse
 from .api import Store, TransferResult
-from .errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError,
+from .core.errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError,
                      NotAStoreError, NotFoundError, PathNotFoundError, RefExistsError, RemoteError,
                      RepoNotFoundError, RevisionNotFoundError)
 

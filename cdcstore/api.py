@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 import platformdirs
 
-from . import ids
-from .address import DEFAULT_BRANCH, Address, check_name, check_ref_name, check_write_target, normalize_path, parse
-from .commit import Commit, FileEntry, tree_clashes
-from .errors import CorruptionError, InvalidAddressError, PathNotFoundError
-from .reader import FileReader, LocalSeed
-from .store import LocalStore, no_such_path
-from .writer import Ingest, IngestOptions
+from .core import ids
+from .core.address import DEFAULT_BRANCH, Address, check_name, check_ref_name, check_write_target, normalize_path, parse
+from .core.commit import Commit, FileEntry, tree_clashes
+from .core.errors import CorruptionError, InvalidAddressError, PathNotFoundError
+from .engine.read import FileReader, LocalSeed
+from .storage.repository import LocalStore, no_such_path
+from .engine.push import Ingest, IngestOptions
 
 if TYPE_CHECKING:
-    from .cache import ChunkCache
+    from .storage.cache import ChunkCache
 
 ENV_STORE = "CDCSTORE_STORE"
 
@@ -234,8 +234,8 @@ class Store:
                  cache: ChunkCache | str | bool = True, **transport):
         path = location or default_store_path()
         if is_url(path):
-            from .cache import CachedBackend, open_cache
-            from .client import RemoteStore
+            from .storage.cache import CachedBackend, open_cache
+            from .remote.client import RemoteStore
 
             remote = RemoteStore(path, token, **transport)
             self.backend = remote

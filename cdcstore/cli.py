@@ -13,11 +13,11 @@ import sys
 import click
 from tqdm import tqdm
 
-from .address import DEFAULT_BRANCH, parse
+from .core.address import DEFAULT_BRANCH, parse
 from .api import Store, default_store_path, is_url, plan_sources
-from .errors import CdcError, InvalidAddressError
-from .index import damaged_message
-from .store import LocalStore
+from .core.errors import CdcError, InvalidAddressError
+from .storage.index import damaged_message
+from .storage.repository import LocalStore
 
 EXIT_ERROR = 1
 
@@ -425,7 +425,7 @@ _cache_opt = click.option("--cache", "cache_path", default=None, metavar="PATH",
 @handle_errors
 def cache_stats(cache_path, as_json):
     """Size and contents of the cache."""
-    from .cache import ChunkCache
+    from .storage.cache import ChunkCache
 
     st = ChunkCache(cache_path).stats()
     if as_json:
@@ -442,7 +442,7 @@ def cache_stats(cache_path, as_json):
 @handle_errors
 def cache_prune(cache_path, max_size):
     """Evict least recently used chunks down to the size limit."""
-    from .cache import ChunkCache, parse_size
+    from .storage.cache import ChunkCache, parse_size
 
     c = ChunkCache(cache_path)
     freed = c.prune(parse_size(max_size) if max_size else None)
@@ -454,7 +454,7 @@ def cache_prune(cache_path, max_size):
 @handle_errors
 def cache_clear(cache_path):
     """Empty the cache."""
-    from .cache import ChunkCache
+    from .storage.cache import ChunkCache
 
     c = ChunkCache(cache_path)
     c.clear()
@@ -480,7 +480,7 @@ def cache_clear(cache_path):
 def serve(store_path, host, port, tokens_file, allow_no_auth, max_heavy, body_timeout, min_body_rate,
           maintenance_interval):
     """Serve a store over HTTP (protocol v1, docs/protocol.md)."""
-    from .server import serve as run_server
+    from .remote.server import serve as run_server
 
     run_server(_local(store_path).root, host, port, tokens_file, allow_no_auth, max_heavy,
                body_idle_timeout=body_timeout, min_body_rate=min_body_rate,

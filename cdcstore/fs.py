@@ -23,12 +23,12 @@ import time
 from fsspec import AbstractFileSystem
 from fsspec.transaction import Transaction
 
-from .address import SCHEME, Address, check_write_target, parse
+from .core.address import SCHEME, Address, check_write_target, parse
 from .api import Store, _check_replaceable
-from .commit import Commit, FileEntry
-from .errors import InvalidAddressError
-from .manifest import Manifest
-from .reader import FileReader
+from .core.commit import Commit, FileEntry
+from .core.errors import InvalidAddressError
+from .core.manifest import Manifest
+from .engine.read import FileReader
 
 
 class CdcTransaction(Transaction):

@@ -26,10 +26,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import order as _order
-from .address import Address, parse
+from .core import order as _order
+from .core.address import Address, parse
 from .api import Store
-from .errors import InvalidAddressError, PathNotFoundError
+from .core.errors import InvalidAddressError, PathNotFoundError
 
 FORMATS = ("numpy", "arrow", "python")
 SUMMED = ("samples", "batches", "bytes_read", "row_groups", "wait_seconds", "read_seconds", "requests",

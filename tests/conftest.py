@@ -7,7 +7,7 @@ import xxhash
 sys.path.insert(0, os.path.dirname(__file__))
 
 from cdcstore import Store  # noqa: E402
-from cdcstore.store import LocalStore  # noqa: E402
+from cdcstore.storage.repository import LocalStore  # noqa: E402
 from server_util import ServerProcess  # noqa: E402
 
 

@@ -8,7 +8,7 @@ import pytest
 import xxhash
 
 from cdcstore import Store
-from cdcstore.cache import ChunkCache, parse_size
+from cdcstore.storage.cache import ChunkCache, parse_size
 from conftest import golden_input
 
 
@@ -80,7 +80,7 @@ def test_a_corrupt_cache_entry_is_fetched_again(server, published, tmp_path):
 READER = textwrap.dedent("""
     import sys
     from cdcstore import Store
-    from cdcstore.cache import ChunkCache
+    from cdcstore.storage.cache import ChunkCache
     with Store(sys.argv[1], cache=ChunkCache(sys.argv[2], max_bytes=sys.argv[4])) as s:
         data = s.cat(sys.argv[3])
     import xxhash

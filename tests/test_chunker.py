@@ -6,8 +6,8 @@ import pytest
 import xxhash
 from hypothesis import given, settings, strategies as st
 
-from cdcstore import _gear
-from cdcstore.chunker import DEFAULT_PARAMS, ChunkParams, Chunker, chunk_ends, iter_chunks
+from cdcstore.core import _gear
+from cdcstore.core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker, chunk_ends, iter_chunks
 from conftest import golden_input
 from reference_chunker import GEAR, chunk_lengths
 

@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cdcstore import Store, reader
+from cdcstore import Store
+from cdcstore.engine import read as reader
 from cdcstore.fs import CdcFileSystem
 
 RUNS = 50

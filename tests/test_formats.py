@@ -3,11 +3,11 @@ import io
 
 import pytest
 
-from cdcstore import ids
-from cdcstore.commit import Commit, FileEntry
-from cdcstore.errors import CorruptionError
-from cdcstore.manifest import Manifest
-from cdcstore.pack import CODEC_RAW, CODEC_ZSTD, PackWriter, decode_chunk, encode_chunk, read_index
+from cdcstore.core import ids
+from cdcstore.core.commit import Commit, FileEntry
+from cdcstore.core.errors import CorruptionError
+from cdcstore.core.manifest import Manifest
+from cdcstore.core.pack import CODEC_RAW, CODEC_ZSTD, PackWriter, decode_chunk, encode_chunk, read_index
 from conftest import golden_input
 
 GOLDEN_ZSTD_PACK = bytes.fromhex(

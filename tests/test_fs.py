@@ -8,7 +8,7 @@ import pytest
 import fsspec
 from cdcstore import Store
 from cdcstore.fs import CdcFileSystem
-from cdcstore.store import LocalStore
+from cdcstore.storage.repository import LocalStore
 from server_util import ServerProcess
 
 ROWS = 200_000
@@ -166,7 +166,7 @@ def test_workers_fork_and_spawn(served, method):
 def test_pickles_with_a_cache_object(served, tmp_path):
     import pickle
 
-    from cdcstore.cache import ChunkCache
+    from cdcstore.storage.cache import ChunkCache
 
     server, t, _ = served
     fs = CdcFileSystem(store=server.url, cache=ChunkCache(str(tmp_path / "c.sqlite"), max_bytes="1G"))

@@ -16,14 +16,15 @@ import time
 import pytest
 import zstandard
 
-from cdcstore import Store, ids
-from cdcstore.chunker import MAX_CHUNK_BYTES
-from cdcstore.client import RemoteStore, UPLOAD_PREFIX
-from cdcstore.commit import Commit, FileEntry
-from cdcstore.errors import CorruptionError, RemoteError
-from cdcstore.manifest import Manifest
-from cdcstore.pack import CODEC_RAW, CODEC_ZSTD, PackWriter
-from cdcstore.store import LocalStore
+from cdcstore import Store
+from cdcstore.core import ids
+from cdcstore.core.chunker import MAX_CHUNK_BYTES
+from cdcstore.remote.client import RemoteStore, UPLOAD_PREFIX
+from cdcstore.core.commit import Commit, FileEntry
+from cdcstore.core.errors import CorruptionError, RemoteError
+from cdcstore.core.manifest import Manifest
+from cdcstore.core.pack import CODEC_RAW, CODEC_ZSTD, PackWriter
+from cdcstore.storage.repository import LocalStore
 from conftest import golden_input
 from server_util import ServerProcess
 
@@ -141,7 +142,7 @@ def test_zstd_bombs_are_refused_before_decompressing_with_bounded_memory(server,
 
 
 def test_decode_refuses_raw_lengths_over_the_format_maximum():
-    from cdcstore.pack import decode_chunk, read_index
+    from cdcstore.core.pack import decode_chunk, read_index
     cid = ids.digest(b"x")
     with pytest.raises(CorruptionError, match="maximum chunk size"):
         decode_chunk(zeros_frame(1 << 20), CODEC_ZSTD, MAX_CHUNK_BYTES + 1, cid)
@@ -219,10 +220,10 @@ def empty_manifests(n: int) -> list[Manifest]:
 
 
 def test_manifest_batches_are_capped_and_the_client_splits_them(server):
-    from cdcstore import transfer
-    n = transfer.MAX_MANIFESTS_PER_REQUEST + 1
+    from cdcstore.remote import wire
+    n = wire.MAX_MANIFESTS_PER_REQUEST + 1
     manifests = empty_manifests(n)
-    body = transfer.encode_blobs([m.encode() for m in manifests])
+    body = wire.encode_blobs([m.encode() for m in manifests])
     status, data = Probe(server.port).request("POST", "/v1/manifests", body)
     assert status == 413 and b"limit" in data
     assert not os.listdir(os.path.join(server.store, "manifests"))

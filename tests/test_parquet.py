@@ -10,9 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cdcstore import pages, parquet as P
+from cdcstore import parquet as P
+from cdcstore.core import pages
 from cdcstore import Store
-from cdcstore.chunker import ChunkParams, iter_chunks
+from cdcstore.core.chunker import ChunkParams, iter_chunks
 
 
 def sample_table(n=60_000, seed=0):

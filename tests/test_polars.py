@@ -9,7 +9,7 @@ import pytest
 
 from cdcstore import Store
 from cdcstore.fs import CdcFileSystem
-from cdcstore.store import LocalStore
+from cdcstore.storage.repository import LocalStore
 from server_util import ServerProcess
 
 pl = pytest.importorskip("polars")

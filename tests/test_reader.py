@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cdcstore import Store
-from cdcstore.chunker import ChunkParams
-from cdcstore.writer import IngestOptions
+from cdcstore.core.chunker import ChunkParams
+from cdcstore.engine.push import IngestOptions
 from conftest import golden_input
 
 DATA = golden_input(700_000) + b"z" * 50_000 + golden_input(123_457)[::-1]
@@ -79,7 +79,7 @@ def test_pyarrow_reads_a_column_through_the_file_object(tmp_path):
 
 
 def test_read_across_a_chunk_the_cache_is_about_to_evict(pushed):
-    from cdcstore.reader import FileReader
+    from cdcstore.engine.read import FileReader
 
     cid, commit = pushed.resolve("cdc://r/")
     m = pushed.backend.get_manifest(commit.files["f.bin"].manifest)

@@ -13,10 +13,10 @@ import time
 import pytest
 
 from cdcstore import AccessDeniedError, ConflictError, Store
-from cdcstore import ids
-from cdcstore.pack import CODEC_RAW, PackWriter
-from cdcstore.store import LocalStore
-from cdcstore.writer import IngestOptions
+from cdcstore.core import ids
+from cdcstore.core.pack import CODEC_RAW, PackWriter
+from cdcstore.storage.repository import LocalStore
+from cdcstore.engine.push import IngestOptions
 from conftest import golden_input
 from server_util import ServerProcess
 
@@ -82,7 +82,7 @@ def test_conflict_over_http(server, tmp_path):
 CLIENT_PUSH = textwrap.dedent("""
     import sys
     from cdcstore import Store
-    from cdcstore.writer import IngestOptions
+    from cdcstore.engine.push import IngestOptions
     s = Store(sys.argv[1], retries=0)
     s.push([sys.argv[2]], "cdc://big/big.bin", options=IngestOptions(max_pack_bytes=1 << 20))
 """)

@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from cdcstore import AccessDeniedError, InvalidAddressError, RevisionNotFoundError, Store
-from cdcstore.commit import Commit
-from cdcstore.errors import CdcError, RefExistsError
+from cdcstore.core.commit import Commit
+from cdcstore.core.errors import CdcError, RefExistsError
 from cdcstore.fs import CdcFileSystem
-from cdcstore.store import LocalStore
+from cdcstore.storage.repository import LocalStore
 from server_util import ServerProcess
 
 IMMUTABLE = "a commit is immutable: push to a branch"

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdcstore import Store
-from cdcstore.errors import CorruptionError, InvalidAddressError, PathNotFoundError
+from cdcstore.core.errors import CorruptionError, InvalidAddressError, PathNotFoundError
 from cdcstore.stream import StreamingDataset
 
 BATCH = 7  # divides no row group, file or total

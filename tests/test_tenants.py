@@ -2,7 +2,7 @@
 import pytest
 
 from cdcstore import ConflictError
-from cdcstore.commit import Commit
+from cdcstore.core.commit import Commit
 
 
 def test_refused_commit_grants_nothing(store, tmp_path):
@@ -86,7 +86,7 @@ import urllib.error  # noqa: E402
 import urllib.request  # noqa: E402
 
 from cdcstore import Store  # noqa: E402
-from cdcstore.store import LocalStore  # noqa: E402
+from cdcstore.storage.repository import LocalStore  # noqa: E402
 from server_util import ServerProcess  # noqa: E402
 
 TOKENS = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-b": {"scope": "write", "repos": ["b"]},
@@ -139,7 +139,7 @@ def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path
     status, body = _call(api + "/chunks/query", "tok-a", "POST", ids_body)
     assert status == 200 and body == bytes(len(pub_ids)), "presence reveals B's chunks"
     assert _call(api + "/repos/a/locate", "tok-a", "POST", ids_body) == (200, b"")
-    from cdcstore.transfer import encode_blobs
+    from cdcstore.remote.wire import encode_blobs
     status, body = _call(api + "/manifests", "tok-a", "POST", encode_blobs([manifest_bytes]))
     assert status == 403, body
     commit = {"format": 1, "repo": "a", "parent": None, "message": "", "time": 1.0,
@@ -157,13 +157,13 @@ def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path
     assert status == 200 and json.loads(body)["chunks"] == 0
 
     # proofs: a wrong proof or a made-up nonce proves nothing
-    from cdcstore import transfer
-    status, body = _call(api + "/chunks/query", "tok-a", "POST", ids_body, {transfer.PROVE_HEADER: "1"})
+    from cdcstore.remote import wire
+    status, body = _call(api + "/chunks/query", "tok-a", "POST", ids_body, {wire.PROVE_HEADER: "1"})
     assert status == 200 and body[:len(pub_ids)] == b"\x02" * len(pub_ids)
-    nonce = transfer.presence_nonce(pub_ids, body)
-    forged = transfer.encode_proofs(nonce, [(c, bytes(16)) for c in pub_ids])
+    nonce = wire.presence_nonce(pub_ids, body)
+    forged = wire.encode_proofs(nonce, [(c, bytes(16)) for c in pub_ids])
     assert _call(api + "/chunks/prove", "tok-a", "POST", forged) == (200, bytes(len(pub_ids)))
-    stale = transfer.encode_proofs(bytes(16), [(pub_ids[0], transfer.chunk_proof(public[:10], bytes(16)))])
+    stale = wire.encode_proofs(bytes(16), [(pub_ids[0], wire.chunk_proof(public[:10], bytes(16)))])
     assert _call(api + "/chunks/prove", "tok-a", "POST", stale)[0] == 400
     assert _call(api + "/repos/a/locate", "tok-a", "POST", ids_body) == (200, b"")
     pack_bytes = srv.totals()["pack_bytes"]

@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web, ClientSession
 
 from cdcstore import Store
-from cdcstore.commit import FileEntry, changes, rebase_files
-from cdcstore.errors import ConflictError
+from cdcstore.core.commit import FileEntry, changes, rebase_files
+from cdcstore.core.errors import ConflictError
 
 ROUNDS_LOCAL = 20
 ROUNDS_REMOTE = 20

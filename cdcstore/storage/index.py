@@ -9,8 +9,8 @@ from __future__ import annotations
 import sqlite3
 from typing import Iterable
 
-from .errors import CdcError, CorruptionError
-from .pack import PackEntry
+from ..core.errors import CdcError, CorruptionError
+from ..core.pack import PackEntry
 from .sqlite import Connections
 
 SCHEMA_VERSION = 2  # 2: repo_chunks, token_chunks, chunks_by_pack

@@ -17,12 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from . import ids, pages
-from .chunker import DEFAULT_PARAMS, ChunkParams, Chunker
-from .manifest import Manifest
-from .pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, PackWriter,
+from ..core import ids
+from ..core import pages
+from ..core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker
+from ..core.manifest import Manifest
+from ..core.pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, PackWriter,
                    encode_chunk)
-from .store import Backend
+from ..storage.repository import Backend
 
 
 @dataclass

@@ -29,16 +29,16 @@ import sqlite3
 import threading
 from typing import Iterable, Iterator
 
-from . import ids
-from .address import check_name, check_ref_name, check_write_target, is_commit_like
-from .commit import Commit, changes, rebase_files, touched
-from .errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, NotAStoreError,
+from ..core import ids
+from ..core.address import check_name, check_ref_name, check_write_target, is_commit_like
+from ..core.commit import Commit, changes, rebase_files, touched
+from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, NotAStoreError,
                      PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
                      StoreFormatError)
 from .index import ChunkIndex
-from .manifest import Manifest
-from .pack import PackEntry, decode_chunk, read_index, read_verified
-from .transfer import plan_ranges
+from ..core.manifest import Manifest
+from ..core.pack import PackEntry, decode_chunk, read_index, read_verified
+from ..remote.wire import plan_ranges
 
 STORE_FORMAT = "cdcstore"
 STORE_VERSION = 1

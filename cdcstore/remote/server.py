@@ -26,14 +26,15 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from . import ids, transfer
-from .address import check_name, check_ref_name, check_write_target
-from .commit import Commit
-from .errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, RefExistsError,
+from ..core import ids
+from . import wire
+from ..core.address import check_name, check_ref_name, check_write_target
+from ..core.commit import Commit
+from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, RefExistsError,
                      RepoNotFoundError, RevisionNotFoundError)
-from .manifest import Manifest
-from .pack import read_verified
-from .store import LocalStore
+from ..core.manifest import Manifest
+from ..core.pack import read_verified
+from ..storage.repository import LocalStore
 
 log = logging.getLogger("cdcstore.server")
 
@@ -250,7 +251,7 @@ class Server:
     async def _json(self, request: web.Request) -> dict:
         """A JSON object body; anything else (bad JSON, nesting too deep, huge numbers) is a 400."""
         try:
-            doc = json.loads(await self._body(request, transfer.MAX_JSON_BYTES))
+            doc = json.loads(await self._body(request, wire.MAX_JSON_BYTES))
         except (ValueError, RecursionError) as e:
             raise HTTPError(400, f"body is not valid JSON: {str(e)[:200]}") from None
         if not isinstance(doc, dict):
@@ -275,19 +276,19 @@ class Server:
 
     # -- handlers ------------------------------------------------------------------------------
     async def health(self, request):
-        return web.json_response({"ok": True, "protocol": transfer.PROTOCOL_VERSION})
+        return web.json_response({"ok": True, "protocol": wire.PROTOCOL_VERSION})
 
     async def query_chunks(self, request):
         self.auth.check(request, None, write=True)
-        wanted = transfer.decode_ids(await self._body(request, transfer.MAX_IDS_PER_REQUEST * transfer.ID))
+        wanted = wire.decode_ids(await self._body(request, wire.MAX_IDS_PER_REQUEST * wire.ID))
         scope = self.auth.scope(request)
         held = await self._io(self.store.present, wanted)
         present, provable, nonce = held, set(), b""
         if scope is not None:
             present = await self._io(self._visible, scope, held)
-            if transfer.PROVE_HEADER in request.headers:  # a client that can prove possession
+            if wire.PROVE_HEADER in request.headers:  # a client that can prove possession
                 provable, nonce = held - present, self._nonce(scope.owner)
-        return web.Response(body=transfer.encode_presence(wanted, present, provable, nonce),
+        return web.Response(body=wire.encode_presence(wanted, present, provable, nonce),
                             content_type="application/octet-stream")
 
     def _visible(self, scope: Scope | None, chunk_ids, repos: tuple[str, ...] | None = None) -> set[bytes]:
@@ -309,15 +310,15 @@ class Server:
         """A per-token nonce for possession proofs, valid for 5-10 minutes (stateless: an
         HMAC of the token's owner id and the time bucket under a per-process secret)."""
         bucket = int(time.time() // 300) - age
-        return hmac.new(self._secret, f"{owner}:{bucket}".encode(), hashlib.sha256).digest()[:transfer.ID]
+        return hmac.new(self._secret, f"{owner}:{bucket}".encode(), hashlib.sha256).digest()[:wire.ID]
 
     async def prove_chunks(self, request):
         """Proof of possession: the token shows it holds chunks' bytes (keyed blake2b under
         the nonce of its last query) and may then use them as if it had uploaded them."""
         self.auth.check(request, None, write=True)
         scope = self.auth.scope(request)
-        body = await self._body(request, transfer.ID + transfer.MAX_PROOFS_PER_REQUEST * (transfer.ID + transfer.PROOF))
-        nonce, proofs = transfer.decode_proofs(body)
+        body = await self._body(request, wire.ID + wire.MAX_PROOFS_PER_REQUEST * (wire.ID + wire.PROOF))
+        nonce, proofs = wire.decode_proofs(body)
         if scope is None:  # nothing is hidden from this token
             held = await self._io(self.store.present, [c for c, _ in proofs])
             return web.Response(body=bytes(c in held for c, _ in proofs), content_type="application/octet-stream")
@@ -330,7 +331,7 @@ class Server:
     def _check_proofs(self, scope: Scope, nonce: bytes, proofs: list[tuple[bytes, bytes]]) -> set[bytes]:
         found = self.store.locate([c for c, _ in proofs])
         raw = self.store.read_chunks(list(found.values())) if found else {}
-        ok = {c for c, proof in proofs if c in raw and hmac.compare_digest(transfer.chunk_proof(raw[c], nonce), proof)}
+        ok = {c for c, proof in proofs if c in raw and hmac.compare_digest(wire.chunk_proof(raw[c], nonce), proof)}
         self.store.index.grant_chunks("token_chunks", scope.owner, ok)
         return ok
 
@@ -339,9 +340,9 @@ class Server:
         name = request.match_info["name"]
         if not ids.is_hex_id(name):
             raise HTTPError(400, f"invalid pack name {name!r}: 32 lowercase hex digits")
-        if request.content_length is not None and request.content_length > transfer.MAX_PACK_BYTES:
+        if request.content_length is not None and request.content_length > wire.MAX_PACK_BYTES:
             raise HTTPError(413, f"pack of {request.content_length} bytes is over the limit "
-                                 f"of {transfer.MAX_PACK_BYTES}")
+                                 f"of {wire.MAX_PACK_BYTES}")
         scope = self.auth.scope(request)
         with self.heavy():
             if await self._io(self.store.index_found_pack, name):
@@ -358,8 +359,8 @@ class Server:
                 with open(tmp, "wb") as f:
                     async for block in self._blocks(request):
                         size += len(block)
-                        if size > transfer.MAX_PACK_BYTES:
-                            raise HTTPError(413, f"pack is over the limit of {transfer.MAX_PACK_BYTES} bytes")
+                        if size > wire.MAX_PACK_BYTES:
+                            raise HTTPError(413, f"pack is over the limit of {wire.MAX_PACK_BYTES} bytes")
                         h.update(block)
                         f.write(block)
                 if h.hexdigest() != name:
@@ -393,10 +394,10 @@ class Server:
     async def put_manifests(self, request):
         self.auth.check(request, None, write=True)
         with self.heavy():
-            blobs = transfer.decode_blobs(await self._body(request, transfer.MAX_MANIFEST_BATCH_BYTES))
-            if len(blobs) > transfer.MAX_MANIFESTS_PER_REQUEST:
+            blobs = wire.decode_blobs(await self._body(request, wire.MAX_MANIFEST_BATCH_BYTES))
+            if len(blobs) > wire.MAX_MANIFESTS_PER_REQUEST:
                 raise HTTPError(413, f"{len(blobs)} manifests in one request; the limit is "
-                                     f"{transfer.MAX_MANIFESTS_PER_REQUEST}: send smaller batches")
+                                     f"{wire.MAX_MANIFESTS_PER_REQUEST}: send smaller batches")
             names = await self._io(self._add_manifests, blobs, self.auth.scope(request))
         return web.json_response({"manifests": names})
 
@@ -518,9 +519,9 @@ class Server:
 
     async def locate(self, request):
         repo = self._repo(request)  # checks the token's access to the repo
-        wanted = transfer.decode_ids(await self._body(request, transfer.MAX_IDS_PER_REQUEST * transfer.ID))
+        wanted = wire.decode_ids(await self._body(request, wire.MAX_IDS_PER_REQUEST * wire.ID))
         found = await self._io(self._locate_reached, repo, wanted, self.auth.scope(request))
-        return web.Response(body=transfer.encode_locations(found), content_type="application/octet-stream")
+        return web.Response(body=wire.encode_locations(found), content_type="application/octet-stream")
 
     def _locate_reached(self, repo: str, wanted, scope: Scope | None) -> dict:
         """Locations of the chunks that `repo` reaches or the token uploaded: locate never
@@ -612,11 +613,11 @@ class Server:
 def make_app(store: LocalStore, config: ServerConfig | None = None) -> web.Application:
     config = config or ServerConfig()
     s = Server(store, config)
-    app = web.Application(middlewares=[errors_middleware], client_max_size=transfer.MAX_JSON_BYTES)
+    app = web.Application(middlewares=[errors_middleware], client_max_size=wire.MAX_JSON_BYTES)
     app.on_startup.append(s.on_startup)
     app.on_cleanup.append(s.on_cleanup)
     app[STORE_ROOTS] = tuple(sorted({store.root, os.path.realpath(store.root)}, key=len, reverse=True))
-    api = transfer.API
+    api = wire.API
     app.add_routes([
         web.get(f"{api}/health", s.health),
         web.post(f"{api}/chunks/query", s.query_chunks),
@@ -683,7 +684,7 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
     def announce(_msg: str) -> None:  # run_app calls this only once it listens: bind first, announce after
         if tokens is None:
             log.warning("serving without authentication (no --tokens): anyone who can connect can write")
-        print(f"cdcstore serving {store.root} on http://{host}:{port}{transfer.API}", flush=True)
+        print(f"cdcstore serving {store.root} on http://{host}:{port}{wire.API}", flush=True)
 
     try:
         web.run_app(app, host=host, port=port, print=announce,

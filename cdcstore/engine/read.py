@@ -27,13 +27,13 @@ import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from .chunker import DEFAULT_PARAMS
-from .errors import CorruptionError
-from .ids import digest
-from .manifest import Manifest
-from .pack import CODEC_RAW, PackEntry, decode_chunk
-from .store import Backend
-from .writer import FileChunks
+from ..core.chunker import DEFAULT_PARAMS
+from ..core.errors import CorruptionError
+from ..core.ids import digest
+from ..core.manifest import Manifest
+from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
+from ..storage.repository import Backend
+from .push import FileChunks
 
 
 LOCATE_ALL_CHUNKS = 65536  # local files up to ~4 GiB are located in one go at their first read

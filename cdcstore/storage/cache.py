@@ -24,14 +24,14 @@ from typing import Iterable
 
 import platformdirs
 
-from . import ids
-from .address import is_commit_like
-from .commit import Commit
-from .errors import CorruptionError, InvalidAddressError
-from .manifest import Manifest
-from .pack import CODEC_RAW, PackEntry, decode_chunk
+from ..core import ids
+from ..core.address import is_commit_like
+from ..core.commit import Commit
+from ..core.errors import CorruptionError, InvalidAddressError
+from ..core.manifest import Manifest
+from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
 from .sqlite import Connections
-from .store import Backend
+from .repository import Backend
 
 ENV_CACHE = "CDCSTORE_CACHE"
 ENV_CACHE_SIZE = "CDCSTORE_CACHE_SIZE"

@@ -22,13 +22,14 @@ from typing import Iterable
 
 import aiohttp
 
-from . import ids, transfer
-from .commit import Commit, changes
-from .errors import (AccessDeniedError, ConflictError, CorruptionError, NotFoundError, RefExistsError,
+from ..core import ids
+from . import wire
+from ..core.commit import Commit, changes
+from ..core.errors import (AccessDeniedError, ConflictError, CorruptionError, NotFoundError, RefExistsError,
                      RemoteError, RepoNotFoundError, RevisionNotFoundError)
-from .manifest import Manifest
-from .pack import PackEntry, decode_chunk
-from .store import Backend, _pid_alive
+from ..core.manifest import Manifest
+from ..core.pack import PackEntry, decode_chunk
+from ..storage.repository import Backend, _pid_alive
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
@@ -232,7 +233,7 @@ class RemoteStore(Backend):
         self.proven_chunks = 0  # chunks proved held instead of sent (another tenant stored them)
         self._uploads: list[concurrent.futures.Future] = []
         self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
-        self._api = transfer.API
+        self._api = wire.API
         clean_upload_temps()
 
     def _call(self, method: str, path: str, **kw) -> bytes:
@@ -258,23 +259,23 @@ class RemoteStore(Backend):
         out: set[bytes] = set()
         wanted = list(chunks)
         can_prove = all(v is not None for v in chunks.values())
-        step = transfer.MAX_IDS_PER_REQUEST
+        step = wire.MAX_IDS_PER_REQUEST
         for i in range(0, len(wanted), step):
             batch = wanted[i:i + step]
-            answer = self._call("POST", "/chunks/query", body=transfer.encode_ids(batch),
-                                headers={transfer.PROVE_HEADER: "1"} if can_prove else None)
-            out |= transfer.decode_presence(batch, answer)
+            answer = self._call("POST", "/chunks/query", body=wire.encode_ids(batch),
+                                headers={wire.PROVE_HEADER: "1"} if can_prove else None)
+            out |= wire.decode_presence(batch, answer)
             if can_prove:
-                out |= self._prove(chunks, transfer.decode_to_prove(batch, answer),
-                                   transfer.presence_nonce(batch, answer))
+                out |= self._prove(chunks, wire.decode_to_prove(batch, answer),
+                                   wire.presence_nonce(batch, answer))
         return out
 
     def _prove(self, chunks: dict[bytes, bytes], to_prove: list[bytes], nonce: bytes) -> set[bytes]:
         proved: set[bytes] = set()
-        for j in range(0, len(to_prove), transfer.MAX_PROOFS_PER_REQUEST):
-            part = to_prove[j:j + transfer.MAX_PROOFS_PER_REQUEST]
-            proofs = [(c, transfer.chunk_proof(chunks[c], nonce)) for c in part]
-            flags = self._call("POST", "/chunks/prove", body=transfer.encode_proofs(nonce, proofs))
+        for j in range(0, len(to_prove), wire.MAX_PROOFS_PER_REQUEST):
+            part = to_prove[j:j + wire.MAX_PROOFS_PER_REQUEST]
+            proofs = [(c, wire.chunk_proof(chunks[c], nonce)) for c in part]
+            flags = self._call("POST", "/chunks/prove", body=wire.encode_proofs(nonce, proofs))
             if len(flags) != len(part):
                 raise CorruptionError("proof answer has the wrong length")
             proved.update(c for c, ok in zip(part, flags) if ok)
@@ -324,17 +325,17 @@ class RemoteStore(Backend):
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
         wanted = list(dict.fromkeys(chunk_ids))
         out: dict[bytes, tuple[str, PackEntry]] = {}
-        step = transfer.MAX_IDS_PER_REQUEST
+        step = wire.MAX_IDS_PER_REQUEST
         for i in range(0, len(wanted), step):
-            body = self._call("POST", f"/repos/{repo}/locate", body=transfer.encode_ids(wanted[i:i + step]))
-            out.update(transfer.decode_locations(body))
+            body = self._call("POST", f"/repos/{repo}/locate", body=wire.encode_ids(wanted[i:i + step]))
+            out.update(wire.decode_locations(body))
         return out
 
     def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
                     stored: dict | None = None) -> dict[bytes, bytes]:
         """Verified chunks by id, fetched in merged range requests; `stored`, if given,
         receives each chunk's stored (compressed) bytes too (for a cache)."""
-        ranges = transfer.plan_ranges(items)
+        ranges = wire.plan_ranges(items)
 
         async def fetch_all():
             return await asyncio.gather(*(self.t.get_range(f"{self._api}/repos/{repo}/packs/{r.pack}", r.start, r.end)
@@ -360,7 +361,7 @@ class RemoteStore(Backend):
         size = 0
 
         def send():
-            got = self._json("POST", "/manifests", body=transfer.encode_blobs(batch))["manifests"]
+            got = self._json("POST", "/manifests", body=wire.encode_blobs(batch))["manifests"]
             expect = [ids.hexdigest(b) for b in batch]
             if got != expect:
                 raise CorruptionError("server named the manifests differently than their hashes")
@@ -368,8 +369,8 @@ class RemoteStore(Backend):
 
         for m in manifests:
             data = m.encode()
-            if batch and (size + len(data) + 4 > transfer.MAX_MANIFEST_BATCH_BYTES
-                          or len(batch) == transfer.MAX_MANIFESTS_PER_REQUEST):
+            if batch and (size + len(data) + 4 > wire.MAX_MANIFEST_BATCH_BYTES
+                          or len(batch) == wire.MAX_MANIFESTS_PER_REQUEST):
                 send()
                 batch, size = [], 0
             batch.append(data)

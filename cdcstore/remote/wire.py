@@ -10,8 +10,8 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
-from .errors import CorruptionError
-from .pack import PackEntry
+from ..core.errors import CorruptionError
+from ..core.pack import PackEntry
 
 API = "/v1"
 PROTOCOL_VERSION = 1
