@@ -434,7 +434,7 @@ def p3_rep(ctx: Ctx, rep: int, verify: bool) -> dict:
         if name == "v1":
             win_v2 = LogWindow(ctx.srv_log).start()
     out["v2"]["server_requests"] = cdc_requests(win_v2.lines())
-    out["cache_bytes"] = fs.store.backend.cache.bytes()
+    out["cache_bytes"] = fs.store.cache.bytes()
     close_fs(fs)
     drop_cache(cache)
     if verify:
@@ -587,7 +587,7 @@ def unique_chunks(url: str) -> int:
     from cdcstore.api import Store
     with Store(url, cache=False) as s:
         _, commit = s.resolve("cdc://big/")
-        m = s.backend.get_manifest(commit.files["big.parquet"].manifest, "big")
+        m = s.manifest("big", commit.files["big.parquet"].manifest)
     return len(set(m.chunk_ids))
 
 

@@ -12,20 +12,20 @@ import re
 import stat
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Callable, Iterable
 
 import platformdirs
 
-from .core import ids
+from .core import ids, tree
 from .core.address import DEFAULT_BRANCH, Address, check_name, check_ref_name, check_write_target, normalize_path, parse
 from .core.commit import Commit, FileEntry, tree_clashes
+from .core.manifest import Manifest
 from .core.errors import CorruptionError, InvalidAddressError, PathNotFoundError
 from .engine.read import FileReader, LocalSeed
+from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
 from .storage.repository import LocalStore, no_such_path
 from .engine.push import Ingest, IngestOptions
 
-if TYPE_CHECKING:
-    from .storage.cache import ChunkCache
 
 ENV_STORE = "CDCSTORE_STORE"
 
@@ -233,6 +233,7 @@ class Store:
     def __init__(self, location: str | None = None, *, token: str | None = None, create: bool | None = None,
                  cache: ChunkCache | str | bool = True, **transport):
         path = location or default_store_path()
+        self._cache = None
         if is_url(path):
             from .storage.cache import CachedBackend, open_cache
             from .remote.client import RemoteStore
@@ -242,6 +243,7 @@ class Store:
             c = open_cache(cache) if cache is not False and cache is not None else None
             if c is not None:  # a cache that cannot be opened was warned about once
                 self.backend = CachedBackend(remote, c, remote.t.token)
+                self._cache = c
         else:
             if create is None:  # the default store is created on first use
                 create = location is None and not os.environ.get(ENV_STORE)
@@ -258,6 +260,48 @@ class Store:
                                       f"(run `cdcstore init --store DIR` there, then `cdcstore serve`)")
         LocalStore.init(location)
         return cls(location)
+
+    # -- administration (local store directories; a server runs these on its own store) --------
+    def _local(self, command: str) -> LocalStore:
+        if not isinstance(self.backend, LocalStore):
+            raise InvalidAddressError(f"{command} works on a store directory, not {self.location}: "
+                                      f"run `cdcstore {command} --store DIR` on the server")
+        return self.backend
+
+    def check(self, read_data: bool = False, subset: float | None = None) -> dict:
+        """Verify the store (see `cdcstore check`): {"problems": [...], "packs", "chunks", ...}."""
+        return self._local("check").check(read_data=read_data, subset=subset)
+
+    def rebuild_index(self) -> dict:
+        """Recreate the chunk index from the packs alone."""
+        return self._local("rebuild-index").rebuild_index()
+
+    def recover(self) -> int:
+        """Index packs that are durable but were never indexed (a killed push); their count."""
+        return self._local("recover").recover()
+
+    @property
+    def cache(self) -> "ChunkCache | None":
+        """The local dedup cache reads from a server go through (None for a local store)."""
+        return self._cache
+
+    def repos(self) -> list[str]:
+        return self.backend.repos()
+
+    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
+        """(commit id, "branch" | "tag" | "commit") that `rev` names now."""
+        return self.backend.resolve_ref(check_name("repo", repo), rev)
+
+    def get_commit(self, repo: str, commit_id: str) -> Commit:
+        return self.backend.get_commit(check_name("repo", repo), commit_id)
+
+    def manifest(self, repo: str, name: str) -> Manifest:
+        """A file's manifest by name, as `repo` may read it."""
+        return self.backend.get_manifest(name, repo)
+
+    def reader(self, repo: str, manifest: Manifest, label: str = "", **options) -> FileReader:
+        """A seekable file object over a manifest of `repo` (see `open` for an address)."""
+        return FileReader(self.backend, manifest, label, repo, **options)
 
     def counters(self) -> dict:
         """Requests and bytes on the wire so far (zeros for a local store)."""
@@ -420,10 +464,7 @@ class Store:
     def _entries(self, a: Address) -> tuple[str, Commit, dict[str, FileEntry]]:
         """The files at or under a.path, keyed by their full path."""
         cid, commit = self.resolve(a)
-        if a.path in commit.files:
-            return cid, commit, {a.path: commit.files[a.path]}
-        prefix = a.path + "/" if a.path else ""
-        found = {p: f for p, f in commit.files.items() if p.startswith(prefix)}
+        found = tree.under(commit.files, a.path)
         if not found and a.path:
             raise no_such_path(a.repo, a.ref, a.path)
         return cid, commit, found
@@ -431,27 +472,15 @@ class Store:
     def ls(self, addr: str | Address, recursive: bool = False) -> list[dict]:
         """Entries under an address: {"name", "type": "file"|"directory", "size"}."""
         a = _as_address(addr)
-        _, commit, found = self._entries(a)
-        if a.path in commit.files:
-            return [{"name": a.path, "type": "file", "size": commit.files[a.path].size}]
-        prefix = a.path + "/" if a.path else ""
-        out: dict[str, dict] = {}
-        for p, f in found.items():
-            rest = p[len(prefix):]
-            if recursive or "/" not in rest:
-                out[p] = {"name": p, "type": "file", "size": f.size}
-            else:
-                d = prefix + rest.split("/", 1)[0]
-                e = out.setdefault(d, {"name": d, "type": "directory", "size": 0})
-                e["size"] += f.size
-        return sorted(out.values(), key=lambda e: e["name"])
+        _, commit, _ = self._entries(a)
+        return tree.listing(commit.files, a.path, recursive)
 
     def open(self, addr: str | Address) -> FileReader:
         a = _as_address(addr)
         cid, commit = self.resolve(a)
         entry = commit.files.get(a.path)
         if entry is None:
-            if any(p.startswith(a.path + "/") for p in commit.files) or not a.path:
+            if tree.kind(commit.files, a.path) == "directory":
                 raise IsADirectoryError(f"{a} is a folder: open a file in it (see `cdcstore ls {a}`)")
             raise no_such_path(a.repo, a.ref, a.path)
         return FileReader(self.backend, self.backend.get_manifest(entry.manifest, a.repo), str(a), a.repo)
@@ -477,8 +506,8 @@ class Store:
             into = local.endswith(("/", os.sep)) or os.path.isdir(local)
             root, plan = (local, [(a.path, [name])]) if into else (os.path.dirname(local) or ".", [(a.path, None)])
         else:
-            prefix = a.path + "/" if a.path else ""
-            root, plan = local, [(p, _commit_parts(p[len(prefix):], p)) for p in found]
+            cut = len(tree.prefix_of(a.path))
+            root, plan = local, [(p, _commit_parts(p[cut:], p)) for p in found]
         total = written = written_files = 0
         for path, parts in plan:
             target = local if parts is None else _safe_target(root, parts, path)
@@ -547,9 +576,7 @@ class Store:
             parent = {}
             if commit.parent:
                 pfiles = be.get_commit(a.repo, commit.parent).files
-                prefix = a.path + "/" if a.path else ""
-                parent = self._chunk_sizes((f for p, f in pfiles.items() if p == a.path or p.startswith(prefix)),
-                                           a.repo)
+                parent = self._chunk_sizes(tree.under(pfiles, a.path).values(), a.repo)
             new = [c for c in chunks if c not in parent]
             out.update({"commit": cid, "files": len(found), "bytes": sum(f.size for f in found.values()),
                         "unique_bytes": sum(chunks.values()), "new_bytes": sum(chunks[c] for c in new),

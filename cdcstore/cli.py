@@ -14,10 +14,8 @@ import click
 from tqdm import tqdm
 
 from .core.address import DEFAULT_BRANCH, parse
-from .api import Store, default_store_path, is_url, plan_sources
-from .core.errors import CdcError, InvalidAddressError
-from .storage.index import damaged_message
-from .storage.repository import LocalStore
+from .api import ChunkCache, Store, default_store_path, is_url, parse_size, plan_sources
+from .core.errors import CdcError, InvalidAddressError, damaged_message
 
 EXIT_ERROR = 1
 
@@ -127,12 +125,15 @@ def _store(path: str | None, token: str | None = None) -> Store:
     return s
 
 
-def _local(path: str | None, command: str = "this command") -> LocalStore:
+def _local(path: str | None, command: str = "this command") -> Store:
+    """The store directory at `path` (a server's store is administered on the server)."""
     path = path or default_store_path()
     if is_url(path):
         raise CdcError(f"`cdcstore {command}` works on a store directory, not {path}: "
                        f"run `cdcstore {command} --store DIR` on the server")
-    return LocalStore(path)
+    s = Store(path, create=False)
+    click.get_current_context().call_on_close(s.close)
+    return s
 
 
 def _progress(total: int, desc: str, quiet: bool):
@@ -425,8 +426,6 @@ _cache_opt = click.option("--cache", "cache_path", default=None, metavar="PATH",
 @handle_errors
 def cache_stats(cache_path, as_json):
     """Size and contents of the cache."""
-    from .storage.cache import ChunkCache
-
     st = ChunkCache(cache_path).stats()
     if as_json:
         _print_json(st)
@@ -442,8 +441,6 @@ def cache_stats(cache_path, as_json):
 @handle_errors
 def cache_prune(cache_path, max_size):
     """Evict least recently used chunks down to the size limit."""
-    from .storage.cache import ChunkCache, parse_size
-
     c = ChunkCache(cache_path)
     freed = c.prune(parse_size(max_size) if max_size else None)
     click.echo(f"freed {_human(freed)}; {_human(c.bytes())} left")
@@ -454,8 +451,6 @@ def cache_prune(cache_path, max_size):
 @handle_errors
 def cache_clear(cache_path):
     """Empty the cache."""
-    from .storage.cache import ChunkCache
-
     c = ChunkCache(cache_path)
     c.clear()
     click.echo(f"cleared {c.path}")
@@ -482,7 +477,7 @@ def serve(store_path, host, port, tokens_file, allow_no_auth, max_heavy, body_ti
     """Serve a store over HTTP (protocol v1, docs/protocol.md)."""
     from .remote.server import serve as run_server
 
-    run_server(_local(store_path).root, host, port, tokens_file, allow_no_auth, max_heavy,
+    run_server(_local(store_path, "serve").location, host, port, tokens_file, allow_no_auth, max_heavy,
                body_idle_timeout=body_timeout, min_body_rate=min_body_rate,
                maintenance_interval=maintenance_interval)
 

@@ -23,12 +23,12 @@ import time
 from fsspec import AbstractFileSystem
 from fsspec.transaction import Transaction
 
+from .core import tree
 from .core.address import SCHEME, Address, check_write_target, parse
 from .api import Store, _check_replaceable
 from .core.commit import Commit, FileEntry
 from .core.errors import InvalidAddressError
 from .core.manifest import Manifest
-from .engine.read import FileReader
 
 
 class CdcTransaction(Transaction):
@@ -172,14 +172,14 @@ class CdcFileSystem(AbstractFileSystem):
             if now - seen > self.head_ttl:
                 cid = None
         if cid is None:
-            cid, kind = self.store.backend.resolve_ref(a.repo, a.ref)
+            cid, kind = self.store.resolve_ref(a.repo, a.ref)
             self._heads[key] = cid
             self._resolved_at[key] = now
             if kind != "branch":
                 self._pinned.add(key)
         commit = self._commits.get((a.repo, cid))
         if commit is None:
-            commit = self._commits[(a.repo, cid)] = self.store.backend.get_commit(a.repo, cid)
+            commit = self._commits[(a.repo, cid)] = self.store.get_commit(a.repo, cid)
         return cid, commit
 
     def invalidate_cache(self, path=None) -> None:
@@ -195,32 +195,14 @@ class CdcFileSystem(AbstractFileSystem):
     def ls(self, path, detail=True, **kwargs):
         path = self._strip_protocol(path)
         if not path:
-            repos = self.store.backend.repos()
+            repos = self.store.repos()
             out = [{"name": r, "size": 0, "type": "directory"} for r in repos]
             return out if detail else [e["name"] for e in out]
         a = parse(path)
         _, commit = self._commit_of(a)
-        mtime = commit.time
-        if a.path in commit.files:
-            out = [{"name": self._name(a, a.path), "size": commit.files[a.path].size, "type": "file",
-                    "mtime": mtime}]
-            return out if detail else [out[0]["name"]]
-        prefix = a.path + "/" if a.path else ""
-        entries: dict[str, dict] = {}
-        for p, f in commit.files.items():
-            if not p.startswith(prefix):
-                continue
-            rest = p[len(prefix):]
-            if "/" in rest:
-                d = prefix + rest.split("/", 1)[0]
-                e = entries.setdefault(d, {"name": self._name(a, d), "size": 0, "type": "directory",
-                                           "mtime": mtime})
-                e["size"] += f.size
-            else:
-                entries[p] = {"name": self._name(a, p), "size": f.size, "type": "file", "mtime": mtime}
-        if not entries and a.path:
+        if tree.kind(commit.files, a.path) is None:
             raise FileNotFoundError(f"{SCHEME}{path}")
-        out = [entries[k] for k in sorted(entries)]
+        out = [dict(e, name=self._name(a, e["name"]), mtime=commit.time) for e in tree.listing(commit.files, a.path)]
         return out if detail else [e["name"] for e in out]
 
     def info(self, path, **kwargs):
@@ -229,14 +211,11 @@ class CdcFileSystem(AbstractFileSystem):
             return {"name": "", "size": 0, "type": "directory"}
         a = parse(path)
         _, commit = self._commit_of(a)
-        if a.path in commit.files:
-            return {"name": self._name(a, a.path), "size": commit.files[a.path].size, "type": "file",
-                    "mtime": commit.time}
-        prefix = a.path + "/" if a.path else ""
-        size = sum(f.size for p, f in commit.files.items() if p.startswith(prefix))
-        if a.path and not any(p.startswith(prefix) for p in commit.files):
+        kind = tree.kind(commit.files, a.path)
+        if kind is None:
             raise FileNotFoundError(f"{SCHEME}{path}")
-        return {"name": self._name(a, a.path), "size": size, "type": "directory", "mtime": commit.time}
+        return {"name": self._name(a, a.path), "size": tree.size(commit.files, a.path), "type": kind,
+                "mtime": commit.time}
 
     def modified(self, path):
         import datetime
@@ -260,11 +239,11 @@ class CdcFileSystem(AbstractFileSystem):
             raise FileNotFoundError(f"{SCHEME}{path}")
         m = self._manifests.get(entry.manifest)
         if m is None:
-            m = self.store.backend.get_manifest(entry.manifest, a.repo)
+            m = self.store.manifest(a.repo, entry.manifest)
             if len(self._manifests) >= 256:
                 self._manifests.pop(next(iter(self._manifests)))
             self._manifests[entry.manifest] = m
-        return FileReader(self.store.backend, m, f"{SCHEME}{path}", a.repo)
+        return self.store.reader(a.repo, m, f"{SCHEME}{path}")
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         with self._open(path) as f:
@@ -326,9 +305,8 @@ class CdcFileSystem(AbstractFileSystem):
         """Mode "xb": the paths must not exist on the branch now."""
         if not paths:
             return
-        be = self.store.backend
-        head = be.branches(repo).get(branch) if be.has_repo(repo) else None
-        files = be.get_commit(repo, head).files if head else {}
+        head = self.store.branches(repo).get(branch) if repo in self.store.repos() else None
+        files = self.store.get_commit(repo, head).files if head else {}
         taken = [p for p in paths if p in files]
         if taken:
             raise FileExistsError(f"{SCHEME}{repo}@{branch}/{taken[0]} exists (mode 'xb'): nothing was written")
@@ -391,11 +369,8 @@ class CdcFileSystem(AbstractFileSystem):
         for p in paths:
             a = self._address(p)
             _, commit = self._commit_of(a)
-            if a.path in commit.files:
-                victims = [a.path]
-            else:
-                prefix = a.path + "/" if a.path else ""
-                victims = [q for q in commit.files if q.startswith(prefix)]
+            victims = list(tree.under(commit.files, a.path))
+            if a.path not in commit.files:
                 if not victims:
                     raise FileNotFoundError(f"{SCHEME}{p}")
                 if not recursive:

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from cdcstore import CorruptionError, Store
+from cdcstore.storage.repository import LocalStore
 from conftest import golden_input
 
 
@@ -65,13 +66,13 @@ def test_check_read_data_finds_damage_names_files_and_repair_heals(pushed):
     store, src = pushed
     [pack] = packs(store)
     flip(pack, 100_000)
-    assert Store(store.location).backend.check()["problems"] == []  # structure only: footers, rows
-    r = Store(store.location).backend.check(read_data=True)
+    assert Store(store.location).check()["problems"] == []  # structure only: footers, rows
+    r = Store(store.location).check(read_data=True)
     assert any("does not match its name" in p for p in r["problems"])
     assert any("ds" in p and "a.bin" in p for p in r["problems"])
     assert any("fail verification" in p and "cdc://ds@main/a.bin" in p for p in r["problems"])
     assert Store(store.location).push([str(src)], "cdc://ds/a.bin").new_bytes > 0
-    r = Store(store.location).backend.check(read_data=True)
+    r = Store(store.location).check(read_data=True)
     assert [p for p in r["problems"] if "does not match its name" not in p] == []
     assert Store(store.location).cat("cdc://ds/a.bin") == golden_input(2_000_000)
 
@@ -86,9 +87,9 @@ def test_fast_check_finds_deleted_pack_rows_and_objects(pushed, tmp_path):
     assert cli("check", "--store", store.location).returncode == 0
     # a damaged commit and a missing manifest are problems that name their files
     s = Store(store.location)
-    commit = s.backend.resolve("ds", "main")
-    manifest = s.backend.get_commit("ds", commit).files["a.bin"].manifest
-    os.unlink(s.backend.manifest_path(manifest))
+    commit, _ = s.resolve_ref("ds", "main")
+    manifest = s.get_commit("ds", commit).files["a.bin"].manifest
+    os.unlink(LocalStore(s.location).manifest_path(manifest))
     r = json.loads(cli("check", "--store", store.location, "--json").stdout)
     assert r["details"][0]["files"] == ["cdc://ds@main/a.bin"] and "manifest" in r["details"][0]["problem"]
     with open(os.path.join(store.location, "repos", "ds", "commits", f"{commit}.json"), "ab") as f:
@@ -99,13 +100,13 @@ def test_fast_check_finds_deleted_pack_rows_and_objects(pushed, tmp_path):
 
 def test_fast_check_finds_missing_and_wrong_index_rows(pushed):
     store, _ = pushed
-    idx = store.backend.index
+    idx = LocalStore(store.location).index
     rows = idx.rows()
     first, second = list(rows)[:2]
     with idx.conn:
         idx.conn.execute("DELETE FROM chunks WHERE id=?", (first,))
         idx.conn.execute("UPDATE chunks SET offset=offset+1 WHERE id=?", (second,))
-    r = Store(store.location).backend.check()
+    r = Store(store.location).check()
     text = "\n".join(r["problems"])
     assert "lacks 1 chunks" in text and "do not match its footer" in text and "a.bin" in text
 
@@ -163,7 +164,7 @@ def test_rebuild_keeps_readable_chunks_of_a_pack_with_a_damaged_trailer(pushed):
     [pack] = packs(store)
     size = os.path.getsize(pack)
     flip(pack, size - 3)  # END magic
-    r = Store(store.location).backend.rebuild_index()
+    r = Store(store.location).rebuild_index()
     assert r["bad_packs"] and "kept" in r["bad_packs"][0]
     assert Store(store.location).cat("cdc://ds/a.bin") == golden_input(2_000_000)
 
@@ -175,7 +176,7 @@ def test_rebuild_reports_every_damaged_pack_and_goes_on(store, tmp_path):
     ps = packs(store)
     for p in ps[:2]:
         os.truncate(p, 100)
-    r = Store(store.location).backend.rebuild_index()
+    r = Store(store.location).rebuild_index()
     assert len(r["bad_packs"]) == 2 and r["packs"] == 3
     readable = 0
     for i in range(3):
@@ -207,9 +208,9 @@ def test_reads_keep_working_during_rebuild(store, tmp_path):
     for t in threads:
         t.start()
     for _ in range(5):
-        Store(store.location).backend.rebuild_index()
+        Store(store.location).rebuild_index()
     while reads[0] < 300:
-        Store(store.location).backend.rebuild_index()
+        Store(store.location).rebuild_index()
     stop.set()
     for t in threads:
         t.join()
@@ -264,7 +265,7 @@ def test_broken_cache_warns_once_and_reads_go_on(server, tmp_path, monkeypatch):
     cache = tmp_path / "cache.sqlite"
     with Store(server.url, cache=str(cache)) as s:
         assert s.cat("cdc://ds/a.bin") == data
-        s.backend.cache.wait()
+        s.cache.wait()
     conn = sqlite3.connect(str(cache))
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()

@@ -224,7 +224,7 @@ def test_pull_json_fields_mean_what_they_say(tmp_path, local):
 def _hostile_branch(store: str, paths: list[str]) -> None:
     """Add branch `evil` to repo r: a commit naming f.bin's manifest under `paths`."""
     head = open(os.path.join(store, "repos", "r", "branches", "main")).read().strip()
-    good = Store(store).backend.get_commit("r", head)
+    good = Store(store).get_commit("r", head)
     entry = good.files["f.bin"]
     # written by hand: Commit.encode refuses such paths, a tampered store or hostile server does not
     doc = {"format": 1, "repo": "r", "parent": head, "message": "evil", "time": time.time(),

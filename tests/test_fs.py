@@ -172,4 +172,4 @@ def test_pickles_with_a_cache_object(served, tmp_path):
     fs = CdcFileSystem(store=server.url, cache=ChunkCache(str(tmp_path / "c.sqlite"), max_bytes="1G"))
     clone = pickle.loads(pickle.dumps(fs))
     assert clone.cat_file("ds/data/small.parquet", 0, 4) == b"PAR1"
-    assert clone.store.backend.cache.max_bytes == 1024**3
+    assert clone.store.cache.max_bytes == 1024**3

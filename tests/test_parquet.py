@@ -91,7 +91,7 @@ def test_page_aligned_round_trip_and_chunks_follow_pages(tmp_path):
     s = Store.init(str(tmp_path / "store"))
     r = s.push([str(path)], "cdc://pq/t.parquet")
     assert s.cat("cdc://pq/t.parquet") == path.read_bytes()
-    m = s.backend.get_manifest(s.resolve("cdc://pq/")[1].files["t.parquet"].manifest)
+    m = s.manifest("pq", s.resolve("cdc://pq/")[1].files["t.parquet"].manifest)
     cuts = set(pages.page_cuts(str(path)))
     assert cuts <= set(m.ends) | {0}  # every page start is a chunk boundary
     assert r.chunks == len(m.chunk_ids)

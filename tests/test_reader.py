@@ -79,11 +79,9 @@ def test_pyarrow_reads_a_column_through_the_file_object(tmp_path):
 
 
 def test_read_across_a_chunk_the_cache_is_about_to_evict(pushed):
-    from cdcstore.engine.read import FileReader
-
     cid, commit = pushed.resolve("cdc://r/")
-    m = pushed.backend.get_manifest(commit.files["f.bin"].manifest)
-    with FileReader(pushed.backend, m, cache_chunks=4) as f:
+    m = pushed.manifest("r", commit.files["f.bin"].manifest)
+    with pushed.reader("r", m, cache_chunks=4) as f:
         starts = [m.chunk_start(i) for i in range(len(m.lengths))]
         for i in range(1, 5):  # cache chunks 1..4, chunk 1 oldest
             assert f.pread(starts[i] + 1, 10) == DATA[starts[i] + 1:starts[i] + 11]

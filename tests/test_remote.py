@@ -38,7 +38,7 @@ def test_push_pull_over_http_moves_only_new_chunks(server, tmp_path):
         assert v2.sent_bytes <= 1.05 * v2.new_bytes + 64 * 1024  # ids + headers
         assert s.cat("cdc://ds/a.bin") == bytes(edited)
         assert s.cat(f"cdc://ds@{v1.commit[:6]}/a.bin") == golden_input(4_000_000)
-        s.backend.cache.wait()  # cache writes happen in the background
+        s.cache.wait()  # cache writes happen in the background
         out = tmp_path / "out"
         p = s.pull("cdc://ds/", str(out))
         assert (out / "b.txt").read_bytes() == b"hello over http\n"
@@ -50,7 +50,7 @@ def test_push_pull_over_http_moves_only_new_chunks(server, tmp_path):
         assert s.ls("cdc://ds/")[0]["name"] == "a.bin"
     # the server's store is an ordinary local store
     local = Store(server.store)
-    assert local.cat("cdc://ds/a.bin") == bytes(edited) and local.backend.check()["problems"] == []
+    assert local.cat("cdc://ds/a.bin") == bytes(edited) and local.check()["problems"] == []
 
 
 def test_conflict_over_http(server, tmp_path):
@@ -167,7 +167,7 @@ def test_auth_matrix(auth_server, tmp_path):
                     run()
                 assert ("401" in str(e.value) or "token" in str(e.value)), str(e.value)
     with Store(url, token="r-a") as s:
-        assert s.backend.repos() == ["a"]
+        assert s.repos() == ["a"]
     # status codes on the wire
     def status(token, method="GET", path="/v1/repos/a/branches"):
         c = http.client.HTTPConnection("127.0.0.1", auth_server.port)
@@ -276,7 +276,7 @@ def test_a_store_filled_locally_is_readable_through_its_server(server, tmp_path)
     f.write_bytes(golden_input(300_000))
     with Store(server.store) as local:
         local.push([str(f)], "cdc://loc/local.bin")
-        local.backend.rebuild_index()  # and the access records survive an index rebuild
+        local.rebuild_index()  # and the access records survive an index rebuild
     with Store(server.url) as s:
         assert s.cat("cdc://loc/local.bin") == f.read_bytes()
 

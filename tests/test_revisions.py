@@ -134,7 +134,7 @@ def test_a_name_that_is_both_branch_and_tag_is_ambiguous(tmp_path):
 def test_an_ambiguous_commit_prefix_is_an_error_naming_the_count(tmp_path):
     s = Store.init(str(tmp_path / "s"))
     s.push(_file(tmp_path, "a", b"v1"), "cdc://r/x")
-    be = s.backend
+    be = LocalStore(s.location)
     seen: dict[str, Commit] = {}
     for i in range(100_000):  # two commits whose ids share 4 hex digits (birthday: ~300 tries)
         c = Commit("r", None, f"m{i}", 0.0, {})
@@ -176,17 +176,17 @@ def test_a_cold_cache_gets_exactly_the_pinned_commit(tmp_path):
         with Store(srv.url, cache=cache_path) as r:
             key = f"{r.backend._scope}:r"
             for rev in (v1, v1[:6]):  # a poisoned head, as an old client pushing to @<id> left
-                r.backend.cache.put_head(key, rev, v2)
+                r.cache.put_head(key, rev, v2)
             assert r.cat(f"cdc://r@{v1[:6]}/x") == b"pinned bytes"
             assert r.cat(f"cdc://r@{v1}/x") == b"pinned bytes"
             assert r.cat("cdc://r@rel/x") == b"pinned bytes"
             before = r.counters()["requests"]
-            assert r.backend.resolve("r", "rel") == v1
+            assert r.resolve_ref("r", "rel")[0] == v1
             assert r.counters()["requests"] == before
-            assert r.backend.resolve("r", "main") == v2
+            assert r.resolve_ref("r", "main")[0] == v2
             with Store(srv.url, cache=False) as w:
                 v3 = w.push(_file(tmp_path, "c", b"third"), "cdc://r/x").commit
-            assert r.backend.resolve("r", "main") == v2  # the head stays cached for a few seconds
+            assert r.resolve_ref("r", "main")[0] == v2  # the head stays cached for a few seconds
             assert r.tag("r", "fresh") == v3  # but a tag names the head the server has now
             assert r.create_branch("r", "exp") == v3
     finally:

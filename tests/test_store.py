@@ -12,6 +12,7 @@ import pytest
 from cdcstore import (ConflictError, CorruptionError, InvalidAddressError, NotAStoreError, PathNotFoundError,
                       RepoNotFoundError, RevisionNotFoundError, Store)
 from cdcstore.engine.push import IngestOptions
+from cdcstore.storage.repository import LocalStore
 from conftest import golden_input
 
 
@@ -140,15 +141,16 @@ def test_failed_push_changes_nothing(store, dataset):
 
 def test_index_rebuild_and_recover(store, dataset):
     store.push([str(dataset)], "cdc://ds/")
-    before = store.backend.index.totals()
-    store.backend.index.clear()
+    idx = LocalStore(store.location).index
+    before = idx.totals()
+    idx.clear()
     with pytest.raises(CorruptionError, match="rebuild-index"):
         store.cat("cdc://ds/a.bin")
-    r = store.backend.rebuild_index()
+    r = store.rebuild_index()
     assert r["chunks"] == before["chunks"] and r["bad_packs"] == []
     assert store.cat("cdc://ds/a.bin") == golden_input(3_000_000)
     # a pack that is durable but was never indexed is picked up by the next push
-    store.backend.index.clear()
+    idx.clear()
     again = store.push([str(dataset)], "cdc://ds2/")
     assert again.new_bytes == 0
 
@@ -168,7 +170,7 @@ def test_flipped_byte_in_pack_is_never_returned(store, dataset):
     s2 = Store(store.location)
     with pytest.raises(CorruptionError, match="does not match its id"):
         s2.cat("cdc://ds/a.bin")
-    report = s2.backend.check(read_data=True)
+    report = s2.check(read_data=True)
     assert any("does not match its name" in p for p in report["problems"])
 
 
@@ -180,7 +182,7 @@ def test_truncated_pack(store, dataset):
     s2 = Store(store.location)
     with pytest.raises(CorruptionError):
         s2.cat("cdc://ds/a.bin")
-    assert s2.backend.rebuild_index()["bad_packs"]
+    assert s2.rebuild_index()["bad_packs"]
 
 
 def test_not_a_store(tmp_path):
@@ -225,9 +227,9 @@ def test_sigkill_mid_push_leaves_store_consistent_and_chunks_reused(store, tmp_p
     s2 = Store(store.location)
     with pytest.raises(RepoNotFoundError):
         s2.ls("cdc://big/")  # nothing committed
-    assert s2.backend.check()["problems"] == []
-    s2.backend.recover()
-    durable = s2.backend.index.totals()["chunk_raw_bytes"]
+    assert s2.check()["problems"] == []
+    s2.recover()
+    durable = LocalStore(s2.location).index.totals()["chunk_raw_bytes"]
     assert durable > 0
     r = s2.push([str(big)], "cdc://big/big.bin", options=IngestOptions(max_pack_bytes=1 << 20))
     assert r.new_bytes == big.stat().st_size - durable  # every durable chunk was reused

@@ -11,7 +11,7 @@ def test_refused_commit_grants_nothing(store, tmp_path):
     src.mkdir()
     (src / "secret.bin").write_bytes(b"B's secret " * 1000)
     store.push([str(src)], "cdc://b/")
-    be = store.backend
+    be = LocalStore(store.location)
     commit_b = be.get_commit("b", be.resolve("b", "main"))
     names = {f.manifest for f in commit_b.files.values()}
     be.ensure_repo("a")
@@ -69,7 +69,7 @@ def test_locate_through_another_repo_reveals_nothing(server, tmp_path):
         src.mkdir()
         (src / "f.bin").write_bytes(data)
         Store(server.store).push([str(src)], f"cdc://{repo}/")
-    be = Store(server.store).backend
+    be = LocalStore(server.store)
     b = be.get_commit("b", be.resolve("b", "main"))
     chunk = be.get_manifest(b.files["f.bin"].manifest).chunk_ids[0]
 
@@ -123,7 +123,7 @@ def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path
     (src / "secret.bin").write_bytes(secret)
     with Store(url, token="tok-b", cache=False) as sb:
         sb.push([str(src)], "cdc://b/")
-    srv = Store(tenants.store).backend
+    srv = LocalStore(tenants.store)
     head_b = srv.get_commit("b", srv.resolve("b", "main"))
     pub_name = head_b.files["public.bin"].manifest
     pub_ids = srv.get_manifest(pub_name).chunk_ids
@@ -132,8 +132,8 @@ def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path
     # the attacker knows public.bin: same bytes, same chunks, same manifest (its name included)
     scratch = Store.init(str(tmp_path / "scratch"))
     scratch.push([str(src / "public.bin")], "cdc://x/public.bin")
-    assert scratch.backend.get_manifest(pub_name).chunk_ids == pub_ids
-    manifest_bytes = open(scratch.backend.manifest_path(pub_name), "rb").read()
+    assert scratch.manifest("x", pub_name).chunk_ids == pub_ids
+    manifest_bytes = open(LocalStore(scratch.location).manifest_path(pub_name), "rb").read()
     ids_body = b"".join(pub_ids)
 
     status, body = _call(api + "/chunks/query", "tok-a", "POST", ids_body)
@@ -171,7 +171,7 @@ def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path
     # A holds public.bin itself: it proves possession (nothing sent, nothing stored twice), commits, reads
     with Store(url, token="tok-a", cache=False) as sa:
         r = sa.push([str(src / "public.bin")], "cdc://a/public.bin")
-        assert r.new_bytes == 0 and sa.backend.proven_chunks == len(set(pub_ids))
+        assert r.new_bytes == 0 and sa.counters()["proven_chunks"] == len(set(pub_ids))
         assert r.sent_bytes < len(public) // 10
         assert sa.cat("cdc://a/public.bin") == public
     assert srv.totals()["pack_bytes"] == pack_bytes  # the server still stores each chunk once
@@ -222,7 +222,7 @@ def test_scoped_endpoints_answer_garbage_with_4xx(tenants, tmp_path):
     (src / "s.bin").write_bytes(secret)
     with Store(tenants.url, token="tok-b", cache=False) as sb:
         sb.push([str(src)], "cdc://b/")
-    srv = Store(tenants.store).backend
+    srv = LocalStore(tenants.store)
     (pack,) = srv.index.packs()
     api = tenants.url + "/v1"
     answers = []

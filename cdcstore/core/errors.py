@@ -58,3 +58,8 @@ class RemoteError(CdcError, ConnectionError):
 
 class RefExistsError(CdcError, FileExistsError):
     """A branch or tag of that name already exists (tags are never overwritten)."""
+
+
+def damaged_message(err: Exception) -> str:
+    """The one line for a chunk index sqlite reports as damaged."""
+    return f"the chunk index is damaged ({err}): run `cdcstore rebuild-index`"

@@ -29,6 +29,7 @@ from ..core.errors import (AccessDeniedError, ConflictError, CorruptionError, No
                      RemoteError, RepoNotFoundError, RevisionNotFoundError)
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
+from ..core.ranges import plan_ranges, slices
 from ..storage.repository import Backend, _pid_alive
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
@@ -243,7 +244,7 @@ class RemoteStore(Backend):
         return json.loads(self._call(method, path, **kw))
 
     def counters(self) -> dict:
-        return self.t.counters()
+        return self.t.counters() | {"proven_chunks": self.proven_chunks}
 
     def health(self) -> dict:
         return self._json("GET", "/health")
@@ -335,7 +336,7 @@ class RemoteStore(Backend):
                     stored: dict | None = None) -> dict[bytes, bytes]:
         """Verified chunks by id, fetched in merged range requests; `stored`, if given,
         receives each chunk's stored (compressed) bytes too (for a cache)."""
-        ranges = wire.plan_ranges(items)
+        ranges = plan_ranges(items)
 
         async def fetch_all():
             return await asyncio.gather(*(self.t.get_range(f"{self._api}/repos/{repo}/packs/{r.pack}", r.start, r.end)
@@ -343,12 +344,10 @@ class RemoteStore(Backend):
 
         out: dict[bytes, bytes] = {}
         for r, data in zip(ranges, self.t.run(fetch_all())):
-            data = memoryview(data)
-            for e in r.entries:
-                lo = e.offset - r.start
-                out[e.chunk_id] = decode_chunk(data[lo:lo + e.stored_len], e.codec, e.raw_len, e.chunk_id)
+            for e, stored_bytes in slices(r, data):
+                out[e.chunk_id] = decode_chunk(stored_bytes, e.codec, e.raw_len, e.chunk_id)
                 if stored is not None:
-                    stored[e.chunk_id] = data[lo:lo + e.stored_len]
+                    stored[e.chunk_id] = stored_bytes
         return out
 
     def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes:

@@ -1,4 +1,4 @@
-"""Wire format v1 of the HTTP protocol (pure logic: bodies, limits, range planning).
+"""Wire format v1 of the HTTP protocol (pure logic: bodies and limits).
 
 docs/protocol.md describes the endpoints; this module is the one place that
 encodes and decodes their binary bodies, so the server and the client cannot
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from dataclasses import dataclass
 
 from ..core.errors import CorruptionError
 from ..core.pack import PackEntry
@@ -122,41 +121,4 @@ def decode_blobs(body: bytes) -> list[bytes]:
             raise ValueError("blob longer than the body")
         out.append(body[pos:pos + n])
         pos += n
-    return out
-
-
-@dataclass(frozen=True)
-class ByteRange:
-    """One HTTP range request on a pack and the chunks it serves."""
-
-    pack: str
-    start: int
-    end: int  # exclusive
-    entries: tuple[PackEntry, ...]
-
-
-def plan_ranges(wanted: list[tuple[str, PackEntry]], max_hole: int = 8 * 1024,
-                max_range: int = 32 * 1024 * 1024) -> list[ByteRange]:
-    """Merge chunk locations into few range requests (pure, no I/O).
-
-    Chunks of the same pack whose gap is at most `max_hole` bytes share a request,
-    as long as the request stays within `max_range` bytes. Each chunk appears once.
-    """
-    by_pack: dict[str, dict[int, PackEntry]] = {}
-    for pack, e in wanted:
-        by_pack.setdefault(pack, {})[e.offset] = e
-    out: list[ByteRange] = []
-    for pack in sorted(by_pack):
-        entries = [by_pack[pack][o] for o in sorted(by_pack[pack])]
-        group = [entries[0]]
-        start, end = entries[0].offset, entries[0].offset + entries[0].stored_len
-        for e in entries[1:]:
-            e_end = e.offset + e.stored_len
-            if e.offset - end <= max_hole and max(end, e_end) - start <= max_range:
-                group.append(e)
-                end = max(end, e_end)
-            else:
-                out.append(ByteRange(pack, start, end, tuple(group)))
-                group, start, end = [e], e.offset, e_end
-        out.append(ByteRange(pack, start, end, tuple(group)))
     return out

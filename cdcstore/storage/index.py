@@ -9,15 +9,11 @@ from __future__ import annotations
 import sqlite3
 from typing import Iterable
 
-from ..core.errors import CdcError, CorruptionError
+from ..core.errors import CdcError, CorruptionError, damaged_message
 from ..core.pack import PackEntry
 from .sqlite import Connections
 
 SCHEMA_VERSION = 2  # 2: repo_chunks, token_chunks, chunks_by_pack
-
-
-def damaged_message(err: Exception) -> str:
-    return f"the chunk index is damaged ({err}): run `cdcstore rebuild-index`"
 _BATCH = 500  # ids per IN (...) query, below sqlite's variable limit
 
 

@@ -38,7 +38,7 @@ from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddr
 from .index import ChunkIndex
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk, read_index, read_verified
-from ..remote.wire import plan_ranges
+from ..core.ranges import plan_ranges, slices
 
 STORE_FORMAT = "cdcstore"
 STORE_VERSION = 1
@@ -601,11 +601,9 @@ class LocalStore(Backend):
         """One view per run of adjacent chunks in a pack; each chunk verified."""
         out = {}
         for r in plan_ranges(items, max_hole=0, max_range=LOCAL_RUN):  # large preads fault in fresh pages
-            data = self.read_stored(r.pack, r.start, r.end - r.start)
-            for e in r.entries:
-                lo = e.offset - r.start
+            for e, stored_bytes in slices(r, self.read_stored(r.pack, r.start, r.end - r.start)):
                 try:
-                    out[e.chunk_id] = decode_chunk(data[lo:lo + e.stored_len], e.codec, e.raw_len, e.chunk_id)
+                    out[e.chunk_id] = decode_chunk(stored_bytes, e.codec, e.raw_len, e.chunk_id)
                 except CorruptionError as err:
                     self.index.drop_chunks(r.pack, [e.chunk_id])  # absent now: a push stores it again
                     raise CorruptionError(f"{err} in pack {r.pack}: the store is damaged; run `cdcstore check`,"

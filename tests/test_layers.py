@@ -1,0 +1,82 @@
+"""The folders are the layers: each module imports only from its own layer and those below.
+
+core (pure formats, no I/O) < storage < remote, engine < the faces (api, fs, cli, stream, ...).
+The faces other than `api` reach the store only through `api` (and the formats in core).
+"""
+import ast
+import os
+
+import cdcstore
+
+ROOT = os.path.dirname(cdcstore.__file__)
+RANK = {"core": 0, "storage": 1, "remote": 2, "engine": 2}
+FACE = 3
+# a face may import api, other faces and core; these are the named exceptions, each with its reason
+FACE_EXCEPTIONS = {
+    ("cli", "remote.server"),  # `cdcstore serve` starts the server in this process
+}
+# imports that stdlib-only purity forbids in core (I/O and concurrency live above it)
+CORE_FORBIDDEN = {"sqlite3", "aiohttp", "socket", "concurrent", "asyncio", "fcntl", "sqlite_utils"}
+
+
+def modules():
+    for folder, _, files in os.walk(ROOT):
+        for f in files:
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(folder, f), ROOT)[:-3].replace(os.sep, ".")
+                yield rel, os.path.join(folder, f)
+
+
+def layer(mod: str) -> tuple[str, int]:
+    head = mod.split(".")[0]
+    return (head, RANK[head]) if head in RANK else (mod, FACE)
+
+
+def imports(mod: str, path: str):
+    """(target module relative to cdcstore, or None for outside imports, absolute name)."""
+    tree = ast.parse(open(path).read())
+    pkg = mod.split(".")[:-1] if not mod.endswith("__init__") else mod.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+                for a in node.names:  # `from ..core import ids` imports the module core.ids
+                    sub = os.path.join(ROOT, *[p for p in target.split(".") if p], a.name + ".py")
+                    n = f"{target}.{a.name}".lstrip(".") if os.path.exists(sub) else target
+                    yield n, n
+            else:
+                yield None, node.module or ""
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                yield None, a.name
+
+
+def test_imports_only_go_down():
+    wrong = []
+    for mod, path in modules():
+        name, rank = layer(mod)
+        for target, absolute in imports(mod, path):
+            if target is None:
+                if rank == 0 and absolute.split(".")[0] in CORE_FORBIDDEN:
+                    wrong.append(f"{mod} imports {absolute} (core is pure)")
+                continue
+            t = target.split(".")
+            if t[0] in RANK and len(t) > 1:
+                t_name, t_rank = t[0], RANK[t[0]]
+                target_mod = ".".join(t[:2])
+            else:
+                t_name, t_rank, target_mod = t[0], FACE, t[0]
+            if target_mod == "" or t_name == name:
+                continue
+            if rank < FACE and t_rank >= rank and t_name != name:
+                wrong.append(f"{mod} imports {target_mod} (same or higher layer)")
+            if rank == FACE and mod not in ("api", "__init__") and 0 < t_rank < FACE \
+                    and (mod, target_mod) not in FACE_EXCEPTIONS:
+                wrong.append(f"face {mod} imports {target_mod} (faces use api and core)")
+    assert wrong == [], "\n".join(wrong)
+
+
+def test_every_module_sits_in_a_layer_or_is_a_face():
+    faces = {m for m, _ in modules() if layer(m)[1] == FACE}
+    assert faces <= {"__init__", "__main__", "api", "fs", "cli", "stream", "demo", "parquet"}, faces
