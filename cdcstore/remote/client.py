@@ -26,7 +26,7 @@ from ..core import ids
 from . import wire
 from ..core.commit import Commit, changes
 from ..core.errors import (AccessDeniedError, ConflictError, CorruptionError, NotFoundError, RefExistsError,
-                     RemoteError, RepoNotFoundError, RevisionNotFoundError)
+                          RemoteError, RepoNotFoundError, RevisionNotFoundError, error_class)
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
 from ..core.ranges import plan_ranges, slices
@@ -64,10 +64,28 @@ def _header_bytes(headers) -> int:
 
 
 def _map_error(status: int, body: bytes, what: str) -> Exception:
+    """The exception for an error answer: by the body's `code` (protocol 1.2), else by status."""
     try:
-        message = json.loads(body)["error"]
-    except (ValueError, KeyError, TypeError):
-        message = body[:200].decode("utf-8", "replace") or f"HTTP {status}"
+        doc = json.loads(body)
+        message, code = doc["error"], doc.get("code")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message, code = body[:200].decode("utf-8", "replace") or f"HTTP {status}", None
+    if status == 507 or code == "disk_full":  # never retried: waiting does not free space
+        return RemoteError(f"{what}: the server's disk is full (507): {message}")
+    cls = error_class(code) if isinstance(code, str) else None
+    if cls is not None and cls is not RemoteError:
+        return cls(message)
+    if code is None:
+        return _map_legacy(status, message, what)
+    if status in (401, 403):
+        return AccessDeniedError(message)
+    if status == 404:
+        return NotFoundError(message)
+    return RemoteError(f"{what}: server answered {status}: {message}")
+
+
+def _map_legacy(status: int, message: str, what: str) -> Exception:
+    """Servers before protocol 1.2 send no code: the status, and for 404 and 409 the message."""
     if status in (401, 403):
         return AccessDeniedError(message)
     if status == 404:
@@ -82,8 +100,6 @@ def _map_error(status: int, body: bytes, what: str) -> Exception:
         return ConflictError(message)
     if status == 422:
         return CorruptionError(message)
-    if status == 507:  # never retried: waiting does not free space
-        return RemoteError(f"{what}: the server's disk is full (507): {message}")
     return RemoteError(f"{what}: server answered {status}: {message}")
 
 

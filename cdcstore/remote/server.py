@@ -90,8 +90,16 @@ def load_tokens(path: str) -> dict:
     return doc
 
 
-def _error(status: int, message: str, headers: dict | None = None) -> web.Response:
-    return web.json_response({"error": message, "status": status}, status=status, headers=headers)
+# the code of an error raised without a CdcError behind it (a CdcError sends its class's code)
+STATUS_CODES = {400: "bad_request", 401: "access_denied", 403: "access_denied", 404: "not_found", 408: "timeout",
+                409: "refused", 413: "too_large", 416: "range", 422: "corrupt", 429: "busy", 507: "disk_full",
+                500: "internal"}
+
+
+def _error(status: int, message: str, headers: dict | None = None, code: str | None = None) -> web.Response:
+    """An error body {"error": one line, "status", "code"}; clients map `code`, never the text."""
+    code = code or STATUS_CODES.get(status, "error")
+    return web.json_response({"error": message, "status": status, "code": code}, status=status, headers=headers)
 
 
 STORE_ROOTS = web.AppKey("store_roots", tuple)
@@ -113,7 +121,8 @@ async def errors_middleware(request: web.Request, handler):
         if isinstance(doc, dict) and isinstance(doc.get("error"), str):
             doc["error"] = sanitize(doc["error"], request.app[STORE_ROOTS])
             response = _error(response.status, doc["error"], {k: v for k, v in response.headers.items()
-                                                              if k.lower().startswith(("retry-after", "www-auth"))})
+                                                              if k.lower().startswith(("retry-after", "www-auth"))},
+                              doc.get("code"))
     return response
 
 
@@ -127,12 +136,14 @@ async def _handle_errors(request: web.Request, handler):
             return _error(e.status, e.reason or "error")
         raise
     except (RepoNotFoundError, RevisionNotFoundError, FileNotFoundError) as e:
-        return _error(404, str(e))
+        return _error(404, str(e), code=getattr(e, "code", None))
     except (ConflictError, RefExistsError) as e:
-        return _error(409, str(e))
+        return _error(409, str(e), code=e.code)
     except CorruptionError as e:
-        return _error(422, str(e))
-    except (CdcError, ValueError, KeyError, TypeError) as e:
+        return _error(422, str(e), code=e.code)
+    except CdcError as e:
+        return _error(400, str(e) or type(e).__name__, code=e.code)
+    except (ValueError, KeyError, TypeError) as e:
         return _error(400, str(e) or type(e).__name__)
     except ClientGone as e:  # nobody reads the answer; one quiet line
         log.info("%s %s: %s", request.method, request.path, e)
