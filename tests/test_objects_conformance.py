@@ -300,8 +300,7 @@ def test_a_put_killed_midway_leaves_no_partial_object(objects):
                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
     assert proc.stdout.readline().strip() == "ready"
     deadline = time.monotonic() + 20
-    while tmpdir and time.monotonic() < deadline and not [
-            n for n in os.listdir(tmpdir) if n.endswith(".tmp") and os.path.getsize(os.path.join(tmpdir, n))]:
+    while tmpdir and time.monotonic() < deadline and not _growing_file(objects.root):
         time.sleep(0.001)
     if not tmpdir:
         time.sleep(0.05)  # s3: into the upload
@@ -315,6 +314,11 @@ def test_a_put_killed_midway_leaves_no_partial_object(objects):
     if tmpdir:
         assert objects.clean_tmp() >= 0
         assert [n for n in os.listdir(tmpdir) if n.endswith(".tmp")] == []
+
+
+def _growing_file(root: str) -> bool:
+    """Whether the writer has begun writing bytes to some file under `root`."""
+    return any(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs if f != "cas.lock")
 
 
 def _child_read(store, name, q):
