@@ -182,8 +182,8 @@ class LocalObjects(ObjectStore):
 
     def delete(self, name: str) -> None:
         path = self._path(name)
-        with _os_errors(f"cannot delete object {name!r} in {self.root}"):
-            try:
+        with _os_errors(f"cannot delete object {name!r} in {self.root}"), self._cas_lock():
+            try:  # under the lock: a compare-and-swap never brings a deleted ref back
                 os.unlink(path)
             except FileNotFoundError:
                 return

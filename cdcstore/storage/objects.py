@@ -165,12 +165,15 @@ class ObjectStore(abc.ABC):
 
     @abc.abstractmethod
     def put_if_absent(self, name: str, data) -> str:
-        """Create `name`; Conflict if it exists. Returns the new token."""
+        """Create `name`; Conflict if it exists. Returns the new token.
+
+        A client that retried a request whose answer was lost can get Conflict for a
+        write that landed: on Conflict, read the object and compare it with `data`."""
 
     @abc.abstractmethod
     def put_if_match(self, name: str, data, token: str) -> str:
-        """Replace `name` if it still has `token`; Conflict if it changed or is gone.
-        Returns the new token."""
+        """Replace `name` if it still has `token`; Conflict if it changed or is gone
+        (the same note on retried requests as put_if_absent). Returns the new token."""
 
     def local_path(self, name: str) -> str | None:
         """A file path holding the object, when `capabilities.local_path`."""
