@@ -22,7 +22,7 @@ from cdcstore.storage import (AlreadyExists, Capabilities, Conflict, InvalidName
                               StorageError, Unavailable, open_objects)
 from cdcstore.storage import objects as objmod
 
-BACKENDS = ["local", "memory", "s3"]
+BACKENDS = ["local", "memory", "s3-obstore", "s3-s3fs"]  # S3: both clients s3.py may pick
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUCKET = "cdcstore-conformance"
 
@@ -55,8 +55,10 @@ def make(request, tmp_path, monkeypatch):
         store = open_objects("memory://")
         return lambda: store
     endpoint = request.getfixturevalue("s3_endpoint")
-    for k, v in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                 "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}.items():
+    if kind == "s3-obstore":
+        pytest.importorskip("obstore")
+    for k, v in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_REGION": "us-east-1", "CDCSTORE_S3_CLIENT": kind[3:]}.items():
         monkeypatch.setenv(k, v)
     url = f"s3://{BUCKET}/t-{secrets.token_hex(6)}"
     return lambda: open_objects(url)
@@ -290,7 +292,7 @@ _PUTTER = textwrap.dedent("""
 """)
 
 
-@only("local", "s3")
+@only("local", "s3-obstore", "s3-s3fs")
 def test_a_put_killed_midway_leaves_no_partial_object(objects):
     """SIGKILL a process in the middle of a large put: the name is absent or complete,
     never partial; a local store's leftover temp file is cleaned away."""
@@ -323,29 +325,32 @@ def _growing_file(root: str) -> bool:
 
 def _child_read(store, name, q):
     try:
-        q.put(bytes(store.get(name)))
+        q.put((bytes(store.get(name)), getattr(getattr(store, "client", None), "kind", None)))
     except BaseException as e:  # report, never hang
         q.put(repr(e))
 
 
-@only("local", "s3")
+@only("local", "s3-obstore", "s3-s3fs")
 def test_works_in_a_forked_child(objects):
     """A client used before fork() works in the child (DataLoader workers fork)."""
     objects.put("f/x", b"fork-me")
     assert bytes(objects.get("f/x")) == b"fork-me"  # the parent's client is live
+    parent_kind = getattr(getattr(objects, "client", None), "kind", None)
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
     p = ctx.Process(target=_child_read, args=(objects, "f/x", q))
     p.start()
     try:
-        assert q.get(timeout=30) == b"fork-me"
+        data, kind = q.get(timeout=30)
+        assert data == b"fork-me"
+        assert kind == (parent_kind and "s3fs")  # a child of an obstore user falls back to s3fs
     finally:
         p.join(10)
         if p.is_alive():
             p.kill()
 
 
-@only("local", "s3")
+@only("local", "s3-obstore", "s3-s3fs")
 def test_pickles_to_a_working_client(objects):
     objects.put("p/x", b"pickled")
     clone = pickle.loads(pickle.dumps(objects))
@@ -360,8 +365,10 @@ def test_error_codes_are_distinct_and_typed():
     assert issubclass(NotFound, FileNotFoundError) and issubclass(Conflict, FileExistsError)
 
 
-def test_an_unreachable_s3_endpoint_is_unavailable(monkeypatch):
-    pytest.importorskip("s3fs")
+@pytest.mark.parametrize("client", ["obstore", "s3fs"])
+def test_an_unreachable_s3_endpoint_is_unavailable(monkeypatch, client):
+    pytest.importorskip(client)
+    monkeypatch.setenv("CDCSTORE_S3_CLIENT", client)
     import socket
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -370,8 +377,8 @@ def test_an_unreachable_s3_endpoint_is_unavailable(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     from cdcstore.storage.s3 import S3Objects
-    s = S3Objects("s3://bucket/p", retries=1, config_kwargs={"retries": {"max_attempts": 1},
-                                                              "connect_timeout": 2})
+    s = S3Objects("s3://bucket/p", retries=1, connect_timeout=2)
+    assert s.client.kind == client
     t = time.monotonic()
     with pytest.raises(Unavailable, match="AWS_ENDPOINT_URL"):
         s.get("x")

@@ -4,16 +4,20 @@ The endpoint and credentials come from the standard AWS environment variables
 (AWS_ENDPOINT_URL or AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
 AWS_SESSION_TOKEN, AWS_REGION or AWS_DEFAULT_REGION), so any S3-compatible service works.
 
-The client is s3fs/aiobotocore (chosen over obstore in docs/architecture.md, "Object
-storage": obstore's tokio runtime hangs in a forked child, and DataLoader workers fork).
-Every call goes through s3fs's `_call_s3` on fsspec's I/O loop thread; the client is
-rebuilt lazily in a forked child. Errors are translated by their S3 error code, never by
-message text. Creates are `PUT` with `If-None-Match: *` and ref moves `PUT` with
-`If-Match: <etag>`: real conditional writes, atomic in the service, so two writers on
-two machines cannot both win. A single PUT is atomic: nothing partial is ever visible.
+Creates are `PUT` with `If-None-Match: *` and ref moves `PUT` with `If-Match: <etag>`:
+real conditional writes, atomic in the service, so two writers on two machines cannot
+both win. Every put is one PUT (never multipart), and a single PUT is atomic: nothing
+partial is ever visible.
+
+Two clients, chosen per process (docs/architecture.md, "Object storage", has the figures):
+obstore (Rust, 2-6x faster per request here) where it is safe, and s3fs/aiobotocore in
+a process forked from one that has started obstore, whose tokio runtime then hangs
+(DataLoader workers fork). `CDCSTORE_S3_CLIENT=obstore|s3fs` forces one. Both translate
+errors by their kind or S3 error code, never by message text.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import threading
 from typing import Iterator
@@ -22,7 +26,8 @@ from .objects import (AccessDenied, AlreadyExists, Capabilities, Conflict, Inval
                       ObjectInfo, ObjectStore, StorageError, StorageFull, Unavailable,
                       check_object_name, check_prefix, check_range)
 
-PAGE = 1000  # keys per listing request (S3's maximum)
+PAGE = 1000  # keys per listing request with s3fs (S3's maximum; obstore always asks 1000)
+CLIENT_ENV = "CDCSTORE_S3_CLIENT"
 
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _PRECONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
@@ -43,18 +48,119 @@ def parse_url(url: str) -> tuple[str, str]:
     return bucket, prefix + "/" if prefix else ""
 
 
-def env_config() -> dict:
-    """s3fs settings from the standard AWS environment variables."""
+def env_settings() -> dict:
+    """Endpoint, region and credentials from the standard AWS environment variables."""
     env = os.environ
-    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-    cfg: dict = {"client_kwargs": {"region_name": region} if region else {}}
-    if endpoint:
-        cfg["endpoint_url"] = endpoint
-    if env.get("AWS_ACCESS_KEY_ID"):
-        cfg.update(key=env["AWS_ACCESS_KEY_ID"], secret=env.get("AWS_SECRET_ACCESS_KEY"),
-                   token=env.get("AWS_SESSION_TOKEN"))
-    return cfg
+    return {"endpoint": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"),
+            "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
+            "key": env.get("AWS_ACCESS_KEY_ID"), "secret": env.get("AWS_SECRET_ACCESS_KEY"),
+            "token": env.get("AWS_SESSION_TOKEN")}
+
+
+# -- which client ---------------------------------------------------------------------------------
+_OBSTORE_PID: int | None = None  # the process that started obstore's runtime (inherited by fork)
+
+
+def choose_client() -> str:
+    """'obstore' or 's3fs' for this process (see the module docstring)."""
+    forced = os.environ.get(CLIENT_ENV)
+    if forced:
+        if forced not in ("obstore", "s3fs"):
+            raise InvalidName(f"{CLIENT_ENV}={forced!r}: use obstore or s3fs")
+        if forced == "obstore" and _OBSTORE_PID not in (None, os.getpid()):
+            return "s3fs"  # never hang a forked child, even when asked
+        return forced
+    try:
+        import obstore  # noqa: F401
+    except ImportError:
+        return "s3fs"
+    return "obstore" if _OBSTORE_PID in (None, os.getpid()) else "s3fs"
+
+
+_CLIENTS: dict = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _client(kind: str, bucket: str, prefix: str, settings: dict):
+    """One client per process, kind and settings (an s3fs session costs ~0.5 s to set up;
+    a client's connection pool serves many threads)."""
+    global _OBSTORE_PID
+    key = (kind, bucket, prefix, repr(sorted(settings.items())))
+    with _CLIENTS_LOCK:
+        pid, client = _CLIENTS.get(key, (None, None))
+        if pid != os.getpid():
+            if kind == "obstore":
+                _OBSTORE_PID = os.getpid()
+                client = _Obstore(bucket, prefix, settings)
+            else:
+                client = _S3fs(bucket, prefix, settings)
+            _CLIENTS[key] = (os.getpid(), client)
+        return client
+
+
+# -- the two clients: put / get / head / list / delete of full keys, typed errors -------------------
+class _Obstore:
+    kind = "obstore"
+
+    def __init__(self, bucket: str, prefix: str, s: dict):
+        import obstore
+        import obstore.exceptions as ox
+        from obstore.store import S3Store
+        self.ob, self.ox = obstore, ox
+        config = {k: v for k, v in {"endpoint": s["endpoint"], "region": s["region"] or "us-east-1",
+                                    "access_key_id": s["key"], "secret_access_key": s["secret"],
+                                    "session_token": s["token"]}.items() if v}
+        http = bool(s["endpoint"] and s["endpoint"].startswith("http://"))
+        self.store = S3Store(bucket, prefix=prefix.rstrip("/") or None, config=config, client_options={
+            "allow_http": http, "connect_timeout": f"{s['connect_timeout']}s", "timeout": "300s"},
+            retry_config={"max_retries": s["retries"], "retry_timeout": datetime.timedelta(seconds=120),
+                          "backoff": {"init_backoff": datetime.timedelta(milliseconds=100),
+                                      "max_backoff": datetime.timedelta(seconds=10), "base": 2}})
+
+    def error(self, e: Exception, where: str) -> Exception:
+        ox = self.ox
+        if isinstance(e, (ox.NotFoundError, FileNotFoundError)):  # obstore raises the builtin
+            return NotFound(f"{where}: not found")
+        if isinstance(e, (ox.AlreadyExistsError, ox.PreconditionError)):
+            return Conflict(f"{where}: changed or created by another writer: read it and try again")
+        if isinstance(e, (ox.PermissionDeniedError, ox.UnauthenticatedError)):
+            return AccessDenied(f"{where}: access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                                f"and the bucket's policy")
+        if isinstance(e, ox.GenericError):  # what obstore's own retries did not cure
+            return Unavailable(f"{where}: the S3 service could not be reached or kept failing "
+                               f"({str(e).splitlines()[0]}); check AWS_ENDPOINT_URL and try again")
+        if isinstance(e, ox.BaseError):
+            return StorageError(f"{where}: {type(e).__name__}: {str(e).splitlines()[0]}")
+        return e
+
+    def put(self, key: str, data, create: bool, match: str | None) -> str:
+        mode = "create" if create else {"e_tag": match} if match else "overwrite"
+        return self.ob.put(self.store, key, data, mode=mode, use_multipart=False)["e_tag"]
+
+    def get(self, key: str, offset: int | None = None, length: int | None = None):
+        if offset is None:
+            r = self.ob.get(self.store, key)
+            return memoryview(r.bytes()), r.meta["e_tag"]
+        return memoryview(self.ob.get_range(self.store, key, start=offset, length=length)), None
+
+    def head(self, key: str) -> tuple[int, str]:
+        m = self.ob.head(self.store, key)
+        return m["size"], m["e_tag"]
+
+    def delete(self, key: str) -> None:
+        self.ob.delete(self.store, key)
+
+    def list(self, prefix: str) -> Iterator[tuple[str, int, str | None]]:
+        """A string prefix over obstore's folder listing: list the prefix's folder, starting
+        just before the prefix (names use only characters below '~'), until past it."""
+        folder = prefix.rpartition("/")[0] or None
+        start = prefix[:-1] + chr(ord(prefix[-1]) - 1) + "~" if prefix else None
+        for page in self.ob.list(self.store, prefix=folder, offset=start, chunk_size=PAGE):
+            for m in page:
+                if m["path"].startswith(prefix):
+                    yield m["path"], m["size"], m["e_tag"]
+                elif m["path"] > prefix:
+                    return
 
 
 def _code(exc: BaseException) -> str | None:
@@ -66,79 +172,23 @@ def _code(exc: BaseException) -> str | None:
     return None
 
 
-def _is_network_error(e: BaseException) -> bool:
-    import aiohttp
-    import botocore.exceptions
-    return isinstance(e, (OSError, TimeoutError, aiohttp.ClientError, botocore.exceptions.BotoCoreError))
+class _S3fs:
+    kind = "s3fs"
 
+    def __init__(self, bucket: str, prefix: str, s: dict):
+        import s3fs
+        self.bucket, self.prefix = bucket, prefix
+        self.fs = s3fs.S3FileSystem(
+            skip_instance_cache=True, endpoint_url=s["endpoint"], key=s["key"], secret=s["secret"],
+            token=s["token"], client_kwargs={"region_name": s["region"]} if s["region"] else {},
+            config_kwargs={"retries": {"max_attempts": s["retries"], "mode": "standard"},
+                           "connect_timeout": s["connect_timeout"]})
+        self.fs.retries = 1  # botocore's standard mode retries; s3fs would multiply them
 
-_CLIENTS: dict = {}
-_CLIENTS_LOCK = threading.Lock()
-
-
-def _client(key: str, options: dict, retries: int):
-    """One s3fs client per process and settings (a client's session costs ~0.5 s to set up;
-    its connection pool serves many threads)."""
-    with _CLIENTS_LOCK:
-        pid, fs = _CLIENTS.get((key, retries), (None, None))
-        if pid != os.getpid():
-            import s3fs
-            fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
-            fs.retries = retries
-            _CLIENTS[(key, retries)] = (os.getpid(), fs)
-        return fs
-
-
-class S3Objects(ObjectStore):
-    """A bucket prefix as an object store (see the module docstring)."""
-
-    capabilities = Capabilities(supports_ranges=True, atomic_conditional_put=True, local_path=False)
-
-    def __init__(self, url: str, retries: int = 5, **s3_options):
-        self.bucket, self.prefix = parse_url(url)
-        self.url = f"s3://{self.bucket}/{self.prefix}"
-        self._retries = retries
-        self._options = {**env_config(), **s3_options}
-        self._fs = None
-        self._pid = None
-        self._lock = threading.Lock()
-
-    def __getstate__(self):
-        return {"bucket": self.bucket, "prefix": self.prefix, "url": self.url, "_options": self._options,
-                "_retries": self._retries}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state, _fs=None, _pid=None, _lock=threading.Lock())
-
-    @property
-    def fs(self):
-        """The s3fs client of this process (a forked child builds its own)."""
-        if self._pid != os.getpid():
-            with self._lock:
-                if self._pid != os.getpid():
-                    self._fs = _client(repr(sorted(self._options.items())), self._options, self._retries)
-                    self._pid = os.getpid()
-        return self._fs
-
-    def _run(self, coro_fn, *args):
-        import fsspec.asyn
-        fs = self.fs
-        return fsspec.asyn.sync(fs.loop, coro_fn, fs, *args)
-
-    def _key(self, name: str) -> str:
-        return self.prefix + check_object_name(name)
-
-    def _call(self, what: str, method: str, **kw):
-        try:
-            return self.fs.call_s3(method, Bucket=self.bucket, **kw)
-        except Exception as e:
-            raise self._translate(e, what) from None
-
-    def _translate(self, e: Exception, what: str) -> Exception:
-        if isinstance(e, StorageError):
-            return e
+    def error(self, e: Exception, where: str) -> Exception:
+        import aiohttp
+        import botocore.exceptions
         code = _code(e)
-        where = f"{what} in {self.url}"
         if code in _NOT_FOUND:
             return NotFound(f"{where}: not found")
         if code in _PRECONDITION:
@@ -147,20 +197,86 @@ class S3Objects(ObjectStore):
             return AccessDenied(f"{where}: access denied ({code}): check AWS_ACCESS_KEY_ID and "
                                 f"AWS_SECRET_ACCESS_KEY and the bucket's policy")
         if code == "NoSuchBucket":
-            return NotFound(f"{where}: bucket {self.bucket!r} does not exist: create it first")
+            return NotFound(f"{where}: the bucket does not exist: create it first")
         if code in ("QuotaExceeded", "EntityTooLarge"):
             return StorageFull(f"{where}: refused ({code}): free space or raise the quota")
-        if code is None and not _is_network_error(e):
-            return e  # a bug, not the service: let it show as it is
-        if code is None or code in _TRANSIENT:
+        if code in _TRANSIENT or code is None and isinstance(
+                e, (OSError, TimeoutError, aiohttp.ClientError, botocore.exceptions.BotoCoreError)):
             return Unavailable(f"{where}: the S3 service could not be reached or kept failing "
                                f"({type(e).__name__}: {e}); check AWS_ENDPOINT_URL and try again")
-        return StorageError(f"{where}: S3 error {code}: {e}")
+        return StorageError(f"{where}: S3 error {code}: {e}") if code else e  # else a bug: shown as it is
 
-    # -- writes -----------------------------------------------------------------------------
+    def call(self, method: str, **kw):
+        return self.fs.call_s3(method, Bucket=self.bucket, **kw)
+
+    def put(self, key: str, data, create: bool, match: str | None) -> str:
+        cond = {"IfNoneMatch": "*"} if create else {"IfMatch": match} if match else {}
+        return self.call("put_object", Key=self.prefix + key, Body=bytes(data), **cond)["ETag"]
+
+    @staticmethod
+    async def _aget(fs, bucket: str, key: str, rng: str | None):
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"Range": rng} if rng else {}))
+        body = resp["Body"]
+        try:
+            return await body.read(), resp["ETag"]
+        finally:
+            body.close()
+
+    def get(self, key: str, offset: int | None = None, length: int | None = None):
+        import fsspec.asyn
+        rng = None if offset is None else f"bytes={offset}-{offset + length - 1}"
+        try:
+            return fsspec.asyn.sync(self.fs.loop, self._aget, self.fs, self.bucket, self.prefix + key, rng)
+        except Exception as e:
+            if rng and _code(e) in ("InvalidRange", "416"):
+                return b"", None  # the range starts at or past the end
+            raise
+
+    def head(self, key: str) -> tuple[int, str]:
+        h = self.call("head_object", Key=self.prefix + key)
+        return int(h["ContentLength"]), h["ETag"]
+
+    def delete(self, key: str) -> None:
+        self.call("delete_object", Key=self.prefix + key)
+
+    def list(self, prefix: str) -> Iterator[tuple[str, int, str | None]]:
+        kw = {"Prefix": self.prefix + prefix, "MaxKeys": PAGE}
+        while True:
+            page = self.call("list_objects_v2", **kw)
+            for item in page.get("Contents", ()):
+                yield item["Key"][len(self.prefix):], int(item["Size"]), item.get("ETag")
+            if not page.get("IsTruncated"):
+                return
+            kw["ContinuationToken"] = page["NextContinuationToken"]
+
+
+# -- the backend ------------------------------------------------------------------------------------
+class S3Objects(ObjectStore):
+    """A bucket prefix as an object store (see the module docstring)."""
+
+    capabilities = Capabilities(supports_ranges=True, atomic_conditional_put=True, local_path=False)
+
+    def __init__(self, url: str, retries: int = 5, connect_timeout: float = 10):
+        self.bucket, self.prefix = parse_url(url)
+        self.url = f"s3://{self.bucket}/{self.prefix}"
+        self._settings = {**env_settings(), "retries": retries, "connect_timeout": connect_timeout}
+
+    @property
+    def client(self):
+        """This process's client (a forked child picks and builds its own)."""
+        return _client(choose_client(), self.bucket, self.prefix, self._settings)
+
+    def _do(self, what: str, op: str, *args):
+        client = self.client
+        try:
+            return getattr(client, op)(*args)
+        except Exception as e:
+            raise client.error(e, f"{what} in {self.url}") from None
+
+    # -- writes -----------------------------------------------------------------------------------
     def put(self, name: str, data, *, exist_ok: bool = False) -> bool:
         try:
-            self._call(f"object {name!r}", "put_object", Key=self._key(name), Body=bytes(data), IfNoneMatch="*")
+            self._do(f"object {name!r}", "put", check_object_name(name), data, True, None)
             return True
         except Conflict:
             if exist_ok:
@@ -168,64 +284,51 @@ class S3Objects(ObjectStore):
             raise AlreadyExists(f"object {name!r} already exists in {self.url}: objects are written once") from None
 
     def put_if_absent(self, name: str, data) -> str:
-        return self._call(f"object {name!r}", "put_object", Key=self._key(name), Body=bytes(data),
-                          IfNoneMatch="*")["ETag"]
+        return self._do(f"object {name!r}", "put", check_object_name(name), data, True, None)
 
     def put_if_match(self, name: str, data, token: str) -> str:
         try:
-            return self._call(f"object {name!r}", "put_object", Key=self._key(name), Body=bytes(data),
-                              IfMatch=token)["ETag"]
+            return self._do(f"object {name!r}", "put", check_object_name(name), data, False, token)
         except NotFound:  # deleted since its token was read
             raise Conflict(f"object {name!r} in {self.url} is gone since it was read: read it and try again") from None
 
     def delete(self, name: str) -> None:
-        self._call(f"object {name!r}", "delete_object", Key=self._key(name))
+        self._do(f"object {name!r}", "delete", check_object_name(name))
 
-    # -- reads ------------------------------------------------------------------------------
-    @staticmethod
-    async def _aget(fs, bucket: str, key: str, rng: str | None):
-        kw = {"Range": rng} if rng else {}
-        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **kw)
-        body = resp["Body"]
-        try:
-            return await body.read(), resp["ETag"]
-        finally:
-            body.close()
-
-    def _get(self, name: str, rng: str | None = None) -> tuple[bytes, str]:
-        key = self._key(name)
-        try:
-            return self._run(self._aget, self.bucket, key, rng)
-        except Exception as e:
-            if rng and _code(e) in ("InvalidRange", "416"):
-                return b"", ""  # the range starts at or past the end
-            raise self._translate(e, f"object {name!r}") from None
-
+    # -- reads ------------------------------------------------------------------------------------
     def get(self, name: str):
-        return self._get(name)[0]
+        return self._do(f"object {name!r}", "get", check_object_name(name))[0]
 
     def get_with_token(self, name: str) -> tuple[bytes, str]:
-        return self._get(name)
+        return self._do(f"object {name!r}", "get", check_object_name(name))
 
     def get_range(self, name: str, offset: int, length: int):
         check_range(offset, length)
+        check_object_name(name)
         if length == 0:
             self.stat(name)  # NotFound for an absent object, as a real read would say
             return b""
-        return self._get(name, f"bytes={offset}-{offset + length - 1}")[0]
+        try:
+            return self._do(f"object {name!r}", "get", name, offset, length)[0]
+        except Unavailable:
+            if self.stat(name).size <= offset:  # obstore: 416, the range starts past the end
+                return b""
+            raise
 
     def stat(self, name: str) -> ObjectInfo:
-        head = self._call(f"object {name!r}", "head_object", Key=self._key(name))
-        return ObjectInfo(name, int(head["ContentLength"]), head["ETag"])
+        size, token = self._do(f"object {name!r}", "head", check_object_name(name))
+        return ObjectInfo(name, size, token)
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """One ListObjectsV2 page at a time (S3 lists keys in UTF-8 binary order)."""
+        """Objects by name (S3 lists keys in UTF-8 binary order), one page at a time."""
         check_prefix(prefix)
-        kw = {"Prefix": self.prefix + prefix, "MaxKeys": PAGE}
+        client = self.client
+        it = client.list(prefix)
         while True:
-            page = self._call(f"listing {prefix!r}", "list_objects_v2", **kw)
-            for item in page.get("Contents", ()):
-                yield ObjectInfo(item["Key"][len(self.prefix):], int(item["Size"]), item.get("ETag"))
-            if not page.get("IsTruncated"):
+            try:
+                item = next(it)
+            except StopIteration:
                 return
-            kw["ContinuationToken"] = page["NextContinuationToken"]
+            except Exception as e:
+                raise client.error(e, f"listing {prefix!r} in {self.url}") from None
+            yield ObjectInfo(*item)
