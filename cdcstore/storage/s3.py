@@ -61,12 +61,13 @@ def env_settings() -> dict:
 _OBSTORE_PID: int | None = None  # the process that started obstore's runtime (inherited by fork)
 
 
-def choose_client() -> str:
-    """'obstore' or 's3fs' for this process (see the module docstring)."""
-    forced = os.environ.get(CLIENT_ENV)
+def choose_client(forced: str | None = None) -> str:
+    """'obstore' or 's3fs' for this process (see the module docstring); `forced` (else
+    $CDCSTORE_S3_CLIENT) asks for one."""
+    forced = forced or os.environ.get(CLIENT_ENV)
     if forced:
         if forced not in ("obstore", "s3fs"):
-            raise InvalidName(f"{CLIENT_ENV}={forced!r}: use obstore or s3fs")
+            raise InvalidName(f"S3 client {forced!r} is unknown: use obstore or s3fs")
         if forced == "obstore" and _OBSTORE_PID not in (None, os.getpid()):
             return "s3fs"  # never hang a forked child, even when asked
         return forced
@@ -256,15 +257,16 @@ class S3Objects(ObjectStore):
 
     capabilities = Capabilities(supports_ranges=True, atomic_conditional_put=True, local_path=False)
 
-    def __init__(self, url: str, retries: int = 5, connect_timeout: float = 10):
+    def __init__(self, url: str, retries: int = 5, connect_timeout: float = 10, client: str | None = None):
         self.bucket, self.prefix = parse_url(url)
+        self._forced = client
         self.url = f"s3://{self.bucket}/{self.prefix}"
         self._settings = {**env_settings(), "retries": retries, "connect_timeout": connect_timeout}
 
     @property
     def client(self):
         """This process's client (a forked child picks and builds its own)."""
-        return _client(choose_client(), self.bucket, self.prefix, self._settings)
+        return _client(choose_client(self._forced), self.bucket, self.prefix, self._settings)
 
     def _do(self, what: str, op: str, *args):
         client = self.client
