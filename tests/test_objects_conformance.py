@@ -392,3 +392,48 @@ def test_s3_urls_are_checked():
     for bad in ("s3:///p", "s3://b/sp ace", "http://b/p"):
         with pytest.raises(InvalidName):
             parse_url(bad)
+
+
+def test_racing_puts_of_one_content_named_object_write_it_once(make):
+    """16 clients put the same content-named object at once with exist_ok: all succeed,
+    exactly one of them wrote it."""
+    clients = [make() for _ in range(16)]
+    barrier = threading.Barrier(16)
+    data = blob(100_000, 5)
+
+    def run(i):
+        barrier.wait()
+        return clients[i].put("packs/ab/same.pack", data, exist_ok=True)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        wrote = list(pool.map(run, range(16)))
+    assert wrote.count(True) == 1
+    assert bytes(make().get("packs/ab/same.pack")) == data
+
+
+def test_local_objects_read_a_v1_store(tmp_path):
+    """The local backend over a store that LocalStore wrote (store format v1): its packs,
+    manifests, commits and branch are objects under the names docs/format.md gives, each
+    named by the xxh3-128 of its bytes; the store's temp folder is not listed."""
+    from cdcstore import Store, ids
+    from cdcstore.storage.local import LocalObjects
+    store = Store.init(str(tmp_path / "store"))
+    f = tmp_path / "data.bin"
+    f.write_bytes(blob(300_000, 9))
+    store.push([str(f)], "cdc://ds/")
+    store.close()
+    objects = LocalObjects(str(tmp_path / "store"))
+    names = [i.name for i in objects.list("")]
+    assert "cdcstore.json" in names and not [n for n in names if n.startswith("tmp/")]
+    packs = [n for n in names if n.startswith("packs/")]
+    manifests = [n for n in names if n.startswith("manifests/")]
+    commits = [i.name for i in objects.list("repos/ds/commits/")]
+    assert packs and manifests and len(commits) == 1
+    for n in packs + manifests + commits:
+        stem = n.rsplit("/", 1)[1].split(".")[0]
+        assert ids.hexdigest(bytes(objects.get(n))) == stem
+    head = bytes(objects.get("repos/ds/branches/main")).decode().strip()
+    assert commits == [f"repos/ds/commits/{head}.json"]
+    pack = objects.stat(packs[0])
+    assert bytes(objects.get_range(packs[0], 0, 8)) == b"CDCPACK\0"
+    assert bytes(objects.get_range(packs[0], pack.size - 8, 100)) == b"CDCPEND\0"
