@@ -437,3 +437,31 @@ def test_local_objects_read_a_v1_store(tmp_path):
     pack = objects.stat(packs[0])
     assert bytes(objects.get_range(packs[0], 0, 8)) == b"CDCPACK\0"
     assert bytes(objects.get_range(packs[0], pack.size - 8, 100)) == b"CDCPEND\0"
+
+
+@pytest.mark.parametrize("client", ["obstore", "s3fs"])
+def test_a_missing_bucket_is_named(s3_endpoint, monkeypatch, client):
+    pytest.importorskip(client)
+    for k, v in {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                 "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    from cdcstore.storage.s3 import S3Objects
+    s = S3Objects("s3://no-such-bucket/p", client=client, retries=1)
+    for call in (lambda: s.put("a", b"x"), lambda: s.put_if_absent("a", b"x")):
+        with pytest.raises(NotFound, match="bucket 'no-such-bucket' does not exist"):
+            call()
+
+
+def test_local_os_errors_are_translated_by_errno():
+    import errno
+    from cdcstore.storage import StorageFull
+    from cdcstore.storage.local import _os_errors
+    with pytest.raises(StorageFull, match="disk is full"):
+        with _os_errors("writing x"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    with pytest.raises(NotFound):
+        with _os_errors("reading x", reading=True):
+            raise OSError(errno.EISDIR, "Is a directory")
+    with pytest.raises(InvalidName, match="nest"):
+        with _os_errors("writing x"):
+            raise OSError(errno.ENOTDIR, "Not a directory")

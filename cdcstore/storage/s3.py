@@ -129,7 +129,8 @@ class _Obstore:
                                 f"and the bucket's policy")
         if isinstance(e, ox.GenericError):  # what obstore's own retries did not cure
             return Unavailable(f"{where}: the S3 service could not be reached or kept failing "
-                               f"({str(e).splitlines()[0]}); check AWS_ENDPOINT_URL and try again")
+                               f"({str(e).splitlines()[0]}); check AWS_ENDPOINT_URL and that the bucket "
+                               f"exists, and try again")
         if isinstance(e, ox.BaseError):
             return StorageError(f"{where}: {type(e).__name__}: {str(e).splitlines()[0]}")
         return e
@@ -276,9 +277,16 @@ class S3Objects(ObjectStore):
             raise client.error(e, f"{what} in {self.url}") from None
 
     # -- writes -----------------------------------------------------------------------------------
+    def _create(self, name: str, data) -> str:
+        try:
+            return self._do(f"object {name!r}", "put", check_object_name(name), data, True, None)
+        except NotFound:  # a PUT finds no key: the bucket is missing
+            raise NotFound(f"bucket {self.bucket!r} does not exist at {self._settings['endpoint'] or 'AWS'}: "
+                           f"create it first, or check AWS_ENDPOINT_URL") from None
+
     def put(self, name: str, data, *, exist_ok: bool = False) -> bool:
         try:
-            self._do(f"object {name!r}", "put", check_object_name(name), data, True, None)
+            self._create(name, data)
             return True
         except Conflict:
             if exist_ok:
@@ -286,7 +294,7 @@ class S3Objects(ObjectStore):
             raise AlreadyExists(f"object {name!r} already exists in {self.url}: objects are written once") from None
 
     def put_if_absent(self, name: str, data) -> str:
-        return self._do(f"object {name!r}", "put", check_object_name(name), data, True, None)
+        return self._create(name, data)
 
     def put_if_match(self, name: str, data, token: str) -> str:
         try:
