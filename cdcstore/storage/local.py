@@ -1,0 +1,262 @@
+"""Objects as files in a local directory (store format v1's layout, docs/format.md).
+
+A put writes `tmp/<pid>-<random>.tmp`, fsyncs it, then links it to its name (a link
+fails if the name exists: create-only without a lock) and fsyncs the directory, so a
+writer killed at any point leaves at most a temp file, never a partial object.
+Conditional puts take an flock on `tmp/cas.lock` (one per store: ref moves are rare),
+compare the current contents' xxh3-128 (the token) and rename a synced temp file over
+the object. Ranges are preads. Names under `tmp/` are reserved for temp files.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import secrets
+from typing import Iterator
+
+from .. import ids
+from .objects import (AlreadyExists, Capabilities, Conflict, InvalidName, NotFound, ObjectInfo,
+                      ObjectStore, StorageError, StorageFull, check_object_name, check_prefix,
+                      check_range)
+
+TMP = "tmp"
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_BLOCK = 4 << 20
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _os_errors(what: str, reading: bool = False):
+    """Translate OS errors by errno into the backend's typed errors (on a read, a
+    folder or a file in the way of a name means no such object)."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise NotFound(f"{what}: not found") from None
+    except OSError as e:
+        if isinstance(e, StorageError):
+            raise
+        if reading and e.errno in (errno.ENOTDIR, errno.EISDIR):
+            raise NotFound(f"{what}: not found (a folder or file is in the way)") from None
+        if e.errno in _FULL:
+            raise StorageFull(f"{what}: the disk is full ({e.strerror}): free space and try again") from None
+        if e.errno in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST):
+            raise InvalidName(f"{what}: a name is used both as an object and as a folder on a local "
+                              f"disk ({e.strerror}): choose names that do not nest in each other") from None
+        raise
+
+
+class LocalObjects(ObjectStore):
+    """A directory of objects. The directory must exist."""
+
+    capabilities = Capabilities(supports_ranges=True, atomic_conditional_put=True, local_path=True)
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(os.path.expanduser(root))
+        if not os.path.isdir(self.root):
+            raise NotFound(f"no directory {self.root}: create it first")
+        self.url = self.root
+        self._tmpdir = os.path.join(self.root, TMP)
+        os.makedirs(self._tmpdir, exist_ok=True)
+
+    # -- paths ------------------------------------------------------------------------------
+    def _path(self, name: str) -> str:
+        check_object_name(name)
+        if name == TMP or name.startswith(TMP + "/"):
+            raise InvalidName(f"object name {name!r} is under {TMP}/, which holds temp files: choose another name")
+        return os.path.join(self.root, *name.split("/"))
+
+    def local_path(self, name: str) -> str | None:
+        return self._path(name)
+
+    def _tmp(self) -> str:
+        return os.path.join(self._tmpdir, f"{os.getpid()}-{secrets.token_hex(8)}.tmp")
+
+    def _write_tmp(self, data) -> str:
+        tmp = self._tmp()
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return tmp
+
+    def _makedirs(self, parent: str) -> None:
+        """Create `parent` and fsync each new folder's own parent (new entries are durable)."""
+        if os.path.isdir(parent):
+            return
+        self._makedirs(os.path.dirname(parent))
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(parent)
+        fsync_dir(os.path.dirname(parent))
+
+    def clean_tmp(self) -> int:
+        """Remove temp files of processes that are gone; returns how many."""
+        n = 0
+        for fn in os.listdir(self._tmpdir):
+            pid = fn.split("-", 1)[0]
+            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self._tmpdir, fn))
+                    n += 1
+        return n
+
+    # -- writes -----------------------------------------------------------------------------
+    def put(self, name: str, data, *, exist_ok: bool = False) -> bool:
+        path = self._path(name)
+        with _os_errors(f"cannot write object {name!r} in {self.root}"):
+            if exist_ok and os.path.exists(path):
+                return False
+            tmp = self._write_tmp(data)
+            try:
+                self._makedirs(os.path.dirname(path))
+                os.link(tmp, path)  # create-only, atomic
+            except FileExistsError:
+                if os.path.isdir(path):
+                    raise
+                if exist_ok:
+                    return False
+                raise AlreadyExists(f"object {name!r} already exists in {self.root}: objects are written once") from None
+            finally:
+                os.unlink(tmp)
+            fsync_dir(os.path.dirname(path))
+            return True
+
+    @contextlib.contextmanager
+    def _cas_lock(self):
+        with open(os.path.join(self._tmpdir, "cas.lock"), "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def put_if_absent(self, name: str, data) -> str:
+        try:
+            self.put(name, data)
+        except AlreadyExists:
+            raise Conflict(f"object {name!r} was created by another writer: read it and try again") from None
+        return ids.hexdigest(data)
+
+    def put_if_match(self, name: str, data, token: str) -> str:
+        path = self._path(name)
+        with _os_errors(f"cannot write object {name!r} in {self.root}"), self._cas_lock():
+            try:
+                current = self._read(path)
+            except FileNotFoundError:
+                current = None
+            if current is None or ids.hexdigest(current) != token:
+                raise Conflict(f"object {name!r} changed since it was read (or is gone): read it and try again")
+            tmp = self._write_tmp(data)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+            fsync_dir(os.path.dirname(path))
+        return ids.hexdigest(data)
+
+    def delete(self, name: str) -> None:
+        path = self._path(name)
+        with _os_errors(f"cannot delete object {name!r} in {self.root}"), self._cas_lock():
+            try:  # under the lock: a compare-and-swap never brings a deleted ref back
+                os.unlink(path)
+            except FileNotFoundError:
+                return
+            fsync_dir(os.path.dirname(path))
+
+    # -- reads ------------------------------------------------------------------------------
+    @staticmethod
+    def _read(path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def get(self, name: str):
+        path = self._path(name)
+        with _os_errors(f"object {name!r} in {self.root}", reading=True):
+            return self._read(path)
+
+    def get_with_token(self, name: str) -> tuple[bytes, str]:
+        data = self.get(name)
+        return data, ids.hexdigest(data)
+
+    def get_range(self, name: str, offset: int, length: int):
+        check_range(offset, length)
+        path = self._path(name)
+        with _os_errors(f"object {name!r} in {self.root}", reading=True):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                parts, got = [], 0
+                while got < length:  # pread may return less than asked before the end
+                    part = os.pread(fd, min(length - got, _BLOCK), offset + got)
+                    if not part:
+                        break
+                    parts.append(part)
+                    got += len(part)
+            finally:
+                os.close(fd)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def stat(self, name: str) -> ObjectInfo:
+        path = self._path(name)
+        with _os_errors(f"object {name!r} in {self.root}", reading=True):
+            h = ids.hasher()
+            size = 0
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(_BLOCK), b""):
+                    h.update(block)
+                    size += len(block)
+            return ObjectInfo(name, size, h.hexdigest())
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Walk only the folder that holds `prefix`, in name order (a folder sorts as
+        its name plus '/', as its objects' names do)."""
+        check_prefix(prefix)
+        folder, _, _ = prefix.rpartition("/")
+        yield from self._walk(folder, prefix)
+
+    def _walk(self, folder: str, prefix: str) -> Iterator[ObjectInfo]:
+        base = os.path.join(self.root, *folder.split("/")) if folder else self.root
+        try:
+            entries = list(os.scandir(base))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        keyed = []
+        for e in entries:
+            name = f"{folder}/{e.name}" if folder else e.name
+            if e.name.startswith(".") or name == TMP:
+                continue
+            is_dir = e.is_dir(follow_symlinks=False)
+            key = name + "/" if is_dir else name
+            if key.startswith(prefix) or (is_dir and prefix.startswith(key)):
+                keyed.append((key, name, is_dir, e))
+        for key, name, is_dir, e in sorted(keyed):
+            if is_dir:
+                yield from self._walk(name, prefix)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    yield ObjectInfo(name, e.stat(follow_symlinks=False).st_size)

@@ -1,0 +1,344 @@
+"""Objects in an S3-compatible bucket: `s3://BUCKET/PREFIX`.
+
+The endpoint and credentials come from the standard AWS environment variables
+(AWS_ENDPOINT_URL or AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+AWS_SESSION_TOKEN, AWS_REGION or AWS_DEFAULT_REGION), so any S3-compatible service works.
+
+Creates are `PUT` with `If-None-Match: *` and ref moves `PUT` with `If-Match: <etag>`:
+real conditional writes, atomic in the service, so two writers on two machines cannot
+both win. Every put is one PUT (never multipart), and a single PUT is atomic: nothing
+partial is ever visible.
+
+Two clients, chosen per process (docs/architecture.md, "Object storage", has the figures):
+obstore (Rust, 2-6x faster per request here) where it is safe, and s3fs/aiobotocore in
+a process forked from one that has started obstore, whose tokio runtime then hangs
+(DataLoader workers fork). `CDCSTORE_S3_CLIENT=obstore|s3fs` forces one. Both translate
+errors by their kind or S3 error code, never by message text.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+from typing import Iterator
+
+from .objects import (AccessDenied, AlreadyExists, Capabilities, Conflict, InvalidName, NotFound,
+                      ObjectInfo, ObjectStore, StorageError, StorageFull, Unavailable,
+                      check_object_name, check_prefix, check_range)
+
+PAGE = 1000  # keys per listing request with s3fs (S3's maximum; obstore always asks 1000)
+CLIENT_ENV = "CDCSTORE_S3_CLIENT"
+
+_NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
+_PRECONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+_DENIED = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled"}
+_TRANSIENT = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "500", "503"}
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """(bucket, prefix) of `s3://BUCKET/PREFIX`; the prefix is '' or ends with '/'."""
+    if not url.startswith("s3://"):
+        raise InvalidName(f"{url!r} is not an S3 URL: write s3://BUCKET/PREFIX")
+    bucket, _, prefix = url[5:].partition("/")
+    prefix = prefix.strip("/")
+    if not bucket:
+        raise InvalidName(f"{url!r} names no bucket: write s3://BUCKET/PREFIX")
+    if prefix:
+        check_object_name(prefix)
+    return bucket, prefix + "/" if prefix else ""
+
+
+def env_settings() -> dict:
+    """Endpoint, region and credentials from the standard AWS environment variables."""
+    env = os.environ
+    return {"endpoint": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"),
+            "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
+            "key": env.get("AWS_ACCESS_KEY_ID"), "secret": env.get("AWS_SECRET_ACCESS_KEY"),
+            "token": env.get("AWS_SESSION_TOKEN")}
+
+
+# -- which client ---------------------------------------------------------------------------------
+_OBSTORE_PID: int | None = None  # the process that started obstore's runtime (inherited by fork)
+
+
+def choose_client(forced: str | None = None) -> str:
+    """'obstore' or 's3fs' for this process (see the module docstring); `forced` (else
+    $CDCSTORE_S3_CLIENT) asks for one."""
+    forced = forced or os.environ.get(CLIENT_ENV)
+    if forced:
+        if forced not in ("obstore", "s3fs"):
+            raise InvalidName(f"S3 client {forced!r} is unknown: use obstore or s3fs")
+        if forced == "obstore" and _OBSTORE_PID not in (None, os.getpid()):
+            return "s3fs"  # never hang a forked child, even when asked
+        return forced
+    try:
+        import obstore  # noqa: F401
+    except ImportError:
+        return "s3fs"
+    return "obstore" if _OBSTORE_PID in (None, os.getpid()) else "s3fs"
+
+
+_CLIENTS: dict = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def _client(kind: str, bucket: str, prefix: str, settings: dict):
+    """One client per process, kind and settings (an s3fs session costs ~0.5 s to set up;
+    a client's connection pool serves many threads)."""
+    global _OBSTORE_PID
+    key = (kind, bucket, prefix, repr(sorted(settings.items())))
+    with _CLIENTS_LOCK:
+        pid, client = _CLIENTS.get(key, (None, None))
+        if pid != os.getpid():
+            if kind == "obstore":
+                _OBSTORE_PID = os.getpid()
+                client = _Obstore(bucket, prefix, settings)
+            else:
+                client = _S3fs(bucket, prefix, settings)
+            _CLIENTS[key] = (os.getpid(), client)
+        return client
+
+
+# -- the two clients: put / get / head / list / delete of full keys, typed errors -------------------
+class _Obstore:
+    kind = "obstore"
+
+    def __init__(self, bucket: str, prefix: str, s: dict):
+        import obstore
+        import obstore.exceptions as ox
+        from obstore.store import S3Store
+        self.ob, self.ox = obstore, ox
+        config = {k: v for k, v in {"endpoint": s["endpoint"], "region": s["region"] or "us-east-1",
+                                    "access_key_id": s["key"], "secret_access_key": s["secret"],
+                                    "session_token": s["token"]}.items() if v}
+        http = bool(s["endpoint"] and s["endpoint"].startswith("http://"))
+        self.store = S3Store(bucket, prefix=prefix.rstrip("/") or None, config=config, client_options={
+            "allow_http": http, "connect_timeout": f"{s['connect_timeout']}s", "timeout": "300s"},
+            retry_config={"max_retries": s["retries"], "retry_timeout": datetime.timedelta(seconds=120),
+                          "backoff": {"init_backoff": datetime.timedelta(milliseconds=100),
+                                      "max_backoff": datetime.timedelta(seconds=10), "base": 2}})
+
+    def error(self, e: Exception, where: str) -> Exception:
+        ox = self.ox
+        if isinstance(e, (ox.NotFoundError, FileNotFoundError)):  # obstore raises the builtin
+            return NotFound(f"{where}: not found")
+        if isinstance(e, (ox.AlreadyExistsError, ox.PreconditionError)):
+            return Conflict(f"{where}: changed or created by another writer: read it and try again")
+        if isinstance(e, (ox.PermissionDeniedError, ox.UnauthenticatedError)):
+            return AccessDenied(f"{where}: access denied: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                                f"and the bucket's policy")
+        if isinstance(e, ox.GenericError):  # what obstore's own retries did not cure
+            return Unavailable(f"{where}: the S3 service could not be reached or kept failing "
+                               f"({str(e).splitlines()[0]}); check AWS_ENDPOINT_URL and that the bucket "
+                               f"exists, and try again")
+        if isinstance(e, ox.BaseError):
+            return StorageError(f"{where}: {type(e).__name__}: {str(e).splitlines()[0]}")
+        return e
+
+    def put(self, key: str, data, create: bool, match: str | None) -> str:
+        mode = "create" if create else {"e_tag": match} if match else "overwrite"
+        return self.ob.put(self.store, key, data, mode=mode, use_multipart=False)["e_tag"]
+
+    def get(self, key: str, offset: int | None = None, length: int | None = None):
+        if offset is None:
+            r = self.ob.get(self.store, key)
+            return memoryview(r.bytes()), r.meta["e_tag"]
+        return memoryview(self.ob.get_range(self.store, key, start=offset, length=length)), None
+
+    def head(self, key: str) -> tuple[int, str]:
+        m = self.ob.head(self.store, key)
+        return m["size"], m["e_tag"]
+
+    def delete(self, key: str) -> None:
+        self.ob.delete(self.store, key)
+
+    def list(self, prefix: str) -> Iterator[tuple[str, int, str | None]]:
+        """A string prefix over obstore's folder listing: list the prefix's folder, starting
+        just before the prefix (names use only characters below '~'), until past it."""
+        folder = prefix.rpartition("/")[0] or None
+        start = prefix[:-1] + chr(ord(prefix[-1]) - 1) + "~" if prefix else None
+        for page in self.ob.list(self.store, prefix=folder, offset=start, chunk_size=PAGE):
+            for m in page:
+                if m["path"].startswith(prefix):
+                    yield m["path"], m["size"], m["e_tag"]
+                elif m["path"] > prefix:
+                    return
+
+
+def _code(exc: BaseException) -> str | None:
+    """The S3 error code behind an s3fs/botocore error (None: no HTTP answer)."""
+    for e in (exc, exc.__cause__):
+        resp = getattr(e, "response", None)
+        if isinstance(resp, dict):
+            return str(resp.get("Error", {}).get("Code") or resp.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+    return None
+
+
+class _S3fs:
+    kind = "s3fs"
+
+    def __init__(self, bucket: str, prefix: str, s: dict):
+        import s3fs
+        self.bucket, self.prefix = bucket, prefix
+        self.fs = s3fs.S3FileSystem(
+            skip_instance_cache=True, endpoint_url=s["endpoint"], key=s["key"], secret=s["secret"],
+            token=s["token"], client_kwargs={"region_name": s["region"]} if s["region"] else {},
+            config_kwargs={"retries": {"max_attempts": s["retries"], "mode": "standard"},
+                           "connect_timeout": s["connect_timeout"]})
+        self.fs.retries = 1  # botocore's standard mode retries; s3fs would multiply them
+
+    def error(self, e: Exception, where: str) -> Exception:
+        import aiohttp
+        import botocore.exceptions
+        code = _code(e)
+        if code in _NOT_FOUND:
+            return NotFound(f"{where}: not found")
+        if code in _PRECONDITION:
+            return Conflict(f"{where}: changed or created by another writer: read it and try again")
+        if code in _DENIED:
+            return AccessDenied(f"{where}: access denied ({code}): check AWS_ACCESS_KEY_ID and "
+                                f"AWS_SECRET_ACCESS_KEY and the bucket's policy")
+        if code == "NoSuchBucket":
+            return NotFound(f"{where}: the bucket does not exist: create it first")
+        if code in ("QuotaExceeded", "EntityTooLarge"):
+            return StorageFull(f"{where}: refused ({code}): free space or raise the quota")
+        if code in _TRANSIENT or code is None and isinstance(
+                e, (OSError, TimeoutError, aiohttp.ClientError, botocore.exceptions.BotoCoreError)):
+            return Unavailable(f"{where}: the S3 service could not be reached or kept failing "
+                               f"({type(e).__name__}: {e}); check AWS_ENDPOINT_URL and try again")
+        return StorageError(f"{where}: S3 error {code}: {e}") if code else e  # else a bug: shown as it is
+
+    def call(self, method: str, **kw):
+        return self.fs.call_s3(method, Bucket=self.bucket, **kw)
+
+    def put(self, key: str, data, create: bool, match: str | None) -> str:
+        cond = {"IfNoneMatch": "*"} if create else {"IfMatch": match} if match else {}
+        return self.call("put_object", Key=self.prefix + key, Body=bytes(data), **cond)["ETag"]
+
+    @staticmethod
+    async def _aget(fs, bucket: str, key: str, rng: str | None):
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"Range": rng} if rng else {}))
+        body = resp["Body"]
+        try:
+            return await body.read(), resp["ETag"]
+        finally:
+            body.close()
+
+    def get(self, key: str, offset: int | None = None, length: int | None = None):
+        import fsspec.asyn
+        rng = None if offset is None else f"bytes={offset}-{offset + length - 1}"
+        try:
+            return fsspec.asyn.sync(self.fs.loop, self._aget, self.fs, self.bucket, self.prefix + key, rng)
+        except Exception as e:
+            if rng and _code(e) in ("InvalidRange", "416"):
+                return b"", None  # the range starts at or past the end
+            raise
+
+    def head(self, key: str) -> tuple[int, str]:
+        h = self.call("head_object", Key=self.prefix + key)
+        return int(h["ContentLength"]), h["ETag"]
+
+    def delete(self, key: str) -> None:
+        self.call("delete_object", Key=self.prefix + key)
+
+    def list(self, prefix: str) -> Iterator[tuple[str, int, str | None]]:
+        kw = {"Prefix": self.prefix + prefix, "MaxKeys": PAGE}
+        while True:
+            page = self.call("list_objects_v2", **kw)
+            for item in page.get("Contents", ()):
+                yield item["Key"][len(self.prefix):], int(item["Size"]), item.get("ETag")
+            if not page.get("IsTruncated"):
+                return
+            kw["ContinuationToken"] = page["NextContinuationToken"]
+
+
+# -- the backend ------------------------------------------------------------------------------------
+class S3Objects(ObjectStore):
+    """A bucket prefix as an object store (see the module docstring)."""
+
+    capabilities = Capabilities(supports_ranges=True, atomic_conditional_put=True, local_path=False)
+
+    def __init__(self, url: str, retries: int = 5, connect_timeout: float = 10, client: str | None = None):
+        self.bucket, self.prefix = parse_url(url)
+        self._forced = client
+        self.url = f"s3://{self.bucket}/{self.prefix}"
+        self._settings = {**env_settings(), "retries": retries, "connect_timeout": connect_timeout}
+
+    @property
+    def client(self):
+        """This process's client (a forked child picks and builds its own)."""
+        return _client(choose_client(self._forced), self.bucket, self.prefix, self._settings)
+
+    def _do(self, what: str, op: str, *args):
+        client = self.client
+        try:
+            return getattr(client, op)(*args)
+        except Exception as e:
+            raise client.error(e, f"{what} in {self.url}") from None
+
+    # -- writes -----------------------------------------------------------------------------------
+    def _create(self, name: str, data) -> str:
+        try:
+            return self._do(f"object {name!r}", "put", check_object_name(name), data, True, None)
+        except NotFound:  # a PUT finds no key: the bucket is missing
+            raise NotFound(f"bucket {self.bucket!r} does not exist at {self._settings['endpoint'] or 'AWS'}: "
+                           f"create it first, or check AWS_ENDPOINT_URL") from None
+
+    def put(self, name: str, data, *, exist_ok: bool = False) -> bool:
+        try:
+            self._create(name, data)
+            return True
+        except Conflict:
+            if exist_ok:
+                return False
+            raise AlreadyExists(f"object {name!r} already exists in {self.url}: objects are written once") from None
+
+    def put_if_absent(self, name: str, data) -> str:
+        return self._create(name, data)
+
+    def put_if_match(self, name: str, data, token: str) -> str:
+        try:
+            return self._do(f"object {name!r}", "put", check_object_name(name), data, False, token)
+        except NotFound:  # deleted since its token was read
+            raise Conflict(f"object {name!r} in {self.url} is gone since it was read: read it and try again") from None
+
+    def delete(self, name: str) -> None:
+        self._do(f"object {name!r}", "delete", check_object_name(name))
+
+    # -- reads ------------------------------------------------------------------------------------
+    def get(self, name: str):
+        return self._do(f"object {name!r}", "get", check_object_name(name))[0]
+
+    def get_with_token(self, name: str) -> tuple[bytes, str]:
+        return self._do(f"object {name!r}", "get", check_object_name(name))
+
+    def get_range(self, name: str, offset: int, length: int):
+        check_range(offset, length)
+        check_object_name(name)
+        if length == 0:
+            self.stat(name)  # NotFound for an absent object, as a real read would say
+            return b""
+        try:
+            return self._do(f"object {name!r}", "get", name, offset, length)[0]
+        except Unavailable:
+            if self.stat(name).size <= offset:  # obstore: 416, the range starts past the end
+                return b""
+            raise
+
+    def stat(self, name: str) -> ObjectInfo:
+        size, token = self._do(f"object {name!r}", "head", check_object_name(name))
+        return ObjectInfo(name, size, token)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Objects by name (S3 lists keys in UTF-8 binary order), one page at a time."""
+        check_prefix(prefix)
+        client = self.client
+        it = client.list(prefix)
+        while True:
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            except Exception as e:
+                raise client.error(e, f"listing {prefix!r} in {self.url}") from None
+            yield ObjectInfo(*item)
