@@ -415,7 +415,8 @@ def test_local_objects_read_a_v1_store(tmp_path):
     """The local backend over a store that LocalStore wrote (store format v1): its packs,
     manifests, commits and branch are objects under the names docs/format.md gives, each
     named by the xxh3-128 of its bytes; the store's temp folder is not listed."""
-    from cdcstore import Store, ids
+    from cdcstore import Store
+    from cdcstore.core import ids
     from cdcstore.storage.local import LocalObjects
     store = Store.init(str(tmp_path / "store"))
     f = tmp_path / "data.bin"

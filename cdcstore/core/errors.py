@@ -96,4 +96,7 @@ def _subclasses(cls):
 
 def error_class(code: str) -> type[CdcError] | None:
     """The error class a wire error code names (None for an unknown or generic code)."""
-    return {c.code: c for c in _subclasses(CdcError)}.get(code)
+    found: dict[str, type[CdcError]] = {}
+    for c in _subclasses(CdcError):  # depth first: a general class before a subclass sharing its code
+        found.setdefault(c.code, c)
+    return found.get(code)

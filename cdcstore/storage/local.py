@@ -16,7 +16,7 @@ import os
 import secrets
 from typing import Iterator
 
-from .. import ids
+from ..core import ids
 from .objects import (AlreadyExists, Capabilities, Conflict, InvalidName, NotFound, ObjectInfo,
                       ObjectStore, StorageError, StorageFull, check_object_name, check_prefix,
                       check_range)

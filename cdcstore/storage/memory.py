@@ -5,7 +5,7 @@ import bisect
 import threading
 from typing import Iterator
 
-from .. import ids
+from ..core import ids
 from .objects import (AlreadyExists, Capabilities, Conflict, NotFound, ObjectInfo, ObjectStore,
                       check_object_name, check_prefix, check_range)
 

@@ -25,7 +25,7 @@ import dataclasses
 import re
 from typing import Iterator
 
-from .. import errors
+from ..core import errors
 
 MAX_NAME_BYTES = 1024  # S3's key limit
 _COMPONENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
