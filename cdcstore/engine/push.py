@@ -23,7 +23,7 @@ from ..core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker
 from ..core.manifest import Manifest
 from ..core.pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, PackWriter,
                    encode_chunk)
-from ..storage.repository import Backend
+from ..storage.backend import Backend
 
 
 @dataclass

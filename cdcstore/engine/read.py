@@ -32,7 +32,7 @@ from ..core.errors import CorruptionError
 from ..core.ids import digest
 from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
-from ..storage.repository import Backend
+from ..storage.backend import Backend
 from .push import FileChunks
 
 

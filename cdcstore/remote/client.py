@@ -30,7 +30,8 @@ from ..core.errors import (AccessDeniedError, ConflictError, CorruptionError, No
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
 from ..core.ranges import plan_ranges, slices
-from ..storage.repository import Backend, _pid_alive
+from ..storage.backend import Backend
+from ..storage.local import pid_alive
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
@@ -52,7 +53,7 @@ def clean_upload_temps(tmpdir: str | None = None) -> int:
     with contextlib.suppress(OSError):
         for name in os.listdir(tmpdir):
             pid = name[len(UPLOAD_PREFIX):].split("-", 1)[0] if name.startswith(UPLOAD_PREFIX) else ""
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(tmpdir, name))
                     removed += 1

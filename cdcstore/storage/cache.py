@@ -31,7 +31,7 @@ from ..core.errors import CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
 from .sqlite import Connections
-from .repository import Backend
+from .backend import Backend
 
 ENV_CACHE = "CDCSTORE_CACHE"
 ENV_CACHE_SIZE = "CDCSTORE_CACHE_SIZE"

@@ -34,7 +34,7 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -118,7 +118,7 @@ class LocalObjects(ObjectStore):
         n = 0
         for fn in os.listdir(self._tmpdir):
             pid = fn.split("-", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self._tmpdir, fn))
                     n += 1
@@ -143,6 +143,30 @@ class LocalObjects(ObjectStore):
             finally:
                 os.unlink(tmp)
             fsync_dir(os.path.dirname(path))
+            return True
+
+    def put_file(self, name: str, path: str, *, exist_ok: bool = False) -> bool:
+        """fsync the file and link it into place (no copy); the file is removed either way."""
+        final = self._path(name)
+        with _os_errors(f"cannot write object {name!r} in {self.root}"):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                self._makedirs(os.path.dirname(final))
+                os.link(path, final)  # create-only, atomic
+            except FileExistsError:
+                if os.path.isdir(final):
+                    raise
+                if exist_ok:
+                    return False
+                raise AlreadyExists(f"object {name!r} already exists in {self.root}: objects are written once") from None
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            fsync_dir(os.path.dirname(final))
             return True
 
     @contextlib.contextmanager

@@ -21,6 +21,8 @@ InvalidName, StorageFull, Unavailable (transient: retry later), AccessDenied.
 from __future__ import annotations
 
 import abc
+import contextlib
+import os
 import dataclasses
 import re
 from typing import Iterator
@@ -174,6 +176,16 @@ class ObjectStore(abc.ABC):
     def put_if_match(self, name: str, data, token: str) -> str:
         """Replace `name` if it still has `token`; Conflict if it changed or is gone
         (the same note on retried requests as put_if_absent). Returns the new token."""
+
+    def put_file(self, name: str, path: str, *, exist_ok: bool = False) -> bool:
+        """`put` the contents of the local file `path`, which is consumed (removed) either
+        way. A directory moves it into place without a copy."""
+        try:
+            with open(path, "rb") as f:
+                return self.put(name, f.read(), exist_ok=exist_ok)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     def local_path(self, name: str) -> str | None:
         """A file path holding the object, when `capabilities.local_path`."""

@@ -1,65 +1,61 @@
-"""The local directory store: packs, manifests, commits and branches on disk.
+"""The repository: packs, manifests, commits and refs over a dumb object store.
 
-Layout (store format v1, see docs/format.md):
+One layer owns every format on top of `objects.ObjectStore` (a directory, a bucket,
+memory). Object names (store format v1, docs/format.md):
 
-    cdcstore.json                     {"format": "cdcstore", "version": 1}
-    packs/ab/<name>.pack              immutable, named by xxh3-128 of their bytes
-    manifests/ab/<name>               file manifests, named likewise
-    repos/<repo>/commits/<id>.json    commits, named by xxh3-128 of their JSON
-    repos/<repo>/branches/<branch>    the commit id a branch points at
-    repos/<repo>/tags/<tag>           the commit id a tag names (never rewritten)
-    index.sqlite                      chunk index (a rebuildable cache)
-    tmp/                              files being written (<pid>-<random>.tmp)
+    cdcstore.json                          {"format": "cdcstore", "version": 1}
+    packs/ab/<name>.pack                   immutable, named by xxh3-128 of their bytes
+    manifests/ab/<name>                    file manifests, named likewise
+    repos/<repo>/commits/<id>.json         commits, named by xxh3-128 of their JSON
+    repos/<repo>/branches/<branch>         the commit id a branch points at
+    repos/<repo>/tags/<tag>                the commit id a tag names (never rewritten)
+    repos/<repo>/applied/<id>.<landed>     a rebased commit's copy (empty; see update_branch)
 
-Every object is written to tmp/, fsynced and renamed into place, so nothing
-half-written is ever visible. Write order is packs -> index rows -> manifests ->
-commit -> branch (the commit point, a compare-and-swap under a file lock).
+Beside them, on local disk only, the chunk index (`index.ChunkIndex`, a rebuildable
+cache: in the store's directory for a local store, under the user cache dir for a
+bucket). Objects are written once and only whole (invariant 1). Write order is packs
+-> index rows -> manifests -> commit -> branch, and a branch moves by a conditional
+put (compare-and-swap), so two writers on two machines never lose a commit and need no
+lock server.
 """
 from __future__ import annotations
 
-import abc
 import collections
 import concurrent.futures
 import contextlib
-import fcntl
+import hashlib
 import json
 import os
 import secrets
 import sqlite3
+import tempfile
 import threading
 from typing import Iterable, Iterator
+
+import platformdirs
 
 from ..core import ids
 from ..core.address import check_name, check_ref_name, check_write_target, is_commit_like
 from ..core.commit import Commit, changes, rebase_files, touched
 from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, NotAStoreError,
-                     PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
-                     StoreFormatError)
-from .index import ChunkIndex
+                           PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
+                           StoreFormatError)
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk, read_index, read_verified
 from ..core.ranges import plan_ranges, slices
+from .backend import Backend
+from .index import ChunkIndex
+from . import open_objects
+from .local import LocalObjects
+from .objects import Conflict, NotFound, ObjectStore
 
 STORE_FORMAT = "cdcstore"
 STORE_VERSION = 1
 MARKER = "cdcstore.json"
-MAX_MAPS = 256  # open pack maps per process
+MAX_OPEN = 256  # open pack descriptors per process (directory stores)
 LOCAL_RUN = 4 << 20  # bytes per pread: larger buffers are fresh pages each time (~10x slower here)
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_synced(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+REMOTE_RUN = 16 << 20  # bytes per ranged GET on an object store
+_BLOCK = 4 << 20
 
 
 def _sample(names: list[str], fraction: float) -> set[str]:
@@ -71,198 +67,116 @@ def _sample(names: list[str], fraction: float) -> set[str]:
     return set(sorted(names, key=lambda n: ids.hexdigest(n.encode()))[:k])
 
 
-def _pid_alive(pid: int) -> bool:
+def pack_name(name: str) -> str:
+    return f"packs/{name[:2]}/{name}.pack"
+
+
+def manifest_name(name: str) -> str:
+    return f"manifests/{name[:2]}/{name}"
+
+
+def commit_name(repo: str, cid: str) -> str:
+    return f"repos/{repo}/commits/{cid}.json"
+
+
+def ref_name(repo: str, kind: str, name: str) -> str:
+    return f"repos/{repo}/{'branches' if kind == 'branch' else 'tags'}/{name}"
+
+
+class _RangeFile:
+    """A read-only file object over an object's byte ranges (for the pack footer parser)."""
+
+    def __init__(self, objects: ObjectStore, name: str, size: int):
+        self._objects, self._name, self.size, self._pos = objects, name, size, 0
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = pos if whence == 0 else (self._pos + pos if whence == 1 else self.size + pos)
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self._pos if n < 0 else n
+        data = bytes(self._objects.get_range(self._name, self._pos, n)) if n > 0 else b""
+        self._pos += len(data)
+        return data
+
+
+def _store_meta() -> bytes:
+    return json.dumps({"format": STORE_FORMAT, "version": STORE_VERSION}).encode()
+
+
+def check_marker(data: bytes | None, where: str) -> None:
+    """The store marker must name this format and version."""
+    if data is None:
+        raise NotAStoreError(
+            f"{where} is not a cdcstore store (no {MARKER}): pass the store's location, "
+            f"or create a new store with `cdcstore init --store {where}`")
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        meta = json.loads(data)
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict):
+        raise StoreFormatError(f"{where.rstrip('/')}/{MARKER} is damaged; restore it as "
+                               f'{{"format": "cdcstore", "version": {STORE_VERSION}}}')
+    if meta.get("format") != STORE_FORMAT or meta.get("version") != STORE_VERSION:
+        raise StoreFormatError(f"{where} holds store format {meta!r}; this cdcstore reads "
+                               f"version {STORE_VERSION}: upgrade cdcstore")
 
 
-class Backend(abc.ABC):
-    """What the API, the writer and the reader need from a store, local or remote.
+def default_index_path(url: str) -> str:
+    """Where the chunk index of a bucket store lives on this machine (a rebuildable cache)."""
+    key = hashlib.blake2b(url.encode(), digest_size=8).hexdigest()
+    return os.path.join(platformdirs.user_cache_dir("cdcstore"), "index", f"{key}.sqlite")
 
-    Ids are 16-byte digests for chunks and hex strings for packs, manifests and
-    commits. Implementations keep the write order of invariant 2.
+
+class Repository(Backend):
+    """A store over an object store, with its chunk index at `index_path`.
+
+    `open_repository(url)` opens one by location; `LocalStore` is the directory form.
     """
 
-    location: str
-
-    # chunks and packs
-    @abc.abstractmethod
-    def present(self, chunk_ids: list[bytes]) -> set[bytes]: ...
-    def present_or_prove(self, chunks: dict[bytes, bytes]) -> set[bytes]:
-        """Which of these chunks (id -> raw bytes) the store holds for this writer. A
-        server may hold a chunk that the writer's token cannot see yet; the writer then
-        proves it holds the bytes (docs/protocol.md) instead of sending them."""
-        return self.present(list(chunks))
-
-    @abc.abstractmethod
-    def begin_push(self) -> None: ...
-    @abc.abstractmethod
-    def tmp_path(self) -> str: ...
-    @abc.abstractmethod
-    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None: ...
-    def flush(self) -> None:
-        """Wait until every added pack is durable in the store (uploads finished)."""
-
-    @abc.abstractmethod
-    def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]: ...
-    @abc.abstractmethod
-    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes: ...
-
-    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
-                    stored: dict | None = None) -> dict[bytes, bytes]:
-        """Decoded, verified chunks by id (a remote store merges ranges). `stored`, if
-        given, may receive chunks' stored bytes (for a cache)."""
-        return {e.chunk_id: self.read_chunk(p, e, repo) for p, e in items}
-
-    # manifests, commits, branches
-    @abc.abstractmethod
-    def put_manifests(self, manifests: list[Manifest]) -> list[str]: ...
-    @abc.abstractmethod
-    def get_manifest(self, name: str, repo: str | None = None) -> Manifest: ...
-    @abc.abstractmethod
-    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
-        """Store `commit` and move `branch` from `expected` to it (compare-and-swap);
-        ConflictError if the branch moved. Returns the commit id."""
-    @abc.abstractmethod
-    def get_commit(self, repo: str, commit_id: str) -> Commit: ...
-    def resolve(self, repo: str, rev: str) -> str:
-        return self.resolve_ref(repo, rev)[0]
-
-    @abc.abstractmethod
-    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
-        """(commit id, "commit" | "branch" | "tag") of a revision (see docs/format.md)."""
-    @abc.abstractmethod
-    def branches(self, repo: str) -> dict[str, str]: ...
-    @abc.abstractmethod
-    def tags(self, repo: str) -> dict[str, str]: ...
-    @abc.abstractmethod
-    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
-        """A new tag; RefExistsError if the name is taken by a tag or a branch."""
-    @abc.abstractmethod
-    def delete_tag(self, repo: str, name: str) -> str: ...
-    @abc.abstractmethod
-    def create_branch(self, repo: str, name: str, commit_id: str) -> None: ...
-    @abc.abstractmethod
-    def delete_branch(self, repo: str, name: str) -> str:
-        """Remove a branch (never the last one of a repo); returns the commit it named."""
-    @abc.abstractmethod
-    def has_repo(self, repo: str) -> bool: ...
-    @abc.abstractmethod
-    def repos(self) -> list[str]: ...
-    @abc.abstractmethod
-    def totals(self) -> dict: ...
-
-    def log(self, repo: str, rev: str) -> Iterator[tuple[str, Commit]]:
-        cid: str | None = self.resolve(repo, rev)
-        while cid:
-            c = self.get_commit(repo, cid)
-            yield cid, c
-            cid = c.parent
-
-    def close(self) -> None:
-        pass
-
-
-class LocalStore(Backend):
-    """A store in a local directory. Use `LocalStore.init` to create one."""
-
-    def __init__(self, root: str):
-        self.root = os.path.abspath(os.path.expanduser(root))
-        marker = os.path.join(self.root, MARKER)
-        if not os.path.isdir(self.root):
-            raise NotAStoreError(f"no store at {self.root}: create one with `cdcstore init --store {self.root}`")
+    def __init__(self, objects: ObjectStore, index_path: str, location: str | None = None):
+        self.objects = objects
+        self.location = location or objects.url
+        self.index_path = index_path
         try:
-            with open(marker) as f:
-                meta = json.load(f)
-        except FileNotFoundError:
-            raise NotAStoreError(
-                f"{self.root} is not a cdcstore store (no {MARKER}): pass the store's directory, "
-                f"or create a new store in an empty directory with `cdcstore init --store DIR`"
-            ) from None
-        except ValueError:
-            raise StoreFormatError(f"{marker} is damaged; restore it as "
-                                   f'{{"format": "cdcstore", "version": {STORE_VERSION}}}') from None
-        if not isinstance(meta, dict):
-            raise StoreFormatError(f"{marker} is damaged (not a JSON object); restore it as "
-                                   f'{{"format": "cdcstore", "version": {STORE_VERSION}}}')
-        if meta.get("format") != STORE_FORMAT or meta.get("version") != STORE_VERSION:
-            raise StoreFormatError(f"{self.root} holds store format {meta!r}; this cdcstore reads "
-                                   f"version {STORE_VERSION}: upgrade cdcstore")
-        self.location = self.root
+            marker = bytes(objects.get(MARKER))
+        except NotFound:
+            marker = None
+        check_marker(marker, self.location)
         self._index_error: CorruptionError | None = None
+        os.makedirs(os.path.dirname(index_path), exist_ok=True)
         try:
-            self._index = ChunkIndex(os.path.join(self.root, "index.sqlite"))
+            self._index = ChunkIndex(index_path)
         except CorruptionError as e:  # only `rebuild_index` works then
             self._index_error = e
-        self._fds: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._fd_pid = os.getpid()
-        self._fd_lock = threading.Lock()
+        self._recover_lock = threading.Lock()
 
-    # -- creation ------------------------------------------------------------------
     @classmethod
-    def init(cls, root: str, exist_ok: bool = False) -> "LocalStore":
-        root = os.path.abspath(os.path.expanduser(root))
-        if os.path.exists(os.path.join(root, MARKER)):
-            if exist_ok:
-                return cls(root)
-            raise FileExistsError(f"a store already exists at {root}")
-        if os.path.isdir(root) and os.listdir(root):
-            raise NotAStoreError(f"{root} is not empty: create the store in a new or empty directory")
-        for sub in ("packs", "manifests", "repos", "tmp"):
-            os.makedirs(os.path.join(root, sub), exist_ok=True)
-        ChunkIndex(os.path.join(root, "index.sqlite"))
-        doc = json.dumps({"format": STORE_FORMAT, "version": STORE_VERSION}).encode()
-        tmp = os.path.join(root, "tmp", f"{os.getpid()}-marker.tmp")
-        with open(tmp, "wb") as f:
-            f.write(doc)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(root, MARKER))
-        fsync_dir(root)
-        return cls(root)
+    def create(cls, objects: ObjectStore, index_path: str, location: str | None = None,
+               exist_ok: bool = False) -> "Repository":
+        """Write the store marker (once) and open the new store."""
+        try:
+            objects.put_if_absent(MARKER, _store_meta())
+        except Conflict:
+            if not exist_ok:
+                raise FileExistsError(f"a store already exists at {location or objects.url}") from None
+        return cls(objects, index_path, location)
 
-    # -- atomic files -------------------------------------------------------------
+    # -- temp files (packs are built locally, then put) ---------------------------------
     def tmp_path(self) -> str:
-        return os.path.join(self.root, "tmp", f"{os.getpid()}-{secrets.token_hex(8)}.tmp")
-
-    def publish(self, tmp: str, final: str) -> None:
-        """fsync `tmp` and rename it to `final` (creating parent dirs)."""
-        parent = os.path.dirname(final)
-        os.makedirs(parent, exist_ok=True)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        fsync_dir(parent)
-
-    def write_atomic(self, final: str, data: bytes) -> None:
-        tmp = self.tmp_path()
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-            self.publish(tmp, final)
-        except BaseException:  # a full disk: leave no temp file behind
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        d = os.path.join(os.path.dirname(self.index_path), "tmp")
+        os.makedirs(d, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix=f"{os.getpid()}-", suffix=".tmp", dir=d)
+        os.close(fd)
+        return path
 
     def clean_tmp(self) -> None:
-        """Remove temp files left by processes that died mid-write."""
-        tmpdir = os.path.join(self.root, "tmp")
-        for name in os.listdir(tmpdir):
-            pid = name.split("-", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(tmpdir, name))
+        """Remove temp files left by processes that died mid-write (directory stores)."""
+        clean = getattr(self.objects, "clean_tmp", None)
+        if clean is not None:
+            clean()
 
-    # -- packs and chunks -----------------------------------------------------------
+    # -- packs and chunks -------------------------------------------------------------------
     def present(self, chunk_ids: list[bytes]) -> set[bytes]:
         return self.index.present(chunk_ids)
 
@@ -273,69 +187,408 @@ class LocalStore(Backend):
     def totals(self) -> dict:
         return self.index.totals()
 
-    def pack_path(self, name: str) -> str:
-        return os.path.join(self.root, "packs", name[:2], f"{name}.pack")
-
     def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None:
         """Make a finished pack durable, then index its chunks (invariant 2)."""
-        final = self.pack_path(name)
         size = os.path.getsize(tmp)
-        self.publish(tmp, final)
+        self.objects.put_file(pack_name(name), tmp, exist_ok=True)
         self.index.add_pack(name, size, entries)
 
-    def iter_pack_names(self) -> Iterator[str]:
-        base = os.path.join(self.root, "packs")
-        for sub in sorted(os.listdir(base)):
-            d = os.path.join(base, sub)
-            if os.path.isdir(d):
-                for fn in sorted(os.listdir(d)):
-                    if fn.endswith(".pack"):
-                        yield fn[:-5]
+    def pack_sizes(self) -> dict[str, int]:
+        """Every pack in the store: name -> size."""
+        out = {}
+        for info in self.objects.list("packs/"):
+            base = info.name.rsplit("/", 1)[-1]
+            if base.endswith(".pack") and len(base) == 37:
+                out[base[:-5]] = info.size
+        return out
 
-    def read_pack_index(self, name: str) -> list[PackEntry]:
-        path = self.pack_path(name)
-        with open(path, "rb") as f:
-            return read_index(f, os.fstat(f.fileno()).st_size, f"pack {name}")
+    def iter_pack_names(self) -> Iterator[str]:
+        yield from sorted(self.pack_sizes())
+
+    def _pack_size(self, name: str) -> int:
+        return self.objects.stat(pack_name(name)).size
+
+    def read_pack_index(self, name: str, size: int | None = None) -> list[PackEntry]:
+        """A pack's footer index, read with two or three ranged reads (never the whole pack)."""
+        try:
+            size = self._pack_size(name) if size is None else size
+        except NotFound:
+            raise CorruptionError(f"pack {name} is missing") from None
+        return read_index(_RangeFile(self.objects, pack_name(name), size), size, f"pack {name}")
 
     def recover(self) -> int:
-        """Index packs that are on disk but not in the index (a push killed between
-        making a pack durable and indexing it). Returns how many were added."""
-        known = self.index.packs()
-        added = 0
-        for name in self.iter_pack_names():
-            if name not in known:
-                try:
-                    entries = self.read_pack_index(name)
-                except CorruptionError:
-                    continue  # reported by `check`; never indexed
-                self.index.add_pack(name, os.path.getsize(self.pack_path(name)), entries)
-                added += 1
-        return added
+        """Index packs that are stored but not in the index (a push killed between making
+        a pack durable and indexing it, or, for a bucket, packs another machine wrote).
+        Returns how many were added."""
+        with self._recover_lock:
+            known = self.index.packs()
+            added = 0
+            for name, size in self.pack_sizes().items():
+                if name not in known:
+                    try:
+                        entries = self.read_pack_index(name, size)
+                    except CorruptionError:
+                        continue  # reported by `check`; never indexed
+                    self.index.add_pack(name, size, entries)
+                    added += 1
+            return added
 
     def index_found_pack(self, name: str) -> bool:
-        """Whether pack `name` is indexed, indexing it first when it is durable on disk
-        but not in the index (a writer killed between the two steps). The found file
-        is verified in full (name and every chunk); a damaged one counts as absent."""
+        """Whether pack `name` is indexed, indexing it first when it is durable but not in
+        the index (a writer killed between the two steps). The found object is verified in
+        full (name and every chunk); a damaged one counts as absent."""
         if self.index.has_pack(name):
             return True
-        path = self.pack_path(name)
         try:
+            size = self._pack_size(name)
             if self._pack_hash(name) != name:
                 return False
-            with open(path, "rb") as f:
-                entries = read_verified(f, os.fstat(f.fileno()).st_size, f"pack {name}")
-        except (FileNotFoundError, IsADirectoryError, CorruptionError):
+            entries = read_verified(_RangeFile(self.objects, pack_name(name), size), size, f"pack {name}")
+        except (NotFound, CorruptionError):
             return False
-        self.index.add_pack(name, os.path.getsize(path), entries)
+        self.index.add_pack(name, size, entries)
         return True
 
+    @property
+    def index(self) -> ChunkIndex:
+        """The chunk index; a damaged one is tried again on each use (another process may
+        have rebuilt it meanwhile), else CorruptionError naming rebuild-index."""
+        if self._index_error:
+            self._index = ChunkIndex(self.index_path)
+            self._index_error = None
+        return self._index
+
+    def read_stored(self, pack: str, offset: int, length: int):
+        """Raw bytes of a pack range (no decoding); CorruptionError if the pack is short."""
+        try:
+            data = self.objects.get_range(pack_name(pack), offset, length) if length else b""
+        except NotFound:
+            raise CorruptionError(f"pack {pack} is missing from {self.location}; "
+                                  f"run `cdcstore check` and restore it from a copy") from None
+        if len(data) != length:
+            raise CorruptionError(f"pack {pack} is truncated: wanted {length} bytes at {offset}, "
+                                  f"got {len(data)}; run `cdcstore check`")
+        return memoryview(data)
+
+    def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
+        wanted = list(chunk_ids)
+        found = self.index.locate(wanted)
+        if len(found) < len(wanted) and not self.objects.capabilities.local_path:
+            if self.recover():  # a bucket: packs another machine wrote since this index last looked
+                found = self.index.locate(wanted)
+        return found
+
+    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes:
+        return self.read_chunks([(pack, entry)])[entry.chunk_id]
+
+    _run = REMOTE_RUN
+
+    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
+                    stored: dict | None = None) -> dict[bytes, bytes]:
+        """One read per run of adjacent chunks in a pack; each chunk verified."""
+        out = {}
+        for r in plan_ranges(items, max_hole=0, max_range=self._run):
+            for e, stored_bytes in slices(r, self.read_stored(r.pack, r.start, r.end - r.start)):
+                try:
+                    out[e.chunk_id] = decode_chunk(stored_bytes, e.codec, e.raw_len, e.chunk_id)
+                except CorruptionError as err:
+                    self.index.drop_chunks(r.pack, [e.chunk_id])  # absent now: a push stores it again
+                    raise CorruptionError(f"{err} in pack {r.pack}: the store is damaged; run `cdcstore check`,"
+                                          f" or push the original files again to repair it") from None
+        return out
+
+    def close(self) -> None:
+        self.objects.close()
+
+    # -- manifests ----------------------------------------------------------------------------
+    def put_manifest(self, manifest: Manifest) -> str:
+        return self.put_manifests([manifest])[0]
+
+    def put_manifests(self, manifests: list[Manifest]) -> list[str]:
+        """Store many manifests durably (written once each; on a few threads, as each put
+        waits on a disk or a network, not on the GIL)."""
+        encoded = [m.encode() for m in manifests]
+        names = [ids.hexdigest(d) for d in encoded]
+        todo = dict(zip(names, encoded))
+
+        def put(item):
+            self.objects.put(manifest_name(item[0]), item[1], exist_ok=True)
+
+        if len(todo) <= 4:
+            for item in todo.items():
+                put(item)
+        else:
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                list(pool.map(put, todo.items()))
+        return names
+
+    def _get_named(self, name: str, object_name: str, what: str, missing: Exception) -> bytes:
+        """The bytes of an object, checked against the hash that names it."""
+        try:
+            data = bytes(self.objects.get(object_name))
+        except NotFound:
+            raise missing from None
+        if ids.hexdigest(data) != name:
+            raise CorruptionError(f"{what} does not match its name (damaged)")
+        return data
+
+    def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
+        data = self._get_named(name, manifest_name(name), f"manifest {name}",
+                               CorruptionError(f"manifest {name} is missing from {self.location}"))
+        return Manifest.decode(data, f"manifest {name}")
+
+    # -- repos, commits, refs ---------------------------------------------------------------------
+    def repos(self) -> list[str]:
+        """Repos that hold a commit."""
+        out = set()
+        for info in self.objects.list("repos/"):
+            parts = info.name.split("/")
+            if len(parts) >= 4 and parts[2] == "commits":
+                out.add(parts[1])
+        return sorted(out)
+
+    def has_repo(self, repo: str) -> bool:
+        check_name("repo", repo)
+        return next(iter(self.objects.list(f"repos/{repo}/commits/")), None) is not None
+
+    def _require_repo(self, repo: str) -> None:
+        if not self.has_repo(repo):
+            known = ", ".join(self.repos()) or "none yet"
+            raise RepoNotFoundError(f"no repo {repo!r} in store {self.location} (repos: {known}); "
+                                    f"push to cdc://{repo}/ to create it")
+
+    def ensure_repo(self, repo: str) -> None:
+        check_name("repo", repo)
+
+    def put_commit(self, commit: Commit) -> str:
+        check_name("repo", commit.repo)
+        data = commit.encode()
+        cid = ids.hexdigest(data)
+        self.objects.put(commit_name(commit.repo, cid), data, exist_ok=True)
+        return cid
+
+    def get_commit(self, repo: str, commit_id: str) -> Commit:
+        check_name("repo", repo)
+        if not is_commit_like(commit_id) or len(commit_id) != 32:
+            raise RevisionNotFoundError(f"no commit {commit_id!r} in repo {repo!r}")
+        try:
+            data = self._get_named(commit_id, commit_name(repo, commit_id), f"commit {commit_id} in repo {repo!r}",
+                                   RevisionNotFoundError(f"no commit {commit_id} in repo {repo!r}"))
+        except RevisionNotFoundError:
+            self._require_repo(repo)
+            raise
+        return Commit.decode(data, f"commit {commit_id}")
+
+    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
+        """(commit id, kind) of a revision: 4+ hex digits are a commit id or a unique
+        prefix of one ("commit"); any other name is a branch or a tag, never both."""
+        self._require_repo(repo)
+        if is_commit_like(rev):
+            prefix = rev.lower()
+            matches = [i.name.rsplit("/", 1)[1][:-5] for i in self.objects.list(f"repos/{repo}/commits/{prefix}")
+                       if i.name.endswith(".json")]
+            return pick_commit(repo, rev, matches), "commit"
+        check_name("revision", rev)
+        branches = self.branches(repo)
+        return resolve_name(repo, rev, branches.get(rev), self.tags(repo).get(rev), branches)
+
+    def _read_ref(self, repo: str, kind: str, name: str) -> tuple[str | None, str | None]:
+        """(commit id, version token) of a ref, (None, None) when absent."""
+        try:
+            data, token = self.objects.get_with_token(ref_name(repo, kind, name))
+        except NotFound:
+            return None, None
+        return bytes(data).decode().strip(), token
+
+    def _read_refs(self, repo: str, kind: str) -> dict[str, str]:
+        out = {}
+        folder = ref_name(repo, kind, "")
+        for info in self.objects.list(folder):
+            name = info.name[len(folder):]
+            if "/" in name or name.startswith("."):
+                continue
+            cid, _ = self._read_ref(repo, kind, name)
+            if cid is not None:
+                out[name] = cid
+        return out
+
+    def branches(self, repo: str) -> dict[str, str]:
+        self._require_repo(repo)
+        return self._read_refs(repo, "branch")
+
+    def tags(self, repo: str) -> dict[str, str]:
+        self._require_repo(repo)
+        return self._read_refs(repo, "tag")
+
+    def refs(self, repo: str) -> dict[str, str]:
+        """Branches and tags of a repo (name -> commit id); tags as "tag:NAME"."""
+        return {**self.branches(repo), **{f"tag:{n}": c for n, c in self.tags(repo).items()}}
+
+    def create_ref(self, repo: str, kind: str, name: str, commit_id: str) -> None:
+        """Create branch or tag `name` at `commit_id` (a conditional create); refuses a
+        name that is already a branch or a tag, and a commit the repo lacks."""
+        check_ref_name(kind, name)
+        self.get_commit(repo, commit_id)  # must exist (and be intact) in this repo
+        for other in ("branch", "tag"):
+            if self.objects.exists(ref_name(repo, other, name)):
+                raise self._ref_exists(repo, other, kind, name)
+        try:
+            self.objects.put_if_absent(ref_name(repo, kind, name), (commit_id + "\n").encode())
+        except Conflict:
+            raise self._ref_exists(repo, kind, kind, name) from None
+
+    @staticmethod
+    def _ref_exists(repo: str, other: str, kind: str, name: str) -> RefExistsError:
+        return RefExistsError(f"{other} {name!r} already exists in repo {repo!r}: choose another {kind} name"
+                              + ("; tags are never moved" if other == "tag" else ""))
+
+    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
+        self.create_ref(repo, "tag", name, commit_id)
+
+    def create_branch(self, repo: str, name: str, commit_id: str) -> None:
+        self.create_ref(repo, "branch", name, commit_id)
+
+    def delete_ref(self, repo: str, kind: str, name: str) -> str:
+        """Remove a branch or tag (never the repo's last branch); returns its commit id."""
+        check_name(kind, name)
+        self._require_repo(repo)
+        refs = self._read_refs(repo, kind)
+        if name not in refs:
+            raise RevisionNotFoundError(f"no {kind} {name!r} in repo {repo!r} "
+                                        f"({kind}s: {', '.join(refs) or 'none'})")
+        if kind == "branch" and len(refs) == 1:
+            raise InvalidAddressError(f"branch {name!r} is the only branch of repo {repo!r}: "
+                                      f"create another branch before deleting it")
+        self.objects.delete(ref_name(repo, kind, name))
+        return refs[name]
+
+    def delete_tag(self, repo: str, name: str) -> str:
+        return self.delete_ref(repo, "tag", name)
+
+    def delete_branch(self, repo: str, name: str) -> str:
+        return self.delete_ref(repo, "branch", name)
+
+    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
+        cid = self.put_commit(commit)
+        return self.update_branch(commit.repo, branch, expected, cid, commit, landed=self._grant)
+
+    def _grant(self, commit: Commit) -> None:
+        """Record which manifests and chunks the commit's repo reaches (what a server
+        lets a repo's tokens read). Only manifests new since the parent are walked."""
+        names = {f.manifest for f in commit.files.values()}
+        if commit.parent:
+            try:
+                names -= {f.manifest for f in self.get_commit(commit.repo, commit.parent).files.values()}
+            except CdcError:
+                pass
+        chunk_ids: set[bytes] = set()
+        for n in names:
+            chunk_ids.update(self.get_manifest(n).chunk_ids)
+        self.index.grant(commit.repo, "manifest", names)
+        self.index.grant_chunks("repo_chunks", commit.repo, chunk_ids)
+
+    def update_branch(self, repo: str, branch: str, expected: str | None, new: str,
+                      commit: Commit | None = None, landed=None) -> str:
+        """Move `branch` from `expected` (None: must not exist) to `new` by a conditional
+        put; returns the commit the branch now points at. `landed(commit)` runs once the
+        commit that lands is known, before the branch moves.
+
+        If another writer moved the branch first and `commit` (the commit named `new`)
+        touches no path that the branch's new history touched, a rebased copy of it
+        lands on the moved head instead (see docs/architecture.md); a lost race on the
+        put reads the branch again and repeats this. Otherwise ConflictError, naming the
+        overlapping paths; nothing changes then.
+        """
+        check_write_target(branch)
+        check_name("repo", repo)
+        target = new
+        while True:
+            if self.objects.exists(ref_name(repo, "tag", branch)):
+                raise InvalidAddressError(f"{branch!r} is a tag of repo {repo!r}: a tag is immutable: "
+                                          f"push to a branch")
+            current, token = self._read_ref(repo, "branch", branch)
+            target = new
+            if current != expected:
+                if commit is None or current is None:
+                    raise ConflictError(
+                        f"branch {branch!r} of repo {repo!r} moved to {current or 'nothing'} while this push "
+                        f"was based on {expected or 'no commit'}: run the push again (stored chunks are reused)")
+                target, fresh = self._rebase(commit, branch, current)
+                if not fresh:  # this very commit landed before (a retried request)
+                    return target
+            if landed is not None:
+                landed(self.get_commit(repo, target))
+            data = (target + "\n").encode()
+            try:
+                if token is None:
+                    self.objects.put_if_absent(ref_name(repo, "branch", branch), data)
+                else:
+                    self.objects.put_if_match(ref_name(repo, "branch", branch), data, token)
+                return target
+            except Conflict:  # another writer moved it between our read and our put
+                if commit is None:
+                    raise ConflictError(f"branch {branch!r} of repo {repo!r} moved while it was being "
+                                        f"updated: run the command again") from None
+                if self._read_ref(repo, "branch", branch)[0] == target:
+                    return target  # our own put landed and its answer was lost (a retry)
+
+    def _applied(self, repo: str, original: str) -> set[str]:
+        """The ids under which `original` was rebased before (by any attempt)."""
+        out = set()
+        prefix = f"repos/{repo}/applied/{original}"
+        for info in self.objects.list(prefix):
+            rest = info.name[len(prefix):]
+            if rest.startswith(".") and len(rest) == 33:
+                out.add(rest[1:])
+            elif rest == "":  # written by cdcstore before rebases were lock-free: holds the id
+                with _suppress_not_found():
+                    out.add(bytes(self.objects.get(info.name)).decode().strip())
+        return out
+
+    def _history(self, repo: str, head: str, base: str | None) -> Iterator[tuple[str, Commit]]:
+        """Commits from `head` back to (not including) `base`; ConflictError if `base`
+        is not an ancestor of `head`."""
+        cid: str | None = head
+        while cid != base:
+            if cid is None:
+                raise ConflictError(f"commit {base} is not in the history of {head} in repo {repo!r}: "
+                                    f"the branch was reset; run the push again")
+            c = self.get_commit(repo, cid)
+            yield cid, c
+            cid = c.parent
+
+    def _rebase(self, commit: Commit, branch: str, head: str) -> tuple[str, bool]:
+        """Land `commit` on `head`. Returns (the rebased commit's id, True), or (the
+        landed id, False) when `commit` or a rebased copy of it is already in the history
+        since its parent (a retried request). Raises ConflictError on overlapping paths."""
+        repo, cid = commit.repo, commit.id
+        recorded = self._applied(repo, cid)
+        theirs: set[str] = set()
+        for hid, h in self._history(repo, head, commit.parent):
+            if hid == cid or hid in recorded:
+                return hid, False
+            parent_files = self.get_commit(repo, h.parent).files if h.parent else {}
+            theirs |= touched(parent_files, h.files)
+        base_files = self.get_commit(repo, commit.parent).files if commit.parent else {}
+        files, overlap = rebase_files(changes(base_files, commit.files), theirs,
+                                      self.get_commit(repo, head).files)
+        if files is None:
+            shown = ", ".join(overlap[:5]) + (f" and {len(overlap) - 5} more" if len(overlap) > 5 else "")
+            raise ConflictError(f"branch {branch!r} of repo {repo!r} moved to {head} and another writer changed "
+                                f"the same paths: {shown}; pull the branch and run the push again")
+        landed = self.put_commit(Commit(repo, head, commit.message, commit.time, files))
+        # recorded before the branch moves, so that a retry finds the copy in the history
+        self.objects.put(f"repos/{repo}/applied/{cid}.{landed}", b"", exist_ok=True)
+        return landed, True
+
+    # -- maintenance: check and rebuild-index ----------------------------------------------------
     def rebuild_index(self) -> dict:
         """Recreate the chunk index from the packs and commits, in one transaction (a
         served store's readers see the old index until the new one is complete).
 
         A damaged pack is reported and skipped, but its old index rows that still
         verify are kept, so nothing readable becomes unreadable. A garbage index file
-        is moved aside to index.sqlite.damaged and a new one is built."""
+        is moved aside to <index>.damaged and a new one is built."""
         try:
             old_rows = self._safe_rows()
         except CorruptionError:
@@ -343,13 +596,13 @@ class LocalStore(Backend):
             self._replace_damaged_index()
         bad: list[str] = []
         packs = []
-        for name in self.iter_pack_names():
+        for name, size in sorted(self.pack_sizes().items()):
             try:
-                entries = self.read_pack_index(name)
+                entries = self.read_pack_index(name, size)
             except CorruptionError as e:
                 entries = [en for en in old_rows.get(name, ()) if self._verifies(name, en)]
                 bad.append(f"{e}; kept {len(entries)} chunks whose old index rows still verify")
-            packs.append((name, os.path.getsize(self.pack_path(name)), entries))
+            packs.append((name, size, entries))
         grants, chunk_grants = self._grants_from_commits(bad)
         self.index.replace_all(packs, grants, chunk_grants)
         return {"packs": len(packs), "bad_packs": bad, **self.index.totals()}
@@ -365,10 +618,10 @@ class LocalStore(Backend):
         return out
 
     def _replace_damaged_index(self) -> None:
-        path = os.path.join(self.root, "index.sqlite")
+        path = self.index_path
         os.replace(path, path + ".damaged")
         for suffix in ("-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
+            with _suppress_not_found():
                 os.unlink(path + suffix)
         self._index = ChunkIndex(path)
         self._index_error = None
@@ -404,15 +657,6 @@ class LocalStore(Backend):
                     cid = commit.parent
         return sorted(out), chunks
 
-    @property
-    def index(self) -> ChunkIndex:
-        """The chunk index; a damaged one is tried again on each use (another process may
-        have rebuilt it meanwhile), else CorruptionError naming rebuild-index."""
-        if self._index_error:
-            self._index = ChunkIndex(os.path.join(self.root, "index.sqlite"))
-            self._index_error = None
-        return self._index
-
     def check(self, read_data: bool = False, subset: float | None = None) -> dict:
         """Verify the store; returns {"packs", "chunks", "problems", "details"}.
 
@@ -426,18 +670,18 @@ class LocalStore(Backend):
         found: list[tuple[str, set[bytes]]] = []  # (problem, chunk ids it affects)
         recovered = self.recover()  # durable packs a killed push left unindexed: not damage
         rows = self.index.rows()
-        names = list(self.iter_pack_names())
+        sizes = self.pack_sizes()
+        names = sorted(sizes)
         sample = _sample(names, 1.0 if read_data else subset or 0.0)
         by_pack: dict[str, dict[bytes, PackEntry]] = collections.defaultdict(dict)
         for cid, (pack, e) in rows.items():
             by_pack[pack][cid] = e
         chunks = 0
         for name in names:
-            chunks += self._check_pack(name, name in sample, rows, by_pack.get(name, {}), found)
-        on_disk = set(names)
+            chunks += self._check_pack(name, sizes[name], name in sample, rows, by_pack.get(name, {}), found)
         lost = collections.defaultdict(set)
         for cid, (pack, _) in rows.items():
-            if pack not in on_disk:
+            if pack not in sizes:
                 lost[pack].add(cid)
         for pack, cids in sorted(lost.items()):
             self.index.drop_chunks(pack, cids)
@@ -453,11 +697,11 @@ class LocalStore(Backend):
         return {"packs": len(names), "chunks": chunks, "read_packs": len(sample), "recovered_packs": recovered,
                 "problems": problems, "details": details}
 
-    def _check_pack(self, name: str, read: bool, rows: dict, indexed: dict, found: list) -> int:
+    def _check_pack(self, name: str, size: int, read: bool, rows: dict, indexed: dict, found: list) -> int:
         """Check one pack's footer against the index rows (`indexed`: its own), and its
         bytes when `read`."""
         try:
-            entries = self.read_pack_index(name)
+            entries = self.read_pack_index(name, size)
         except CorruptionError as e:
             entries = None
             found.append((f"{e}; run `cdcstore rebuild-index` (rows that still verify are kept)",
@@ -495,14 +739,11 @@ class LocalStore(Backend):
 
     def _pack_hash(self, name: str) -> str:
         h = ids.hasher()
-        with open(self.pack_path(name), "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                h.update(block)
+        offset = 0
+        while block := self.objects.get_range(pack_name(name), offset, _BLOCK):
+            h.update(block)
+            offset += len(block)
         return h.hexdigest()
-
-    def refs(self, repo: str) -> dict[str, str]:
-        """Branches and tags of a repo (name -> commit id); tags as "tag:NAME"."""
-        return {**self.branches(repo), **{f"tag:{n}": c for n, c in self.tags(repo).items()}}
 
     def _check_reachable(self, found: list) -> dict[bytes, set[str]]:
         """Walk every commit that a branch or tag reaches; returns chunk id -> the files
@@ -549,11 +790,62 @@ class LocalStore(Backend):
             cache[("problem", name)].add(label)
         return cache[name]
 
-    def _fd(self, pack: str) -> int:
-        """An open descriptor of a pack (per process; at most MAX_MAPS kept open).
 
-        Reads use os.pread, never mmap: a pack truncated under a reader gives a
-        short read (a CorruptionError), not a SIGBUS."""
+def _suppress_not_found():
+    return contextlib.suppress(NotFound, FileNotFoundError)
+
+
+class LocalStore(Repository):
+    """A store in a local directory (its chunk index inside it). `LocalStore.init` creates one.
+
+    Reads use os.pread on descriptors kept open per process, never mmap: a pack truncated
+    under a reader gives a short read (a CorruptionError), not a SIGBUS."""
+
+    _run = LOCAL_RUN
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(os.path.expanduser(root))
+        if not os.path.isdir(self.root):
+            raise NotAStoreError(f"no store at {self.root}: create one with `cdcstore init --store {self.root}`")
+        if not os.path.exists(os.path.join(self.root, MARKER)):
+            check_marker(None, self.root)
+        super().__init__(LocalObjects(self.root), os.path.join(self.root, "index.sqlite"), self.root)
+        self._fds: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._fd_pid = os.getpid()
+        self._fd_lock = threading.Lock()
+
+    @classmethod
+    def init(cls, root: str, exist_ok: bool = False) -> "LocalStore":
+        root = os.path.abspath(os.path.expanduser(root))
+        if os.path.exists(os.path.join(root, MARKER)):
+            if exist_ok:
+                return cls(root)
+            raise FileExistsError(f"a store already exists at {root}")
+        if os.path.isdir(root) and os.listdir(root):
+            raise NotAStoreError(f"{root} is not empty: create the store in a new or empty directory")
+        for sub in ("packs", "manifests", "repos", "tmp"):
+            os.makedirs(os.path.join(root, sub), exist_ok=True)
+        ChunkIndex(os.path.join(root, "index.sqlite"))
+        Repository.create(LocalObjects(root), os.path.join(root, "index.sqlite"), root, exist_ok=exist_ok)
+        return cls(root)
+
+    def tmp_path(self) -> str:
+        return os.path.join(self.root, "tmp", f"{os.getpid()}-{secrets.token_hex(8)}.tmp")
+
+    def pack_path(self, name: str) -> str:
+        return self.objects.local_path(pack_name(name))
+
+    def manifest_path(self, name: str) -> str:
+        return self.objects.local_path(manifest_name(name))
+
+    def _pack_size(self, name: str) -> int:
+        try:
+            return os.path.getsize(self.pack_path(name))
+        except FileNotFoundError:
+            raise NotFound(f"no pack {name}") from None
+
+    def _fd(self, pack: str) -> int:
+        """An open descriptor of a pack (per process; at most MAX_OPEN kept open)."""
         with self._fd_lock:
             if self._fd_pid != os.getpid():
                 self._fds = collections.OrderedDict()  # the parent's descriptors stay theirs
@@ -566,7 +858,7 @@ class LocalStore(Backend):
                     raise CorruptionError(f"pack {pack} is missing from {self.root}; "
                                           f"run `cdcstore check` and restore it from a copy") from None
                 self._fds[pack] = fd
-                while len(self._fds) > MAX_MAPS:
+                while len(self._fds) > MAX_OPEN:
                     os.close(self._fds.popitem(last=False)[1])
             else:
                 self._fds.move_to_end(pack)
@@ -590,26 +882,6 @@ class LocalStore(Backend):
             length -= len(part)
         return b"".join(parts)
 
-    def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
-        return self.index.locate(chunk_ids)
-
-    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes:
-        return self.read_chunks([(pack, entry)])[entry.chunk_id]
-
-    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
-                    stored: dict | None = None) -> dict[bytes, bytes]:
-        """One view per run of adjacent chunks in a pack; each chunk verified."""
-        out = {}
-        for r in plan_ranges(items, max_hole=0, max_range=LOCAL_RUN):  # large preads fault in fresh pages
-            for e, stored_bytes in slices(r, self.read_stored(r.pack, r.start, r.end - r.start)):
-                try:
-                    out[e.chunk_id] = decode_chunk(stored_bytes, e.codec, e.raw_len, e.chunk_id)
-                except CorruptionError as err:
-                    self.index.drop_chunks(r.pack, [e.chunk_id])  # absent now: a push stores it again
-                    raise CorruptionError(f"{err} in pack {r.pack}: the store is damaged; run `cdcstore check`,"
-                                          f" or push the original files again to repair it") from None
-        return out
-
     def close(self) -> None:
         with self._fd_lock:
             if self._fd_pid == os.getpid():
@@ -617,284 +889,20 @@ class LocalStore(Backend):
                     os.close(fd)
             self._fds = collections.OrderedDict()
 
-    # -- manifests ------------------------------------------------------------------
-    def manifest_path(self, name: str) -> str:
-        return os.path.join(self.root, "manifests", name[:2], name)
 
-    def put_manifest(self, manifest: Manifest) -> str:
-        data = manifest.encode()
-        name = ids.hexdigest(data)
-        path = self.manifest_path(name)
-        if not os.path.exists(path):
-            self.write_atomic(path, data)
-        return name
+def is_object_url(location: str) -> bool:
+    return location.startswith(("s3://", "memory://"))
 
-    def put_manifests(self, manifests: list[Manifest]) -> list[str]:
-        """Store many manifests durably: write temp files and fsync each (on a few
-        threads), then rename them into place and fsync their directories."""
-        encoded = [m.encode() for m in manifests]
-        names = [ids.hexdigest(d) for d in encoded]
-        todo = {n: d for n, d in zip(names, encoded) if not os.path.exists(self.manifest_path(n))}
-        if len(todo) <= 16:
-            for n, d in todo.items():
-                self.write_atomic(self.manifest_path(n), d)
-            return names
-        staged = [(self.tmp_path(), self.manifest_path(n)) for n in todo]
-        try:
-            with concurrent.futures.ThreadPoolExecutor(4) as pool:  # fsync waits on the disk, not the GIL
-                list(pool.map(_write_synced, [t for t, _ in staged], todo.values()))
-        except BaseException:
-            for tmp, _ in staged:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-            raise
-        parents = set()
-        for tmp, final in staged:
-            parent = os.path.dirname(final)
-            if parent not in parents:
-                os.makedirs(parent, exist_ok=True)
-                parents.add(parent)
-            os.replace(tmp, final)
-        for parent in parents:
-            fsync_dir(parent)
-        return names
 
-    @staticmethod
-    def _read_named(path: str, name: str, what: str, missing: Exception) -> bytes:
-        """The bytes of an object file, checked against the hash that names it."""
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            raise missing from None
-        if ids.hexdigest(data) != name:
-            raise CorruptionError(f"{what} does not match its name (damaged)")
-        return data
-
-    def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
-        data = self._read_named(self.manifest_path(name), name, f"manifest {name}",
-                                CorruptionError(f"manifest {name} is missing from {self.root}"))
-        return Manifest.decode(data, f"manifest {name}")
-
-    # -- repos, commits, branches -------------------------------------------------------
-    def repo_dir(self, repo: str) -> str:
-        return os.path.join(self.root, "repos", check_name("repo", repo))
-
-    def repos(self) -> list[str]:
-        """Repo folders (a stray file in repos/ is not a repo)."""
-        base = os.path.join(self.root, "repos")
-        return sorted(n for n in os.listdir(base) if os.path.isdir(os.path.join(base, n)))
-
-    def has_repo(self, repo: str) -> bool:
-        return os.path.isdir(self.repo_dir(repo))
-
-    def _require_repo(self, repo: str) -> str:
-        d = self.repo_dir(repo)
-        if not os.path.isdir(d):
-            known = ", ".join(self.repos()) or "none yet"
-            raise RepoNotFoundError(f"no repo {repo!r} in store {self.root} (repos: {known}); "
-                                    f"push to cdc://{repo}/ to create it")
-        return d
-
-    def branches(self, repo: str) -> dict[str, str]:
-        return self._read_refs(os.path.join(self._require_repo(repo), "branches"))
-
-    def put_commit(self, commit: Commit) -> str:
-        self.ensure_repo(commit.repo)
-        data = commit.encode()
-        cid = ids.hexdigest(data)
-        path = os.path.join(self.repo_dir(commit.repo), "commits", f"{cid}.json")
-        if not os.path.exists(path):
-            self.write_atomic(path, data)
-        return cid
-
-    def get_commit(self, repo: str, commit_id: str) -> Commit:
-        path = os.path.join(self._require_repo(repo), "commits", f"{commit_id}.json")
-        data = self._read_named(path, commit_id, f"commit {commit_id} in repo {repo!r}",
-                                RevisionNotFoundError(f"no commit {commit_id} in repo {repo!r}"))
-        return Commit.decode(data, f"commit {commit_id}")
-
-    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
-        """(commit id, kind) of a revision: 4+ hex digits are a commit id or a unique
-        prefix of one ("commit"); any other name is a branch or a tag, never both."""
-        d = self._require_repo(repo)
-        if is_commit_like(rev):
-            prefix = rev.lower()
-            matches = [fn[:-5] for fn in os.listdir(os.path.join(d, "commits"))
-                       if fn.startswith(prefix) and fn.endswith(".json")]
-            return pick_commit(repo, rev, matches), "commit"
-        check_name("revision", rev)
-        branches = self.branches(repo)
-        return resolve_name(repo, rev, branches.get(rev), self.tags(repo).get(rev), branches)
-
-    def _ref_dir(self, repo: str, kind: str) -> str:
-        return os.path.join(self._require_repo(repo), "branches" if kind == "branch" else "tags")
-
-    def _read_refs(self, d: str) -> dict[str, str]:
-        out = {}
-        for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-            if name.startswith("."):
-                continue
-            with open(os.path.join(d, name)) as f:
-                out[name] = f.read().strip()
-        return out
-
-    def tags(self, repo: str) -> dict[str, str]:
-        return self._read_refs(self._ref_dir(repo, "tag"))
-
-    def create_ref(self, repo: str, kind: str, name: str, commit_id: str) -> None:
-        """Create branch or tag `name` at `commit_id` under the repo lock; refuses a
-        name that is already a branch or a tag, and a commit the repo lacks."""
-        check_ref_name(kind, name)
-        self.get_commit(repo, commit_id)  # must exist (and be intact) in this repo
-        with self._repo_lock(repo):
-            for other in ("branch", "tag"):
-                if os.path.exists(os.path.join(self._ref_dir(repo, other), name)):
-                    raise RefExistsError(f"{other} {name!r} already exists in repo {repo!r}: "
-                                         f"choose another {kind} name" + (
-                                             "; tags are never moved" if other == "tag" else ""))
-            self.write_atomic(os.path.join(self._ref_dir(repo, kind), name), (commit_id + "\n").encode())
-
-    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
-        self.create_ref(repo, "tag", name, commit_id)
-
-    def create_branch(self, repo: str, name: str, commit_id: str) -> None:
-        self.create_ref(repo, "branch", name, commit_id)
-
-    def delete_ref(self, repo: str, kind: str, name: str) -> str:
-        """Remove a branch or tag (never the repo's last branch); returns its commit id."""
-        check_name(kind, name)
-        with self._repo_lock(repo):
-            refs = self._read_refs(self._ref_dir(repo, kind))
-            if name not in refs:
-                raise RevisionNotFoundError(f"no {kind} {name!r} in repo {repo!r} "
-                                            f"({kind}s: {', '.join(refs) or 'none'})")
-            if kind == "branch" and len(refs) == 1:
-                raise InvalidAddressError(f"branch {name!r} is the only branch of repo {repo!r}: "
-                                          f"create another branch before deleting it")
-            path = os.path.join(self._ref_dir(repo, kind), name)
-            os.unlink(path)
-            fsync_dir(os.path.dirname(path))
-            return refs[name]
-
-    def delete_tag(self, repo: str, name: str) -> str:
-        return self.delete_ref(repo, "tag", name)
-
-    def delete_branch(self, repo: str, name: str) -> str:
-        return self.delete_ref(repo, "branch", name)
-
-    @contextlib.contextmanager
-    def _repo_lock(self, repo: str):
-        d = self.repo_dir(repo)
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "lock"), "a+") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
-
-    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
-        cid = self.put_commit(commit)
-        return self.update_branch(commit.repo, branch, expected, cid, commit, landed=self._grant)
-
-    def _grant(self, commit: Commit) -> None:
-        """Record which manifests and chunks the commit's repo reaches (what a server
-        lets a repo's tokens read). Only manifests new since the parent are walked."""
-        names = {f.manifest for f in commit.files.values()}
-        if commit.parent:
-            try:
-                names -= {f.manifest for f in self.get_commit(commit.repo, commit.parent).files.values()}
-            except CdcError:
-                pass
-        chunk_ids: set[bytes] = set()
-        for n in names:
-            chunk_ids.update(self.get_manifest(n).chunk_ids)
-        self.index.grant(commit.repo, "manifest", names)
-        self.index.grant_chunks("repo_chunks", commit.repo, chunk_ids)
-
-    def update_branch(self, repo: str, branch: str, expected: str | None, new: str,
-                      commit: Commit | None = None, landed=None) -> str:
-        """Move `branch` from `expected` (None: must not exist) to `new`, atomically;
-        returns the commit the branch now points at. `landed(commit)` runs under the
-        lock once the commit that lands is known, before the branch file is written.
-
-        If another writer moved the branch first and `commit` (the commit named `new`)
-        touches no path that the branch's new history touched, a rebased copy of it
-        lands on the moved head instead (see docs/architecture.md). Otherwise
-        ConflictError, naming the overlapping paths; nothing changes then.
-        """
-        check_write_target(branch)
-        with self._repo_lock(repo):
-            if os.path.exists(os.path.join(self.repo_dir(repo), "tags", branch)):
-                raise InvalidAddressError(f"{branch!r} is a tag of repo {repo!r}: a tag is immutable: "
-                                          f"push to a branch")
-            path = os.path.join(self.repo_dir(repo), "branches", branch)
-            try:
-                with open(path) as f:
-                    current = f.read().strip()
-            except FileNotFoundError:
-                current = None
-            if current != expected:
-                if commit is None or current is None:
-                    raise ConflictError(
-                        f"branch {branch!r} of repo {repo!r} moved to {current or 'nothing'} while this push "
-                        f"was based on {expected or 'no commit'}: run the push again (stored chunks are reused)")
-                new, fresh = self._rebase(commit, branch, current)
-                if not fresh:  # this very commit landed before (a retried request)
-                    return new
-            if landed is not None:
-                landed(self.get_commit(repo, new))
-            self.write_atomic(path, (new + "\n").encode())
-            return new
-
-    def _applied_path(self, repo: str, original: str) -> str:
-        return os.path.join(self.repo_dir(repo), "applied", original)
-
-    def _history(self, repo: str, head: str, base: str | None) -> Iterator[tuple[str, Commit]]:
-        """Commits from `head` back to (not including) `base`; ConflictError if `base`
-        is not an ancestor of `head`."""
-        cid: str | None = head
-        while cid != base:
-            if cid is None:
-                raise ConflictError(f"commit {base} is not in the history of {head} in repo {repo!r}: "
-                                    f"the branch was reset; run the push again")
-            c = self.get_commit(repo, cid)
-            yield cid, c
-            cid = c.parent
-
-    def _rebase(self, commit: Commit, branch: str, head: str) -> tuple[str, bool]:
-        """Land `commit` on `head` (called under the repo lock). Returns (the rebased
-        commit's id, True), or (the landed id, False) when `commit` or its rebased
-        copy is already in the history since its parent (a retried request).
-        Raises ConflictError on overlapping paths."""
-        repo, cid = commit.repo, commit.id
-        try:
-            with open(self._applied_path(repo, cid)) as f:
-                recorded = f.read().strip()
-        except FileNotFoundError:
-            recorded = None
-        theirs: set[str] = set()
-        for hid, h in self._history(repo, head, commit.parent):
-            if hid in (cid, recorded):
-                return hid, False
-            parent_files = self.get_commit(repo, h.parent).files if h.parent else {}
-            theirs |= touched(parent_files, h.files)
-        base_files = self.get_commit(repo, commit.parent).files if commit.parent else {}
-        files, overlap = rebase_files(changes(base_files, commit.files), theirs,
-                                      self.get_commit(repo, head).files)
-        if files is None:
-            shown = ", ".join(overlap[:5]) + (f" and {len(overlap) - 5} more" if len(overlap) > 5 else "")
-            raise ConflictError(f"branch {branch!r} of repo {repo!r} moved to {head} and another writer changed "
-                                f"the same paths: {shown}; pull the branch and run the push again")
-        landed = self.put_commit(Commit(repo, head, commit.message, commit.time, files))
-        self.write_atomic(self._applied_path(repo, cid), (landed + "\n").encode())  # before the branch moves
-        return landed, True
-
-    def ensure_repo(self, repo: str) -> None:
-        d = self.repo_dir(repo)
-        for sub in ("commits", "branches"):
-            os.makedirs(os.path.join(d, sub), exist_ok=True)
+def open_repository(location: str, create: bool = False) -> Repository:
+    """The store at a directory path or an object store URL (`s3://BUCKET/PREFIX`)."""
+    if not is_object_url(location):
+        return LocalStore.init(location, exist_ok=True) if create else LocalStore(location)
+    objects = open_objects(location)
+    index = default_index_path(location)
+    if create:
+        return Repository.create(objects, index, location, exist_ok=True)
+    return Repository(objects, index, location)
 
 
 def pick_commit(repo: str, rev: str, matches: list[str]) -> str:

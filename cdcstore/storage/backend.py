@@ -1,0 +1,102 @@
+"""The storage abstraction the engine and the faces see: `Backend`.
+
+A `Backend` is a store, local or remote: chunks and packs, manifests, commits, branches
+and tags. `repository.Repository` implements it over any object store (a directory,
+S3, memory); `remote.client.RemoteStore` over HTTP; `cache.CachedBackend` in front of
+another backend.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Iterable, Iterator
+
+from ..core.commit import Commit
+from ..core.manifest import Manifest
+from ..core.pack import PackEntry
+
+
+class Backend(abc.ABC):
+    """What the API, the writer and the reader need from a store, local or remote.
+
+    Ids are 16-byte digests for chunks and hex strings for packs, manifests and
+    commits. Implementations keep the write order of invariant 2.
+    """
+
+    location: str
+
+    # chunks and packs
+    @abc.abstractmethod
+    def present(self, chunk_ids: list[bytes]) -> set[bytes]: ...
+    def present_or_prove(self, chunks: dict[bytes, bytes]) -> set[bytes]:
+        """Which of these chunks (id -> raw bytes) the store holds for this writer. A
+        server may hold a chunk that the writer's token cannot see yet; the writer then
+        proves it holds the bytes (docs/protocol.md) instead of sending them."""
+        return self.present(list(chunks))
+
+    @abc.abstractmethod
+    def begin_push(self) -> None: ...
+    @abc.abstractmethod
+    def tmp_path(self) -> str: ...
+    @abc.abstractmethod
+    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None: ...
+    def flush(self) -> None:
+        """Wait until every added pack is durable in the store (uploads finished)."""
+
+    @abc.abstractmethod
+    def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]: ...
+    @abc.abstractmethod
+    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes: ...
+
+    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
+                    stored: dict | None = None) -> dict[bytes, bytes]:
+        """Decoded, verified chunks by id (a remote store merges ranges). `stored`, if
+        given, may receive chunks' stored bytes (for a cache)."""
+        return {e.chunk_id: self.read_chunk(p, e, repo) for p, e in items}
+
+    # manifests, commits, branches
+    @abc.abstractmethod
+    def put_manifests(self, manifests: list[Manifest]) -> list[str]: ...
+    @abc.abstractmethod
+    def get_manifest(self, name: str, repo: str | None = None) -> Manifest: ...
+    @abc.abstractmethod
+    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
+        """Store `commit` and move `branch` from `expected` to it (compare-and-swap);
+        ConflictError if the branch moved. Returns the commit id."""
+    @abc.abstractmethod
+    def get_commit(self, repo: str, commit_id: str) -> Commit: ...
+    def resolve(self, repo: str, rev: str) -> str:
+        return self.resolve_ref(repo, rev)[0]
+
+    @abc.abstractmethod
+    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
+        """(commit id, "commit" | "branch" | "tag") of a revision (see docs/format.md)."""
+    @abc.abstractmethod
+    def branches(self, repo: str) -> dict[str, str]: ...
+    @abc.abstractmethod
+    def tags(self, repo: str) -> dict[str, str]: ...
+    @abc.abstractmethod
+    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
+        """A new tag; RefExistsError if the name is taken by a tag or a branch."""
+    @abc.abstractmethod
+    def delete_tag(self, repo: str, name: str) -> str: ...
+    @abc.abstractmethod
+    def create_branch(self, repo: str, name: str, commit_id: str) -> None: ...
+    @abc.abstractmethod
+    def delete_branch(self, repo: str, name: str) -> str:
+        """Remove a branch (never the last one of a repo); returns the commit it named."""
+    @abc.abstractmethod
+    def has_repo(self, repo: str) -> bool: ...
+    @abc.abstractmethod
+    def repos(self) -> list[str]: ...
+    @abc.abstractmethod
+    def totals(self) -> dict: ...
+
+    def log(self, repo: str, rev: str) -> Iterator[tuple[str, Commit]]:
+        cid: str | None = self.resolve(repo, rev)
+        while cid:
+            c = self.get_commit(repo, cid)
+            yield cid, c
+            cid = c.parent
+
+    def close(self) -> None:
+        pass
