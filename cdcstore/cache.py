@@ -19,6 +19,7 @@ rarely write (a promotion is one write per entry).
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -45,12 +46,25 @@ ENV_CACHE_SIZE = "CDCSTORE_CACHE_SIZE"
 DEFAULT_MAX_BYTES = 20 * 1024**3
 TOUCH_EVERY = 60.0  # seconds between recency updates of one entry
 HOT_SHARE = 0.8  # share of the budget hot (read twice) entries may keep
+PUT_TXN_BYTES = 2 * 1024 * 1024  # bytes a background write holds the write lock for, at most
 PENDING_BYTES = 256 * 1024 * 1024  # background cache writes waiting at most (then readers wait)
 TAG_PREFIX = "tag/"  # heads rows of tags (kept without a time limit: tags never move)
 HEAD_TTL = 10.0  # seconds a branch head resolved by one process serves the others
 CACHED = "cache"  # the pseudo pack name of a cached chunk
 _BATCH = 500
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def _parts(entries: list, limit: int) -> list[list]:
+    """`entries` (id, codec, raw length, stored bytes) cut into runs of about `limit` bytes."""
+    out, part, size = [], [], 0
+    for e in entries:
+        part.append(e)
+        size += len(e[3])
+        if size >= limit:
+            out.append(part)
+            part, size = [], 0
+    return out + [part] if part else out
 
 
 def parse_size(text: str | int) -> int:
@@ -123,6 +137,17 @@ class ChunkCache:
         """This thread's connection (a new one after a fork)."""
         return self._conns.conn
 
+    @contextlib.contextmanager
+    def _txn(self):
+        """A write transaction. Writers of this process queue on a lock, so that a small
+        write (a manifest, a head) waits for one short background transaction rather than
+        in sqlite's busy handler, which sleeps up to 100 ms a round."""
+        if getattr(self, "_lock_pid", None) != os.getpid():
+            self._wlock, self._lock_pid = threading.Lock(), os.getpid()
+        with self._wlock, self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            yield self.conn
+
     # -- chunks -----------------------------------------------------------------------------
     def has(self, chunk_ids: Iterable[bytes]) -> dict[bytes, PackEntry]:
         """Which of these chunks the cache holds (as entries with their raw length)."""
@@ -163,8 +188,7 @@ class ChunkCache:
                 except CorruptionError:
                     bad.append(cid)
         if bad or stale or promote:
-            with self.conn:
-                self.conn.execute("BEGIN IMMEDIATE")
+            with self._txn():
                 self.conn.executemany("DELETE FROM chunks WHERE id = ?", [(b,) for b in bad])
                 self.conn.executemany("UPDATE chunks SET used = ? WHERE id = ?", [(now, c) for c in stale])
                 self.conn.executemany("UPDATE chunks SET used = ?, hot = 1 WHERE id = ?",
@@ -177,11 +201,12 @@ class ChunkCache:
         if not entries:
             return
         now = time.time()
-        with self.conn:
-            self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.executemany(
-                "INSERT OR IGNORE INTO chunks (id, codec, raw_len, size, used, data) VALUES (?, ?, ?, ?, ?, ?)",
-                [(cid, codec, raw_len, len(data), now, bytes(data)) for cid, codec, raw_len, data in entries])
+        for part in _parts(entries, PUT_TXN_BYTES):
+            with self._txn():
+                self.conn.executemany(
+                    "INSERT OR IGNORE INTO chunks (id, codec, raw_len, size, used, data) VALUES (?, ?, ?, ?, ?, ?)",
+                    [(cid, codec, raw_len, len(data), now, bytes(data)) for cid, codec, raw_len, data in part])
+            time.sleep(0)  # let a waiting writer of this process have the lock
         if self.bytes() > self.max_bytes:
             self.prune()
 
@@ -239,8 +264,7 @@ class ChunkCache:
             excess = self.bytes() - target
             if excess <= 0:
                 return freed
-            with self.conn:
-                self.conn.execute("BEGIN IMMEDIATE")
+            with self._txn():
                 rows = self.conn.execute("SELECT id, size FROM chunks ORDER BY hot, used LIMIT 1000").fetchall()
                 if not rows:
                     return freed
@@ -255,8 +279,7 @@ class ChunkCache:
 
     def _demote(self, cap: int) -> None:
         """Move the oldest hot entries to probation until hot ones hold at most `cap` bytes."""
-        with self.conn:
-            self.conn.execute("BEGIN IMMEDIATE")
+        with self._txn():
             excess = self.conn.execute("SELECT COALESCE(SUM(size), 0) FROM chunks WHERE hot = 1").fetchone()[0] - cap
             if excess <= 0:
                 return
@@ -280,7 +303,7 @@ class ChunkCache:
         return row[0]
 
     def put_object(self, kind: str, name: str, data: bytes) -> None:
-        with self.conn:
+        with self._txn():
             self.conn.execute("INSERT OR IGNORE INTO objects (kind, name, data) VALUES (?, ?, ?)", (kind, name, data))
 
     # -- branch heads, briefly ----------------------------------------------------------------
@@ -290,11 +313,11 @@ class ChunkCache:
         return row[0] if row else None
 
     def put_head(self, repo: str, rev: str, commit_id: str) -> None:
-        with self.conn:
+        with self._txn():
             self.conn.execute("INSERT OR REPLACE INTO heads VALUES (?, ?, ?, ?)", (repo, rev, commit_id, time.time()))
 
     def forget_head(self, repo: str, rev: str) -> None:
-        with self.conn:
+        with self._txn():
             self.conn.execute("DELETE FROM heads WHERE repo = ? AND rev = ?", (repo, rev))
 
     # -- housekeeping --------------------------------------------------------------------------
@@ -389,7 +412,7 @@ class CachedBackend(Backend):
         return out
 
     def read_chunks(self, items: list[tuple[str, PackEntry]], repo=None) -> dict[bytes, bytes]:
-        out = self.cache.get([e.chunk_id for _, e in items])
+        out = self.cache.get([e.chunk_id for p, e in items if p == CACHED])  # the rest were misses at locate
         missing = [(p, e) for p, e in items if e.chunk_id not in out]
         if any(p == CACHED for p, _ in missing):  # evicted or corrupt since located: locate again
             again = self.inner.locate([e.chunk_id for p, e in missing if p == CACHED], repo)
