@@ -103,12 +103,15 @@ class Link:
             self.up = False
 
 
-def start(cmd: list[str], url_probe: str, netns: bool) -> subprocess.Popen:
+def start(cmd: list[str], url_probe: str, netns: bool, log_path: str) -> subprocess.Popen:
+    """A server child, its output (access log included) to a file: a pipe nobody reads
+    would fill and stop the server."""
     import urllib.request
     full = (["ip", "netns", "exec", NS] if netns else []) + cmd
-    proc = subprocess.Popen(full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(full, stdout=log, stderr=subprocess.STDOUT)
     server_util().wait_until_up(proc, urllib.request.Request(url_probe),
-                                lambda: proc.stderr.read().decode(errors="replace"))
+                                lambda: open(log_path, errors="replace").read()[-2000:])
     return proc
 
 
@@ -174,9 +177,10 @@ def one_link(name: str, args, work: str, store: str, v1: str, v2: str, commits: 
     try:
         procs.append(start([sys.executable, "-m", "cdcstore", "serve", "--store", store, "--host", host,
                             "--port", str(port_ours), "--allow-no-auth"],
-                           f"http://{host}:{port_ours}/v1/health", bool(link)))
+                           f"http://{host}:{port_ours}/v1/health", bool(link), os.path.join(work, "serve.log")))
         procs.append(start([sys.executable, os.path.abspath(__file__), "--_static", os.path.dirname(v2), host,
-                            str(port_static)], f"http://{host}:{port_static}/v2/{list_files(v2)[0]}", bool(link)))
+                            str(port_static)], f"http://{host}:{port_static}/v2/{list_files(v2)[0]}", bool(link),
+                           os.path.join(work, "static.log")))
         ours_url, static_url = f"http://{host}:{port_ours}", f"http://{host}:{port_static}"
         f1, f2 = list_files(v1), list_files(v2)
         times: dict[str, list[float]] = {}
