@@ -153,9 +153,10 @@ def same_tree(a: str, b: str) -> str | None:
 # ---------------------------------------------------------------------------------------------
 
 def wire(r) -> dict:
-    return {"seconds": r.seconds, "files": r.files, "bytes": r.bytes, "new_bytes": r.new_bytes,
-            "stored_bytes": r.stored_bytes, "sent_bytes": r.sent_bytes, "received_bytes": r.received_bytes,
-            "requests": r.requests, "chunks": r.chunks, "new_chunks": r.new_chunks}
+    """Figures of a PushResult or PullResult (a pull has no new_* or chunk counts: 0)."""
+    keys = ("seconds", "files", "bytes", "new_bytes", "stored_bytes", "sent_bytes", "received_bytes",
+            "requests", "chunks", "new_chunks")
+    return {k: getattr(r, k, 0) for k in keys}
 
 
 def fsspec_get(url: str, files: list[str], dest: str) -> float:

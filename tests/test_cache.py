@@ -111,3 +111,62 @@ def test_cache_cli_and_sizes(tmp_path):
     assert '"chunks": 1' in run("stats", "--json").stdout
     assert run("prune", "--max-size", "1").returncode == 0
     assert run("clear").returncode == 0 and ChunkCache(path).stats()["chunks"] == 0
+
+
+def _entries(tag: bytes, n: int, size: int) -> list[tuple[bytes, int, int, bytes]]:
+    """n raw chunks of `size` bytes, as cache entries keyed by their real ids."""
+    from cdcstore.core.ids import digest
+    from cdcstore.core.pack import CODEC_RAW
+    out = []
+    for i in range(n):
+        data = (tag + i.to_bytes(4, "little")) * (size // (len(tag) + 4))
+        out.append((digest(data), CODEC_RAW, len(data), data))
+    return out
+
+
+def test_a_scan_larger_than_the_cache_keeps_its_hot_set(tmp_path):
+    """A hot set read twice, then a one-pass scan 3x the cache: the hot set stays."""
+    cache = ChunkCache(str(tmp_path / "c.sqlite"), max_bytes=1_000_000)
+    hot = _entries(b"hot", 20, 10_000)  # 200 KB, read again below: second touch
+    cache.put(hot)
+    hot_ids = [e[0] for e in hot]
+    assert len(cache.get(hot_ids)) == 20
+    for k in range(30):  # 3 MB of chunks seen once, in 100 KB batches as a reader stores them
+        cache.put(_entries(b"scan%d" % k, 10, 10_000))
+        assert cache.bytes() <= 1_000_000
+    assert len(cache.get(hot_ids)) == 20  # every hot chunk is still a hit
+    assert len(cache.has([e[0] for e in _entries(b"scan29", 10, 10_000)])) == 10  # the newest scan data too
+
+
+def test_a_hot_set_larger_than_its_share_still_admits_new_data(tmp_path):
+    """Everything read twice cannot freeze the cache: old protected entries are demoted."""
+    cache = ChunkCache(str(tmp_path / "c.sqlite"), max_bytes=1_000_000)
+    for k in range(3):  # 1.5 MB read twice, in turn
+        batch = _entries(b"h%d" % k, 50, 10_000)
+        cache.put(batch)
+        cache.get([e[0] for e in batch])
+    assert cache.bytes() <= 1_000_000
+    fresh = _entries(b"fresh", 10, 10_000)
+    cache.put(fresh)
+    assert len(cache.has([e[0] for e in fresh])) == 10
+    assert len(cache.get([e[0] for e in fresh])) == 10  # read twice: now hot in turn
+    for k in range(30):
+        cache.put(_entries(b"scan%d" % k, 10, 10_000))
+    assert len(cache.get([e[0] for e in fresh])) == 10  # and kept through a scan
+    assert cache.bytes() <= 1_000_000
+
+
+def test_a_cache_from_before_segments_is_upgraded_in_place(tmp_path):
+    path = str(tmp_path / "c.sqlite")
+    (cid, codec, raw_len, data), = _entries(b"old", 1, 1000)
+    db = sqlite3.connect(path)
+    db.executescript("""CREATE TABLE chunks (id BLOB PRIMARY KEY, codec INTEGER NOT NULL, raw_len INTEGER NOT NULL,
+                        size INTEGER NOT NULL, used REAL NOT NULL, data BLOB NOT NULL);
+                        CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+                        INSERT INTO meta VALUES ('bytes', 0);""")
+    db.execute("INSERT INTO chunks VALUES (?, ?, ?, ?, 0, ?)", (cid, codec, raw_len, len(data), data))
+    db.commit()
+    db.close()
+    cache = ChunkCache(path)
+    assert cache.get([cid]) == {cid: data}
+    assert sqlite3.connect(path).execute("SELECT hot FROM chunks").fetchone() == (1,)  # promoted by that hit

@@ -331,3 +331,32 @@ def test_a_stalled_server_times_out_with_an_error(tmp_path):
         for c in accepted:
             c.close()
         listener.close()
+
+
+def test_a_damaged_range_among_many_is_an_error_and_never_cached(server, tmp_path):
+    """A read of several 8 MiB ranges verifies each as it lands: one flipped byte in the
+    server's pack gives CorruptionError, and no damaged chunk reaches the cache."""
+    import glob
+
+    from cdcstore import CorruptionError
+    from cdcstore.storage.cache import ChunkCache
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(20_000_000)  # incompressible: about 20 MB of pack, three ranges
+    (src / "f.bin").write_bytes(data)
+    with Store(server.url, cache=False) as s:
+        s.push([str(src)], "cdc://r/")
+    pack, = glob.glob(os.path.join(server.store, "**", "*.pack"), recursive=True)
+    with open(pack, "r+b") as f:
+        f.seek(13_000_000)
+        byte = f.read(1)
+        f.seek(13_000_000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    cache = ChunkCache(str(tmp_path / "c.sqlite"))
+    with Store(server.url, cache=cache) as s:
+        with pytest.raises(CorruptionError):
+            s.cat("cdc://r/f.bin")
+    cache.wait()
+    rows = cache.conn.execute("SELECT id, codec, data FROM chunks").fetchall()
+    assert all(codec == CODEC_RAW and ids.digest(d) == cid for cid, codec, d in rows)  # random data: stored raw
+    assert sum(len(d) for _, _, d in rows) < len(data)  # not the damaged chunk, at least

@@ -29,12 +29,13 @@ from ..core.errors import (AccessDeniedError, ConflictError, CorruptionError, No
                           RemoteError, RepoNotFoundError, RevisionNotFoundError, error_class)
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
-from ..core.ranges import plan_ranges, slices
+from ..core.ranges import ByteRange, plan_ranges, slices
 from ..storage.backend import Backend
 from ..storage.local import pid_alive
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
+RANGE_BYTES = 8 * 1024 * 1024  # a read's ranges: large, yet many at once over the 8 connections
 NOTE_AFTER = 1.0  # seconds: a retry waiting this long is logged (the CLI prints it unless -q)
 log = logging.getLogger("cdcstore.client")
 
@@ -244,8 +245,10 @@ class RemoteStore(Backend):
 
     locate_is_cheap = False
 
-    def __init__(self, url: str, token: str | None = None, *, upload_concurrency: int = 4, **transport):
+    def __init__(self, url: str, token: str | None = None, *, upload_concurrency: int = 4,
+                 range_bytes: int = RANGE_BYTES, **transport):
         self.location = url.rstrip("/")
+        self.range_bytes = range_bytes  # largest pack range one request asks for
         self.t = Transport(url, token if token is not None else os.environ.get(ENV_TOKEN), **transport)
         self.upload_concurrency = upload_concurrency
         self.proven_chunks = 0  # chunks proved held instead of sent (another tenant stored them)
@@ -353,19 +356,25 @@ class RemoteStore(Backend):
                     stored: dict | None = None) -> dict[bytes, bytes]:
         """Verified chunks by id, fetched in merged range requests; `stored`, if given,
         receives each chunk's stored (compressed) bytes too (for a cache)."""
-        ranges = plan_ranges(items)
-
-        async def fetch_all():
-            return await asyncio.gather(*(self.t.get_range(f"{self._api}/repos/{repo}/packs/{r.pack}", r.start, r.end)
-                                          for r in ranges))
-
+        ranges = plan_ranges(items, max_range=self.range_bytes)
+        futures = {self.t.submit(self.t.get_range(f"{self._api}/repos/{repo}/packs/{r.pack}", r.start, r.end)): r
+                   for r in ranges}
         out: dict[bytes, bytes] = {}
-        for r, data in zip(ranges, self.t.run(fetch_all())):
-            for e, stored_bytes in slices(r, data):
-                out[e.chunk_id] = decode_chunk(stored_bytes, e.codec, e.raw_len, e.chunk_id)
-                if stored is not None:
-                    stored[e.chunk_id] = stored_bytes
+        try:
+            for fut in concurrent.futures.as_completed(futures):  # verify each range while the rest arrive
+                self._decode_range(futures[fut], fut.result(), out, stored)
+        finally:
+            for fut in futures:
+                fut.cancel()
         return out
+
+    @staticmethod
+    def _decode_range(r: ByteRange, data, out: dict, stored: dict | None) -> None:
+        """Verified chunks of one fetched range into `out` (and their stored bytes into `stored`)."""
+        for e, stored_bytes in slices(r, data):
+            out[e.chunk_id] = decode_chunk(stored_bytes, e.codec, e.raw_len, e.chunk_id)
+            if stored is not None:
+                stored[e.chunk_id] = stored_bytes
 
     def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes:
         return self.read_chunks([(pack, entry)], repo)[entry.chunk_id]

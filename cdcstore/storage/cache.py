@@ -4,14 +4,22 @@ One sqlite file (WAL mode, busy timeout) shared by every file, version, repo and
 process on the machine: a chunk fetched for v1 serves v2, and DataLoader workers
 share it. Entries keep their stored (compressed) form and are checked against
 their id on every read; a corrupt entry is dropped and fetched again. The cache is
-bounded: past `max_bytes`, the least recently used entries go until it is at 90%.
-Recency is refreshed at most once a minute per entry, so hits rarely write.
+bounded: past `max_bytes`, entries go until it is at 90%, least recently used first.
+
+Admission is scan resistant (a segmented LRU): a chunk enters on probation and is
+promoted ("hot") when it is read from the cache once more. Eviction takes probation
+first, so a one-pass scan larger than the cache (a stream, a cold pull) replaces
+only other probation entries and leaves the hot set alone; hot entries past
+`HOT_SHARE` of the budget are demoted to probation, oldest first, so that new data
+always gets in. Recency is refreshed at most once a minute per entry, so hits
+rarely write (a promotion is one write per entry).
 
 `CachedBackend` puts the cache in front of any `Backend` (normally a
 `RemoteStore`): reads take what the cache holds and fetch only the rest.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -37,12 +45,26 @@ ENV_CACHE = "CDCSTORE_CACHE"
 ENV_CACHE_SIZE = "CDCSTORE_CACHE_SIZE"
 DEFAULT_MAX_BYTES = 20 * 1024**3
 TOUCH_EVERY = 60.0  # seconds between recency updates of one entry
+HOT_SHARE = 0.8  # share of the budget hot (read twice) entries may keep
+PUT_TXN_BYTES = 2 * 1024 * 1024  # bytes a background write holds the write lock for, at most
 PENDING_BYTES = 256 * 1024 * 1024  # background cache writes waiting at most (then readers wait)
 TAG_PREFIX = "tag/"  # heads rows of tags (kept without a time limit: tags never move)
 HEAD_TTL = 10.0  # seconds a branch head resolved by one process serves the others
 CACHED = "cache"  # the pseudo pack name of a cached chunk
 _BATCH = 500
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def _parts(entries: list, limit: int) -> list[list]:
+    """`entries` (id, codec, raw length, stored bytes) cut into runs of about `limit` bytes."""
+    out, part, size = [], [], 0
+    for e in entries:
+        part.append(e)
+        size += len(e[3])
+        if size >= limit:
+            out.append(part)
+            part, size = [], 0
+    return out + [part] if part else out
 
 
 def parse_size(text: str | int) -> int:
@@ -92,11 +114,39 @@ class ChunkCache:
                 CREATE TRIGGER IF NOT EXISTS chunks_del AFTER DELETE ON chunks
                     BEGIN UPDATE meta SET value = value - OLD.size WHERE key = 'bytes'; END;
             """)
+        self._add_segments()
+
+    def _add_segments(self) -> None:
+        """The `hot` column (0 probation, 1 hot) and its eviction index; a cache made by an
+        older version gets them here, its entries on probation."""
+        if "hot" in [r[1] for r in self.conn.execute("PRAGMA table_info(chunks)")]:
+            return
+        try:
+            with self.conn:
+                self.conn.execute("BEGIN IMMEDIATE")
+                if "hot" not in [r[1] for r in self.conn.execute("PRAGMA table_info(chunks)")]:
+                    self.conn.execute("ALTER TABLE chunks ADD COLUMN hot INTEGER NOT NULL DEFAULT 0")
+        except sqlite3.OperationalError as e:  # another process added it first
+            if "duplicate column" not in str(e):
+                raise
+        with self.conn:
+            self.conn.execute("CREATE INDEX IF NOT EXISTS chunks_evict ON chunks(hot, used)")
 
     @property
     def conn(self) -> sqlite3.Connection:
         """This thread's connection (a new one after a fork)."""
         return self._conns.conn
+
+    @contextlib.contextmanager
+    def _txn(self):
+        """A write transaction. Writers of this process queue on a lock, so that a small
+        write (a manifest, a head) waits for one short background transaction rather than
+        in sqlite's busy handler, which sleeps up to 100 ms a round."""
+        if getattr(self, "_lock_pid", None) != os.getpid():
+            self._wlock, self._lock_pid = threading.Lock(), os.getpid()
+        with self._wlock, self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            yield self.conn
 
     # -- chunks -----------------------------------------------------------------------------
     def has(self, chunk_ids: Iterable[bytes]) -> dict[bytes, PackEntry]:
@@ -117,7 +167,7 @@ class ChunkCache:
         are deleted and left out (so the caller fetches them again). A hit writes only
         when its recency is over a minute old, so warm reads stay read-only."""
         wanted = list(dict.fromkeys(chunk_ids))
-        out, bad, stale = {}, [], []
+        out, bad, stale, promote = {}, [], [], []
         queued = self._queued if self._writer_pid == os.getpid() else {}
         for cid in wanted:  # entries still waiting for the background writer
             e = queued.get(cid)
@@ -127,31 +177,36 @@ class ChunkCache:
         now = time.time()
         for i in range(0, len(wanted), _BATCH):
             batch = wanted[i:i + _BATCH]
-            q = f"SELECT id, codec, raw_len, used, data FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
-            for cid, codec, raw_len, used, data in self.conn.execute(q, batch):
+            q = f"SELECT id, codec, raw_len, used, hot, data FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
+            for cid, codec, raw_len, used, hot, data in self.conn.execute(q, batch):
                 try:
                     out[cid] = decode_chunk(data, codec, raw_len, cid)
-                    if used < now - TOUCH_EVERY:
+                    if not hot:
+                        promote.append(cid)
+                    elif used < now - TOUCH_EVERY:
                         stale.append(cid)
                 except CorruptionError:
                     bad.append(cid)
-        if bad or stale:
-            with self.conn:
-                self.conn.execute("BEGIN IMMEDIATE")
+        if bad or stale or promote:
+            with self._txn():
                 self.conn.executemany("DELETE FROM chunks WHERE id = ?", [(b,) for b in bad])
                 self.conn.executemany("UPDATE chunks SET used = ? WHERE id = ?", [(now, c) for c in stale])
+                self.conn.executemany("UPDATE chunks SET used = ?, hot = 1 WHERE id = ?",
+                                      [(now, c) for c in promote])
         return out
 
     def put(self, entries: list[tuple[bytes, int, int, bytes]]) -> None:
-        """Store (id, codec, raw length, stored bytes) entries, then evict if over budget."""
+        """Store (id, codec, raw length, stored bytes) entries on probation, then evict if
+        over budget. An entry already cached is left as it is."""
         if not entries:
             return
         now = time.time()
-        with self.conn:
-            self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.executemany(
-                "INSERT OR IGNORE INTO chunks (id, codec, raw_len, size, used, data) VALUES (?, ?, ?, ?, ?, ?)",
-                [(cid, codec, raw_len, len(data), now, bytes(data)) for cid, codec, raw_len, data in entries])
+        for part in _parts(entries, PUT_TXN_BYTES):
+            with self._txn():
+                self.conn.executemany(
+                    "INSERT OR IGNORE INTO chunks (id, codec, raw_len, size, used, data) VALUES (?, ?, ?, ?, ?, ?)",
+                    [(cid, codec, raw_len, len(data), now, bytes(data)) for cid, codec, raw_len, data in part])
+            time.sleep(0)  # let a waiting writer of this process have the lock
         if self.bytes() > self.max_bytes:
             self.prune()
 
@@ -198,18 +253,19 @@ class ChunkCache:
         return self.conn.execute("SELECT value FROM meta WHERE key = 'bytes'").fetchone()[0]
 
     def prune(self, max_bytes: int | None = None) -> int:
-        """Evict least recently used chunks until at most 90% of `max_bytes` remain;
+        """Evict chunks until at most 90% of `max_bytes` remain, probation before hot,
+        least recently used first (hot entries past `HOT_SHARE` are demoted first);
         returns the bytes freed."""
         limit = self.max_bytes if max_bytes is None else max_bytes
         target = int(limit * 0.9) if self.bytes() > limit or max_bytes is not None else limit
         freed = 0
+        self._demote(int(target * HOT_SHARE))
         while True:
             excess = self.bytes() - target
             if excess <= 0:
                 return freed
-            with self.conn:
-                self.conn.execute("BEGIN IMMEDIATE")
-                rows = self.conn.execute("SELECT id, size FROM chunks ORDER BY used LIMIT 1000").fetchall()
+            with self._txn():
+                rows = self.conn.execute("SELECT id, size FROM chunks ORDER BY hot, used LIMIT 1000").fetchall()
                 if not rows:
                     return freed
                 drop, total = [], 0
@@ -220,6 +276,20 @@ class ChunkCache:
                         break
                 self.conn.executemany("DELETE FROM chunks WHERE id = ?", drop)
                 freed += total
+
+    def _demote(self, cap: int) -> None:
+        """Move the oldest hot entries to probation until hot ones hold at most `cap` bytes."""
+        with self._txn():
+            excess = self.conn.execute("SELECT COALESCE(SUM(size), 0) FROM chunks WHERE hot = 1").fetchone()[0] - cap
+            if excess <= 0:
+                return
+            drop, total = [], 0
+            for cid, size in self.conn.execute("SELECT id, size FROM chunks WHERE hot = 1 ORDER BY used"):
+                if total >= excess:
+                    break
+                drop.append((cid,))
+                total += size
+            self.conn.executemany("UPDATE chunks SET hot = 0 WHERE id = ?", drop)
 
     # -- immutable objects (manifests, commits) ------------------------------------------------
     def get_object(self, kind: str, name: str) -> bytes | None:
@@ -233,7 +303,7 @@ class ChunkCache:
         return row[0]
 
     def put_object(self, kind: str, name: str, data: bytes) -> None:
-        with self.conn:
+        with self._txn():
             self.conn.execute("INSERT OR IGNORE INTO objects (kind, name, data) VALUES (?, ?, ?)", (kind, name, data))
 
     # -- branch heads, briefly ----------------------------------------------------------------
@@ -243,11 +313,11 @@ class ChunkCache:
         return row[0] if row else None
 
     def put_head(self, repo: str, rev: str, commit_id: str) -> None:
-        with self.conn:
+        with self._txn():
             self.conn.execute("INSERT OR REPLACE INTO heads VALUES (?, ?, ?, ?)", (repo, rev, commit_id, time.time()))
 
     def forget_head(self, repo: str, rev: str) -> None:
-        with self.conn:
+        with self._txn():
             self.conn.execute("DELETE FROM heads WHERE repo = ? AND rev = ?", (repo, rev))
 
     # -- housekeeping --------------------------------------------------------------------------
@@ -342,7 +412,7 @@ class CachedBackend(Backend):
         return out
 
     def read_chunks(self, items: list[tuple[str, PackEntry]], repo=None) -> dict[bytes, bytes]:
-        out = self.cache.get([e.chunk_id for _, e in items])
+        out = self.cache.get([e.chunk_id for p, e in items if p == CACHED])  # the rest were misses at locate
         missing = [(p, e) for p, e in items if e.chunk_id not in out]
         if any(p == CACHED for p, _ in missing):  # evicted or corrupt since located: locate again
             again = self.inner.locate([e.chunk_id for p, e in missing if p == CACHED], repo)
