@@ -23,7 +23,7 @@ from .core.manifest import Manifest
 from .core.errors import CorruptionError, InvalidAddressError, PathNotFoundError
 from .engine.read import FileReader, LocalSeed
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
-from .storage.repository import LocalStore, no_such_path
+from .storage.repository import LocalStore, Repository, is_object_url, no_such_path, open_repository
 from .engine.push import Ingest, IngestOptions
 
 
@@ -212,12 +212,14 @@ def _check_tree(files: dict[str, FileEntry]) -> None:
 
 
 def is_url(location: str) -> bool:
-    """True for an http(s):// server URL; any other `scheme://` is refused."""
+    """True for an http(s):// server URL; False for a folder or an object store URL
+    (s3://, memory://); any other `scheme://` is refused."""
     m = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", location)
-    if m and m.group(1).lower() not in ("http", "https"):
+    if m and m.group(1).lower() not in ("http", "https", "s3", "memory"):
         raise InvalidAddressError(f"unsupported store scheme {m.group(1)}://: give a folder path, "
-                                  f"or a server URL starting with http:// or https://")
-    return bool(m)
+                                  f"an object store URL (s3://BUCKET/PREFIX), or a server URL "
+                                  f"starting with http:// or https://")
+    return bool(m) and not is_object_url(location)
 
 
 class Store:
@@ -247,9 +249,12 @@ class Store:
         else:
             if create is None:  # the default store is created on first use
                 create = location is None and not os.environ.get(ENV_STORE)
-            if create and not os.path.exists(os.path.join(path, "cdcstore.json")):
-                LocalStore.init(path, exist_ok=True)
-            self.backend = LocalStore(path)
+            if is_object_url(path):
+                self.backend = open_repository(path, create=bool(create))
+            else:
+                if create and not os.path.exists(os.path.join(path, "cdcstore.json")):
+                    LocalStore.init(path, exist_ok=True)
+                self.backend = LocalStore(path)
         self.location = self.backend.location
 
     @classmethod
@@ -258,12 +263,15 @@ class Store:
         if is_url(location):
             raise InvalidAddressError(f"{location} is a server: a server's store is created on the server "
                                       f"(run `cdcstore init --store DIR` there, then `cdcstore serve`)")
-        LocalStore.init(location)
+        if is_object_url(location):
+            open_repository(location, create=True).close()
+        else:
+            LocalStore.init(location)
         return cls(location)
 
     # -- administration (local store directories; a server runs these on its own store) --------
-    def _local(self, command: str) -> LocalStore:
-        if not isinstance(self.backend, LocalStore):
+    def _local(self, command: str) -> Repository:
+        if not isinstance(self.backend, Repository):
             raise InvalidAddressError(f"{command} works on a store directory, not {self.location}: "
                                       f"run `cdcstore {command} --store DIR` on the server")
         return self.backend
@@ -533,7 +541,7 @@ class Store:
         h = ids.hasher()
         try:
             source = self.backend
-            if os.path.isfile(target) and is_url(self.location):  # reuse what the old copy has
+            if os.path.isfile(target) and not isinstance(self.backend, LocalStore):  # reuse what the old copy has
                 source = LocalSeed(self.backend, target)
             with FileReader(source, m, path, repo, sequential=True, readahead_bytes=64 << 20,
                             batch_bytes=8 << 20) as src, open(tmp, "wb") as out:

@@ -39,3 +39,32 @@ def _isolated_default_store(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     for var in ("CDCSTORE_STORE", "CDCSTORE_CACHE", "CDCSTORE_CACHE_SIZE", "CDCSTORE_TOKEN"):
         monkeypatch.delenv(var, raising=False)
+
+
+S3_BUCKET = "cdcstore-conformance"
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """moto's S3 server (a real S3 HTTP API) on a free loopback port, with one bucket; its URL."""
+    import boto3
+    from moto import server as moto_server
+
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=url, aws_access_key_id="testing", aws_secret_access_key="testing",
+                 region_name="us-east-1").create_bucket(Bucket=S3_BUCKET)
+    yield url
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_endpoint, monkeypatch):
+    """The standard AWS variables pointing at the test's S3 server (children inherit them)."""
+    env = {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_REGION": "us-east-1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env

@@ -4,6 +4,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -47,7 +48,8 @@ class ServerProcess:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
-        self.log_path = os.path.join(store, "..", f"server-{self.port}.log")
+        folder = os.path.join(store, "..") if "://" not in store else tempfile.gettempdir()
+        self.log_path = os.path.join(folder, f"server-{self.port}.log")
 
     def start(self) -> "ServerProcess":
         self.log = open(self.log_path, "ab")

@@ -1,4 +1,4 @@
-"""`cdcstore serve`: an aiohttp server over a LocalStore (protocol v1, docs/protocol.md).
+"""`cdcstore serve`: an aiohttp server over a repository (protocol v1, docs/protocol.md).
 
 The server trusts nothing it receives: it re-hashes every chunk of every pack,
 checks manifests against the chunks it holds and commits against the manifests,
@@ -34,7 +34,8 @@ from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddr
                      RepoNotFoundError, RevisionNotFoundError)
 from ..core.manifest import Manifest
 from ..core.pack import read_verified
-from ..storage.repository import LocalStore
+from ..storage.objects import NotFound
+from ..storage.repository import Repository, open_repository, pack_name
 
 log = logging.getLogger("cdcstore.server")
 
@@ -210,7 +211,7 @@ MAX_SCOPED_RANGE = 64 * 1024 * 1024  # bytes of one masked pack range (clients a
 
 
 class Server:
-    def __init__(self, store: LocalStore, config: ServerConfig):
+    def __init__(self, store: Repository, config: ServerConfig):
         self.store = store
         self.config = config
         self.auth = Auth(config.tokens)
@@ -523,10 +524,17 @@ class Server:
         name = request.match_info["name"]
         if not ids.is_hex_id(name) or not await self._io(self.store.index.reaches, repo, "manifest", name):
             raise HTTPError(404, f"no manifest {name} in repo {repo!r}")
-        path = self.store.manifest_path(name)
-        if not os.path.isfile(path):
-            raise HTTPError(404, f"manifest {name} is missing on the server: run `cdcstore check` there")
-        return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
+        missing = HTTPError(404, f"manifest {name} is missing on the server: run `cdcstore check` there")
+        path = self.store.manifest_file(name)
+        if path is not None:
+            if not os.path.isfile(path):
+                raise missing
+            return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
+        try:
+            body = await self._io(self.store.manifest_bytes, name)
+        except NotFound:
+            raise missing from None
+        return web.Response(body=body, content_type="application/octet-stream")
 
     async def locate(self, request):
         repo = self._repo(request)  # checks the token's access to the repo
@@ -550,16 +558,19 @@ class Server:
         scope = self.auth.scope(request)
         if not ids.is_hex_id(name) or not await self._io(self.store.index.has_pack, name):
             raise HTTPError(404, f"no pack {name} in repo {repo!r}")
-        path = self.store.pack_path(name)
-        if not os.path.isfile(path):
-            raise HTTPError(404, f"pack {name} is missing on the server: run `cdcstore check` there")
-        if scope is None:
+        missing = HTTPError(404, f"pack {name} is missing on the server: run `cdcstore check` there")
+        path = self.store.pack_file(name)
+        if path is not None and not os.path.isfile(path):
+            raise missing
+        if scope is None and path is not None:
             return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
         try:
             rng = request.http_range
         except ValueError:
             rng = None
         start, stop = (rng.start, rng.stop) if rng is not None else (None, None)
+        if scope is None:  # an object store: the range is read from it and sent
+            return await self._object_range(name, start, stop, missing)
         if start is None or stop is None or start < 0 or stop <= start or stop - start > MAX_SCOPED_RANGE:
             raise HTTPError(416, f"a token limited to some repos reads packs by one byte range "
                                  f"(Range: bytes=a-b, at most {MAX_SCOPED_RANGE} bytes)")
@@ -568,13 +579,28 @@ class Server:
         return web.Response(status=206, body=body, content_type="application/octet-stream",
                             headers={"Content-Range": f"bytes {start}-{start + len(body) - 1}/*"})
 
+    async def _object_range(self, name: str, start: int | None, stop: int | None, missing: HTTPError):
+        """One range of a pack kept in an object store (at most MAX_SCOPED_RANGE bytes)."""
+        if start is None or stop is None or start < 0 or stop <= start or stop - start > MAX_SCOPED_RANGE:
+            raise HTTPError(416, f"packs of this server are read by one byte range "
+                                 f"(Range: bytes=a-b, at most {MAX_SCOPED_RANGE} bytes)")
+        with self.heavy():
+            try:
+                body = await self._io(self.store.objects.get_range, pack_name(name), start, stop - start)
+            except NotFound:
+                raise missing from None
+        if not body:
+            raise HTTPError(416, f"range starts past the end of pack {name}")
+        return web.Response(status=206, body=bytes(body), content_type="application/octet-stream",
+                            headers={"Content-Range": f"bytes {start}-{start + len(body) - 1}/*"})
+
     def _masked_range(self, repo: str, scope: Scope, name: str, start: int, stop: int) -> bytes:
         entries = self.store.index.pack_chunks(name, start, stop)
         keep = self._visible(scope, [e.chunk_id for e in entries], (repo,))
         spans = [(max(e.offset, start), min(e.offset + e.stored_len, stop)) for e in entries if e.chunk_id in keep]
         if not spans:
             raise HTTPError(404, f"no chunk of repo {repo!r} in that range of pack {name}")
-        stop = min(stop, os.path.getsize(self.store.pack_path(name)))
+        stop = min(stop, self.store.pack_size(name))
         out = bytearray(stop - start)
         for lo, hi in spans:
             out[lo - start:hi - start] = self.store.read_stored(name, lo, hi - lo)
@@ -621,13 +647,14 @@ class Server:
         return web.json_response(await self._io(self.store.index.reach_totals, list(scope.repos)))
 
 
-def make_app(store: LocalStore, config: ServerConfig | None = None) -> web.Application:
+def make_app(store: Repository, config: ServerConfig | None = None) -> web.Application:
     config = config or ServerConfig()
     s = Server(store, config)
     app = web.Application(middlewares=[errors_middleware], client_max_size=wire.MAX_JSON_BYTES)
     app.on_startup.append(s.on_startup)
     app.on_cleanup.append(s.on_cleanup)
-    app[STORE_ROOTS] = tuple(sorted({store.root, os.path.realpath(store.root)}, key=len, reverse=True))
+    roots = {store.location} | ({os.path.realpath(store.location)} if os.path.isdir(store.location) else set())
+    app[STORE_ROOTS] = tuple(sorted(roots, key=len, reverse=True))
     api = wire.API
     app.add_routes([
         web.get(f"{api}/health", s.health),
@@ -687,7 +714,7 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
             raise InvalidAddressError(
                 f"refusing to serve {host} without --tokens: anyone could read and write. "
                 f"Pass --tokens FILE, bind 127.0.0.1, or add --allow-no-auth to accept the risk")
-    store = LocalStore(store_path)
+    store = open_repository(store_path)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("aiohttp.server").addFilter(OneLineErrors())
     app = make_app(store, ServerConfig(tokens=tokens, max_heavy=max_heavy, **limits))
@@ -695,7 +722,7 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
     def announce(_msg: str) -> None:  # run_app calls this only once it listens: bind first, announce after
         if tokens is None:
             log.warning("serving without authentication (no --tokens): anyone who can connect can write")
-        print(f"cdcstore serving {store.root} on http://{host}:{port}{wire.API}", flush=True)
+        print(f"cdcstore serving {store.location} on http://{host}:{port}{wire.API}", flush=True)
 
     try:
         web.run_app(app, host=host, port=port, print=announce,

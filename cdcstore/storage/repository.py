@@ -205,13 +205,25 @@ class Repository(Backend):
     def iter_pack_names(self) -> Iterator[str]:
         yield from sorted(self.pack_sizes())
 
-    def _pack_size(self, name: str) -> int:
+    def pack_size(self, name: str) -> int:
+        """Bytes of a stored pack; NotFound if absent."""
         return self.objects.stat(pack_name(name)).size
+
+    def pack_file(self, name: str) -> str | None:
+        """A local file holding the pack, to send without a copy (None: not a directory store)."""
+        return self.objects.local_path(pack_name(name)) if self.objects.capabilities.local_path else None
+
+    def manifest_file(self, name: str) -> str | None:
+        return self.objects.local_path(manifest_name(name)) if self.objects.capabilities.local_path else None
+
+    def manifest_bytes(self, name: str) -> bytes:
+        """A stored manifest's bytes as stored (NotFound if absent)."""
+        return bytes(self.objects.get(manifest_name(name)))
 
     def read_pack_index(self, name: str, size: int | None = None) -> list[PackEntry]:
         """A pack's footer index, read with two or three ranged reads (never the whole pack)."""
         try:
-            size = self._pack_size(name) if size is None else size
+            size = self.pack_size(name) if size is None else size
         except NotFound:
             raise CorruptionError(f"pack {name} is missing") from None
         return read_index(_RangeFile(self.objects, pack_name(name), size), size, f"pack {name}")
@@ -240,7 +252,7 @@ class Repository(Backend):
         if self.index.has_pack(name):
             return True
         try:
-            size = self._pack_size(name)
+            size = self.pack_size(name)
             if self._pack_hash(name) != name:
                 return False
             entries = read_verified(_RangeFile(self.objects, pack_name(name), size), size, f"pack {name}")
@@ -838,7 +850,7 @@ class LocalStore(Repository):
     def manifest_path(self, name: str) -> str:
         return self.objects.local_path(manifest_name(name))
 
-    def _pack_size(self, name: str) -> int:
+    def pack_size(self, name: str) -> int:
         try:
             return os.path.getsize(self.pack_path(name))
         except FileNotFoundError:
