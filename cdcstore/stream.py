@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import order as _order
+from . import shards as _shards
 from .address import Address, parse
 from .api import Store
 from .errors import InvalidAddressError, PathNotFoundError
@@ -54,18 +55,24 @@ class SourceFile:
 
 
 def expand(source: str, files: dict, commit: str) -> list[SourceFile]:
-    """The files a `cdc://` source names in a commit's file map: a file, a folder's Parquet files, or a
-    glob's matches, in path order (pure)."""
+    """The files a `cdc://` source names in a commit's file map: a file, a folder's Parquet files or
+    TAR shards, or a glob's matches, in path order (pure)."""
     a = parse(source)
     if a.path in files:
-        return [SourceFile(a.repo, commit, a.path, files[a.path].size)]
-    if _GLOB & set(a.path):
+        found = [a.path]
+    elif _GLOB & set(a.path):
         found = [p for p in files if fnmatch.fnmatchcase(p, a.path)]
     else:
         prefix = a.path + "/" if a.path else ""
-        found = [p for p in files if p.startswith(prefix) and p.endswith(".parquet")]
+        under = [p for p in files if p.startswith(prefix)]
+        found = [p for p in under if p.endswith(".parquet") or _shards.is_tar(p)]
+        found = found or [p for p in under if _shards.is_compressed_tar(p)]
+    packed = [p for p in found if _shards.is_compressed_tar(p)]
+    if packed:
+        raise InvalidAddressError(f"{source}: {packed[0]} is a compressed tar: stream plain .tar shards "
+                                  f"(decompress them before pushing; chunks dedup better uncompressed)")
     if not found:
-        raise PathNotFoundError(f"{source}: no Parquet file there at commit {commit[:12]}: "
+        raise PathNotFoundError(f"{source}: no Parquet file or TAR shard there at commit {commit[:12]}: "
                                 f"check the path with `cdcstore ls`")
     return [SourceFile(a.repo, commit, p, files[p].size) for p in sorted(found)]
 
@@ -236,9 +243,16 @@ class StreamingDataset:
         self._store_args = {"location": getattr(store, "location", store), "token": token}
         self._store: tuple[int, Store] | None = self._own_store(store)
         self.files, self.commits = self._resolve([source] if isinstance(source, str) else list(source))
-        self._meta = [self._footer(f) for f in self.files]
-        self.units = [(fi, rg, md.row_group(rg).num_rows)
-                      for fi, md in enumerate(self._meta) for rg in range(md.num_row_groups)]
+        self.tar = self._kind(self.files)
+        if self.tar:  # work unit: the shard; each sample's byte ranges come from its table
+            self._meta = [self._index(f) for f in self.files]
+            self.units = [(fi, 0, len(table)) for fi, table in enumerate(self._meta) if table]
+            exts = dict.fromkeys(e for table in self._meta for smp in table for e, _, _ in smp.parts)
+            self.extensions = [e for e in exts if self.columns is None or e in self.columns]
+        else:  # work unit: the row group
+            self._meta = [self._footer(f) for f in self.files]
+            self.units = [(fi, rg, md.row_group(rg).num_rows)
+                          for fi, md in enumerate(self._meta) for rg in range(md.num_row_groups)]
         self._limit: tuple[int, int | None] = (0, None)  # skip, take
         self._shared = _Shared()
         self._consumed = 0
@@ -272,6 +286,22 @@ class StreamingDataset:
             for f in expand(src, commit.files, cid):
                 files.setdefault((f.repo, f.commit, f.path), f)
         return list(files.values()), commits
+
+    @staticmethod
+    def _kind(files: list[SourceFile]) -> bool:
+        """True for TAR shards, False for Parquet; a mix is refused."""
+        tars = [f for f in files if _shards.is_tar(f.path)]
+        if tars and len(tars) != len(files):
+            other = next(f for f in files if not _shards.is_tar(f.path))
+            raise InvalidAddressError(f"{tars[0].address} is a TAR shard but {other.address} is not: "
+                                      f"stream Parquet files and TAR shards as two datasets "
+                                      f"(mix them with `interleave`)")
+        return bool(tars)
+
+    def _index(self, f: SourceFile) -> list:
+        """The sample table of one TAR shard, from its headers (read a window at a time)."""
+        with self.store.open(f.address) as r:
+            return _shards.samples(_shards.scan(r.pread, f.size, f.address), f.address)
 
     def _footer(self, f: SourceFile) -> pq.FileMetaData:
         with self.store.open(f.address) as r:
@@ -379,7 +409,8 @@ class StreamingDataset:
         if self._flushed is None or self._flushed[0] != os.getpid():  # first iteration in this process
             carried = self._shared.read(self._slot) if self._shared.shared else {}
             self._flushed = (os.getpid(), self._figures_now(), carried)
-        return self._run(lambda: self._produce(order, steps, skip))
+        produce = self._produce_tar if self.tar else self._produce
+        return self._run(lambda: produce(order, steps, skip))
 
     def _run(self, produce):
         pre = _Prefetcher(produce, self.prefetch_bytes, self.prefetch_row_groups)
@@ -405,6 +436,51 @@ class StreamingDataset:
         finally:
             for _, reader in files.values():
                 reader.close()
+
+    def _produce_tar(self, order: _order.EpochOrder, steps, skip: int):
+        """In the prefetch thread: the samples of each step, their byte ranges read in few reads."""
+        readers: dict[int, object] = {}
+        try:
+            for pos in steps:
+                units, rows = order.locate(order.sequence_index(pos + skip))
+                got = self._read_samples(units, rows, readers)
+                yield ("samples", got), sum(len(v) for s in got for v in s.values()) or 1
+        finally:
+            for reader in readers.values():
+                reader.close()
+
+    def _read_samples(self, units: np.ndarray, rows: np.ndarray, readers: dict) -> list[dict]:
+        """One dict per (unit, row): `__key__` and one bytes entry per extension asked for. The
+        members' ranges of each shard are merged (gaps up to 64 KiB) and read in order."""
+        want = None if self.columns is None else set(self.columns)
+        picked = []
+        for u, row in zip(units.tolist(), rows.tolist()):
+            fi = self.units[u][0]
+            sample = self._meta[fi][row]
+            picked.append((fi, sample, [p for p in sample.parts if want is None or p[0] in want]))
+        t0 = time.perf_counter()
+        data: dict[tuple[int, int], memoryview] = {}  # (file, range start) -> bytes of the range
+        starts: dict[int, list[int]] = {}
+        for fi in dict.fromkeys(fi for fi, _, _ in picked):
+            spans = _shards.coalesce([(o, o + n) for f, _, parts in picked if f == fi for _, o, n in parts],
+                                     64 << 10)
+            if fi not in readers:
+                if len(readers) >= 8:
+                    readers.pop(next(iter(readers))).close()
+                readers[fi] = self.store.open(self.files[fi].address)
+            for lo, hi in spans:
+                data[fi, lo] = memoryview(readers[fi].pread(lo, hi - lo))
+            starts[fi] = [lo for lo, _ in spans]
+        out = []
+        for fi, sample, parts in picked:
+            s = {"__key__": sample.key}
+            for ext, o, n in parts:
+                lo = starts[fi][int(np.searchsorted(starts[fi], o, side="right")) - 1]
+                s[ext] = bytes(data[fi, lo][o - lo:o - lo + n])
+                self._metrics["bytes_read"] += n
+            out.append(s)
+        self._metrics["read_seconds"] += time.perf_counter() - t0
+        return out
 
     def _read_unit(self, u: int, files: dict) -> pa.Table:
         fi, rg, _ = self.units[u]
@@ -437,6 +513,10 @@ class StreamingDataset:
             if item is None:
                 self._flush()
                 return
+            if item[0] == "samples":
+                yield from self._emit_samples(item[1])
+                self._flush()
+                continue
             if item[0] == "unit":
                 _, u, table, bound = item
                 held[u] = (table, bound)
@@ -469,6 +549,30 @@ class StreamingDataset:
             return
         for lo in range(0, table.num_rows, self.block):
             yield self._format(table.slice(lo, self.block))
+
+    def _emit_samples(self, samples: list[dict]):
+        """TAR samples: one dict each, or one batch per block with a column per extension of the
+        dataset: a dict of lists ("numpy" and "python"; None where a sample lacks the extension) or
+        a RecordBatch ("arrow")."""
+        m = self._metrics
+        if self.batch_size is None:
+            for s in samples:
+                self._consumed += 1
+                m["samples"] += 1
+                yield s
+            return
+        for lo in range(0, len(samples), self.block):
+            part = samples[lo:lo + self.block]
+            self._consumed += len(part)
+            m["samples"] += len(part)
+            m["batches"] += 1
+            names = ["__key__", *self.extensions]
+            cols = {k: [s.get(k) for s in part] for k in names}
+            if self.format == "arrow":
+                yield pa.RecordBatch.from_pydict(
+                    cols, pa.schema([(k, pa.string() if k == "__key__" else pa.binary()) for k in names]))
+            else:
+                yield cols
 
     def _format(self, table: pa.Table):
         m = self._metrics
