@@ -34,7 +34,8 @@ from .errors import InvalidAddressError, PathNotFoundError
 
 FORMATS = ("numpy", "arrow", "python")
 SUMMED = ("samples", "batches", "bytes_read", "row_groups", "wait_seconds", "read_seconds", "requests",
-          "received_bytes")
+          "received_bytes", "cache_hits", "cache_misses")
+STORE_FIGURES = ("requests", "received_bytes", "cache_hits", "cache_misses")
 FIGURES = SUMMED + ("max_rows_held", "started")
 SLOTS = 65  # figure slots: this process, then DataLoader workers 0..63 (worker w uses slot w % 64 + 1)
 _GLOB = set("*?[")
@@ -591,7 +592,7 @@ class StreamingDataset:
     # -- figures and torch ------------------------------------------------------------------------
     def _figures_now(self) -> dict:
         c = self.store.counters()
-        return {**self._metrics, "requests": c["requests"], "received_bytes": c["received_bytes"],
+        return {**self._metrics, **{k: c.get(k, 0) for k in STORE_FIGURES},
                 "started": getattr(self, "_started", 0.0)}
 
     def _flush(self) -> None:
@@ -607,19 +608,25 @@ class StreamingDataset:
         self._shared.write(self._slot, values)
 
     def metrics(self) -> dict:
-        """Figures so far: samples, batches, bytes read (compressed column chunks), row groups,
-        seconds waiting on data and reading, samples/s, MB/s, and the store's request counters.
-        After `as_torch()` they add up every DataLoader worker (and this process); otherwise they
-        are this process's."""
+        """Figures so far: samples, batches, bytes read (compressed column chunks, or TAR member
+        bytes), row groups, seconds waiting on data and reading, samples/s, MB/s, and since the first
+        iteration: requests to the store, chunk reads found in the local dedup cache or not
+        (`cache_hits`, `cache_misses`, `cache_hit_ratio`; zeros without a cache). `store` holds the
+        store's counters. After `as_torch()` they add up every DataLoader worker (and this process);
+        otherwise they are this process's."""
         if self._shared.shared:
             f = self._shared.figures()
             m = {k: (v if k.endswith("seconds") else int(v)) for k, v in f.items() if k != "started"}
             elapsed = time.time() - f["started"] if f["started"] else 0.0
-            m["store"] = {"requests": m.pop("requests"), "received_bytes": m.pop("received_bytes")}
+            m["store"] = {k: m[k] for k in STORE_FIGURES}
         else:
             m = dict(self._metrics)
             elapsed = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
             m["store"] = self.store.counters()
+            base = self._flushed[1] if self._flushed else self._figures_now()
+            m.update({k: m["store"].get(k, 0) - base[k] for k in STORE_FIGURES})
+        looked = m["cache_hits"] + m["cache_misses"]
+        m["cache_hit_ratio"] = m["cache_hits"] / looked if looked else 0.0
         m["seconds"] = elapsed
         m["samples_per_s"] = m["samples"] / elapsed if elapsed else 0.0
         m["mb_per_s"] = m["bytes_read"] / 1e6 / elapsed if elapsed else 0.0
