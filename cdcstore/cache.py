@@ -331,13 +331,12 @@ class CachedBackend(Backend):
         self._hits = self._misses = 0  # chunks read from the cache / not found there
         self._count_lock = threading.Lock()
 
-    def __getattr__(self, name):  # health() and the like of the inner backend
+    def __getattr__(self, name):  # counters(), health() and the like of the inner backend
         return getattr(self.inner, name)
 
-    def counters(self) -> dict:
-        """The inner backend's request counters, plus chunk reads found in the cache (`cache_hits`)
-        and not found there (`cache_misses`)."""
-        return {**self.inner.counters(), "cache_hits": self._hits, "cache_misses": self._misses}
+    def cache_counters(self) -> dict:
+        """Chunk reads found in the cache (`cache_hits`) and not found there (`cache_misses`)."""
+        return {"cache_hits": self._hits, "cache_misses": self._misses}
 
     # reads: cache first
     def locate(self, chunk_ids, repo=None):

@@ -591,7 +591,7 @@ class StreamingDataset:
 
     # -- figures and torch ------------------------------------------------------------------------
     def _figures_now(self) -> dict:
-        c = self.store.counters()
+        c = {**self.store.counters(), **getattr(self.store.backend, "cache_counters", dict)()}
         return {**self._metrics, **{k: c.get(k, 0) for k in STORE_FIGURES},
                 "started": getattr(self, "_started", 0.0)}
 
@@ -622,7 +622,7 @@ class StreamingDataset:
         else:
             m = dict(self._metrics)
             elapsed = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
-            m["store"] = self.store.counters()
+            m["store"] = {**self.store.counters(), **getattr(self.store.backend, "cache_counters", dict)()}
             base = self._flushed[1] if self._flushed else self._figures_now()
             m.update({k: m["store"].get(k, 0) - base[k] for k in STORE_FIGURES})
         looked = m["cache_hits"] + m["cache_misses"]
