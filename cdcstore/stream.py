@@ -531,7 +531,16 @@ class StreamingDataset:
             self._flush()
 
     def _gather(self, held: dict, units: np.ndarray, rows: np.ndarray) -> pa.Table:
-        """The rows of one block, in order, from the row groups held."""
+        """The rows of one block, in order, from the row groups held: slices (no copy) when they are
+        a few runs of consecutive rows (no shuffle), else a take."""
+        cuts = np.flatnonzero((np.diff(units) != 0) | (np.diff(rows) != 1)) + 1
+        if len(cuts) < 4:
+            bounds = [0, *cuts.tolist(), len(rows)]
+            parts = [held[int(units[lo])][0].slice(int(rows[lo]), hi - lo) for lo, hi in zip(bounds, bounds[1:])]
+            table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            if self.format != "arrow" or self._slot == 0:
+                return table
+            return table.combine_chunks().take(pa.array(np.arange(len(rows))))  # to a worker: compact
         ids, which = np.unique(units, return_inverse=True)
         tables = [held[int(u)][0] for u in ids]
         base = np.cumsum([0] + [t.num_rows for t in tables])[:-1]
