@@ -641,11 +641,56 @@ class StreamingDataset:
         m["mb_per_s"] = m["bytes_read"] / 1e6 / elapsed if elapsed else 0.0
         return m
 
+    def loader(self, num_workers: int = 0, tensors: bool = True, **kwargs) -> "Loader":
+        """A torch DataLoader (`Loader.dataloader`) over this dataset, `batch_size=None`, with
+        batches passed from workers as numpy arrays and made tensors in this process (`tensors`):
+        the fast way to feed training from several workers (docs/streaming.md, "Figures")."""
+        return Loader(self, tensors=tensors, num_workers=num_workers, **kwargs)
+
     def as_torch(self):
         """This dataset as a torch IterableDataset (torch must be installed). Shares epoch and
         resume position with DataLoader workers, persistent ones included."""
         self._shared.share()
         return __getattr__("TorchStreamingDataset")(self)
+
+
+def _keep(batch):
+    """The DataLoader collate of `StreamingDataset.loader`: batches cross the worker queue as they are
+    (numpy arrays pickle as bytes; tensors would each take a shared-memory file and a socket
+    round trip to pass its descriptor)."""
+    return batch
+
+
+def _to_tensors(batch):
+    """Numeric numpy arrays as tensors (`torch.from_numpy`, no copy), in the main process."""
+    import torch
+
+    def conv(v):
+        if isinstance(v, np.ndarray) and v.dtype.kind in "biufc":
+            return torch.from_numpy(v)
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        return v
+    return conv(batch)
+
+
+class Loader:
+    """A torch DataLoader over a StreamingDataset whose workers hand batches over as numpy arrays;
+    numeric arrays become tensors in the main process (`tensors=True`), as the default collate
+    would give, without its per-tensor shared-memory hand-over. `.dataloader` is the DataLoader."""
+
+    def __init__(self, ds: "StreamingDataset", tensors: bool = True, **kwargs):
+        from torch.utils.data import DataLoader
+
+        kwargs.setdefault("batch_size", None)
+        kwargs.setdefault("collate_fn", _keep)
+        self.dataloader = DataLoader(ds.as_torch(), **kwargs)
+        self.tensors = tensors
+
+    def __iter__(self):
+        if not self.tensors:
+            return iter(self.dataloader)
+        return map(_to_tensors, self.dataloader)
 
 
 class Interleave:

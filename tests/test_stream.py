@@ -326,3 +326,14 @@ def test_figures_cache_hit_ratio_cold_then_warm(server, tmp_path, monkeypatch):
     assert sum(len(b["v"]) for b in warm) == 600_000
     w = warm.metrics()
     assert w["cache_hit_ratio"] > 0.9 and w["cache_hits"] >= m["cache_misses"] and w["requests"] < m["requests"], (m, w)
+
+
+def test_loader_hands_numpy_over_and_gives_tensors(ds_store):
+    import torch
+    ds = make(ds_store, columns=["id", "s"])
+    got = list(ds.loader(num_workers=2, persistent_workers=True))
+    assert all(isinstance(b["id"], torch.Tensor) and b["s"].dtype == object for b in got)
+    assert [int(v) for b in got for v in b["id"]] == flat(loader_order(ds_store, 1, 1))
+    assert ds.metrics()["samples"] == TOTAL
+    raw = next(iter(make(ds_store).loader(num_workers=1, tensors=False)))
+    assert isinstance(raw["id"], np.ndarray)
