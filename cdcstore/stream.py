@@ -1,4 +1,5 @@
-"""Stream Parquet rows from `cdc://` into training: exact, elastic, resumable.
+"""Stream Parquet rows, or WebDataset-style TAR samples, from `cdc://` into training: exact, elastic,
+resumable.
 
     ds = StreamingDataset("cdc://ds@v1/train/", batch_size=1024, shuffle=True, seed=7)
     for batch in ds: ...                       # dicts of numpy arrays
@@ -7,7 +8,8 @@
 The revision is resolved once, at construction; footers are read once and travel with the object
 when it is pickled to workers. The order, sharding and resume math is in `order.py`; this module
 does the I/O: it reads, for each row group a consumer needs, only the columns asked for, in a
-background thread within a byte budget. docs/streaming.md says what is exact and what memory is
+background thread within a byte budget; for TAR shards (sample tables from `shards.py`) only the
+byte ranges of the samples' members it needs. docs/streaming.md says what is exact and what memory is
 bounded by.
 """
 from __future__ import annotations

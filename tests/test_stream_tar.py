@@ -214,3 +214,10 @@ def test_tar_over_a_real_server_fetches_only_the_columns_asked(server, tmp_path)
         got = s.counters()["received_bytes"]
         # 16 headers: a 256 KiB window each plus the chunks it cuts (<= 256 KiB each side), not the 32 MiB
         assert got < 16 * (256 << 10) * 3 < 32 << 20, got
+
+
+def test_tar_through_a_torch_dataloader_with_two_workers(tar_store):
+    ds = make(tar_store)
+    got = [int(k) for b in ds.loader(num_workers=2) for k in b["__key__"]]
+    assert got == flat(loader_order(tar_store, 1, 1))
+    assert ds.metrics()["samples"] == TOTAL
