@@ -221,3 +221,20 @@ def test_tar_through_a_torch_dataloader_with_two_workers(tar_store):
     got = [int(k) for b in ds.loader(num_workers=2) for k in b["__key__"]]
     assert got == flat(loader_order(tar_store, 1, 1))
     assert ds.metrics()["samples"] == TOTAL
+
+
+def test_long_names_in_gnu_and_pax_headers(store, tmp_path):
+    long_key = "d/" + "k" * 150
+    for fmt in (tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=fmt) as t:
+            for name, data in [(long_key + ".txt", b"T"), ("short.txt", b"S"), (long_key + ".cls", b"1")]:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+            d = tarfile.TarInfo("d")
+            d.type = tarfile.DIRTYPE
+            t.addfile(d)
+        src = push_tar(store, tmp_path, out.getvalue(), f"long-{fmt}.tar")
+        assert list(StreamingDataset(src, store=store)) == [{"__key__": long_key, "txt": b"T", "cls": b"1"},
+                                                           {"__key__": "short", "txt": b"S"}]
