@@ -316,6 +316,12 @@ class Store:
         counters = getattr(self.backend, "counters", None)
         return counters() if counters else {"requests": 0, "sent_bytes": 0, "received_bytes": 0}
 
+    def cache_counters(self) -> dict:
+        """Chunk reads the local dedup cache served (hits) and did not (misses) so far."""
+        if self._cache is None:
+            return {"cache_hits": 0, "cache_misses": 0}
+        return self.backend.cache_counters()
+
     def close(self) -> None:
         self.backend.close()
 

@@ -1,4 +1,5 @@
-"""Stream Parquet rows from `cdc://` into training: exact, elastic, resumable.
+"""Stream Parquet rows, or WebDataset-style TAR samples, from `cdc://` into training: exact, elastic,
+resumable.
 
     ds = StreamingDataset("cdc://ds@v1/train/", batch_size=1024, shuffle=True, seed=7)
     for batch in ds: ...                       # dicts of numpy arrays
@@ -7,7 +8,8 @@
 The revision is resolved once, at construction; footers are read once and travel with the object
 when it is pickled to workers. The order, sharding and resume math is in `order.py`; this module
 does the I/O: it reads, for each row group a consumer needs, only the columns asked for, in a
-background thread within a byte budget. docs/streaming.md says what is exact and what memory is
+background thread within a byte budget; for TAR shards (sample tables from `shards.py`) only the
+byte ranges of the samples' members it needs. docs/streaming.md says what is exact and what memory is
 bounded by.
 """
 from __future__ import annotations
@@ -27,13 +29,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .core import order as _order
+from .core import shards as _shards
 from .core.address import Address, parse
 from .api import Store
 from .core.errors import InvalidAddressError, PathNotFoundError
 
 FORMATS = ("numpy", "arrow", "python")
 SUMMED = ("samples", "batches", "bytes_read", "row_groups", "wait_seconds", "read_seconds", "requests",
-          "received_bytes")
+          "received_bytes", "cache_hits", "cache_misses")
+STORE_FIGURES = ("requests", "received_bytes", "cache_hits", "cache_misses")
 FIGURES = SUMMED + ("max_rows_held", "started")
 SLOTS = 65  # figure slots: this process, then DataLoader workers 0..63 (worker w uses slot w % 64 + 1)
 _GLOB = set("*?[")
@@ -54,18 +58,24 @@ class SourceFile:
 
 
 def expand(source: str, files: dict, commit: str) -> list[SourceFile]:
-    """The files a `cdc://` source names in a commit's file map: a file, a folder's Parquet files, or a
-    glob's matches, in path order (pure)."""
+    """The files a `cdc://` source names in a commit's file map: a file, a folder's Parquet files or
+    TAR shards, or a glob's matches, in path order (pure)."""
     a = parse(source)
     if a.path in files:
-        return [SourceFile(a.repo, commit, a.path, files[a.path].size)]
-    if _GLOB & set(a.path):
+        found = [a.path]
+    elif _GLOB & set(a.path):
         found = [p for p in files if fnmatch.fnmatchcase(p, a.path)]
     else:
         prefix = a.path + "/" if a.path else ""
-        found = [p for p in files if p.startswith(prefix) and p.endswith(".parquet")]
+        under = [p for p in files if p.startswith(prefix)]
+        found = [p for p in under if p.endswith(".parquet") or _shards.is_tar(p)]
+        found = found or [p for p in under if _shards.is_compressed_tar(p)]
+    packed = [p for p in found if _shards.is_compressed_tar(p)]
+    if packed:
+        raise InvalidAddressError(f"{source}: {packed[0]} is a compressed tar: stream plain .tar shards "
+                                  f"(decompress them before pushing; chunks dedup better uncompressed)")
     if not found:
-        raise PathNotFoundError(f"{source}: no Parquet file there at commit {commit[:12]}: "
+        raise PathNotFoundError(f"{source}: no Parquet file or TAR shard there at commit {commit[:12]}: "
                                 f"check the path with `cdcstore ls`")
     return [SourceFile(a.repo, commit, p, files[p].size) for p in sorted(found)]
 
@@ -236,9 +246,16 @@ class StreamingDataset:
         self._store_args = {"location": getattr(store, "location", store), "token": token}
         self._store: tuple[int, Store] | None = self._own_store(store)
         self.files, self.commits = self._resolve([source] if isinstance(source, str) else list(source))
-        self._meta = [self._footer(f) for f in self.files]
-        self.units = [(fi, rg, md.row_group(rg).num_rows)
-                      for fi, md in enumerate(self._meta) for rg in range(md.num_row_groups)]
+        self.tar = self._kind(self.files)
+        if self.tar:  # work unit: the shard; each sample's byte ranges come from its table
+            self._meta = [self._index(f) for f in self.files]
+            self.units = [(fi, 0, len(table)) for fi, table in enumerate(self._meta) if table]
+            exts = dict.fromkeys(e for table in self._meta for smp in table for e, _, _ in smp.parts)
+            self.extensions = [e for e in exts if self.columns is None or e in self.columns]
+        else:  # work unit: the row group
+            self._meta = [self._footer(f) for f in self.files]
+            self.units = [(fi, rg, md.row_group(rg).num_rows)
+                          for fi, md in enumerate(self._meta) for rg in range(md.num_row_groups)]
         self._limit: tuple[int, int | None] = (0, None)  # skip, take
         self._shared = _Shared()
         self._consumed = 0
@@ -272,6 +289,22 @@ class StreamingDataset:
             for f in expand(src, commit.files, cid):
                 files.setdefault((f.repo, f.commit, f.path), f)
         return list(files.values()), commits
+
+    @staticmethod
+    def _kind(files: list[SourceFile]) -> bool:
+        """True for TAR shards, False for Parquet; a mix is refused."""
+        tars = [f for f in files if _shards.is_tar(f.path)]
+        if tars and len(tars) != len(files):
+            other = next(f for f in files if not _shards.is_tar(f.path))
+            raise InvalidAddressError(f"{tars[0].address} is a TAR shard but {other.address} is not: "
+                                      f"stream Parquet files and TAR shards as two datasets "
+                                      f"(mix them with `interleave`)")
+        return bool(tars)
+
+    def _index(self, f: SourceFile) -> list:
+        """The sample table of one TAR shard, from its headers (read a window at a time)."""
+        with self.store.open(f.address) as r:
+            return _shards.samples(_shards.scan(r.pread, f.size, f.address), f.address)
 
     def _footer(self, f: SourceFile) -> pq.FileMetaData:
         with self.store.open(f.address) as r:
@@ -379,7 +412,8 @@ class StreamingDataset:
         if self._flushed is None or self._flushed[0] != os.getpid():  # first iteration in this process
             carried = self._shared.read(self._slot) if self._shared.shared else {}
             self._flushed = (os.getpid(), self._figures_now(), carried)
-        return self._run(lambda: self._produce(order, steps, skip))
+        produce = self._produce_tar if self.tar else self._produce
+        return self._run(lambda: produce(order, steps, skip))
 
     def _run(self, produce):
         pre = _Prefetcher(produce, self.prefetch_bytes, self.prefetch_row_groups)
@@ -405,6 +439,51 @@ class StreamingDataset:
         finally:
             for _, reader in files.values():
                 reader.close()
+
+    def _produce_tar(self, order: _order.EpochOrder, steps, skip: int):
+        """In the prefetch thread: the samples of each step, their byte ranges read in few reads."""
+        readers: dict[int, object] = {}
+        try:
+            for pos in steps:
+                units, rows = order.locate(order.sequence_index(pos + skip))
+                got = self._read_samples(units, rows, readers)
+                yield ("samples", got), sum(len(v) for s in got for v in s.values()) or 1
+        finally:
+            for reader in readers.values():
+                reader.close()
+
+    def _read_samples(self, units: np.ndarray, rows: np.ndarray, readers: dict) -> list[dict]:
+        """One dict per (unit, row): `__key__` and one bytes entry per extension asked for. The
+        members' ranges of each shard are merged (gaps up to 64 KiB) and read in order."""
+        want = None if self.columns is None else set(self.columns)
+        picked = []
+        for u, row in zip(units.tolist(), rows.tolist()):
+            fi = self.units[u][0]
+            sample = self._meta[fi][row]
+            picked.append((fi, sample, [p for p in sample.parts if want is None or p[0] in want]))
+        t0 = time.perf_counter()
+        data: dict[tuple[int, int], memoryview] = {}  # (file, range start) -> bytes of the range
+        starts: dict[int, list[int]] = {}
+        for fi in dict.fromkeys(fi for fi, _, _ in picked):
+            spans = _shards.coalesce([(o, o + n) for f, _, parts in picked if f == fi for _, o, n in parts],
+                                     64 << 10)
+            if fi not in readers:
+                if len(readers) >= 8:
+                    readers.pop(next(iter(readers))).close()
+                readers[fi] = self.store.open(self.files[fi].address)
+            for lo, hi in spans:
+                data[fi, lo] = memoryview(readers[fi].pread(lo, hi - lo))
+            starts[fi] = [lo for lo, _ in spans]
+        out = []
+        for fi, sample, parts in picked:
+            s = {"__key__": sample.key}
+            for ext, o, n in parts:
+                lo = starts[fi][int(np.searchsorted(starts[fi], o, side="right")) - 1]
+                s[ext] = bytes(data[fi, lo][o - lo:o - lo + n])
+                self._metrics["bytes_read"] += n
+            out.append(s)
+        self._metrics["read_seconds"] += time.perf_counter() - t0
+        return out
 
     def _read_unit(self, u: int, files: dict) -> pa.Table:
         fi, rg, _ = self.units[u]
@@ -437,6 +516,10 @@ class StreamingDataset:
             if item is None:
                 self._flush()
                 return
+            if item[0] == "samples":
+                yield from self._emit_samples(item[1])
+                self._flush()
+                continue
             if item[0] == "unit":
                 _, u, table, bound = item
                 held[u] = (table, bound)
@@ -450,7 +533,16 @@ class StreamingDataset:
             self._flush()
 
     def _gather(self, held: dict, units: np.ndarray, rows: np.ndarray) -> pa.Table:
-        """The rows of one block, in order, from the row groups held."""
+        """The rows of one block, in order, from the row groups held: slices (no copy) when they are
+        a few runs of consecutive rows (no shuffle), else a take."""
+        cuts = np.flatnonzero((np.diff(units) != 0) | (np.diff(rows) != 1)) + 1
+        if len(cuts) < 4:
+            bounds = [0, *cuts.tolist(), len(rows)]
+            parts = [held[int(units[lo])][0].slice(int(rows[lo]), hi - lo) for lo, hi in zip(bounds, bounds[1:])]
+            table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            if self.format != "arrow" or self._slot == 0:
+                return table
+            return table.combine_chunks().take(pa.array(np.arange(len(rows))))  # to a worker: compact
         ids, which = np.unique(units, return_inverse=True)
         tables = [held[int(u)][0] for u in ids]
         base = np.cumsum([0] + [t.num_rows for t in tables])[:-1]
@@ -470,6 +562,30 @@ class StreamingDataset:
         for lo in range(0, table.num_rows, self.block):
             yield self._format(table.slice(lo, self.block))
 
+    def _emit_samples(self, samples: list[dict]):
+        """TAR samples: one dict each, or one batch per block with a column per extension of the
+        dataset: a dict of lists ("numpy" and "python"; None where a sample lacks the extension) or
+        a RecordBatch ("arrow")."""
+        m = self._metrics
+        if self.batch_size is None:
+            for s in samples:
+                self._consumed += 1
+                m["samples"] += 1
+                yield s
+            return
+        for lo in range(0, len(samples), self.block):
+            part = samples[lo:lo + self.block]
+            self._consumed += len(part)
+            m["samples"] += len(part)
+            m["batches"] += 1
+            names = ["__key__", *self.extensions]
+            cols = {k: [s.get(k) for s in part] for k in names}
+            if self.format == "arrow":
+                yield pa.RecordBatch.from_pydict(
+                    cols, pa.schema([(k, pa.string() if k == "__key__" else pa.binary()) for k in names]))
+            else:
+                yield cols
+
     def _format(self, table: pa.Table):
         m = self._metrics
         n = table.num_rows
@@ -486,8 +602,8 @@ class StreamingDataset:
 
     # -- figures and torch ------------------------------------------------------------------------
     def _figures_now(self) -> dict:
-        c = self.store.counters()
-        return {**self._metrics, "requests": c["requests"], "received_bytes": c["received_bytes"],
+        c = {**self.store.counters(), **self.store.cache_counters()}
+        return {**self._metrics, **{k: c.get(k, 0) for k in STORE_FIGURES},
                 "started": getattr(self, "_started", 0.0)}
 
     def _flush(self) -> None:
@@ -503,29 +619,80 @@ class StreamingDataset:
         self._shared.write(self._slot, values)
 
     def metrics(self) -> dict:
-        """Figures so far: samples, batches, bytes read (compressed column chunks), row groups,
-        seconds waiting on data and reading, samples/s, MB/s, and the store's request counters.
-        After `as_torch()` they add up every DataLoader worker (and this process); otherwise they
-        are this process's."""
+        """Figures so far: samples, batches, bytes read (compressed column chunks, or TAR member
+        bytes), row groups, seconds waiting on data and reading, samples/s, MB/s, and since the first
+        iteration: requests to the store, chunk reads found in the local dedup cache or not
+        (`cache_hits`, `cache_misses`, `cache_hit_ratio`; zeros without a cache). `store` holds the
+        store's counters. After `as_torch()` they add up every DataLoader worker (and this process);
+        otherwise they are this process's."""
         if self._shared.shared:
             f = self._shared.figures()
             m = {k: (v if k.endswith("seconds") else int(v)) for k, v in f.items() if k != "started"}
             elapsed = time.time() - f["started"] if f["started"] else 0.0
-            m["store"] = {"requests": m.pop("requests"), "received_bytes": m.pop("received_bytes")}
+            m["store"] = {k: m[k] for k in STORE_FIGURES}
         else:
             m = dict(self._metrics)
             elapsed = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
-            m["store"] = self.store.counters()
+            m["store"] = {**self.store.counters(), **self.store.cache_counters()}
+            base = self._flushed[1] if self._flushed else self._figures_now()
+            m.update({k: m["store"].get(k, 0) - base[k] for k in STORE_FIGURES})
+        looked = m["cache_hits"] + m["cache_misses"]
+        m["cache_hit_ratio"] = m["cache_hits"] / looked if looked else 0.0
         m["seconds"] = elapsed
         m["samples_per_s"] = m["samples"] / elapsed if elapsed else 0.0
         m["mb_per_s"] = m["bytes_read"] / 1e6 / elapsed if elapsed else 0.0
         return m
+
+    def loader(self, num_workers: int = 0, tensors: bool = True, **kwargs) -> "Loader":
+        """A torch DataLoader (`Loader.dataloader`) over this dataset, `batch_size=None`, with
+        batches passed from workers as numpy arrays and made tensors in this process (`tensors`):
+        the fast way to feed training from several workers (docs/streaming.md, "Figures")."""
+        return Loader(self, tensors=tensors, num_workers=num_workers, **kwargs)
 
     def as_torch(self):
         """This dataset as a torch IterableDataset (torch must be installed). Shares epoch and
         resume position with DataLoader workers, persistent ones included."""
         self._shared.share()
         return __getattr__("TorchStreamingDataset")(self)
+
+
+def _keep(batch):
+    """The DataLoader collate of `StreamingDataset.loader`: batches cross the worker queue as they are
+    (numpy arrays pickle as bytes; tensors would each take a shared-memory file and a socket
+    round trip to pass its descriptor)."""
+    return batch
+
+
+def _to_tensors(batch):
+    """Numeric numpy arrays as tensors (`torch.from_numpy`, no copy), in the main process."""
+    import torch
+
+    def conv(v):
+        if isinstance(v, np.ndarray) and v.dtype.kind in "biufc":
+            return torch.from_numpy(v)
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        return v
+    return conv(batch)
+
+
+class Loader:
+    """A torch DataLoader over a StreamingDataset whose workers hand batches over as numpy arrays;
+    numeric arrays become tensors in the main process (`tensors=True`), as the default collate
+    would give, without its per-tensor shared-memory hand-over. `.dataloader` is the DataLoader."""
+
+    def __init__(self, ds: "StreamingDataset", tensors: bool = True, **kwargs):
+        from torch.utils.data import DataLoader
+
+        kwargs.setdefault("batch_size", None)
+        kwargs.setdefault("collate_fn", _keep)
+        self.dataloader = DataLoader(ds.as_torch(), **kwargs)
+        self.tensors = tensors
+
+    def __iter__(self):
+        if not self.tensors:
+            return iter(self.dataloader)
+        return map(_to_tensors, self.dataloader)
 
 
 class Interleave:

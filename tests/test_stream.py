@@ -179,7 +179,7 @@ def test_formats_columns_and_figures(ds_store):
     m = narrow.metrics()
     assert m["samples"] == TOTAL and m["batches"] == -(-TOTAL // BATCH) and m["samples_per_s"] > 0
     assert 0 < m["bytes_read"] < wide.metrics()["bytes_read"]
-    assert m["store"] == ds_store.counters()
+    assert m["store"] == {**ds_store.counters(), **ds_store.cache_counters()}
 
 
 def test_skip_take_and_drop_last(ds_store):
@@ -303,3 +303,37 @@ def test_a_damaged_pack_fails_the_consumer_instead_of_hanging(ds_store, tmp_path
             pack.write_bytes(bytes(data))
     with pytest.raises(CorruptionError):
         ids_of(ds)
+
+
+def test_figures_cache_hit_ratio_cold_then_warm(server, tmp_path, monkeypatch):
+    folder = tmp_path / "big"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):  # ~1.6 MB of random floats each: many chunks
+        pq.write_table(pa.table({"v": rng.random(200_000)}), folder / f"p{i}.parquet", row_group_size=50_000)
+    with Store(server.url, cache=False) as up:
+        up.push([str(folder)], "cdc://big/", message="v1")
+    with Store(server.url, cache=str(tmp_path / "resolve-cache")) as s:
+        built = StreamingDataset("cdc://big/", batch_size=1000, store=s)
+    monkeypatch.setenv("CDCSTORE_CACHE", str(tmp_path / "fresh-cache"))  # workers' default cache
+    cold = pickle.loads(pickle.dumps(built))  # rebuilds its store with the fresh default cache
+    assert sum(len(b["v"]) for b in cold) == 600_000
+    m = cold.metrics()
+    assert m["cache_hits"] == 0 and m["cache_misses"] > 10 and m["cache_hit_ratio"] == 0.0
+    assert m["requests"] > 0 and m["samples_per_s"] > 0 and m["mb_per_s"] > 0 and m["wait_seconds"] >= 0
+    cold.store.backend.cache.wait()
+    warm = pickle.loads(pickle.dumps(built))
+    assert sum(len(b["v"]) for b in warm) == 600_000
+    w = warm.metrics()
+    assert w["cache_hit_ratio"] > 0.9 and w["cache_hits"] >= m["cache_misses"] and w["requests"] < m["requests"], (m, w)
+
+
+def test_loader_hands_numpy_over_and_gives_tensors(ds_store):
+    import torch
+    ds = make(ds_store, columns=["id", "s"])
+    got = list(ds.loader(num_workers=2, persistent_workers=True))
+    assert all(isinstance(b["id"], torch.Tensor) and b["s"].dtype == object for b in got)
+    assert [int(v) for b in got for v in b["id"]] == flat(loader_order(ds_store, 1, 1))
+    assert ds.metrics()["samples"] == TOTAL
+    raw = next(iter(make(ds_store).loader(num_workers=1, tensors=False)))
+    assert isinstance(raw["id"], np.ndarray)

@@ -122,6 +122,7 @@ class FileReader(io.RawIOBase):
         self._readahead = readahead_bytes
         self._batch = batch_bytes
         self._last_end = 0 if sequential else -1  # a sequential reader prefetches from its first read
+        self._streak = readahead_bytes if sequential else 0  # bytes read back to back so far
         self._handed = False  # pyarrow reads through this file (`read_buffer`)
 
     # -- io.RawIOBase ---------------------------------------------------------------
@@ -205,6 +206,7 @@ class FileReader(io.RawIOBase):
             return [b""]
         sequential = offset == self._last_end
         self._last_end = offset + length
+        self._streak = self._streak + length if sequential else length
         chunks = self._chunks(span, prefetch=sequential)
         lo = offset - m.chunk_start(span.start)
         if len(chunks) == 1:
@@ -226,7 +228,9 @@ class FileReader(io.RawIOBase):
         m = self._m
         ahead: list[int] = []
         if prefetch and self._readahead:
-            budget, i = self._readahead, span.stop
+            # the read-ahead grows with the run of back-to-back reads (4x what it read), so that two
+            # adjacent small reads (frame i, then i + 1) do not start a 32 MiB read-ahead
+            budget, i = min(self._readahead, 4 * self._streak), span.stop
             while i < len(m.lengths) and budget > 0:
                 budget -= m.lengths[i]
                 ahead.append(i)

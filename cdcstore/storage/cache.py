@@ -398,9 +398,15 @@ class CachedBackend(Backend):
         # token must still ask the server (which checks it); chunks and manifests are
         # shared: they are reached only through a commit
         self._scope = ids.hexdigest(f"{backend.location}\n{token or ''}".encode())[:16]
+        self._hits = self._misses = 0  # chunks read from the cache / not found there
+        self._count_lock = threading.Lock()
 
     def __getattr__(self, name):  # counters(), health() and the like of the inner backend
         return getattr(self.inner, name)
+
+    def cache_counters(self) -> dict:
+        """Chunk reads found in the cache (`cache_hits`) and not found there (`cache_misses`)."""
+        return {"cache_hits": self._hits, "cache_misses": self._misses}
 
     # reads: cache first
     def locate(self, chunk_ids, repo=None):
@@ -414,6 +420,9 @@ class CachedBackend(Backend):
     def read_chunks(self, items: list[tuple[str, PackEntry]], repo=None) -> dict[bytes, bytes]:
         out = self.cache.get([e.chunk_id for p, e in items if p == CACHED])  # the rest were misses at locate
         missing = [(p, e) for p, e in items if e.chunk_id not in out]
+        with self._count_lock:
+            self._hits += len(out)
+            self._misses += len(missing)
         if any(p == CACHED for p, _ in missing):  # evicted or corrupt since located: locate again
             again = self.inner.locate([e.chunk_id for p, e in missing if p == CACHED], repo)
             missing = [again[e.chunk_id] if p == CACHED else (p, e) for p, e in missing]
