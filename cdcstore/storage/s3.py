@@ -18,6 +18,8 @@ errors by their kind or S3 error code, never by message text.
 from __future__ import annotations
 
 import datetime
+import functools
+import importlib.util
 import os
 import threading
 from typing import Iterator
@@ -71,11 +73,12 @@ def choose_client(forced: str | None = None) -> str:
         if forced == "obstore" and _OBSTORE_PID not in (None, os.getpid()):
             return "s3fs"  # never hang a forked child, even when asked
         return forced
-    try:
-        import obstore  # noqa: F401
-    except ImportError:
-        return "s3fs"
-    return "obstore" if _OBSTORE_PID in (None, os.getpid()) else "s3fs"
+    return "obstore" if _obstore_installed() and _OBSTORE_PID in (None, os.getpid()) else "s3fs"
+
+
+@functools.lru_cache(maxsize=None)
+def _obstore_installed() -> bool:
+    return importlib.util.find_spec("obstore") is not None
 
 
 _CLIENTS: dict = {}
