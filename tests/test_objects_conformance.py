@@ -200,6 +200,18 @@ def test_list_is_sorted_by_name_and_a_string_prefix(objects):
     assert [i.name for i in objects.list("zz")] == [] and [i.name for i in objects.list("b")] == ["b"]
 
 
+def test_folders_are_the_next_name_component(objects):
+    for n in ("repos/b/commits/1.json", "repos/a/branches/main", "repos/a/commits/2.json", "repos/c.txt",
+              "repos-x/y", "top"):
+        objects.put(n, b"x")
+    assert objects.folders("repos/") == ["a", "b"]
+    assert objects.folders("repos/a/") == ["branches", "commits"]
+    assert objects.folders("") == ["repos", "repos-x"]
+    assert objects.folders("repos/a/branches/") == [] and objects.folders("nothing/") == []
+    with pytest.raises(InvalidName, match="end with '/'"):
+        objects.folders("repos")
+
+
 def test_listing_thousands_of_keys_pages(objects, monkeypatch):
     from cdcstore.storage import s3
     monkeypatch.setattr(s3, "PAGE", 200)  # several pages against the server
@@ -209,6 +221,7 @@ def test_listing_thousands_of_keys_pages(objects, monkeypatch):
     got = [i.name for i in objects.list("k/")]
     assert got == sorted(names)
     assert [i.name for i in objects.list("k/3/")] == sorted(n for n in names if n.startswith("k/3/"))
+    assert objects.folders("k/") == [str(i) for i in range(7)]
 
 
 # -- conditional writes -------------------------------------------------------------------------

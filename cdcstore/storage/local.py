@@ -18,8 +18,8 @@ from typing import Iterator
 
 from .. import ids
 from .objects import (AlreadyExists, Capabilities, Conflict, InvalidName, NotFound, ObjectInfo,
-                      ObjectStore, StorageError, StorageFull, check_object_name, check_prefix,
-                      check_range)
+                      ObjectStore, StorageError, StorageFull, check_folder_prefix, check_object_name,
+                      check_prefix, check_range)
 
 TMP = "tmp"
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -238,6 +238,17 @@ class LocalObjects(ObjectStore):
         check_prefix(prefix)
         folder, _, _ = prefix.rpartition("/")
         yield from self._walk(folder, prefix)
+
+    def folders(self, prefix: str = "") -> list[str]:
+        """Sub-folders that hold at least one object (as on S3, an empty folder is none)."""
+        check_folder_prefix(prefix)
+        base = os.path.join(self.root, *prefix.rstrip("/").split("/")) if prefix else self.root
+        try:
+            entries = [e.name for e in os.scandir(base) if e.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [n for n in sorted(entries) if not n.startswith(".") and not (not prefix and n == TMP)
+                and next(self.list(f"{prefix}{n}/"), None) is not None]
 
     def _walk(self, folder: str, prefix: str) -> Iterator[ObjectInfo]:
         base = os.path.join(self.root, *folder.split("/")) if folder else self.root

@@ -160,6 +160,12 @@ class ObjectStore(abc.ABC):
         """Objects whose name starts with `prefix` (a string prefix), sorted by name."""
 
     @abc.abstractmethod
+    def folders(self, prefix: str = "") -> list[str]:
+        """The folder names directly under `prefix` ('' or ending with '/'), sorted: the
+        next name component of the objects below it that have one more '/' (S3: the
+        common prefixes of a delimiter listing). folders("repos/") -> ["a", "b"]."""
+
+    @abc.abstractmethod
     def delete(self, name: str) -> None:
         """Remove the object; an absent one is no error (deletes are retried)."""
 
@@ -191,6 +197,13 @@ class ObjectStore(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+def check_folder_prefix(prefix: str) -> str:
+    check_prefix(prefix)
+    if prefix and not prefix.endswith("/"):
+        raise InvalidName(f"folder prefix {prefix!r} must be '' or end with '/': e.g. 'repos/'")
+    return prefix
 
 
 def check_range(offset: int, length: int) -> None:

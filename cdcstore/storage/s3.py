@@ -26,7 +26,7 @@ from typing import Iterator
 
 from .objects import (AccessDenied, AlreadyExists, Capabilities, Conflict, InvalidName, NotFound,
                       ObjectInfo, ObjectStore, StorageError, StorageFull, Unavailable,
-                      check_object_name, check_prefix, check_range)
+                      check_folder_prefix, check_object_name, check_prefix, check_range)
 
 PAGE = 1000  # keys per listing request with s3fs (S3's maximum; obstore always asks 1000)
 CLIENT_ENV = "CDCSTORE_S3_CLIENT"
@@ -155,6 +155,10 @@ class _Obstore:
     def delete(self, key: str) -> None:
         self.ob.delete(self.store, key)
 
+    def folders(self, prefix: str) -> list[str]:
+        found = self.ob.list_with_delimiter(self.store, prefix.rstrip("/") or None)["common_prefixes"]
+        return [p[len(prefix):].rstrip("/") for p in found]
+
     def list(self, prefix: str) -> Iterator[tuple[str, int, str | None]]:
         """A string prefix over obstore's folder listing: list the prefix's folder, starting
         just before the prefix (names use only characters below '~'), until past it."""
@@ -244,6 +248,16 @@ class _S3fs:
     def delete(self, key: str) -> None:
         self.call("delete_object", Key=self.prefix + key)
 
+    def folders(self, prefix: str) -> list[str]:
+        kw = {"Prefix": self.prefix + prefix, "Delimiter": "/", "MaxKeys": PAGE}
+        out = []
+        while True:
+            page = self.call("list_objects_v2", **kw)
+            out += [c["Prefix"][len(self.prefix + prefix):].rstrip("/") for c in page.get("CommonPrefixes", ())]
+            if not page.get("IsTruncated"):
+                return out
+            kw["ContinuationToken"] = page["NextContinuationToken"]
+
     def list(self, prefix: str) -> Iterator[tuple[str, int, str | None]]:
         kw = {"Prefix": self.prefix + prefix, "MaxKeys": PAGE}
         while True:
@@ -331,6 +345,9 @@ class S3Objects(ObjectStore):
     def stat(self, name: str) -> ObjectInfo:
         size, token = self._do(f"object {name!r}", "head", check_object_name(name))
         return ObjectInfo(name, size, token)
+
+    def folders(self, prefix: str = "") -> list[str]:
+        return sorted(self._do(f"folders under {prefix!r}", "folders", check_folder_prefix(prefix)))
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Objects by name (S3 lists keys in UTF-8 binary order), one page at a time."""
