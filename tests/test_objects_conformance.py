@@ -293,6 +293,39 @@ def test_racing_put_if_match_loses_no_update(make):
     assert bytes(make().get("counter")) == b"48"
 
 
+_INCREMENTER = textwrap.dedent("""
+    import sys
+    from cdcstore.storage import Conflict, open_objects
+    s = open_objects(sys.argv[1])
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for _ in range(int(sys.argv[2])):
+        while True:
+            data, token = s.get_with_token("counter")
+            try:
+                s.put_if_match("counter", str(int(bytes(data)) + 1).encode(), token)
+                break
+            except Conflict:
+                pass
+""")
+
+
+@only("local", "s3-obstore", "s3-s3fs")
+def test_processes_racing_put_if_match_lose_no_update(objects):
+    """3 processes increment one counter 8 times each, released at once."""
+    objects.put_if_absent("counter", b"0")
+    procs = [subprocess.Popen([sys.executable, "-c", _INCREMENTER, objects.url, "8"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+             for _ in range(3)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    assert [p.wait(60) for p in procs] == [0, 0, 0]
+    assert bytes(objects.get("counter")) == b"24"
+
+
 # -- processes: killed writers, fork, pickling ------------------------------------------------------
 _PUTTER = textwrap.dedent("""
     import sys

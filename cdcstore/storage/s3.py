@@ -278,13 +278,21 @@ class S3Objects(ObjectStore):
     def __init__(self, url: str, retries: int = 5, connect_timeout: float = 10, client: str | None = None):
         self.bucket, self.prefix = parse_url(url)
         self._forced = client
+        self._cached = (None, None)  # (pid, client)
         self.url = f"s3://{self.bucket}/{self.prefix}"
         self._settings = {**env_settings(), "retries": retries, "connect_timeout": connect_timeout}
 
     @property
     def client(self):
         """This process's client (a forked child picks and builds its own)."""
-        return _client(choose_client(self._forced), self.bucket, self.prefix, self._settings)
+        pid, client = self._cached
+        if pid != os.getpid():
+            client = _client(choose_client(self._forced), self.bucket, self.prefix, self._settings)
+            self._cached = (os.getpid(), client)
+        return client
+
+    def __getstate__(self):
+        return {**self.__dict__, "_cached": (None, None)}
 
     def _do(self, what: str, op: str, *args):
         client = self.client
