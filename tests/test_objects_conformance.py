@@ -127,6 +127,32 @@ def test_put_is_create_only(objects):
     assert bytes(objects.get("m/x")) == b"first"
 
 
+def test_put_file(objects, tmp_path):
+    """A finished file becomes an object (a local store links it: zero copy)."""
+    data = blob(300_000, 11)
+    src = objects.tmp_path() if hasattr(objects, "tmp_path") else str(tmp_path / "pack.tmp")
+    with open(src, "wb") as f:
+        f.write(data)
+    assert objects.put_file("packs/cd/f.pack", src) is True
+    if objects.capabilities.local_path:
+        assert os.stat(objects.local_path("packs/cd/f.pack")).st_ino == os.stat(src).st_ino
+    os.unlink(src)  # the caller removes its file: the object stays
+    assert bytes(objects.get("packs/cd/f.pack")) == data
+    other = tmp_path / "other.tmp"
+    other.write_bytes(b"different")
+    with pytest.raises(AlreadyExists):
+        objects.put_file("packs/cd/f.pack", str(other))
+    assert objects.put_file("packs/cd/f.pack", str(other), exist_ok=True) is False
+    assert bytes(objects.get("packs/cd/f.pack")) == data
+    import tempfile
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # another file system (where it is): copied
+    with tempfile.NamedTemporaryFile(dir=shm) as far:
+        far.write(b"far away")
+        far.flush()
+        assert objects.put_file("elsewhere", far.name) is True
+    assert bytes(objects.get("elsewhere")) == b"far away"
+
+
 def test_ranges_past_the_end_and_zero_length(objects):
     data = blob(1000, 3)
     objects.put("r", data)

@@ -88,11 +88,12 @@ class LocalObjects(ObjectStore):
     def local_path(self, name: str) -> str | None:
         return self._path(name)
 
-    def _tmp(self) -> str:
+    def tmp_path(self) -> str:
+        """A fresh temp file name in this store's tmp/ (same file system: put_file links it)."""
         return os.path.join(self._tmpdir, f"{os.getpid()}-{secrets.token_hex(8)}.tmp")
 
     def _write_tmp(self, data) -> str:
-        tmp = self._tmp()
+        tmp = self.tmp_path()
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -143,6 +144,34 @@ class LocalObjects(ObjectStore):
             finally:
                 os.unlink(tmp)
             fsync_dir(os.path.dirname(path))
+            return True
+
+    def put_file(self, name: str, path: str, *, exist_ok: bool = False) -> bool:
+        """Zero copy: fsync the file and link it to the name (create-only); a file on
+        another file system is copied instead (write a file from `tmp_path()`)."""
+        final = self._path(name)
+        with _os_errors(f"cannot write object {name!r} in {self.root}"):
+            if exist_ok and os.path.exists(final):
+                return False
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._makedirs(os.path.dirname(final))
+            try:
+                os.link(path, final)
+            except FileExistsError:
+                if os.path.isdir(final):
+                    raise
+                if exist_ok:
+                    return False
+                raise AlreadyExists(f"object {name!r} already exists in {self.root}: objects are written once") from None
+            except OSError as e:
+                if e.errno != errno.EXDEV:
+                    raise
+                return super().put_file(name, path, exist_ok=exist_ok)
+            fsync_dir(os.path.dirname(final))
             return True
 
     @contextlib.contextmanager

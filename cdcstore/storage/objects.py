@@ -138,6 +138,12 @@ class ObjectStore(abc.ABC):
         is AlreadyExists, or (with `exist_ok`, for content-named objects) left alone.
         Returns whether this call wrote it."""
 
+    def put_file(self, name: str, path: str, *, exist_ok: bool = False) -> bool:
+        """`put` of a finished file's contents (a local store links it in place: the file
+        must not change afterwards; the caller may remove it)."""
+        with open(path, "rb") as f:
+            return self.put(name, f.read(), exist_ok=exist_ok)
+
     @abc.abstractmethod
     def get(self, name: str):
         """The whole object (bytes-like); NotFound if absent."""
