@@ -250,7 +250,11 @@ class LocalObjects(ObjectStore):
                 os.close(fd)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def exists(self, name: str) -> bool:
+        return os.path.isfile(self._path(name))
+
     def stat(self, name: str) -> ObjectInfo:
+        """Size and token; the token hashes the whole file (use local_path for a size only)."""
         path = self._path(name)
         with _os_errors(f"object {name!r} in {self.root}", reading=True):
             h = ids.hasher()
