@@ -109,6 +109,32 @@ def test_put_is_create_only(objects):
     assert bytes(objects.get("m/x")) == b"first"
 
 
+def test_put_file(objects, tmp_path):
+    """A finished file becomes an object (a local store links it: zero copy)."""
+    data = blob(300_000, 11)
+    src = objects.tmp_path() if hasattr(objects, "tmp_path") else str(tmp_path / "pack.tmp")
+    with open(src, "wb") as f:
+        f.write(data)
+    assert objects.put_file("packs/cd/f.pack", src) is True
+    if objects.capabilities.local_path:
+        assert os.stat(objects.local_path("packs/cd/f.pack")).st_ino == os.stat(src).st_ino
+    os.unlink(src)  # the caller removes its file: the object stays
+    assert bytes(objects.get("packs/cd/f.pack")) == data
+    other = tmp_path / "other.tmp"
+    other.write_bytes(b"different")
+    with pytest.raises(AlreadyExists):
+        objects.put_file("packs/cd/f.pack", str(other))
+    assert objects.put_file("packs/cd/f.pack", str(other), exist_ok=True) is False
+    assert bytes(objects.get("packs/cd/f.pack")) == data
+    import tempfile
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # another file system (where it is): copied
+    with tempfile.NamedTemporaryFile(dir=shm) as far:
+        far.write(b"far away")
+        far.flush()
+        assert objects.put_file("elsewhere", far.name) is True
+    assert bytes(objects.get("elsewhere")) == b"far away"
+
+
 def test_ranges_past_the_end_and_zero_length(objects):
     data = blob(1000, 3)
     objects.put("r", data)
@@ -182,6 +208,18 @@ def test_list_is_sorted_by_name_and_a_string_prefix(objects):
     assert [i.name for i in objects.list("zz")] == [] and [i.name for i in objects.list("b")] == ["b"]
 
 
+def test_folders_are_the_next_name_component(objects):
+    for n in ("repos/b/commits/1.json", "repos/a/branches/main", "repos/a/commits/2.json", "repos/c.txt",
+              "repos-x/y", "top"):
+        objects.put(n, b"x")
+    assert objects.folders("repos/") == ["a", "b"]
+    assert objects.folders("repos/a/") == ["branches", "commits"]
+    assert objects.folders("") == ["repos", "repos-x"]
+    assert objects.folders("repos/a/branches/") == [] and objects.folders("nothing/") == []
+    with pytest.raises(InvalidName, match="end with '/'"):
+        objects.folders("repos")
+
+
 def test_listing_thousands_of_keys_pages(objects, monkeypatch):
     from cdcstore.storage import s3
     monkeypatch.setattr(s3, "PAGE", 200)  # several pages against the server
@@ -191,6 +229,7 @@ def test_listing_thousands_of_keys_pages(objects, monkeypatch):
     got = [i.name for i in objects.list("k/")]
     assert got == sorted(names)
     assert [i.name for i in objects.list("k/3/")] == sorted(n for n in names if n.startswith("k/3/"))
+    assert objects.folders("k/") == [str(i) for i in range(7)]
 
 
 # -- conditional writes -------------------------------------------------------------------------
@@ -260,6 +299,39 @@ def test_racing_put_if_match_loses_no_update(make):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(run, range(8)))
     assert bytes(make().get("counter")) == b"48"
+
+
+_INCREMENTER = textwrap.dedent("""
+    import sys
+    from cdcstore.storage import Conflict, open_objects
+    s = open_objects(sys.argv[1])
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for _ in range(int(sys.argv[2])):
+        while True:
+            data, token = s.get_with_token("counter")
+            try:
+                s.put_if_match("counter", str(int(bytes(data)) + 1).encode(), token)
+                break
+            except Conflict:
+                pass
+""")
+
+
+@only("local", "s3-obstore", "s3-s3fs")
+def test_processes_racing_put_if_match_lose_no_update(objects):
+    """3 processes increment one counter 8 times each, released at once."""
+    objects.put_if_absent("counter", b"0")
+    procs = [subprocess.Popen([sys.executable, "-c", _INCREMENTER, objects.url, "8"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
+             for _ in range(3)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    assert [p.wait(60) for p in procs] == [0, 0, 0]
+    assert bytes(objects.get("counter")) == b"24"
 
 
 # -- processes: killed writers, fork, pickling ------------------------------------------------------

@@ -18,8 +18,8 @@ from typing import Iterator
 
 from ..core import ids
 from .objects import (AlreadyExists, Capabilities, Conflict, InvalidName, NotFound, ObjectInfo,
-                      ObjectStore, StorageError, StorageFull, check_object_name, check_prefix,
-                      check_range)
+                      ObjectStore, StorageError, StorageFull, check_folder_prefix, check_object_name,
+                      check_prefix, check_range)
 
 TMP = "tmp"
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -88,11 +88,12 @@ class LocalObjects(ObjectStore):
     def local_path(self, name: str) -> str | None:
         return self._path(name)
 
-    def _tmp(self) -> str:
+    def tmp_path(self) -> str:
+        """A fresh temp file name in this store's tmp/ (same file system: put_file links it)."""
         return os.path.join(self._tmpdir, f"{os.getpid()}-{secrets.token_hex(8)}.tmp")
 
     def _write_tmp(self, data) -> str:
-        tmp = self._tmp()
+        tmp = self.tmp_path()
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -146,26 +147,30 @@ class LocalObjects(ObjectStore):
             return True
 
     def put_file(self, name: str, path: str, *, exist_ok: bool = False) -> bool:
-        """fsync the file and link it into place (no copy); the file is removed either way."""
+        """Zero copy: fsync the file and link it to the name (create-only); a file on
+        another file system is copied instead (write a file from `tmp_path()`)."""
         final = self._path(name)
         with _os_errors(f"cannot write object {name!r} in {self.root}"):
+            if exist_ok and os.path.exists(final):
+                return False
+            fd = os.open(path, os.O_RDONLY)
             try:
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                self._makedirs(os.path.dirname(final))
-                os.link(path, final)  # create-only, atomic
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._makedirs(os.path.dirname(final))
+            try:
+                os.link(path, final)
             except FileExistsError:
                 if os.path.isdir(final):
                     raise
                 if exist_ok:
                     return False
                 raise AlreadyExists(f"object {name!r} already exists in {self.root}: objects are written once") from None
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+            except OSError as e:
+                if e.errno != errno.EXDEV:
+                    raise
+                return super().put_file(name, path, exist_ok=exist_ok)
             fsync_dir(os.path.dirname(final))
             return True
 
@@ -245,7 +250,11 @@ class LocalObjects(ObjectStore):
                 os.close(fd)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def exists(self, name: str) -> bool:
+        return os.path.isfile(self._path(name))
+
     def stat(self, name: str) -> ObjectInfo:
+        """Size and token; the token hashes the whole file (use local_path for a size only)."""
         path = self._path(name)
         with _os_errors(f"object {name!r} in {self.root}", reading=True):
             h = ids.hasher()
@@ -262,6 +271,17 @@ class LocalObjects(ObjectStore):
         check_prefix(prefix)
         folder, _, _ = prefix.rpartition("/")
         yield from self._walk(folder, prefix)
+
+    def folders(self, prefix: str = "") -> list[str]:
+        """Sub-folders that hold at least one object (as on S3, an empty folder is none)."""
+        check_folder_prefix(prefix)
+        base = os.path.join(self.root, *prefix.rstrip("/").split("/")) if prefix else self.root
+        try:
+            entries = [e.name for e in os.scandir(base) if e.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [n for n in sorted(entries) if not n.startswith(".") and not (not prefix and n == TMP)
+                and next(self.list(f"{prefix}{n}/"), None) is not None]
 
     def _walk(self, folder: str, prefix: str) -> Iterator[ObjectInfo]:
         base = os.path.join(self.root, *folder.split("/")) if folder else self.root

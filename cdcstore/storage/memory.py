@@ -7,7 +7,7 @@ from typing import Iterator
 
 from ..core import ids
 from .objects import (AlreadyExists, Capabilities, Conflict, NotFound, ObjectInfo, ObjectStore,
-                      check_object_name, check_prefix, check_range)
+                      check_folder_prefix, check_object_name, check_prefix, check_range)
 
 
 class MemoryObjects(ObjectStore):
@@ -71,6 +71,11 @@ class MemoryObjects(ObjectStore):
                 names.append((n, len(self._objects[n])))
         for n, size in names:
             yield ObjectInfo(n, size)
+
+    def folders(self, prefix: str = "") -> list[str]:
+        check_folder_prefix(prefix)
+        return sorted({i.name[len(prefix):].split("/", 1)[0] for i in self.list(prefix)
+                       if "/" in i.name[len(prefix):]})
 
     def delete(self, name: str) -> None:
         check_object_name(name)

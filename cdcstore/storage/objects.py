@@ -21,8 +21,6 @@ InvalidName, StorageFull, Unavailable (transient: retry later), AccessDenied.
 from __future__ import annotations
 
 import abc
-import contextlib
-import os
 import dataclasses
 import re
 from typing import Iterator
@@ -140,6 +138,12 @@ class ObjectStore(abc.ABC):
         is AlreadyExists, or (with `exist_ok`, for content-named objects) left alone.
         Returns whether this call wrote it."""
 
+    def put_file(self, name: str, path: str, *, exist_ok: bool = False) -> bool:
+        """`put` of a finished file's contents (a local store links it in place: the file
+        must not change afterwards; the caller may remove it)."""
+        with open(path, "rb") as f:
+            return self.put(name, f.read(), exist_ok=exist_ok)
+
     @abc.abstractmethod
     def get(self, name: str):
         """The whole object (bytes-like); NotFound if absent."""
@@ -162,6 +166,12 @@ class ObjectStore(abc.ABC):
         """Objects whose name starts with `prefix` (a string prefix), sorted by name."""
 
     @abc.abstractmethod
+    def folders(self, prefix: str = "") -> list[str]:
+        """The folder names directly under `prefix` ('' or ending with '/'), sorted: the
+        next name component of the objects below it that have one more '/' (S3: the
+        common prefixes of a delimiter listing). folders("repos/") -> ["a", "b"]."""
+
+    @abc.abstractmethod
     def delete(self, name: str) -> None:
         """Remove the object; an absent one is no error (deletes are retried)."""
 
@@ -176,16 +186,6 @@ class ObjectStore(abc.ABC):
     def put_if_match(self, name: str, data, token: str) -> str:
         """Replace `name` if it still has `token`; Conflict if it changed or is gone
         (the same note on retried requests as put_if_absent). Returns the new token."""
-
-    def put_file(self, name: str, path: str, *, exist_ok: bool = False) -> bool:
-        """`put` the contents of the local file `path`, which is consumed (removed) either
-        way. A directory moves it into place without a copy."""
-        try:
-            with open(path, "rb") as f:
-                return self.put(name, f.read(), exist_ok=exist_ok)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
 
     def local_path(self, name: str) -> str | None:
         """A file path holding the object, when `capabilities.local_path`."""
@@ -203,6 +203,13 @@ class ObjectStore(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+def check_folder_prefix(prefix: str) -> str:
+    check_prefix(prefix)
+    if prefix and not prefix.endswith("/"):
+        raise InvalidName(f"folder prefix {prefix!r} must be '' or end with '/': e.g. 'repos/'")
+    return prefix
 
 
 def check_range(offset: int, length: int) -> None:

@@ -190,7 +190,11 @@ class Repository(Backend):
     def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None:
         """Make a finished pack durable, then index its chunks (invariant 2)."""
         size = os.path.getsize(tmp)
-        self.objects.put_file(pack_name(name), tmp, exist_ok=True)
+        try:
+            self.objects.put_file(pack_name(name), tmp, exist_ok=True)
+        finally:
+            with _suppress_not_found():
+                os.unlink(tmp)
         self.index.add_pack(name, size, entries)
 
     def pack_sizes(self) -> dict[str, int]:
@@ -351,17 +355,12 @@ class Repository(Backend):
 
     # -- repos, commits, refs ---------------------------------------------------------------------
     def repos(self) -> list[str]:
-        """Repos that hold a commit."""
-        out = set()
-        for info in self.objects.list("repos/"):
-            parts = info.name.split("/")
-            if len(parts) >= 4 and parts[2] == "commits":
-                out.add(parts[1])
-        return sorted(out)
+        """Repos that hold a commit (one delimiter listing, then one per repo)."""
+        return [r for r in self.objects.folders("repos/") if self.has_repo(r)]
 
     def has_repo(self, repo: str) -> bool:
         check_name("repo", repo)
-        return next(iter(self.objects.list(f"repos/{repo}/commits/")), None) is not None
+        return "commits" in self.objects.folders(f"repos/{repo}/")
 
     def _require_repo(self, repo: str) -> None:
         if not self.has_repo(repo):

@@ -18,13 +18,15 @@ errors by their kind or S3 error code, never by message text.
 from __future__ import annotations
 
 import datetime
+import functools
+import importlib.util
 import os
 import threading
 from typing import Iterator
 
 from .objects import (AccessDenied, AlreadyExists, Capabilities, Conflict, InvalidName, NotFound,
                       ObjectInfo, ObjectStore, StorageError, StorageFull, Unavailable,
-                      check_object_name, check_prefix, check_range)
+                      check_folder_prefix, check_object_name, check_prefix, check_range)
 
 PAGE = 1000  # keys per listing request with s3fs (S3's maximum; obstore always asks 1000)
 CLIENT_ENV = "CDCSTORE_S3_CLIENT"
@@ -71,11 +73,12 @@ def choose_client(forced: str | None = None) -> str:
         if forced == "obstore" and _OBSTORE_PID not in (None, os.getpid()):
             return "s3fs"  # never hang a forked child, even when asked
         return forced
-    try:
-        import obstore  # noqa: F401
-    except ImportError:
-        return "s3fs"
-    return "obstore" if _OBSTORE_PID in (None, os.getpid()) else "s3fs"
+    return "obstore" if _obstore_installed() and _OBSTORE_PID in (None, os.getpid()) else "s3fs"
+
+
+@functools.lru_cache(maxsize=None)
+def _obstore_installed() -> bool:
+    return importlib.util.find_spec("obstore") is not None
 
 
 _CLIENTS: dict = {}
@@ -151,6 +154,10 @@ class _Obstore:
 
     def delete(self, key: str) -> None:
         self.ob.delete(self.store, key)
+
+    def folders(self, prefix: str) -> list[str]:
+        found = self.ob.list_with_delimiter(self.store, prefix.rstrip("/") or None)["common_prefixes"]
+        return [p[len(prefix):].rstrip("/") for p in found]
 
     def list(self, prefix: str) -> Iterator[tuple[str, int, str | None]]:
         """A string prefix over obstore's folder listing: list the prefix's folder, starting
@@ -241,6 +248,16 @@ class _S3fs:
     def delete(self, key: str) -> None:
         self.call("delete_object", Key=self.prefix + key)
 
+    def folders(self, prefix: str) -> list[str]:
+        kw = {"Prefix": self.prefix + prefix, "Delimiter": "/", "MaxKeys": PAGE}
+        out = []
+        while True:
+            page = self.call("list_objects_v2", **kw)
+            out += [c["Prefix"][len(self.prefix + prefix):].rstrip("/") for c in page.get("CommonPrefixes", ())]
+            if not page.get("IsTruncated"):
+                return out
+            kw["ContinuationToken"] = page["NextContinuationToken"]
+
     def list(self, prefix: str) -> Iterator[tuple[str, int, str | None]]:
         kw = {"Prefix": self.prefix + prefix, "MaxKeys": PAGE}
         while True:
@@ -261,13 +278,21 @@ class S3Objects(ObjectStore):
     def __init__(self, url: str, retries: int = 5, connect_timeout: float = 10, client: str | None = None):
         self.bucket, self.prefix = parse_url(url)
         self._forced = client
+        self._cached = (None, None)  # (pid, client)
         self.url = f"s3://{self.bucket}/{self.prefix}"
         self._settings = {**env_settings(), "retries": retries, "connect_timeout": connect_timeout}
 
     @property
     def client(self):
         """This process's client (a forked child picks and builds its own)."""
-        return _client(choose_client(self._forced), self.bucket, self.prefix, self._settings)
+        pid, client = self._cached
+        if pid != os.getpid():
+            client = _client(choose_client(self._forced), self.bucket, self.prefix, self._settings)
+            self._cached = (os.getpid(), client)
+        return client
+
+    def __getstate__(self):
+        return {**self.__dict__, "_cached": (None, None)}
 
     def _do(self, what: str, op: str, *args):
         client = self.client
@@ -328,6 +353,9 @@ class S3Objects(ObjectStore):
     def stat(self, name: str) -> ObjectInfo:
         size, token = self._do(f"object {name!r}", "head", check_object_name(name))
         return ObjectInfo(name, size, token)
+
+    def folders(self, prefix: str = "") -> list[str]:
+        return sorted(self._do(f"folders under {prefix!r}", "folders", check_folder_prefix(prefix)))
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Objects by name (S3 lists keys in UTF-8 binary order), one page at a time."""
