@@ -270,11 +270,15 @@ class Server:
             yield
         finally:
             self._heavy -= 1
-            while self._waiters:  # the first read still in line gets the slot
-                fut = self._waiters.popleft()
-                if not fut.done():
-                    fut.set_result(None)
-                    break
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        """Hand a freed heavy slot to the first read still waiting in line."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
 
     async def wait_slot(self, seconds: float) -> None:
         """Wait in line, up to `seconds`, until a heavy slot is free (then heavy() takes it
@@ -287,9 +291,13 @@ class Server:
             self._waiters.append(fut)
             try:
                 await asyncio.wait([fut], timeout=deadline - loop.time())
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._wake_one()  # woken, then cancelled: the slot goes to the next in line
+                raise
             finally:
                 if not fut.done():
-                    fut.cancel()  # skipped by heavy()'s wake-up
+                    fut.cancel()  # skipped by _wake_one()
 
     def _repo(self, request: web.Request, write: bool = False) -> str:
         repo = check_name("repo", request.match_info["repo"])
