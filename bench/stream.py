@@ -4,6 +4,7 @@
     python bench/stream.py --full          # the issue's size: 2,048 MB in 16 files (8 row groups each)
     python bench/stream.py --profile       # also cProfile one consumer of ours (no DataLoader)
     python bench/stream.py --peer-python V/bin/python   # where mosaicml-streaming and litdata live
+    python bench/stream.py --load          # also the 256-reader load (bench/load.py), in the JSON
 
 Data (generated once with bench/common.py's make_table, cached under --data-dir)
 ---------------------------------------------------------------------------------
@@ -459,6 +460,20 @@ def startup(ctx: dict, side: str, timeout: float) -> dict:
 # report
 # ---------------------------------------------------------------------------------------------
 
+def load_figures(timeout: float) -> dict:
+    """bench/load.py's JSON (256 readers for 60 s against one server; its own data and server)."""
+    try:
+        r = subprocess.run([sys.executable, os.path.join(HERE, "load.py")], capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"bench/load.py took over {timeout:.0f} s"}
+    print("\n" + "\n".join(r.stdout.strip().splitlines()[:-1]), flush=True)
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": f"bench/load.py exited {r.returncode}: {r.stderr.strip()[-500:]}"}
+
+
 def ratio(a, b):
     return a / b if a is not None and b else None
 
@@ -563,6 +578,8 @@ def main() -> None:
     ap.add_argument("--data-dir", default="/tmp/cdcbench-stream")
     ap.add_argument("--profile", action="store_true", help="cProfile one run of `ours` (no DataLoader)")
     ap.add_argument("--no-startup", action="store_true")
+    ap.add_argument("--load", action="store_true",
+                    help="also run bench/load.py (256 readers, 60 s) and put its figures in the JSON")
     ap.add_argument("--peer-python", default=sys.executable,
                     help="the python that has mosaicml-streaming and litdata (see the docstring)")
     args = ap.parse_args()
@@ -641,6 +658,8 @@ def main() -> None:
             print("\ncProfile of one consumer (ours, no DataLoader, cold), cumulative:\n" + r.get("profile", r.get("error", "")))
             print("by own time:\n" + r.get("profile_tottime", ""))
             print("the prefetch thread (reads), by own time:\n" + r.get("profile_prefetch", ""))
+        if args.load:
+            fig["load_256_readers"] = load_figures(args.timeout)
         for line in summarize(reps, fig):
             print(line)
     finally:
