@@ -9,6 +9,7 @@ the cap the answer is 429 with Retry-After. CPU work runs off the event loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import hashlib
@@ -54,6 +55,7 @@ class HTTPError(Exception):
 class ServerConfig:
     tokens: dict | None = None  # token -> {"scope": "read"|"write", "repos": [...]}; None: open
     max_heavy: int = 8  # concurrent heavy requests before 429
+    read_wait: float = 10.0  # seconds a masked pack range waits in line for a heavy slot before 429
     retry_after: int = 1
     body_idle_timeout: float = 30.0  # seconds without a body byte before 408
     min_body_rate: float = 16 * 1024  # bytes/s a body must average once past the idle timeout
@@ -216,6 +218,7 @@ class Server:
         self.config = config
         self.auth = Auth(config.tokens)
         self._heavy = 0
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()  # reads in line for a slot
         self._secret = secrets.token_bytes(32)  # keys proof nonces; a restart invalidates them
         self._maintenance: asyncio.Future | None = None
 
@@ -280,6 +283,34 @@ class Server:
             yield
         finally:
             self._heavy -= 1
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        """Hand a freed heavy slot to the first read still waiting in line."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+
+    async def wait_slot(self, seconds: float) -> None:
+        """Wait in line, up to `seconds`, until a heavy slot is free (then heavy() takes it
+        without a 429). Reads are short and bounded, so a crowd of readers queues here
+        instead of retrying blindly; uploads, which a slow client can hold, do not wait."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while self._heavy >= self.config.max_heavy and loop.time() < deadline:
+            fut = loop.create_future()
+            self._waiters.append(fut)
+            try:
+                await asyncio.wait([fut], timeout=deadline - loop.time())
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._wake_one()  # woken, then cancelled: the slot goes to the next in line
+                raise
+            finally:
+                if not fut.done():
+                    fut.cancel()  # skipped by _wake_one()
 
     def _repo(self, request: web.Request, write: bool = False) -> str:
         repo = check_name("repo", request.match_info["repo"])
@@ -574,6 +605,7 @@ class Server:
         if start is None or stop is None or start < 0 or stop <= start or stop - start > MAX_SCOPED_RANGE:
             raise HTTPError(416, f"a token limited to some repos reads packs by one byte range "
                                  f"(Range: bytes=a-b, at most {MAX_SCOPED_RANGE} bytes)")
+        await self.wait_slot(self.config.read_wait)
         with self.heavy():  # a masked range is built in memory: bounded by the heavy slots
             body = await self._io(self._masked_range, repo, scope, name, start, stop)
         return web.Response(status=206, body=body, content_type="application/octet-stream",
