@@ -32,7 +32,7 @@ from .core import order as _order
 from .core import shards as _shards
 from .core.address import Address, parse
 from .api import Store
-from .core.errors import InvalidAddressError, PathNotFoundError
+from .core.errors import CdcError, InvalidAddressError, PathNotFoundError
 
 FORMATS = ("numpy", "arrow", "python")
 SUMMED = ("samples", "batches", "bytes_read", "row_groups", "wait_seconds", "read_seconds", "requests",
@@ -310,7 +310,11 @@ class StreamingDataset:
         with self.store.open(f.address) as r:
             try:
                 return pq.ParquetFile(r, pre_buffer=False).metadata
+            except CdcError:  # the store's own error (busy, unreachable, damaged) says what it is
+                raise
             except (pa.ArrowInvalid, OSError) as e:
+                if isinstance(e.__cause__ or e.__context__, CdcError):
+                    raise (e.__cause__ or e.__context__) from None
                 raise InvalidAddressError(f"{f.address} is not a readable Parquet file ({e}): "
                                           f"stream Parquet files only") from None
 

@@ -337,3 +337,15 @@ def test_loader_hands_numpy_over_and_gives_tensors(ds_store):
     assert ds.metrics()["samples"] == TOTAL
     raw = next(iter(make(ds_store).loader(num_workers=1, tensors=False)))
     assert isinstance(raw["id"], np.ndarray)
+
+
+def test_a_damaged_store_is_reported_as_damage_not_as_a_bad_file(ds_store):
+    """A footer that cannot be read because the store is damaged says so (not "not Parquet")."""
+    import glob
+    import os
+
+    for pack in glob.glob(os.path.join(ds_store.location, "packs", "*", "*.pack")):
+        with open(pack, "r+b") as f:
+            f.truncate(64)  # every pack cut short: the chunks cannot be read back
+    with pytest.raises(CorruptionError):
+        StreamingDataset("cdc://ds/train/", store=ds_store.location)
