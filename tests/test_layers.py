@@ -1,6 +1,7 @@
 """The folders are the layers: each module imports only from its own layer and those below.
 
-core (pure formats, no I/O) < storage < remote, engine < the faces (api, fs, cli, stream, ...).
+core (pure formats, no I/O) < runtime (pools, loop, fork) < storage < remote, engine < the faces
+(api, fs, cli, stream, ...).
 The faces other than `api` reach the store only through `api` (and the formats in core).
 """
 import ast
@@ -9,7 +10,7 @@ import os
 import cdcstore
 
 ROOT = os.path.dirname(cdcstore.__file__)
-RANK = {"core": 0, "storage": 1, "remote": 2, "engine": 2}
+RANK = {"core": 0, "runtime": 0.5, "storage": 1, "remote": 2, "engine": 2}
 FACE = 3
 # a face may import api, other faces and core; these are the named exceptions, each with its reason
 FACE_EXCEPTIONS = {
@@ -27,7 +28,7 @@ def modules():
                 yield rel, os.path.join(folder, f)
 
 
-def layer(mod: str) -> tuple[str, int]:
+def layer(mod: str) -> tuple[str, float]:
     head = mod.split(".")[0]
     return (head, RANK[head]) if head in RANK else (mod, FACE)
 
@@ -62,7 +63,7 @@ def test_imports_only_go_down():
                     wrong.append(f"{mod} imports {absolute} (core is pure)")
                 continue
             t = target.split(".")
-            if t[0] in RANK and len(t) > 1:
+            if t[0] in RANK and (len(t) > 1 or t[0] == "runtime"):
                 t_name, t_rank = t[0], RANK[t[0]]
                 target_mod = ".".join(t[:2])
             else:
@@ -80,3 +81,11 @@ def test_imports_only_go_down():
 def test_every_module_sits_in_a_layer_or_is_a_face():
     faces = {m for m, _ in modules() if layer(m)[1] == FACE}
     assert faces <= {"__init__", "__main__", "api", "fs", "cli", "stream", "demo", "parquet"}, faces
+
+
+def test_no_module_starts_its_own_pool_or_loop():
+    """Pools, the event loop thread and fork handling belong to runtime.py alone."""
+    starters = ("ThreadPoolExecutor(", "new_event_loop(", "register_at_fork(")
+    found = [f"{mod}: {s}" for mod, path in modules() if mod != "runtime"
+             for s in starters if s in open(path).read()]
+    assert found == [], found

@@ -259,3 +259,22 @@ def test_fs_not_implemented_has_message(store):
         assert getattr(type(fs), name) is not getattr(__import__("fsspec").AbstractFileSystem, name)
     with pytest.raises(ValueError, match="mode"):
         fs.open("ds/x", "ab")
+
+
+def test_push_sessions_sharing_one_remote_store_wait_for_their_own_packs(server, tmp_path):
+    """Threads pushing through one Store (as fs and pyarrow's write_dataset do): a session's
+    manifests never go out before its packs, even when another session flushed meanwhile."""
+    import concurrent.futures as cf
+
+    files = []
+    for i in range(6):
+        p = tmp_path / f"f{i}.bin"
+        p.write_bytes(os.urandom(3 << 20))
+        files.append(p)
+    with Store(server.url, cache=False) as s:
+        for rnd in range(4):
+            with cf.ThreadPoolExecutor(6) as pool:
+                futs = [pool.submit(s.push, [str(p)], f"cdc://r/{rnd}/{p.name}") for p in files]
+                for f in futs:
+                    f.result()  # a lost race raises RemoteError 409 "chunks ... not on the server"
+        assert len(s.ls("cdc://r/", recursive=True)) == 24

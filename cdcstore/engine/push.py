@@ -13,10 +13,10 @@ from __future__ import annotations
 import collections
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
+from .. import runtime
 from ..core import ids
 from ..core import pages
 from ..core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker
@@ -81,7 +81,7 @@ class PackSink:
         self._file = None
         self._tmp = ""
         self._writer: PackWriter | None = None
-        self._publisher = ThreadPoolExecutor(1, thread_name_prefix="cdcstore-publish")
+        self._publisher = runtime.pool("publish", 1)  # packs become durable in the order they were made
         self._published: list = []
 
     def add(self, chunk_id: bytes, codec: int, stored, raw_len: int) -> None:
@@ -118,7 +118,7 @@ class PackSink:
             except FileNotFoundError:
                 pass
         self._writer = self._file = None
-        self._publisher.shutdown(wait=True)
+        runtime.wait(self._published)
 
 
 class Ingest:
@@ -135,7 +135,7 @@ class Ingest:
         self.chunks = 0
         self.new_chunks = 0
         self._seen: set[bytes] = set()
-        self._pool = ThreadPoolExecutor(self.opts.workers, thread_name_prefix="cdcstore-encode")
+        self._pool = runtime.pool("encode", self.opts.workers)
         self._inflight: collections.deque = collections.deque()
         self._inflight_bytes = 0
         self._undecided: list[tuple[bytes, bytes, str]] = []  # (id, data, file key) awaiting a presence query
@@ -150,8 +150,7 @@ class Ingest:
         (reading, chunking and hashing release the GIL); manifests in input order."""
         if self.opts.file_threads <= 1 or len(pairs) < 2:
             return [self.add_file(p, k) for p, k in pairs]
-        with ThreadPoolExecutor(self.opts.file_threads, thread_name_prefix="cdcstore-chunk") as pool:
-            return list(pool.map(lambda pk: self.add_file(*pk), pairs))
+        return list(runtime.pool("chunk", self.opts.file_threads).map(lambda pk: self.add_file(*pk), pairs))
 
     def add_file(self, path: str, key: str | None = None) -> Manifest:
         """Chunk one local file, schedule its new chunks, and return its manifest.
@@ -245,8 +244,8 @@ class Ingest:
     def close(self) -> None:
         for fut, _, _ in self._inflight:
             fut.cancel()
+        runtime.wait(fut for fut, _, _ in self._inflight)  # the pool is shared: wait for ours only
         self._inflight.clear()
-        self._pool.shutdown(wait=True)
         self.sink.abort()
 
     @property

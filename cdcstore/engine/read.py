@@ -25,8 +25,9 @@ import sys
 import threading
 import time
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
+from .. import runtime
 from ..core.chunker import DEFAULT_PARAMS
 from ..core.errors import CorruptionError
 from ..core.ids import digest
@@ -38,19 +39,12 @@ from .push import FileChunks
 
 LOCATE_ALL_CHUNKS = 65536  # local files up to ~4 GiB are located in one go at their first read
 LOCATE_BLOCK = 512  # chunks located together on a server (~32 MiB of file)
-_pool_lock = threading.Lock()
-_pool: tuple[int, ThreadPoolExecutor] | None = None
+READ_THREADS = max(8, 2 * (os.cpu_count() or 2))  # tasks wait on the network or decode (GIL released)
 
 
-def _prefetch_pool() -> ThreadPoolExecutor:
-    """One process-wide read-ahead pool, rebuilt after a fork. Its tasks wait on
-    the network or decode (which releases the GIL), so it has more threads than cores."""
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), ThreadPoolExecutor(max(8, 2 * (os.cpu_count() or 2)),
-                                                     thread_name_prefix="cdcstore-read"))
-        return _pool[1]
+def _prefetch_pool():
+    """The process's read-ahead pool (the runtime's "read" pool)."""
+    return runtime.pool("read", READ_THREADS)
 
 
 _arrow_held: dict[int, weakref.ref] = {}  # readers and buffers pyarrow may still hold, by id

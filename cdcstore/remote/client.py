@@ -22,6 +22,7 @@ from typing import Iterable
 
 import aiohttp
 
+from .. import runtime
 from ..core import ids
 from . import wire
 from ..core.commit import Commit, changes
@@ -124,10 +125,8 @@ class Transport:
     # -- loop thread, per process --------------------------------------------------------------
     def _ensure(self) -> asyncio.AbstractEventLoop:
         with self._lock:
-            if self._pid != os.getpid():
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="cdcstore-transport", daemon=True).start()
-                self._loop, self._pid = loop, os.getpid()
+            if self._pid != os.getpid():  # the runtime's loop of this process (a fork gets its own)
+                self._loop, self._pid = runtime.loop(), os.getpid()
                 atexit.register(self.close)
                 self._session: aiohttp.ClientSession | None = None
                 self._flights: dict = {}
@@ -144,9 +143,9 @@ class Transport:
             if self._pid != os.getpid():
                 return
             self._pid = None
-        if self._session is not None:
+        if self._session is not None:  # the loop is the runtime's: it keeps running
             asyncio.run_coroutine_threadsafe(self._session.close(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+            self._session = None
 
     def counters(self) -> dict:
         return {"requests": self.requests, "sent_bytes": self.sent_bytes, "received_bytes": self.received_bytes}
@@ -253,6 +252,7 @@ class RemoteStore(Backend):
         self.upload_concurrency = upload_concurrency
         self.proven_chunks = 0  # chunks proved held instead of sent (another tenant stored them)
         self._uploads: list[concurrent.futures.Future] = []
+        self._uploads_lock = threading.Lock()
         self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
         self._api = wire.API
         clean_upload_temps()
@@ -324,7 +324,8 @@ class RemoteStore(Backend):
                 pass
 
         fut.add_done_callback(done)
-        self._uploads.append(fut)
+        with self._uploads_lock:
+            self._uploads.append(fut)
 
     async def _upload(self, tmp: str, name: str) -> None:
         """PUT a pack; before any retry, ask whether the last attempt landed after all,
@@ -339,9 +340,17 @@ class RemoteStore(Backend):
                              landed=landed)
 
     def flush(self) -> None:
-        uploads, self._uploads = self._uploads, []
-        for fut in uploads:
-            fut.result()
+        """Wait for every upload in flight now, also those another push session of this
+        store started (taking them away from it would let its manifests go out before its
+        packs: the server's 409 "chunks ... are not on the server")."""
+        with self._uploads_lock:
+            uploads = list(self._uploads)
+        try:
+            for fut in uploads:
+                fut.result()
+        finally:
+            with self._uploads_lock:
+                self._uploads = [f for f in self._uploads if not (f.done() and f in uploads)]
 
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
         wanted = list(dict.fromkeys(chunk_ids))

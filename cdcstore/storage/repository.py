@@ -21,7 +21,6 @@ lock server.
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -34,6 +33,7 @@ from typing import Iterable, Iterator
 
 import platformdirs
 
+from .. import runtime
 from ..core import ids
 from ..core.address import check_name, check_ref_name, check_write_target, is_commit_like
 from ..core.commit import Commit, changes, rebase_files, touched
@@ -334,8 +334,7 @@ class Repository(Backend):
             for item in todo.items():
                 put(item)
         else:
-            with concurrent.futures.ThreadPoolExecutor(8) as pool:
-                list(pool.map(put, todo.items()))
+            list(runtime.pool("io", 8).map(put, todo.items()))
         return names
 
     def _get_named(self, name: str, object_name: str, what: str, missing: Exception) -> bytes:

@@ -1,0 +1,104 @@
+"""The runtime: the process's thread pools, its event loop thread, and fork handling, in one place.
+
+Storage, remote and engine code asks for a pool by name (`pool("encode", 4)`) or for the loop
+(`loop()`), and never starts its own. Everything here belongs to one process: a forked child
+(a DataLoader worker, a dask process) starts with none of its parent's threads, so the state is
+dropped in the child (`os.register_at_fork`) and rebuilt on first use. `per_process(key, make)`
+gives the same guarantee to other per-process values (a connection, a client).
+
+This module sits under the I/O layers (storage, remote, engine import it); it imports nothing
+of cdcstore's.
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import os
+import threading
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+_lock = threading.RLock()
+_pid = os.getpid()
+_pools: dict[tuple[str, int], concurrent.futures.ThreadPoolExecutor] = {}
+_loop: asyncio.AbstractEventLoop | None = None
+_values: dict[object, object] = {}
+
+
+def _reset_after_fork() -> None:
+    """In a forked child: forget the parent's threads (they do not exist here)."""
+    global _lock, _pid, _pools, _loop, _values
+    _lock = threading.RLock()  # the parent's lock may have been held by a thread that is gone
+    _pid, _pools, _loop, _values = os.getpid(), {}, None, {}
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _check_pid() -> None:
+    if _pid != os.getpid():  # a fork that bypassed register_at_fork (e.g. os.fork from C)
+        _reset_after_fork()
+
+
+def pool(name: str, workers: int) -> concurrent.futures.ThreadPoolExecutor:
+    """The process's pool `name` with `workers` threads (created on first use, shared after).
+    Callers wait for their own futures; nobody shuts a shared pool down."""
+    key = (name, max(1, int(workers)))
+    with _lock:
+        _check_pid()
+        p = _pools.get(key)
+        if p is None:
+            p = _pools[key] = concurrent.futures.ThreadPoolExecutor(key[1], thread_name_prefix=f"cdcstore-{name}")
+        return p
+
+
+def loop() -> asyncio.AbstractEventLoop:
+    """The process's event loop, running in a daemon thread (the HTTP client's)."""
+    global _loop
+    with _lock:
+        _check_pid()
+        if _loop is None:
+            lp = asyncio.new_event_loop()
+            threading.Thread(target=lp.run_forever, name="cdcstore-loop", daemon=True).start()
+            _loop = lp
+        return _loop
+
+
+def submit(coro) -> concurrent.futures.Future:
+    """Run a coroutine on the process's loop; a future for its result."""
+    return asyncio.run_coroutine_threadsafe(coro, loop())
+
+
+def per_process(key: object, make: Callable[[], T]) -> T:
+    """The value `make()` built for `key` in this process (built again in a forked child)."""
+    with _lock:
+        _check_pid()
+        if key not in _values:
+            _values[key] = make()
+        return _values[key]  # type: ignore[return-value]
+
+
+def wait(futures) -> None:
+    """Wait until these futures are done (cancelled ones that had started finish first)."""
+    concurrent.futures.wait(list(futures))
+
+
+def stats() -> dict:
+    """What runs in this process: pool names and sizes, and whether the loop runs."""
+    with _lock:
+        _check_pid()
+        return {"pools": {f"{n}/{w}": w for n, w in _pools}, "loop": _loop is not None}
+
+
+@atexit.register
+def _shutdown() -> None:
+    """At exit: let queued pool work finish quietly and stop the loop."""
+    with _lock:
+        if _pid != os.getpid():
+            return
+        for p in _pools.values():
+            p.shutdown(wait=False, cancel_futures=True)
+        if _loop is not None:
+            _loop.call_soon_threadsafe(_loop.stop)
