@@ -102,7 +102,8 @@ quiet_option = click.option("-q", "--quiet", is_flag=True, expose_value=False, i
 
 _store_opt = click.option(
     "--store", "store_path", metavar="PATH|URL", default=None,
-    help="Store directory or server URL (default: $CDCSTORE_STORE, else the user data dir).")
+    help="Store directory, bucket (s3://BUCKET/PREFIX) or server URL "
+         "(default: $CDCSTORE_STORE, else the user data dir).")
 _token_opt = click.option("--token", default=None, metavar="TOKEN",
                           help="Token for a server store (default: $CDCSTORE_TOKEN).")
 
@@ -129,7 +130,7 @@ def _local(path: str | None, command: str = "this command") -> Store:
     """The store directory at `path` (a server's store is administered on the server)."""
     path = path or default_store_path()
     if is_url(path):
-        raise CdcError(f"`cdcstore {command}` works on a store directory, not {path}: "
+        raise CdcError(f"`cdcstore {command}` works on a store directory or bucket, not {path}: "
                        f"run `cdcstore {command} --store DIR` on the server")
     s = Store(path, create=False)
     click.get_current_context().call_on_close(s.close)
