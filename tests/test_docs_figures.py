@@ -1,0 +1,30 @@
+"""Figures in the docs are rendered from bench JSON (bench/results/*.json), never typed by hand."""
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import figures  # noqa: E402
+
+
+def test_every_figure_block_matches_its_json():
+    assert figures.stale() == []
+
+
+def test_a_block_without_its_json_is_an_error(tmp_path):
+    text = "<!-- figures no-such-run -->\nold\n<!-- /figures -->\n"
+    try:
+        figures.rewrite(text, figures.load_results())
+    except SystemExit as e:
+        assert "bench/results/no-such-run.json does not exist" in str(e)
+    else:
+        raise AssertionError("a block naming missing results was rendered")
+
+
+def test_a_changed_figure_changes_the_block():
+    doc = json.load(open(os.path.join(ROOT, "bench", "results", "stream.json")))
+    doc["goals"]["first_batch_seconds_ours"]["value"] = 9.5
+    text = "<!-- figures stream -->\n<!-- /figures -->\n"
+    assert "| first_batch_seconds_ours | 9.5 |" in figures.rewrite(text, {"stream": doc})
