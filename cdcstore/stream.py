@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .core import order as _order
+from .core import tree
 from .core import shards as _shards
 from .core.address import Address, parse
 from .api import Store
@@ -66,8 +67,7 @@ def expand(source: str, files: dict, commit: str) -> list[SourceFile]:
     elif _GLOB & set(a.path):
         found = [p for p in files if fnmatch.fnmatchcase(p, a.path)]
     else:
-        prefix = a.path + "/" if a.path else ""
-        under = [p for p in files if p.startswith(prefix)]
+        under = list(tree.under(files, a.path))
         found = [p for p in under if p.endswith(".parquet") or _shards.is_tar(p)]
         found = found or [p for p in under if _shards.is_compressed_tar(p)]
     packed = [p for p in found if _shards.is_compressed_tar(p)]
