@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -23,6 +24,7 @@ from .core.manifest import Manifest
 from .core.errors import CorruptionError, InvalidAddressError, PathNotFoundError
 from .engine.read import FileReader, LocalSeed
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
+from .storage.maintenance import DEFAULT_GRACE, PushSession, gc
 from .storage.repository import LocalStore, Repository, is_object_url, no_such_path, open_repository
 from .engine.push import Ingest, IngestOptions
 
@@ -423,34 +425,48 @@ class Store:
             if files.pop(normalize_path(path), None) is None:
                 raise no_such_path(repo, branch, path)
 
-        ingest = Ingest(be, options, progress)
-        try:
-            manifests = list(zip([p for _, p in pairs], ingest.add_files(pairs)))
-            ingest.finish()
-        finally:
-            ingest.close()
-        per_file = {path: {"bytes": m.size, "new_bytes": ingest.file_new[path], "chunks": len(m.chunk_ids),
-                           "chunking": ingest.file_mode[path]} for path, m in manifests}
-        if remove_under is not None:
-            adding = {p for p, _ in manifests}
-            for p in [p for p in files if p.startswith(remove_under) and p not in adding]:
-                del files[p]
-        names = be.put_manifests([m for _, m in manifests])  # only after their chunks are durable
-        for (path, m), name in zip(manifests, names):
-            files[path] = FileEntry(name, m.size)
-        for path, entry in (entries or {}).items():
-            files[normalize_path(path)] = entry
-        _check_tree(files)
-        files = dict(sorted(files.items()))
-        changed = base is None or files != base.files or expected is None
-        commit_id = parent
-        if changed:
-            commit_id = be.commit(Commit(repo, parent, message, time.time(), files), branch, expected)
+        with self._push_session():  # a gc deletes nothing while this push is in flight
+            ingest = Ingest(be, options, progress)
+            try:
+                manifests = list(zip([p for _, p in pairs], ingest.add_files(pairs)))
+                ingest.finish()
+            finally:
+                ingest.close()
+            per_file = {path: {"bytes": m.size, "new_bytes": ingest.file_new[path], "chunks": len(m.chunk_ids),
+                               "chunking": ingest.file_mode[path]} for path, m in manifests}
+            if remove_under is not None:
+                adding = {p for p, _ in manifests}
+                for p in [p for p in files if p.startswith(remove_under) and p not in adding]:
+                    del files[p]
+            names = be.put_manifests([m for _, m in manifests])  # only after their chunks are durable
+            for (path, m), name in zip(manifests, names):
+                files[path] = FileEntry(name, m.size)
+            for path, entry in (entries or {}).items():
+                files[normalize_path(path)] = entry
+            _check_tree(files)
+            files = dict(sorted(files.items()))
+            changed = base is None or files != base.files or expected is None
+            commit_id = parent
+            if changed:
+                commit_id = be.commit(Commit(repo, parent, message, time.time(), files), branch, expected)
         return TransferResult(
             files=len(pairs), bytes=ingest.bytes, new_bytes=ingest.new_bytes,
             stored_bytes=ingest.stored_bytes, seconds=time.perf_counter() - t0, commit=commit_id,
             chunks=ingest.chunks, new_chunks=ingest.new_chunks, changed=changed,
             files_detail=per_file, **self._wire(c0))
+
+    def _push_session(self):
+        """The marker of a push in flight on a repository this process writes (local or bucket);
+        a server keeps its own (its pushes are validated there: a manifest naming a chunk that
+        is gone is refused, never stored)."""
+        if isinstance(self.backend, Repository):
+            return PushSession(self.backend)
+        return contextlib.nullcontext()
+
+    def gc(self, grace: float = DEFAULT_GRACE, dry_run: bool = False) -> dict:
+        """Delete what no branch or tag reaches and is older than `grace` seconds (see
+        `storage.maintenance`); with `dry_run`, only report the plan."""
+        return gc(self._local("gc"), grace=grace, dry_run=dry_run)
 
     def remove(self, addr: str | Address, recursive: bool = False, message: str = "") -> TransferResult:
         """A commit without a file, or (recursive) without a folder."""

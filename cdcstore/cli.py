@@ -398,6 +398,44 @@ def check(store_path, read_data, read_data_subset, as_json):
         sys.exit(EXIT_ERROR)
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(value: str) -> float:
+    """Seconds of "90", "90s", "30m", "12h" or "7d"."""
+    text = value.strip().lower()
+    unit = _UNITS.get(text[-1:], None)
+    try:
+        n = float(text[:-1] if unit else text)
+    except ValueError:
+        n = -1.0
+    if n < 0:
+        raise CdcError(f"--grace wants a duration like 90s, 30m, 12h or 7d, not {value!r}")
+    return n * (unit or 1)
+
+
+@cli.command()
+@local_store_option
+@click.option("--grace", default="1d", show_default=True, metavar="DURATION",
+              help="Spare objects younger than this (a push in flight may be about to name them).")
+@click.option("--dry-run", is_flag=True, help="Print the plan; delete nothing.")
+@json_option
+@handle_errors
+def gc(store_path, grace, dry_run, as_json):
+    """Delete packs, manifests and commits that no branch or tag reaches (mark, plan, execute).
+    Nothing is deleted while a push is in flight; runs on a store directory or bucket."""
+    r = _local(store_path, "gc").gc(grace=_duration(grace), dry_run=dry_run)
+    if as_json:
+        _print_json(r)
+        return
+    verb = "would free" if dry_run or not r["deleted"] else "freed"
+    click.echo(f"{verb} {_human(r['bytes_freed'])}: {r['delete_packs']} packs, {r['delete_manifests']} manifests, "
+               f"{r['delete_commits']} commits; kept {r['live_packs']} packs with {r['live_chunks']} live chunks; "
+               f"{r['spared_young']} younger objects spared")
+    if r["open_sessions"] and not dry_run:
+        click.echo(f"{r['open_sessions']} pushes are in flight: nothing was deleted; run gc again later")
+
+
 @cli.command(name="rebuild-index")
 @local_store_option
 @json_option

@@ -520,3 +520,11 @@ def test_local_os_errors_are_translated_by_errno():
     with pytest.raises(InvalidName, match="nest"):
         with _os_errors("writing x"):
             raise OSError(errno.ENOTDIR, "Not a directory")
+
+
+def test_list_gives_each_object_its_write_time(objects):
+    """gc's grace window measures an object's age from the listing (mtime), on every backend."""
+    before = time.time()
+    objects.put("age/a", b"x")
+    (info,) = list(objects.list("age/"))
+    assert info.mtime is not None and before - 5 <= info.mtime <= time.time() + 5

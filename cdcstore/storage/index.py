@@ -133,6 +133,14 @@ class ChunkIndex:
             conn.execute("BEGIN IMMEDIATE")
             conn.executemany("DELETE FROM chunks WHERE id=? AND pack=?", [(c, pack) for c in chunk_ids])
 
+    def drop_pack(self, pack: str) -> None:
+        """Forget a pack and every chunk row in it (gc, before the pack is deleted)."""
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("DELETE FROM chunks WHERE pack=?", (pack,))
+            conn.execute("DELETE FROM packs WHERE name=?", (pack,))
+
     def grant(self, repo: str, kind: str, names: Iterable[str]) -> None:
         """Record that `repo` reaches these objects ("pack" or "manifest")."""
         conn = self.conn

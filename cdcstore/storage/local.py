@@ -303,4 +303,5 @@ class LocalObjects(ObjectStore):
                 yield from self._walk(name, prefix)
             else:
                 with contextlib.suppress(FileNotFoundError):
-                    yield ObjectInfo(name, e.stat(follow_symlinks=False).st_size)
+                    st = e.stat(follow_symlinks=False)
+                    yield ObjectInfo(name, st.st_size, None, st.st_mtime)

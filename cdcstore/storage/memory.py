@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from typing import Iterator
 
 from ..core import ids
@@ -18,6 +19,7 @@ class MemoryObjects(ObjectStore):
     def __init__(self, url: str = "memory://"):
         self.url = url
         self._objects: dict[str, bytes] = {}
+        self._times: dict[str, float] = {}
         self._names: list[str] = []  # sorted
         self._lock = threading.Lock()
 
@@ -25,6 +27,7 @@ class MemoryObjects(ObjectStore):
         if name not in self._objects:
             bisect.insort(self._names, name)
         self._objects[name] = data
+        self._times[name] = time.time()
         return ids.hexdigest(data)
 
     def _get(self, name: str) -> bytes:
@@ -68,9 +71,9 @@ class MemoryObjects(ObjectStore):
             for n in self._names[lo:]:
                 if not n.startswith(prefix):
                     break
-                names.append((n, len(self._objects[n])))
-        for n, size in names:
-            yield ObjectInfo(n, size)
+                names.append((n, len(self._objects[n]), self._times.get(n)))
+        for n, size, mtime in names:
+            yield ObjectInfo(n, size, None, mtime)
 
     def folders(self, prefix: str = "") -> list[str]:
         check_folder_prefix(prefix)
@@ -80,6 +83,7 @@ class MemoryObjects(ObjectStore):
     def delete(self, name: str) -> None:
         check_object_name(name)
         with self._lock:
+            self._times.pop(name, None)
             if self._objects.pop(name, None) is not None:
                 self._names.pop(bisect.bisect_left(self._names, name))
 

@@ -116,10 +116,12 @@ class Capabilities:
 @dataclasses.dataclass(frozen=True)
 class ObjectInfo:
     """An object's name and size; `token` is its version token (from stat, always; from
-    list, where the listing carries it, else None)."""
+    list, where the listing carries it, else None); `mtime` when it was written (epoch
+    seconds, from list; what gc's grace window measures)."""
     name: str
     size: int
     token: str | None = None
+    mtime: float | None = None
 
 
 # -- the protocol ---------------------------------------------------------------------------

@@ -159,7 +159,7 @@ class _Obstore:
         found = self.ob.list_with_delimiter(self.store, prefix.rstrip("/") or None)["common_prefixes"]
         return [p[len(prefix):].rstrip("/") for p in found]
 
-    def list(self, prefix: str) -> Iterator[tuple[str, int, str | None]]:
+    def list(self, prefix: str) -> Iterator[tuple[str, int, str | None, float | None]]:
         """A string prefix over obstore's folder listing: list the prefix's folder, starting
         just before the prefix (names use only characters below '~'), until past it."""
         folder = prefix.rpartition("/")[0] or None
@@ -167,9 +167,14 @@ class _Obstore:
         for page in self.ob.list(self.store, prefix=folder, offset=start, chunk_size=PAGE):
             for m in page:
                 if m["path"].startswith(prefix):
-                    yield m["path"], m["size"], m["e_tag"]
+                    yield m["path"], m["size"], m["e_tag"], _epoch(m.get("last_modified"))
                 elif m["path"] > prefix:
                     return
+
+
+def _epoch(when) -> float | None:
+    """A listing's last-modified time as epoch seconds."""
+    return when.timestamp() if isinstance(when, datetime.datetime) else None
 
 
 def _code(exc: BaseException) -> str | None:
@@ -258,12 +263,12 @@ class _S3fs:
                 return out
             kw["ContinuationToken"] = page["NextContinuationToken"]
 
-    def list(self, prefix: str) -> Iterator[tuple[str, int, str | None]]:
+    def list(self, prefix: str) -> Iterator[tuple[str, int, str | None, float | None]]:
         kw = {"Prefix": self.prefix + prefix, "MaxKeys": PAGE}
         while True:
             page = self.call("list_objects_v2", **kw)
             for item in page.get("Contents", ()):
-                yield item["Key"][len(self.prefix):], int(item["Size"]), item.get("ETag")
+                yield item["Key"][len(self.prefix):], int(item["Size"]), item.get("ETag"), _epoch(item.get("LastModified"))
             if not page.get("IsTruncated"):
                 return
             kw["ContinuationToken"] = page["NextContinuationToken"]
