@@ -374,7 +374,7 @@ def test_a_put_killed_midway_leaves_no_partial_object(objects):
 
 def _growing_file(root: str) -> bool:
     """Whether the writer has begun writing bytes to some file under `root`."""
-    return any(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs if f != "cas.lock")
+    return any(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs if f != ".cas.lock")
 
 
 def _child_read(store, name, q):

@@ -3,7 +3,7 @@
 A put writes `tmp/<pid>-<random>.tmp`, fsyncs it, then links it to its name (a link
 fails if the name exists: create-only without a lock) and fsyncs the directory, so a
 writer killed at any point leaves at most a temp file, never a partial object.
-Conditional puts take an flock on `tmp/cas.lock` (one per store: ref moves are rare),
+Conditional puts take an flock on `.cas.lock` (one per store: ref moves are rare),
 compare the current contents' xxh3-128 (the token) and rename a synced temp file over
 the object. Ranges are preads. Names under `tmp/` are reserved for temp files.
 """
@@ -176,7 +176,7 @@ class LocalObjects(ObjectStore):
 
     @contextlib.contextmanager
     def _cas_lock(self):
-        with open(os.path.join(self._tmpdir, "cas.lock"), "a+") as f:
+        with open(os.path.join(self.root, ".cas.lock"), "a+") as f:  # a dot file: never an object
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 yield
