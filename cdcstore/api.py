@@ -339,17 +339,50 @@ class Store:
         cid = self.backend.resolve(a.repo, a.ref)
         return cid, self.backend.get_commit(a.repo, cid)
 
-    def log(self, repo: str, rev: str = DEFAULT_BRANCH, limit: int | None = None) -> list[dict]:
-        """Commits from `rev` back to the first, newest first; at most `limit`."""
+    def log(self, repo: str, rev: str = DEFAULT_BRANCH, limit: int | None = None,
+            path: str | None = None) -> list[dict]:
+        """Commits from `rev` back to the first, newest first; at most `limit`. With `path`,
+        only the commits that changed the file or folder at `path`."""
         if limit is not None and limit < 0:
             raise InvalidAddressError(f"log limit must be 0 or more, not {limit}")
+        path = normalize_path(path) if path else None
         out = []
-        for cid, c in self.backend.log(check_name("repo", repo), rev):
+        history = self.backend.log(check_name("repo", repo), rev)
+        for (cid, c), older in _pairs(history):
             if limit is not None and len(out) >= limit:
                 break
+            if path is not None:
+                before = tree.under(older[1].files, path) if older else {}
+                if tree.under(c.files, path) == before:
+                    continue
             out.append({"commit": cid, "parent": c.parent, "message": c.message, "time": c.time,
                         "files": len(c.files), "bytes": c.total_size()})
         return out
+
+    def diff(self, old: str | Address, new: str | Address) -> list[dict]:
+        """Files added, removed and changed from revision `old` to `new` (addresses; a path
+        narrows both), each with its bytes and `new_bytes`: the bytes of its chunks that `old`
+        does not hold anywhere (what storing `new` after `old` costs for that file)."""
+        a, b = _as_address(old), _as_address(new)
+        _, ca = self.resolve(a)
+        _, cb = self.resolve(b)
+        before, after = tree.under(ca.files, a.path), tree.under(cb.files, b.path)
+        added, removed, changed = tree.diff(before, after)
+        held: set[bytes] = set()
+        for f in before.values():
+            held.update(self.backend.get_manifest(f.manifest, a.repo).chunk_ids)
+        out = [{"path": p, "change": "removed", "bytes": before[p].size, "new_bytes": 0} for p in removed]
+        for kind, paths in (("added", added), ("changed", changed)):
+            for p in paths:
+                m = self.backend.get_manifest(after[p].manifest, b.repo)
+                seen: set[bytes] = set()
+                new_bytes = 0
+                for i, c in enumerate(m.chunk_ids):
+                    if c not in held and c not in seen:
+                        seen.add(c)
+                        new_bytes += m.lengths[i]
+                out.append({"path": p, "change": kind, "bytes": m.size, "new_bytes": new_bytes})
+        return sorted(out, key=lambda e: e["path"])
 
     def branches(self, repo: str) -> dict[str, str]:
         return self.backend.branches(check_name("repo", repo))
@@ -642,3 +675,13 @@ def _same_content(path: str, m) -> bool:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.digest() == m.file_hash
+
+
+def _pairs(history):
+    """Each item of an iterator with the one after it (None after the last)."""
+    it = iter(history)
+    prev = next(it, None)
+    while prev is not None:
+        nxt = next(it, None)
+        yield prev, nxt
+        prev = nxt

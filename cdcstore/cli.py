@@ -236,10 +236,11 @@ def pull(src, local, store_path, token, as_json):
 @cli.command(name="ls")
 @click.argument("addr", metavar="cdc://REPO[@REV]/PATH")
 @click.option("-r", "--recursive", is_flag=True, help="List every file below PATH.")
+@click.option("-h", "--human", is_flag=True, help="Sizes as 1.2 MiB.")
 @store_option
 @json_option
 @handle_errors
-def ls_cmd(addr, recursive, store_path, token, as_json):
+def ls_cmd(addr, recursive, human, store_path, token, as_json):
     """List a folder of a revision."""
     entries = _store(store_path, token).ls(addr, recursive=recursive)
     if as_json:
@@ -247,7 +248,47 @@ def ls_cmd(addr, recursive, store_path, token, as_json):
         return
     for e in entries:
         name = e["name"] + ("/" if e["type"] == "directory" else "")
-        click.echo(f"{e['size']:>14}  {name}")
+        size = _human(e["size"]) if human else e["size"]
+        click.echo(f"{size:>14}  {name}")
+
+
+@cli.command()
+@click.argument("addr", metavar="cdc://REPO[@BRANCH]/PATH")
+@click.option("-r", "--recursive", is_flag=True, help="Remove a folder and everything in it.")
+@click.option("-m", "--message", default="", help="Commit message.")
+@store_option
+@json_option
+@handle_errors
+def rm(addr, recursive, message, store_path, token, as_json):
+    """Remove a file (or, with -r, a folder) from a branch: one commit."""
+    r = _store(store_path, token).remove(addr, recursive=recursive, message=message)
+    if as_json:
+        _print_json(r.to_dict())
+        return
+    where = parse(addr)
+    click.echo(f"commit {r.commit[:12]} on {where.repo}@{where.ref}: removed {where.path}")
+
+
+@cli.command()
+@click.argument("old", metavar="cdc://REPO@REV1[/PATH]")
+@click.argument("new", metavar="cdc://REPO@REV2[/PATH]")
+@click.option("-h", "--human", is_flag=True, help="Sizes as 1.2 MiB.")
+@store_option
+@json_option
+@handle_errors
+def diff(old, new, human, store_path, token, as_json):
+    """Files added, removed and changed between two revisions, with the new bytes of each
+    (bytes of chunks the old revision does not hold)."""
+    entries = _store(store_path, token).diff(old, new)
+    if as_json:
+        _print_json({"old": old, "new": new, "files": entries})
+        return
+    mark = {"added": "+", "removed": "-", "changed": "M"}
+    size = _human if human else str
+    for e in entries:
+        click.echo(f"{mark[e['change']]} {size(e['bytes']):>12} {size(e['new_bytes']):>12} new  {e['path']}")
+    total = sum(e["new_bytes"] for e in entries)
+    click.echo(f"{len(entries)} files differ; {size(total)} new")
 
 
 @cli.command()
@@ -265,16 +306,16 @@ def cat(addr, store_path, token):
 
 
 @cli.command()
-@click.argument("repo", metavar="REPO[@REV]")
+@click.argument("repo", metavar="REPO[@REV][/PATH]")
 @click.option("-n", "--max-count", "limit", type=click.IntRange(min=0), default=None,
               help="Show at most N commits.")
 @store_option
 @json_option
 @handle_errors
 def log(repo, limit, store_path, token, as_json):
-    """Show the commits of a revision, newest first."""
+    """Show the commits of a revision, newest first; with a PATH, those that changed it."""
     a = parse(repo)
-    entries = _store(store_path, token).log(a.repo, a.ref, limit=limit)
+    entries = _store(store_path, token).log(a.repo, a.ref, limit=limit, path=a.path or None)
     if as_json:
         _print_json({"repo": a.repo, "rev": a.ref, "commits": entries})
         return

@@ -58,3 +58,12 @@ def listing(files: Mapping[str, FileEntry], path: str, recursive: bool = False) 
             e = out.setdefault(d, {"name": d, "type": "directory", "size": 0})
             e["size"] += f.size
     return [out[k] for k in sorted(out)]
+
+
+def diff(old: Mapping[str, FileEntry], new: Mapping[str, FileEntry]) -> tuple[list[str], list[str], list[str]]:
+    """(added, removed, changed) paths from `old` to `new`, each sorted; a file whose manifest
+    is the same (the same bytes) is unchanged."""
+    added = sorted(p for p in new if p not in old)
+    removed = sorted(p for p in old if p not in new)
+    changed = sorted(p for p in new if p in old and new[p].manifest != old[p].manifest)
+    return added, removed, changed

@@ -1,0 +1,46 @@
+"""Everyday commands: rm, diff (with new bytes), log of a path, human sizes."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cdc(store, *args):
+    p = subprocess.run([sys.executable, "-m", "cdcstore", *args, "--store", store], capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def test_rm_diff_log_of_a_path_and_human_sizes(store, tmp_path):
+    src = tmp_path / "a"
+    src.mkdir()
+    big = bytearray(os.urandom(400_000))
+    (src / "x.bin").write_bytes(bytes(big))
+    (src / "y.bin").write_bytes(b"y" * 1000)
+    v1 = store.push([str(src)], "cdc://ds/", "v1").commit
+    big[100_000:100_050] = b"z" * 50
+    (src / "x.bin").write_bytes(bytes(big))
+    (src / "y.bin").unlink()
+    (src / "n.txt").write_text("new")
+    v2 = store.push([str(src)], "cdc://ds/", "v2", delete=True).commit
+    loc = store.location
+
+    d = json.loads(cdc(loc, "diff", f"cdc://ds@{v1}", "cdc://ds@main", "--json"))["files"]
+    by = {e["path"]: e for e in d}
+    assert by["y.bin"]["change"] == "removed" and by["n.txt"]["change"] == "added"
+    assert by["n.txt"]["new_bytes"] == 3
+    assert by["x.bin"]["change"] == "changed" and 0 < by["x.bin"]["new_bytes"] < 200_000  # only the edit's chunks
+    assert "KiB" in cdc(loc, "diff", f"cdc://ds@{v1}", "cdc://ds@main", "-h")
+
+    logged = json.loads(cdc(loc, "log", "ds/n.txt", "--json"))["commits"]
+    assert [c["commit"] for c in logged] == [v2]  # only the commit that changed it
+    assert len(json.loads(cdc(loc, "log", "ds/x.bin", "--json"))["commits"]) == 2
+
+    assert "390.6 KiB  x.bin" in cdc(loc, "ls", "-h", "cdc://ds/") and "400000  x.bin" in cdc(loc, "ls", "cdc://ds/")
+    out = cdc(loc, "rm", "cdc://ds/n.txt", "-m", "drop n")
+    assert "removed n.txt" in out
+    assert "n.txt" not in cdc(loc, "ls", "cdc://ds/")
+    assert store.log("ds", limit=1)[0]["message"] == "drop n"
