@@ -418,7 +418,8 @@ class Store:
     def push(self, sources: Iterable[str] | str, dest: str | Address, message: str = "",
              *, delete: bool = False, options: IngestOptions | None = None,
              progress: Callable[[int], None] | None = None,
-             on_skip: Callable[[str, str], None] | None = None) -> TransferResult:
+             on_skip: Callable[[str, str], None] | None = None,
+             include: Iterable[str] = (), exclude: Iterable[str] = ()) -> TransferResult:
         """Publish local files and folders as one new commit on DEST's branch.
 
         Files already in the branch and not pushed stay; with `delete=True`, files
@@ -430,14 +431,19 @@ class Store:
         if isinstance(sources, str):
             sources = [sources]
         pairs = plan_sources(sources, a.path, isinstance(dest, str) and dest.endswith("/"), on_skip)
+        cut = len(tree.prefix_of(a.path))
+        keep = (lambda p: tree.selected(p[cut:], include, exclude)) if include or exclude else None
+        if keep:  # globs match the path below DEST; --delete removes only what they select
+            pairs = [(f, p) for f, p in pairs if keep(p)]
         under = (a.path + "/" if a.path else "") if delete else None
         return self.commit_files(a.repo, a.ref, pairs, message, remove_under=under, options=options,
-                                 progress=progress)
+                                 progress=progress, remove_filter=keep)
 
     def commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "", *,
                      remove: Iterable[str] = (), remove_under: str | None = None,
                      entries: dict[str, FileEntry] | None = None, options: IngestOptions | None = None,
-                     progress: Callable[[int], None] | None = None) -> TransferResult:
+                     progress: Callable[[int], None] | None = None,
+                     remove_filter: Callable[[str], bool] | None = None) -> TransferResult:
         """One commit on `branch` of `repo`: add (local file, path in repo) pairs and
         remove the paths in `remove` (each must exist); with `remove_under`, also
         remove every file under that prefix that is not being added. `entries` sets
@@ -469,7 +475,8 @@ class Store:
                                "chunking": ingest.file_mode[path]} for path, m in manifests}
             if remove_under is not None:
                 adding = {p for p, _ in manifests}
-                for p in [p for p in files if p.startswith(remove_under) and p not in adding]:
+                for p in [p for p in files if p.startswith(remove_under) and p not in adding
+                          and (remove_filter is None or remove_filter(p))]:
                     del files[p]
             names = be.put_manifests([m for _, m in manifests])  # only after their chunks are durable
             for (path, m), name in zip(manifests, names):
@@ -553,13 +560,15 @@ class Store:
             return f.read()
 
     def pull(self, addr: str | Address, local: str,
-             progress: Callable[[int], None] | None = None) -> "PullResult":
+             progress: Callable[[int], None] | None = None,
+             include: Iterable[str] = (), exclude: Iterable[str] = ()) -> "PullResult":
         """Write a file or folder of a revision to local disk, atomically per file.
 
         A local file that already has the same content is left alone. LOCAL ending
         in '/' (or an existing folder) receives a single file by its name. Every
         target must stay inside LOCAL (no '..', absolute paths or symlinked folders
         leading out), and an existing symlink, FIFO or device is refused, never replaced.
+        `include`/`exclude` globs pick files of a folder by their path below it.
         """
         t0, c0 = time.perf_counter(), self.counters()
         a = _as_address(addr)
@@ -570,7 +579,8 @@ class Store:
             root, plan = (local, [(a.path, [name])]) if into else (os.path.dirname(local) or ".", [(a.path, None)])
         else:
             cut = len(tree.prefix_of(a.path))
-            root, plan = local, [(p, _commit_parts(p[cut:], p)) for p in found]
+            root, plan = local, [(p, _commit_parts(p[cut:], p)) for p in found
+                                 if tree.selected(p[cut:], include, exclude)]
         total = written = written_files = 0
         for path, parts in plan:
             target = local if parts is None else _safe_target(root, parts, path)

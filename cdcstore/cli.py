@@ -108,6 +108,19 @@ _token_opt = click.option("--token", default=None, metavar="TOKEN",
                           help="Token for a server store (default: $CDCSTORE_TOKEN).")
 
 
+_filter_opts = [
+    click.option("--include", multiple=True, metavar="GLOB",
+                 help="Only files matching (path below the folder, or any name in it for a glob without '/'); repeatable."),
+    click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files matching; repeatable; wins over --include."),
+]
+
+
+def filter_options(fn):
+    for opt in reversed(_filter_opts):
+        fn = opt(fn)
+    return fn
+
+
 def store_option(fn):
     return quiet_option(_store_opt(_token_opt(fn)))
 
@@ -176,17 +189,18 @@ def init(store_path):
 @click.option("-m", "--message", default="", help="Commit message.")
 @click.option("--delete", is_flag=True, help="Remove files under DEST that are not being pushed.")
 @click.option("--detail", is_flag=True, help="With --json, add bytes, new bytes and chunking per file.")
+@filter_options
 @store_option
 @json_option
 @handle_errors
-def push(sources, dest, message, delete, detail, store_path, token, as_json):
+def push(sources, dest, message, delete, detail, include, exclude, store_path, token, as_json):
     """Publish local files and folders as one commit."""
     s = _store(store_path, token)
     skipped: list[str] = []
     total = sum(os.path.getsize(f) for f, _ in plan_sources(sources, "", True, lambda *_: None))
     with _progress(total, "push", as_json) as bar:
         r = s.push(list(sources), dest, message, delete=delete, progress=bar.update,
-                   on_skip=lambda path, why: skipped.append(f"{path} ({why})"))
+                   on_skip=lambda path, why: skipped.append(f"{path} ({why})"), include=include, exclude=exclude)
     _warn_skipped(skipped)
     if as_json:
         _print_json(r.to_dict(detail=detail))
@@ -217,15 +231,16 @@ def _warn_skipped(skipped: list[str], show: int = 5) -> None:
 @cli.command()
 @click.argument("src", metavar="cdc://REPO[@REV]/PATH")
 @click.argument("local", metavar="LOCAL")
+@filter_options
 @store_option
 @json_option
 @handle_errors
-def pull(src, local, store_path, token, as_json):
+def pull(src, local, include, exclude, store_path, token, as_json):
     """Write a file or folder of a revision to local disk."""
     s = _store(store_path, token)
     total = sum(e["size"] for e in s.ls(src, recursive=True))
     with _progress(total, "pull", as_json) as bar:
-        r = s.pull(src, local, progress=bar.update)
+        r = s.pull(src, local, progress=bar.update, include=include, exclude=exclude)
     if as_json:
         _print_json(r.to_dict())
         return

@@ -44,3 +44,29 @@ def test_rm_diff_log_of_a_path_and_human_sizes(store, tmp_path):
     assert "removed n.txt" in out
     assert "n.txt" not in cdc(loc, "ls", "cdc://ds/")
     assert store.log("ds", limit=1)[0]["message"] == "drop n"
+
+
+def test_include_and_exclude_on_push_and_pull(store, tmp_path):
+    from cdcstore.core.tree import selected
+
+    assert selected("a/b.tmp", exclude=["*.tmp"]) is False and selected("a/b.bin", exclude=["*.tmp"])
+    assert selected("cache/x", exclude=["cache"]) is False  # a name anywhere in the path
+    assert selected("train/p.parquet", include=["train/*"]) and not selected("test/p.parquet", include=["train/*"])
+    src = tmp_path / "src"
+    (src / "train").mkdir(parents=True)
+    (src / "cache").mkdir()
+    for rel in ("train/a.parquet", "train/b.tmp", "cache/c.parquet", "top.parquet", "notes.txt"):
+        (src / rel).write_bytes(rel.encode())
+    cdc(store.location, "push", str(src), "cdc://ds/", "--include", "*.parquet", "--exclude", "cache")
+    got = sorted(e["name"] for e in store.ls("cdc://ds/", recursive=True))
+    assert got == ["top.parquet", "train/a.parquet"]
+    # --delete removes only what the globs select: notes.txt pushed later survives a parquet-only sync
+    store.push([str(src / "notes.txt")], "cdc://ds/notes.txt")
+    (src / "top.parquet").unlink()
+    cdc(store.location, "push", str(src), "cdc://ds/", "--include", "*.parquet", "--exclude", "cache", "--delete")
+    got = sorted(e["name"] for e in store.ls("cdc://ds/", recursive=True))
+    assert got == ["notes.txt", "train/a.parquet"]
+    out = tmp_path / "out"
+    cdc(store.location, "pull", "cdc://ds/", str(out), "--exclude", "*.txt")
+    assert sorted(os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs) == \
+        ["train/a.parquet"]

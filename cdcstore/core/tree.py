@@ -6,7 +6,8 @@ the API, the fsspec face and the CLI.
 """
 from __future__ import annotations
 
-from typing import Mapping
+import fnmatch
+from typing import Iterable, Mapping
 
 from .commit import FileEntry
 
@@ -67,3 +68,23 @@ def diff(old: Mapping[str, FileEntry], new: Mapping[str, FileEntry]) -> tuple[li
     removed = sorted(p for p in old if p not in new)
     changed = sorted(p for p in new if p in old and new[p].manifest != old[p].manifest)
     return added, removed, changed
+
+
+def matches(rel: str, patterns: Iterable[str]) -> bool:
+    """Whether a path (relative to what is pushed or pulled) matches one of the glob patterns: a
+    pattern with a '/' matches the whole relative path, one without matches any name in it
+    (`*.tmp` excludes tmp files at any depth, `cache` a folder named cache anywhere)."""
+    parts = rel.split("/")
+    for pat in patterns:
+        if "/" in pat.strip("/"):
+            if fnmatch.fnmatchcase(rel, pat.strip("/")) or fnmatch.fnmatchcase(rel, pat.strip("/") + "/*"):
+                return True
+        elif any(fnmatch.fnmatchcase(part, pat.strip("/")) for part in parts):
+            return True
+    return False
+
+
+def selected(rel: str, include: Iterable[str] = (), exclude: Iterable[str] = ()) -> bool:
+    """--include/--exclude: kept when it matches an include (or there are none) and no exclude."""
+    include, exclude = list(include), list(exclude)
+    return (not include or matches(rel, include)) and not matches(rel, exclude)
