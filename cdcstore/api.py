@@ -636,7 +636,9 @@ class Store:
         For a revision: `bytes` is its logical size, `new_bytes` the raw bytes of
         chunks it has that its parent lacks, `stored_bytes` their size in packs.
         For the store: `bytes` sums the branch heads, `new_bytes` is the raw size of
-        every unique chunk kept and `stored_bytes` the bytes of all packs.
+        every unique chunk kept and `stored_bytes` the bytes of all packs; `history_bytes`
+        sums every version branches and tags reach (`versions` of them), and `dedup_ratio`
+        is that over the pack bytes: what keeping all of history costs against full copies.
         """
         be = self.backend
         t0 = time.perf_counter()
@@ -661,8 +663,20 @@ class Store:
                 commit = be.get_commit(repo, cid)
                 files += len(commit.files)
                 bytes_ += commit.total_size()
+            versions = history = 0
+            for r in be.repos():  # every version the store keeps: what storing each in full would take
+                seen: set[str] = set()
+                for head in set(be.branches(r).values()) | set(be.tags(r).values()):
+                    for cid, c in be.log(r, head):
+                        if cid in seen:
+                            break
+                        seen.add(cid)
+                        history += c.total_size()
+                versions += len(seen)
             out.update({"commit": None, "files": files, "bytes": bytes_,
-                        "new_bytes": totals["chunk_raw_bytes"], "stored_bytes": totals["pack_bytes"]})
+                        "new_bytes": totals["chunk_raw_bytes"], "stored_bytes": totals["pack_bytes"],
+                        "versions": versions, "history_bytes": history,
+                        "dedup_ratio": history / totals["pack_bytes"] if totals["pack_bytes"] else 0.0})
         out["seconds"] = time.perf_counter() - t0
         return out
 

@@ -411,10 +411,10 @@ def stats(addr, store_path, token, as_json):
                    f"{_human(st['unique_bytes'])}; new over parent {_human(st['new_bytes'])}, "
                    f"stored {_human(st['stored_bytes'])}")
     else:
-        ratio = st["bytes"] / st["pack_bytes"] if st["pack_bytes"] else 0
         click.echo(f"store {st['store']}: {st['repos']} repos, branch heads {st['files']} files "
-                   f"{_human(st['bytes'])}; {st['chunks']} unique chunks {_human(st['chunk_raw_bytes'])} "
-                   f"in {st['packs']} packs {_human(st['pack_bytes'])} (x{ratio:.2f})")
+                   f"{_human(st['bytes'])}; {st['versions']} versions {_human(st['history_bytes'])} in all, "
+                   f"kept as {st['chunks']} unique chunks {_human(st['chunk_raw_bytes'])} in {st['packs']} packs "
+                   f"{_human(st['pack_bytes'])} (x{st['dedup_ratio']:.2f} against full copies)")
 
 
 def _percent(value: str | None) -> float | None:

@@ -70,3 +70,18 @@ def test_include_and_exclude_on_push_and_pull(store, tmp_path):
     cdc(store.location, "pull", "cdc://ds/", str(out), "--exclude", "*.txt")
     assert sorted(os.path.relpath(os.path.join(d, f), out) for d, _, fs in os.walk(out) for f in fs) == \
         ["train/a.parquet"]
+
+
+def test_stats_counts_dedup_over_all_of_history(store, tmp_path):
+    data = bytearray(os.urandom(1 << 20))
+    f = tmp_path / "d.bin"
+    f.write_bytes(bytes(data))
+    store.push([str(f)], "cdc://ds/d.bin")
+    data[10:20] = b"x" * 10
+    f.write_bytes(bytes(data))
+    store.push([str(f)], "cdc://ds/d.bin")
+    st = store.stats()
+    assert st["versions"] == 2 and st["history_bytes"] == 2 << 20
+    assert st["bytes"] == 1 << 20  # the branch head alone
+    assert 1.5 < st["dedup_ratio"] < 2.1  # two versions kept for little more than one
+    assert "2 versions" in cdc(store.location, "stats")
