@@ -253,6 +253,7 @@ class RemoteStore(Backend):
         self.upload_concurrency = upload_concurrency
         self.proven_chunks = 0  # chunks proved held instead of sent (another tenant stored them)
         self._uploads: list[concurrent.futures.Future] = []
+        self._uploads_lock = threading.Lock()
         self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
         self._api = wire.API
         clean_upload_temps()
@@ -311,8 +312,9 @@ class RemoteStore(Backend):
         os.close(fd)
         return path
 
-    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None:
-        """Upload in the background (at most `upload_concurrency` at once)."""
+    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> concurrent.futures.Future:
+        """Upload in the background (at most `upload_concurrency` at once); the future
+        completes when the pack is stored on the server."""
         self._upload_slots.acquire()
         fut = self.t.submit(self._upload(tmp, name))
 
@@ -324,7 +326,9 @@ class RemoteStore(Backend):
                 pass
 
         fut.add_done_callback(done)
-        self._uploads.append(fut)
+        with self._uploads_lock:
+            self._uploads.append(fut)
+        return fut
 
     async def _upload(self, tmp: str, name: str) -> None:
         """PUT a pack; before any retry, ask whether the last attempt landed after all,
@@ -339,7 +343,10 @@ class RemoteStore(Backend):
                              landed=landed)
 
     def flush(self) -> None:
-        uploads, self._uploads = self._uploads, []
+        """Wait for every upload started so far (each caller of `add_pack` also gets
+        its own upload's future, as a push session waits only for its own)."""
+        with self._uploads_lock:
+            uploads, self._uploads = self._uploads, []
         for fut in uploads:
             fut.result()
 
