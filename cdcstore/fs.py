@@ -12,6 +12,9 @@ pushes. Writes (`open("wb"/"xb")`, `put`, `pipe`), `copy`, `mv` and `rm` are
 commits; `put` of a folder is one commit, and inside `fs.transaction` everything
 becomes one commit per branch. A commit that touches other paths than a
 concurrent writer's lands on top of it (rebased); only overlapping paths conflict.
+With `stage={"repo@branch": STAGING_BRANCH}` (from `writers.deferred_commit`), writes
+to that branch commit to the staging branch, so many processes' writes land as one
+commit at the end.
 """
 from __future__ import annotations
 
