@@ -21,7 +21,7 @@ from .core import ids, tree
 from .core.address import DEFAULT_BRANCH, Address, check_name, check_ref_name, check_write_target, normalize_path, parse
 from .core.commit import Commit, FileEntry, tree_clashes
 from .core.manifest import Manifest
-from .core.errors import CorruptionError, InvalidAddressError, PathNotFoundError
+from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNotFoundError
 from .engine.read import FileReader, LocalSeed
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
 from .storage.maintenance import DEFAULT_GRACE, PushSession, gc
@@ -442,13 +442,14 @@ class Store:
     def commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "", *,
                      remove: Iterable[str] = (), remove_under: str | None = None,
                      entries: dict[str, FileEntry] | None = None, options: IngestOptions | None = None,
-                     progress: Callable[[int], None] | None = None,
+                     progress: Callable[[int], None] | None = None, parent: str | None = None,
                      remove_filter: Callable[[str], bool] | None = None) -> TransferResult:
         """One commit on `branch` of `repo`: add (local file, path in repo) pairs and
         remove the paths in `remove` (each must exist); with `remove_under`, also
         remove every file under that prefix that is not being added. `entries` sets
         paths to stored files (manifests already in the store: a copy reads no data).
-        Returns the landed commit (a rebased one if another writer moved the branch)."""
+        Returns the landed commit (a rebased one if another writer moved the branch).
+        `parent` bases the change on that commit instead of the branch head."""
         t0, c0 = time.perf_counter(), self.counters()
         check_name("repo", repo)
         check_write_target(branch)
@@ -457,7 +458,13 @@ class Store:
         if branches and branch not in branches and branch in be.tags(repo):
             raise InvalidAddressError(f"{branch!r} is a tag of repo {repo!r}: a tag is immutable: push to a branch")
         expected = branches.get(branch)
-        parent = expected or branches.get(DEFAULT_BRANCH)
+        if parent is not None:  # the change is made against PARENT; newer commits rebase it or conflict
+            if expected is None:
+                raise InvalidAddressError(f"branch {branch!r} of repo {repo!r} does not exist: "
+                                          f"commit without parent= to create it")
+            parent = expected = self._resolve_now(repo, parent)
+        else:
+            parent = expected or branches.get(DEFAULT_BRANCH)
         base = be.get_commit(repo, parent) if parent else None
         files = dict(base.files) if base else {}
         for path in remove:
@@ -465,22 +472,13 @@ class Store:
                 raise no_such_path(repo, branch, path)
 
         with self._push_session():  # a gc deletes nothing while this push is in flight
-            ingest = Ingest(be, options, progress)
-            try:
-                manifests = list(zip([p for _, p in pairs], ingest.add_files(pairs)))
-                ingest.finish()
-            finally:
-                ingest.close()
-            per_file = {path: {"bytes": m.size, "new_bytes": ingest.file_new[path], "chunks": len(m.chunk_ids),
-                               "chunking": ingest.file_mode[path]} for path, m in manifests}
+            ingest, added, per_file = self._ingest(pairs, options, progress)
             if remove_under is not None:
-                adding = {p for p, _ in manifests}
+                adding = set(added)
                 for p in [p for p in files if p.startswith(remove_under) and p not in adding
                           and (remove_filter is None or remove_filter(p))]:
                     del files[p]
-            names = be.put_manifests([m for _, m in manifests])  # only after their chunks are durable
-            for (path, m), name in zip(manifests, names):
-                files[path] = FileEntry(name, m.size)
+            files.update(added)
             for path, entry in (entries or {}).items():
                 files[normalize_path(path)] = entry
             _check_tree(files)
@@ -507,6 +505,75 @@ class Store:
         """Delete what no branch or tag reaches and is older than `grace` seconds (see
         `storage.maintenance`); with `dry_run`, only report the plan."""
         return gc(self._local("gc"), grace=grace, dry_run=dry_run)
+
+    def _ingest(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
+                progress: Callable[[int], None] | None) -> tuple[Ingest, dict[str, FileEntry], dict]:
+        """Store the files' chunks (durable) and then their manifests: (ingest, path ->
+        entry, per-file detail). Nothing is committed."""
+        ingest = Ingest(self.backend, options, progress)
+        try:
+            manifests = list(zip([p for _, p in pairs], ingest.add_files(pairs)))
+            ingest.finish()
+        finally:
+            ingest.close()
+        per_file = {path: {"bytes": m.size, "new_bytes": ingest.file_new[path], "chunks": len(m.chunk_ids),
+                           "chunking": ingest.file_mode[path]} for path, m in manifests}
+        names = self.backend.put_manifests([m for _, m in manifests])  # only after their chunks are durable
+        added = {path: FileEntry(name, m.size) for (path, m), name in zip(manifests, names)}
+        return ingest, added, per_file
+
+    # -- many writers, one commit --------------------------------------------------------------
+    def upload(self, sources: Iterable[str] | str, dest: str | Address, *, options: IngestOptions | None = None,
+               progress: Callable[[int], None] | None = None,
+               on_skip: Callable[[str, str], None] | None = None) -> dict[str, FileEntry]:
+        """Store local files (chunks, then manifests) WITHOUT committing them: returns
+        {path in the repo: FileEntry}, small picklable records that `commit_entries`
+        publishes later, in any process. Paths are planned as for `push` (DEST's revision
+        is ignored). Uploaded but never committed data is invisible to readers."""
+        a = _as_address(dest)
+        check_name("repo", a.repo)
+        if isinstance(sources, str):
+            sources = [sources]
+        pairs = plan_sources(sources, a.path, isinstance(dest, str) and dest.endswith("/"), on_skip)
+        return self._ingest(pairs, options, progress)[1]
+
+    def commit_entries(self, dest: str | Address, entries: dict[str, FileEntry] | Iterable[dict[str, FileEntry]],
+                       message: str = "", *, parent: str | None = None, remove: Iterable[str] = (),
+                       remove_under: str | None = None) -> TransferResult:
+        """ONE commit on DEST's branch setting every path of `entries` (from `upload`,
+        one dict or a list of them, e.g. one per worker) to its stored file; `remove`
+        and `remove_under` as in `commit_files`. Every entry is checked first: its
+        manifest must be in this store and its size must match (a server checks it too).
+        With `parent` (a commit id), the change is made against that commit and lands
+        on the branch only if the branch's newer commits touch other paths (else
+        ConflictError); by default it is made against the branch head."""
+        a = _as_address(dest)
+        merged = _merge_entries(entries)
+        self._check_entries(a.repo, merged)
+        return self.commit_files(a.repo, a.ref, [], message or f"commit {len(merged)} uploaded files",
+                                 remove=remove, remove_under=remove_under, entries=merged, parent=parent)
+
+    def _check_entries(self, repo: str, entries: dict[str, FileEntry]) -> None:
+        """Each entry names a manifest this store holds, of the entry's size. A server
+        checks this itself when it receives the commit (uncommitted manifests are not
+        readable through a repo), so only local and object stores are read here."""
+        inner = getattr(self.backend, "inner", self.backend)
+        if not isinstance(inner, Repository):
+            return
+        sizes: dict[str, set[int]] = {}
+        for path, e in entries.items():
+            sizes.setdefault(e.manifest, set()).add(e.size)
+        for name, wanted in sizes.items():
+            try:
+                m = inner.get_manifest(name)
+            except (CdcError, OSError):
+                path = next(p for p, e in entries.items() if e.manifest == name)
+                raise InvalidAddressError(f"{path!r}: manifest {name} is not in the store {self.location}: "
+                                          f"upload the file to this store first (Store.upload)") from None
+            if wanted != {m.size}:
+                path = next(p for p, e in entries.items() if e.manifest == name and e.size != m.size)
+                raise InvalidAddressError(f"{path!r}: the entry says {entries[path].size} bytes but manifest "
+                                          f"{name} holds {m.size}: pass the entries `upload` returned, unchanged")
 
     def remove(self, addr: str | Address, recursive: bool = False, message: str = "") -> TransferResult:
         """A commit without a file, or (recursive) without a folder."""
@@ -686,6 +753,32 @@ class Store:
             m = self.backend.get_manifest(f.manifest, repo)
             sizes.update(zip(m.chunk_ids, m.lengths))
         return sizes
+
+
+def _merge_entries(entries) -> dict[str, FileEntry]:
+    """One {path: FileEntry} from a dict or a list of dicts (one per worker); a path
+    given two different entries is refused."""
+    parts = [entries] if isinstance(entries, dict) else list(entries)
+    merged: dict[str, FileEntry] = {}
+    for part in parts:
+        if not isinstance(part, dict):
+            raise InvalidAddressError(f"entries must be dicts {{path: FileEntry}} as Store.upload returns, "
+                                      f"not {type(part).__name__}")
+        for path, e in part.items():
+            if not isinstance(e, FileEntry) or not ids.is_hex_id(str(e.manifest)) or \
+                    not isinstance(e.size, int) or e.size < 0:
+                raise InvalidAddressError(f"entry for {path!r} is not a FileEntry(manifest id, size) as "
+                                          f"Store.upload returns: {e!r}")
+            key = normalize_path(path)
+            if not key:
+                raise InvalidAddressError("an entry names the repo root: give each file a path")
+            if merged.get(key, e) != e:
+                raise InvalidAddressError(f"two workers uploaded different files to {key!r}: "
+                                          f"give each worker its own paths")
+            merged[key] = e
+    if not merged:
+        raise InvalidAddressError("no entries to commit: upload files first (Store.upload)")
+    return merged
 
 
 def _same_content(path: str, m) -> bool:

@@ -105,10 +105,15 @@ class PackSink:
         self._writer = self._file = None
 
     def wait(self) -> None:
-        """Block until every queued pack is durable and indexed."""
+        """Block until every queued pack is durable and indexed. A backend that uploads
+        in the background returns a future from `add_pack`: this session waits for its
+        own uploads, never relying on a backend-wide flush that a concurrent session
+        in another thread may have emptied first."""
         done, self._published = self._published, []
         for fut in done:
-            fut.result()
+            upload = fut.result()
+            if upload is not None:
+                upload.result()
 
     def abort(self) -> None:
         if self._file is not None:

@@ -311,8 +311,9 @@ class RemoteStore(Backend):
         os.close(fd)
         return path
 
-    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None:
-        """Upload in the background (at most `upload_concurrency` at once)."""
+    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> concurrent.futures.Future:
+        """Upload in the background (at most `upload_concurrency` at once); the future
+        completes when the pack is stored on the server."""
         self._upload_slots.acquire()
         fut = self.t.submit(self._upload(tmp, name))
 
@@ -326,6 +327,7 @@ class RemoteStore(Backend):
         fut.add_done_callback(done)
         with self._uploads_lock:
             self._uploads.append(fut)
+        return fut
 
     async def _upload(self, tmp: str, name: str) -> None:
         """PUT a pack; before any retry, ask whether the last attempt landed after all,

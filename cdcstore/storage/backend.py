@@ -38,7 +38,9 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def tmp_path(self) -> str: ...
     @abc.abstractmethod
-    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None: ...
+    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]):
+        """Store a finished pack; returns None when it is durable on return, or a future
+        that completes when it is (a background upload)."""
     def flush(self) -> None:
         """Wait until every added pack is durable in the store (uploads finished)."""
 

@@ -537,7 +537,7 @@ class CachedBackend(Backend):
         return self.inner.tmp_path()
 
     def add_pack(self, tmp, name, entries):
-        self.inner.add_pack(tmp, name, entries)
+        return self.inner.add_pack(tmp, name, entries)
 
     def flush(self):
         self.inner.flush()
