@@ -24,7 +24,7 @@ from .core.manifest import Manifest
 from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNotFoundError
 from .engine.read import FileReader, LocalSeed
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
-from .storage.maintenance import DEFAULT_GRACE, PushSession, gc
+from .storage.maintenance import DEFAULT_GRACE, PushSession, forget, gc
 from .storage.repository import LocalStore, Repository, is_object_url, no_such_path, open_repository
 from .engine.push import Ingest, IngestOptions
 
@@ -500,6 +500,13 @@ class Store:
         if isinstance(self.backend, Repository):
             return PushSession(self.backend)
         return contextlib.nullcontext()
+
+    def forget(self, repo: str, keep_last: int | None = None, keep_within: float | None = None,
+               keep_tags: bool = False, dry_run: bool = False) -> dict:
+        """Retention: forget the commits of `repo` that no rule keeps (the `keep_last` newest of
+        each branch, those younger than `keep_within` seconds, tagged ones with `keep_tags`,
+        and every branch head). Forgotten commits stay in the log; `gc` frees their files."""
+        return forget(self._local("forget"), check_name("repo", repo), keep_last, keep_within, keep_tags, dry_run)
 
     def gc(self, grace: float = DEFAULT_GRACE, dry_run: bool = False) -> dict:
         """Delete what no branch or tag reaches and is older than `grace` seconds (see

@@ -457,7 +457,7 @@ def check(store_path, read_data, read_data_subset, as_json):
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def _duration(value: str) -> float:
+def _duration(value: str, option: str = "--grace") -> float:
     """Seconds of "90", "90s", "30m", "12h" or "7d"."""
     text = value.strip().lower()
     unit = _UNITS.get(text[-1:], None)
@@ -466,8 +466,32 @@ def _duration(value: str) -> float:
     except ValueError:
         n = -1.0
     if n < 0:
-        raise CdcError(f"--grace wants a duration like 90s, 30m, 12h or 7d, not {value!r}")
+        raise CdcError(f"{option} wants a duration like 90s, 30m, 12h or 7d, not {value!r}")
     return n * (unit or 1)
+
+
+@cli.command()
+@click.argument("repo", metavar="REPO")
+@click.option("--keep-last", type=int, default=None, metavar="N", help="Keep the N newest commits of each branch.")
+@click.option("--keep-within", default=None, metavar="DURATION", help="Keep commits younger than this (30d, 12h).")
+@click.option("--keep-tags", is_flag=True, help="Keep every tagged commit.")
+@click.option("--dry-run", is_flag=True, help="Print what would be forgotten; change nothing.")
+@local_store_option
+@json_option
+@handle_errors
+def forget(repo, keep_last, keep_within, keep_tags, dry_run, store_path, as_json):
+    """Retention: forget old commits of REPO (branch heads are always kept); `gc` then frees
+    the data only they used. Forgotten commits stay in the log; reading one is an error."""
+    within = _duration(keep_within, "--keep-within") if keep_within is not None else None
+    r = _local(store_path, "forget").forget(repo, keep_last, within, keep_tags, dry_run)
+    if as_json:
+        _print_json(r)
+        return
+    verb = "would forget" if dry_run else "forgot"
+    click.echo(f"{verb} {len(r['forget'])} commits of {repo}; {r['kept']} kept"
+               + ("; run `cdcstore gc` to free their data" if r["forget"] and not dry_run else ""))
+    for cid in r["forget"][:20]:
+        click.echo(f"  {cid[:12]}")
 
 
 @cli.command()

@@ -130,3 +130,32 @@ def test_cli_gc_dry_run_and_bad_grace(store, tmp_path):
     p = subprocess.run([sys.executable, "-m", "cdcstore", "gc", "--store", store.location, "--grace", "soon"],
                        capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 1 and "--grace wants a duration" in p.stderr and len(p.stderr.splitlines()) == 1
+
+
+def test_forget_keep_last_then_gc_frees_old_versions(store, tmp_path):
+    from cdcstore.storage.maintenance import forget_plan
+
+    # the pure policy: heads always, the N newest per branch, young ones, tags on request
+    hist = {"main": [("c5", 50), ("c4", 40), ("c3", 30), ("c2", 20), ("c1", 10)], "dev": [("d1", 5), ("c2", 20)]}
+    assert forget_plan(hist, {}, keep_last=2, now=100) == ["c1", "c3"]
+    assert forget_plan(hist, {"v": "c1"}, keep_last=2, keep_tags=True, now=100) == ["c3"]
+    assert forget_plan(hist, {}, keep_within=65, now=100) == ["c1", "c2", "c3"]
+
+    versions = []
+    for i in range(5):
+        data = os.urandom(1 << 20)
+        versions.append((store.push(_file(tmp_path / f"v{i}", "d.bin", data), "cdc://ds/d.bin").commit, data))
+    dry = store.forget("ds", keep_last=2, dry_run=True)
+    assert len(dry["forget"]) == 3 and store.cat(f"cdc://ds@{versions[0][0]}/d.bin") == versions[0][1]
+    r = store.forget("ds", keep_last=2)
+    assert sorted(r["forget"]) == sorted(c for c, _ in versions[:3])
+    freed = store.gc(grace=0)
+    assert freed["bytes_freed"] >= 3 << 20 and freed["delete_commits"] == 0  # history stays, data goes
+    for cid, data in versions[3:]:
+        assert store.cat(f"cdc://ds@{cid}/d.bin") == data
+    with pytest.raises(FileNotFoundError, match="was forgotten"):
+        store.cat(f"cdc://ds@{versions[0][0]}/d.bin")
+    assert len(store.log("ds")) == 5  # the log still shows every commit
+    assert store.check(read_data=True)["problems"] == []
+    with pytest.raises(ValueError, match="needs a policy"):
+        store.forget("ds")

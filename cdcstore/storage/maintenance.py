@@ -27,7 +27,7 @@ import secrets
 import time
 
 from ..core import ids
-from ..core.errors import CdcError
+from ..core.errors import CdcError, InvalidAddressError
 from .repository import Repository, commit_name, manifest_name, pack_name
 
 DEFAULT_GRACE = 24 * 3600.0  # seconds an object is spared after it was written
@@ -66,12 +66,13 @@ def mark(repo: Repository) -> tuple[set[tuple[str, str]], set[str], set[bytes]]:
     manifests: set[str] = set()
     chunks: set[bytes] = set()
     for name in repo.repos():
+        forgotten = repo.forgotten(name)
         for head in set(repo.refs(name).values()):
             cid: str | None = head
             while cid and (name, cid) not in commits:
-                commits.add((name, cid))
+                commits.add((name, cid))  # forgotten commits stay as history; their files go
                 c = repo.get_commit(name, cid)  # a damaged reachable commit stops gc (CorruptionError)
-                for fe in c.files.values():
+                for fe in () if cid in forgotten else c.files.values():
                     if fe.manifest not in manifests:
                         manifests.add(fe.manifest)
                         chunks.update(repo.get_manifest(fe.manifest).chunk_ids)
@@ -190,3 +191,36 @@ class PushSession:
 
     def __exit__(self, *exc) -> None:
         self.repo.objects.delete(self.name)
+
+
+def forget_plan(history: dict[str, list[tuple[str, float]]], tags: dict[str, str], keep_last: int | None = None,
+                keep_within: float | None = None, keep_tags: bool = False, now: float | None = None) -> list[str]:
+    """Commits to forget (pure): `history` maps each branch to its commits (id, time), newest
+    first. A commit is kept when a rule keeps it on any branch: among the branch's `keep_last`
+    newest, younger than `keep_within` seconds, tagged (`keep_tags`), or a branch head."""
+    now = time.time() if now is None else now
+    keep: set[str] = set(tags.values()) if keep_tags else set()
+    seen: set[str] = set()
+    for commits in history.values():
+        for i, (cid, when) in enumerate(commits):
+            seen.add(cid)
+            if i == 0 or (keep_last is not None and i < keep_last) or \
+                    (keep_within is not None and now - when < keep_within):
+                keep.add(cid)
+    return sorted(seen - keep)
+
+
+def forget(repo: Repository, name: str, keep_last: int | None = None, keep_within: float | None = None,
+           keep_tags: bool = False, dry_run: bool = False) -> dict:
+    """Apply a retention policy to a repo's history; `gc` then frees what only forgotten commits used."""
+    if keep_last is None and keep_within is None:
+        raise InvalidAddressError("forget needs a policy: --keep-last N and/or --keep-within DURATION")
+    if keep_last is not None and keep_last < 1:
+        raise InvalidAddressError(f"--keep-last must be 1 or more (a branch head is always kept), not {keep_last}")
+    history = {b: [(cid, c.time) for cid, c in repo.log(name, head)] for b, head in repo.branches(name).items()}
+    doomed = [c for c in forget_plan(history, repo.tags(name), keep_last, keep_within, keep_tags)
+              if c not in repo.forgotten(name)]
+    if not dry_run:
+        repo.forget(name, doomed)
+    kept = {cid for commits in history.values() for cid, _ in commits} - set(doomed) - repo.forgotten(name)
+    return {"repo": name, "forget": doomed, "kept": len(kept), "dry_run": dry_run}

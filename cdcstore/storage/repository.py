@@ -79,6 +79,10 @@ def commit_name(repo: str, cid: str) -> str:
     return f"repos/{repo}/commits/{cid}.json"
 
 
+def forgotten_name(repo: str, cid: str) -> str:
+    return f"repos/{repo}/forgotten/{cid}"
+
+
 def ref_name(repo: str, kind: str, name: str) -> str:
     return f"repos/{repo}/{'branches' if kind == 'branch' else 'tags'}/{name}"
 
@@ -397,10 +401,30 @@ class Repository(Backend):
             prefix = rev.lower()
             matches = [i.name.rsplit("/", 1)[1][:-5] for i in self.objects.list(f"repos/{repo}/commits/{prefix}")
                        if i.name.endswith(".json")]
-            return pick_commit(repo, rev, matches), "commit"
-        check_name("revision", rev)
-        branches = self.branches(repo)
-        return resolve_name(repo, rev, branches.get(rev), self.tags(repo).get(rev), branches)
+            found = pick_commit(repo, rev, matches), "commit"
+        else:
+            check_name("revision", rev)
+            branches = self.branches(repo)
+            found = resolve_name(repo, rev, branches.get(rev), self.tags(repo).get(rev), branches)
+        if self.objects.exists(forgotten_name(repo, found[0])):
+            raise RevisionNotFoundError(f"commit {found[0]} of repo {repo!r} was forgotten (`cdcstore forget`): "
+                                        f"its files are gone; see `cdcstore log {repo}` for what is kept")
+        return found
+
+    def forgotten(self, repo: str) -> set[str]:
+        """Commits of `repo` that `forget` dropped: kept as history, their files are not."""
+        folder = f"repos/{repo}/forgotten/"
+        return {i.name[len(folder):] for i in self.objects.list(folder)}
+
+    def forget(self, repo: str, commit_ids) -> None:
+        """Mark commits forgotten (gc then frees the data only they use); heads are refused."""
+        heads = set(self.branches(repo).values())
+        for cid in commit_ids:
+            if cid in heads:
+                raise InvalidAddressError(f"commit {cid} is the head of a branch of repo {repo!r}: "
+                                          f"a branch head is never forgotten")
+            self.get_commit(repo, cid)
+            self.objects.put(forgotten_name(repo, cid), b"", exist_ok=True)
 
     def _read_ref(self, repo: str, kind: str, name: str) -> tuple[str | None, str | None]:
         """(commit id, version token) of a ref, (None, None) when absent."""
@@ -763,6 +787,7 @@ class Repository(Backend):
         manifests: dict[str, Manifest | None] = {}
         seen_commits: set[tuple[str, str]] = set()
         for repo in self.repos():
+            forgotten = self.forgotten(repo)
             for ref, head in self.refs(repo).items():
                 cid = head
                 while cid and (repo, cid) not in seen_commits:
@@ -773,7 +798,7 @@ class Repository(Backend):
                         found.append((f"{e}: restore it from a copy",
                                       {f"cdc://{repo}@{ref.removeprefix('tag:')}"}))
                         break
-                    for path, fe in commit.files.items():
+                    for path, fe in () if cid in forgotten else commit.files.items():
                         label = f"cdc://{repo}@{ref.removeprefix('tag:')}/{path}"
                         m = self._check_manifest(fe.manifest, label, manifests, found)
                         for c in m.chunk_ids if m else ():
