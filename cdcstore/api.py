@@ -508,6 +508,10 @@ class Store:
         and every branch head). Forgotten commits stay in the log; `gc` frees their files."""
         return forget(self._local("forget"), check_name("repo", repo), keep_last, keep_within, keep_tags, dry_run)
 
+    def delete_repo(self, repo: str, dry_run: bool = False) -> dict:
+        """Remove a repo and its history (gc then frees the data only it used)."""
+        return self._local("delete-repo").delete_repo(check_name("repo", repo), dry_run=dry_run)
+
     def gc(self, grace: float = DEFAULT_GRACE, dry_run: bool = False) -> dict:
         """Delete what no branch or tag reaches and is older than `grace` seconds (see
         `storage.maintenance`); with `dry_run`, only report the plan."""

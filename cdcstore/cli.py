@@ -470,6 +470,23 @@ def _duration(value: str, option: str = "--grace") -> float:
     return n * (unit or 1)
 
 
+@cli.command(name="delete-repo")
+@click.argument("repo", metavar="REPO")
+@click.option("--dry-run", is_flag=True, help="Print what would be removed; change nothing.")
+@local_store_option
+@json_option
+@handle_errors
+def delete_repo(repo, dry_run, store_path, as_json):
+    """Remove a repo: its branches, tags and history. `gc` then frees the data only it used."""
+    r = _local(store_path, "delete-repo").delete_repo(repo, dry_run=dry_run)
+    if as_json:
+        _print_json(r)
+        return
+    verb = "would remove" if dry_run else "removed"
+    click.echo(f"{verb} repo {repo}: {r['refs']} branches and tags, {r['commits']} commits"
+               + ("; run `cdcstore gc` to free its data" if not dry_run else ""))
+
+
 @cli.command()
 @click.argument("repo", metavar="REPO")
 @click.option("--keep-last", type=int, default=None, metavar="N", help="Keep the N newest commits of each branch.")

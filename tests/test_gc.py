@@ -159,3 +159,17 @@ def test_forget_keep_last_then_gc_frees_old_versions(store, tmp_path):
     assert store.check(read_data=True)["problems"] == []
     with pytest.raises(ValueError, match="needs a policy"):
         store.forget("ds")
+
+
+def test_delete_repo_then_gc_frees_its_data(store, tmp_path):
+    store.push(_file(tmp_path / "a", "a.bin", os.urandom(1 << 20)), "cdc://gone/a.bin")
+    keep = os.urandom(1 << 20)
+    store.push(_file(tmp_path / "b", "b.bin", keep), "cdc://stays/b.bin")
+    dry = store.delete_repo("gone", dry_run=True)
+    assert dry["refs"] == 1 and dry["commits"] == 1 and "gone" in store.repos()
+    store.delete_repo("gone")
+    assert store.repos() == ["stays"]
+    with pytest.raises(FileNotFoundError, match="no repo 'gone'"):
+        store.ls("cdc://gone/")
+    assert store.gc(grace=0)["bytes_freed"] >= 1 << 20
+    assert store.cat("cdc://stays/b.bin") == keep and store.check(read_data=True)["problems"] == []

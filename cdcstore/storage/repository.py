@@ -411,6 +411,19 @@ class Repository(Backend):
                                         f"its files are gone; see `cdcstore log {repo}` for what is kept")
         return found
 
+    def delete_repo(self, repo: str, dry_run: bool = False) -> dict:
+        """Remove a repo: its branches and tags first (from then on nothing reaches its data),
+        then its commits and records. gc frees the packs and manifests only it used."""
+        self._require_repo(repo)
+        names = [i.name for i in self.objects.list(f"repos/{repo}/")]
+        refs = [n for n in names if n.split("/")[2] in ("branches", "tags")]
+        out = {"repo": repo, "refs": len(refs), "commits": sum(1 for n in names if n.split("/")[2] == "commits"),
+               "objects": len(names), "dry_run": dry_run}
+        if not dry_run:
+            for n in refs + [n for n in names if n not in refs]:
+                self.objects.delete(n)
+        return out
+
     def forgotten(self, repo: str) -> set[str]:
         """Commits of `repo` that `forget` dropped: kept as history, their files are not."""
         folder = f"repos/{repo}/forgotten/"
