@@ -35,16 +35,23 @@ def column_chunk_ranges(footer: bytes) -> list[tuple[int, int]]:
     """(start, end) of every column chunk, from the FileMetaData bytes."""
     meta = Decoder(footer).struct()
     ranges = []
-    for rg in meta.get(4, []):  # FileMetaData.row_groups
-        for cc in rg.get(1, []):  # RowGroup.columns
+    for rg in _list_of_structs(meta.get(4, []), "row groups"):  # FileMetaData.row_groups
+        for cc in _list_of_structs(rg.get(1, []), "columns"):  # RowGroup.columns
             md = cc.get(3)  # ColumnChunk.meta_data
-            if not isinstance(md, dict) or 9 not in md or 7 not in md:
+            if not isinstance(md, dict) or not isinstance(md.get(9), int) or not isinstance(md.get(7), int):
                 raise ThriftError("column chunk without metadata")
             start = md[9]  # data_page_offset
-            if md.get(11):  # dictionary_page_offset
+            if isinstance(md.get(11), int) and md[11]:  # dictionary_page_offset
                 start = min(start, md[11])
             ranges.append((start, start + md[7]))  # total_compressed_size
     return sorted(ranges)
+
+
+def _list_of_structs(value, what: str) -> list:
+    """A Thrift list of structs, or ThriftError (untrusted footers may hold anything)."""
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ThriftError(f"footer {what} are not a list of structs")
+    return value
 
 
 def page_cuts(path: str) -> list[int] | None:
