@@ -28,6 +28,7 @@ import time
 
 from ..core import ids
 from ..core.errors import CdcError, InvalidAddressError
+from .objects import StorageError
 from .repository import Repository, commit_name, manifest_name, pack_name
 
 DEFAULT_GRACE = 24 * 3600.0  # seconds an object is spared after it was written
@@ -190,7 +191,10 @@ class PushSession:
         return any(i.mtime is None or now - i.mtime < GC_STALE for i in self.repo.objects.list(GC_MARKERS))
 
     def __exit__(self, *exc) -> None:
-        self.repo.objects.delete(self.name)
+        try:
+            self.repo.objects.delete(self.name)
+        except (StorageError, OSError):  # the push itself is done; a stale marker expires (SESSION_STALE)
+            pass
 
 
 def forget_plan(history: dict[str, list[tuple[str, float]]], tags: dict[str, str], keep_last: int | None = None,
