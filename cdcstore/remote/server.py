@@ -59,6 +59,7 @@ class ServerConfig:
     body_idle_timeout: float = 30.0  # seconds without a body byte before 408
     min_body_rate: float = 16 * 1024  # bytes/s a body must average once past the idle timeout
     maintenance_interval: float = 600.0  # seconds between temp cleanups and recoveries
+    presence_refresh: float = 2.0  # seconds between bucket listings that a chunks/query miss may start
 
 
 class ClientGone(Exception):
@@ -220,6 +221,7 @@ class Server:
         self._waiters: collections.deque[asyncio.Future] = collections.deque()  # reads in line for a slot
         self._secret = store.nonce_key()  # keys proof nonces (shared by the replicas of a bucket)
         self._maintenance: asyncio.Future | None = None
+        self._listed = float("-inf")  # when a presence miss last listed the bucket's packs
 
     # -- helpers -----------------------------------------------------------------------------
     async def _io(self, fn, *args):
@@ -324,7 +326,7 @@ class Server:
         self.auth.check(request, None, write=True)
         wanted = wire.decode_ids(await self._body(request, wire.MAX_IDS_PER_REQUEST * wire.ID))
         scope = self.auth.scope(request)
-        held = await self._io(self.store.present, wanted)
+        held = await self._io(self._held, wanted)
         present, provable, nonce = held, set(), b""
         if scope is not None:
             present = await self._io(self._visible, scope, held)
@@ -332,6 +334,21 @@ class Server:
                 provable, nonce = held - present, self._nonce(scope.owner)
         return web.Response(body=wire.encode_presence(wanted, present, provable, nonce),
                             content_type="application/octet-stream")
+
+    def _held(self, wanted: list[bytes]) -> set[bytes]:
+        """The chunks among `wanted` that the server holds. On a miss, packs stored through
+        another replica are indexed first, at most once per `presence_refresh` seconds (a
+        listing of the bucket's packs; new data always misses): between two listings a
+        chunk another replica stored may answer absent and be uploaded again (dedup loss,
+        never data loss)."""
+        held = self.store.present(wanted)
+        now = time.monotonic()
+        shared = not self.store.objects.capabilities.local_path  # a bucket other replicas write to
+        if shared and len(held) < len(wanted) and now - self._listed >= self.config.presence_refresh:
+            self._listed = now
+            if self.store.recover():
+                held = self.store.present(wanted)
+        return held
 
     def _visible(self, scope: Scope | None, chunk_ids, repos: tuple[str, ...] | None = None) -> set[bytes]:
         """The chunks among `chunk_ids` that the server holds and `scope` may learn of
