@@ -357,11 +357,12 @@ class Server:
             return self.store.present(list(chunk_ids))
         return self.store.index.visible(chunk_ids, list(scope.repos if repos is None else repos), scope.owner)
 
-    def _refresh(self, repos, scope: Scope | None) -> None:
+    def _refresh(self, repos, scope: Scope | None, packs: bool = True) -> None:
         """After a reach miss: learn what other replicas recorded in the bucket (packs they
         stored, commits they landed, uploads and proofs they acknowledged), so a request
         that fails here because it went to another replica than the last one succeeds."""
-        self.store.recover()
+        if packs:
+            self.store.recover()
         for repo in repos:
             self.store.refresh_grants(repo)
         if scope is not None:
@@ -619,9 +620,8 @@ class Server:
         reveals other repos' chunks."""
         found = self.store.locate(wanted)
         keep = self.store.index.visible(found, [repo], scope.owner if scope else None)
-        if len(keep) < len(wanted):  # maybe landed or uploaded through another replica
-            self._refresh([repo], scope)
-            found = self.store.locate(wanted)
+        if len(keep) < len(found):  # maybe landed or uploaded through another replica
+            self._refresh([repo], scope, packs=False)  # store.locate listed the packs on a miss already
             keep = self.store.index.visible(found, [repo], scope.owner if scope else None)
         return {c: loc for c, loc in found.items() if c in keep}
 
