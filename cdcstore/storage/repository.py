@@ -10,6 +10,8 @@ memory). Object names (store format v1, docs/format.md):
     repos/<repo>/branches/<branch>         the commit id a branch points at
     repos/<repo>/tags/<tag>                the commit id a tag names (never rewritten)
     repos/<repo>/applied/<id>.<landed>     a rebased commit's copy (empty; see update_branch)
+    grants/<owner>/<xxh3>                  chunk ids a server token uploaded (record_token_grant)
+    server/nonce-key                       the key of proof nonces, shared by replicas (nonce_key)
 
 Beside them, on local disk only, the chunk index (`index.ChunkIndex`, a rebuildable
 cache: in the store's directory for a local store, under the user cache dir for a
