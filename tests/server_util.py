@@ -42,8 +42,9 @@ def stop_process(proc: subprocess.Popen | None) -> None:
 
 
 class ServerProcess:
-    def __init__(self, store: str, *args: str, port: int | None = None):
+    def __init__(self, store: str, *args: str, port: int | None = None, env: dict | None = None):
         self.store = store
+        self.env = env  # the server's environment (None: this process's)
         self.args = args
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -55,7 +56,7 @@ class ServerProcess:
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cdcstore", "serve", "--store", self.store, "--port", str(self.port), *self.args],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         wait_until_up(self.proc, urllib.request.Request(self.url + "/v1/health"), self.log_text)
         return self
 

@@ -26,8 +26,8 @@ from .. import runtime
 from ..core import ids
 from . import wire
 from ..core.commit import Commit, changes
-from ..core.errors import (AccessDeniedError, ConflictError, CorruptionError, NotFoundError, RefExistsError,
-                          RemoteError, RepoNotFoundError, RevisionNotFoundError, error_class)
+from ..core.errors import (AccessDeniedError, ConflictError, CorruptionError, InvalidAddressError, NotFoundError,
+                          RefExistsError, RemoteError, RepoNotFoundError, RevisionNotFoundError, error_class)
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
 from ..core.ranges import ByteRange, plan_ranges, slices
@@ -106,11 +106,21 @@ def _map_legacy(status: int, message: str, what: str) -> Exception:
     return RemoteError(f"{what}: server answered {status}: {message}")
 
 
+def replica_urls(url: str) -> list[str]:
+    """The server URLs of "http://a:1,http://b:2" (replicas over one bucket), in order."""
+    bases = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+    if not bases or not all(b.startswith(("http://", "https://")) for b in bases):
+        raise InvalidAddressError(f"bad server address {url!r}: give one URL, or several replicas' URLs "
+                                  f"separated by commas (http://host-a:8765,http://host-b:8765)")
+    return bases
+
+
 class Transport:
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 60.0, retries: int = 6,
                  backoff: float = 0.25, max_backoff: float = 20.0, connections: int = 8,
                  min_rate: float = 1024 * 1024):
-        self.base = url.rstrip("/")
+        self.bases = replica_urls(url)  # replicas of one store: a request fails over to the next
+        self._current = 0
         self.token = token
         self.timeout = timeout
         self.retries = retries
@@ -147,6 +157,21 @@ class Transport:
             asyncio.run_coroutine_threadsafe(self._session.close(), self._loop).result(timeout=10)
             self._session = None
 
+    @property
+    def base(self) -> str:
+        """The replica that requests go to now."""
+        return self.bases[self._current]
+
+    def fail_over(self, base: str) -> bool:
+        """After `base` failed at the connection level, send requests to the next replica
+        (unless another request moved on already); False with a single server."""
+        if len(self.bases) == 1:
+            return False
+        if self.base == base:
+            self._current = (self._current + 1) % len(self.bases)
+            log.info("server %s failed: trying replica %s", base, self.base)
+        return True
+
     def counters(self) -> dict:
         return {"requests": self.requests, "sent_bytes": self.sent_bytes, "received_bytes": self.received_bytes}
 
@@ -177,15 +202,18 @@ class Transport:
         size = len(body) if body is not None else (os.path.getsize(body_path) if body_path else 0)
         deadline = self.timeout + size / self.min_rate
         what = f"{method} {path}"
+        refused = 0
+        retries += len(self.bases) - 1  # one more try per extra replica
         for attempt in range(retries + 1):
             delay = None
             if attempt and landed is not None and await landed():
                 return 200, b""
+            base = self.base
             try:
                 data = open(body_path, "rb") if body_path else body
                 try:
                     async with asyncio.timeout(deadline):
-                        async with session.request(method, self.base + path, data=data, headers=h) as resp:
+                        async with session.request(method, base + path, data=data, headers=h) as resp:
                             payload = await resp.read()
                             self.requests += 1
                             self.sent_bytes += size + _header_bytes(resp.request_info.headers) + len(what) + 12
@@ -203,14 +231,19 @@ class Transport:
                     if body_path:
                         data.close()
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
+                failed_over = self.fail_over(base)  # every request of the protocol is idempotent
                 if _refused(e):
-                    if attempt >= min(retries, REFUSED_RETRIES):
-                        raise RemoteError(f"cannot connect to {self.base}: connection refused; "
+                    refused += 1
+                    if refused > REFUSED_RETRIES * len(self.bases) or attempt == retries:
+                        where = ", ".join(self.bases)
+                        raise RemoteError(f"cannot connect to {where}: connection refused; "
                                           f"is `cdcstore serve` running there?") from None
                     delay = self.backoff * 0.4
+                elif failed_over and attempt < retries:
+                    delay = self.backoff * 0.4  # another replica answers at once if it is up
                 elif attempt == retries:
                     kind = "timed out (stalled)" if isinstance(e, TimeoutError) else f"failed: {e}"
-                    raise RemoteError(f"{what} to {self.base} {kind} after {attempt + 1} attempts; "
+                    raise RemoteError(f"{what} to {base} {kind} after {attempt + 1} attempts; "
                                       f"check that `cdcstore serve` is running and reachable") from None
                 reason = "timed out" if isinstance(e, TimeoutError) else type(e).__name__
             delay = self.delay(attempt) if delay is None else delay

@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import re
-import secrets
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -60,6 +59,7 @@ class ServerConfig:
     body_idle_timeout: float = 30.0  # seconds without a body byte before 408
     min_body_rate: float = 16 * 1024  # bytes/s a body must average once past the idle timeout
     maintenance_interval: float = 600.0  # seconds between temp cleanups and recoveries
+    presence_refresh: float = 2.0  # seconds between bucket listings that a chunks/query miss may start
 
 
 class ClientGone(Exception):
@@ -219,8 +219,9 @@ class Server:
         self.auth = Auth(config.tokens)
         self._heavy = 0
         self._waiters: collections.deque[asyncio.Future] = collections.deque()  # reads in line for a slot
-        self._secret = secrets.token_bytes(32)  # keys proof nonces; a restart invalidates them
+        self._secret = store.nonce_key()  # keys proof nonces (shared by the replicas of a bucket)
         self._maintenance: asyncio.Future | None = None
+        self._listed = float("-inf")  # when a presence miss last listed the bucket's packs
 
     # -- helpers -----------------------------------------------------------------------------
     async def _io(self, fn, *args):
@@ -325,7 +326,7 @@ class Server:
         self.auth.check(request, None, write=True)
         wanted = wire.decode_ids(await self._body(request, wire.MAX_IDS_PER_REQUEST * wire.ID))
         scope = self.auth.scope(request)
-        held = await self._io(self.store.present, wanted)
+        held = await self._io(self._held, wanted)
         present, provable, nonce = held, set(), b""
         if scope is not None:
             present = await self._io(self._visible, scope, held)
@@ -334,6 +335,21 @@ class Server:
         return web.Response(body=wire.encode_presence(wanted, present, provable, nonce),
                             content_type="application/octet-stream")
 
+    def _held(self, wanted: list[bytes]) -> set[bytes]:
+        """The chunks among `wanted` that the server holds. On a miss, packs stored through
+        another replica are indexed first, at most once per `presence_refresh` seconds (a
+        listing of the bucket's packs; new data always misses): between two listings a
+        chunk another replica stored may answer absent and be uploaded again (dedup loss,
+        never data loss)."""
+        held = self.store.present(wanted)
+        now = time.monotonic()
+        shared = not self.store.objects.capabilities.local_path  # a bucket other replicas write to
+        if shared and len(held) < len(wanted) and now - self._listed >= self.config.presence_refresh:
+            self._listed = now
+            if self.store.recover():
+                held = self.store.present(wanted)
+        return held
+
     def _visible(self, scope: Scope | None, chunk_ids, repos: tuple[str, ...] | None = None) -> set[bytes]:
         """The chunks among `chunk_ids` that the server holds and `scope` may learn of
         (its repos, or `repos`, reach them, or it uploaded them): nothing leaks through dedup."""
@@ -341,10 +357,24 @@ class Server:
             return self.store.present(list(chunk_ids))
         return self.store.index.visible(chunk_ids, list(scope.repos if repos is None else repos), scope.owner)
 
+    def _refresh(self, repos, scope: Scope | None, packs: bool = True) -> None:
+        """After a reach miss: learn what other replicas recorded in the bucket (packs they
+        stored, commits they landed, uploads and proofs they acknowledged), so a request
+        that fails here because it went to another replica than the last one succeeds."""
+        if packs:
+            self.store.recover()
+        for repo in repos:
+            self.store.refresh_grants(repo)
+        if scope is not None:
+            self.store.refresh_token_grants(scope.owner)
+
     def _require_visible(self, scope: Scope | None, chunk_ids: set[bytes], what: str) -> None:
         if scope is None or not chunk_ids:
             return
         hidden = chunk_ids - self._visible(scope, chunk_ids)
+        if hidden:  # maybe uploaded or landed through another replica
+            self._refresh(scope.repos, scope)
+            hidden = chunk_ids - self._visible(scope, chunk_ids)
         if hidden:
             raise HTTPError(403, f"{what} names {len(hidden)} chunks that this token neither uploaded nor may "
                                  f"read (e.g. {next(iter(hidden)).hex()}): upload their packs first")
@@ -375,7 +405,7 @@ class Server:
         found = self.store.locate([c for c, _ in proofs])
         raw = self.store.read_chunks(list(found.values())) if found else {}
         ok = {c for c, proof in proofs if c in raw and hmac.compare_digest(wire.chunk_proof(raw[c], nonce), proof)}
-        self.store.index.grant_chunks("token_chunks", scope.owner, ok)
+        self.store.record_token_grant(scope.owner, ok)
         return ok
 
     async def put_pack(self, request):
@@ -408,9 +438,7 @@ class Server:
                         f.write(block)
                 if h.hexdigest() != name:
                     raise HTTPError(422, f"pack bytes do not match the name {name} (truncated or damaged upload)")
-                entries = await self._io(self._verify_and_add, tmp, name)
-                if scope is not None:
-                    await self._io(self._record_upload, scope, name, entries)
+                entries = await self._io(self._verify_and_add, tmp, name, scope)
                 count = len(entries)
             finally:
                 if os.path.exists(tmp):
@@ -420,11 +448,16 @@ class Server:
     def _record_upload(self, scope: Scope, name: str, entries) -> None:
         if entries is None:
             entries = self.store.read_pack_index(name)
-        self.store.index.grant_chunks("token_chunks", scope.owner, [e.chunk_id for e in entries])
+        self.store.record_token_grant(scope.owner, [e.chunk_id for e in entries])
 
-    def _verify_and_add(self, tmp: str, name: str) -> list:
+    def _verify_and_add(self, tmp: str, name: str, scope: Scope | None = None) -> list:
+        """Verify an uploaded pack, record the token's upload, then make the pack durable:
+        in that order, a pack that a retry finds stored (HEAD, after a replica died mid-PUT)
+        was granted to its uploader already."""
         with open(tmp, "rb") as f:
             entries = read_verified(f, os.fstat(f.fileno()).st_size, f"uploaded pack {name}")
+        if scope is not None:
+            self._record_upload(scope, name, entries)
         self.store.add_pack(tmp, name, entries)
         return entries
 
@@ -449,6 +482,8 @@ class Server:
         wanted = list({c for m in manifests for c in m.chunk_ids})
         self._require_visible(scope, set(wanted) & self.store.present(wanted), "a manifest")
         missing = set(wanted) - self.store.present(wanted)
+        if missing and self.store.recover():  # packs stored through another replica
+            missing -= self.store.present(list(missing))
         if missing:
             raise HTTPError(409, f"{len(missing)} chunks named by the manifests are not on the server "
                                  f"(e.g. {next(iter(missing)).hex()}): upload their packs first")
@@ -553,7 +588,7 @@ class Server:
     async def get_manifest(self, request):
         repo = self._repo(request)
         name = request.match_info["name"]
-        if not ids.is_hex_id(name) or not await self._io(self.store.index.reaches, repo, "manifest", name):
+        if not ids.is_hex_id(name) or not await self._io(self._reaches, repo, name):
             raise HTTPError(404, f"no manifest {name} in repo {repo!r}")
         missing = HTTPError(404, f"manifest {name} is missing on the server: run `cdcstore check` there")
         path = self.store.manifest_file(name)
@@ -567,6 +602,13 @@ class Server:
             raise missing from None
         return web.Response(body=body, content_type="application/octet-stream")
 
+    def _reaches(self, repo: str, name: str) -> bool:
+        """Whether `repo` reaches manifest `name`, asking the bucket on a miss (a commit
+        landed through another replica)."""
+        if self.store.index.reaches(repo, "manifest", name):
+            return True
+        return bool(self.store.refresh_grants(repo)) and self.store.index.reaches(repo, "manifest", name)
+
     async def locate(self, request):
         repo = self._repo(request)  # checks the token's access to the repo
         wanted = wire.decode_ids(await self._body(request, wire.MAX_IDS_PER_REQUEST * wire.ID))
@@ -578,6 +620,9 @@ class Server:
         reveals other repos' chunks."""
         found = self.store.locate(wanted)
         keep = self.store.index.visible(found, [repo], scope.owner if scope else None)
+        if len(keep) < len(found):  # maybe landed or uploaded through another replica
+            self._refresh([repo], scope, packs=False)  # store.locate listed the packs on a miss already
+            keep = self.store.index.visible(found, [repo], scope.owner if scope else None)
         return {c: loc for c, loc in found.items() if c in keep}
 
     async def get_pack(self, request):
@@ -587,7 +632,7 @@ class Server:
         repo = self._repo(request)
         name = request.match_info["name"]
         scope = self.auth.scope(request)
-        if not ids.is_hex_id(name) or not await self._io(self.store.index.has_pack, name):
+        if not ids.is_hex_id(name) or not await self._io(self._has_pack, name):
             raise HTTPError(404, f"no pack {name} in repo {repo!r}")
         missing = HTTPError(404, f"pack {name} is missing on the server: run `cdcstore check` there")
         path = self.store.pack_file(name)
@@ -611,6 +656,10 @@ class Server:
         return web.Response(status=206, body=body, content_type="application/octet-stream",
                             headers={"Content-Range": f"bytes {start}-{start + len(body) - 1}/*"})
 
+    def _has_pack(self, name: str) -> bool:
+        """Whether pack `name` is indexed, after a recovery on a miss (stored through another replica)."""
+        return self.store.index.has_pack(name) or (self.store.recover() > 0 and self.store.index.has_pack(name))
+
     async def _object_range(self, name: str, start: int | None, stop: int | None, missing: HTTPError):
         """One range of a pack kept in an object store (at most MAX_SCOPED_RANGE bytes)."""
         if start is None or stop is None or start < 0 or stop <= start or stop - start > MAX_SCOPED_RANGE:
@@ -629,6 +678,9 @@ class Server:
     def _masked_range(self, repo: str, scope: Scope, name: str, start: int, stop: int) -> bytes:
         entries = self.store.index.pack_chunks(name, start, stop)
         keep = self._visible(scope, [e.chunk_id for e in entries], (repo,))
+        if not keep and entries:  # maybe landed or uploaded through another replica
+            self._refresh([repo], scope)
+            keep = self._visible(scope, [e.chunk_id for e in entries], (repo,))
         spans = [(max(e.offset, start), min(e.offset + e.stored_len, stop)) for e in entries if e.chunk_id in keep]
         if not spans:
             raise HTTPError(404, f"no chunk of repo {repo!r} in that range of pack {name}")

@@ -10,6 +10,8 @@ memory). Object names (store format v1, docs/format.md):
     repos/<repo>/branches/<branch>         the commit id a branch points at
     repos/<repo>/tags/<tag>                the commit id a tag names (never rewritten)
     repos/<repo>/applied/<id>.<landed>     a rebased commit's copy (empty; see update_branch)
+    grants/<owner>/<xxh3>                  chunk ids a server token uploaded (record_token_grant)
+    server/nonce-key                       the key of proof nonces, shared by replicas (nonce_key)
 
 Beside them, on local disk only, the chunk index (`index.ChunkIndex`, a rebuildable
 cache: in the store's directory for a local store, under the user cache dir for a
@@ -154,6 +156,9 @@ class Repository(Backend):
         except CorruptionError as e:  # only `rebuild_index` works then
             self._index_error = e
         self._recover_lock = threading.Lock()
+        self._grant_lock = threading.RLock()
+        self._granted: dict[str, set[str]] = {}  # repo -> commits whose whole history's reach is recorded
+        self._token_grants: dict[str, set[str]] = {}  # owner -> grant objects this process read
 
     @classmethod
     def create(cls, objects: ObjectStore, index_path: str, location: str | None = None,
@@ -518,6 +523,69 @@ class Repository(Backend):
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
         cid = self.put_commit(commit)
         return self.update_branch(commit.repo, branch, expected, cid, commit, landed=self._grant)
+
+    # -- access records shared through the bucket (replicas, docs/architecture.md "Replicas") ---------
+    def nonce_key(self) -> bytes:
+        """The key of a server's proof nonces. A directory store: fresh per process (a
+        restart invalidates nonces). A bucket: one key in the object `server/nonce-key`,
+        created once, so a nonce one replica gave is good at every other."""
+        if self.objects.capabilities.local_path:
+            return secrets.token_bytes(32)
+        with contextlib.suppress(Conflict):
+            self.objects.put_if_absent("server/nonce-key", secrets.token_bytes(32))
+        return bytes(self.objects.get("server/nonce-key"))
+
+    def refresh_grants(self, repo: str) -> int:
+        """Grant what `repo`'s landed commits reach, for commits this process has not
+        granted yet: another replica (or a writer on another machine) may have landed
+        them. Walks each branch and tag back to a commit seen before; returns how many
+        commits it granted. Called on a reach miss, never on the hot path."""
+        check_name("repo", repo)
+        if not self.has_repo(repo):
+            return 0
+        granted = 0
+        with self._grant_lock:
+            done = self._granted.setdefault(repo, set())
+            for head in set(self.refs(repo).values()):
+                walked, cid = [], head
+                while cid and cid not in done:  # each commit grants what is new since its parent
+                    commit = self.get_commit(repo, cid)
+                    self._grant(commit)
+                    walked.append(cid)
+                    cid = commit.parent
+                done.update(walked)  # only now is each walked commit's whole history granted
+                granted += len(walked)
+        return granted
+
+    def record_token_grant(self, owner: str, chunk_ids: Iterable[bytes]) -> None:
+        """Record that token `owner` (a hash of the token) may use these chunks, locally and
+        in a content-named object `grants/<owner>/<xxh3 of the ids>` that every replica can
+        read (written before the upload or proof is acknowledged)."""
+        body = b"".join(sorted(set(chunk_ids)))
+        if not body:
+            return
+        check_name("owner", owner)
+        self.objects.put(f"grants/{owner}/{ids.hexdigest(body)}", body, exist_ok=True)
+        self.index.grant_chunks("token_chunks", owner, [body[i:i + 16] for i in range(0, len(body), 16)])
+
+    def refresh_token_grants(self, owner: str) -> int:
+        """Import the grant objects of token `owner` that this process has not read yet
+        (uploads and proofs made through another replica); returns how many."""
+        check_name("owner", owner)
+        added = 0
+        with self._grant_lock:
+            seen = self._token_grants.setdefault(owner, set())
+            for info in self.objects.list(f"grants/{owner}/"):
+                if info.name in seen:
+                    continue
+                with _suppress_not_found():
+                    body = bytes(self.objects.get(info.name))
+                    if ids.hexdigest(body) == info.name.rsplit("/", 1)[-1] and len(body) % 16 == 0:
+                        self.index.grant_chunks("token_chunks", owner,
+                                                [body[i:i + 16] for i in range(0, len(body), 16)])
+                        added += 1
+                seen.add(info.name)
+        return added
 
     def _grant(self, commit: Commit) -> None:
         """Record which manifests and chunks the commit's repo reaches (what a server
