@@ -30,7 +30,7 @@ from ..core.errors import (AccessDeniedError, ConflictError, CorruptionError, No
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
 from ..core.ranges import ByteRange, plan_ranges, slices
-from ..storage.backend import Backend
+from ..storage.backend import Backend, BackendCapabilities
 from ..storage.local import pid_alive
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
@@ -243,7 +243,7 @@ class Transport:
 class RemoteStore(Backend):
     """A store behind `cdcstore serve`, used exactly like a local one."""
 
-    locate_is_cheap = False
+    capabilities = BackendCapabilities(counts_requests=True, proves_possession=True)
 
     def __init__(self, url: str, token: str | None = None, *, upload_concurrency: int = 4,
                  range_bytes: int = RANGE_BYTES, **transport):
