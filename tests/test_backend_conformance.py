@@ -415,3 +415,34 @@ def test_a_missing_repo(case):
             call()
     with case.facade(cache=False) as s, pytest.raises(RepoNotFoundError):
         s.log(ghost)
+
+
+# -- differences found by the suite, pinned ---------------------------------------------------
+def test_cached_head_is_never_older_than_a_commit_it_saw(dir_server, tmp_path):
+    """Two commits through one CachedBackend whose answers come back out of order (the
+    first one's answer is slow): the head this machine then resolves is the newest one,
+    not the commit whose answer came last."""
+    srv, _ = dir_server
+
+    class SlowAnswer(RemoteStore):
+        def commit(self, c, branch, expected):
+            cid = super().commit(c, branch, expected)
+            if c.message == "slow":
+                time.sleep(0.8)  # landed; the answer is late
+            return cid
+
+    b = CachedBackend(SlowAnswer(srv.url), ChunkCache(str(tmp_path / "cache.sqlite")))
+    case = Case("cached", b, f"r{secrets.token_hex(4)}", srv.url, lambda p, o: None)
+    try:
+        c0 = base_commit(case)
+        base = b.get_commit(case.repo, c0).files
+        na, nb = put_file(b, unique())[0], put_file(b, unique())[0]
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(commit, b, case.repo, c0, {"a": na}, message="slow", base=base)
+            time.sleep(0.4)
+            fast = commit(b, case.repo, c0, {"b": nb}, message="fast", base=base)  # rebased onto the slow one
+            first = slow.result()
+        assert b.get_commit(case.repo, fast).parent == first
+        assert b.resolve_ref(case.repo, "main") == (fast, "branch")
+    finally:
+        b.close()

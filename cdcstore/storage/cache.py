@@ -553,8 +553,10 @@ class CachedBackend(Backend):
         return self.inner.put_manifests(manifests)
 
     def commit(self, commit, branch, expected):
+        """Commit, then forget the cached head: this machine sees its own push on the next
+        resolve, and never an older head whose answer came back later than a newer one's."""
         cid = self.inner.commit(commit, branch, expected)
-        self.cache.put_head(f"{self._scope}:{commit.repo}", branch, cid)  # this machine sees its own push
+        self.cache.forget_head(f"{self._scope}:{commit.repo}", branch)
         return cid
 
     def branches(self, repo):
