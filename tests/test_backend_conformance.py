@@ -417,6 +417,40 @@ def test_a_missing_repo(case):
         s.log(ghost)
 
 
+
+def test_bad_names_get_one_clear_error_everywhere(case):
+    b = case.backend
+    c0 = base_commit(case)
+    for call in (lambda: b.branches("../x"), lambda: b.tags("a b"), lambda: b.has_repo("a/b"),
+                 lambda: b.resolve_ref("..", "main"), lambda: b.get_commit("a b", c0),
+                 lambda: b.create_branch(case.repo, "a b", c0), lambda: b.create_tag(case.repo, "-x", c0),
+                 lambda: b.resolve_ref(case.repo, "a b")):
+        with pytest.raises(InvalidAddressError, match="invalid"):
+            call()
+
+
+def test_get_commit_needs_a_full_id(case):
+    b = case.backend
+    c0 = base_commit(case)
+    for bad in (c0[:8], c0 + "0", "zz" * 16):
+        with pytest.raises(RevisionNotFoundError, match="no commit"):
+            b.get_commit(case.repo, bad)
+    with pytest.raises(RevisionNotFoundError, match="no commit"):
+        b.get_commit(case.repo, "ab" * 16)
+
+
+def test_a_parent_from_elsewhere_is_refused(case):
+    """A commit whose parent is not a commit of its repo is refused, and no branch moves."""
+    b = case.backend
+    c0 = base_commit(case)
+    other = f"o{secrets.token_hex(4)}"
+    with pytest.raises(InvalidAddressError, match="parent"):
+        commit(b, other, c0, {}, base={})  # a new repo whose commit names another repo's commit
+    assert not b.has_repo(other)
+    with pytest.raises(InvalidAddressError, match="parent"):
+        commit(b, case.repo, "ab" * 16, {}, base={}, expected=c0)
+    assert b.branches(case.repo) == {"main": c0}
+
 # -- differences found by the suite, pinned ---------------------------------------------------
 def test_cached_head_is_never_older_than_a_commit_it_saw(dir_server, tmp_path):
     """Two commits through one CachedBackend whose answers come back out of order (the

@@ -480,6 +480,10 @@ class Repository(Backend):
         return self.delete_ref(repo, "branch", name)
 
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
+        check_name("repo", commit.repo)
+        if commit.parent is not None and not self.objects.exists(commit_name(commit.repo, commit.parent)):
+            raise InvalidAddressError(f"commit parent {commit.parent} is not a commit of repo {commit.repo!r}: "
+                                      f"base the commit on the branch head")
         cid = self.put_commit(commit)
         return self.update_branch(commit.repo, branch, expected, cid, commit, landed=self._grant)
 
