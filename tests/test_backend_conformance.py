@@ -451,6 +451,26 @@ def test_a_parent_from_elsewhere_is_refused(case):
         commit(b, case.repo, "ab" * 16, {}, base={}, expected=c0)
     assert b.branches(case.repo) == {"main": c0}
 
+
+def test_a_tag_deleted_and_made_again_elsewhere(case):
+    """Another client deletes tag v1 and makes it again at another commit. Every backend
+    then resolves v1 to the new commit, except a CachedBackend that resolved v1 before:
+    it keeps the commit it saw, without a request (tags are taken to never move; see
+    docs/architecture.md). Its own delete_tag does forget it."""
+    b, repo = case.backend, case.repo
+    c0 = base_commit(case)
+    c1 = commit(b, repo, c0, {"x": put_file(b, unique())[0]})
+    b.create_tag(repo, "v1", c0)
+    assert b.resolve_ref(repo, "v1") == (c0, "tag")
+    with case.facade(cache=False) as other:
+        other.delete_tag(repo, "v1")
+        other.tag(repo, "v1", c1)
+    assert b.resolve_ref(repo, "v1") == ((c0 if case.kind == "cached" else c1), "tag")
+    assert b.tags(repo) == {"v1": c1}  # a listing always asks the store
+    b.delete_tag(repo, "v1")
+    b.create_tag(repo, "v1", c0)
+    assert b.resolve_ref(repo, "v1") == (c0, "tag")
+
 # -- differences found by the suite, pinned ---------------------------------------------------
 def test_cached_head_is_never_older_than_a_commit_it_saw(dir_server, tmp_path):
     """Two commits through one CachedBackend whose answers come back out of order (the
