@@ -500,3 +500,36 @@ def test_cached_head_is_never_older_than_a_commit_it_saw(dir_server, tmp_path):
         assert b.resolve_ref(case.repo, "main") == (fast, "branch")
     finally:
         b.close()
+
+
+def test_flush_waits_for_uploads_that_another_thread_flushes(dir_server):
+    """Two threads push through one RemoteStore (fsspec writers do): while one thread's
+    flush waits for every upload, another thread's flush must still wait for its own
+    packs, not return at once because the first took them."""
+    import asyncio
+    srv, _ = dir_server
+
+    class SlowUpload(RemoteStore):
+        async def _upload(self, tmp, name):
+            await asyncio.sleep(0.6)
+            await super()._upload(tmp, name)
+
+    b = SlowUpload(srv.url)
+    try:
+        chunks = [unique(2000) for _ in range(2)]
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            tmp = b.tmp_path()
+            with open(tmp, "wb") as f:
+                w = PackWriter(f)
+                for raw in chunks:
+                    cid = ids.digest(raw)
+                    w.add(cid, *encode_chunk(raw, cid), len(raw))
+                name = w.finish()
+            b.add_pack(tmp, name, w.entries)
+            other = pool.submit(b.flush)  # another thread flushes first
+            time.sleep(0.1)
+            b.flush()
+            assert b.present([ids.digest(c) for c in chunks]) == {ids.digest(c) for c in chunks}
+            other.result()
+    finally:
+        b.close()

@@ -259,6 +259,7 @@ class RemoteStore(Backend):
         self.upload_concurrency = upload_concurrency
         self.proven_chunks = 0  # chunks proved held instead of sent (another tenant stored them)
         self._uploads: list[concurrent.futures.Future] = []
+        self._uploads_lock = threading.Lock()
         self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
         self._api = wire.API
         clean_upload_temps()
@@ -330,7 +331,8 @@ class RemoteStore(Backend):
                 pass
 
         fut.add_done_callback(done)
-        self._uploads.append(fut)
+        with self._uploads_lock:
+            self._uploads.append(fut)
 
     async def _upload(self, tmp: str, name: str) -> None:
         """PUT a pack; before any retry, ask whether the last attempt landed after all,
@@ -345,9 +347,16 @@ class RemoteStore(Backend):
                              landed=landed)
 
     def flush(self) -> None:
-        uploads, self._uploads = self._uploads, []
-        for fut in uploads:
-            fut.result()
+        """Wait for every upload added so far, including those another thread's flush
+        is waiting for too (taking the list would let this flush return early)."""
+        with self._uploads_lock:
+            pending = list(self._uploads)
+        try:
+            for fut in pending:
+                fut.result()
+        finally:
+            with self._uploads_lock:
+                self._uploads = [f for f in self._uploads if not f.done()]
 
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
         wanted = list(dict.fromkeys(chunk_ids))
