@@ -23,6 +23,7 @@ from .core.commit import Commit, FileEntry, tree_clashes
 from .core.manifest import Manifest
 from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNotFoundError
 from .engine.read import FileReader, LocalSeed
+from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
 from .storage.maintenance import DEFAULT_GRACE, PushSession, forget, gc
 from .storage.repository import LocalStore, Repository, is_object_url, no_such_path, open_repository
@@ -260,6 +261,13 @@ class Store:
         self.location = self.backend.location
 
     @classmethod
+    def over(cls, backend: Backend) -> "Store":
+        """A `Store` over a backend already open (an in-memory store, a test's backend)."""
+        store = cls.__new__(cls)
+        store.backend, store._cache, store.location = backend, None, backend.location
+        return store
+
+    @classmethod
     def init(cls, location: str | None = None) -> "Store":
         location = location or default_store_path()  # $CDCSTORE_STORE may name a server too
         if is_url(location):
@@ -315,8 +323,7 @@ class Store:
 
     def counters(self) -> dict:
         """Requests and bytes on the wire so far (zeros for a local store)."""
-        counters = getattr(self.backend, "counters", None)
-        return counters() if counters else {"requests": 0, "sent_bytes": 0, "received_bytes": 0}
+        return self.backend.counters()
 
     def cache_counters(self) -> dict:
         """Chunk reads the local dedup cache served (hits) and did not (misses) so far."""
@@ -392,7 +399,7 @@ class Store:
 
     def _resolve_now(self, repo: str, rev: str) -> str:
         """The commit `rev` names on the store now (never a cached branch head)."""
-        return getattr(self.backend, "inner", self.backend).resolve(check_name("repo", repo), rev)
+        return self.backend.uncached().resolve(check_name("repo", repo), rev)
 
     def tag(self, repo: str, name: str, rev: str = DEFAULT_BRANCH) -> str:
         """Name the commit `rev` resolves to with a new tag, forever; returns the commit id."""
@@ -568,7 +575,7 @@ class Store:
         """Each entry names a manifest this store holds, of the entry's size. A server
         checks this itself when it receives the commit (uncommitted manifests are not
         readable through a repo), so only local and object stores are read here."""
-        inner = getattr(self.backend, "inner", self.backend)
+        inner = self.backend.uncached()
         if not isinstance(inner, Repository):
             return
         sizes: dict[str, set[int]] = {}

@@ -47,13 +47,7 @@ for _m in MUTATIONS:
 def faulty_store(root: str, fail_at: int | None) -> tuple[Store, FaultyObjects]:
     objects = FaultyObjects(root, fail_at)
     repo = Repository(objects, os.path.join(root, "index.sqlite"), root)
-    return Store.over(repo) if hasattr(Store, "over") else _store_over(repo), objects
-
-
-def _store_over(repo) -> Store:
-    s = Store.__new__(Store)
-    s.backend, s.location, s._cache = repo, repo.location, None
-    return s
+    return Store.over(repo), objects
 
 
 def _files(folder, n=3, size=200_000, seed=0):

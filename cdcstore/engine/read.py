@@ -33,7 +33,7 @@ from ..core.errors import CorruptionError
 from ..core.ids import digest
 from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
-from ..storage.backend import Backend
+from ..storage.backend import Backend, BackendCapabilities
 from .push import FileChunks
 
 
@@ -274,7 +274,7 @@ class FileReader(io.RawIOBase):
         aligned blocks of `LOCATE_BLOCK` chunks that hold what this read and its
         read-ahead need (locating a whole 1 GB file would cost ~1 MB; a block ~28 KB)."""
         ids = self._m.chunk_ids
-        if getattr(self._src, "locate_is_cheap", True):
+        if self._src.capabilities.local_reads:
             if not self._locs and len(ids) <= LOCATE_ALL_CHUNKS:
                 indices = range(len(ids))
         else:
@@ -304,6 +304,8 @@ class LocalSeed:
     pull of v2 over v1 fetches only what changed."""
 
     LOCAL = "local-seed"
+    # a pull locates the whole file at once: one batched ask for what the old copy lacks
+    capabilities = BackendCapabilities(local_reads=True)
 
     def __init__(self, backend: Backend, path: str, params=None):
         self._backend = backend

@@ -24,6 +24,7 @@ import aiohttp
 
 from .. import runtime
 from ..core import ids
+from ..core.address import check_name
 from . import wire
 from ..core.commit import Commit, changes
 from ..core.errors import (AccessDeniedError, ConflictError, CorruptionError, InvalidAddressError, NotFoundError,
@@ -31,7 +32,7 @@ from ..core.errors import (AccessDeniedError, ConflictError, CorruptionError, In
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
 from ..core.ranges import ByteRange, plan_ranges, slices
-from ..storage.backend import Backend
+from ..storage.backend import Backend, BackendCapabilities
 from ..storage.local import pid_alive
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
@@ -60,6 +61,11 @@ def clean_upload_temps(tmpdir: str | None = None) -> int:
                     os.unlink(os.path.join(tmpdir, name))
                     removed += 1
     return removed
+
+
+def _repo(repo: str | None) -> str | None:
+    """A repo name checked before it goes into a URL (one clear error, as a local store gives)."""
+    return repo if repo is None else check_name("repo", repo)
 
 
 def _header_bytes(headers) -> int:
@@ -275,7 +281,7 @@ class Transport:
 class RemoteStore(Backend):
     """A store behind `cdcstore serve`, used exactly like a local one."""
 
-    locate_is_cheap = False
+    capabilities = BackendCapabilities(counts_requests=True, proves_possession=True)
 
     def __init__(self, url: str, token: str | None = None, *, upload_concurrency: int = 4,
                  range_bytes: int = RANGE_BYTES, **transport):
@@ -392,7 +398,7 @@ class RemoteStore(Backend):
         out: dict[bytes, tuple[str, PackEntry]] = {}
         step = wire.MAX_IDS_PER_REQUEST
         for i in range(0, len(wanted), step):
-            body = self._call("POST", f"/repos/{repo}/locate", body=wire.encode_ids(wanted[i:i + step]))
+            body = self._call("POST", f"/repos/{_repo(repo)}/locate", body=wire.encode_ids(wanted[i:i + step]))
             out.update(wire.decode_locations(body))
         return out
 
@@ -401,7 +407,7 @@ class RemoteStore(Backend):
         """Verified chunks by id, fetched in merged range requests; `stored`, if given,
         receives each chunk's stored (compressed) bytes too (for a cache)."""
         ranges = plan_ranges(items, max_range=self.range_bytes)
-        futures = {self.t.submit(self.t.get_range(f"{self._api}/repos/{repo}/packs/{r.pack}", r.start, r.end)): r
+        futures = {self.t.submit(self.t.get_range(f"{self._api}/repos/{_repo(repo)}/packs/{r.pack}", r.start, r.end)): r
                    for r in ranges}
         out: dict[bytes, bytes] = {}
         try:
@@ -449,14 +455,14 @@ class RemoteStore(Backend):
         return names
 
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
-        data = self._call("GET", f"/repos/{repo}/manifests/{name}")
+        data = self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}")
         if ids.hexdigest(data) != name:
             raise CorruptionError(f"manifest {name} from the server does not match its name")
         return Manifest.decode(data, f"manifest {name}")
 
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
         doc = {"commit": commit.encode().decode(), "branch": branch, "expected": expected}
-        cid = self._json("POST", f"/repos/{commit.repo}/commits", body=json.dumps(doc).encode(),
+        cid = self._json("POST", f"/repos/{_repo(commit.repo)}/commits", body=json.dumps(doc).encode(),
                          headers={"Content-Type": "application/json"})["commit"]
         if cid != commit.id:
             self._check_rebased(commit, cid)
@@ -475,26 +481,28 @@ class RemoteStore(Backend):
             raise CorruptionError(f"server landed commit {landed} that does not hold this commit's changes")
 
     def get_commit(self, repo: str, commit_id: str) -> Commit:
-        data = self._call("GET", f"/repos/{repo}/commits/{commit_id}")
+        if not ids.is_hex_id(commit_id):  # a full id only, as a local store takes it
+            raise RevisionNotFoundError(f"no commit {commit_id!r} in repo {_repo(repo)!r}")
+        data = self._call("GET", f"/repos/{_repo(repo)}/commits/{commit_id}")
         if ids.hexdigest(data) != commit_id:
             raise CorruptionError(f"commit {commit_id} from the server does not match its id")
         return Commit.decode(data, f"commit {commit_id}")
 
     def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
-        doc = self._json("GET", f"/repos/{repo}/resolve/{rev}")
+        doc = self._json("GET", f"/repos/{_repo(repo)}/resolve/{rev}")
         cid, kind = doc["commit"], doc.get("kind", "branch")
         if not ids.is_hex_id(cid) or (kind == "commit" and not cid.startswith(rev.lower())):
             raise CorruptionError(f"the server resolved {rev!r} to {cid!r}, which is not that commit")
         return cid, kind
 
     def branches(self, repo: str) -> dict[str, str]:
-        return self._json("GET", f"/repos/{repo}/branches")["branches"]
+        return self._json("GET", f"/repos/{_repo(repo)}/branches")["branches"]
 
     def tags(self, repo: str) -> dict[str, str]:
-        return self._json("GET", f"/repos/{repo}/tags")["tags"]
+        return self._json("GET", f"/repos/{_repo(repo)}/tags")["tags"]
 
     def _create_ref(self, repo: str, kinds: str, name: str, commit_id: str) -> None:
-        self._json("POST", f"/repos/{repo}/{kinds}", body=json.dumps({"name": name, "commit": commit_id}).encode(),
+        self._json("POST", f"/repos/{_repo(repo)}/{kinds}", body=json.dumps({"name": name, "commit": commit_id}).encode(),
                    headers={"Content-Type": "application/json"})
 
     def create_tag(self, repo: str, name: str, commit_id: str) -> None:
@@ -504,10 +512,10 @@ class RemoteStore(Backend):
         self._create_ref(repo, "branches", name, commit_id)
 
     def delete_tag(self, repo: str, name: str) -> str:
-        return self._json("DELETE", f"/repos/{repo}/tags/{name}")["commit"]
+        return self._json("DELETE", f"/repos/{_repo(repo)}/tags/{name}")["commit"]
 
     def delete_branch(self, repo: str, name: str) -> str:
-        return self._json("DELETE", f"/repos/{repo}/branches/{name}")["commit"]
+        return self._json("DELETE", f"/repos/{_repo(repo)}/branches/{name}")["commit"]
 
     def has_repo(self, repo: str) -> bool:
         try:

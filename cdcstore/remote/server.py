@@ -556,12 +556,12 @@ class Server:
         if parent is None:
             return None
         if not isinstance(parent, str) or not ids.is_hex_id(parent):
-            raise HTTPError(400, "commit parent must be a 32-hex-digit commit id or null")
+            raise InvalidAddressError("commit parent must be a 32-hex-digit commit id or null")
         try:
             return self.store.get_commit(repo, parent)
         except (CdcError, OSError):
-            raise HTTPError(400, f"commit parent {parent} is not a commit of repo {repo!r}: "
-                                 f"base the commit on the branch head") from None
+            raise InvalidAddressError(f"commit parent {parent} is not a commit of repo {repo!r}: "
+                                      f"base the commit on the branch head") from None
 
     def _commit(self, repo: str, commit: Commit, branch: str, expected: str | None,
                 scope: Scope | None = None) -> str:

@@ -8,6 +8,7 @@ another backend.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import Iterable, Iterator
 
 from ..core.commit import Commit
@@ -15,14 +16,48 @@ from ..core.manifest import Manifest
 from ..core.pack import PackEntry
 
 
+ZERO_COUNTERS = {"requests": 0, "sent_bytes": 0, "received_bytes": 0}
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendCapabilities:
+    """What a backend declares about itself, so that callers never probe it.
+
+    local_reads: chunks are located and read on this machine (a local sqlite index, a
+      directory or the store's own bucket): locating a whole file at once is cheap.
+      False for a server, where locate is a request and goes by blocks.
+    counts_requests: `counters()` reports the requests and bytes this client sent.
+    proves_possession: `present_or_prove` may prove held bytes instead of sending them.
+    """
+
+    local_reads: bool = False
+    counts_requests: bool = False
+    proves_possession: bool = False
+
+
 class Backend(abc.ABC):
     """What the API, the writer and the reader need from a store, local or remote.
 
     Ids are 16-byte digests for chunks and hex strings for packs, manifests and
-    commits. Implementations keep the write order of invariant 2.
+    commits. Implementations keep the write order of invariant 2. What differs
+    between implementations is declared in `capabilities` (docs/architecture.md,
+    "Backends and capabilities").
     """
 
     location: str
+    capabilities: BackendCapabilities = BackendCapabilities()
+
+    def counters(self) -> dict:
+        """Requests and bytes on the wire so far (zeros unless `counts_requests`)."""
+        return dict(ZERO_COUNTERS)
+
+    def cache_counters(self) -> dict:
+        """Chunk reads a local cache served (`cache_hits`) and did not (`cache_misses`)."""
+        return {"cache_hits": 0, "cache_misses": 0}
+
+    def uncached(self) -> "Backend":
+        """The backend without any local cache in front (answers as of now)."""
+        return self
 
     # chunks and packs
     @abc.abstractmethod

@@ -20,6 +20,7 @@ rarely write (a promotion is one write per entry).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -39,7 +40,7 @@ from ..core.errors import CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
 from .sqlite import Connections
-from .backend import Backend
+from .backend import Backend, BackendCapabilities
 
 ENV_CACHE = "CDCSTORE_CACHE"
 ENV_CACHE_SIZE = "CDCSTORE_CACHE_SIZE"
@@ -388,8 +389,6 @@ class GuardedCache:
 class CachedBackend(Backend):
     """A backend whose reads go through a `ChunkCache` first; writes pass through."""
 
-    locate_is_cheap = False  # chunks the cache lacks are located on the server
-
     def __init__(self, backend: Backend, cache: ChunkCache, token: str | None = None):
         self.inner = backend
         self.cache = cache
@@ -401,8 +400,16 @@ class CachedBackend(Backend):
         self._hits = self._misses = 0  # chunks read from the cache / not found there
         self._count_lock = threading.Lock()
 
-    def __getattr__(self, name):  # counters(), health() and the like of the inner backend
-        return getattr(self.inner, name)
+    @property
+    def capabilities(self) -> BackendCapabilities:
+        """The inner backend's, except that locating goes by blocks (misses go to the inner one)."""
+        return dataclasses.replace(self.inner.capabilities, local_reads=False)
+
+    def counters(self) -> dict:
+        return self.inner.counters()
+
+    def uncached(self) -> Backend:
+        return self.inner.uncached()
 
     def cache_counters(self) -> dict:
         """Chunk reads found in the cache (`cache_hits`) and not found there (`cache_misses`)."""
@@ -546,8 +553,10 @@ class CachedBackend(Backend):
         return self.inner.put_manifests(manifests)
 
     def commit(self, commit, branch, expected):
+        """Commit, then forget the cached head: this machine sees its own push on the next
+        resolve, and never an older head whose answer came back later than a newer one's."""
         cid = self.inner.commit(commit, branch, expected)
-        self.cache.put_head(f"{self._scope}:{commit.repo}", branch, cid)  # this machine sees its own push
+        self.cache.forget_head(f"{self._scope}:{commit.repo}", branch)
         return cid
 
     def branches(self, repo):

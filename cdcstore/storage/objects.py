@@ -189,6 +189,10 @@ class ObjectStore(abc.ABC):
         """Replace `name` if it still has `token`; Conflict if it changed or is gone
         (the same note on retried requests as put_if_absent). Returns the new token."""
 
+    def clean_tmp(self) -> int:
+        """Remove temp files that dead processes left (a directory store); how many."""
+        return 0
+
     def local_path(self, name: str) -> str | None:
         """A file path holding the object, when `capabilities.local_path`."""
         return None

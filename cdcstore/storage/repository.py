@@ -45,7 +45,7 @@ from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddr
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk, read_index, read_verified
 from ..core.ranges import plan_ranges, slices
-from .backend import Backend
+from .backend import Backend, BackendCapabilities
 from .index import ChunkIndex
 from . import open_objects
 from .local import LocalObjects
@@ -140,6 +140,8 @@ class Repository(Backend):
     `open_repository(url)` opens one by location; `LocalStore` is the directory form.
     """
 
+    capabilities = BackendCapabilities(local_reads=True)
+
     def __init__(self, objects: ObjectStore, index_path: str, location: str | None = None):
         self.objects = objects
         self.location = location or objects.url
@@ -181,9 +183,7 @@ class Repository(Backend):
 
     def clean_tmp(self) -> None:
         """Remove temp files left by processes that died mid-write (directory stores)."""
-        clean = getattr(self.objects, "clean_tmp", None)
-        if clean is not None:
-            clean()
+        self.objects.clean_tmp()
 
     # -- packs and chunks -------------------------------------------------------------------
     def present(self, chunk_ids: list[bytes]) -> set[bytes]:
@@ -521,6 +521,10 @@ class Repository(Backend):
         return self.delete_ref(repo, "branch", name)
 
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
+        check_name("repo", commit.repo)
+        if commit.parent is not None and not self.objects.exists(commit_name(commit.repo, commit.parent)):
+            raise InvalidAddressError(f"commit parent {commit.parent} is not a commit of repo {commit.repo!r}: "
+                                      f"base the commit on the branch head")
         cid = self.put_commit(commit)
         return self.update_branch(commit.repo, branch, expected, cid, commit, landed=self._grant)
 
