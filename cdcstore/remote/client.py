@@ -317,17 +317,19 @@ class RemoteStore(Backend):
         completes when the pack is stored on the server."""
         self._upload_slots.acquire()
         fut = self.t.submit(self._upload(tmp, name))
+        with self._uploads_lock:
+            self._uploads.append(fut)
 
-        def done(_f):
+        def done(f):
             self._upload_slots.release()
+            with self._uploads_lock:  # its outcome belongs to the session that holds the future
+                self._uploads.remove(f)
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
 
         fut.add_done_callback(done)
-        with self._uploads_lock:
-            self._uploads.append(fut)
         return fut
 
     async def _upload(self, tmp: str, name: str) -> None:
@@ -343,12 +345,12 @@ class RemoteStore(Backend):
                              landed=landed)
 
     def flush(self) -> None:
-        """Wait for every upload started so far (each caller of `add_pack` also gets
-        its own upload's future, as a push session waits only for its own)."""
+        """Wait for every upload still in flight. Each caller of `add_pack` gets its own
+        upload's future and learns its outcome there: a push session waits only for its
+        own, so one thread's flush never hides another's uploads, nor raises its errors."""
         with self._uploads_lock:
-            uploads, self._uploads = self._uploads, []
-        for fut in uploads:
-            fut.result()
+            uploads = list(self._uploads)
+        concurrent.futures.wait(uploads)
 
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
         wanted = list(dict.fromkeys(chunk_ids))
