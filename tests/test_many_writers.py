@@ -138,42 +138,47 @@ def test_dask_to_parquet_processes_is_one_commit(tmp_path, request, where):
     assert sorted(back["x"]) == list(range(600)) and set(back["s"]) == {f"row-{i}" for i in range(600)}
 
 
-def _die_while_writing(df, kill_partition):
-    """Kill this worker process (SIGKILL) shortly after its partition's write begins."""
+def _worker_write(options, path, nbytes, kill_after):
+    """A worker writing through cdc:// with deferred-commit options; with `kill_after`,
+    SIGKILLed that many seconds into its write (mid-upload)."""
     import threading
 
-    if len(df) and df["x"].iloc[0] == kill_partition * 2000:
-        threading.Timer(0.05, os.kill, (os.getpid(), 9)).start()
-    return df
+    import fsspec
+
+    fs = fsspec.filesystem("cdc", skip_instance_cache=True, **options)
+    if kill_after:
+        threading.Timer(kill_after, os.kill, (os.getpid(), 9)).start()
+    fs.pipe(path, os.urandom(nbytes))
+    return path
 
 
-def test_dask_worker_killed_mid_upload_lands_nothing_then_rerun_lands(tmp_path, server):
+def test_worker_killed_mid_upload_lands_nothing_then_rerun_lands(tmp_path, server):
+    """(concurrent.futures workers: dask's local process scheduler can hang for good when
+    a worker is SIGKILLed, waiting for a result that never comes.)"""
     dask = pytest.importorskip("dask")
-    import pandas as pd
     import dask.dataframe as dd
 
-    big = pd.DataFrame({"x": range(8000), "b": [secrets.token_hex(256) for _ in range(8000)]})
-    df = dd.from_pandas(big, npartitions=4)
     with Store(server.url, cache=False) as s:
         (tmp_path / "seed").write_bytes(b"seed")
         s.push(str(tmp_path / "seed"), "cdc://ds/seed")
         before = s.log("ds")
         t0 = time.monotonic()
         with pytest.raises(BrokenProcessPool):  # the killed worker breaks the job
-            with deferred_commit("cdc://ds@main/", server.url) as dc:
-                with dask.config.set(scheduler="processes", num_workers=2):
-                    df.map_partitions(_die_while_writing, 1, meta=df._meta).to_parquet(
-                        "cdc://ds/out", storage_options=dc.storage_options, write_metadata_file=False)
+            with deferred_commit("cdc://ds@main/", server.url) as dc, _pool(2) as pool:
+                futs = [pool.submit(_worker_write, dc.storage_options, f"ds/out/p{i}.bin", 4 << 20,
+                                    0.05 if i == 1 else 0) for i in range(3)]
+                [f.result(timeout=30) for f in futs]
         assert time.monotonic() - t0 < 30
         assert s.log("ds") == before and dc.result is None  # the branch never moved
         assert [e["name"] for e in s.ls("cdc://ds/")] == ["seed"]
         assert not any(STAGE_INFIX in b for b in s.branches("ds"))
         with deferred_commit("cdc://ds@main/", server.url) as dc:  # run again: it lands, once
             with dask.config.set(scheduler="processes", num_workers=2):
-                df.to_parquet("cdc://ds/out", storage_options=dc.storage_options, write_metadata_file=False)
+                _frame().to_parquet("cdc://ds/out", storage_options=dc.storage_options,
+                                    write_metadata_file=False)
         assert len(s.log("ds")) == len(before) + 1
     back = dd.read_parquet("cdc://ds/out", storage_options={"store": server.url, "cache": False}).compute()
-    assert sorted(back["x"]) == list(range(8000))
+    assert sorted(back["x"]) == list(range(600))
 
 
 def test_deferred_commit_with_nothing_written_and_a_new_repo(tmp_path, store):

@@ -355,17 +355,19 @@ class RemoteStore(Backend):
         completes when the pack is stored on the server."""
         self._upload_slots.acquire()
         fut = self.t.submit(self._upload(tmp, name))
+        with self._uploads_lock:
+            self._uploads.append(fut)
 
-        def done(_f):
+        def done(f):
             self._upload_slots.release()
+            with self._uploads_lock:  # its outcome belongs to the session that holds the future
+                self._uploads.remove(f)
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
 
         fut.add_done_callback(done)
-        with self._uploads_lock:
-            self._uploads.append(fut)
         return fut
 
     async def _upload(self, tmp: str, name: str) -> None:
@@ -381,17 +383,12 @@ class RemoteStore(Backend):
                              landed=landed)
 
     def flush(self) -> None:
-        """Wait for every upload in flight now, also those another push session of this
-        store started (taking them away from it would let its manifests go out before its
-        packs: the server's 409 "chunks ... are not on the server")."""
+        """Wait for every upload still in flight. Each caller of `add_pack` gets its own
+        upload's future and learns its outcome there: a push session waits only for its
+        own, so one thread's flush never hides another's uploads, nor raises its errors."""
         with self._uploads_lock:
             uploads = list(self._uploads)
-        try:
-            for fut in uploads:
-                fut.result()
-        finally:
-            with self._uploads_lock:
-                self._uploads = [f for f in self._uploads if not (f.done() and f in uploads)]
+        concurrent.futures.wait(uploads)
 
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
         wanted = list(dict.fromkeys(chunk_ids))
