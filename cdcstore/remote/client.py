@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import contextlib
 import json
@@ -36,6 +37,7 @@ from ..storage.local import pid_alive
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
 RANGE_BYTES = 8 * 1024 * 1024  # a read's ranges: large, yet many at once over the 8 connections
+MEMO_OBJECTS = 256  # commits and manifests a RemoteStore keeps in memory
 NOTE_AFTER = 1.0  # seconds: a retry waiting this long is logged (the CLI prints it unless -q)
 log = logging.getLogger("cdcstore.client")
 
@@ -255,7 +257,23 @@ class RemoteStore(Backend):
         self._uploads: list[concurrent.futures.Future] = []
         self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
         self._api = wire.API
+        self._memo: collections.OrderedDict = collections.OrderedDict()  # immutable objects already verified
+        self._memo_lock = threading.Lock()
         clean_upload_temps()
+
+    def _remembered(self, key: tuple, fetch):
+        """An immutable object (a commit or manifest, verified against its name) fetched
+        once per store: a pinned commit never asks the server twice for the same thing."""
+        with self._memo_lock:
+            if key in self._memo:
+                self._memo.move_to_end(key)
+                return self._memo[key]
+        obj = fetch()
+        with self._memo_lock:
+            self._memo[key] = obj
+            while len(self._memo) > MEMO_OBJECTS:
+                self._memo.popitem(last=False)
+        return obj
 
     def _call(self, method: str, path: str, **kw) -> bytes:
         return self.t.run(self.t.request(method, self._api + path, **kw))[1]
@@ -405,6 +423,9 @@ class RemoteStore(Backend):
         return names
 
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
+        return self._remembered(("manifest", repo, name), lambda: self._fetch_manifest(name, repo))
+
+    def _fetch_manifest(self, name: str, repo: str | None) -> Manifest:
         data = self._call("GET", f"/repos/{repo}/manifests/{name}")
         if ids.hexdigest(data) != name:
             raise CorruptionError(f"manifest {name} from the server does not match its name")
@@ -431,12 +452,17 @@ class RemoteStore(Backend):
             raise CorruptionError(f"server landed commit {landed} that does not hold this commit's changes")
 
     def get_commit(self, repo: str, commit_id: str) -> Commit:
+        return self._remembered(("commit", repo, commit_id), lambda: self._fetch_commit(repo, commit_id))
+
+    def _fetch_commit(self, repo: str, commit_id: str) -> Commit:
         data = self._call("GET", f"/repos/{repo}/commits/{commit_id}")
         if ids.hexdigest(data) != commit_id:
             raise CorruptionError(f"commit {commit_id} from the server does not match its id")
         return Commit.decode(data, f"commit {commit_id}")
 
     def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
+        if ids.is_hex_id(rev) and ("commit", repo, rev.lower()) in self._memo:  # a pinned commit seen
+            return rev.lower(), "commit"
         doc = self._json("GET", f"/repos/{repo}/resolve/{rev}")
         cid, kind = doc["commit"], doc.get("kind", "branch")
         if not ids.is_hex_id(cid) or (kind == "commit" and not cid.startswith(rev.lower())):
