@@ -38,8 +38,29 @@ from .push import FileChunks
 
 LOCATE_ALL_CHUNKS = 65536  # local files up to ~4 GiB are located in one go at their first read
 LOCATE_BLOCK = 512  # chunks located together on a server (~32 MiB of file)
+DIRECT_MIN = 1024 * 1024  # reads this large land straight in their result (see `_pread_direct`)
 _pool_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _new_bytes(n: int) -> tuple[bytes, memoryview]:
+    """A new bytes object of length n and a writable view of its memory, to fill before
+    anyone else sees it (what C code does with PyBytes_FromStringAndSize(NULL, n)): a
+    result is then written once, not built and copied. The view keeps the bytes alive.
+    Elsewhere than CPython: a bytearray (the caller copies it)."""
+    try:
+        import ctypes
+        api = ctypes.pythonapi
+        alloc, addr = api.PyBytes_FromStringAndSize, api.PyBytes_AsString
+        alloc.restype, alloc.argtypes = ctypes.py_object, (ctypes.c_char_p, ctypes.c_ssize_t)
+        addr.restype, addr.argtypes = ctypes.c_void_p, (ctypes.py_object,)
+    except (ImportError, AttributeError):
+        buf = bytearray(n)
+        return buf, memoryview(buf)
+    obj = alloc(None, n)
+    arr = (ctypes.c_char * n).from_address(addr(obj))
+    arr.keep = obj  # the view holds the array, the array the bytes
+    return obj, memoryview(arr).cast("B")
 
 
 def _prefetch_pool() -> ThreadPoolExecutor:
@@ -192,10 +213,51 @@ class FileReader(io.RawIOBase):
     # -- ranges ----------------------------------------------------------------------
     def pread(self, offset: int, length: int) -> bytes:
         """Bytes [offset, offset+length) without moving the file position."""
+        if length >= DIRECT_MIN and self._direct_ok(offset, length):
+            return self._pread_direct(offset, min(offset + length, self._m.size))
         pieces = self.pieces(offset, length)
         if len(pieces) == 1:
             return bytes(pieces[0])
         return b"".join(pieces)  # one copy
+
+    def _direct_ok(self, offset: int, length: int) -> bool:
+        """A large read lands straight in its result when the source can, nothing is
+        being read ahead, and it would start no read-ahead (it reaches the end, or is
+        not sequential)."""
+        if self._pending or not hasattr(self._src, "read_chunks_into") or offset >= self._m.size:
+            return False
+        return offset + length >= self._m.size or offset != self._last_end
+
+    def _pread_direct(self, offset: int, end: int) -> bytes:
+        """Bytes [offset, end) in one buffer that chunks are written into as they are
+        verified (ranges of raw chunks are received into it from the socket)."""
+        m, ids = self._m, self._m.chunk_ids
+        span = m.span(offset, end)
+        self._streak = self._streak + end - offset if offset == self._last_end else end - offset
+        self._last_end = end
+        result, out = _new_bytes(end - offset)
+        places: dict[bytes, list] = {}
+        for i in span:
+            cs = m.chunk_start(i)
+            lo, hi = max(offset, cs) - cs, min(end, cs + m.lengths[i]) - cs
+            data = self._lru.get(i)
+            if data is not None:
+                out[cs + lo - offset:cs + hi - offset] = memoryview(data)[lo:hi]
+            else:
+                places.setdefault(ids[i], []).append((cs + lo - offset, lo, hi))
+        if places:
+            self._locate([i for i in span if ids[i] in places])
+            items = [self._location(cid) for cid in places]
+            self._src.read_chunks_into(items, places, out, self._repo, keep=memoryview(result))
+        del out
+        return bytes(result) if isinstance(result, bytearray) else result
+
+    def _location(self, cid: bytes):
+        loc = self._locs.get(cid)
+        if loc is None:
+            raise CorruptionError(f"chunk {cid.hex()} of {self.name or 'file'} is not in the store "
+                                  f"(index damaged?): run `cdcstore rebuild-index`")
+        return loc
 
     def pieces(self, offset: int, length: int) -> list:
         """The bytes [offset, offset+length) as a list of bytes-like pieces (views of
@@ -294,12 +356,7 @@ class FileReader(io.RawIOBase):
         ids = self._m.chunk_ids
         items = {}
         for i in indices:
-            cid = ids[i]
-            loc = self._locs.get(cid)
-            if loc is None:
-                raise CorruptionError(f"chunk {cid.hex()} of {self.name or 'file'} is not in the store "
-                                      f"(index damaged?): run `cdcstore rebuild-index`")
-            items[cid] = loc
+            items[ids[i]] = self._location(ids[i])
         data = self._src.read_chunks(list(items.values()), self._repo)
         return {i: data[ids[i]] for i in indices}
 

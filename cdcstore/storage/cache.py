@@ -471,6 +471,27 @@ class CachedBackend(Backend):
             self.cache.put_later(stored)
         return out
 
+    def read_chunks_into(self, items: list[tuple[str, PackEntry]], places: dict, out: memoryview,
+                         repo=None, keep: memoryview | None = None) -> None:
+        """`read_chunks` written into `out` (see `RemoteStore.read_chunks_into`)."""
+        cached = self.cache.get([e.chunk_id for p, e in items if p == CACHED])
+        for cid, raw in cached.items():
+            for dest, lo, hi in places[cid]:
+                out[dest:dest + hi - lo] = raw[lo:hi]
+        missing = [(p, e) for p, e in items if e.chunk_id not in cached]
+        with self._count_lock:
+            self._hits += len(cached)
+            self._misses += len(missing)
+        if any(p == CACHED for p, _ in missing):  # evicted or corrupt since located: locate again
+            again = self.inner.locate([e.chunk_id for p, e in missing if p == CACHED], repo)
+            missing = [again[e.chunk_id] if p == CACHED else (p, e) for p, e in missing]
+        if not missing:
+            return
+        stored: dict[bytes, bytes] = {}
+        with self.cache.reading():
+            self.inner.read_chunks_into(missing, places, out, repo, stored=stored, keep=keep)
+        self.cache.put_later([(e.chunk_id, e.codec, e.raw_len, stored[e.chunk_id]) for _, e in missing])
+
     def _fetch(self, items, repo):
         """Fetch from the inner backend; keep each chunk's stored (compressed) form."""
         stored: dict[bytes, bytes] = {}
