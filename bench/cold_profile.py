@@ -4,7 +4,7 @@
 
 Pushes bench/transfer.py's v2 folder into a temp store, serves it, and reads every file whole
 (`Store.cat`) with a fresh empty cache, timing per file: metadata (resolve + commit +
-manifest), locate, chunk fetch + verify, join; then fsspec HTTP `cat_file` of the same files
+manifest), locate, chunk fetch + verify + placing into the result; then fsspec HTTP `cat_file` of the same files
 from an aiohttp static server, same run. With --cprofile N, the N heaviest functions of the
 cold read by cumulative time. The last line is one JSON object.
 """
@@ -31,7 +31,7 @@ def staged_read(url: str, commit: str, files: list[str], cache_path: str) -> dic
     """Cold read of every file with per-stage wall-clock sums (seconds)."""
     from cdcstore import Store
     from cdcstore.storage.cache import ChunkCache
-    st = dict.fromkeys(["metadata", "locate", "fetch_verify", "join", "total"], 0.0)
+    st = dict.fromkeys(["metadata", "locate", "fetch_verify_place", "total"], 0.0)
     with Store(url, cache=ChunkCache(cache_path)) as s:
         b = s.backend
         t0 = time.perf_counter()
@@ -41,14 +41,12 @@ def staged_read(url: str, commit: str, files: list[str], cache_path: str) -> dic
             m = b.get_manifest(commit_obj.files[p].manifest, "bench")
             c = time.perf_counter()
             st["metadata"] += c - a
-            locs = b.locate(m.chunk_ids, "bench")
-            d = time.perf_counter()
-            st["locate"] += d - c
-            got = b.read_chunks([locs[i] for i in dict.fromkeys(m.chunk_ids)], "bench")
-            e = time.perf_counter()
-            st["fetch_verify"] += e - d
-            data = b"".join(got[i] for i in m.chunk_ids)
-            st["join"] += time.perf_counter() - e
+            with s.reader("bench", m, p) as f:
+                f._locate(list(range(len(m.chunk_ids))))
+                d = time.perf_counter()
+                st["locate"] += d - c
+                data = f.read()  # fetch, verify, place into one buffer (engine/read.py _pread_direct)
+                st["fetch_verify_place"] += time.perf_counter() - d
             assert len(data) == m.size
         st["total"] = time.perf_counter() - t0
         st["requests"] = s.counters()["requests"]
