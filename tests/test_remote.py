@@ -379,3 +379,20 @@ def test_a_pinned_commit_asks_for_its_metadata_once(server, tmp_path):
         fourth = s.counters()["requests"]
         s.cat("cdc://pin/a.bin")
         assert s.counters()["requests"] - fourth >= 1 + (third - second)  # the branch is asked again
+
+
+def test_a_folder_pull_locates_all_its_files_at_once(server, tmp_path):
+    """A pull of a folder asks for its manifests together and locates every file's
+    chunks in one request, not one locate per file; the files are still exact."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"f{i}.bin").write_bytes(golden_input(200_000 + i)[::-1] + bytes([i]) * 1000)
+    with Store(server.url, cache=False) as s:
+        s.push([str(src)], "cdc://many/")
+        before = server.log_text().count("/locate")
+        p = s.pull("cdc://many/", str(tmp_path / "out"))
+        assert server.log_text().count("/locate") - before == 1
+        assert p.written_files == 6
+    for i in range(6):
+        assert (tmp_path / "out" / f"f{i}.bin").read_bytes() == (src / f"f{i}.bin").read_bytes()

@@ -129,14 +129,14 @@ class FileReader(io.RawIOBase):
 
     def __init__(self, source: Backend, manifest: Manifest, name: str = "", repo: str | None = None,
                  readahead_bytes: int = 32 * 1024 * 1024, cache_chunks: int = 64,
-                 batch_bytes: int = 8 * 1024 * 1024, sequential: bool = False):
+                 batch_bytes: int = 8 * 1024 * 1024, sequential: bool = False, locations: dict | None = None):
         super().__init__()
         self._src = source
         self._m = manifest
         self._repo = repo
         self.name = name
         self._pos = 0
-        self._locs: dict[bytes, tuple[str, object]] = {}
+        self._locs: dict[bytes, tuple[str, object]] = locations if locations is not None else {}  # may be shared
         self._lru: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._lru_cap = cache_chunks
         self._pending: dict[int, Future] = {}
