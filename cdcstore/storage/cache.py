@@ -374,7 +374,7 @@ class ChunkCache:
         self.conn.execute("VACUUM")
 
 
-_EMPTY_ANSWER = {"has": dict, "get": dict}  # what a broken cache answers; None otherwise
+_EMPTY_ANSWER = {"has": dict, "get": dict, "reading": contextlib.nullcontext}  # a broken cache's answers; else None
 
 
 def _warn_cache(path: str, err: Exception) -> None:
