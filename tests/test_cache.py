@@ -170,3 +170,33 @@ def test_a_cache_from_before_segments_is_upgraded_in_place(tmp_path):
     cache = ChunkCache(path)
     assert cache.get([cid]) == {cid: data}
     assert sqlite3.connect(path).execute("SELECT hot FROM chunks").fetchone() == (1,)  # promoted by that hit
+
+
+def _rows(path) -> int:
+    with sqlite3.connect(path) as c:
+        return c.execute("SELECT count(*) FROM chunks").fetchone()[0]
+
+
+def test_cache_writes_wait_while_a_fetch_is_in_flight(tmp_path):
+    """Queued cache writes stay off the read's critical path: none lands while a fetch
+    is in flight; they land once fetches pause, and wait() writes at once."""
+    import os
+    import time
+    from cdcstore.core.ids import digest
+    from cdcstore.core.pack import CODEC_RAW
+    cache = ChunkCache(str(tmp_path / "c.sqlite"))
+    blobs = [os.urandom(1000) for _ in range(20)]
+    entries = [(digest(b), CODEC_RAW, len(b), b) for b in blobs]
+    with cache.reading():
+        cache.put_later(entries[:10])
+        time.sleep(0.4)
+        assert _rows(cache.path) == 0  # deferred while the fetch runs
+        assert set(cache.has([e[0] for e in entries[:10]])) == {e[0] for e in entries[:10]}  # yet served
+    deadline = time.monotonic() + 5
+    while _rows(cache.path) < 10 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _rows(cache.path) == 10  # the pause let them land
+    with cache.reading():
+        cache.put_later(entries[10:])
+        cache.wait()  # a flush does not wait for the read to end
+        assert _rows(cache.path) == 20

@@ -360,3 +360,39 @@ def test_a_damaged_range_among_many_is_an_error_and_never_cached(server, tmp_pat
     rows = cache.conn.execute("SELECT id, codec, data FROM chunks").fetchall()
     assert all(codec == CODEC_RAW and ids.digest(d) == cid for cid, codec, d in rows)  # random data: stored raw
     assert sum(len(d) for _, _, d in rows) < len(data)  # not the damaged chunk, at least
+
+
+def test_a_pinned_commit_asks_for_its_metadata_once(server, tmp_path):
+    """Commits and manifests are immutable: a second read of the same pinned file skips
+    resolve, commit and manifest requests (only locate and the chunk ranges remain); a
+    branch is still resolved every time (it moves)."""
+    (tmp_path / "a.bin").write_bytes(golden_input(500_000))
+    with Store(server.url, cache=False) as s:
+        v1 = s.push([str(tmp_path / "a.bin")], "cdc://pin/")
+        first = s.counters()["requests"]
+        assert s.cat(f"cdc://pin@{v1.commit}/a.bin") == golden_input(500_000)
+        second = s.counters()["requests"]
+        assert s.cat(f"cdc://pin@{v1.commit}/a.bin") == golden_input(500_000)
+        third = s.counters()["requests"]
+        assert third - second <= second - first - 2
+        s.cat("cdc://pin/a.bin")
+        fourth = s.counters()["requests"]
+        s.cat("cdc://pin/a.bin")
+        assert s.counters()["requests"] - fourth >= 1 + (third - second)  # the branch is asked again
+
+
+def test_a_folder_pull_locates_all_its_files_at_once(server, tmp_path):
+    """A pull of a folder asks for its manifests together and locates every file's
+    chunks in one request, not one locate per file; the files are still exact."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"f{i}.bin").write_bytes(golden_input(200_000 + i)[::-1] + bytes([i]) * 1000)
+    with Store(server.url, cache=False) as s:
+        s.push([str(src)], "cdc://many/")
+        before = server.log_text().count("/locate")
+        p = s.pull("cdc://many/", str(tmp_path / "out"))
+        assert server.log_text().count("/locate") - before == 1
+        assert p.written_files == 6
+    for i in range(6):
+        assert (tmp_path / "out" / f"f{i}.bin").read_bytes() == (src / f"f{i}.bin").read_bytes()

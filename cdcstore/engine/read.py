@@ -46,6 +46,30 @@ def _prefetch_pool():
     """The process's read-ahead pool (the runtime's "read" pool)."""
     return runtime.pool("read", READ_THREADS)
 
+DIRECT_MIN = 1024 * 1024  # reads this large land straight in their result (see `_pread_direct`)
+
+
+def _new_bytes(n: int) -> tuple[bytes, memoryview]:
+    """A new bytes object of length n and a writable view of its memory, to fill before
+    anyone else sees it (what C code does with PyBytes_FromStringAndSize(NULL, n)): a
+    result is then written once, not built and copied. The view keeps the bytes alive.
+    Elsewhere than CPython: a bytearray (the caller copies it)."""
+    try:
+        import ctypes
+        api = ctypes.pythonapi
+        alloc, addr = api.PyBytes_FromStringAndSize, api.PyBytes_AsString
+        alloc.restype, alloc.argtypes = ctypes.py_object, (ctypes.c_char_p, ctypes.c_ssize_t)
+        addr.restype, addr.argtypes = ctypes.c_void_p, (ctypes.py_object,)
+    except (ImportError, AttributeError):
+        buf = bytearray(n)
+        return buf, memoryview(buf)
+    obj = alloc(None, n)
+    arr = (ctypes.c_char * n).from_address(addr(obj))
+    arr.keep = obj  # the view holds the array, the array the bytes
+    return obj, memoryview(arr).cast("B")
+
+
+
 
 _arrow_held: dict[int, weakref.ref] = {}  # readers and buffers pyarrow may still hold, by id
 _arrow_read = threading.Event()  # set once pyarrow has read through a FileReader
@@ -102,14 +126,14 @@ class FileReader(io.RawIOBase):
 
     def __init__(self, source: Backend, manifest: Manifest, name: str = "", repo: str | None = None,
                  readahead_bytes: int = 32 * 1024 * 1024, cache_chunks: int = 64,
-                 batch_bytes: int = 8 * 1024 * 1024, sequential: bool = False):
+                 batch_bytes: int = 8 * 1024 * 1024, sequential: bool = False, locations: dict | None = None):
         super().__init__()
         self._src = source
         self._m = manifest
         self._repo = repo
         self.name = name
         self._pos = 0
-        self._locs: dict[bytes, tuple[str, object]] = {}
+        self._locs: dict[bytes, tuple[str, object]] = locations if locations is not None else {}  # may be shared
         self._lru: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._lru_cap = cache_chunks
         self._pending: dict[int, Future] = {}
@@ -186,10 +210,51 @@ class FileReader(io.RawIOBase):
     # -- ranges ----------------------------------------------------------------------
     def pread(self, offset: int, length: int) -> bytes:
         """Bytes [offset, offset+length) without moving the file position."""
+        if length >= DIRECT_MIN and self._direct_ok(offset, length):
+            return self._pread_direct(offset, min(offset + length, self._m.size))
         pieces = self.pieces(offset, length)
         if len(pieces) == 1:
             return bytes(pieces[0])
         return b"".join(pieces)  # one copy
+
+    def _direct_ok(self, offset: int, length: int) -> bool:
+        """A large read lands straight in its result when the source can, nothing is
+        being read ahead, and it would start no read-ahead (it reaches the end, or is
+        not sequential)."""
+        if self._pending or not hasattr(self._src, "read_chunks_into") or offset >= self._m.size:
+            return False
+        return offset + length >= self._m.size or offset != self._last_end
+
+    def _pread_direct(self, offset: int, end: int) -> bytes:
+        """Bytes [offset, end) in one buffer that chunks are written into as they are
+        verified (ranges of raw chunks are received into it from the socket)."""
+        m, ids = self._m, self._m.chunk_ids
+        span = m.span(offset, end)
+        self._streak = self._streak + end - offset if offset == self._last_end else end - offset
+        self._last_end = end
+        result, out = _new_bytes(end - offset)
+        places: dict[bytes, list] = {}
+        for i in span:
+            cs = m.chunk_start(i)
+            lo, hi = max(offset, cs) - cs, min(end, cs + m.lengths[i]) - cs
+            data = self._lru.get(i)
+            if data is not None:
+                out[cs + lo - offset:cs + hi - offset] = memoryview(data)[lo:hi]
+            else:
+                places.setdefault(ids[i], []).append((cs + lo - offset, lo, hi))
+        if places:
+            self._locate([i for i in span if ids[i] in places])
+            items = [self._location(cid) for cid in places]
+            self._src.read_chunks_into(items, places, out, self._repo, keep=memoryview(result))
+        del out
+        return bytes(result) if isinstance(result, bytearray) else result
+
+    def _location(self, cid: bytes):
+        loc = self._locs.get(cid)
+        if loc is None:
+            raise CorruptionError(f"chunk {cid.hex()} of {self.name or 'file'} is not in the store "
+                                  f"(index damaged?): run `cdcstore rebuild-index`")
+        return loc
 
     def pieces(self, offset: int, length: int) -> list:
         """The bytes [offset, offset+length) as a list of bytes-like pieces (views of
@@ -288,12 +353,7 @@ class FileReader(io.RawIOBase):
         ids = self._m.chunk_ids
         items = {}
         for i in indices:
-            cid = ids[i]
-            loc = self._locs.get(cid)
-            if loc is None:
-                raise CorruptionError(f"chunk {cid.hex()} of {self.name or 'file'} is not in the store "
-                                      f"(index damaged?): run `cdcstore rebuild-index`")
-            items[cid] = loc
+            items[ids[i]] = self._location(ids[i])
         data = self._src.read_chunks(list(items.values()), self._repo)
         return {i: data[ids[i]] for i in indices}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import contextlib
 import json
@@ -30,7 +31,7 @@ from ..core.commit import Commit, changes
 from ..core.errors import (AccessDeniedError, ConflictError, CorruptionError, InvalidAddressError, NotFoundError,
                           RefExistsError, RemoteError, RepoNotFoundError, RevisionNotFoundError, error_class)
 from ..core.manifest import Manifest
-from ..core.pack import PackEntry, decode_chunk
+from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
 from ..core.ranges import ByteRange, plan_ranges, slices
 from ..storage.backend import Backend, BackendCapabilities
 from ..storage.local import pid_alive
@@ -38,6 +39,7 @@ from ..storage.local import pid_alive
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
 RANGE_BYTES = 8 * 1024 * 1024  # a read's ranges: large, yet many at once over the 8 connections
+MEMO_OBJECTS = 256  # commits and manifests a RemoteStore keeps in memory
 NOTE_AFTER = 1.0  # seconds: a retry waiting this long is logged (the CLI prints it unless -q)
 log = logging.getLogger("cdcstore.client")
 
@@ -121,6 +123,19 @@ def replica_urls(url: str) -> list[str]:
     return bases
 
 
+async def _read_into(resp: aiohttp.ClientResponse, into: memoryview) -> int:
+    """A response body written into `into` as it arrives; it must fill `into` exactly."""
+    n = 0
+    async for piece in resp.content.iter_any():
+        if n + len(piece) > len(into):
+            raise CorruptionError(f"long range answer: wanted {len(into)} bytes, got more")
+        into[n:n + len(piece)] = piece
+        n += len(piece)
+    if n != len(into):
+        raise CorruptionError(f"short range read: wanted {len(into)} bytes, got {n}")
+    return n
+
+
 class Transport:
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 60.0, retries: int = 6,
                  backoff: float = 0.25, max_backoff: float = 20.0, connections: int = 8,
@@ -195,11 +210,14 @@ class Transport:
         return min(self.max_backoff, self.backoff * 2 ** attempt) * (0.5 + random.random())
 
     async def request(self, method: str, path: str, *, body: bytes | None = None, body_path: str | None = None,
-                      headers: dict | None = None, ok=(200, 201, 206), landed=None) -> tuple[int, bytes]:
+                      headers: dict | None = None, ok=(200, 201, 206), landed=None,
+                      into: memoryview | None = None) -> tuple[int, bytes]:
         """One request with retries; returns (status, body) or raises a mapped error.
 
         `landed`, for uploads: a coroutine asked before each retry whether the
-        previous attempt took effect after all (then the body is not sent again)."""
+        previous attempt took effect after all (then the body is not sent again).
+        `into`, for a range: a 206 answer's body is written there as it arrives (no
+        copy of its own; the body returned is then empty) and must fill it exactly."""
         retries = self.retries
         session = await self._get_session()
         h = dict(headers or {})
@@ -220,10 +238,14 @@ class Transport:
                 try:
                     async with asyncio.timeout(deadline):
                         async with session.request(method, base + path, data=data, headers=h) as resp:
-                            payload = await resp.read()
+                            if into is not None and resp.status == 206:
+                                payload, got = b"", await _read_into(resp, into)
+                            else:
+                                payload = await resp.read()
+                                got = len(payload)
                             self.requests += 1
                             self.sent_bytes += size + _header_bytes(resp.request_info.headers) + len(what) + 12
-                            self.received_bytes += len(payload) + sum(
+                            self.received_bytes += got + sum(
                                 len(k) + len(v) + 4 for k, v in resp.raw_headers) + 17
                             if resp.status in ok:
                                 return resp.status, payload
@@ -269,6 +291,15 @@ class Transport:
             fut.add_done_callback(lambda _: self._flights.pop(key, None))
         return await asyncio.shield(fut)
 
+    async def get_range_into(self, path: str, start: int, end: int, into: memoryview) -> None:
+        """Bytes [start, end) of a resource written into `into` (exactly that long)."""
+        status, data = await self.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}"}, into=into)
+        if status == 200:  # server ignored the range
+            data = data[start:end]
+            if len(data) != end - start:
+                raise CorruptionError(f"short range read from {path}: wanted {end - start} bytes, got {len(data)}")
+            into[:] = data
+
     async def _fetch_range(self, path: str, start: int, end: int) -> bytes:
         status, data = await self.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}"})
         if status == 200:  # server ignored the range
@@ -276,6 +307,37 @@ class Transport:
         if len(data) != end - start:
             raise CorruptionError(f"short range read from {path}: wanted {end - start} bytes, got {len(data)}")
         return data
+
+
+def _landing(r: ByteRange, places: dict) -> int | None:
+    """Where range `r` can land in the output as it is: its chunks raw, back to back in
+    the pack and, whole, back to back in the output; else None."""
+    dest = None
+    pos = r.start
+    for e in r.entries:
+        if e.codec != CODEC_RAW or e.offset != pos or e.stored_len != e.raw_len:
+            return None
+        first = places[e.chunk_id][0]
+        if first[1] != 0 or first[2] != e.raw_len:
+            return None
+        if dest is None:
+            dest = first[0]
+        elif first[0] != dest + (pos - r.start):
+            return None
+        pos += e.stored_len
+    return dest if pos == r.end else None
+
+
+def _place_range(r: ByteRange, data, places: dict, out: memoryview, stored: dict | None, landed: bool) -> None:
+    """Verify each chunk of a fetched range and copy it to its places in `out` (a landed
+    range already sits at its first place)."""
+    for e, stored_bytes in slices(r, data):
+        raw = decode_chunk(stored_bytes, e.codec, e.raw_len, e.chunk_id)
+        for k, (dest, lo, hi) in enumerate(places[e.chunk_id]):
+            if not (landed and k == 0):
+                out[dest:dest + hi - lo] = raw[lo:hi]
+        if stored is not None:
+            stored[e.chunk_id] = stored_bytes
 
 
 class RemoteStore(Backend):
@@ -294,7 +356,23 @@ class RemoteStore(Backend):
         self._uploads_lock = threading.Lock()
         self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
         self._api = wire.API
+        self._memo: collections.OrderedDict = collections.OrderedDict()  # immutable objects already verified
+        self._memo_lock = threading.Lock()
         clean_upload_temps()
+
+    def _remembered(self, key: tuple, fetch):
+        """An immutable object (a commit or manifest, verified against its name) fetched
+        once per store: a pinned commit never asks the server twice for the same thing."""
+        with self._memo_lock:
+            if key in self._memo:
+                self._memo.move_to_end(key)
+                return self._memo[key]
+        obj = fetch()
+        with self._memo_lock:
+            self._memo[key] = obj
+            while len(self._memo) > MEMO_OBJECTS:
+                self._memo.popitem(last=False)
+        return obj
 
     def _call(self, method: str, path: str, **kw) -> bytes:
         return self.t.run(self.t.request(method, self._api + path, **kw))[1]
@@ -415,6 +493,37 @@ class RemoteStore(Backend):
                 fut.cancel()
         return out
 
+    def read_chunks_into(self, items: list[tuple[str, PackEntry]], places: dict, out: memoryview,
+                         repo: str | None = None, stored: dict | None = None, keep: memoryview | None = None) -> None:
+        """Verified chunks written into `out`: `places[chunk_id]` lists (dest, lo, hi),
+        meaning out[dest:dest + hi - lo] = chunk[lo:hi]. A range of raw chunks that sit
+        back to back both in the pack and in `out` is received straight into `out` (one
+        copy, from the socket) and verified there; other ranges are decoded and copied.
+        `stored` receives each chunk's stored bytes (for a cache): for a landed chunk a
+        view of `keep` (a read-only view of the same memory that keeps it alive), else a copy."""
+        ranges = plan_ranges(items, max_range=self.range_bytes)
+        futures = {}
+        for r in ranges:
+            path = f"{self._api}/repos/{repo}/packs/{r.pack}"
+            dest = _landing(r, places)
+            if dest is None:
+                fut = self.t.submit(self.t.get_range(path, r.start, r.end))
+            else:
+                fut = self.t.submit(self.t.get_range_into(path, r.start, r.end, out[dest:dest + r.end - r.start]))
+            futures[fut] = (r, dest)
+        try:
+            for fut in concurrent.futures.as_completed(futures):  # verify each range while the rest arrive
+                r, dest = futures[fut]
+                data = fut.result()
+                if dest is not None:
+                    data = (keep if keep is not None else out)[dest:dest + r.end - r.start]
+                    if keep is None and stored is not None:
+                        data = bytes(data)
+                _place_range(r, data, places, out, stored, landed=dest is not None)
+        finally:
+            for fut in futures:
+                fut.cancel()
+
     @staticmethod
     def _decode_range(r: ByteRange, data, out: dict, stored: dict | None) -> None:
         """Verified chunks of one fetched range into `out` (and their stored bytes into `stored`)."""
@@ -452,6 +561,9 @@ class RemoteStore(Backend):
         return names
 
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
+        return self._remembered(("manifest", repo, name), lambda: self._fetch_manifest(name, repo))
+
+    def _fetch_manifest(self, name: str, repo: str | None) -> Manifest:
         data = self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}")
         if ids.hexdigest(data) != name:
             raise CorruptionError(f"manifest {name} from the server does not match its name")
@@ -480,12 +592,17 @@ class RemoteStore(Backend):
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         if not ids.is_hex_id(commit_id):  # a full id only, as a local store takes it
             raise RevisionNotFoundError(f"no commit {commit_id!r} in repo {_repo(repo)!r}")
+        return self._remembered(("commit", repo, commit_id), lambda: self._fetch_commit(repo, commit_id))
+
+    def _fetch_commit(self, repo: str, commit_id: str) -> Commit:
         data = self._call("GET", f"/repos/{_repo(repo)}/commits/{commit_id}")
         if ids.hexdigest(data) != commit_id:
             raise CorruptionError(f"commit {commit_id} from the server does not match its id")
         return Commit.decode(data, f"commit {commit_id}")
 
     def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
+        if ids.is_hex_id(rev) and ("commit", repo, rev.lower()) in self._memo:  # a pinned commit seen
+            return rev.lower(), "commit"
         doc = self._json("GET", f"/repos/{_repo(repo)}/resolve/{rev}")
         cid, kind = doc["commit"], doc.get("kind", "branch")
         if not ids.is_hex_id(cid) or (kind == "commit" and not cid.startswith(rev.lower())):

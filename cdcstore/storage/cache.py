@@ -49,6 +49,8 @@ TOUCH_EVERY = 60.0  # seconds between recency updates of one entry
 HOT_SHARE = 0.8  # share of the budget hot (read twice) entries may keep
 PUT_TXN_BYTES = 2 * 1024 * 1024  # bytes a background write holds the write lock for, at most
 PENDING_BYTES = 256 * 1024 * 1024  # background cache writes waiting at most (then readers wait)
+WRITE_AFTER_QUIET = 0.05  # seconds without a fetch in flight before queued cache writes start
+WRITE_ANYWAY_BYTES = PENDING_BYTES // 2  # ... or once this much waits (a read that never pauses)
 TAG_PREFIX = "tag/"  # heads rows of tags (kept without a time limit: tags never move)
 HEAD_TTL = 10.0  # seconds a branch head resolved by one process serves the others
 CACHED = "cache"  # the pseudo pack name of a cached chunk
@@ -99,6 +101,9 @@ class ChunkCache:
         self._writer_pid = None
         self._queue = None
         self._queued: dict[bytes, tuple] = {}  # id -> entry waiting for the background writer
+        self._reads = 0  # fetches in flight in this process (cache writes wait for them)
+        self._last_read = 0.0  # when the last one ended (time.monotonic)
+        self._flushing = 0  # callers of wait(): write now
         with self.conn:
             self.conn.executescript("""
                 CREATE TABLE IF NOT EXISTS chunks (id BLOB PRIMARY KEY, codec INTEGER NOT NULL,
@@ -230,9 +235,37 @@ class ChunkCache:
                 self._queued[e[0]] = e
         self._queue.put((entries, size))
 
+    @contextlib.contextmanager
+    def reading(self):
+        """Mark a fetch in flight: queued cache writes wait until fetches pause for
+        `WRITE_AFTER_QUIET` s (or `WRITE_ANYWAY_BYTES` wait), so that on a small machine
+        sqlite does not compete with the read for the CPU."""
+        with self._idle:
+            self._reads += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._reads -= 1
+                self._last_read = time.monotonic()
+                self._idle.notify_all()
+
+    def _quiet_wait(self) -> None:
+        """Block the writer while reads are busy (see `reading`)."""
+        with self._idle:
+            while not (self._flushing or self._pending >= WRITE_ANYWAY_BYTES):
+                if self._reads:
+                    self._idle.wait(WRITE_AFTER_QUIET)
+                    continue
+                left = self._last_read + WRITE_AFTER_QUIET - time.monotonic()
+                if left <= 0:
+                    return
+                self._idle.wait(left)
+
     def _write_loop(self, q: "queue.SimpleQueue") -> None:
         while True:
             entries, size = q.get()
+            self._quiet_wait()
             try:
                 self.put(entries)
             except sqlite3.Error:
@@ -248,7 +281,12 @@ class ChunkCache:
         """Block until this process's background writes are done."""
         with self._idle:
             if self._writer_pid == os.getpid():
-                self._idle.wait_for(lambda: self._pending == 0, timeout)
+                self._flushing += 1
+                self._idle.notify_all()
+                try:
+                    self._idle.wait_for(lambda: self._pending == 0, timeout)
+                finally:
+                    self._flushing -= 1
 
     def bytes(self) -> int:
         return self.conn.execute("SELECT value FROM meta WHERE key = 'bytes'").fetchone()[0]
@@ -337,7 +375,7 @@ class ChunkCache:
         self.conn.execute("VACUUM")
 
 
-_EMPTY_ANSWER = {"has": dict, "get": dict}  # what a broken cache answers; None otherwise
+_EMPTY_ANSWER = {"has": dict, "get": dict, "reading": contextlib.nullcontext}  # a broken cache's answers; else None
 
 
 def _warn_cache(path: str, err: Exception) -> None:
@@ -434,10 +472,32 @@ class CachedBackend(Backend):
             again = self.inner.locate([e.chunk_id for p, e in missing if p == CACHED], repo)
             missing = [again[e.chunk_id] if p == CACHED else (p, e) for p, e in missing]
         if missing:
-            fetched, stored = self._fetch(missing, repo)
+            with self.cache.reading():
+                fetched, stored = self._fetch(missing, repo)
             out.update(fetched)
             self.cache.put_later(stored)
         return out
+
+    def read_chunks_into(self, items: list[tuple[str, PackEntry]], places: dict, out: memoryview,
+                         repo=None, keep: memoryview | None = None) -> None:
+        """`read_chunks` written into `out` (see `RemoteStore.read_chunks_into`)."""
+        cached = self.cache.get([e.chunk_id for p, e in items if p == CACHED])
+        for cid, raw in cached.items():
+            for dest, lo, hi in places[cid]:
+                out[dest:dest + hi - lo] = raw[lo:hi]
+        missing = [(p, e) for p, e in items if e.chunk_id not in cached]
+        with self._count_lock:
+            self._hits += len(cached)
+            self._misses += len(missing)
+        if any(p == CACHED for p, _ in missing):  # evicted or corrupt since located: locate again
+            again = self.inner.locate([e.chunk_id for p, e in missing if p == CACHED], repo)
+            missing = [again[e.chunk_id] if p == CACHED else (p, e) for p, e in missing]
+        if not missing:
+            return
+        stored: dict[bytes, bytes] = {}
+        with self.cache.reading():
+            self.inner.read_chunks_into(missing, places, out, repo, stored=stored, keep=keep)
+        self.cache.put_later([(e.chunk_id, e.codec, e.raw_len, stored[e.chunk_id]) for _, e in missing])
 
     def _fetch(self, items, repo):
         """Fetch from the inner backend; keep each chunk's stored (compressed) form."""
