@@ -117,9 +117,14 @@ def test_a_fault_at_every_write_of_a_gc(tmp_path):
         cid = s.push([str(data_dir / "keep")], "cdc://ds/").commit
         _files(data_dir / "drop", seed=4)
         s.push([str(data_dir / "drop")], "cdc://ds@exp/")
+        both = _files(data_dir / "both", n=1, size=100_000, seed=5)  # one pack, then half of it dropped
+        _files(data_dir / "both", n=3, size=600_000, seed=6)
+        s.push([str(data_dir / "both")], "cdc://ds@exp2/")
+        cid = s.push([str(data_dir / "both" / "f0.bin")], "cdc://ds/kept/f0.bin").commit
         s.delete_branch("ds", "exp")
+        s.delete_branch("ds", "exp2")
         s.close()
-        return {cid: keep}
+        return {cid: {**keep, "kept/f0.bin": (data_dir / "both" / "f0.bin").read_bytes()}}
 
     root = str(tmp_path / "count")
     LocalStore.init(root)

@@ -173,3 +173,23 @@ def test_delete_repo_then_gc_frees_its_data(store, tmp_path):
         store.ls("cdc://gone/")
     assert store.gc(grace=0)["bytes_freed"] >= 1 << 20
     assert store.cat("cdc://stays/b.bin") == keep and store.check(read_data=True)["problems"] == []
+
+
+def test_sparse_packs_are_repacked(store, tmp_path):
+    """One pack holding a kept file and a dropped one: gc rewrites it with the live chunks only."""
+    keep, drop = os.urandom(300_000), os.urandom(1_500_000)
+    folder = tmp_path / "both"
+    folder.mkdir()
+    (folder / "keep.bin").write_bytes(keep)
+    (folder / "drop.bin").write_bytes(drop)
+    store.push([str(folder)], "cdc://ds@exp/")  # one pack holds both files
+    store.push([str(folder / "keep.bin")], "cdc://ds/keep.bin")  # main keeps only keep.bin (deduped)
+    store.delete_branch("ds", "exp")
+    before = _store_bytes(store.location)
+    dry = store.gc(grace=0, dry_run=True)
+    assert dry["repack_packs"] == 1 and dry["delete_packs"] == 0 and dry["bytes_freed"] >= 1_400_000
+    r = store.gc(grace=0)
+    assert r["deleted"] and _store_bytes(store.location) <= before - 1_400_000
+    assert store.cat("cdc://ds/keep.bin") == keep
+    assert store.check(read_data=True)["problems"] == []
+    assert store.gc(grace=0)["repack_packs"] == 0  # the new pack is all live

@@ -133,6 +133,19 @@ class ChunkIndex:
             conn.execute("BEGIN IMMEDIATE")
             conn.executemany("DELETE FROM chunks WHERE id=? AND pack=?", [(c, pack) for c in chunk_ids])
 
+    def replace_pack(self, old: str, new: str, size: int, entries: list[PackEntry]) -> None:
+        """Move chunks from pack `old` to its repacked copy `new`, in one transaction (a reader
+        finds every chunk in one of the two at any moment)."""
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("DELETE FROM chunks WHERE pack=?", (old,))
+            conn.execute("DELETE FROM packs WHERE name=?", (old,))
+            conn.execute("INSERT OR IGNORE INTO packs (name, size, chunks) VALUES (?, ?, ?)", (new, size, len(entries)))
+            conn.executemany(
+                "INSERT OR REPLACE INTO chunks (id, pack, offset, stored_len, raw_len, codec) VALUES (?, ?, ?, ?, ?, ?)",
+                [(e.chunk_id, new, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries])
+
     def drop_pack(self, pack: str) -> None:
         """Forget a pack and every chunk row in it (gc, before the pack is deleted)."""
         conn = self.conn

@@ -28,10 +28,12 @@ import time
 
 from ..core import ids
 from ..core.errors import CdcError, InvalidAddressError
+from ..core.pack import ENTRY, HEADER, TRAILER, PackWriter, decode_chunk
 from .objects import StorageError
 from .repository import Repository, commit_name, manifest_name, pack_name
 
 DEFAULT_GRACE = 24 * 3600.0  # seconds an object is spared after it was written
+DEFAULT_REPACK_DEAD = 0.5  # a pack more than half dead (by bytes) is rewritten with its live chunks
 GC_STALE = 6 * 3600.0  # a gc marker this old belongs to a gc that was killed: pushes ignore it
 SESSION_STALE = 6 * 3600.0  # a push session this old (and older than the grace window) died
 SESSIONS = "sessions/"
@@ -45,6 +47,7 @@ class GcPlan:
     packs: list[tuple[str, int]]  # (name, size) of packs with no live chunk
     manifests: list[str]
     commits: list[tuple[str, str]]  # (repo, commit id)
+    repack: list[tuple[str, int, list]] = dataclasses.field(default_factory=list)  # (name, size, live entries)
     live_chunks: int = 0
     live_packs: int = 0
     spared_young: int = 0  # unreachable objects inside the grace window
@@ -52,13 +55,19 @@ class GcPlan:
 
     @property
     def bytes_freed(self) -> int:
-        return sum(size for _, size in self.packs)
+        """Pack bytes gone after the run: whole dead packs, and the dead part of repacked ones."""
+        return sum(size for _, size in self.packs) + sum(size - _repacked_size(live) for _, size, live in self.repack)
 
     def to_dict(self) -> dict:
-        return {"delete_packs": len(self.packs), "bytes_freed": self.bytes_freed,
+        return {"delete_packs": len(self.packs), "repack_packs": len(self.repack), "bytes_freed": self.bytes_freed,
                 "delete_manifests": len(self.manifests), "delete_commits": len(self.commits),
                 "live_chunks": self.live_chunks, "live_packs": self.live_packs,
                 "spared_young": self.spared_young, "open_sessions": self.open_sessions}
+
+
+def _repacked_size(live: list) -> int:
+    """Bytes of a pack holding just these chunks (header, records, index, trailer)."""
+    return HEADER.size + sum(e.stored_len for e in live) + ENTRY.size * len(live) + TRAILER.size
 
 
 def mark(repo: Repository) -> tuple[set[tuple[str, str]], set[str], set[bytes]]:
@@ -81,8 +90,10 @@ def mark(repo: Repository) -> tuple[set[tuple[str, str]], set[str], set[bytes]]:
     return commits, manifests, chunks
 
 
-def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = None) -> GcPlan:
-    """What gc would delete now (nothing is changed)."""
+def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = None,
+         repack_dead: float = DEFAULT_REPACK_DEAD) -> GcPlan:
+    """What gc would delete now (nothing is changed). A pack more than `repack_dead` dead (by
+    bytes) is rewritten with only its live chunks."""
     now = time.time() if now is None else now
     repo.recover()  # durable packs a killed push left unindexed are counted as what they are
     live_commits, live_manifests, live_chunks = mark(repo)
@@ -96,18 +107,21 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
         return False
 
     rows = repo.index.rows()
-    live_in: dict[str, int] = {}
-    for cid, (pack, _) in rows.items():
+    live_in: dict[str, list] = {}
+    for cid, (pack, e) in rows.items():
         if cid in live_chunks:
-            live_in[pack] = live_in.get(pack, 0) + 1
-    packs = []
+            live_in.setdefault(pack, []).append(e)
+    packs, repack = [], []
     for info in repo.objects.list("packs/"):
         base = info.name.rsplit("/", 1)[-1]
         if not (base.endswith(".pack") and len(base) == 37):
             continue
         name = base[:-5]
-        if live_in.get(name, 0) == 0 and old(info):
+        live = live_in.get(name, [])
+        if not live and old(info):
             packs.append((name, info.size))
+        elif live and _repacked_size(live) < (1 - repack_dead) * info.size and old(info):
+            repack.append((name, info.size, sorted(live, key=lambda e: e.offset)))
     manifests = [info.name.rsplit("/", 1)[-1] for info in repo.objects.list("manifests/")
                  if info.name.rsplit("/", 1)[-1] not in live_manifests and old(info)]
     commits = []
@@ -116,7 +130,7 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
             cid = info.name.rsplit("/", 1)[-1].removesuffix(".json")
             if (name, cid) not in live_commits and old(info):
                 commits.append((name, cid))
-    return GcPlan(packs, manifests, commits, live_chunks=len(live_chunks), live_packs=len(live_in),
+    return GcPlan(packs, manifests, commits, repack, live_chunks=len(live_chunks), live_packs=len(live_in),
                   spared_young=young)
 
 
@@ -131,7 +145,8 @@ def old_session(info, now: float, grace: float) -> bool:
     return info.mtime is not None and now - info.mtime >= max(grace, SESSION_STALE)
 
 
-def gc(repo: Repository, grace: float = DEFAULT_GRACE, dry_run: bool = False) -> dict:
+def gc(repo: Repository, grace: float = DEFAULT_GRACE, dry_run: bool = False,
+       repack_dead: float = DEFAULT_REPACK_DEAD) -> dict:
     """Mark, plan, and (unless `dry_run`, and while no push is in flight) delete."""
     marker = f"{GC_MARKERS}{int(time.time())}-{secrets.token_hex(6)}"
     if not dry_run:
@@ -140,7 +155,7 @@ def gc(repo: Repository, grace: float = DEFAULT_GRACE, dry_run: bool = False) ->
         # sessions are counted before the mark: a push that ends after this count landed its commit
         # before the mark sees it, and a push that starts after it sees our marker and waits
         pushes = open_sessions(repo, grace)
-        p = plan(repo, grace)
+        p = plan(repo, grace, repack_dead=repack_dead)
         p.open_sessions = pushes
         out = {"dry_run": dry_run, **p.to_dict(), "deleted": False}
         if dry_run or pushes:
@@ -154,7 +169,10 @@ def gc(repo: Repository, grace: float = DEFAULT_GRACE, dry_run: bool = False) ->
 
 
 def execute(repo: Repository, p: GcPlan) -> None:
-    """Delete what the plan names: index rows first, then the objects."""
+    """Delete what the plan names: index rows first, then the objects. Sparse packs are
+    rewritten first: the new pack is durable and indexed before the old one goes."""
+    for name, _, live in p.repack:
+        _repack(repo, name, live)
     for name, _ in p.packs:
         repo.index.drop_pack(name)  # no presence query finds its chunks any more
         repo.objects.delete(pack_name(name))
@@ -164,6 +182,30 @@ def execute(repo: Repository, p: GcPlan) -> None:
         repo.objects.delete(commit_name(r, cid))
         for info in list(repo.objects.list(f"repos/{r}/applied/{cid}")):
             repo.objects.delete(info.name)
+
+
+def _repack(repo: Repository, name: str, live: list) -> None:
+    """Copy a pack's live chunks (verified, stored bytes as they are) into a new pack, make it
+    durable, move the index rows to it in one transaction, then delete the old pack. A crash
+    before the move leaves an unindexed copy (garbage); after it, an old pack with no rows."""
+    tmp = repo.tmp_path()
+    with open(tmp, "wb") as f:
+        w = PackWriter(f)
+        for e in live:
+            stored = repo.read_stored(name, e.offset, e.stored_len)
+            decode_chunk(stored, e.codec, e.raw_len, e.chunk_id)  # never copy a damaged chunk
+            w.add(e.chunk_id, e.codec, stored, e.raw_len)
+        new = w.finish()
+        size = w.size
+        f.flush()
+        entries = list(w.entries)
+    if new == name:  # nothing dead after all: the same bytes
+        os.unlink(tmp)
+        return
+    repo.objects.put_file(pack_name(new), tmp, exist_ok=True)
+    os.unlink(tmp)
+    repo.index.replace_pack(name, new, size, entries)
+    repo.objects.delete(pack_name(name))
 
 
 class PushSession:
