@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--versions", type=int, default=20)
     ap.add_argument("--keep", type=int, default=3)
     ap.add_argument("--work-dir", default="/tmp/cdcbench-gc")
+    ap.add_argument("--repack-dead", type=float, default=0.5, help="gc's threshold (the default: 0.5)")
     a = ap.parse_args()
     shutil.rmtree(a.work_dir, ignore_errors=True)
     data, root = os.path.join(a.work_dir, "data"), os.path.join(a.work_dir, "store")
@@ -79,7 +80,8 @@ def main() -> None:
     history = s.stats()["history_bytes"]
     forgot = s.forget("ds", keep_last=a.keep)
     t0 = time.perf_counter()
-    child = subprocess.run([sys.executable, "-m", "cdcstore", "gc", "--store", root, "--grace", "0", "--json"],
+    child = subprocess.run([sys.executable, "-m", "cdcstore", "gc", "--store", root, "--grace", "0", "--json",
+                            "--repack-dead", str(a.repack_dead)],
                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": common.ROOT}, check=True)
     gc_s = time.perf_counter() - t0
     gc_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024

@@ -26,7 +26,7 @@ from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNot
 from .engine.read import FileReader, LocalSeed
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
-from .storage.maintenance import DEFAULT_GRACE, PushSession, forget, gc
+from .storage.maintenance import DEFAULT_GRACE, DEFAULT_REPACK_DEAD, PushSession, forget, gc
 from .storage.repository import LocalStore, Repository, is_object_url, no_such_path, open_repository
 from .engine.push import Ingest, IngestOptions
 
@@ -521,10 +521,14 @@ class Store:
         """Remove a repo and its history (gc then frees the data only it used)."""
         return self._local("delete-repo").delete_repo(check_name("repo", repo), dry_run=dry_run)
 
-    def gc(self, grace: float = DEFAULT_GRACE, dry_run: bool = False) -> dict:
-        """Delete what no branch or tag reaches and is older than `grace` seconds (see
-        `storage.maintenance`); with `dry_run`, only report the plan."""
-        return gc(self._local("gc"), grace=grace, dry_run=dry_run)
+    def gc(self, grace: float = DEFAULT_GRACE, dry_run: bool = False, repack_dead: float = DEFAULT_REPACK_DEAD) -> dict:
+        """Delete what no branch or tag reaches and is older than `grace` seconds, and rewrite
+        packs more than `repack_dead` dead (see `storage.maintenance`); with `dry_run`, only
+        report the plan."""
+        if not 0 <= repack_dead < 1:
+            raise InvalidAddressError(f"repack_dead is the dead share of a pack that gets it rewritten, "
+                                      f"0 to below 1, not {repack_dead!r}")
+        return gc(self._local("gc"), grace=grace, dry_run=dry_run, repack_dead=repack_dead)
 
     def _ingest(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
                 progress: Callable[[int], None] | None) -> tuple[Ingest, dict[str, FileEntry], dict]:

@@ -516,17 +516,20 @@ def forget(repo, keep_last, keep_within, keep_tags, dry_run, store_path, as_json
 @click.option("--grace", default="1d", show_default=True, metavar="DURATION",
               help="Spare objects younger than this (a push in flight may be about to name them).")
 @click.option("--dry-run", is_flag=True, help="Print the plan; delete nothing.")
+@click.option("--repack-dead", type=float, default=0.5, show_default=True, metavar="SHARE",
+              help="Rewrite a pack when more than this share of it is dead.")
 @json_option
 @handle_errors
-def gc(store_path, grace, dry_run, as_json):
+def gc(store_path, grace, dry_run, repack_dead, as_json):
     """Delete packs, manifests and commits that no branch or tag reaches (mark, plan, execute).
     Nothing is deleted while a push is in flight; runs on a store directory or bucket."""
-    r = _local(store_path, "gc").gc(grace=_duration(grace), dry_run=dry_run)
+    r = _local(store_path, "gc").gc(grace=_duration(grace), dry_run=dry_run, repack_dead=repack_dead)
     if as_json:
         _print_json(r)
         return
     verb = "would free" if dry_run or not r["deleted"] else "freed"
-    click.echo(f"{verb} {_human(r['bytes_freed'])}: {r['delete_packs']} packs, {r['delete_manifests']} manifests, "
+    click.echo(f"{verb} {_human(r['bytes_freed'])}: {r['delete_packs']} packs ({r['repack_packs']} rewritten), "
+               f"{r['delete_manifests']} manifests, "
                f"{r['delete_commits']} commits; kept {r['live_packs']} packs with {r['live_chunks']} live chunks; "
                f"{r['spared_young']} younger objects spared")
     if r["open_sessions"] and not dry_run:

@@ -130,6 +130,9 @@ def test_cli_gc_dry_run_and_bad_grace(store, tmp_path):
     p = subprocess.run([sys.executable, "-m", "cdcstore", "gc", "--store", store.location, "--grace", "soon"],
                        capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 1 and "--grace wants a duration" in p.stderr and len(p.stderr.splitlines()) == 1
+    p = subprocess.run([sys.executable, "-m", "cdcstore", "gc", "--store", store.location, "--repack-dead", "1.5"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 1 and "repack_dead is the dead share" in p.stderr and len(p.stderr.splitlines()) == 1
 
 
 def test_forget_keep_last_then_gc_frees_old_versions(store, tmp_path):
