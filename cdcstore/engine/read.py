@@ -54,6 +54,9 @@ def _new_bytes(n: int) -> tuple[bytes, memoryview]:
     anyone else sees it (what C code does with PyBytes_FromStringAndSize(NULL, n)): a
     result is then written once, not built and copied. The view keeps the bytes alive.
     Elsewhere than CPython: a bytearray (the caller copies it)."""
+    if n < 2:  # CPython shares its empty and one-byte bytes objects: never write into those
+        buf = bytearray(n)
+        return buf, memoryview(buf)
     try:
         import ctypes
         api = ctypes.pythonapi
