@@ -133,18 +133,9 @@ class LocalObjects(ObjectStore):
                 return False
             tmp = self._write_tmp(data)
             try:
-                self._makedirs(os.path.dirname(path))
-                os.link(tmp, path)  # create-only, atomic
-            except FileExistsError:
-                if os.path.isdir(path):
-                    raise
-                if exist_ok:
-                    return False
-                raise AlreadyExists(f"object {name!r} already exists in {self.root}: objects are written once") from None
+                return self._link(tmp, name, path, exist_ok)
             finally:
                 os.unlink(tmp)
-            fsync_dir(os.path.dirname(path))
-            return True
 
     def put_file(self, name: str, path: str, *, exist_ok: bool = False) -> bool:
         """Zero copy: fsync the file and link it to the name (create-only); a file on
@@ -158,21 +149,26 @@ class LocalObjects(ObjectStore):
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            self._makedirs(os.path.dirname(final))
             try:
-                os.link(path, final)
-            except FileExistsError:
-                if os.path.isdir(final):
-                    raise
-                if exist_ok:
-                    return False
-                raise AlreadyExists(f"object {name!r} already exists in {self.root}: objects are written once") from None
+                return self._link(path, name, final, exist_ok)
             except OSError as e:
                 if e.errno != errno.EXDEV:
                     raise
                 return super().put_file(name, path, exist_ok=exist_ok)
-            fsync_dir(os.path.dirname(final))
-            return True
+
+    def _link(self, synced: str, name: str, final: str, exist_ok: bool) -> bool:
+        """Link a synced file to the object's path, create-only, and make the entry durable."""
+        self._makedirs(os.path.dirname(final))
+        try:
+            os.link(synced, final)  # atomic, and fails if the name is taken
+        except FileExistsError:
+            if os.path.isdir(final):
+                raise
+            if exist_ok:
+                return False
+            raise AlreadyExists(f"object {name!r} already exists in {self.root}: objects are written once") from None
+        fsync_dir(os.path.dirname(final))
+        return True
 
     @contextlib.contextmanager
     def _cas_lock(self):

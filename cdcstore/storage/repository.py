@@ -411,7 +411,7 @@ class Repository(Backend):
             check_name("revision", rev)
             branches = self.branches(repo)
             found = resolve_name(repo, rev, branches.get(rev), self.tags(repo).get(rev), branches)
-        if self.objects.exists(forgotten_name(repo, found[0])):
+        if found[1] != "branch" and self.objects.exists(forgotten_name(repo, found[0])):  # heads never are
             raise RevisionNotFoundError(f"commit {found[0]} of repo {repo!r} was forgotten (`cdcstore forget`): "
                                         f"its files are gone; see `cdcstore log {repo}` for what is kept")
         return found
