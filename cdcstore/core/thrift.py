@@ -80,6 +80,8 @@ class Decoder:
             if not size:
                 return {}
             kv = self.byte()
+            if kv >> 4 in (LIST, SET, MAP, STRUCT):  # Parquet has no such keys; Python could not hash them
+                raise ThriftError("map with container keys")
             return {self.value(kv >> 4, depth + 1): self.value(kv & 0x0F, depth + 1) for _ in range(size)}
         if ttype == STRUCT:
             return self.struct(depth + 1)
