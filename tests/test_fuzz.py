@@ -132,3 +132,9 @@ def test_tar_headers(data):
 def test_thrift_map_with_container_keys_is_a_clear_error():
     # field 1 is a map of one entry whose keys are lists (found by the fuzzer: TypeError before)
     bounded(lambda b: Decoder(b).struct(), bytes([0x1B, 0x01, 0x95, 0x10, 0x00]))
+
+
+def test_a_parquet_footer_whose_row_groups_are_not_a_list_is_a_clear_error():
+    data = b"A\x00"  # found by the fuzzer: TypeError before
+    bounded(pages.page_cuts_of, io.BytesIO(b"PAR1" + data + struct.pack("<I", len(data)) + b"PAR1"), len(data) + 12)
+    bounded(pages.column_chunk_ranges, bytes([0x49, 0x00]))  # field 4 (row groups) as a list of booleans
