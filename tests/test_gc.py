@@ -196,3 +196,28 @@ def test_sparse_packs_are_repacked(store, tmp_path):
     assert store.cat("cdc://ds/keep.bin") == keep
     assert store.check(read_data=True)["problems"] == []
     assert store.gc(grace=0)["repack_packs"] == 0  # the new pack is all live
+
+
+def _age(root, seconds):
+    """Make every object of a store directory look `seconds` old (the grace window's clock)."""
+    past = __import__("time").time() - seconds
+    for d, _, fs in os.walk(root):
+        for f in fs:
+            os.utime(os.path.join(d, f), (past, past))
+
+
+def test_an_uploaded_manifest_keeps_old_garbage_it_dedups_against(store, tmp_path):
+    """upload() now, commit_entries() later (the dask writers' path): the upload dedups against an
+    old pack that nothing reaches; a gc in between must keep that pack (young manifests are roots)."""
+    data = os.urandom(3 << 20)
+    src = _file(tmp_path / "d", "x.bin", data)
+    store.push(src, "cdc://ds@exp/x.bin")
+    store.push(_file(tmp_path / "m", "y.bin", b"y"), "cdc://ds/y.bin")
+    store.delete_branch("ds", "exp")
+    _age(store.location, 7200)  # the garbage is two hours old
+    entries = store.upload(src, "cdc://ds/x.bin")
+    r = store.gc(grace=3600)
+    assert r["deleted"]
+    store.commit_entries("cdc://ds", entries)
+    assert store.cat("cdc://ds/x.bin") == data
+    assert store.check(read_data=True)["problems"] == []

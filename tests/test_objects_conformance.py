@@ -528,3 +528,15 @@ def test_list_gives_each_object_its_write_time(objects):
     objects.put("age/a", b"x")
     (info,) = list(objects.list("age/"))
     assert info.mtime is not None and before - 5 <= info.mtime <= time.time() + 5
+
+
+def test_touch_makes_an_object_young_and_keeps_its_bytes(objects):
+    """A content-named object stored again must count as new for gc's grace window."""
+    objects.put("age/t", b"same bytes")
+    (m0,) = [i.mtime for i in objects.list("age/")]
+    time.sleep(1.1)  # S3 keeps write times to the second
+    objects.touch("age/t")
+    (m1,) = [i.mtime for i in objects.list("age/")]
+    assert m1 > m0 and bytes(objects.get("age/t")) == b"same bytes"
+    with pytest.raises(NotFound):
+        objects.touch("age/missing")

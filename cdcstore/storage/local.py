@@ -186,6 +186,10 @@ class LocalObjects(ObjectStore):
             raise Conflict(f"object {name!r} was created by another writer: read it and try again") from None
         return ids.hexdigest(data)
 
+    def touch(self, name: str) -> None:
+        with _os_errors(f"cannot touch object {name!r} in {self.root}"):
+            os.utime(self._path(name))
+
     def put_if_match(self, name: str, data, token: str) -> str:
         path = self._path(name)
         with _os_errors(f"cannot write object {name!r} in {self.root}"), self._cas_lock():

@@ -2,12 +2,15 @@
 
 - mark: every commit that a branch or tag reaches, every manifest those commits name, every
   chunk those manifests name. That is what stays.
-- plan (pure over the listing and the index): packs none of whose chunks are live, manifests and
+- plan (over the listing and the index): packs none of whose chunks are live, manifests and
   commits nothing reaches, rebase records of gone commits. Objects younger than the grace window
-  are never in the plan: a push in flight may be about to name them.
-- execute: index rows first (a chunk that is about to go must stop being found by presence
-  queries), then objects. A crash between any two steps leaves a consistent store: an object whose
-  rows are gone is garbage the next run removes; nothing reachable is ever touched.
+  are never in the plan: a push in flight may be about to name them. A young manifest is a root
+  (its chunks stay): an `upload` committed later, or a push, may name chunks of old garbage; a
+  manifest stored again is made young again (`ObjectStore.touch`).
+- execute: sparse packs rewritten first; then commits, manifests, packs (what points before what
+  it points to; a pack's index rows before its object, so presence queries stop finding its
+  chunks). A crash between any two steps leaves a consistent store: an object whose rows are gone
+  is garbage the next run removes; nothing reachable is ever touched.
 
 Racing pushes: a push writes a session object (`sessions/<id>`) before its first presence query
 and removes it when its commit has landed (or failed). gc writes `gc/<id>` first, then lists
@@ -106,6 +109,15 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
         young += 1
         return False
 
+    manifests = []
+    for info in repo.objects.list("manifests/"):
+        m = info.name.rsplit("/", 1)[-1]
+        if m in live_manifests:
+            continue
+        if old(info):
+            manifests.append(m)
+        else:  # a young manifest is a root: an upload whose commit comes later (or a push in flight)
+            live_chunks.update(repo.get_manifest(m).chunk_ids)
     rows = repo.index.rows()
     live_in: dict[str, list] = {}
     for cid, (pack, e) in rows.items():
@@ -122,8 +134,6 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
             packs.append((name, info.size))
         elif live and _repacked_size(live) < (1 - repack_dead) * info.size and old(info):
             repack.append((name, info.size, sorted(live, key=lambda e: e.offset)))
-    manifests = [info.name.rsplit("/", 1)[-1] for info in repo.objects.list("manifests/")
-                 if info.name.rsplit("/", 1)[-1] not in live_manifests and old(info)]
     commits = []
     for name in repo.objects.folders("repos/"):
         for info in repo.objects.list(f"repos/{name}/commits/"):
@@ -173,15 +183,17 @@ def execute(repo: Repository, p: GcPlan) -> None:
     rewritten first: the new pack is durable and indexed before the old one goes."""
     for name, _, live in p.repack:
         _repack(repo, name, live)
-    for name, _ in p.packs:
-        repo.index.drop_pack(name)  # no presence query finds its chunks any more
-        repo.objects.delete(pack_name(name))
-    for m in p.manifests:
-        repo.objects.delete(manifest_name(m))
+    # what points goes before what it points to: a crash leaves no commit naming a gone manifest
+    # and no manifest naming a gone chunk (an upload committed later finds its manifest or not)
     for r, cid in p.commits:
         repo.objects.delete(commit_name(r, cid))
         for info in list(repo.objects.list(f"repos/{r}/applied/{cid}")):
             repo.objects.delete(info.name)
+    for m in p.manifests:
+        repo.objects.delete(manifest_name(m))
+    for name, _ in p.packs:
+        repo.index.drop_pack(name)  # no presence query finds its chunks any more
+        repo.objects.delete(pack_name(name))
 
 
 def _repack(repo: Repository, name: str, live: list) -> None:

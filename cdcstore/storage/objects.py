@@ -146,6 +146,16 @@ class ObjectStore(abc.ABC):
         with open(path, "rb") as f:
             return self.put(name, f.read(), exist_ok=exist_ok)
 
+    def touch(self, name: str) -> None:
+        """Make an existing object's write time now (gc's grace window counts from it): a
+        content-named object written again is as young as a new one. By default a same-bytes
+        conditional rewrite; a lost race means another writer just rewrote it: young too."""
+        data, token = self.get_with_token(name)
+        try:
+            self.put_if_match(name, data, token)
+        except Conflict:
+            pass
+
     @abc.abstractmethod
     def get(self, name: str):
         """The whole object (bytes-like); NotFound if absent."""

@@ -336,8 +336,9 @@ class Repository(Backend):
         names = [ids.hexdigest(d) for d in encoded]
         todo = dict(zip(names, encoded))
 
-        def put(item):
-            self.objects.put(manifest_name(item[0]), item[1], exist_ok=True)
+        def put(item):  # one stored before is made young again: gc's grace window covers it anew
+            if not self.objects.put(manifest_name(item[0]), item[1], exist_ok=True):
+                self.objects.touch(manifest_name(item[0]))
 
         if len(todo) <= 4:
             for item in todo.items():
