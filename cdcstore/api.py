@@ -26,7 +26,7 @@ from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNot
 from .engine.read import FileReader, LocalSeed
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
-from .storage.maintenance import DEFAULT_GRACE, DEFAULT_REPACK_DEAD, PushSession, forget, gc
+from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD, PushSession, forget, gc
 from .storage.repository import LocalStore, Repository, is_object_url, no_such_path, open_repository
 from .engine.push import Ingest, IngestOptions
 
@@ -281,16 +281,28 @@ class Store:
             LocalStore.init(location)
         return cls(location)
 
-    # -- administration (local store directories; a server runs these on its own store) --------
+    # -- administration: on this machine for a directory or bucket, on a server's side for a URL --
+    def _admin(self, command: str, run_here: Callable[[Repository], object], **options):
+        """Run a maintenance command where the store is: `run_here(repository)` for a directory
+        or a bucket, the server's admin route for a URL (an admin token)."""
+        inner = self.backend.uncached()
+        if isinstance(inner, Repository):
+            return run_here(inner)
+        if inner.capabilities.remote_admin:
+            return inner.admin(command, **options)
+        raise InvalidAddressError(f"{command} works on a store directory, a bucket or a server, not {self.location}")
+
     def _local(self, command: str) -> Repository:
-        if not isinstance(self.backend, Repository):
-            raise InvalidAddressError(f"{command} works on a store directory, not {self.location}: "
+        inner = self.backend.uncached()
+        if not isinstance(inner, Repository):
+            raise InvalidAddressError(f"{command} works on a store directory or a bucket, not {self.location}: "
                                       f"run `cdcstore {command} --store DIR` on the server")
-        return self.backend
+        return inner
 
     def check(self, read_data: bool = False, subset: float | None = None) -> dict:
         """Verify the store (see `cdcstore check`): {"problems": [...], "packs", "chunks", ...}."""
-        return self._local("check").check(read_data=read_data, subset=subset)
+        return self._admin("check", lambda r: r.check(read_data=read_data, subset=subset),
+                           read_data=read_data, subset=subset)
 
     def rebuild_index(self) -> dict:
         """Recreate the chunk index from the packs alone."""
@@ -503,11 +515,13 @@ class Store:
             files_detail=per_file, **self._wire(c0))
 
     def _push_session(self):
-        """The marker of a push in flight on a repository this process writes (local or bucket);
-        a server keeps its own (its pushes are validated there: a manifest naming a chunk that
-        is gone is refused, never stored)."""
-        if isinstance(self.backend, Repository):
-            return PushSession(self.backend)
+        """The marker of a push in flight, where the store is (a directory, a bucket, or a
+        server's side): a gc deletes nothing while it is open."""
+        inner = self.backend.uncached()
+        if isinstance(inner, Repository):
+            return PushSession(inner)
+        if inner.capabilities.remote_admin:
+            return inner.push_session()
         return contextlib.nullcontext()
 
     def forget(self, repo: str, keep_last: int | None = None, keep_within: float | None = None,
@@ -515,20 +529,25 @@ class Store:
         """Retention: forget the commits of `repo` that no rule keeps (the `keep_last` newest of
         each branch, those younger than `keep_within` seconds, tagged ones with `keep_tags`,
         and every branch head). Forgotten commits stay in the log; `gc` frees their files."""
-        return forget(self._local("forget"), check_name("repo", repo), keep_last, keep_within, keep_tags, dry_run)
+        repo = check_name("repo", repo)
+        return self._admin("forget", lambda r: forget(r, repo, keep_last, keep_within, keep_tags, dry_run),
+                           repo=repo, keep_last=keep_last, keep_within=keep_within, keep_tags=keep_tags,
+                           dry_run=dry_run)
 
     def delete_repo(self, repo: str, dry_run: bool = False) -> dict:
         """Remove a repo and its history (gc then frees the data only it used)."""
-        return self._local("delete-repo").delete_repo(check_name("repo", repo), dry_run=dry_run)
+        repo = check_name("repo", repo)
+        return self._admin("delete-repo", lambda r: r.delete_repo(repo, dry_run=dry_run), repo=repo, dry_run=dry_run)
 
-    def gc(self, grace: float = DEFAULT_GRACE, dry_run: bool = False, repack_dead: float = DEFAULT_REPACK_DEAD) -> dict:
+    def gc(self, grace: float = DEFAULT_GRACE, dry_run: bool = False, repack_dead: float = DEFAULT_REPACK_DEAD,
+           max_unused: float | None = DEFAULT_MAX_UNUSED) -> dict:
         """Delete what no branch or tag reaches and is older than `grace` seconds, and rewrite
-        packs more than `repack_dead` dead (see `storage.maintenance`); with `dry_run`, only
-        report the plan."""
-        if not 0 <= repack_dead < 1:
-            raise InvalidAddressError(f"repack_dead is the dead share of a pack that gets it rewritten, "
-                                      f"0 to below 1, not {repack_dead!r}")
-        return gc(self._local("gc"), grace=grace, dry_run=dry_run, repack_dead=repack_dead)
+        packs more than `repack_dead` dead, then the most dead ones until the dead bytes left are
+        at most `max_unused` of the live ones (see `storage.maintenance`); with `dry_run`, only
+        report the plan. On a server, its admin route runs it (an admin token)."""
+        return self._admin("gc", lambda r: gc(r, grace=grace, dry_run=dry_run, repack_dead=repack_dead,
+                                              max_unused=max_unused),
+                           grace=grace, dry_run=dry_run, repack_dead=repack_dead, max_unused=max_unused)
 
     def _ingest(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
                 progress: Callable[[int], None] | None) -> tuple[Ingest, dict[str, FileEntry], dict]:

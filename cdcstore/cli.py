@@ -417,32 +417,33 @@ def stats(addr, store_path, token, as_json):
                    f"{_human(st['pack_bytes'])} (x{st['dedup_ratio']:.2f} against full copies)")
 
 
-def _percent(value: str | None) -> float | None:
+def _percent(value: str | None, option: str = "--read-data-subset", zero: bool = False) -> float | None:
     if value is None:
         return None
     try:
         n = float(value.rstrip("%"))
     except ValueError:
         n = -1.0
-    if not 0 < n <= 100:
-        raise CdcError(f"--read-data-subset wants a percentage between 0% and 100%, not {value!r}")
+    if not (0 <= n if zero else 0 < n) or n > 100:
+        low = "0%" if zero else "above 0%"
+        raise CdcError(f"{option} wants a percentage from {low} to 100%, not {value!r}")
     return n / 100
 
 
 @cli.command()
-@local_store_option
+@store_option
 @click.option("--read-data", is_flag=True, help="Also hash every pack and decode every chunk (reads all data).")
 @click.option("--read-data-subset", metavar="N%", default=None,
               help="Read and decode a deterministic sample of N% of the packs.")
 @json_option
 @handle_errors
-def check(store_path, read_data, read_data_subset, as_json):
+def check(store_path, token, read_data, read_data_subset, as_json):
     """Verify the store's structure: every pack footer, every index row against its
     pack, and every commit and manifest that a branch or tag reaches. Fast: no chunk
     is decoded unless --read-data or --read-data-subset is given. A chunk that fails
     verification is forgotten, so pushing its file again repairs it. Runs on a store
     directory: for a served store, run `cdcstore check --store DIR` on the server."""
-    r = _local(store_path, "check").check(read_data=read_data, subset=_percent(read_data_subset))
+    r = _store(store_path, token).check(read_data=read_data, subset=_percent(read_data_subset))
     if as_json:
         _print_json(r)
     else:
@@ -473,12 +474,12 @@ def _duration(value: str, option: str = "--grace") -> float:
 @cli.command(name="delete-repo")
 @click.argument("repo", metavar="REPO")
 @click.option("--dry-run", is_flag=True, help="Print what would be removed; change nothing.")
-@local_store_option
+@store_option
 @json_option
 @handle_errors
-def delete_repo(repo, dry_run, store_path, as_json):
+def delete_repo(repo, dry_run, store_path, token, as_json):
     """Remove a repo: its branches, tags and history. `gc` then frees the data only it used."""
-    r = _local(store_path, "delete-repo").delete_repo(repo, dry_run=dry_run)
+    r = _store(store_path, token).delete_repo(repo, dry_run=dry_run)
     if as_json:
         _print_json(r)
         return
@@ -493,14 +494,14 @@ def delete_repo(repo, dry_run, store_path, as_json):
 @click.option("--keep-within", default=None, metavar="DURATION", help="Keep commits younger than this (30d, 12h).")
 @click.option("--keep-tags", is_flag=True, help="Keep every tagged commit.")
 @click.option("--dry-run", is_flag=True, help="Print what would be forgotten; change nothing.")
-@local_store_option
+@store_option
 @json_option
 @handle_errors
-def forget(repo, keep_last, keep_within, keep_tags, dry_run, store_path, as_json):
+def forget(repo, keep_last, keep_within, keep_tags, dry_run, store_path, token, as_json):
     """Retention: forget old commits of REPO (branch heads are always kept); `gc` then frees
     the data only they used. Forgotten commits stay in the log; reading one is an error."""
     within = _duration(keep_within, "--keep-within") if keep_within is not None else None
-    r = _local(store_path, "forget").forget(repo, keep_last, within, keep_tags, dry_run)
+    r = _store(store_path, token).forget(repo, keep_last, within, keep_tags, dry_run)
     if as_json:
         _print_json(r)
         return
@@ -512,18 +513,24 @@ def forget(repo, keep_last, keep_within, keep_tags, dry_run, store_path, as_json
 
 
 @cli.command()
-@local_store_option
+@store_option
 @click.option("--grace", default="1d", show_default=True, metavar="DURATION",
               help="Spare objects younger than this (a push in flight may be about to name them).")
 @click.option("--dry-run", is_flag=True, help="Print the plan; delete nothing.")
 @click.option("--repack-dead", type=float, default=0.5, show_default=True, metavar="SHARE",
               help="Rewrite a pack when more than this share of it is dead.")
+@click.option("--max-unused", default="10%", show_default=True, metavar="PERCENT|none",
+              help="Then rewrite the most dead packs until the dead bytes left are at most this share "
+                   "of the live ones ('none': never).")
 @json_option
 @handle_errors
-def gc(store_path, grace, dry_run, repack_dead, as_json):
+def gc(store_path, token, grace, dry_run, repack_dead, max_unused, as_json):
     """Delete packs, manifests and commits that no branch or tag reaches (mark, plan, execute).
-    Nothing is deleted while a push is in flight; runs on a store directory or bucket."""
-    r = _local(store_path, "gc").gc(grace=_duration(grace), dry_run=dry_run, repack_dead=repack_dead)
+    Nothing is deleted while a push is in flight. Runs on a store directory or bucket, or on a
+    server's side (a token with admin scope)."""
+    unused = None if max_unused.strip().lower() == "none" else _percent(max_unused, "--max-unused", zero=True)
+    r = _store(store_path, token).gc(grace=_duration(grace), dry_run=dry_run, repack_dead=repack_dead,
+                                     max_unused=unused)
     if as_json:
         _print_json(r)
         return
@@ -600,7 +607,8 @@ def cache_clear(cache_path):
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", default=8470, show_default=True, type=int, help="Port to bind (0: any free port).")
 @click.option("--tokens", "tokens_file", default=None, metavar="FILE",
-              help='JSON file: {"TOKEN": {"scope": "read"|"write", "repos": ["*"] or [names]}}.')
+              help='JSON file: {"TOKEN": {"scope": "read"|"write"|"admin", "repos": ["*"] or [names]}} '
+                   '(admin: gc, check, forget, delete-repo; repos ["*"]).')
 @click.option("--allow-no-auth", is_flag=True, help="Serve a non-loopback address without --tokens.")
 @click.option("--max-heavy", default=8, show_default=True,
               help="Concurrent uploads before the server answers 429 with Retry-After.")
@@ -610,15 +618,19 @@ def cache_clear(cache_path):
               help="Bytes/s a request body must average once past --body-timeout (else 408).")
 @click.option("--maintenance-interval", default=600.0, show_default=True, type=float,
               help="Seconds between removing dead temp files and indexing unindexed packs.")
+@click.option("--min-gc-grace", default="1h", show_default=True, metavar="DURATION",
+              help="The shortest --grace an admin's remote gc may ask for (uploads of other clients may be "
+                   "in flight).")
 @handle_errors
 def serve(store_path, host, port, tokens_file, allow_no_auth, max_heavy, body_timeout, min_body_rate,
-          maintenance_interval):
+          maintenance_interval, min_gc_grace):
     """Serve a store over HTTP (protocol v1, docs/protocol.md)."""
     from .remote.server import serve as run_server
 
     run_server(_local(store_path, "serve").location, host, port, tokens_file, allow_no_auth, max_heavy,
                body_idle_timeout=body_timeout, min_body_rate=min_body_rate,
-               maintenance_interval=maintenance_interval)
+               maintenance_interval=maintenance_interval,
+               min_gc_grace=_duration(min_gc_grace, "--min-gc-grace"))
 
 
 @cli.command()

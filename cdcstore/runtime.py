@@ -80,6 +80,23 @@ def per_process(key: object, make: Callable[[], T]) -> T:
         return _values[key]  # type: ignore[return-value]
 
 
+def every(seconds: float, fn: Callable[[], object], name: str = "heartbeat") -> Callable[[], None]:
+    """Call `fn` every `seconds` in a daemon thread until the returned `stop()` is called (a
+    heartbeat: a long push keeps its session marker fresh). An exception in `fn` is kept out of
+    the caller's way; the next beat tries again."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(seconds):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a missed beat is retried; the marker ages meanwhile
+                pass
+
+    threading.Thread(target=beat, name=f"cdcstore-{name}", daemon=True).start()
+    return stop.set
+
+
 def wait(futures) -> None:
     """Wait until these futures are done (cancelled ones that had started finish first)."""
     concurrent.futures.wait(list(futures))

@@ -83,6 +83,12 @@ class RefExistsError(CdcError, FileExistsError):
     code = "ref_exists"
 
 
+class BusyError(CdcError, TimeoutError):
+    """The store is busy with something that excludes this request (a running gc); try later."""
+
+    code = "busy"
+
+
 def damaged_message(err: Exception) -> str:
     """The one line for a chunk index sqlite reports as damaged."""
     return f"the chunk index is damaged ({err}): run `cdcstore rebuild-index`"

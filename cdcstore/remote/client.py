@@ -28,7 +28,7 @@ from ..core import ids
 from ..core.address import check_name
 from . import wire
 from ..core.commit import Commit, changes
-from ..core.errors import (AccessDeniedError, ConflictError, CorruptionError, InvalidAddressError, NotFoundError,
+from ..core.errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError, NotFoundError,
                           RefExistsError, RemoteError, RepoNotFoundError, RevisionNotFoundError, error_class)
 from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
@@ -39,6 +39,7 @@ from ..storage.local import pid_alive
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
 RANGE_BYTES = 8 * 1024 * 1024  # a read's ranges: large, yet many at once over the 8 connections
+ADMIN_TIMEOUT = 24 * 3600.0  # seconds an admin command may run before the client gives up
 MEMO_OBJECTS = 256  # commits and manifests a RemoteStore keeps in memory
 NOTE_AFTER = 1.0  # seconds: a retry waiting this long is logged (the CLI prints it unless -q)
 log = logging.getLogger("cdcstore.client")
@@ -211,7 +212,7 @@ class Transport:
 
     async def request(self, method: str, path: str, *, body: bytes | None = None, body_path: str | None = None,
                       headers: dict | None = None, ok=(200, 201, 206), landed=None,
-                      into: memoryview | None = None) -> tuple[int, bytes]:
+                      into: memoryview | None = None, timeout: float | None = None) -> tuple[int, bytes]:
         """One request with retries; returns (status, body) or raises a mapped error.
 
         `landed`, for uploads: a coroutine asked before each retry whether the
@@ -224,7 +225,7 @@ class Transport:
         if self.token:
             h["Authorization"] = f"Bearer {self.token}"
         size = len(body) if body is not None else (os.path.getsize(body_path) if body_path else 0)
-        deadline = self.timeout + size / self.min_rate
+        deadline = (self.timeout if timeout is None else timeout) + size / self.min_rate
         what = f"{method} {path}"
         refused = 0
         retries += len(self.bases) - 1  # one more try per extra replica
@@ -343,7 +344,7 @@ def _place_range(r: ByteRange, data, places: dict, out: memoryview, stored: dict
 class RemoteStore(Backend):
     """A store behind `cdcstore serve`, used exactly like a local one."""
 
-    capabilities = BackendCapabilities(counts_requests=True, proves_possession=True)
+    capabilities = BackendCapabilities(counts_requests=True, proves_possession=True, remote_admin=True)
 
     def __init__(self, url: str, token: str | None = None, *, upload_concurrency: int = 4,
                  range_bytes: int = RANGE_BYTES, **transport):
@@ -422,6 +423,18 @@ class RemoteStore(Backend):
 
     def begin_push(self) -> None:
         self.health()
+
+    # -- lifecycle: push sessions and administration (remote/admin.py) ----------------------
+    def push_session(self) -> "RemoteSession":
+        """The server-side marker of this push: a gc on the server deletes nothing while it is open."""
+        return RemoteSession(self)
+
+    def admin(self, command: str, **options) -> dict:
+        """Run gc, check, forget or delete-repo on the server's store (an admin token). A gc
+        over a large store takes long: the answer may come hours later."""
+        body = json.dumps({k: v for k, v in options.items() if v is not None}).encode()
+        return self._json("POST", f"/admin/{command}", body=body, timeout=ADMIN_TIMEOUT,
+                          headers={"Content-Type": "application/json"})
 
     def tmp_path(self) -> str:
         fd, path = tempfile.mkstemp(prefix=f"{UPLOAD_PREFIX}{os.getpid()}-", suffix=".pack")
@@ -649,3 +662,33 @@ class RemoteStore(Backend):
             self.flush()
         finally:
             self.t.close()
+
+
+class RemoteSession:
+    """A push session on a server (a context manager): opened before the push's first presence
+    query, refreshed while it runs, closed after its commit. A server without sessions (before
+    protocol 1.3) protects pushes by its grace window alone: then this does nothing."""
+
+    def __init__(self, store: RemoteStore):
+        self.store, self.sid, self._stop = store, None, None
+
+    def __enter__(self) -> "RemoteSession":
+        try:
+            doc = self.store._json("POST", "/sessions", body=b"{}", headers={"Content-Type": "application/json"})
+        except NotFoundError:
+            return self
+        self.sid = doc["session"]
+        self._stop = runtime.every(float(doc.get("refresh", 3600)), self._refresh, "session")
+        return self
+
+    def _refresh(self) -> None:
+        self.store._call("PUT", f"/sessions/{self.sid}")
+
+    def __exit__(self, *exc) -> None:
+        if self.sid is None:
+            return
+        self._stop()
+        try:
+            self.store._call("DELETE", f"/sessions/{self.sid}")
+        except CdcError:  # the push is done either way; a stale session expires on the server
+            pass

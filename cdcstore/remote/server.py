@@ -28,9 +28,10 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from ..core import ids
 from . import wire
+from .admin import Lifecycle
 from ..core.address import check_name, check_ref_name, check_write_target
 from ..core.commit import Commit
-from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, RefExistsError,
+from ..core.errors import (BusyError, CdcError, ConflictError, CorruptionError, InvalidAddressError, RefExistsError,
                      RepoNotFoundError, RevisionNotFoundError)
 from ..core.manifest import Manifest
 from ..core.pack import read_verified
@@ -60,6 +61,7 @@ class ServerConfig:
     min_body_rate: float = 16 * 1024  # bytes/s a body must average once past the idle timeout
     maintenance_interval: float = 600.0  # seconds between temp cleanups and recoveries
     presence_refresh: float = 2.0  # seconds between bucket listings that a chunks/query miss may start
+    min_gc_grace: float = 3600.0  # the shortest grace window an admin's gc may ask for (remote/admin.py)
 
 
 class ClientGone(Exception):
@@ -76,7 +78,8 @@ def _disk_full(e: BaseException) -> bool:
 
 
 def load_tokens(path: str) -> dict:
-    """Read and check a tokens file: {"TOKEN": {"scope": "read"|"write", "repos": ["*"] | [names]}}."""
+    """Read and check a tokens file: {"TOKEN": {"scope": "read"|"write"|"admin", "repos": ["*"] | [names]}}
+    (admin: write, plus gc, check, forget and delete-repo on the server's store; repos ["*"])."""
     with open(path) as f:
         try:
             doc = json.load(f)
@@ -85,11 +88,14 @@ def load_tokens(path: str) -> dict:
     if not isinstance(doc, dict):
         raise InvalidAddressError(f"tokens file {path} must hold a JSON object of token -> grant")
     for grant in doc.values():
-        if (not isinstance(grant, dict) or grant.get("scope") not in ("read", "write")
+        if (not isinstance(grant, dict) or grant.get("scope") not in ("read", "write", "admin")
                 or not isinstance(grant.get("repos"), list)):
             raise InvalidAddressError(
                 f"tokens file {path}: the grant of a token must look like "
-                f'{{"scope": "read" or "write", "repos": ["*"] or a list of repo names}}')
+                f'{{"scope": "read", "write" or "admin", "repos": ["*"] or a list of repo names}}')
+        if grant["scope"] == "admin" and grant["repos"] != ["*"]:
+            raise InvalidAddressError(f'tokens file {path}: an admin token runs gc over the whole store: '
+                                      f'its repos must be ["*"]')
     return doc
 
 
@@ -140,6 +146,8 @@ async def _handle_errors(request: web.Request, handler):
         raise
     except (RepoNotFoundError, RevisionNotFoundError, FileNotFoundError) as e:
         return _error(404, str(e), code=getattr(e, "code", None))
+    except BusyError as e:  # e.g. a gc runs: retried by clients after Retry-After
+        return _error(503, str(e), {"Retry-After": "5"}, code=e.code)
     except (ConflictError, RefExistsError) as e:
         return _error(409, str(e), code=e.code)
     except CorruptionError as e:
@@ -188,9 +196,14 @@ class Auth:
                             {"WWW-Authenticate": "Bearer"})
         return grant
 
+    def check_admin(self, request: web.Request) -> None:
+        """An admin token (an open loopback server trusts every client with everything)."""
+        if self.grant(request)["scope"] != "admin" and self.tokens is not None:
+            raise HTTPError(403, "this command needs a token with admin scope (gc, check, forget, delete-repo)")
+
     def check(self, request: web.Request, repo: str | None, write: bool) -> None:
         g = self.grant(request)
-        if write and g["scope"] != "write":
+        if write and g["scope"] not in ("write", "admin"):
             raise HTTPError(403, "this token may only read: use a token with write scope")
         if repo is not None and "*" not in g["repos"] and repo not in g["repos"]:
             raise HTTPError(403, f"this token has no access to repo {repo!r}")
@@ -759,6 +772,7 @@ def make_app(store: Repository, config: ServerConfig | None = None) -> web.Appli
         web.get(f"{api}/repos/{{repo}}/manifests/{{name}}", s.get_manifest),
         web.post(f"{api}/repos/{{repo}}/locate", s.locate),
         web.get(f"{api}/repos/{{repo}}/packs/{{name}}", s.get_pack),
+        *Lifecycle(s).routes(api),
     ])
     return app
 

@@ -28,11 +28,14 @@ class BackendCapabilities:
       False for a server, where locate is a request and goes by blocks.
     counts_requests: `counters()` reports the requests and bytes this client sent.
     proves_possession: `present_or_prove` may prove held bytes instead of sending them.
+    remote_admin: the store's side runs gc, check, forget and delete-repo (`admin`) and
+      keeps push sessions (`push_session`): a server.
     """
 
     local_reads: bool = False
     counts_requests: bool = False
     proves_possession: bool = False
+    remote_admin: bool = False
 
 
 class Backend(abc.ABC):

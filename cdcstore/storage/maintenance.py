@@ -29,14 +29,16 @@ import os
 import secrets
 import time
 
+from .. import runtime
 from ..core import ids
-from ..core.errors import CdcError, InvalidAddressError
+from ..core.errors import BusyError, CdcError, InvalidAddressError
 from ..core.pack import ENTRY, HEADER, TRAILER, PackWriter, decode_chunk
 from .objects import StorageError
 from .repository import Repository, commit_name, manifest_name, pack_name
 
 DEFAULT_GRACE = 24 * 3600.0  # seconds an object is spared after it was written
 DEFAULT_REPACK_DEAD = 0.5  # a pack more than half dead (by bytes) is rewritten with its live chunks
+DEFAULT_MAX_UNUSED = 0.1  # then packs are rewritten, most dead first, until dead bytes are <= 10% of live
 GC_STALE = 6 * 3600.0  # a gc marker this old belongs to a gc that was killed: pushes ignore it
 SESSION_STALE = 6 * 3600.0  # a push session this old (and older than the grace window) died
 SESSIONS = "sessions/"
@@ -94,9 +96,10 @@ def mark(repo: Repository) -> tuple[set[tuple[str, str]], set[str], set[bytes]]:
 
 
 def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = None,
-         repack_dead: float = DEFAULT_REPACK_DEAD) -> GcPlan:
+         repack_dead: float = DEFAULT_REPACK_DEAD, max_unused: float | None = DEFAULT_MAX_UNUSED) -> GcPlan:
     """What gc would delete now (nothing is changed). A pack more than `repack_dead` dead (by
-    bytes) is rewritten with only its live chunks."""
+    bytes) is rewritten with only its live chunks; then, while the dead bytes left in packs are
+    over `max_unused` of the live ones, the most dead packs are rewritten too (None: never)."""
     now = time.time() if now is None else now
     repo.recover()  # durable packs a killed push left unindexed are counted as what they are
     live_commits, live_manifests, live_chunks = mark(repo)
@@ -123,17 +126,22 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
     for cid, (pack, e) in rows.items():
         if cid in live_chunks:
             live_in.setdefault(pack, []).append(e)
-    packs, repack = [], []
+    packs, repack, kept = [], [], []
     for info in repo.objects.list("packs/"):
         base = info.name.rsplit("/", 1)[-1]
         if not (base.endswith(".pack") and len(base) == 37):
             continue
         name = base[:-5]
-        live = live_in.get(name, [])
-        if not live and old(info):
-            packs.append((name, info.size))
-        elif live and _repacked_size(live) < (1 - repack_dead) * info.size and old(info):
-            repack.append((name, info.size, sorted(live, key=lambda e: e.offset)))
+        live = sorted(live_in.get(name, []), key=lambda e: e.offset)
+        if not live:
+            if old(info):
+                packs.append((name, info.size))
+        elif _repacked_size(live) < (1 - repack_dead) * info.size and old(info):
+            repack.append((name, info.size, live))
+        else:
+            kept.append((name, info.size, live, info))
+    if max_unused is not None:
+        repack += _repack_until(kept, max_unused, old)
     commits = []
     for name in repo.objects.folders("repos/"):
         for info in repo.objects.list(f"repos/{name}/commits/"):
@@ -142,6 +150,23 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
                 commits.append((name, cid))
     return GcPlan(packs, manifests, commits, repack, live_chunks=len(live_chunks), live_packs=len(live_in),
                   spared_young=young)
+
+
+def _repack_until(kept: list, max_unused: float, old) -> list:
+    """More packs to rewrite, most dead first, until the dead bytes left in kept packs are at
+    most `max_unused` of their live bytes (thin garbage spread over many packs adds up; each
+    byte rewritten buys the most space this way). Young packs are never taken."""
+    dead = {name: size - _repacked_size(live) for name, size, live, _ in kept}
+    unused = sum(dead.values())
+    budget = max_unused * sum(_repacked_size(live) for _, _, live, _ in kept)
+    more = []
+    for name, size, live, info in sorted(kept, key=lambda k: dead[k[0]] / k[1], reverse=True):
+        if unused <= budget or dead[name] <= 0:
+            break
+        if old(info):
+            more.append((name, size, live))
+            unused -= dead[name]
+    return more
 
 
 def open_sessions(repo: Repository, grace: float, now: float | None = None) -> int:
@@ -156,8 +181,16 @@ def old_session(info, now: float, grace: float) -> bool:
 
 
 def gc(repo: Repository, grace: float = DEFAULT_GRACE, dry_run: bool = False,
-       repack_dead: float = DEFAULT_REPACK_DEAD) -> dict:
+       repack_dead: float = DEFAULT_REPACK_DEAD, max_unused: float | None = DEFAULT_MAX_UNUSED) -> dict:
     """Mark, plan, and (unless `dry_run`, and while no push is in flight) delete."""
+    if not (isinstance(grace, (int, float)) and grace >= 0):
+        raise InvalidAddressError(f"the grace window is seconds, 0 or more, not {grace!r}")
+    if not (isinstance(repack_dead, (int, float)) and 0 <= repack_dead < 1):
+        raise InvalidAddressError(f"repack_dead is the dead share of a pack that gets it rewritten, "
+                                  f"0 to below 1, not {repack_dead!r}")
+    if max_unused is not None and not (isinstance(max_unused, (int, float)) and max_unused >= 0):
+        raise InvalidAddressError(f"max_unused is the dead bytes left in packs as a share of the live ones, "
+                                  f"0 or more (0.1 = 10%), or None to never repack for it; not {max_unused!r}")
     marker = f"{GC_MARKERS}{int(time.time())}-{secrets.token_hex(6)}"
     if not dry_run:
         repo.objects.put(marker, b"", exist_ok=True)
@@ -165,7 +198,7 @@ def gc(repo: Repository, grace: float = DEFAULT_GRACE, dry_run: bool = False,
         # sessions are counted before the mark: a push that ends after this count landed its commit
         # before the mark sees it, and a push that starts after it sees our marker and waits
         pushes = open_sessions(repo, grace)
-        p = plan(repo, grace, repack_dead=repack_dead)
+        p = plan(repo, grace, repack_dead=repack_dead, max_unused=max_unused)
         p.open_sessions = pushes
         out = {"dry_run": dry_run, **p.to_dict(), "deleted": False}
         if dry_run or pushes:
@@ -221,13 +254,18 @@ def _repack(repo: Repository, name: str, live: list) -> None:
 
 
 class PushSession:
-    """The marker of a push in flight (see the module docstring); a context manager."""
+    """The marker of a push in flight (see the module docstring); a context manager. While it is
+    open a heartbeat touches it every `REFRESH` seconds, so a push longer than SESSION_STALE is
+    never taken for a dead one. A server opens, refreshes and closes one by name for each of its
+    clients' pushes (`remote.admin`), so any replica can refresh or close it."""
 
     WAIT = 0.1  # seconds between looks at a running gc
+    REFRESH = 3600.0  # seconds between heartbeats (well under SESSION_STALE)
 
-    def __init__(self, repo: Repository, timeout: float = 600.0):
-        self.repo, self.timeout = repo, timeout
-        self.name = f"{SESSIONS}{os.getpid()}-{secrets.token_hex(8)}"
+    def __init__(self, repo: Repository, timeout: float = 600.0, name: str | None = None, heartbeat: bool = True):
+        self.repo, self.timeout, self.heartbeat = repo, timeout, heartbeat
+        self.name = f"{SESSIONS}{name or f'{os.getpid()}-{secrets.token_hex(8)}'}"
+        self._stop = None
 
     def __enter__(self) -> "PushSession":
         self.repo.objects.put(self.name, ids.hexdigest(self.name.encode()).encode(), exist_ok=True)
@@ -235,16 +273,24 @@ class PushSession:
         while self._gc_running():
             if time.monotonic() > deadline:
                 self.__exit__(None, None, None)
-                raise CdcError(f"a gc has been running on {self.repo.location} for over {self.timeout:.0f} s: "
-                               f"try the push again later (or remove a stale gc/ marker of a killed gc)")
+                raise BusyError(f"a gc has been running on {self.repo.location} for over {self.timeout:.0f} s: "
+                                f"try the push again later (or remove a stale gc/ marker of a killed gc)")
             time.sleep(self.WAIT)
+        if self.heartbeat:
+            self._stop = runtime.every(self.REFRESH, self.refresh, "session")
         return self
+
+    def refresh(self) -> None:
+        """Make the marker young again (a push still running)."""
+        self.repo.objects.touch(self.name)
 
     def _gc_running(self) -> bool:
         now = time.time()
         return any(i.mtime is None or now - i.mtime < GC_STALE for i in self.repo.objects.list(GC_MARKERS))
 
     def __exit__(self, *exc) -> None:
+        if self._stop is not None:
+            self._stop()
         try:
             self.repo.objects.delete(self.name)
         except (StorageError, OSError):  # the push itself is done; a stale marker expires (SESSION_STALE)

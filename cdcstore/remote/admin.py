@@ -1,0 +1,111 @@
+"""The server's lifecycle routes: push sessions (any write token) and administration (an admin
+token): gc, check, forget, delete-repo run on the server's own store.
+
+- `POST /sessions` opens a push session (the marker gc counts before it marks; it waits a moment
+  while a gc runs, then answers 503 busy); `PUT /sessions/{id}` refreshes it, `DELETE` closes it.
+  A session is an object of the store, named by its id, so any replica refreshes or closes it.
+- `POST /admin/{command}` with a JSON object of the command's options. gc's grace window has a
+  floor (`ServerConfig.min_gc_grace`): a client cannot know of other clients' uploads in flight
+  the way a local gc knows of its own machine's. One gc at a time per server process.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+
+from aiohttp import web
+
+from ..core.address import check_name
+from ..core.errors import BusyError, InvalidAddressError
+from ..storage import maintenance
+
+SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
+SESSION_WAIT = 20.0  # seconds a session request waits for a running gc before 503
+_OPTIONS = {  # command -> option -> accepted types
+    "gc": {"grace": (int, float), "dry_run": (bool,), "repack_dead": (int, float), "max_unused": (int, float)},
+    "check": {"read_data": (bool,), "subset": (int, float)},
+    "forget": {"repo": (str,), "keep_last": (int,), "keep_within": (int, float), "keep_tags": (bool,),
+               "dry_run": (bool,)},
+    "delete-repo": {"repo": (str,), "dry_run": (bool,)},
+}
+
+
+def options(command: str, doc: dict) -> dict:
+    """The options of an admin request, checked (unknown names and wrong types are a 400)."""
+    allowed = _OPTIONS.get(command)
+    if allowed is None:
+        raise InvalidAddressError(f"no admin command {command!r}: one of {', '.join(sorted(_OPTIONS))}")
+    out = {}
+    for k, v in doc.items():
+        if k not in allowed:
+            raise InvalidAddressError(f"{command} has no option {k!r}: it takes {', '.join(sorted(allowed))}")
+        if v is None:
+            continue
+        if not isinstance(v, allowed[k]) or (isinstance(v, bool) and bool not in allowed[k]):
+            raise InvalidAddressError(f"{command} option {k!r} must be {' or '.join(t.__name__ for t in allowed[k])}")
+        out[k.replace("-", "_")] = v
+    return out
+
+
+class Lifecycle:
+    """Handlers of the session and admin routes of one Server."""
+
+    def __init__(self, server):
+        self.server = server
+        self._gc = asyncio.Lock()
+
+    # -- push sessions (write scope) ---------------------------------------------------------
+    def _session(self, request: web.Request, sid: str | None = None) -> maintenance.PushSession:
+        self.server.auth.check(request, None, write=True)
+        sid = sid or request.match_info["id"]
+        if not SESSION_ID.match(sid):
+            raise InvalidAddressError("a session id is 32 hex digits, as `POST /sessions` returned it")
+        return maintenance.PushSession(self.server.store, timeout=SESSION_WAIT, name=f"srv-{sid}", heartbeat=False)
+
+    async def open_session(self, request):
+        sid = secrets.token_hex(16)
+        await self.server._io(self._session(request, sid).__enter__)  # BusyError: 503, Retry-After
+        return web.json_response({"session": sid, "refresh": maintenance.PushSession.REFRESH})
+
+    async def refresh_session(self, request):
+        s = self._session(request)
+        await self.server._io(s.refresh)
+        return web.json_response({"ok": True})
+
+    async def close_session(self, request):
+        s = self._session(request)
+        await self.server._io(s.__exit__, None, None, None)
+        return web.json_response({"ok": True})
+
+    # -- administration (admin scope) --------------------------------------------------------
+    async def run(self, request):
+        self.server.auth.check_admin(request)
+        command = request.match_info["command"]
+        opts = options(command, await self.server._json(request))
+        store = self.server.store
+        if command == "gc":
+            floor = self.server.config.min_gc_grace
+            grace = opts.setdefault("grace", max(floor, maintenance.DEFAULT_GRACE))
+            if grace < floor:
+                raise InvalidAddressError(f"a grace of {grace:g} s is under this server's minimum of {floor:g} s "
+                                          f"(uploads of other clients may be in flight): pass a longer --grace, "
+                                          f"or serve with a lower --min-gc-grace")
+            if self._gc.locked():
+                raise BusyError("a gc is already running on this server: wait for it to finish")
+            async with self._gc:
+                return web.json_response(await self.server._io(lambda: maintenance.gc(store, **opts)))
+        if command == "check":
+            return web.json_response(await self.server._io(lambda: store.check(**opts)))
+        repo = check_name("repo", opts.pop("repo", ""))
+        if command == "forget":
+            return web.json_response(await self.server._io(lambda: maintenance.forget(store, repo, **opts)))
+        return web.json_response(await self.server._io(lambda: store.delete_repo(repo, **opts)))
+
+    def routes(self, api: str) -> list:
+        return [
+            web.post(f"{api}/sessions", self.open_session),
+            web.put(f"{api}/sessions/{{id}}", self.refresh_session),
+            web.delete(f"{api}/sessions/{{id}}", self.close_session),
+            web.post(f"{api}/admin/{{command}}", self.run),
+        ]
