@@ -425,8 +425,7 @@ def _percent(value: str | None, option: str = "--read-data-subset", zero: bool =
     except ValueError:
         n = -1.0
     if not (0 <= n if zero else 0 < n) or n > 100:
-        low = "0%" if zero else "above 0%"
-        raise CdcError(f"{option} wants a percentage from {low} to 100%, not {value!r}")
+        raise CdcError(f"{option} wants a percentage between 0% and 100%{'' if zero else ' (above 0%)'}, not {value!r}")
     return n / 100
 
 

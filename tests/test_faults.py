@@ -13,7 +13,7 @@ from cdcstore.storage.maintenance import gc
 from cdcstore.storage.objects import StorageError
 from cdcstore.storage.repository import LocalStore, Repository
 
-MUTATIONS = ("put", "put_file", "put_if_absent", "put_if_match", "delete")
+MUTATIONS = ("put", "put_file", "put_if_absent", "put_if_match", "delete", "touch")
 
 
 class Injected(StorageError):
@@ -186,21 +186,21 @@ rng = random.Random(seed)
 s = Store(root)
 for i in range(1000):
     d = os.path.join(root + "-data", f"{seed}-{i}")
-    os.makedirs(d, exist_ok=True)
-    data = rng.randbytes(rng.randint(50_000, 400_000))
-    with open(os.path.join(d, "f.bin"), "wb") as f:
-        f.write(data)
-    branch = "main" if i % 3 else f"tmp{seed}-{i}"
-    r = s.push([d], f"cdc://ds@{branch}/{seed}/{i}/")
-    if branch == "main":  # acknowledged and reachable (a deleted branch's commits are garbage)
-        print(r.commit, f"{seed}/{i}/f.bin", data.hex()[:16], flush=True)
-    else:
-        s.delete_branch("ds", branch)
-    gc(LocalStore(root), grace=0)
+    os.makedirs(os.path.join(d, "both"), exist_ok=True)
+    keep, drop = rng.randbytes(rng.randint(50_000, 300_000)), rng.randbytes(rng.randint(50_000, 300_000))
+    for name, data in (("keep.bin", keep), ("drop.bin", drop)):
+        with open(os.path.join(d, "both", name), "wb") as f:
+            f.write(data)
+    tmp = f"tmp{seed}-{i}"
+    s.push([os.path.join(d, "both")], f"cdc://ds@{tmp}/{seed}/{i}/")  # one pack: keep + drop
+    r = s.push([os.path.join(d, "both", "keep.bin")], f"cdc://ds/{seed}/{i}/keep.bin")  # dedups keep
+    print(r.commit, f"{seed}/{i}/keep.bin", keep.hex()[:16], flush=True)  # acknowledged and reachable
+    s.delete_branch("ds", tmp)  # the pack is now part dead: gc repacks it
+    gc(LocalStore(root), grace=0, repack_dead=0.2)
 """
 
 
-def test_sigkill_at_random_points_of_push_commit_and_gc(tmp_path):
+def test_sigkill_at_50_random_points_of_push_commit_gc_and_repack(tmp_path):
     import random
     import signal
     import subprocess as sp
@@ -215,16 +215,116 @@ def test_sigkill_at_random_points_of_push_commit_and_gc(tmp_path):
     rng = random.Random(11)
     acked = []
     kills = 0
-    for seed in range(12):
+    for seed in range(50):
         p = sp.Popen([sys.executable, "-c", KILLED_WORKER, root, str(seed)], stdout=sp.PIPE, text=True, env=env)
-        time.sleep(0.5 + rng.random() * 1.5)  # import time, then somewhere in a push, a commit or a gc
+        time.sleep(0.35 + rng.random() * 0.9)  # import time, then somewhere in a push, commit, gc or repack
         p.send_signal(signal.SIGKILL)
         out, _ = p.communicate(timeout=30)
         kills += p.returncode == -signal.SIGKILL
         acked += [line.split() for line in out.splitlines() if line.strip()]
-    assert kills >= 10
+    assert kills >= 45
     s = Store(root)
     assert s.check(read_data=True)["problems"] == []
     for commit, path, head in acked:
         assert s.cat(f"cdc://ds@{commit}/{path}").hex()[:16] == head
+    r = gc(LocalStore(root), grace=0, repack_dead=0.2)  # what the kills left is garbage a gc removes
+    assert r["deleted"] and s.check(read_data=True)["problems"] == []
+    for commit, path, head in acked:
+        assert s.cat(f"cdc://ds@{commit}/{path}").hex()[:16] == head
     print(f"sigkill: {kills} kills, {len(acked)} acknowledged commits all read back")
+
+
+class CuttingProxy:
+    """A loopback TCP proxy in front of a server that cuts each of its first `cuts` connections
+    after a random number of bytes (mid request body, mid answer body or mid headers), then
+    passes the rest through (so that the test ends)."""
+
+    def __init__(self, target_port: int, seed: int = 5, cuts: int = 15):
+        import random
+        import socket
+        import threading
+        self.rng, self.to_cut, self.target = random.Random(seed), cuts, target_port
+        self.cuts = self.connections = 0
+        self.lock = threading.Lock()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+        while not self.closed:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            with self.lock:
+                self.connections += 1
+                cut = self.connections <= self.to_cut
+                up, down = (self.rng.randint(200, 1_500_000) if cut else None for _ in range(2))
+            pair = [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream, up, pair), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, down, pair), daemon=True).start()
+
+    def _pump(self, src, dst, budget, pair):
+        import socket
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if budget is not None and len(data) >= budget:
+                    dst.sendall(data[:budget])
+                    with self.lock:
+                        self.cuts += 1
+                    break
+                if budget is not None:
+                    budget -= len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in pair:  # either side gone, or cut: both connections end at once
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self):
+        self.closed = True
+        self.sock.close()
+
+
+def test_a_server_that_drops_connections_mid_body_loses_nothing(tmp_path, server):
+    """Pushes and reads through a proxy that cuts its first 15 connections somewhere mid-stream: every push
+    either lands whole or fails cleanly, what was acknowledged reads back, `check --read-data`
+    is clean and the next push sends only what never landed."""
+    proxy = CuttingProxy(int(server.url.rsplit(":", 1)[1]))
+    acked, failed = {}, 0
+    try:
+        with Store(proxy.url, cache=False, backoff=0.02) as s:
+            for i in range(6):
+                files = _files(tmp_path / f"v{i}", n=3, size=700_000, seed=100 + i)
+                try:
+                    cid = s.push([str(tmp_path / f"v{i}")], f"cdc://ds/v{i}/").commit
+                except CdcError:
+                    failed += 1
+                    continue
+                acked[cid] = {f"v{i}/{k}": v for k, v in files.items()}
+                last = i
+            for cid, files in acked.items():
+                for path, data in files.items():
+                    assert s.cat(f"cdc://ds@{cid}/{path}") == data
+    finally:
+        proxy.close()
+    assert proxy.cuts >= 5 and len(acked) >= 3, (proxy.cuts, proxy.connections, len(acked), failed)
+    with Store(server.url) as direct:
+        assert direct.check(read_data=True)["problems"] == []
+        for cid, files in acked.items():
+            for path, data in files.items():
+                assert direct.cat(f"cdc://ds@{cid}/{path}") == data
+        again = direct.push([str(tmp_path / f"v{last}")], "cdc://ds/again/")
+        assert again.new_bytes == 0  # what landed is reused, not sent again
+    print(f"cut {proxy.cuts} of {proxy.connections} connections; {len(acked)} pushes acknowledged, {failed} failed")

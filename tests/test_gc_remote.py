@@ -232,3 +232,22 @@ def test_max_unused_reclaims_thin_garbage(store, tmp_path):
     assert r["repack_packs"] >= 1 and r["bytes_freed"] >= 1 << 20
     assert store.cat("cdc://ds/f.bin") == b"".join(parts)
     assert store.check(read_data=True)["problems"] == []
+
+
+def test_a_killed_push_does_not_hold_gc_off(store, tmp_path):
+    """A push SIGKILLed on this host leaves its session marker; gc sees its process is gone,
+    removes the marker and collects (a marker of a live process or another host still counts)."""
+    import signal
+    code = ("import sys, time; from cdcstore.storage.maintenance import PushSession; "
+            "from cdcstore.storage.repository import LocalStore; "
+            "s = PushSession(LocalStore(sys.argv[1])).__enter__(); print('open', flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", code, store.location], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "open"
+    repo = LocalStore(store.location)
+    assert maintenance.open_sessions(repo, grace=0) == 1  # alive: counted
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert maintenance.open_sessions(repo, grace=0) == 0
+    assert os.listdir(os.path.join(store.location, "sessions")) == []
+    repo.objects.put("sessions/elsewhere", json.dumps({"host": "another-host", "pid": 1}).encode())
+    assert maintenance.open_sessions(repo, grace=0) == 1  # another host's push: counted until stale

@@ -17,20 +17,22 @@ and removes it when its commit has landed (or failed). gc writes `gc/<id>` first
 sessions: while any session is open, or was open when gc started, gc deletes nothing (its plan is
 reported, not run). A push lists `gc/` after writing its session and waits while a gc runs. Both
 write before they read, so at least one of the two sees the other. A session older than both the
-grace window and 6 hours belongs to a push that died and is ignored; so is a gc marker older than 6
-hours (a killed gc). The grace window also spares what a server's clients upload: a server's push
-is a series of requests, protected by the window alone (and a manifest naming a chunk that is gone
-is refused there, never stored).
+grace window and 6 hours belongs to a push that died and is ignored (a running push's heartbeat
+touches its marker hourly), and so does one whose process on this host is gone; so is a gc marker
+older than 6 hours (a killed gc). A server keeps a session for each client's push (`remote/admin.py`);
+the grace window (with a floor on a server) also spares what clients that open no session upload.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import secrets
+import socket
 import time
 
 from .. import runtime
-from ..core import ids
 from ..core.errors import BusyError, CdcError, InvalidAddressError
 from ..core.pack import ENTRY, HEADER, TRAILER, PackWriter, decode_chunk
 from .objects import StorageError
@@ -170,9 +172,38 @@ def _repack_until(kept: list, max_unused: float, old) -> list:
 
 
 def open_sessions(repo: Repository, grace: float, now: float | None = None) -> int:
-    """Pushes in flight on this repository (sessions that have not died)."""
+    """Pushes in flight on this repository (sessions that have not died). A session of a process
+    of this host that no longer runs died with it (a killed push): it is removed, as restic
+    removes the stale locks of its own host, so a crash does not hold gc off for hours."""
     now = time.time() if now is None else now
-    return sum(1 for i in repo.objects.list(SESSIONS) if not old_session(i, now, grace))
+    count = 0
+    for info in repo.objects.list(SESSIONS):
+        if old_session(info, now, grace):
+            continue
+        if _dead_here(repo, info.name):
+            with contextlib.suppress(StorageError, OSError):
+                repo.objects.delete(info.name)
+            continue
+        count += 1
+    return count
+
+
+def _dead_here(repo: Repository, name: str) -> bool:
+    """Whether a session marker names a process of this host that is gone."""
+    try:
+        doc = json.loads(bytes(repo.objects.get(name)))
+        host, pid = doc["host"], doc["pid"]
+    except (StorageError, OSError, ValueError, KeyError, TypeError):
+        return False  # gone already, or an older marker: counted as open until it is stale
+    if host != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def old_session(info, now: float, grace: float) -> bool:
@@ -264,11 +295,13 @@ class PushSession:
 
     def __init__(self, repo: Repository, timeout: float = 600.0, name: str | None = None, heartbeat: bool = True):
         self.repo, self.timeout, self.heartbeat = repo, timeout, heartbeat
+        self.local = name is None  # this process pushes (a server's session belongs to its client)
         self.name = f"{SESSIONS}{name or f'{os.getpid()}-{secrets.token_hex(8)}'}"
         self._stop = None
 
     def __enter__(self) -> "PushSession":
-        self.repo.objects.put(self.name, ids.hexdigest(self.name.encode()).encode(), exist_ok=True)
+        owner = {"host": socket.gethostname(), "pid": os.getpid() if self.local else None, "started": time.time()}
+        self.repo.objects.put(self.name, json.dumps(owner).encode(), exist_ok=True)
         deadline = time.monotonic() + self.timeout
         while self._gc_running():
             if time.monotonic() > deadline:
