@@ -26,6 +26,7 @@ from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNot
 from .engine.read import FileReader, LocalSeed
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
+from .storage.check import check as check_store, rebuild_index
 from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD, PushSession, forget, gc
 from .storage.repository import LocalStore, Repository, is_object_url, no_such_path, open_repository
 from .engine.push import Ingest, IngestOptions
@@ -301,12 +302,12 @@ class Store:
 
     def check(self, read_data: bool = False, subset: float | None = None) -> dict:
         """Verify the store (see `cdcstore check`): {"problems": [...], "packs", "chunks", ...}."""
-        return self._admin("check", lambda r: r.check(read_data=read_data, subset=subset),
+        return self._admin("check", lambda r: check_store(r, read_data=read_data, subset=subset),
                            read_data=read_data, subset=subset)
 
     def rebuild_index(self) -> dict:
         """Recreate the chunk index from the packs alone."""
-        return self._local("rebuild-index").rebuild_index()
+        return rebuild_index(self._local("rebuild-index"))
 
     def recover(self) -> int:
         """Index packs that are durable but were never indexed (a killed push); their count."""

@@ -518,7 +518,7 @@ def forget(repo, keep_last, keep_within, keep_tags, dry_run, store_path, token, 
 @click.option("--dry-run", is_flag=True, help="Print the plan; delete nothing.")
 @click.option("--repack-dead", type=float, default=0.5, show_default=True, metavar="SHARE",
               help="Rewrite a pack when more than this share of it is dead.")
-@click.option("--max-unused", default="10%", show_default=True, metavar="PERCENT|none",
+@click.option("--max-unused", default="5%", show_default=True, metavar="PERCENT|none",
               help="Then rewrite the most dead packs until the dead bytes left are at most this share "
                    "of the live ones ('none': never).")
 @json_option

@@ -80,6 +80,37 @@ def per_process(key: object, make: Callable[[], T]) -> T:
         return _values[key]  # type: ignore[return-value]
 
 
+class Lock:
+    """A threading lock (or, `reentrant`, an RLock) that a forked child gets afresh: a copy of a
+    lock that another thread held at the fork would never be released in the child (that thread
+    does not exist there), and the child's first use would hang. For objects that cross a fork
+    (a Store in DataLoader workers)."""
+
+    __slots__ = ("_pid", "_lock", "_kind")
+
+    def __init__(self, reentrant: bool = False):
+        self._kind = threading.RLock if reentrant else threading.Lock
+        self._pid, self._lock = os.getpid(), self._kind()
+
+    def _current(self):
+        if self._pid != os.getpid():
+            self._pid, self._lock = os.getpid(), self._kind()
+        return self._lock
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._current().acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> "Lock":
+        self._current().acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+
 def every(seconds: float, fn: Callable[[], object], name: str = "heartbeat") -> Callable[[], None]:
     """Call `fn` every `seconds` in a daemon thread until the returned `stop()` is called (a
     heartbeat: a long push keeps its session marker fresh). An exception in `fn` is kept out of

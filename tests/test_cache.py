@@ -3,6 +3,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import xxhash
@@ -200,3 +201,71 @@ def test_cache_writes_wait_while_a_fetch_is_in_flight(tmp_path):
         cache.put_later(entries[10:])
         cache.wait()  # a flush does not wait for the read to end
         assert _rows(cache.path) == 20
+
+
+def _use_cache_in_child(cache):
+    with cache.reading():
+        pass
+    cache.put_later([(b"\x01" * 16, 0, 1, b"x")])
+    cache.wait(10)
+
+
+def test_a_fork_while_the_cache_writer_holds_its_lock_does_not_hang(tmp_path):
+    """A DataLoader worker forked at the moment the parent's cache writer held the cache's
+    condition inherited it locked, and hung on its first read (seen once in CI under load)."""
+    import multiprocessing
+    from cdcstore.storage.cache import ChunkCache
+    cache = ChunkCache(str(tmp_path / "c.sqlite"))
+    with cache.reading():
+        pass
+    held, release = threading.Event(), threading.Event()
+
+    def writer():  # as the parent's writer thread holds it for an instant
+        with cache._idle:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=writer)
+    t.start()
+    held.wait(10)
+    p = multiprocessing.get_context("fork").Process(target=_use_cache_in_child, args=(cache,))
+    p.start()
+    release.set()
+    t.join()
+    p.join(20)
+    if p.exitcode is None:
+        p.kill()
+    assert p.exitcode == 0
+
+
+def _take(lock, q):
+    with lock:
+        q.put("took it")
+
+
+def test_runtime_locks_are_fresh_in_a_forked_child():
+    """Every lock of an object that crosses a fork (client, repository, cache) is a runtime.Lock:
+    held by another thread at the fork, it is still free in the child."""
+    import multiprocessing
+    from cdcstore import runtime
+    for lock in (runtime.Lock(), runtime.Lock(reentrant=True)):
+        held, release = threading.Event(), threading.Event()
+
+        def holder():
+            with lock:
+                held.set()
+                release.wait(10)
+
+        t = threading.Thread(target=holder)
+        t.start()
+        held.wait(10)
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=_take, args=(lock, q))
+        p.start()
+        release.set()
+        t.join()
+        p.join(20)
+        if p.exitcode is None:
+            p.kill()
+        assert p.exitcode == 0 and q.get(timeout=5) == "took it"

@@ -15,6 +15,7 @@ import pytest
 from cdcstore import AccessDeniedError, ConflictError, Store
 from cdcstore.core import ids
 from cdcstore.core.pack import CODEC_RAW, PackWriter
+from cdcstore.storage.check import check
 from cdcstore.storage.repository import LocalStore
 from cdcstore.engine.push import IngestOptions
 from conftest import golden_input
@@ -109,7 +110,7 @@ def test_server_sigkill_mid_push_then_push_again(tmp_path):
     server.start()  # same store, same port
     try:
         local = LocalStore(str(tmp_path / "srv"))
-        assert local.check()["problems"] == []
+        assert check(local)["problems"] == []
         local.recover()
         durable = local.totals()["chunk_raw_bytes"]
         assert durable > 0

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from ..core.address import check_name
 from ..core.errors import BusyError, InvalidAddressError
-from ..storage import maintenance
+from ..storage import check, maintenance
 
 SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 SESSION_WAIT = 20.0  # seconds a session request waits for a running gc before 503
@@ -96,7 +96,7 @@ class Lifecycle:
             async with self._gc:
                 return web.json_response(await self.server._io(lambda: maintenance.gc(store, **opts)))
         if command == "check":
-            return web.json_response(await self.server._io(lambda: store.check(**opts)))
+            return web.json_response(await self.server._io(lambda: check.check(store, **opts)))
         repo = check_name("repo", opts.pop("repo", ""))
         if command == "forget":
             return web.json_response(await self.server._io(lambda: maintenance.forget(store, repo, **opts)))

@@ -152,7 +152,7 @@ class Transport:
         self.min_rate = min_rate  # bytes/s below which a transfer counts as stalled
         self.requests = self.sent_bytes = self.received_bytes = 0
         self._pid = None
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()
 
     # -- loop thread, per process --------------------------------------------------------------
     def _ensure(self) -> asyncio.AbstractEventLoop:
@@ -354,11 +354,11 @@ class RemoteStore(Backend):
         self.upload_concurrency = upload_concurrency
         self.proven_chunks = 0  # chunks proved held instead of sent (another tenant stored them)
         self._uploads: list[concurrent.futures.Future] = []
-        self._uploads_lock = threading.Lock()
+        self._uploads_lock = runtime.Lock()
         self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
         self._api = wire.API
         self._memo: collections.OrderedDict = collections.OrderedDict()  # immutable objects already verified
-        self._memo_lock = threading.Lock()
+        self._memo_lock = runtime.Lock()
         clean_upload_temps()
 
     def _remembered(self, key: tuple, fetch):

@@ -35,6 +35,7 @@ from ..core.errors import (BusyError, CdcError, ConflictError, CorruptionError, 
                      RepoNotFoundError, RevisionNotFoundError)
 from ..core.manifest import Manifest
 from ..core.pack import read_verified
+from ..storage.check import rebuild_index
 from ..storage.objects import NotFound
 from ..storage.repository import Repository, open_repository, pack_name
 
@@ -710,7 +711,7 @@ class Server:
         self.store.clean_tmp()
         if self.store.index.reach_stale():  # indexed before chunk-level reach: grant from the commits once
             log.warning("rebuilding the index once: this store predates chunk-level access records")
-            self.store.rebuild_index()
+            rebuild_index(self.store)
         added = self.store.recover()
         if added:
             log.warning("recovered %d packs that were durable but not indexed", added)

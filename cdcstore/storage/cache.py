@@ -33,6 +33,7 @@ from typing import Iterable
 
 import platformdirs
 
+from .. import runtime
 from ..core import ids
 from ..core.address import is_commit_like
 from ..core.commit import Commit
@@ -96,14 +97,8 @@ class ChunkCache:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         # a cache needs no durability (every read is verified): no fsyncs; 16 KiB pages for 64 KiB blobs
         self._conns = Connections(self.path, synchronous="OFF", page_size=16384)
-        self._idle = threading.Condition()
-        self._pending = 0
-        self._writer_pid = None
-        self._queue = None
-        self._queued: dict[bytes, tuple] = {}  # id -> entry waiting for the background writer
-        self._reads = 0  # fetches in flight in this process (cache writes wait for them)
-        self._last_read = 0.0  # when the last one ended (time.monotonic)
-        self._flushing = 0  # callers of wait(): write now
+        self._pid = None
+        self._here()
         with self.conn:
             self.conn.executescript("""
                 CREATE TABLE IF NOT EXISTS chunks (id BLOB PRIMARY KEY, codec INTEGER NOT NULL,
@@ -121,6 +116,22 @@ class ChunkCache:
                     BEGIN UPDATE meta SET value = value - OLD.size WHERE key = 'bytes'; END;
             """)
         self._add_segments()
+
+    def _here(self) -> None:
+        """This process's in-memory state (the writer queue and the condition guarding it). A
+        forked child starts afresh: the parent's condition may be held by the parent's writer
+        thread, which does not exist in the child (a DataLoader worker hung on it)."""
+        if self._pid == os.getpid():
+            return
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._writer_pid = None
+        self._queue = None
+        self._queued: dict[bytes, tuple] = {}  # id -> entry waiting for the background writer
+        self._reads = 0  # fetches in flight in this process (cache writes wait for them)
+        self._last_read = 0.0  # when the last one ended (time.monotonic)
+        self._flushing = 0  # callers of wait(): write now
+        self._pid = os.getpid()
 
     def _add_segments(self) -> None:
         """The `hot` column (0 probation, 1 hot) and its eviction index; a cache made by an
@@ -158,7 +169,8 @@ class ChunkCache:
     def has(self, chunk_ids: Iterable[bytes]) -> dict[bytes, PackEntry]:
         """Which of these chunks the cache holds (as entries with their raw length)."""
         wanted = list(dict.fromkeys(chunk_ids))
-        queued = self._queued if self._writer_pid == os.getpid() else {}
+        self._here()
+        queued = self._queued
         out = {cid: PackEntry(cid, 0, len(e[3]), e[2], e[1]) for cid in wanted if (e := queued.get(cid))}
         wanted = [c for c in wanted if c not in out]
         for i in range(0, len(wanted), _BATCH):
@@ -174,7 +186,8 @@ class ChunkCache:
         when its recency is over a minute old, so warm reads stay read-only."""
         wanted = list(dict.fromkeys(chunk_ids))
         out, bad, stale, promote = {}, [], [], []
-        queued = self._queued if self._writer_pid == os.getpid() else {}
+        self._here()
+        queued = self._queued
         for cid in wanted:  # entries still waiting for the background writer
             e = queued.get(cid)
             if e is not None:
@@ -223,6 +236,7 @@ class ChunkCache:
         if not entries:
             return
         size = sum(len(e[3]) for e in entries)
+        self._here()
         with self._idle:
             if self._writer_pid != os.getpid():
                 self._queue, self._pending, self._writer_pid = queue.SimpleQueue(), 0, os.getpid()
@@ -240,6 +254,7 @@ class ChunkCache:
         """Mark a fetch in flight: queued cache writes wait until fetches pause for
         `WRITE_AFTER_QUIET` s (or `WRITE_ANYWAY_BYTES` wait), so that on a small machine
         sqlite does not compete with the read for the CPU."""
+        self._here()
         with self._idle:
             self._reads += 1
         try:
@@ -279,6 +294,7 @@ class ChunkCache:
 
     def wait(self, timeout: float = 60.0) -> None:
         """Block until this process's background writes are done."""
+        self._here()
         with self._idle:
             if self._writer_pid == os.getpid():
                 self._flushing += 1
@@ -436,7 +452,7 @@ class CachedBackend(Backend):
         # shared: they are reached only through a commit
         self._scope = ids.hexdigest(f"{backend.location}\n{token or ''}".encode())[:16]
         self._hits = self._misses = 0  # chunks read from the cache / not found there
-        self._count_lock = threading.Lock()
+        self._count_lock = runtime.Lock()
 
     @property
     def capabilities(self) -> BackendCapabilities:

@@ -33,14 +33,14 @@ import socket
 import time
 
 from .. import runtime
-from ..core.errors import BusyError, CdcError, InvalidAddressError
+from ..core.errors import BusyError, InvalidAddressError
 from ..core.pack import ENTRY, HEADER, TRAILER, PackWriter, decode_chunk
 from .objects import StorageError
 from .repository import Repository, commit_name, manifest_name, pack_name
 
 DEFAULT_GRACE = 24 * 3600.0  # seconds an object is spared after it was written
 DEFAULT_REPACK_DEAD = 0.5  # a pack more than half dead (by bytes) is rewritten with its live chunks
-DEFAULT_MAX_UNUSED = 0.1  # then packs are rewritten, most dead first, until dead bytes are <= 10% of live
+DEFAULT_MAX_UNUSED = 0.05  # then packs are rewritten, most dead first, until dead bytes are <= 5% of live
 GC_STALE = 6 * 3600.0  # a gc marker this old belongs to a gc that was killed: pushes ignore it
 SESSION_STALE = 6 * 3600.0  # a push session this old (and older than the grace window) died
 SESSIONS = "sessions/"

@@ -1,0 +1,231 @@
+"""Check and rebuild-index of a repository (`cdcstore check`, `cdcstore rebuild-index`).
+
+- check: each pack's footer against the index rows, the rows against present packs, every commit
+  and manifest that a branch or tag reaches; with `read_data` (or a deterministic `subset` of
+  packs) each pack's hash and every chunk. A damaged chunk loses its index row (the next push of
+  its file stores it again). Each problem names the files it affects.
+- rebuild_index: the chunk index again from the pack footers and the landed commits, in one
+  transaction; rows of a damaged pack that still verify are kept.
+"""
+from __future__ import annotations
+
+import collections
+import sqlite3
+
+from ..core import ids
+from ..core.errors import CdcError, CorruptionError
+from ..core.manifest import Manifest
+from ..core.pack import PackEntry, decode_chunk
+from .repository import Repository, pack_name
+
+_BLOCK = 4 << 20  # bytes hashed per read of a pack
+
+
+def _sample(names: list[str], fraction: float) -> set[str]:
+    """A deterministic pseudo-random sample of about `fraction` of `names` (at least one
+    when fraction > 0): those whose xxh3 is lowest."""
+    if fraction <= 0 or not names:
+        return set()
+    k = max(1, round(len(names) * min(fraction, 1.0)))
+    return set(sorted(names, key=lambda n: ids.hexdigest(n.encode()))[:k])
+
+
+def rebuild_index(store: Repository) -> dict:
+    """Recreate the chunk index from the packs and commits, in one transaction (a
+    served store's readers see the old index until the new one is complete).
+
+    A damaged pack is reported and skipped, but its old index rows that still
+    verify are kept, so nothing readable becomes unreadable. A garbage index file
+    is moved aside to <index>.damaged and a new one is built."""
+    try:
+        old_rows = _safe_rows(store)
+    except CorruptionError:
+        old_rows = {}
+        store.replace_damaged_index()
+    bad: list[str] = []
+    packs = []
+    for name, size in sorted(store.pack_sizes().items()):
+        try:
+            entries = store.read_pack_index(name, size)
+        except CorruptionError as e:
+            entries = [en for en in old_rows.get(name, ()) if _verifies(store, name, en)]
+            bad.append(f"{e}; kept {len(entries)} chunks whose old index rows still verify")
+        packs.append((name, size, entries))
+    grants, chunk_grants = _grants_from_commits(store, bad)
+    store.index.replace_all(packs, grants, chunk_grants)
+    return {"packs": len(packs), "bad_packs": bad, **store.index.totals()}
+
+def _safe_rows(store: Repository) -> dict[str, list[PackEntry]]:
+    """The current index rows by pack ({} if sqlite cannot read them)."""
+    out: dict[str, list[PackEntry]] = collections.defaultdict(list)
+    try:
+        for pack, e in store.index.rows().values():
+            out[pack].append(e)
+    except sqlite3.DatabaseError:
+        return {}
+    return out
+
+def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[str, str, str]], set[tuple[str, bytes]]]:
+    """What each repo reaches through the commits its branches and tags name (commits
+    that never landed grant nothing): (repo, "manifest", name) and (repo, chunk id)."""
+    out: set[tuple[str, str, str]] = set()
+    chunks: set[tuple[str, bytes]] = set()
+    manifests: dict[str, Manifest | None] = {}
+    for repo in store.repos():
+        seen: set[str] = set()
+        for head in set(store.refs(repo).values()):
+            cid: str | None = head
+            while cid and cid not in seen:
+                seen.add(cid)
+                try:
+                    commit = store.get_commit(repo, cid)
+                except CdcError as e:
+                    bad.append(str(e))
+                    break
+                for fe in commit.files.values():
+                    if fe.manifest not in manifests:
+                        try:
+                            manifests[fe.manifest] = store.get_manifest(fe.manifest)
+                        except CdcError as e:
+                            manifests[fe.manifest] = None
+                            bad.append(str(e))
+                    m = manifests[fe.manifest]
+                    if (repo, "manifest", fe.manifest) not in out:
+                        out.add((repo, "manifest", fe.manifest))
+                        chunks.update((repo, c) for c in (m.chunk_ids if m else ()))
+                cid = commit.parent
+    return sorted(out), chunks
+
+def check(store: Repository, read_data: bool = False, subset: float | None = None) -> dict:
+    """Verify the store; returns {"packs", "chunks", "problems", "details"}.
+
+    Always: each pack's footer, every index row against a present pack and its
+    footer, and every commit and manifest that a branch or tag reaches (parses,
+    and its chunks are indexed). `read_data` also hashes every pack and decodes
+    every chunk; `subset` (0..1) does so for a deterministic sample of packs. A
+    chunk whose stored copy fails verification loses its index row, so the next
+    push of its file stores it again. Each problem names the files it affects.
+    Durable packs that a killed push left unindexed are indexed first (`recover`)."""
+    found: list[tuple[str, set[bytes]]] = []  # (problem, chunk ids it affects)
+    recovered = store.recover()  # durable packs a killed push left unindexed: not damage
+    rows = store.index.rows()
+    sizes = store.pack_sizes()
+    names = sorted(sizes)
+    sample = _sample(names, 1.0 if read_data else subset or 0.0)
+    by_pack: dict[str, dict[bytes, PackEntry]] = collections.defaultdict(dict)
+    for cid, (pack, e) in rows.items():
+        by_pack[pack][cid] = e
+    chunks = 0
+    for name in names:
+        chunks += _check_pack(store, name, sizes[name], name in sample, rows, by_pack.get(name, {}), found)
+    lost = collections.defaultdict(set)
+    for cid, (pack, _) in rows.items():
+        if pack not in sizes:
+            lost[pack].add(cid)
+    for pack, cids in sorted(lost.items()):
+        store.index.drop_chunks(pack, cids)
+        found.append((f"pack {pack} is missing: {len(cids)} indexed chunks are lost "
+                      f"(push the original files again, or restore the pack)", cids))
+    users = _check_reachable(store, found)
+    problems, details = [], []
+    for text, cids in found:
+        files = sorted({f for c in cids for f in ((c,) if isinstance(c, str) else users.get(c, ()))})
+        shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+        problems.append(text + (f"; affects {shown}" if files else ""))
+        details.append({"problem": text, "files": files})
+    return {"packs": len(names), "chunks": chunks, "read_packs": len(sample), "recovered_packs": recovered,
+            "problems": problems, "details": details}
+
+def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict, indexed: dict, found: list) -> int:
+    """Check one pack's footer against the index rows (`indexed`: its own), and its
+    bytes when `read`."""
+    try:
+        entries = store.read_pack_index(name, size)
+    except CorruptionError as e:
+        entries = None
+        found.append((f"{e}; run `cdcstore rebuild-index` (rows that still verify are kept)",
+                       set(indexed)))
+    if entries is not None:
+        by_id = {e.chunk_id: e for e in entries}
+        missing = {c for c in by_id if c not in rows and _verifies(store, name, by_id[c])}
+        wrong = {c for c, e in indexed.items() if by_id.get(c) != e}
+        if missing:
+            found.append((f"the index lacks {len(missing)} chunks of pack {name}: "
+                          f"run `cdcstore rebuild-index`", missing))
+        if wrong:
+            store.index.drop_chunks(name, wrong)
+            found.append((f"{len(wrong)} index rows of pack {name} do not match its footer "
+                          f"(dropped): run `cdcstore rebuild-index`", wrong))
+    if not read:
+        return len(entries or ())
+    if _pack_hash(store, name) != name:
+        found.append((f"pack {name} does not match its name (damaged)", set()))
+    bad = {e.chunk_id for e in (entries if entries is not None else indexed.values())
+           if not _verifies(store, name, e)}
+    bad &= set(indexed)  # a damaged copy that another pack's copy replaced is harmless
+    if bad:
+        store.index.drop_chunks(name, bad)
+        found.append((f"{len(bad)} chunks of pack {name} fail verification (their index rows are "
+                      f"dropped: push the original files again to repair them)", bad))
+    return len(entries or indexed)
+
+def _verifies(store: Repository, pack: str, e: PackEntry) -> bool:
+    try:
+        decode_chunk(store.read_stored(pack, e.offset, e.stored_len), e.codec, e.raw_len, e.chunk_id)
+        return True
+    except CorruptionError:
+        return False
+
+def _pack_hash(store: Repository, name: str) -> str:
+    h = ids.hasher()
+    offset = 0
+    while block := store.objects.get_range(pack_name(name), offset, _BLOCK):
+        h.update(block)
+        offset += len(block)
+    return h.hexdigest()
+
+def _check_reachable(store: Repository, found: list) -> dict[bytes, set[str]]:
+    """Walk every commit that a branch or tag reaches; returns chunk id -> the files
+    (cdc://repo@ref/path) that use it, and adds problems for what does not parse or
+    is not indexed."""
+    users: dict[bytes, set[str]] = collections.defaultdict(set)
+    manifests: dict[str, Manifest | None] = {}
+    seen_commits: set[tuple[str, str]] = set()
+    for repo in store.repos():
+        forgotten = store.forgotten(repo)
+        for ref, head in store.refs(repo).items():
+            cid = head
+            while cid and (repo, cid) not in seen_commits:
+                seen_commits.add((repo, cid))
+                try:
+                    commit = store.get_commit(repo, cid)
+                except CdcError as e:
+                    found.append((f"{e}: restore it from a copy",
+                                  {f"cdc://{repo}@{ref.removeprefix('tag:')}"}))
+                    break
+                for path, fe in () if cid in forgotten else commit.files.items():
+                    label = f"cdc://{repo}@{ref.removeprefix('tag:')}/{path}"
+                    m = _check_manifest(store, fe.manifest, label, manifests, found)
+                    for c in m.chunk_ids if m else ():
+                        users[c].add(label)
+                cid = commit.parent
+    needed = set(users)
+    absent = needed - store.index.present(needed)
+    if absent:
+        found.append((f"{len(absent)} chunks that commits use are not in the index "
+                      f"(push the original files again to repair them)", absent))
+    return users
+
+def _check_manifest(store: Repository, name: str, label: str, cache: dict, found: list) -> Manifest | None:
+    """The parsed manifest, or None after recording the problem (with `label` among
+    the files it affects)."""
+    if name not in cache:
+        try:
+            cache[name] = store.get_manifest(name)
+        except CdcError as e:
+            cache[name] = None
+            found.append((f"{e}: restore it from a copy, or push the file again", set()))
+            cache[("problem", name)] = found[-1][1]
+    if cache[name] is None:
+        cache[("problem", name)].add(label)
+    return cache[name]
