@@ -24,6 +24,7 @@ from cdcstore.core.commit import Commit, FileEntry
 from cdcstore.core.errors import CorruptionError, RemoteError
 from cdcstore.core.manifest import Manifest
 from cdcstore.core.pack import CODEC_RAW, CODEC_ZSTD, PackWriter
+from cdcstore.storage.check import check as check_store
 from cdcstore.storage.repository import LocalStore
 from conftest import golden_input
 from server_util import ServerProcess
@@ -526,7 +527,7 @@ def test_a_durable_unindexed_pack_is_indexed_by_push_and_at_start(tmp_path):
                 assert s.cat("cdc://ds/f.bin") == golden_input(500_000)
         finally:
             server.stop()
-        check = LocalStore(str(root)).check()
+        check = check_store(LocalStore(str(root)))
         assert not check.get("problems"), check
     twin.close()
 

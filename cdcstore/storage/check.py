@@ -16,10 +16,7 @@ from ..core import ids
 from ..core.errors import CdcError, CorruptionError
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
-from .repository import Repository, pack_name
-
-_BLOCK = 4 << 20  # bytes hashed per read of a pack
-
+from .repository import Repository
 
 def _sample(names: list[str], fraction: float) -> set[str]:
     """A deterministic pseudo-random sample of about `fraction` of `names` (at least one
@@ -158,7 +155,7 @@ def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict,
                           f"(dropped): run `cdcstore rebuild-index`", wrong))
     if not read:
         return len(entries or ())
-    if _pack_hash(store, name) != name:
+    if store.pack_hash(name) != name:
         found.append((f"pack {name} does not match its name (damaged)", set()))
     bad = {e.chunk_id for e in (entries if entries is not None else indexed.values())
            if not _verifies(store, name, e)}
@@ -175,14 +172,6 @@ def _verifies(store: Repository, pack: str, e: PackEntry) -> bool:
         return True
     except CorruptionError:
         return False
-
-def _pack_hash(store: Repository, name: str) -> str:
-    h = ids.hasher()
-    offset = 0
-    while block := store.objects.get_range(pack_name(name), offset, _BLOCK):
-        h.update(block)
-        offset += len(block)
-    return h.hexdigest()
 
 def _check_reachable(store: Repository, found: list) -> dict[bytes, set[str]]:
     """Walk every commit that a branch or tag reaches; returns chunk id -> the files

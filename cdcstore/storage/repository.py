@@ -246,6 +246,15 @@ class Repository(Backend):
                     added += 1
             return added
 
+    def pack_hash(self, name: str) -> str:
+        """The xxh3-128 of a pack's bytes, read in 4 MiB ranges (its name, if undamaged)."""
+        h = ids.hasher()
+        offset = 0
+        while block := self.objects.get_range(pack_name(name), offset, 4 << 20):
+            h.update(block)
+            offset += len(block)
+        return h.hexdigest()
+
     def index_found_pack(self, name: str) -> bool:
         """Whether pack `name` is indexed, indexing it first when it is durable but not in
         the index (a writer killed between the two steps). The found object is verified in
@@ -254,7 +263,7 @@ class Repository(Backend):
             return True
         try:
             size = self.pack_size(name)
-            if self._pack_hash(name) != name:
+            if self.pack_hash(name) != name:
                 return False
             entries = read_verified(_RangeFile(self.objects, pack_name(name), size), size, f"pack {name}")
         except (NotFound, CorruptionError):
