@@ -16,10 +16,15 @@ import os
 # shifting every later boundary. Inside row groups, Arrow's content-defined page
 # chunking keeps unchanged pages byte-identical.
 
-WRITER_VERSION = 1
+WRITER_VERSION = 2
 WRITER_METADATA_KEY = b"cdcstore.writer"
 #: Arrow CDC options used by the writer, recorded in every file it writes.
-CDC_OPTIONS = {"min_chunk_size": 256 * 1024, "max_chunk_size": 1024 * 1024, "norm_level": 0}
+CDC_OPTIONS = {"min_chunk_size": 64 * 1024, "max_chunk_size": 512 * 1024, "norm_level": 0}
+#: A top-level column is dictionary-encoded only if the whole table has at most this many
+#: distinct values in it (version 2). Many values would make the dictionary's first-appearance
+#: order shift with every edit, renumbering the data pages after it, and overflow Arrow's
+#: dictionary page limit (a fall back to plain at a row that depends on the row group's start).
+DICTIONARY_MAX_VALUES = 4096
 DEFAULT_ROW_GROUP_BYTES = 32 * 1024 * 1024
 _SLICE_ROWS = 65536
 
@@ -186,6 +191,54 @@ def _row_group_ends(table, row_group_bytes: int, fps, target: int | None = None)
     return plan_row_groups(fps, target, max(1, target // 4), target * 32)
 
 
+def dictionary_columns(table, max_values: int = DICTIONARY_MAX_VALUES) -> list[str]:
+    """Parquet column paths to dictionary-encode: top-level columns of a flat type with at
+    most `max_values` distinct values in `table`, and the leaves of nested columns (Arrow's
+    default for them). Pure function of the table's values, so versions agree."""
+    import pyarrow as pa
+
+    paths = []
+    for field in table.schema:
+        if pa.types.is_nested(field.type):
+            paths.extend(_leaf_paths(field))
+        elif _few_distinct(table[field.name], max_values):
+            paths.append(field.name)
+    return paths
+
+
+def _leaf_paths(field) -> list[str]:
+    """Parquet leaf column paths of one (nested) Arrow field, as pyarrow names them."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({field.name: pa.array([], field.type)}), buf)
+    schema = pq.ParquetFile(io.BytesIO(buf.getvalue())).schema
+    return [schema.column(i).path for i in range(len(schema))]
+
+
+def _few_distinct(col, max_values: int) -> bool:
+    """True if the chunked array `col` has at most `max_values` distinct values (stops early)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    seen = None
+    for chunk in col.chunks:
+        if pa.types.is_dictionary(chunk.type):
+            chunk = chunk.dictionary_decode()
+        for s in range(0, len(chunk), _SLICE_ROWS):
+            try:
+                part = pc.unique(chunk.slice(s, _SLICE_ROWS))
+                seen = part if seen is None else pc.unique(pa.concat_arrays([seen, part]))
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+                return True  # a type unique() does not know: leave Arrow's default
+            if len(seen) > max_values:
+                return False
+    return True
+
+
 def _plan(table, row_group_bytes: int, key: list[str] | None, rows: int | None = None):
     key = key_columns(table) if key is None else list(key)
     fps = row_fingerprints(table, key)
@@ -235,28 +288,32 @@ def write_table(table, where, *, row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
     rows apart, see `key_columns()`); pass them, and `row_group_rows` (a target in
     rows instead of one derived from `row_group_bytes` and the row width), to keep
     boundaries stable across versions whatever else changes, columns added or
-    dropped included. The options are recorded under
+    dropped included. Dictionary encoding only for columns with few distinct
+    values (`dictionary_columns()`). The options are recorded under
     the `cdcstore.writer` schema metadata key. `compression` (default zstd),
-    `use_dictionary` and other keyword arguments go to `pyarrow.parquet.ParquetWriter`.
+    `use_dictionary` (overrides the choice) and other keyword arguments go to
+    `pyarrow.parquet.ParquetWriter`.
     """
     key, _, ends = _plan(table, row_group_bytes, key_columns, row_group_rows)
     return _write_groups(table, where, ends, row_group_bytes, key, **kwargs)
 
 
 def _write_groups(table, where, ends: list[int], row_group_bytes: int, key: list[str], *,
-                  compression: str = "zstd", **options) -> list[int]:
+                  compression: str = "zstd", use_dictionary=None, **options) -> list[int]:
     import json
 
     import pyarrow.parquet as pq
 
+    if use_dictionary is None:
+        use_dictionary = dictionary_columns(table)
     meta = dict(table.schema.metadata or {})
     meta[WRITER_METADATA_KEY] = json.dumps({
         "version": WRITER_VERSION, "cdc": CDC_OPTIONS, "row_group_bytes": row_group_bytes,
-        "key_columns": key, "compression": compression}).encode()
+        "key_columns": key, "compression": compression, "dictionary": use_dictionary}).encode()
     schema = table.schema.with_metadata(meta)
     sizes = []
     with pq.ParquetWriter(where, schema, compression=compression, use_content_defined_chunking=CDC_OPTIONS,
-                          write_page_index=True, **options) as w:
+                          write_page_index=True, use_dictionary=use_dictionary, **options) as w:
         start = 0
         for end in ends:
             w.write_table(table.slice(start, end - start).replace_schema_metadata(meta),
