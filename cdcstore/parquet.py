@@ -306,18 +306,81 @@ def _write_groups(table, where, ends: list[int], row_group_bytes: int, key: list
 
     if use_dictionary is None:
         use_dictionary = dictionary_columns(table)
+    ordered = [] if "store_schema" in options else sorted_dictionary_columns(table, use_dictionary)
     meta = dict(table.schema.metadata or {})
     meta[WRITER_METADATA_KEY] = json.dumps({
         "version": WRITER_VERSION, "cdc": CDC_OPTIONS, "row_group_bytes": row_group_bytes,
-        "key_columns": key, "compression": compression, "dictionary": use_dictionary}).encode()
-    schema = table.schema.with_metadata(meta)
+        "key_columns": key, "compression": compression, "dictionary": use_dictionary,
+        "sorted_dictionary": ordered}).encode()
+    wschema, stored_meta = _writer_schema(table.schema.with_metadata(meta), ordered)
+    if ordered:
+        options["store_schema"] = False  # the table's own schema is stored instead (ARROW:schema)
     sizes = []
-    with pq.ParquetWriter(where, schema, compression=compression, use_content_defined_chunking=CDC_OPTIONS,
+    with pq.ParquetWriter(where, wschema, compression=compression, use_content_defined_chunking=CDC_OPTIONS,
                           write_page_index=True, use_dictionary=use_dictionary, **options) as w:
         start = 0
         for end in ends:
-            w.write_table(table.slice(start, end - start).replace_schema_metadata(meta),
+            w.write_table(_with_sorted_dictionaries(table.slice(start, end - start), ordered, wschema),
                           row_group_size=end - start)
             sizes.append(end - start)
             start = end
+        if stored_meta:
+            w.add_key_value_metadata(stored_meta)
     return sizes
+
+
+def _sortable(t) -> bool:
+    """Types whose Arrow dictionary Arrow's Parquet writer keeps in its order (measured with
+    pyarrow 26: string and binary; it re-encodes numeric and temporal dictionaries by first
+    appearance) and that read back as the plain type."""
+    import pyarrow as pa
+
+    return t in (pa.string(), pa.binary())
+
+
+def sorted_dictionary_columns(table, use_dictionary) -> list[str]:
+    """The dictionary-encoded top-level columns whose dictionary the writer sorts (all of
+    `use_dictionary` that have a type `_sortable` accepts)."""
+    if not isinstance(use_dictionary, (list, tuple)):
+        return []
+    wanted = set(use_dictionary)
+    return [f.name for f in table.schema if f.name in wanted and _sortable(f.type)]
+
+
+def _writer_schema(schema, ordered: list[str]):
+    """(schema the Parquet writer gets, key-value metadata to store or None): the columns in
+    `ordered` are handed over as dictionary arrays, and `schema` itself is stored as
+    ARROW:schema (as pyarrow stores it) so that readers still get the plain types."""
+    import base64
+
+    import pyarrow as pa
+
+    if not ordered:
+        return schema, None
+    wschema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type), f.nullable, f.metadata)
+                         if f.name in ordered else f for f in schema], schema.metadata)
+    meta = dict(schema.metadata or {})
+    meta[b"ARROW:schema"] = base64.b64encode(schema.serialize().to_pybytes())
+    return wschema, meta
+
+
+def _with_sorted_dictionaries(part, ordered: list[str], wschema):
+    """`part` with each column of `ordered` as a dictionary array whose dictionary is the
+    column's distinct values in sorted order. Arrow's Parquet writer keeps a given
+    dictionary's order, so a value's index depends on which values the row group holds,
+    not on where each first appears: after an edit, pages away from it keep their bytes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not ordered:
+        return part.replace_schema_metadata(wschema.metadata)
+    cols = []
+    for f in part.schema:
+        col = part[f.name]
+        if f.name in ordered:
+            values = col.combine_chunks()
+            uniq = pc.unique(values).drop_null()
+            uniq = uniq.take(pc.array_sort_indices(uniq))
+            col = pa.DictionaryArray.from_arrays(pc.index_in(values, value_set=uniq).cast(pa.int32()), uniq)
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=wschema)

@@ -334,3 +334,30 @@ def test_writer_hostile_tables_read_back_equal(tmp_path, name):
         if not (pa.types.is_map(t[col].type) or pa.types.is_decimal(t[col].type)
                 or pa.types.is_timestamp(t[col].type)):
             assert frame[col].to_list() == want, (name, col, "polars")
+
+
+def _page_bytes(path):
+    """The bytes between consecutive page-aligned cut points of a Parquet file."""
+    data = open(path, "rb").read()
+    cuts = pages.page_cuts(path)
+    return [data[a:b] for a, b in zip(cuts, cuts[1:])]
+
+
+def test_dictionary_order_does_not_depend_on_first_appearance(tmp_path):
+    """Reordering the first rows of a row group must not renumber the dictionary (sorted
+    dictionaries): only the pages holding the reordered rows change."""
+    rng = np.random.default_rng(4)
+    labels = np.array([f"label-{i:03d}" for i in range(300)])[rng.integers(0, 300, 400_000)]
+    t1 = pa.table({"label": labels, "raw": pa.array(labels.astype(object), pa.binary())})
+    t2 = pa.table({"label": np.concatenate([labels[:2000][::-1], labels[2000:]]),
+                   "raw": pa.array(np.concatenate([labels[:2000][::-1], labels[2000:]]).astype(object),
+                                   pa.binary())})
+    a, b = str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")
+    for t, path in ((t1, a), (t2, b)):
+        P.write_table(t, path, key_columns=[], row_group_rows=1 << 20)
+        assert pq.ParquetFile(path).metadata.num_row_groups == 1
+        assert_same_rows(pq.read_table(path), t)
+    old = set(_page_bytes(a))
+    new = [p for p in _page_bytes(b) if p not in old]
+    assert len(_page_bytes(b)) > 20
+    assert len(new) <= 4, len(new)  # the first data page of each column, and the footer region
