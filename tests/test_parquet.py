@@ -189,7 +189,10 @@ def test_golden_parquet_page_cuts_and_chunks(tmp_path):
     assert cuts == [4, 1221, 1404, 1460, 1548, 2765, 2948, 3004, 3092]
     chunks = iter_chunks(io.BytesIO(GOLDEN_PARQUET), ChunkParams(64, 256, 1024), cuts=cuts)
     ends = list(itertools.accumulate(len(c) for c in chunks))
-    assert ends == [4, 296, 560, 681, 976, 1221, 1404, 1460, 1548, 1807, 2155, 2436, 2703, 2765, 2948, 3004, 3092, 3407, 3453]
+    assert ends == [
+        4, 296, 560, 681, 976, 1221, 1404, 1460, 1548, 1807, 2155, 2436, 2703, 2765, 2948, 3004, 3092,
+        3407, 3453
+    ]
 
 
 def _delete_edit_tables(n=240_000, cut=2_400):
@@ -279,6 +282,7 @@ def _hostile_table(name):
             "all_null": pa.nulls(n, pa.int64()),
             "some_null": pa.array([None if v % 3 == 0 else float(v) for v in range(n)]),
             "str_null": pa.array([None if v % 5 == 0 else f"s{v % 7}" for v in range(n)]),
+            "str_all_null": pa.nulls(n, pa.string()),
         }),
         "all_equal": pa.table({
             "x": pa.array(np.full(n, 42, dtype=np.int64)),
@@ -361,3 +365,70 @@ def test_dictionary_order_does_not_depend_on_first_appearance(tmp_path):
     new = [p for p in _page_bytes(b) if p not in old]
     assert len(_page_bytes(b)) > 20
     assert len(new) <= 4, len(new)  # the first data page of each column, and the footer region
+
+
+# A Parquet file with a page index whose string column index is over INDEX_CUT_BYTES (pyarrow,
+# 60 one-row pages, stored here so its bytes never change), and its forced cut points and chunks
+# (revision 2 of the forced cut points: that index is cut out of the footer region).
+GOLDEN_PARQUET_PAGE_INDEX = zlib.decompress(base64.b64decode(
+    "eNrtmn9o1WUUxs+9HufU+WO67/FenTp/7Ham29z3/phTL0vNzMxsLTOJiMwtNEvXNNufIiIhIiISIhEiIRIiIiIiIkNEREQkRERE"
+    "RCRERExkiIh0nklQ0BtvvH9UcL9On2d7xuvlnmeX7/nctc1rjyOKqqKq+ihppiwqI0qS/U3YP+SIEu4o6Y4GuCN2RwPdUZk7GuSO"
+    "yt3RYHc0xB0NdUcV7miYOxrujka4o5HuqNIdjXJHo91RlTuK3JG4ozHuKOWO0u5orDsa546q3dF4dzTBHU10RzXuaJI7muyOprij"
+    "qe6o1h1l3NEr7kjdUZ07muaOprujenfU4I4a3dEMd9TkjmJ3lHVHOXeUd0cFd9Tsjma6oxZ3NMsdzXZHc15GHVHHX3ajya4ej+vv"
+    "j4jDj8iGH5ELPyIffkQh/Ijm8CNmhh/REn7ErOAj4vB2xuHtjMPbGYe3Mw5vZxzezji8nXF4O+Pwdsbh7cyGtzMb3s5seDuz4e3M"
+    "hrczG97ObHg7s+HtzIa3Mxvezlx4O3Ph7cyFtzMX3s5ceDtz4e3MhbczF97OXHg7c+HtzIe3Mx/eznx4O/Ph7cyHtzMf3s58eDvz"
+    "4e3Mh7czH97OQng7C+HtLIS3sxDezkJ4Owvh7SyEt7MQ3s5CeDsLXu1M/1pMBlzpp0VgXGLQYcZ/zyC+jC8yKC6D1zLILIPBMmgr"
+    "g6syCCqDlTKoKIN/Mkgng2ky6CWDUzKIJIM9MigjgycyyCGDETJoIIP7MQgfg+UxqB2DzzFIHIO5Megag6MxiBmDjTEoGIN3McgW"
+    "42lj0CoGl2IQKAZrYlAlBj9ikCIGE2LQHwbnYRAdBrthUBoGj2GQFwZjYdAUBjdhEJLS0/WPnq4ome4rUsBV19djPxP/zp/wnyz1"
+    "pWbqy8bUl4CpL+dSX5qlvsxKfcmU+vIn9aVM6suS1JcYqS8XUl/6o76MR31JjvryGvWlMurLXtSXsKgvR1FfWqK+TER9yYf68g31"
+    "pRjqyyrUl0ioL3dQX7qgvgxBfUmB+vIA9d361Xe3V98NXn33dPXdxtV351bfzVp992f13ZLVdxdW341Xffda9d1e1XdHVd9NVH33"
+    "TfXdKtV3d1TfDVF990D13fbUd6dT381Nffcz9d3C1HfXUt+NSr33ptLtWen2rHR7Vro9K92elW7PSrdnpduz0u3Zf+n27P9NDp8X"
+    "pTxqFiJpNUmSbDRhkp8SpmUkt6HlJN8lTYeQXIJWkGwZYDqc5CR0JMlD6CiSH9m0iuQGVEh2DTRNkZyHjiV5Dq0mOVZmOoHkHrSG"
+    "5IdBppNJrkKnkmzHo8qQ9EKVpA86jeTwYNN6kjvQRpK9Q0ybSC5DsyRbh5rmSU5Bm0keQVtIDlaYzia5CS2S7B5m2kpyATqX5AV0"
+    "Psnx4aYLSO5DF5LsH2G6iOQadDHJjpGmS0jOQpeSPIW2kRypNG0nuQtdRrJvlOlykivQFSTbRpt+SHIa+hHJY+jHJIeqTD8huQX9"
+    "lGRPZNpBchH6GclmMV1NcgL6OckD6BckB8aYriO5Du0i2Zky7SY5B91I8gy6ifoHfDQdbcMvR8uJsTA25NPjYGzMZ6thbM4XxsPY"
+    "oC9PgLFJX50IY6O+UQNjs749CcaG/ctkGJv2gykwNu7HU2Fs3k9rYWzgLzIwNvGtCmMj314HYzPfNQ3Ghv7ddBib+vf1MDb2Aw0w"
+    "NvdDjTA2+CMzYGzyx5tgbPSnYhibfW8WxoZ/Pgdj07+Uh7Hx/1yAsflfb4axAtyaCWMNuNsCYxW4PwvGOvBoNoyVoG8OjLXgeRHG"
+    "arClFcZ68O2rMFaEnXNhrAl75sFYFfbNh7Eu7H8NxspwcAGMteHw6zBWh2MLYawPJ9+AsUKcWQRjjTj3JoxV4uJiGOvElbdgrBTX"
+    "lsBYK26+DWO1uLMUxnpx7x0YK8bDNhhrxpN3Yawaz9phrBubl8FYOba9D2Pt2LEcxuqx+wOYTWQvXW0BF0WcLhYoVbZh1erOL1dG"
+    "TFGyNplKrumgqMJMYm0tLcE7P9KTrk7XZ6jaXi1ryyiNb4nsq3IobR+Z8mKq/12YVP9bVkL6h88qKyldHeE3fnuoWFeWzlCPfUvv"
+    "iUR0dpDsXREdH0Y4t+LluYm1/cfea7WPzNF0sZnU+5U85b1m/+kxSW9t+veHteVMIjozWC51Rk+sB7tWSE+m3IS0pmtl91dfd25s"
+    "WNXV1bCyu3v9NzWbOrs3rFm/ribb3NjUGKfr7XnCU/VegqhtXnv8GwW0ghg="))
+GOLDEN_PAGE_INDEX_CUTS = [
+    4, 31, 58, 85, 112, 139, 166, 193, 220, 247, 274, 301, 328, 355, 382, 409, 436, 463, 490, 517,
+    544, 571, 598, 625, 652, 679, 706, 733, 760, 787, 814, 841, 868, 895, 922, 949, 976, 1003, 1030,
+    1057, 1084, 1111, 1138, 1165, 1192, 1219, 1246, 1273, 1300, 1327, 1354, 1381, 1408, 1435, 1462,
+    1489, 1516, 1543, 1570, 1597, 1624, 1691, 1758, 1825, 1892, 1959, 2026, 2093, 2160, 2227, 2294,
+    2361, 2428, 2495, 2562, 2629, 2696, 2763, 2830, 2897, 2964, 3031, 3098, 3165, 3232, 3299, 3366,
+    3433, 3500, 3567, 3634, 3701, 3768, 3835, 3902, 3969, 4036, 4103, 4170, 4237, 4304, 4371, 4438,
+    4505, 4572, 4639, 4706, 4773, 4840, 4907, 4974, 5041, 5108, 5175, 5242, 5309, 5376, 5443, 5510,
+    5577, 5644, 6502, 11680, 12768
+]
+
+
+def test_golden_parquet_large_page_index_cuts_and_chunks(tmp_path):
+    path = tmp_path / "golden-index.parquet"
+    path.write_bytes(GOLDEN_PARQUET_PAGE_INDEX)
+    cuts = pages.page_cuts(str(path))
+    assert cuts == GOLDEN_PAGE_INDEX_CUTS
+    assert {6502, 11680} <= set(cuts)  # the column index of `k` (5,178 bytes); smaller indexes get no cuts
+    chunks = iter_chunks(io.BytesIO(GOLDEN_PARQUET_PAGE_INDEX), ChunkParams(64, 256, 1024), cuts=cuts)
+    ends = list(itertools.accumulate(len(c) for c in chunks))
+    assert ends == [
+        4, 31, 58, 85, 112, 139, 166, 193, 220, 247, 274, 301, 328, 355, 382, 409, 436, 463, 490, 517,
+        544, 571, 598, 625, 652, 679, 706, 733, 760, 787, 814, 841, 868, 895, 922, 949, 976, 1003, 1030,
+        1057, 1084, 1111, 1138, 1165, 1192, 1219, 1246, 1273, 1300, 1327, 1354, 1381, 1408, 1435, 1462,
+        1489, 1516, 1543, 1570, 1597, 1624, 1691, 1758, 1825, 1892, 1959, 2026, 2093, 2160, 2227, 2294,
+        2361, 2428, 2495, 2562, 2629, 2696, 2763, 2830, 2897, 2964, 3031, 3098, 3165, 3232, 3297, 3299,
+        3366, 3433, 3500, 3567, 3634, 3701, 3768, 3835, 3902, 3969, 4036, 4103, 4170, 4237, 4304, 4371,
+        4438, 4505, 4572, 4639, 4706, 4773, 4840, 4907, 4974, 5041, 5108, 5175, 5242, 5309, 5376, 5443,
+        5510, 5577, 5644, 5925, 6049, 6328, 6502, 6769, 7134, 7417, 7635, 7982, 8249, 8679, 9005, 9310,
+        9597, 9880, 10098, 10445, 10712, 11142, 11468, 11680, 12032, 12383, 12639, 12768, 13065, 13115
+    ]
+
+
+def test_misplaced_page_index_is_ignored_not_trusted():
+    chunks = [(4, 100), (100, 200)]
+    assert pages._index_cuts([(300, 5000)], chunks, footer_start=6000) == {300, 5000}
+    for bad in ([(150, 5000)], [(300, 7000)], [(300, 5000), (50, 90)], [(5000, 300)]):
+        assert pages._index_cuts(bad, chunks, footer_start=6000) == set()
