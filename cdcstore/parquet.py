@@ -14,7 +14,8 @@ import os
 # fingerprint falls below a threshold, within [min_rows, max_rows]. Inserting or
 # deleting rows therefore changes the row groups around the edit only, instead of
 # shifting every later boundary. Inside row groups, Arrow's content-defined page
-# chunking keeps unchanged pages byte-identical.
+# chunking keeps unchanged pages byte-identical; dictionaries only for columns with
+# few values, sorted for strings, so that an edit does not renumber the pages after it.
 
 WRITER_VERSION = 2
 WRITER_METADATA_KEY = b"cdcstore.writer"
@@ -25,6 +26,8 @@ CDC_OPTIONS = {"min_chunk_size": 64 * 1024, "max_chunk_size": 512 * 1024, "norm_
 #: order shift with every edit, renumbering the data pages after it, and overflow Arrow's
 #: dictionary page limit (a fall back to plain at a row that depends on the row group's start).
 DICTIONARY_MAX_VALUES = 4096
+#: ... and if those values take at most this many bytes (a quarter of Arrow's dictionary page limit).
+DICTIONARY_MAX_BYTES = 256 * 1024
 DEFAULT_ROW_GROUP_BYTES = 32 * 1024 * 1024
 _SLICE_ROWS = 65536
 
@@ -193,8 +196,9 @@ def _row_group_ends(table, row_group_bytes: int, fps, target: int | None = None)
 
 def dictionary_columns(table, max_values: int = DICTIONARY_MAX_VALUES) -> list[str]:
     """Parquet column paths to dictionary-encode: top-level columns of a flat type with at
-    most `max_values` distinct values in `table`, and the leaves of nested columns (Arrow's
-    default for them). Pure function of the table's values, so versions agree."""
+    most `max_values` distinct values (of at most DICTIONARY_MAX_BYTES) in `table`, and the
+    leaves of nested columns (Arrow's default for them). Pure function of the table's values,
+    so versions agree."""
     import pyarrow as pa
 
     paths = []
@@ -234,7 +238,7 @@ def _few_distinct(col, max_values: int) -> bool:
                 seen = part if seen is None else pc.unique(pa.concat_arrays([seen, part]))
             except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
                 return True  # a type unique() does not know: leave Arrow's default
-            if len(seen) > max_values:
+            if len(seen) > max_values or seen.nbytes > DICTIONARY_MAX_BYTES:
                 return False
     return True
 

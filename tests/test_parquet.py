@@ -237,6 +237,7 @@ def test_dictionary_only_for_columns_with_few_distinct_values(tmp_path):
         "dict": pa.array([f"d{v}" for v in rng.integers(0, 5, n)]).dictionary_encode(),
         "many": pa.array([f"m{v}" for v in rng.integers(0, 10**9, n)]).dictionary_encode(),
         "nested": pa.array([[int(v)] for v in rng.integers(0, 3, n)]),
+        "long": pa.array([f"{v}" * 400 for v in rng.integers(0, 1000, n)]),  # few values, 1 MB of them
     })
     cols = P.dictionary_columns(t)
     assert cols == ["cat", "flag", "dict", "nested.list.element"]
