@@ -215,7 +215,7 @@ def test_writer_deleting_one_percent_mid_file_stores_little(tmp_path):
     """Deleting 1% of the rows mid-file stores a few pages per column, not the rest of the
     row group: no dictionary renumbering for many-valued columns, and page boundaries that
     fall back into step soon after the cut. (Writer version 1 stored 50% of the file here,
-    version 2 stores 14%: the rest of the row group that holds the cut, in small groups.)"""
+    version 2 stores 12%: pages of the row group that holds the cut, in these small groups.)"""
     t, edited = _delete_edit_tables()
     a, b = str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")
     P.write_table(t, a, row_group_rows=1 << 16)
