@@ -14,12 +14,20 @@ import os
 # fingerprint falls below a threshold, within [min_rows, max_rows]. Inserting or
 # deleting rows therefore changes the row groups around the edit only, instead of
 # shifting every later boundary. Inside row groups, Arrow's content-defined page
-# chunking keeps unchanged pages byte-identical.
+# chunking keeps unchanged pages byte-identical; dictionaries only for columns with
+# few values, sorted for strings, so that an edit does not renumber the pages after it.
 
-WRITER_VERSION = 1
+WRITER_VERSION = 2
 WRITER_METADATA_KEY = b"cdcstore.writer"
 #: Arrow CDC options used by the writer, recorded in every file it writes.
-CDC_OPTIONS = {"min_chunk_size": 256 * 1024, "max_chunk_size": 1024 * 1024, "norm_level": 0}
+CDC_OPTIONS = {"min_chunk_size": 64 * 1024, "max_chunk_size": 512 * 1024, "norm_level": 0}
+#: A top-level column is dictionary-encoded only if the whole table has at most this many
+#: distinct values in it (version 2). Many values would make the dictionary's first-appearance
+#: order shift with every edit, renumbering the data pages after it, and overflow Arrow's
+#: dictionary page limit (a fall back to plain at a row that depends on the row group's start).
+DICTIONARY_MAX_VALUES = 4096
+#: ... and if those values take at most this many bytes (a quarter of Arrow's dictionary page limit).
+DICTIONARY_MAX_BYTES = 256 * 1024
 DEFAULT_ROW_GROUP_BYTES = 32 * 1024 * 1024
 _SLICE_ROWS = 65536
 
@@ -186,6 +194,55 @@ def _row_group_ends(table, row_group_bytes: int, fps, target: int | None = None)
     return plan_row_groups(fps, target, max(1, target // 4), target * 32)
 
 
+def dictionary_columns(table, max_values: int = DICTIONARY_MAX_VALUES) -> list[str]:
+    """Parquet column paths to dictionary-encode: top-level columns of a flat type with at
+    most `max_values` distinct values (of at most DICTIONARY_MAX_BYTES) in `table`, and the
+    leaves of nested columns (Arrow's default for them). Pure function of the table's values,
+    so versions agree."""
+    import pyarrow as pa
+
+    paths = []
+    for field in table.schema:
+        if pa.types.is_nested(field.type):
+            paths.extend(_leaf_paths(field))
+        elif _few_distinct(table[field.name], max_values):
+            paths.append(field.name)
+    return paths
+
+
+def _leaf_paths(field) -> list[str]:
+    """Parquet leaf column paths of one (nested) Arrow field, as pyarrow names them."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({field.name: pa.array([], field.type)}), buf)
+    schema = pq.ParquetFile(io.BytesIO(buf.getvalue())).schema
+    return [schema.column(i).path for i in range(len(schema))]
+
+
+def _few_distinct(col, max_values: int) -> bool:
+    """True if the chunked array `col` has at most `max_values` distinct values (stops early)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    seen = None
+    for chunk in col.chunks:
+        if pa.types.is_dictionary(chunk.type):
+            chunk = chunk.dictionary_decode()
+        for s in range(0, len(chunk), _SLICE_ROWS):
+            try:
+                part = pc.unique(chunk.slice(s, _SLICE_ROWS))
+                seen = part if seen is None else pc.unique(pa.concat_arrays([seen, part]))
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+                return True  # a type unique() does not know: leave Arrow's default
+            if len(seen) > max_values or seen.nbytes > DICTIONARY_MAX_BYTES:
+                return False
+    return True
+
+
 def _plan(table, row_group_bytes: int, key: list[str] | None, rows: int | None = None):
     key = key_columns(table) if key is None else list(key)
     fps = row_fingerprints(table, key)
@@ -235,32 +292,99 @@ def write_table(table, where, *, row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
     rows apart, see `key_columns()`); pass them, and `row_group_rows` (a target in
     rows instead of one derived from `row_group_bytes` and the row width), to keep
     boundaries stable across versions whatever else changes, columns added or
-    dropped included. The options are recorded under
+    dropped included. Dictionary encoding only for columns with few distinct
+    values (`dictionary_columns()`). The options are recorded under
     the `cdcstore.writer` schema metadata key. `compression` (default zstd),
-    `use_dictionary` and other keyword arguments go to `pyarrow.parquet.ParquetWriter`.
+    `use_dictionary` (overrides the choice) and other keyword arguments go to
+    `pyarrow.parquet.ParquetWriter`.
     """
     key, _, ends = _plan(table, row_group_bytes, key_columns, row_group_rows)
     return _write_groups(table, where, ends, row_group_bytes, key, **kwargs)
 
 
 def _write_groups(table, where, ends: list[int], row_group_bytes: int, key: list[str], *,
-                  compression: str = "zstd", **options) -> list[int]:
+                  compression: str = "zstd", use_dictionary=None, **options) -> list[int]:
     import json
 
     import pyarrow.parquet as pq
 
+    if use_dictionary is None:
+        use_dictionary = dictionary_columns(table)
+    ordered = [] if "store_schema" in options else sorted_dictionary_columns(table, use_dictionary)
     meta = dict(table.schema.metadata or {})
     meta[WRITER_METADATA_KEY] = json.dumps({
         "version": WRITER_VERSION, "cdc": CDC_OPTIONS, "row_group_bytes": row_group_bytes,
-        "key_columns": key, "compression": compression}).encode()
-    schema = table.schema.with_metadata(meta)
+        "key_columns": key, "compression": compression, "dictionary": use_dictionary,
+        "sorted_dictionary": ordered}).encode()
+    wschema, stored_meta = _writer_schema(table.schema.with_metadata(meta), ordered)
+    if ordered:
+        options["store_schema"] = False  # the table's own schema is stored instead (ARROW:schema)
     sizes = []
-    with pq.ParquetWriter(where, schema, compression=compression, use_content_defined_chunking=CDC_OPTIONS,
-                          write_page_index=True, **options) as w:
+    with pq.ParquetWriter(where, wschema, compression=compression, use_content_defined_chunking=CDC_OPTIONS,
+                          write_page_index=True, use_dictionary=use_dictionary, **options) as w:
         start = 0
         for end in ends:
-            w.write_table(table.slice(start, end - start).replace_schema_metadata(meta),
+            w.write_table(_with_sorted_dictionaries(table.slice(start, end - start), ordered, wschema),
                           row_group_size=end - start)
             sizes.append(end - start)
             start = end
+        if stored_meta:
+            w.add_key_value_metadata(stored_meta)
     return sizes
+
+
+def _sortable(t) -> bool:
+    """Types whose Arrow dictionary Arrow's Parquet writer keeps in its order (measured with
+    pyarrow 26: string and binary; it re-encodes numeric and temporal dictionaries by first
+    appearance) and that read back as the plain type."""
+    import pyarrow as pa
+
+    return t in (pa.string(), pa.binary())
+
+
+def sorted_dictionary_columns(table, use_dictionary) -> list[str]:
+    """The dictionary-encoded top-level columns whose dictionary the writer sorts (all of
+    `use_dictionary` that have a type `_sortable` accepts)."""
+    if not isinstance(use_dictionary, (list, tuple)):
+        return []
+    wanted = set(use_dictionary)
+    return [f.name for f in table.schema if f.name in wanted and _sortable(f.type)]
+
+
+def _writer_schema(schema, ordered: list[str]):
+    """(schema the Parquet writer gets, key-value metadata to store or None): the columns in
+    `ordered` are handed over as dictionary arrays, and `schema` itself is stored as
+    ARROW:schema (as pyarrow stores it) so that readers still get the plain types."""
+    import base64
+
+    import pyarrow as pa
+
+    if not ordered:
+        return schema, None
+    wschema = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type), f.nullable, f.metadata)
+                         if f.name in ordered else f for f in schema], schema.metadata)
+    meta = dict(schema.metadata or {})
+    meta[b"ARROW:schema"] = base64.b64encode(schema.serialize().to_pybytes())
+    return wschema, meta
+
+
+def _with_sorted_dictionaries(part, ordered: list[str], wschema):
+    """`part` with each column of `ordered` as a dictionary array whose dictionary is the
+    column's distinct values in sorted order. Arrow's Parquet writer keeps a given
+    dictionary's order, so a value's index depends on which values the row group holds,
+    not on where each first appears: after an edit, pages away from it keep their bytes."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not ordered:
+        return part.replace_schema_metadata(wschema.metadata)
+    cols = []
+    for f in part.schema:
+        col = part[f.name]
+        if f.name in ordered:
+            values = col.combine_chunks()
+            uniq = pc.unique(values).drop_null()
+            uniq = uniq.take(pc.array_sort_indices(uniq))
+            col = pa.DictionaryArray.from_arrays(pc.index_in(values, value_set=uniq).cast(pa.int32()), uniq)
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=wschema)

@@ -6,8 +6,9 @@ read per page), and returns the offsets where a chunk must end: every page
 start, every column chunk end and the start of the footer region. Files written
 with Arrow's content-defined chunking then dedup at page granularity; pages larger
 than the maximum chunk size are sub-chunked by the byte chunker (hash reset at the
-page start). Anything that is not a readable Parquet file yields None, and the
-caller falls back to plain byte CDC.
+page start). A large column or offset index (`INDEX_CUT_BYTES`) is cut out of the footer
+region too. Anything that is not a readable Parquet file yields None, and the caller falls
+back to plain byte CDC.
 """
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ from .thrift import Decoder, ThriftError
 
 MAGIC = b"PAR1"
 _HEADER_PROBE = 4096  # bytes read per page header at first; grown when a header is longer
+#: A column index or offset index at least this long gets cut points at its start and end
+#: (revision 2 of the forced cut points): a large index - min/max of long strings, many pages -
+#: then dedups on its own when others around it change. Smaller ones stay with their
+#: neighbours, so that a wide table's many small indexes do not each become a tiny chunk.
+INDEX_CUT_BYTES = 4096
 
 
 def read_page_header(buf, pos: int = 0) -> tuple[int, int, int]:
@@ -33,8 +39,15 @@ def read_page_header(buf, pos: int = 0) -> tuple[int, int, int]:
 
 def column_chunk_ranges(footer: bytes) -> list[tuple[int, int]]:
     """(start, end) of every column chunk, from the FileMetaData bytes."""
+    return footer_ranges(footer)[0]
+
+
+def footer_ranges(footer: bytes) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(column chunk ranges, large page index ranges) from the FileMetaData bytes: every
+    column chunk's (start, end), and (start, end) of every column index and offset index of at
+    least INDEX_CUT_BYTES."""
     meta = Decoder(footer).struct()
-    ranges = []
+    ranges, indexes = [], []
     for rg in _list_of_structs(meta.get(4, []), "row groups"):  # FileMetaData.row_groups
         for cc in _list_of_structs(rg.get(1, []), "columns"):  # RowGroup.columns
             md = cc.get(3)  # ColumnChunk.meta_data
@@ -44,7 +57,11 @@ def column_chunk_ranges(footer: bytes) -> list[tuple[int, int]]:
             if isinstance(md.get(11), int) and md[11]:  # dictionary_page_offset
                 start = min(start, md[11])
             ranges.append((start, start + md[7]))  # total_compressed_size
-    return sorted(ranges)
+            for off, length in ((4, 5), (6, 7)):  # offset_index_offset/length, column_index_offset/length
+                o, n = cc.get(off), cc.get(length)
+                if isinstance(o, int) and isinstance(n, int) and n >= INDEX_CUT_BYTES:
+                    indexes.append((o, o + n))
+    return sorted(ranges), sorted(indexes)
 
 
 def _list_of_structs(value, what: str) -> list:
@@ -77,8 +94,8 @@ def page_cuts_of(f: BinaryIO, size: int) -> list[int] | None:
         if tail[4:] != MAGIC or footer_start < 4:
             return None
         f.seek(footer_start)
-        ranges = column_chunk_ranges(f.read(footer_len))
-        cuts = {4, footer_start}
+        ranges, indexes = footer_ranges(f.read(footer_len))
+        cuts = {4, footer_start} | _index_cuts(indexes, ranges, footer_start)
         for start, end in ranges:
             if not 4 <= start <= end <= footer_start:
                 return None
@@ -92,6 +109,16 @@ def page_cuts_of(f: BinaryIO, size: int) -> list[int] | None:
         return sorted(c for c in cuts if 0 < c < size)
     except (OSError, ThriftError, struct.error, RecursionError):
         return None
+
+
+def _index_cuts(indexes, ranges, footer_start: int) -> set[int]:
+    """Start and end of each large page index that lies after the last column chunk and before
+    the footer; none at all if any does not (an index the footer misplaces is ignored, never
+    trusted)."""
+    lowest = max((end for _, end in ranges), default=4)
+    if not all(lowest <= a < b <= footer_start for a, b in indexes):
+        return set()
+    return {c for a, b in indexes for c in (a, b)}
 
 
 def _page_length(f: BinaryIO, pos: int, end: int) -> int:
