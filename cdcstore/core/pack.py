@@ -116,6 +116,17 @@ def decode_chunk(stored, codec: int, raw_len: int, chunk_id: bytes):
     return raw
 
 
+def first_mismatch(view, chunk_ids, lengths) -> int:
+    """The index of the first raw chunk, of those back to back in `view`, whose bytes do
+    not match its id; -1 when all match (each is hashed straight from `view`)."""
+    digest, pos = ids.digest, 0
+    for k, (cid, n) in enumerate(zip(chunk_ids, lengths)):
+        if digest(view[pos:pos + n]) != cid:
+            return k
+        pos += n
+    return -1
+
+
 class PackWriter:
     """Appends verified chunks to a binary file and finishes it with the index.
 

@@ -31,8 +31,8 @@ from ..core.commit import Commit, changes
 from ..core.errors import (AccessDeniedError, ConflictError, CorruptionError, InvalidAddressError, NotFoundError,
                           RefExistsError, RemoteError, RepoNotFoundError, RevisionNotFoundError, error_class)
 from ..core.manifest import Manifest
-from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
-from ..core.ranges import ByteRange, plan_ranges, slices
+from ..core.pack import PackEntry, decode_chunk
+from ..core.ranges import ByteRange, landing as _landing, plan_ranges, slices
 from ..storage.backend import Backend, BackendCapabilities
 from ..storage.local import pid_alive
 
@@ -307,25 +307,6 @@ class Transport:
         if len(data) != end - start:
             raise CorruptionError(f"short range read from {path}: wanted {end - start} bytes, got {len(data)}")
         return data
-
-
-def _landing(r: ByteRange, places: dict) -> int | None:
-    """Where range `r` can land in the output as it is: its chunks raw, back to back in
-    the pack and, whole, back to back in the output; else None."""
-    dest = None
-    pos = r.start
-    for e in r.entries:
-        if e.codec != CODEC_RAW or e.offset != pos or e.stored_len != e.raw_len:
-            return None
-        first = places[e.chunk_id][0]
-        if first[1] != 0 or first[2] != e.raw_len:
-            return None
-        if dest is None:
-            dest = first[0]
-        elif first[0] != dest + (pos - r.start):
-            return None
-        pos += e.stored_len
-    return dest if pos == r.end else None
 
 
 def _place_range(r: ByteRange, data, places: dict, out: memoryview, stored: dict | None, landed: bool) -> None:

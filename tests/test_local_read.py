@@ -1,0 +1,174 @@
+"""Reads of a local store (the fast path: pack ranges land in the result and are verified
+there): exact bytes for any range, every damaged byte caught on every path (raw and zstd
+chunks), a truncated pack, a read racing a gc that repacks, readers in threads."""
+import os
+import random
+import sqlite3
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from cdcstore import CorruptionError, Store
+from cdcstore.core.chunker import ChunkParams
+from cdcstore.core.pack import CODEC_RAW, CODEC_ZSTD
+from cdcstore.engine.push import IngestOptions
+from cdcstore.storage.repository import LocalStore
+from conftest import golden_input
+
+PARAMS = ChunkParams(16384, 65536, 262144)
+# raw runs, a compressible run (zstd chunks), a repeated block (duplicate chunks), an odd tail
+DATA = golden_input(2_500_000) + b"z" * 300_000 + golden_input(900_000) + golden_input(1_000_001)[::-1]
+MiB = 1 << 20
+
+
+def _push(s: Store, tmp_path, data: bytes, addr: str = "cdc://d/f.bin", **opts) -> None:
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    s.push([str(src)], addr, options=IngestOptions(params=PARAMS, **opts))
+
+
+@pytest.fixture(scope="module")
+def pushed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("local-read")
+    s = Store.init(str(root / "store"))
+    _push(s, root, DATA, max_pack_bytes=1_500_000)  # several packs: runs break at pack ends
+    yield s
+    s.close()
+
+
+def _read_all(f, piece: int) -> bytes:
+    out = []
+    while b := f.read(piece):
+        out.append(b)
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("piece", [-1, 8 * MiB, 1 * MiB, 1_000_003, 65_536, 4097])
+def test_sequential_reads_are_exact(pushed, piece):
+    with pushed.open("cdc://d/f.bin") as f:
+        assert (f.read() if piece < 0 else _read_all(f, piece)) == DATA
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(reads=st.lists(st.tuples(st.integers(0, len(DATA) + 10),
+                                st.one_of(st.integers(0, 70_000), st.integers(MiB - 10, 3 * MiB),
+                                          st.just(len(DATA)))), min_size=1, max_size=6))
+def test_random_ranges_equal_the_plain_file(pushed, reads):
+    with pushed.open("cdc://d/f.bin") as f:
+        for off, n in reads:
+            got = f.pread(off, n)
+            assert type(got) is bytes and got == DATA[off:off + n]
+            f.seek(off)
+            assert f.read(n) == DATA[off:off + n]  # read moves the position: the next may be sequential
+
+
+def test_readers_in_threads_get_exact_bytes(pushed):
+    errors = []
+
+    def reader(seed):
+        rng = random.Random(seed)
+        try:
+            with pushed.open("cdc://d/f.bin") as f:
+                for _ in range(12):
+                    off, n = rng.randrange(len(DATA)), rng.choice([100, 70_000, 2 * MiB, len(DATA)])
+                    assert f.pread(off, n) == DATA[off:off + n]
+                assert _read_all(f, 3 * MiB) == DATA
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and not any(t.is_alive() for t in threads)
+
+
+# -- damage -------------------------------------------------------------------------------------------
+
+def _rows(store_root, codec=None):
+    with sqlite3.connect(os.path.join(store_root, "index.sqlite")) as c:
+        q = "SELECT id, pack, offset, stored_len, raw_len, codec FROM chunks"
+        return [r for r in c.execute(q) if codec is None or r[5] == codec]
+
+
+def _flip(store_root, pack, at):
+    with open(os.path.join(store_root, "packs", pack[:2], pack + ".pack"), "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+@pytest.fixture
+def fresh(tmp_path):
+    s = Store.init(str(tmp_path / "store"))
+    _push(s, tmp_path, DATA, max_pack_bytes=1_500_000)
+    yield s
+    s.close()
+
+
+def _file_offset_of(s: Store, chunk_id: bytes) -> int:
+    with s.open("cdc://d/f.bin") as f:
+        m = f._m
+    return m.chunk_start(m.chunk_ids.index(chunk_id))
+
+
+READS = {
+    "read(8 MiB) to the end": lambda f, at: _read_all(f, 8 * MiB),
+    "read()": lambda f, at: f.read(),
+    "large pread around it": lambda f, at: f.pread(max(0, at - MiB), 2 * MiB + 5),
+    "small read inside it": lambda f, at: f.pread(at + 10, 100),
+    "sequential 1 MiB reads": lambda f, at: _read_all(f, MiB),
+}
+
+
+@pytest.mark.parametrize("codec", [CODEC_RAW, CODEC_ZSTD])
+@pytest.mark.parametrize("how", list(READS))
+def test_a_damaged_byte_is_caught_on_every_path(fresh, codec, how):
+    rows = [r for r in _rows(fresh.location, codec) if r[3] > 100]
+    cid, pack, off, slen, _, _ = rows[len(rows) // 2]
+    at = _file_offset_of(fresh, cid)
+    _flip(fresh.location, pack, off + slen // 2)
+    with fresh.open("cdc://d/f.bin") as f:
+        with pytest.raises(CorruptionError, match=f"chunk {cid.hex()} does not (match|decompress)"):
+            READS[how](f, at)
+    assert cid not in {r[0] for r in _rows(fresh.location)}  # counted absent: a push stores it again
+
+
+def test_a_truncated_pack_is_an_error_not_short_bytes(fresh):
+    rows = _rows(fresh.location)
+    pack = max({r[1] for r in rows}, key=lambda p: sum(r[3] for r in rows if r[1] == p))
+    path = os.path.join(fresh.location, "packs", pack[:2], pack + ".pack")
+    os.truncate(path, os.path.getsize(path) // 2)
+    for how in ("read(8 MiB) to the end", "read()", "sequential 1 MiB reads"):
+        with fresh.open("cdc://d/f.bin") as f:
+            with pytest.raises(CorruptionError, match=f"pack {pack}"):
+                READS[how](f, 0)
+
+
+# -- a read racing gc ---------------------------------------------------------------------------------
+
+def test_a_read_racing_a_repack_reads_exact_bytes(tmp_path):
+    """A reader that located its file before gc moved the chunks (a repack in another
+    process: another LocalStore) still reads the file exactly."""
+    old = golden_input(2_500_000)
+    keep = b"".join(old[i:i + 250_000] if (i // 250_000) % 2 == 0 else random.Random(i).randbytes(250_000)
+                    for i in range(0, len(old), 250_000))  # half the old chunks stay live, interleaved
+    s = Store.init(str(tmp_path / "store"))
+    try:
+        _push(s, tmp_path, old, "cdc://d@exp/f.bin", max_pack_chunks=12)
+        _push(s, tmp_path, keep, "cdc://d/f.bin", max_pack_chunks=12)
+        s.delete_branch("d", "exp")
+        with s.open("cdc://d/f.bin") as f:
+            assert f.read(1000) == keep[:1000]  # located the whole file, opened its first pack
+            r = Store(s.location).gc(grace=0, repack_dead=0.2)
+            assert r["repack_packs"] >= 2  # live chunks were moved to new packs
+            assert f.read(2 * MiB) == keep[1000:1000 + 2 * MiB]
+            assert f.read() == keep[1000 + 2 * MiB:]
+        with s.open("cdc://d/f.bin") as f:
+            assert f.read() == keep
+        assert LocalStore(s.location).check(read_data=True)["problems"] == []
+    finally:
+        s.close()
