@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import weakref
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 
 from .. import runtime
 from ..core.chunker import DEFAULT_PARAMS
@@ -51,18 +51,21 @@ def _prefetch_pool():
 DIRECT_MIN = 1024 * 1024  # reads this large land straight in their result (see `_pread_direct`)
 RUNS_MIN = 256 * 1024  # local reads this large land in their result run by run (see `_pread_runs`)
 RUN_PIECE = 1024 * 1024  # bytes read at once before they are hashed (still in the CPU's cache)
-PLANS_MAX_CHUNKS = 1 << 18  # chunks of the file plans kept per local store (~16 GiB of files)
+SPLIT_MIN = 4 * 1024 * 1024  # local reads this large are read by two threads
+READ_SPLIT = True
+PLANS_MAX_RUNS = 1 << 16  # runs of the file plans kept per local store
 
 
 class _Plans:
-    """Each local store's file plans (`file_runs`) by chunk ids, kept while the store's
-    index is unchanged (`index_stamp`): a file opened again reads without locating."""
+    """Each local store's file plans (`file_runs`) by their file's chunk list, kept while
+    the store's index is unchanged (`index_stamp`): a file opened again reads without
+    locating. Bounded by runs (a file written by one push has a few runs per pack)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._by_source: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def get(self, source, key: tuple, stamp) -> tuple | None:
+    def get(self, source, key: bytes, stamp) -> tuple | None:
         with self._lock:
             plans = self._by_source.get(source)
             got = plans.get(key) if plans is not None else None
@@ -71,15 +74,15 @@ class _Plans:
             plans.move_to_end(key)
             return got[1]
 
-    def put(self, source, key: tuple, stamp, plan: tuple) -> None:
+    def put(self, source, key: bytes, stamp, plan: tuple, size: int) -> None:
         with self._lock:
             plans = self._by_source.setdefault(source, collections.OrderedDict())
-            plans[key] = (stamp, plan)
+            plans[key] = (stamp, plan, size)
             plans.move_to_end(key)
-            while len(plans) > 1 and sum(len(k) for k in plans) > PLANS_MAX_CHUNKS:
+            while len(plans) > 1 and sum(p[2] for p in plans.values()) > PLANS_MAX_RUNS:
                 plans.popitem(last=False)
 
-    def drop(self, source, key: tuple) -> None:
+    def drop(self, source, key: bytes) -> None:
         with self._lock:
             plans = self._by_source.get(source)
             if plans is not None:
@@ -342,12 +345,35 @@ class FileReader(io.RawIOBase):
             self._remember(i, data)
 
     def _land(self, first: int, stop: int, base: int, out: memoryview) -> None:
-        """Whole chunks [first, stop) into `out` (which holds the file from byte `base`)."""
+        """Whole chunks [first, stop) into `out` (which holds the file from byte `base`).
+        A large read is split in two halves, one read on the read pool: copies and
+        hashing release the GIL, so both cores copy."""
+        pieces, packed = self._pieces(first, stop)
+        fut = None
+        if READ_SPLIT and len(pieces) > 1 and self._m.ends[stop - 1] - self._m.ends[first] >= SPLIT_MIN:
+            half = len(pieces) // 2
+            fut = _prefetch_pool().submit(self._read_pieces, pieces[half:], base, out)
+            pieces = pieces[:half]
+        try:
+            self._read_pieces(pieces, base, out)
+            if packed:
+                got = self._fetch(packed)
+                ends, lens = self._m.ends, self._m.lengths
+                for i in packed:
+                    at = ends[i] - lens[i] - base
+                    out[at:at + lens[i]] = got[i]
+        finally:
+            if fut is not None:
+                wait([fut])
+        if fut is not None:
+            fut.result()
+
+    def _pieces(self, first: int, stop: int) -> tuple[list[tuple[str, int, int, int]], list[int]]:
+        """Chunks [first, stop) as reads of pack ranges of at most `RUN_PIECE` bytes (pack,
+        offset, first chunk, stop chunk), and the compressed chunks among them (pure)."""
         runs, firsts = self._runs()
-        m = self._m
-        ids, lens, ends = m.chunk_ids, m.lengths, m.ends
-        read = self._src.read_run_into
-        packed = []
+        lens, ends = self._m.lengths, self._m.ends
+        pieces, packed = [], []
         k = bisect.bisect_right(firsts, first) - 1
         while k < len(runs) and runs[k].first < stop:
             r = runs[k]
@@ -360,23 +386,26 @@ class FileReader(io.RawIOBase):
             while i < b:
                 start = ends[i] - lens[i]
                 j = max(i + 1, bisect.bisect_right(ends, start + RUN_PIECE, i, b))
-                n = ends[j - 1] - start
-                read(r.pack, r.offset + start - run_start, out[start - base:start - base + n], ids[i:j], lens[i:j])
+                pieces.append((r.pack, r.offset + start - run_start, i, j))
                 i = j
-        if packed:
-            got = self._fetch(packed)
-            for i in packed:
-                at = ends[i] - lens[i] - base
-                out[at:at + lens[i]] = got[i]
+        return pieces, packed
+
+    def _read_pieces(self, pieces: list, base: int, out: memoryview) -> None:
+        """Each piece read straight into its place in `out` and verified there."""
+        ids, lens, ends = self._m.chunk_ids, self._m.lengths, self._m.ends
+        read = self._src.read_run_into
+        for pack, offset, i, j in pieces:
+            at = ends[i] - lens[i] - base
+            read(pack, offset, out[at:ends[j - 1] - base], ids[i:j], lens[i:j])
 
     def _runs(self) -> tuple[list[Run], list[int]]:
         """This file's runs (`file_runs`) and their first chunks: located in one batch at
         the first read, or taken from a file opened before while the index is unchanged."""
         if self._plan is None:
-            key, stamp = tuple(self._m.chunk_ids), self._src.index_stamp()  # the stamp before locating
+            key, stamp = self._plan_key(), self._src.index_stamp()  # the stamp before locating
             plan = _plans.get(self._src, key, stamp)
             if plan is None:
-                wanted = list(dict.fromkeys(key))
+                wanted = list(dict.fromkeys(self._m.chunk_ids))
                 located = self._src.locate(wanted, self._repo)
                 self._locs.update(located)
                 for cid in wanted:
@@ -384,14 +413,18 @@ class FileReader(io.RawIOBase):
                         self._location(cid)  # raises: not in the store
                 runs = file_runs(self._m.chunk_ids, located)
                 plan = (runs, [r.first for r in runs])
-                _plans.put(self._src, key, stamp, plan)
+                _plans.put(self._src, key, stamp, plan, len(runs))
             self._plan = plan
         return self._plan
+
+    def _plan_key(self) -> bytes:
+        """The file's chunk list, hashed (the key of its plan)."""
+        return digest(b"".join(self._m.chunk_ids))
 
     def _relocate(self, indices) -> None:
         """Locate chunks again (a pack named by their old location is gone)."""
         if self._by_runs:
-            _plans.drop(self._src, tuple(self._m.chunk_ids))
+            _plans.drop(self._src, self._plan_key())
             self._plan = None
             self._runs()
         else:
