@@ -172,3 +172,31 @@ def test_a_read_racing_a_repack_reads_exact_bytes(tmp_path):
         assert LocalStore(s.location).check(read_data=True)["problems"] == []
     finally:
         s.close()
+
+
+# -- locating -----------------------------------------------------------------------------------------
+
+def test_a_file_is_located_once_and_again_only_when_the_index_changed(tmp_path, monkeypatch):
+    """One batched lookup per file (not per chunk or per read); a file opened again while
+    the index is unchanged needs none; a change by another process (a push) is noticed."""
+    s = Store.init(str(tmp_path / "store"))
+    try:
+        _push(s, tmp_path, DATA)
+        calls = []
+        real = s.backend.locate
+        monkeypatch.setattr(s.backend, "locate", lambda ids, repo=None: calls.append(len(list(ids))) or real(ids, repo))
+        with s.open("cdc://d/f.bin") as f:
+            assert _read_all(f, MiB) == DATA and f.read(10) == b""
+        assert len(calls) == 1
+        with s.open("cdc://d/f.bin") as f:
+            assert f.read() == DATA
+        assert len(calls) == 1
+        other = Store(s.location)  # another writer: its own index connection
+        (tmp_path / "g.bin").write_bytes(b"another file")
+        other.push([str(tmp_path / "g.bin")], "cdc://d/g.bin")
+        other.close()
+        with s.open("cdc://d/f.bin") as f:
+            assert f.read() == DATA
+        assert len(calls) == 2
+    finally:
+        s.close()

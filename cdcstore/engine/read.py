@@ -52,7 +52,7 @@ DIRECT_MIN = 1024 * 1024  # reads this large land straight in their result (see 
 RUNS_MIN = 256 * 1024  # local reads this large land in their result run by run (see `_pread_runs`)
 RUN_PIECE = 1024 * 1024  # bytes read at once before they are hashed (still in the CPU's cache)
 SPLIT_MIN = 4 * 1024 * 1024  # local reads this large are read by two threads
-READ_SPLIT = True
+READ_SPLIT = False
 PLANS_MAX_RUNS = 1 << 16  # runs of the file plans kept per local store
 
 
