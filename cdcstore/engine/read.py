@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import weakref
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 
 from .. import runtime
 from ..core.chunker import DEFAULT_PARAMS
@@ -51,8 +51,6 @@ def _prefetch_pool():
 DIRECT_MIN = 1024 * 1024  # reads this large land straight in their result (see `_pread_direct`)
 RUNS_MIN = 256 * 1024  # local reads this large land in their result run by run (see `_pread_runs`)
 RUN_PIECE = 1024 * 1024  # bytes read at once before they are hashed (still in the CPU's cache)
-SPLIT_MIN = 4 * 1024 * 1024  # local reads this large are read by two threads
-READ_SPLIT = False
 PLANS_MAX_RUNS = 1 << 16  # runs of the file plans kept per local store
 
 
@@ -346,27 +344,15 @@ class FileReader(io.RawIOBase):
 
     def _land(self, first: int, stop: int, base: int, out: memoryview) -> None:
         """Whole chunks [first, stop) into `out` (which holds the file from byte `base`).
-        A large read is split in two halves, one read on the read pool: copies and
-        hashing release the GIL, so both cores copy."""
+        (Splitting a large read over two threads was measured slower here: one thread.)"""
         pieces, packed = self._pieces(first, stop)
-        fut = None
-        if READ_SPLIT and len(pieces) > 1 and self._m.ends[stop - 1] - self._m.ends[first] >= SPLIT_MIN:
-            half = len(pieces) // 2
-            fut = _prefetch_pool().submit(self._read_pieces, pieces[half:], base, out)
-            pieces = pieces[:half]
-        try:
-            self._read_pieces(pieces, base, out)
-            if packed:
-                got = self._fetch(packed)
-                ends, lens = self._m.ends, self._m.lengths
-                for i in packed:
-                    at = ends[i] - lens[i] - base
-                    out[at:at + lens[i]] = got[i]
-        finally:
-            if fut is not None:
-                wait([fut])
-        if fut is not None:
-            fut.result()
+        self._read_pieces(pieces, base, out)
+        if packed:
+            got = self._fetch(packed)
+            ends, lens = self._m.ends, self._m.lengths
+            for i in packed:
+                at = ends[i] - lens[i] - base
+                out[at:at + lens[i]] = got[i]
 
     def _pieces(self, first: int, stop: int) -> tuple[list[tuple[str, int, int, int]], list[int]]:
         """Chunks [first, stop) as reads of pack ranges of at most `RUN_PIECE` bytes (pack,
