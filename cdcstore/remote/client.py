@@ -545,10 +545,26 @@ class RemoteStore(Backend):
         return self._remembered(("manifest", repo, name), lambda: self._fetch_manifest(name, repo))
 
     def _fetch_manifest(self, name: str, repo: str | None) -> Manifest:
-        data = self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}")
+        return self._checked_manifest(name, self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}"))
+
+    @staticmethod
+    def _checked_manifest(name: str, data: bytes) -> Manifest:
         if ids.hexdigest(data) != name:
             raise CorruptionError(f"manifest {name} from the server does not match its name")
         return Manifest.decode(data, f"manifest {name}")
+
+    def get_manifest_located(self, name: str, repo: str | None = None) -> tuple[Manifest, dict]:
+        """A manifest and where its chunks are, in one request (protocol 1.2; a server
+        before it answers the manifest alone: no locations). A manifest fetched before
+        costs no request and comes without locations (a reader locates as it reads)."""
+        key = ("manifest", repo, name)
+        with self._memo_lock:
+            if key in self._memo:
+                self._memo.move_to_end(key)
+                return self._memo[key], {}
+        data, found = wire.decode_located(self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}?locations=1"))
+        m = self._checked_manifest(name, data)
+        return self._remembered(key, lambda: m), found
 
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
         doc = {"commit": commit.encode().decode(), "branch": branch, "expected": expected}
