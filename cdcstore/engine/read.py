@@ -384,22 +384,26 @@ class FileReader(io.RawIOBase):
             at = ends[i] - lens[i] - base
             read(pack, offset, out[at:ends[j - 1] - base], ids[i:j], lens[i:j])
 
-    def _runs(self) -> tuple[list[Run], list[int]]:
+    def _runs(self, fresh: bool = False) -> tuple[list[Run], list[int]]:
         """This file's runs (`file_runs`) and their first chunks: located in one batch at
-        the first read, or taken from a file opened before while the index is unchanged."""
+        the first read (chunks the reader was given locations of are not asked again,
+        unless `fresh`), or taken from a file opened before while the index is unchanged."""
         if self._plan is None:
             key, stamp = self._plan_key(), self._src.index_stamp()  # the stamp before locating
-            plan = _plans.get(self._src, key, stamp)
+            plan = None if fresh else _plans.get(self._src, key, stamp)
             if plan is None:
                 wanted = list(dict.fromkeys(self._m.chunk_ids))
-                located = self._src.locate(wanted, self._repo)
-                self._locs.update(located)
-                for cid in wanted:
+                known = {} if fresh else {c: self._locs[c] for c in wanted if c in self._locs}
+                missing = [c for c in wanted if c not in known]
+                located = known | self._src.locate(missing, self._repo) if missing else known
+                for cid in missing:
                     if cid not in located:
-                        self._location(cid)  # raises: not in the store
+                        raise self._not_in_store(cid)
+                self._locs.update(located)  # a pull shares them between its files
                 runs = file_runs(self._m.chunk_ids, located)
                 plan = (runs, [r.first for r in runs])
-                _plans.put(self._src, key, stamp, plan, len(runs))
+                if not known:  # all located now: true while the stamp holds
+                    _plans.put(self._src, key, stamp, plan, len(runs))
             self._plan = plan
         return self._plan
 
@@ -412,7 +416,7 @@ class FileReader(io.RawIOBase):
         if self._by_runs:
             _plans.drop(self._src, self._plan_key())
             self._plan = None
-            self._runs()
+            self._runs(fresh=True)
         else:
             ids = self._m.chunk_ids
             self._locs.update(self._src.locate(list(dict.fromkeys(ids[i] for i in indices)), self._repo))
@@ -432,9 +436,12 @@ class FileReader(io.RawIOBase):
     def _location(self, cid: bytes):
         loc = self._locs.get(cid)
         if loc is None:
-            raise CorruptionError(f"chunk {cid.hex()} of {self.name or 'file'} is not in the store "
-                                  f"(index damaged?): run `cdcstore rebuild-index`")
+            raise self._not_in_store(cid)
         return loc
+
+    def _not_in_store(self, cid: bytes) -> CorruptionError:
+        return CorruptionError(f"chunk {cid.hex()} of {self.name or 'file'} is not in the store "
+                               f"(index damaged?): run `cdcstore rebuild-index`")
 
     def pieces(self, offset: int, length: int) -> list:
         """The bytes [offset, offset+length) as a list of bytes-like pieces (views of
