@@ -200,3 +200,38 @@ def test_a_file_is_located_once_and_again_only_when_the_index_changed(tmp_path, 
         assert len(calls) == 2
     finally:
         s.close()
+
+
+def test_readers_in_threads_while_gc_repacks(tmp_path):
+    """Readers open and read the file again and again while another store object repacks
+    the packs under them: every read is exact, none fails."""
+    old = golden_input(2_500_000)
+    keep = b"".join(old[i:i + 250_000] if (i // 250_000) % 2 == 0 else random.Random(i).randbytes(250_000)
+                    for i in range(0, len(old), 250_000))
+    s = Store.init(str(tmp_path / "store"))
+    stop, errors, reads = threading.Event(), [], []
+
+    def reader(k):
+        try:
+            while not stop.is_set():
+                with s.open("cdc://d/f.bin") as f:
+                    assert (f.read() if k % 2 else _read_all(f, 300_000)) == keep
+                reads.append(k)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    try:
+        _push(s, tmp_path, old, "cdc://d@exp/f.bin", max_pack_chunks=12)
+        _push(s, tmp_path, keep, "cdc://d/f.bin", max_pack_chunks=12)
+        s.delete_branch("d", "exp")
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        r = Store(s.location).gc(grace=0, repack_dead=0.2)
+        stop.set()
+        for t in threads:
+            t.join(60)
+        assert r["repack_packs"] >= 2 and not errors and reads
+    finally:
+        stop.set()
+        s.close()

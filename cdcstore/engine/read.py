@@ -87,7 +87,9 @@ class _Plans:
                 plans.pop(key, None)
 
 
-_plans = _Plans()
+def _plans() -> _Plans:
+    """This process's file plans (a forked child starts with none, and a fresh lock)."""
+    return runtime.per_process(_Plans, _Plans)
 
 
 def _new_bytes(n: int) -> tuple[bytes, memoryview]:
@@ -390,7 +392,7 @@ class FileReader(io.RawIOBase):
         unless `fresh`), or taken from a file opened before while the index is unchanged."""
         if self._plan is None:
             key, stamp = self._plan_key(), self._src.index_stamp()  # the stamp before locating
-            plan = None if fresh else _plans.get(self._src, key, stamp)
+            plan = None if fresh else _plans().get(self._src, key, stamp)
             if plan is None:
                 wanted = list(dict.fromkeys(self._m.chunk_ids))
                 known = {} if fresh else {c: self._locs[c] for c in wanted if c in self._locs}
@@ -403,7 +405,7 @@ class FileReader(io.RawIOBase):
                 runs = file_runs(self._m.chunk_ids, located)
                 plan = (runs, [r.first for r in runs])
                 if not known:  # all located now: true while the stamp holds
-                    _plans.put(self._src, key, stamp, plan, len(runs))
+                    _plans().put(self._src, key, stamp, plan, len(runs))
             self._plan = plan
         return self._plan
 
@@ -414,7 +416,7 @@ class FileReader(io.RawIOBase):
     def _relocate(self, indices) -> None:
         """Locate chunks again (a pack named by their old location is gone)."""
         if self._by_runs:
-            _plans.drop(self._src, self._plan_key())
+            _plans().drop(self._src, self._plan_key())
             self._plan = None
             self._runs(fresh=True)
         else:
