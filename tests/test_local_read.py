@@ -235,3 +235,41 @@ def test_readers_in_threads_while_gc_repacks(tmp_path):
     finally:
         stop.set()
         s.close()
+
+
+# -- planning (pure) ----------------------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(layout=st.lists(st.tuples(st.sampled_from(["p", "q"]), st.integers(1, 50), st.booleans(), st.booleans()),
+                       min_size=1, max_size=40))
+def test_file_runs_cover_the_file_with_reads_that_match_the_pack(layout):
+    """Each chunk is in exactly one run, in file order; a run of raw chunks is one contiguous
+    range of one pack whose bytes are exactly the chunks', in order; a compressed chunk stands alone."""
+    from cdcstore.core.pack import PackEntry
+    from cdcstore.core.ranges import file_runs
+    ends = {"p": 16, "q": 16}
+    ids, locs = [], {}
+    for k, (pack, n, zstd, gap) in enumerate(layout):
+        cid = k.to_bytes(16, "little")
+        ends[pack] += 7 if gap else 0  # a hole in the pack breaks a run
+        stored = max(1, n // 2) if zstd else n
+        locs[cid] = (pack, PackEntry(cid, ends[pack], stored, n, CODEC_ZSTD if zstd else CODEC_RAW))
+        ends[pack] += stored
+        ids.append(cid)
+    runs = file_runs(ids, locs)
+    assert [i for r in runs for i in range(r.first, r.stop)] == list(range(len(ids)))
+    for r in runs:
+        pack, first = locs[ids[r.first]]
+        assert r.pack == pack and r.offset == first.offset
+        if r.entry is not None:
+            assert r.stop == r.first + 1 and r.entry == first and first.codec == CODEC_ZSTD
+            continue
+        at = r.offset
+        for i in range(r.first, r.stop):
+            p, e = locs[ids[i]]
+            assert p == r.pack and e.offset == at and e.codec == CODEC_RAW and e.stored_len == e.raw_len
+            at += e.stored_len
+    for a, b in zip(runs, runs[1:]):  # runs are as long as they can be: each boundary is a real break
+        if a.entry is None and b.entry is None:
+            last, nxt = locs[ids[a.stop - 1]], locs[ids[b.first]]
+            assert last[0] != nxt[0] or last[1].offset + last[1].stored_len != nxt[1].offset
