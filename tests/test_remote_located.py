@@ -82,3 +82,28 @@ def test_locations_come_only_with_a_manifest_the_token_may_read(tmp_path):
             assert s.cat("cdc://a/a.bin") == b"repo a's own file"
     finally:
         srv.stop()
+
+
+def test_a_large_file_comes_with_the_locations_where_reads_start(server, tmp_path):
+    """Over 2 x 512 chunks: the answer locates the first and last 512 (a scan, a Parquet footer);
+    a read elsewhere locates its own block, as before; bytes are exact everywhere."""
+    data = golden_input(7_000_000)
+    (tmp_path / "big.bin").write_bytes(data)
+    with Store(server.url, cache=False) as s:
+        commit = s.push([str(tmp_path / "big.bin")], "cdc://d/big.bin",
+                        options=IngestOptions(params=ChunkParams(1024, 4096, 16384))).commit
+    addr = f"cdc://d@{commit}/big.bin"
+    with Store(server.url, cache=False) as s:
+        m, found = s.backend.get_manifest_located(s.backend.get_commit("d", commit).files["big.bin"].manifest, "d")
+        assert len(m.chunk_ids) > 2 * wire.LOCATED_ENDS
+        assert set(found) == set(m.chunk_ids[:wire.LOCATED_ENDS] + m.chunk_ids[-wire.LOCATED_ENDS:])
+    with Store(server.url, cache=False) as s:
+        with s.open(addr) as f:
+            n0 = s.counters()["requests"]
+            assert f.pread(len(data) - 8, 8) == data[-8:] and f.pread(0, 100) == data[:100]
+            n1 = s.counters()["requests"]
+            assert n1 - n0 == 2  # two ranges, no locate
+            mid = len(data) // 2
+            assert f.pread(mid, 5000) == data[mid:mid + 5000]
+            assert s.counters()["requests"] - n1 >= 2  # a locate of its block, then its range
+            assert f.read() == data

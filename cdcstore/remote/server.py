@@ -609,16 +609,18 @@ class Server:
         return web.Response(body=body, content_type="application/octet-stream")
 
     def _manifest_located(self, repo: str, name: str, scope: Scope | None) -> bytes:
-        """A manifest's bytes and the locations of its first chunks that `repo` may see
-        (what `locate` would answer): one round trip instead of two."""
+        """A manifest's bytes and the locations of its first and last `LOCATED_ENDS` chunks
+        that `repo` may see (what `locate` would answer): one round trip instead of two for
+        a small file, and for where reads of a large one start (a scan, a Parquet footer)."""
         path = self.store.manifest_file(name)
         if path is not None:
             with open(path, "rb") as f:
                 data = f.read()
         else:
             data = self.store.manifest_bytes(name)
-        wanted = list(dict.fromkeys(Manifest.decode(data, f"manifest {name}").chunk_ids))[:wire.LOCATED_MAX_CHUNKS]
-        return wire.encode_located(data, self._locate_reached(repo, wanted, scope))
+        chunks, ends = Manifest.decode(data, f"manifest {name}").chunk_ids, wire.LOCATED_ENDS
+        picked = chunks if len(chunks) <= 2 * ends else chunks[:ends] + chunks[-ends:]  # where reads start
+        return wire.encode_located(data, self._locate_reached(repo, list(dict.fromkeys(picked)), scope))
 
     def _reaches(self, repo: str, name: str) -> bool:
         """Whether `repo` reaches manifest `name`, asking the bucket on a miss (a commit

@@ -106,7 +106,7 @@ def decode_locations(body: bytes) -> dict[bytes, tuple[str, PackEntry]]:
 
 
 LOCATED_MAGIC = b"CDCMLOC\x00"  # `GET manifests/{name}?locations=1` (protocol 1.2)
-LOCATED_MAX_CHUNKS = 65536  # chunks that answer locates at most (the rest: `locate` as before)
+LOCATED_ENDS = 512  # it locates a manifest's first and last this many chunks (a reader's block)
 
 
 def encode_located(manifest: bytes, found: dict[bytes, tuple[str, PackEntry]]) -> bytes:
