@@ -664,7 +664,11 @@ class Store:
             if tree.kind(commit.files, a.path) == "directory":
                 raise IsADirectoryError(f"{a} is a folder: open a file in it (see `cdcstore ls {a}`)")
             raise no_such_path(a.repo, a.ref, a.path)
-        return FileReader(self.backend, self.backend.get_manifest(entry.manifest, a.repo), str(a), a.repo)
+        located = getattr(self.backend, "get_manifest_located", None)  # a server: one round trip for both
+        if located is None:
+            return FileReader(self.backend, self.backend.get_manifest(entry.manifest, a.repo), str(a), a.repo)
+        m, locations = located(entry.manifest, a.repo)
+        return FileReader(self.backend, m, str(a), a.repo, locations=locations)
 
     def cat(self, addr: str | Address) -> bytes:
         with self.open(addr) as f:

@@ -64,6 +64,11 @@ class CorruptionError(CdcError, OSError):
     code = "corrupt"
 
 
+class PackMissingError(CorruptionError):
+    """A pack the index names is gone: damage, or a gc that moved its chunks since they
+    were located (a reader locates them again once)."""
+
+
 class AccessDeniedError(CdcError, PermissionError):
     """The server refused the token (401) or its scope (403)."""
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from .pack import PackEntry
+from .pack import CODEC_RAW, PackEntry
 
 
 @dataclass(frozen=True)
@@ -54,3 +54,59 @@ def slices(r: ByteRange, data) -> Iterator[tuple[PackEntry, memoryview]]:
     for e in r.entries:
         lo = e.offset - r.start
         yield e, view[lo:lo + e.stored_len]
+
+
+def landing(r: ByteRange, places: dict) -> int | None:
+    """Where range `r` can land in the output as it is: its chunks raw, back to back in
+    the pack and, whole, back to back in the output; else None."""
+    dest = None
+    pos = r.start
+    for e in r.entries:
+        if e.codec != CODEC_RAW or e.offset != pos or e.stored_len != e.raw_len:
+            return None
+        first = places[e.chunk_id][0]
+        if first[1] != 0 or first[2] != e.raw_len:
+            return None
+        if dest is None:
+            dest = first[0]
+        elif first[0] != dest + (pos - r.start):
+            return None
+        pos += e.stored_len
+    return dest if pos == r.end else None
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Chunks [first, stop) of a file that sit back to back in one pack: one read. A raw
+    run's stored bytes are the file's bytes (they land in a result as they are); a
+    compressed chunk is a run of its own (`entry` set)."""
+
+    first: int
+    stop: int
+    pack: str
+    offset: int  # in the pack, of chunk `first`
+    entry: PackEntry | None = None  # a compressed chunk's location
+
+
+def file_runs(chunk_ids: list[bytes], locations: dict) -> list[Run]:
+    """A file's chunks (in file order) as runs (pure): a raw chunk joins the run before
+    it when it follows it directly in the same pack. `locations[id]` is (pack, entry)."""
+    runs: list[Run] = []
+    first = pack = None
+    offset = end = 0
+    for i, cid in enumerate(chunk_ids):
+        p, e = locations[cid]
+        if e.codec != CODEC_RAW or e.stored_len != e.raw_len:
+            if first is not None:
+                runs.append(Run(first, i, pack, offset))
+                first = None
+            runs.append(Run(i, i + 1, p, e.offset, e))
+        elif first is not None and p == pack and e.offset == end:
+            end += e.stored_len
+        else:
+            if first is not None:
+                runs.append(Run(first, i, pack, offset))
+            first, pack, offset, end = i, p, e.offset, e.offset + e.stored_len
+    if first is not None:
+        runs.append(Run(first, len(chunk_ids), pack, offset))
+    return runs

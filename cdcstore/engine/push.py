@@ -21,7 +21,7 @@ from ..core import ids
 from ..core import pages
 from ..core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker
 from ..core.manifest import Manifest
-from ..core.pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, PackWriter,
+from ..core.pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, PackWriter, WRITE_BUFFER,
                    encode_chunk)
 from ..storage.backend import Backend
 
@@ -87,7 +87,7 @@ class PackSink:
     def add(self, chunk_id: bytes, codec: int, stored, raw_len: int) -> None:
         if self._writer is None:
             self._tmp = self.store.tmp_path()
-            self._file = open(self._tmp, "wb")
+            self._file = open(self._tmp, "wb", buffering=WRITE_BUFFER)
             self._writer = PackWriter(self._file)
         self._writer.add(chunk_id, codec, stored, raw_len)
         w = self._writer

@@ -31,8 +31,8 @@ from ..core.commit import Commit, changes
 from ..core.errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError, NotFoundError,
                           RefExistsError, RemoteError, RepoNotFoundError, RevisionNotFoundError, error_class)
 from ..core.manifest import Manifest
-from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
-from ..core.ranges import ByteRange, plan_ranges, slices
+from ..core.pack import PackEntry, decode_chunk
+from ..core.ranges import ByteRange, landing as _landing, plan_ranges, slices
 from ..storage.backend import Backend, BackendCapabilities
 from ..storage.local import pid_alive
 
@@ -310,25 +310,6 @@ class Transport:
         return data
 
 
-def _landing(r: ByteRange, places: dict) -> int | None:
-    """Where range `r` can land in the output as it is: its chunks raw, back to back in
-    the pack and, whole, back to back in the output; else None."""
-    dest = None
-    pos = r.start
-    for e in r.entries:
-        if e.codec != CODEC_RAW or e.offset != pos or e.stored_len != e.raw_len:
-            return None
-        first = places[e.chunk_id][0]
-        if first[1] != 0 or first[2] != e.raw_len:
-            return None
-        if dest is None:
-            dest = first[0]
-        elif first[0] != dest + (pos - r.start):
-            return None
-        pos += e.stored_len
-    return dest if pos == r.end else None
-
-
 def _place_range(r: ByteRange, data, places: dict, out: memoryview, stored: dict | None, landed: bool) -> None:
     """Verify each chunk of a fetched range and copy it to its places in `out` (a landed
     range already sits at its first place)."""
@@ -577,10 +558,26 @@ class RemoteStore(Backend):
         return self._remembered(("manifest", repo, name), lambda: self._fetch_manifest(name, repo))
 
     def _fetch_manifest(self, name: str, repo: str | None) -> Manifest:
-        data = self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}")
+        return self._checked_manifest(name, self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}"))
+
+    @staticmethod
+    def _checked_manifest(name: str, data: bytes) -> Manifest:
         if ids.hexdigest(data) != name:
             raise CorruptionError(f"manifest {name} from the server does not match its name")
         return Manifest.decode(data, f"manifest {name}")
+
+    def get_manifest_located(self, name: str, repo: str | None = None) -> tuple[Manifest, dict]:
+        """A manifest and where its chunks are, in one request (protocol 1.2; a server
+        before it answers the manifest alone: no locations). A manifest fetched before
+        costs no request and comes without locations (a reader locates as it reads)."""
+        key = ("manifest", repo, name)
+        with self._memo_lock:
+            if key in self._memo:
+                self._memo.move_to_end(key)
+                return self._memo[key], {}
+        data, found = wire.decode_located(self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}?locations=1"))
+        m = self._checked_manifest(name, data)
+        return self._remembered(key, lambda: m), found
 
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
         doc = {"commit": commit.encode().decode(), "branch": branch, "expected": expected}

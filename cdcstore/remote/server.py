@@ -34,7 +34,7 @@ from ..core.commit import Commit
 from ..core.errors import (BusyError, CdcError, ConflictError, CorruptionError, InvalidAddressError, RefExistsError,
                      RepoNotFoundError, RevisionNotFoundError)
 from ..core.manifest import Manifest
-from ..core.pack import read_verified
+from ..core.pack import WRITE_BUFFER, read_verified
 from ..storage.check import rebuild_index
 from ..storage.objects import NotFound
 from ..storage.repository import Repository, open_repository, pack_name
@@ -443,7 +443,7 @@ class Server:
             h = ids.hasher()
             size = 0
             try:
-                with open(tmp, "wb") as f:
+                with open(tmp, "wb", buffering=WRITE_BUFFER) as f:  # large folios: cheap to serve
                     async for block in self._blocks(request):
                         size += len(block)
                         if size > wire.MAX_PACK_BYTES:
@@ -605,6 +605,12 @@ class Server:
         if not ids.is_hex_id(name) or not await self._io(self._reaches, repo, name):
             raise HTTPError(404, f"no manifest {name} in repo {repo!r}")
         missing = HTTPError(404, f"manifest {name} is missing on the server: run `cdcstore check` there")
+        if request.query.get("locations") == "1":  # protocol 1.2: the manifest and where its chunks are
+            try:
+                body = await self._io(self._manifest_located, repo, name, self.auth.scope(request))
+            except (NotFound, FileNotFoundError):
+                raise missing from None
+            return web.Response(body=body, content_type="application/octet-stream")
         path = self.store.manifest_file(name)
         if path is not None:
             if not os.path.isfile(path):
@@ -615,6 +621,20 @@ class Server:
         except NotFound:
             raise missing from None
         return web.Response(body=body, content_type="application/octet-stream")
+
+    def _manifest_located(self, repo: str, name: str, scope: Scope | None) -> bytes:
+        """A manifest's bytes and the locations of its first and last `LOCATED_ENDS` chunks
+        that `repo` may see (what `locate` would answer): one round trip instead of two for
+        a small file, and for where reads of a large one start (a scan, a Parquet footer)."""
+        path = self.store.manifest_file(name)
+        if path is not None:
+            with open(path, "rb") as f:
+                data = f.read()
+        else:
+            data = self.store.manifest_bytes(name)
+        chunks, ends = Manifest.decode(data, f"manifest {name}").chunk_ids, wire.LOCATED_ENDS
+        picked = chunks if len(chunks) <= 2 * ends else chunks[:ends] + chunks[-ends:]  # where reads start
+        return wire.encode_located(data, self._locate_reached(repo, list(dict.fromkeys(picked)), scope))
 
     def _reaches(self, repo: str, name: str) -> bool:
         """Whether `repo` reaches manifest `name`, asking the bucket on a miss (a commit

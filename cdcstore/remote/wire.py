@@ -105,6 +105,30 @@ def decode_locations(body: bytes) -> dict[bytes, tuple[str, PackEntry]]:
             for cid, pack, off, slen, rlen, codec in LOCATE.iter_unpack(body)}
 
 
+LOCATED_MAGIC = b"CDCMLOC\x00"  # `GET manifests/{name}?locations=1` (protocol 1.2)
+LOCATED_ENDS = 512  # it locates a manifest's first and last this many chunks (a reader's block)
+
+
+def encode_located(manifest: bytes, found: dict[bytes, tuple[str, PackEntry]]) -> bytes:
+    """A manifest and locations of its chunks in one body: magic, u32 manifest length,
+    the manifest's bytes, then `encode_locations`."""
+    return LOCATED_MAGIC + _LEN.pack(len(manifest)) + manifest + encode_locations(found)
+
+
+def decode_located(body: bytes) -> tuple[bytes, dict[bytes, tuple[str, PackEntry]]]:
+    """(manifest bytes, locations); a plain manifest (a server before 1.2 ignores the
+    query) comes back with no locations."""
+    if not body.startswith(LOCATED_MAGIC):
+        return body, {}
+    head = len(LOCATED_MAGIC) + _LEN.size
+    if len(body) < head:
+        raise CorruptionError("manifest-with-locations answer is truncated")
+    (n,) = _LEN.unpack_from(body, len(LOCATED_MAGIC))
+    if head + n > len(body):
+        raise CorruptionError("manifest-with-locations answer is truncated")
+    return body[head:head + n], decode_locations(body[head + n:])
+
+
 def encode_blobs(blobs: list[bytes]) -> bytes:
     """Length-prefixed concatenation (manifest batches)."""
     return b"".join(_LEN.pack(len(b)) + b for b in blobs)

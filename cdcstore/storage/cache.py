@@ -550,6 +550,17 @@ class CachedBackend(Backend):
         return Manifest.decode(self._once(lambda: self.cache.get_object("manifest", name), fetch),
                                f"manifest {name}")
 
+    def get_manifest_located(self, name: str, repo: str | None = None) -> tuple[Manifest, dict]:
+        """A manifest and where its chunks are, in one request when the manifest is not
+        cached (chunks the cache holds are located in it); a cached manifest comes
+        without locations (a reader locates as it reads, cache first)."""
+        if self.cache.get_object("manifest", name) is not None or not hasattr(self.inner, "get_manifest_located"):
+            return self.get_manifest(name, repo), {}
+        m, found = self.inner.get_manifest_located(name, repo)
+        self.cache.put_object("manifest", name, m.encode())
+        found.update({c: (CACHED, e) for c, e in self.cache.has(list(found)).items()})
+        return m, found
+
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         kind = f"commit:{self._scope}:{repo}"
 

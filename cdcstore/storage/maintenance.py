@@ -34,7 +34,7 @@ import time
 
 from .. import runtime
 from ..core.errors import BusyError, InvalidAddressError
-from ..core.pack import ENTRY, HEADER, TRAILER, PackWriter, decode_chunk
+from ..core.pack import ENTRY, HEADER, TRAILER, WRITE_BUFFER, PackWriter, decode_chunk
 from .objects import StorageError
 from .repository import Repository, commit_name, manifest_name, pack_name
 
@@ -265,7 +265,7 @@ def _repack(repo: Repository, name: str, live: list) -> None:
     durable, move the index rows to it in one transaction, then delete the old pack. A crash
     before the move leaves an unindexed copy (garbage); after it, an old pack with no rows."""
     tmp = repo.tmp_path()
-    with open(tmp, "wb") as f:
+    with open(tmp, "wb", buffering=WRITE_BUFFER) as f:
         w = PackWriter(f)
         for e in live:
             stored = repo.read_stored(name, e.offset, e.stored_len)

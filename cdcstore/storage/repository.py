@@ -38,10 +38,10 @@ from ..core import ids
 from ..core.address import check_name, check_ref_name, check_write_target, is_commit_like
 from ..core.commit import Commit, changes, rebase_files, touched
 from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, NotAStoreError,
-                           PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
+                           PackMissingError, PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
                            StoreFormatError)
 from ..core.manifest import Manifest
-from ..core.pack import PackEntry, decode_chunk, read_index, read_verified
+from ..core.pack import PackEntry, decode_chunk, first_mismatch, read_index, read_verified
 from ..core.ranges import plan_ranges, slices
 from .backend import Backend, BackendCapabilities
 from .index import ChunkIndex
@@ -285,8 +285,8 @@ class Repository(Backend):
         try:
             data = self.objects.get_range(pack_name(pack), offset, length) if length else b""
         except NotFound:
-            raise CorruptionError(f"pack {pack} is missing from {self.location}; "
-                                  f"run `cdcstore check` and restore it from a copy") from None
+            raise PackMissingError(f"pack {pack} is missing from {self.location}; "
+                                   f"run `cdcstore check` and restore it from a copy") from None
         if len(data) != length:
             raise CorruptionError(f"pack {pack} is truncated: wanted {length} bytes at {offset}, "
                                   f"got {len(data)}; run `cdcstore check`")
@@ -314,10 +314,15 @@ class Repository(Backend):
                 try:
                     out[e.chunk_id] = decode_chunk(stored_bytes, e.codec, e.raw_len, e.chunk_id)
                 except CorruptionError as err:
-                    self.index.drop_chunks(r.pack, [e.chunk_id])  # absent now: a push stores it again
-                    raise CorruptionError(f"{err} in pack {r.pack}: the store is damaged; run `cdcstore check`,"
-                                          f" or push the original files again to repair it") from None
+                    raise self._damaged(r.pack, e.chunk_id, err) from None
         return out
+
+    def _damaged(self, pack: str, chunk_id: bytes, err) -> CorruptionError:
+        """The error for a stored chunk that failed verification; its index row is dropped
+        first (absent now: the next push stores it again)."""
+        self.index.drop_chunks(pack, [chunk_id])
+        return CorruptionError(f"{err} in pack {pack}: the store is damaged; run `cdcstore check`,"
+                               f" or push the original files again to repair it")
 
     def close(self) -> None:
         self.objects.close()
@@ -773,8 +778,8 @@ class LocalStore(Repository):
                 try:
                     fd = os.open(self.pack_path(pack), os.O_RDONLY)
                 except FileNotFoundError:
-                    raise CorruptionError(f"pack {pack} is missing from {self.root}; "
-                                          f"run `cdcstore check` and restore it from a copy") from None
+                    raise PackMissingError(f"pack {pack} is missing from {self.root}; "
+                                           f"run `cdcstore check` and restore it from a copy") from None
                 self._fds[pack] = fd
                 while len(self._fds) > MAX_OPEN:
                     os.close(self._fds.popitem(last=False)[1])
@@ -791,6 +796,27 @@ class LocalStore(Repository):
             raise CorruptionError(f"pack {pack} is truncated: wanted {length} bytes at {offset}, "
                                   f"got {len(data)}; run `cdcstore check`")
         return memoryview(data)
+
+    def read_run_into(self, pack: str, offset: int, out: memoryview, chunk_ids: list[bytes],
+                      lengths: list[int]) -> None:
+        """Raw chunks that sit back to back in a pack from `offset`, read straight into
+        `out` (one copy, from the page cache) and each verified there against its id."""
+        fd, got = self._fd(pack), 0
+        while got < len(out):  # preadv may return less than asked before the end
+            n = os.preadv(fd, [out[got:]], offset + got)
+            if not n:
+                raise CorruptionError(f"pack {pack} is truncated: wanted {len(out)} bytes at {offset}, "
+                                      f"got {got}; run `cdcstore check`")
+            got += n
+        bad = first_mismatch(out, chunk_ids, lengths)
+        if bad >= 0:
+            raise self._damaged(pack, chunk_ids[bad], f"chunk {chunk_ids[bad].hex()} does not match its id")
+
+    def index_stamp(self) -> tuple:
+        """Changes whenever the chunk index may have changed, in any process: what was
+        located under one stamp is still where the index says while the stamp holds."""
+        conn = self.index.conn
+        return id(conn), conn.total_changes, conn.execute("PRAGMA data_version").fetchone()[0]
 
     def _read_rest(self, pack: str, offset: int, length: int) -> bytes:
         parts = []
