@@ -122,7 +122,7 @@ def make_table(seed: int, rows: int, id0: int = 0):
 
 def text_array_compact(rng, rows: int):
     """rows strings of 3-40 words, word ranks drawn from a power-law-like distribution
-    (common.draw_words, without the space after each row's last word)."""
+    (draw_words, without the space after each row's last word)."""
     import numpy as np
     import pyarrow as pa
     data, L, nw, row_bytes = draw_words(rng, rows)
@@ -136,7 +136,7 @@ def text_array_compact(rng, rows: int):
 
 
 def dedup_table(seed: int, rows: int, id0: int = 0):
-    """common.core_columns plus text (no uuid column: not the table of ingest.py)."""
+    """core_columns plus text (no uuid column: not the table of ingest.py)."""
     import numpy as np
     import pyarrow as pa
     rng = np.random.default_rng(seed)
@@ -254,7 +254,7 @@ def ingest_dataset(data_dir: str, size_mb: float) -> tuple[str, str, dict]:
 
 
 def read_file(data_dir: str, size_mb: float) -> str:
-    """One Parquet file of about size_mb MB, cached; built with bench/ingest.py's generator (in common.py)."""
+    """One Parquet file of about size_mb MB, cached; built with make_table (calibrated_rows)."""
     root = os.path.join(data_dir, f"read-g2-{size_mb:g}mb")
     path = os.path.join(root, "data.parquet")
     if os.path.exists(path):
@@ -269,7 +269,7 @@ def read_file(data_dir: str, size_mb: float) -> str:
 def calibrated_rows_at_least(target_bytes: float, seed: int, path: str) -> int:
     """Rows of make_table(seed, rows) whose file is at least target_bytes and within ~3% of it
     (estimated from a probe, then corrected from full-size trials). Leaves `path` written.
-    (Not common.calibrated_rows, which aims at +-2% and may fall short of the target.)"""
+    (Not calibrated_rows, which aims at +-2% and may fall short of the target.)"""
     write_parquet(make_table(seed, 100_000), path)
     rows = max(1000, int(target_bytes * 1.01 / (os.path.getsize(path) / 100_000)))
     for _ in range(3):
@@ -322,7 +322,7 @@ def rg_rows_for(target_bytes: float) -> int:
 
 def write_groups(path: str, tables) -> None:
     """One Parquet file from an iterable of tables (one row group each): zstd, pyarrow's
-    content-defined chunking on (as common.write_parquet); written to a temp name, then renamed."""
+    content-defined chunking on (as write_parquet); written to a temp name, then renamed."""
     import pyarrow.parquet as pq
     tmp = path + ".tmp"
     writer = None
@@ -357,8 +357,8 @@ def build_parquet(path: str, target_bytes: float, seed: int) -> dict:
 
 
 def fs_edit_v2(v1: str, v2: str, rg: int) -> dict:
-    """v2: a contiguous block of 1% of v1's rows gets new value/price/text (common.update_block, as
-    common.make_v2 does to part-000), written with v1's row groups."""
+    """v2: a contiguous block of 1% of v1's rows gets new value/price/text (update_block, as
+    make_v2 does to part-000), written with v1's row groups."""
     import pyarrow.parquet as pq
     t = pq.read_table(v1)
     rows = t.num_rows

@@ -27,9 +27,10 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # cdcstore of this tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/harness.py
 
-from bench.common import code_version, finish, med  # noqa: E402
+from harness import code_version, finish, med, rounds, start  # noqa: E402
 
 BUCKET = "cdcstore-bench"
 MB = 1 << 20
@@ -163,10 +164,9 @@ def main() -> None:
         big = os.urandom(8 * MB)
         small = os.urandom(4096)
         runs: dict[str, list[dict]] = {c.name: [] for c in clients}
-        for run in range(args.runs):
-            for c in (clients if run % 2 == 0 else clients[::-1]):
-                runs[c.name].append(one_run(c, run, big, small))
-        fig = {"server": "moto 5.x ThreadedMotoServer, own process, 127.0.0.1", "runs": args.runs,
+        for run, c in rounds(clients, args.runs):
+            runs[c.name].append(one_run(c, run, big, small))
+        fig = {**start("objects"), "server": "moto 5.x ThreadedMotoServer, own process, 127.0.0.1", "runs": args.runs,
                "code": code_version()}
         print(f"{'operation':<16}{'obstore':>12}{'s3fs':>12}{'obstore/s3fs':>14}")
         for key in runs["obstore"][0]:

@@ -50,7 +50,7 @@ GOALS = {"full_ours_over_xet": 3.0, "full_ours_over_plain": 0.5, "random_latency
 
 
 # ----------------------------------------------------------------------------------------------
-# the three sides (their reads: common.read_to_end, random_reads, xet_random_reads)
+# the three sides (their reads: reads.read_to_end, random_reads, xet_random_reads)
 # ----------------------------------------------------------------------------------------------
 
 class Ours:
@@ -268,7 +268,7 @@ def main() -> None:
         print("  errors: " + "; ".join(f"{k}: {v}" for k, v in sorted(errors.items())))
     store.close()
     shutil.rmtree(work, ignore_errors=True)
-    # the last line printed is json.dumps(fig) (common.finish)
+    # the last line printed is json.dumps(fig) (harness.finish)
     finish(fig, goals)
     return 1 if errors else 0
 

@@ -161,7 +161,7 @@ class LogWindow:
             return f.read().decode(errors="replace").splitlines()
 
 
-# a line of common.STATIC_FORMAT ('"%r" %s %b %{Content-Length}o'), and one of cdcstore's access log
+# a line of STATIC_FORMAT ('"%r" %s %b %{Content-Length}o'), and one of cdcstore's access log
 _STATIC_LINE = re.compile(r'"(\S+) (\S+) [^"]*" (\d{3}) (\d+) (\S+)')
 _CDC_LINE = re.compile(r'cdcstore\.access \S+ "(\S+) (\S+) [^"]*" (\d{3}) (\d+) ')
 
