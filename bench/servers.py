@@ -1,7 +1,7 @@
 """The servers of the bench scripts, owned by bench/ (it imports nothing from tests/).
 
   ServerProcess  a real `python -m cdcstore serve` subprocess on a free loopback port (the
-                 same contract as tests/server_util.py, kept apart so bench never loads tests)
+                 same contract as the tests' own starter, kept apart so bench never loads tests)
   StaticServer   a plain aiohttp static file server (transfer.py, fs.py, stream.py,
                  cold_profile.py), a child running this file:
                  `python bench/servers.py --_static ROOT PORT [LOG [HOST]]` (link.py runs it in

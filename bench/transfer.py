@@ -26,6 +26,8 @@ subprocess on another free loopback port (bench/servers.py's StaticServer). The
 client runs in this process (Store(url); one fresh Store per operation).
 
   push v1   Store(url).push([v1/], "cdc://bench/")                     timed
+  local v1  Store(dir).push([v1/], "cdc://bench/") into a new local store, timed (PushResult.seconds;
+            the peer of push v1: the two alternate which goes first)
   push v2   Store(url).push([v2/], "cdc://bench/")  (dedups against v1) timed
   pull v1   Store(url).pull("cdc://bench@<v1 commit>/", warm/)         timed
   pull v2   Store(url).pull("cdc://bench/", warm/)  into the dir holding v1, timed
@@ -50,7 +52,9 @@ Figures
    page cache cannot be dropped here). Goal >= 1.0. The figure is the ratio of the median
    throughputs; the per-repetition ratios and the ratio against fsspec one file at a
    time are shown too.
-4. requests per GB (1e9 logical bytes): v1 push, cold pull of v2 (and the others).
+4. push v1 over HTTP against the same push into a local store: local seconds / HTTP seconds.
+   Goal >= 0.9.
+5. requests per GB (1e9 logical bytes): v1 push, cold pull of v2 (and the others).
 Timed figures are medians over --repeat repetitions; byte and request counts are
 deterministic (checked across repetitions; wire bytes may differ by a few bytes because
 a commit's JSON holds its float timestamp - the first repetition's counts are quoted).
@@ -80,6 +84,7 @@ REPO = "bench"
 DEST = f"cdc://{REPO}/"
 GOAL_PUSH_WIRE_OVER_NEW = 1.05
 GOAL_COLD_OURS_OVER_FSSPEC = 1.0
+GOAL_PUSH_HTTP_OVER_LOCAL = 0.9  # push v1 over HTTP at >= 0.9x the throughput of the same push into a local store
 FSSPEC_CHUNK = 5 * 2 ** 20
 BYTE_SLACK = 16  # wire bytes may differ this much between repetitions (timestamps in commit JSON)
 
@@ -154,8 +159,15 @@ def one_rep(rep: int, work: str, v1: str, v2: str, verify: bool) -> dict:
             with Store(srv.url, cache=False) as s:
                 return fn(s)
 
-        r1 = run(lambda s: s.push([v1], DEST, message="v1"))
-        out["push_v1"] = wire(r1)
+        local = os.path.join(rdir, "local-store")  # the peer of push v1 over HTTP: the same push into a local store
+        for side in rotated(["http", "local"], rep):
+            os.sync()
+            if side == "local":
+                with Store(local, create=True) as s:
+                    out["push_v1_local_seconds"] = s.push([v1], DEST, message="v1").seconds
+            else:
+                r1 = run(lambda s: s.push([v1], DEST, message="v1"))
+                out["push_v1"] = wire(r1)
         r2 = run(lambda s: s.push([v2], DEST, message="v2"))
         out["push_v2"] = wire(r2)
         warm = os.path.join(rdir, "warm")
@@ -235,6 +247,9 @@ def summarize(reps: list[dict], info: dict) -> dict:
     fq_secs = [r["fsspec_seq_seconds"] for r in reps]
     fig["ops"]["fsspec_cold_sequential"] = {"bytes": fb, "seconds": med(fq_secs), "times_s": fq_secs,
                                             "mb_s": fb / med(fq_secs) / 1e6}
+    local = [r["push_v1_local_seconds"] for r in reps]
+    fig["ops"]["push_v1_local"] = {"bytes": reps[0]["push_v1"]["bytes"], "seconds": med(local), "times_s": local,
+                                   "mb_s": reps[0]["push_v1"]["bytes"] / med(local) / 1e6}
     fig["server_status_per_rep"] = [r["server_status"] for r in reps]  # from the server's access log
     fig["counts_vary_between_reps"] = varying
     O = fig["ops"]
@@ -252,6 +267,7 @@ def summarize(reps: list[dict], info: dict) -> dict:
         "cold_throughput_ours_over_fsspec_per_rep_median": med(per_rep_ratio),
         "cold_throughput_ours_over_fsspec_sequential": O["fsspec_cold_sequential"]["seconds"] / c2["seconds"],
         "cold_received_over_bytes": c2["received_bytes"] / c2["bytes"],
+        "push_v1_http_over_local": O["push_v1_local"]["seconds"] / O["push_v1"]["seconds"],
         "requests_per_gb_push_v1": O["push_v1"]["requests_per_gb"],
         "requests_per_gb_push_v2": O["push_v2"]["requests_per_gb"],
         "requests_per_gb_pull_v1": O["pull_v1"]["requests_per_gb"],
@@ -263,6 +279,7 @@ def summarize(reps: list[dict], info: dict) -> dict:
         Goal("push_v2_wire_over_new_bytes", F["push_v2_wire_over_new_bytes"], GOAL_PUSH_WIRE_OVER_NEW, "<="),
         Goal("cold_throughput_ours_over_fsspec", F["cold_throughput_ours_over_fsspec"], GOAL_COLD_OURS_OVER_FSSPEC,
              ">="),
+        Goal("push_v1_http_over_local", F["push_v1_http_over_local"], GOAL_PUSH_HTTP_OVER_LOCAL, ">="),
     ]
     fig["goals"] = {g.name: {"goal": g.text, "met": bool(g.met)} for g in fig["goals_list"]}
     return fig
@@ -314,7 +331,10 @@ def report(fig: dict) -> None:
           f"{F['cold_throughput_ours_over_fsspec_sequential']:.2f}x; ours received "
           f"{mb(c['received_bytes'])} on the wire ({F['cold_received_over_bytes']:.3f} of the file bytes). "
           f"Server-side data is warm in the page cache for both (dropping it is not possible here)")
-    print(f"  4. requests per GB: push v1 {F['requests_per_gb_push_v1']:.0f}, push v2 {F['requests_per_gb_push_v2']:.0f}, "
+    g = next(g for g in fig["goals_list"] if g.name == "push_v1_http_over_local")
+    print(f"  4. push v1 over HTTP {O['push_v1']['mb_s']:.1f} MB/s vs into a local store {O['push_v1_local']['mb_s']:.1f} "
+          f"MB/s -> http/local = {F['push_v1_http_over_local']:.2f}x (goal {g.text}: {'met' if g.met else 'NOT met'})")
+    print(f"  5. requests per GB: push v1 {F['requests_per_gb_push_v1']:.0f}, push v2 {F['requests_per_gb_push_v2']:.0f}, "
           f"pull v1 {F['requests_per_gb_pull_v1']:.0f}, cold pull v2 {F['requests_per_gb_pull_v2_cold']:.0f}, "
           f"pull v2 over v1 {F['requests_per_gb_pull_v2_over_v1']:.0f} (per GB of logical bytes)")
     if fig["counts_vary_between_reps"]:
