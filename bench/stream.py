@@ -495,9 +495,9 @@ def summarize(reps: dict, fig: dict) -> list[str]:
     fig["goals"], fig["goals_list"] = {}, []
     lines.append("\ngoals (issue 9)")
     for k, (v, op, bound) in goals.items():
-        g = Goal(k, v, bound, op)
-        fig["goals_list"].append(g)
-        met = g.met
+        goal = Goal(k, v, bound, op)
+        fig["goals_list"].append(goal)
+        met = goal.met
         fig["goals"][k] = {"value": v, "goal": f"{op} {bound}", "met": met}
         vs = "n/a" if v is None else f"{v:.3f}"
         lines.append(f"  {k:<58}{vs:>9}  goal {op} {bound:<5} {'MET' if met else 'missed' if met is False else ''}")
