@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -140,12 +141,19 @@ def fork_works(name: str, endpoint: str, raw: bool) -> bool:
     obstore's own store object, else S3Objects (which falls back to s3fs in the child)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = FORK_PROBE.format(root=root, name=name, bucket=BUCKET, endpoint=endpoint, raw=raw)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONPATH": root}, start_new_session=True)
     try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=10,
-                           env={**os.environ, "PYTHONPATH": root})
-        return r.stdout.strip() == "ok"
+        out, _ = proc.communicate(timeout=10)
+        return out.strip() == "ok"
     except subprocess.TimeoutExpired:
         return False
+    finally:  # the hung forked child too: the probe runs in its own process group
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
 
 
 def main() -> None:
