@@ -60,6 +60,7 @@ def main() -> int:
     ap.add_argument("--size-mb", type=float, default=100)
     ap.add_argument("--cprofile", type=int, default=0)
     args = ap.parse_args()
+    opening = start("cold_profile")  # the load average before the run
     from cdcstore import Store
     from cdcstore.storage.repository import LocalStore
     import fsspec
@@ -103,7 +104,7 @@ def main() -> int:
         finally:
             srv.stop()
             static.stop()
-        finish({**start("cold_profile"), "code": code_version(), **st})
+        finish({**opening, "code": code_version(), **st})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

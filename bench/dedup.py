@@ -265,6 +265,7 @@ def main() -> None:
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset to run")
     ap.add_argument("--_xet", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    opening = start("dedup")  # the load average before the run
     if args._xet:
         print(json.dumps(xet_worker(*args._xet)))
         return
@@ -477,7 +478,7 @@ def main() -> None:
     total = time.perf_counter() - t_start
     print(f"\ntotal time {total:.0f} s")
     shutil.rmtree(data, ignore_errors=True)
-    fig = {**start("dedup"), "dataset": dataset, "write_timing": write_timing, "scenarios": results,
+    fig = {**opening, "dataset": dataset, "write_timing": write_timing, "scenarios": results,
            "base_chunks": chunks, "base_chunks_consistent": consistent, "goals": {g.name: g.met for g in goals},
            "goals_all_met": all(g.met for g in goals if g.met is not None),
            "variants": VARIANT_LABEL, "hf_xet_version": xet_version,

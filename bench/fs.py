@@ -696,6 +696,7 @@ def main() -> int:
     ap.add_argument("--parts", default="1,2,3,4,5", help="which parts to run (default all: 1,2,3,4,5)")
     ap.add_argument("--data-dir", default="/tmp/cdcbench-fs", help="generated data and runs (default /tmp/cdcbench-fs)")
     args = ap.parse_args()
+    opening = start("fs")  # the load average before the run
     parts = {int(p) for p in args.parts.split(",") if p.strip()}
 
     work = run_dir(args.data_dir, "run")
@@ -728,7 +729,7 @@ def main() -> int:
     srv = ServerProcess(store_dir).start()
     static = StaticServer(info["paths"]["root"], os.path.basename(info["paths"]["mid"]),
                           os.path.join(work, "static.log")).start()
-    fig: dict = {**start("fs"), "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "data": info,
+    fig: dict = {**opening, "args": {k: v for k, v in vars(args).items() if not k.startswith("_")}, "data": info,
                  "parts": {}, "goals": {}, "goals_list": [], "errors": []}
     errors = fig["errors"]
     lines: list[str] = []

@@ -408,6 +408,7 @@ def main() -> None:
     ap.add_argument("--_src", help=argparse.SUPPRESS)
     ap.add_argument("--_target", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    opening = start("ingest")  # the load average before the run
 
     if args._worker:
         print(json.dumps(worker(args._worker, args._src, args._target)))
@@ -427,7 +428,7 @@ def main() -> None:
         print(json.dumps({"mode": "scale" if args.scale else "default", "error": f"{type(e).__name__}: {e}",
                           "code": code_version()}))
         return 1
-    fig = {**start("ingest"), **fig, "mode": "scale" if args.scale else "default", "code": code_version()}
+    fig = {**opening, **fig, "mode": "scale" if args.scale else "default", "code": code_version()}
     finish(fig, fig.pop("goals_list"))
 
 

@@ -225,6 +225,7 @@ def main() -> int:
     ap.add_argument("--links", default="loopback,1g,100m")
     ap.add_argument("--data-dir", default="/tmp/cdcbench-transfer")
     args = ap.parse_args()
+    opening = harness.start("link")  # the load average before the run
     links = args.links.split(",")
     if any(LINKS.get(n, 0) == 0 for n in links):
         raise SystemExit(f"unknown link in {args.links!r}: use {', '.join(LINKS)}")
@@ -247,7 +248,7 @@ def main() -> int:
         nbytes = sum(os.path.getsize(os.path.join(v2, p)) for p in f2)
         print(f"link benchmark: v2 {nbytes / 1e6:.1f} MB in {len(f2)} files; {args.repeat} repetitions; "
               f"python {platform.python_version()}, {os.cpu_count()} cpus; load {loadavg_text()}", flush=True)
-        fig: dict = {**harness.start("link"), "bytes": nbytes, "repeat": args.repeat, "links": {}, "code": code_version()}
+        fig: dict = {**opening, "bytes": nbytes, "repeat": args.repeat, "links": {}, "code": code_version()}
         for name in links:
             r = one_link(name, args, work, store, v1, v2, commits, expect)
             m = r["median_s"]

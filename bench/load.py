@@ -337,6 +337,7 @@ def main() -> None:
                     help="which readers use the token limited to the repo (masked ranges, heavy slots)")
     ap.add_argument("--work-dir", default=None, help="default: a new temporary folder, removed after")
     args = ap.parse_args()
+    opening = start("load")  # the load average before the run
     work = args.work_dir or tempfile.mkdtemp(prefix="cdcbench-load-")
     server = None
     try:
@@ -358,7 +359,7 @@ def main() -> None:
              Goal("every_429_waited_out", fig["server_429"] - fig["client_busy_retries"], 0, "<=",
                   met=fig["client_errors"] == 0 and fig["server_429"] <= fig["client_busy_retries"])]
     fig["goals"] = {g.name: g.met for g in goals}
-    fig = {**start("load"), **fig, "code": code_version()}
+    fig = {**opening, **fig, "code": code_version()}
     finish(fig, goals)
 
 

@@ -160,6 +160,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
+    opening = start("objects")  # the load average before the run
     import boto3
     proc, endpoint = start_server()
     try:
@@ -174,7 +175,7 @@ def main() -> None:
         runs: dict[str, list[dict]] = {c.name: [] for c in clients}
         for run, c in rounds(clients, args.runs):
             runs[c.name].append(one_run(c, run, big, small))
-        fig = {**start("objects"), "server": "moto 5.x ThreadedMotoServer, own process, 127.0.0.1", "runs": args.runs,
+        fig = {**opening, "server": "moto 5.x ThreadedMotoServer, own process, 127.0.0.1", "runs": args.runs,
                "code": code_version()}
         print(f"{'operation':<16}{'obstore':>12}{'s3fs':>12}{'obstore/s3fs':>14}")
         for key in runs["obstore"][0]:

@@ -115,6 +115,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1234, help="seed of the random offsets")
     ap.add_argument("--data-dir", default="/tmp/cdcbench", help="generated data and targets (default /tmp/cdcbench)")
     args = ap.parse_args()
+    opening = start("read")  # the load average before the run
 
     os.environ.setdefault("HF_XET_TELEMETRY_ENABLED", "0")
     work = run_dir(args.data_dir, "read-run")
@@ -211,7 +212,7 @@ def main() -> None:
     def median_or_none(xs):
         return statistics.median(xs) if xs else None
 
-    fig: dict = {**start("read"), "file_bytes": size, "repeat": args.repeat, "reads": args.reads, "piece_bytes": PIECE,
+    fig: dict = {**opening, "file_bytes": size, "repeat": args.repeat, "reads": args.reads, "piece_bytes": PIECE,
                  "random_len": RANDOM_LEN, "seed": args.seed, "errors": errors, "sides": {}}
     for n in names:
         med = median_or_none(full[n])

@@ -354,6 +354,7 @@ def main() -> int:
     ap.add_argument("--no-verify", dest="verify", action="store_false",
                     help="skip the byte-for-byte check of the pulled trees (first repetition)")
     args = ap.parse_args()
+    opening = start("transfer")  # the load average before the run
 
     import aiohttp
     import fsspec
@@ -406,7 +407,7 @@ def main() -> int:
               f"(order {'/'.join(r['cold_order'])})")
 
     shutil.rmtree(work, ignore_errors=True)
-    fig = {**start("transfer"), **summarize(reps, info)}
+    fig = {**opening, **summarize(reps, info)}
     fig["errors"] = errors
     fig["code"] = code_version()
     fig["versions"] = {"python": platform.python_version(), "aiohttp": aiohttp.__version__,
