@@ -19,8 +19,9 @@ Timed per repetition (medians quoted):
   pyfastcdc_nc2  pyfastcdc with normalized_chunking=2 (the level cdcstore's rule
                  uses), for information only
 
-Repetitions are interleaved (ours, pyfastcdc, ... then again) so that drift in
-machine speed hits every method alike.
+Repetitions are interleaved, the order of the methods rotated each time (ours,
+pyfastcdc, ...; pyfastcdc, ..., ours), so that drift in machine speed hits every
+method alike.
 
 GB/s are decimal (1e9 bytes per second). The goal quoted is ours/pyfastcdc >= 1.0
 per input; the figures are reported as measured whether or not they meet it.
@@ -37,45 +38,12 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py
-from common import finish  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/harness.py, bench/data.py
+from data import parquet_bytes  # noqa: E402
+from harness import Goal, code_version, finish, rotated, start  # noqa: E402
 
 MIN, AVG, MAX = 16 * 1024, 64 * 1024, 256 * 1024
 GOAL_RATIO = 1.0
-
-
-def parquet_bytes(data_dir: str, target: int, seed: int = 7) -> bytes:
-    """Bytes of a generated ~32 MB Parquet file (cached on disk), repeated to `target` bytes."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    path = os.path.join(data_dir, f"chunker-sample-s{seed}.parquet")
-    if not os.path.exists(path):
-        os.makedirs(data_dir, exist_ok=True)
-        rng = np.random.default_rng(seed)
-        rows = 400_000
-        lens = rng.integers(16, 160, rows)
-        offsets = np.zeros(rows + 1, dtype=np.int32)
-        np.cumsum(lens, out=offsets[1:])
-        alphabet = np.frombuffer(b"etaoinshrdlucmfwypvbgkjqxz      ", dtype=np.uint8)
-        text = alphabet[rng.integers(0, len(alphabet), int(offsets[-1]))]
-        table = pa.table({
-            "id": pa.array(np.arange(rows, dtype=np.int64)),
-            "user": pa.array(rng.integers(0, 10**9, rows)),
-            "score": pa.array(rng.normal(size=rows)),
-            "price": pa.array(np.round(rng.gamma(2.0, 30.0, rows), 2)),
-            "category": pa.array(rng.choice([f"cat_{i}" for i in range(64)], rows)),
-            "text": pa.StringArray.from_buffers(rows, pa.py_buffer(offsets.tobytes()),
-                                                pa.py_buffer(text.tobytes())),
-        })
-        tmp = path + f".{os.getpid()}.tmp"
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
-    with open(path, "rb") as f:
-        one = f.read()
-    reps = -(-target // len(one))
-    return (one * reps)[:target]
 
 
 def time_ours(buf) -> tuple[float, int]:
@@ -139,7 +107,8 @@ def main() -> None:
     inputs["parquet"] = parquet_bytes(args.data_dir, size)
     print(f"inputs ready in {time.perf_counter() - t0:.1f} s")
 
-    results: dict = {"size_bytes": size, "repeat": args.repeat, "params": [MIN, AVG, MAX], "inputs": {}}
+    goals = []
+    results: dict = {**start("chunker"), "code": code_version(), "size_bytes": size, "repeat": args.repeat, "params": [MIN, AVG, MAX], "inputs": {}}
     for name, buf in inputs.items():
         r: dict = {}
         times: dict = {m: [] for m in METHODS}
@@ -147,9 +116,9 @@ def main() -> None:
         try:
             for fn in METHODS.values():
                 fn(buf[: 8 * 1024 * 1024])  # warm-up (imports, first touch) on a slice, not timed
-            for _ in range(args.repeat):
-                for method, fn in METHODS.items():
-                    dt, n = fn(buf)
+            for rep in range(args.repeat):
+                for method in rotated(list(METHODS), rep):
+                    dt, n = METHODS[method](buf)
                     times[method].append(dt)
                     counts[method].add(n)
         except Exception as e:  # keep the contract: the last line is one JSON object
@@ -166,7 +135,8 @@ def main() -> None:
                          "chunks": n, "mean_chunk_bytes": len(buf) / n}
         r["ratio_ours_over_pyfastcdc"] = r["ours"]["gb_s"] / r["pyfastcdc"]["gb_s"]
         r["ratio_stream_over_pyfastcdc"] = r["ours_stream"]["gb_s"] / r["pyfastcdc"]["gb_s"]
-        r["goal_met"] = r["ratio_ours_over_pyfastcdc"] >= GOAL_RATIO
+        goals.append(Goal(f"{name}_ours_over_pyfastcdc", r["ratio_ours_over_pyfastcdc"], GOAL_RATIO, ">="))
+        r["goal_met"] = goals[-1].met
         results["inputs"][name] = r
 
         print(f"\n[{name}]")
@@ -179,7 +149,7 @@ def main() -> None:
               f"(goal >= {GOAL_RATIO}: {'met' if r['goal_met'] else 'NOT met'})")
         print(f"  ratio ours_stream/pyfastcdc = {r['ratio_stream_over_pyfastcdc']:.3f}x (information)")
 
-    finish(results)
+    finish(results, goals)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from common import finish, server_util, StaticServer  # noqa: E402
-from transfer import list_files, make_dataset  # noqa: E402
+from data import list_files, transfer_dataset  # noqa: E402
+from harness import code_version, finish, start  # noqa: E402
+from servers import ServerProcess, StaticServer  # noqa: E402
 
 
 def staged_read(url: str, commit: str, files: list[str], cache_path: str) -> dict:
@@ -59,19 +60,19 @@ def main() -> int:
     ap.add_argument("--size-mb", type=float, default=100)
     ap.add_argument("--cprofile", type=int, default=0)
     args = ap.parse_args()
+    opening = start("cold_profile")  # the load average before the run
     from cdcstore import Store
     from cdcstore.storage.repository import LocalStore
     import fsspec
-    _, v2, _ = make_dataset(args.data_dir, args.size_mb)
+    _, v2, _ = transfer_dataset(args.data_dir, args.size_mb)
     files = list_files(v2)
     work = tempfile.mkdtemp(prefix="cdcbench-prof-")
-    su = server_util()
     try:
         store = os.path.join(work, "store")
         LocalStore.init(store)
         with Store(store) as s:
             commit = s.push([v2], "cdc://bench/").commit
-        srv = su.ServerProcess(store, "--allow-no-auth").start()
+        srv = ServerProcess(store, "--allow-no-auth").start()
         static = StaticServer(os.path.dirname(v2), f"v2/{files[0]}").start()
         try:
             url = srv.url
@@ -103,7 +104,7 @@ def main() -> int:
         finally:
             srv.stop()
             static.stop()
-        finish(st)
+        finish({**opening, "code": code_version(), **st})
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -6,7 +6,8 @@ them into the docs:
     python bench/stream.py | tee /tmp/out.txt
     python bench/figures.py save stream /tmp/out.txt     # -> bench/results/stream.json
     python bench/figures.py render                        # rewrite the figure blocks in docs/*.md
-    python bench/figures.py check                         # exit 1 if a block differs from its JSON
+                                                          # and README.md, redraw docs/figures/*.svg
+    python bench/figures.py check                         # exit 1 if a block or chart differs from its JSON
 
 A figure block in a doc is
 
@@ -14,13 +15,18 @@ A figure block in a doc is
     ...generated...
     <!-- /figures -->
 
-and holds a table of the run's goals (value, goal, met) and, when the JSON has per-side figures
-(`sides`), a table of them; `tests/test_docs_figures.py` runs `check`.
+and holds the run's own table where the bench has one (VIEWS: ingest, read, dedup, chunker,
+objects, cold-profile, transfer), a table of its goals (value, goal, met: `goal_results`, or the
+older `goals`), a table of per-side figures when the JSON has `sides` with them, and a chart
+where a reader would rather look than read (CHARTS: docs/figures/NAME.svg, drawn with
+matplotlib from the same JSON; deterministic SVG: fixed fonts and sizes, text kept as text, a
+fixed hash salt, no dates). `tests/test_docs_figures.py` runs `check`.
 """
 from __future__ import annotations
 
 import argparse
 import glob
+import io
 import json
 import os
 import re
@@ -28,6 +34,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
+CHART_DIR = os.path.join(ROOT, "docs", "figures")
 BLOCK = re.compile(r"(<!-- figures (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
 SIDE_FIGURES = [("first_batch_seconds", "first batch (s)", "{:.2f}"), ("samples_per_s", "samples/s", "{:,.0f}"),
                 ("mb_per_s", "MB/s", "{:.0f}"), ("peak_pss_tree", "peak PSS, process tree (MB)", "MB")]
@@ -47,24 +54,176 @@ def _fmt(value, how: str = "{:.3g}") -> str:
         return str(value)
     if how == "MB":
         return f"{value / 1e6:,.0f}"
+    if how == "MB1":
+        return f"{value / 1e6:,.1f}"
     if isinstance(value, (int, float)):
         return how.format(value)
     return str(value)
 
 
-def render(name: str, doc: dict) -> str:
-    """The markdown of one figure block."""
+def _x(a, b, how: str = "{:.2f}×") -> str:
+    """a / b as a ratio ('' when either is missing)."""
+    return how.format(a / b) if a is not None and b else ""
+
+
+def table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return (["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+            + ["| " + " | ".join(r) + " |" for r in rows] + [""])
+
+
+# ---------------------------------------------------------------------------------------------
+# views: a bench's own table (pure: JSON in, markdown lines out)
+# ---------------------------------------------------------------------------------------------
+
+def view_ingest(doc: dict) -> list[str]:
+    o, x, d = doc["ours"], doc["xet"], doc["dataset"]
+    rows = [["push v1, MB/s", f"{o['v1_mb_s']:,.0f}", f"{x['v1_mb_s']:,.0f}", _x(o["v1_mb_s"], x["v1_mb_s"])],
+            ["push v2 (mostly known), MB/s", f"{o['v2_mb_s']:,.0f}", f"{x['v2_mb_s']:,.0f}",
+             _x(o["v2_mb_s"], x["v2_mb_s"])],
+            ["push v1 + v2, MB/s", f"{o['total_mb_s']:,.0f}", f"{x['total_mb_s']:,.0f}",
+             _x(o["total_mb_s"], x["total_mb_s"])],
+            ["v2 new bytes, MB", _fmt(o["v2_new_bytes"], "MB1"),
+             _fmt(x["v2_new_bytes"], "MB1"), _x(o["v2_new_bytes"], x["v2_new_bytes"])],
+            ["stored bytes v1 + v2, MB", _fmt(o["v1_stored_bytes"] + o["v2_stored_bytes"], "MB1"),
+             _fmt(x["v1_stored_bytes"] + x["v2_stored_bytes"], "MB1"),
+             _x(o["v1_stored_bytes"] + o["v2_stored_bytes"], x["v1_stored_bytes"] + x["v2_stored_bytes"])],
+            ["peak RSS of the v1 push, MB", _fmt(o["v1_peak_rss"], "MB"), _fmt(x["v1_peak_rss"], "MB"),
+             _x(o["v1_peak_rss"], x["v1_peak_rss"])]]
+    out = [f"Push of a {d['v1_bytes'] / 1e6:,.0f} MB Parquet dataset (v1, {d['files']} files) and its edited copy "
+           f"(v2, {d['v2_bytes'] / 1e6:,.0f} MB) into a local store; medians of {doc['repeat']}:", ""]
+    out += table(["figure", "cdcstore", "hf_xet local://", "ours / hf_xet"], rows)
+    if "floor" in doc:
+        f = doc["floor"]
+        out += [f"The floor, `cp -r` of v1 and `sync`: {f['v1_seconds']:.2f} s ({f['v1_mb_s']:,.0f} MB/s); the push "
+                f"of v1 takes {o['v1_seconds']:.2f} s: floor / push = {doc['ratios_ours_over_floor']['v1']:.2f}.", ""]
+    return out
+
+
+def view_read(doc: dict) -> list[str]:
+    s = doc["sides"]
+    rows = [[k, _fmt(v["full_mb_s"], "{:,.0f}"), _fmt(v["random_median_s"] * 1e6 if v["random_median_s"] else None,
+                                                        "{:,.0f}"),
+             _fmt(v["random_p90_s"] * 1e6 if v["random_p90_s"] else None, "{:,.0f}")] for k, v in s.items()]
+    return ([f"A {doc['file_bytes'] / 1e6:,.0f} MB Parquet file read whole (8 MiB reads) and by {doc['reads']:,} "
+             f"random 64 KiB reads, all from the page cache; medians of {doc['repeat']}:", ""]
+            + table(["side", "full read, MB/s", "random read, median µs", "random read, p90 µs"], rows))
+
+
+DEDUP_LABELS = {"a": "hf_xet (a)", "b": "byte CDC (b)", "c": "page-aligned (c)", "d": "our writer (d)"}
+
+
+def view_dedup(doc: dict) -> list[str]:
+    rows = []
+    for name, s in doc["scenarios"].items():
+        rows.append([name] + [f"{s[v]['new_bytes'] / 1e6:,.2f}" for v in "abcd"]
+                    + [_fmt(s["ratio_c_over_a"], "{:.2f}"), _fmt(s["ratio_d_over_a"], "{:.2f}")])
+    d = doc["dataset"]
+    return ([f"New bytes (MB) of an edited {d['plain_file_bytes'] / 1e6:,.0f} MB Parquet file after its base version "
+             f"(a, b, c: the file pyarrow writes with CDC on; d: the same table written by "
+             f"`cdcstore.parquet.write_table`):", ""]
+            + table(["scenario"] + [DEDUP_LABELS[v] for v in "abcd"] + ["c / a", "d / a"], rows))
+
+
+def view_chunker(doc: dict) -> list[str]:
+    rows = [[name, f"{r['ours']['gb_s']:.2f}", f"{r['pyfastcdc']['gb_s']:.2f}",
+             f"{r['ratio_ours_over_pyfastcdc']:.3f}×"] for name, r in doc["inputs"].items()]
+    return ([f"Chunk scan of a {doc['size_bytes'] / 2 ** 20:,.0f} MiB buffer, min/avg/max "
+             f"{'/'.join(str(p // 1024) for p in doc['params'])} KiB; medians of {doc['repeat']}:", ""]
+            + table(["input", "ours, GB/s", "pyfastcdc, GB/s", "ours / pyfastcdc"], rows))
+
+
+OBJECT_OPS = [("put_big_mb_s", "put 8 × 8 MiB, MB/s"), ("put_small_ms", "put 4 KiB, ms each"),
+              ("get_big_mb_s", "get 8 MiB whole, MB/s"), ("get_range_ms", "get 64 KiB range of a 2 MiB object, ms"),
+              ("list_2000_ms", "list 2,000 keys, ms"), ("create_ms", "create (`If-None-Match: *`), ms"),
+              ("cas_ms", "compare-and-swap (`If-Match`), ms")]
+
+
+def view_objects(doc: dict) -> list[str]:
+    rows = [[label, f"{doc[k]['obstore']:,.2f}", f"{doc[k]['s3fs']:,.2f}", f"{doc[k]['ratio']:.2f}"]
+            for k, label in OBJECT_OPS if k in doc]
+    fork = doc.get("fork_works")
+    if fork:
+        rows.append(["a client used before `fork()`, then in the child",
+                     "works" if fork["obstore_raw"] else "hangs", "works" if fork["s3fs"] else "hangs", ""])
+    return ([f"{doc['server']}; medians of {doc['runs']} run(s):", ""]
+            + table(["operation", "obstore", "s3fs", "obstore / s3fs"], rows))
+
+
+def view_cold_profile(doc: dict) -> list[str]:
+    stages = [("metadata", "metadata (resolve, commit, manifest)"), ("locate", "locate"),
+              ("fetch_verify_place", "fetch + verify + place"), ("total", "total, staged"),
+              ("store_cat_total", "`Store.cat` of every file, fresh cache"),
+              ("fsspec_total", "fsspec HTTP `cat_file` of the same files")]
+    rows = [[label, f"{doc[k]:.3f}"] for k, label in stages if k in doc]
+    return ([f"A cold read of {doc['mb']:,.1f} MB ({doc['requests']} requests) from `cdcstore serve` on loopback, "
+             f"seconds per stage:", ""] + table(["stage", "seconds"], rows))
+
+
+def view_transfer(doc: dict) -> list[str]:
+    o, f = doc["ops"], doc["figures"]
+    rows = [[op, f"{o[op]['bytes'] / 1e6:,.1f}", f"{o[op]['mb_s']:,.0f}", f"{o[op]['requests']:,}"]
+            for op in ("push_v1", "push_v2", "pull_v1", "pull_v2_over_v1", "pull_v2_cold")]
+    rows += [[op, f"{o[op]['bytes'] / 1e6:,.1f}", f"{o[op]['mb_s']:,.0f}", ""]
+             for op in ("push_v1_local", "fsspec_cold", "fsspec_cold_sequential") if op in o]
+    return ([f"Push and pull over HTTP on loopback; medians of {doc['repeat']}; cold pull ours / fsspec = "
+             f"{f['cold_throughput_ours_over_fsspec']:.2f}×, push v2 wire / new bytes = "
+             f"{f['push_v2_wire_over_new_bytes']:.3f}:", ""]
+            + table(["operation", "MB", "MB/s", "requests"], rows))
+
+
+def view_link(doc: dict) -> list[str]:
+    labels = {"ours_cold": "ours, cold cache", "ours_nocache": "ours, no cache", "fsspec": "fsspec HTTP",
+              "v2_after_v1": "ours, v2 with v1 cached", "warm_read": "ours, warm cache",
+              "warm_arrow_ours": "`read_table` via `cdc://`, warm", "arrow_local": "`read_table`, local disk"}
+    out = [f"v2 ({doc['bytes'] / 1e6:,.1f} MB) read whole, one file after another; medians of {doc['repeat']}:", ""]
+    for name, link in doc["links"].items():
+        rows = [[labels.get(k, k), f"{v:,.0f}"] for k, v in link["mb_s"].items()]
+        out += table([f"{name}", "MB/s"], rows)
+        out += ["Ratios: " + ", ".join(f"{k} {v:.2f}×" for k, v in link["ratios"].items()) + ".", ""]
+    return out
+
+
+def view_fs(doc: dict) -> list[str]:
+    p2 = doc.get("parts", {}).get("p2")
+    if not p2:
+        return []
+    labels = {"cold": "ours, cold cache", "warm": "ours, warm cache", "local": "pyarrow, local file",
+              "fsspec": "fsspec HTTP", "nocache": "ours, no cache"}
+    rows = [[labels.get(k, k), f"{v:,.0f}"] for k, v in p2["mb_s"].items()]
+    return ([f"`pq.read_table` of a {p2['file_bytes'] / 1e6:,.0f} MB file through `cdc://` (PyFileSystem over "
+             f"`CdcFileSystem`) and its peers; medians of {doc.get('args', {}).get('repeat', '?')}:", ""]
+            + table(["full scan", "MB/s"], rows))
+
+
+VIEWS = {"fs": view_fs, "link": view_link, "ingest": view_ingest, "read": view_read, "dedup": view_dedup, "chunker": view_chunker,
+         "objects": view_objects, "cold-profile": view_cold_profile, "cold_profile": view_cold_profile,
+         "transfer": view_transfer}
+
+
+def goal_rows(doc: dict) -> dict:
+    """The goals of a run: `goal_results` (harness.Goal), else the older `goals` when it holds dicts."""
+    goals = doc.get("goal_results") or doc.get("goals") or {}
+    return {k: g for k, g in goals.items() if isinstance(g, dict)}
+
+
+def render(name: str, doc: dict, chart: str | None = None) -> str:
+    """The markdown of one figure block (`chart`: the chart's path relative to the doc)."""
     code = doc.get("code") or {}
     load = doc.get("loadavg_start")
-    out = [f"From `bench/results/{name}.json` (`bench/{doc.get('bench', name)}.py` at commit "
-           f"{code.get('head', '?')}, {doc.get('cpus', '?')} CPUs"
-           + (f", load average {load[0]:.1f} at the start" if load else "") + "):", ""]
-    goals = doc.get("goals") or {}
+    bench = doc.get("bench", name.replace("-", "_"))
+    about = [f"`bench/{bench}.py` at commit {code.get('head', '?')}"] + (
+        [f"{doc['cpus']} CPUs"] if "cpus" in doc else []) + (
+        [f"load average {load[0]:.1f} at the start"] if load else [])
+    out = [f"From `bench/results/{name}.json` ({', '.join(about)}):", ""]
+    view = VIEWS.get(name) or VIEWS.get(bench)
+    if view:
+        out += view(doc)
+    goals = goal_rows(doc)
     if goals:
         out += ["| figure | value | goal | met |", "| --- | --- | --- | --- |"]
         for key, g in goals.items():
-            out.append(f"| {key} | {_fmt(g.get('value'))} | {g.get('goal', '')} | "
-                       f"{'yes' if g.get('met') else 'no'} |")
+            met = "reported" if g.get("goal") == "reported" else "yes" if g.get("met") else "no"
+            out.append(f"| {key} | {_fmt(g.get('value'))} | {g.get('goal', '')} | {met} |")
         out.append("")
     sides = doc.get("sides") or {}
     keys = [(k, label, how) for k, label, how in SIDE_FIGURES if any(k in (v or {}) for v in sides.values())]
@@ -76,8 +235,112 @@ def render(name: str, doc: dict) -> str:
             out.append(f"| {side} | " + " | ".join(_fmt(figs.get(k), how) if k in figs else "" for k, _, how in keys)
                        + " |")
         out.append("")
+    if chart:
+        out += [f"![{CHART_TITLES[name]}]({chart})", ""]
     return "\n".join(out)
 
+
+# ---------------------------------------------------------------------------------------------
+# charts (matplotlib, imported only to draw)
+# ---------------------------------------------------------------------------------------------
+
+CHART_TITLES = {"dedup": "New bytes per edit scenario, cdcstore against hf_xet",
+                "ingest": "Push throughput against hf_xet and the floor (cp -r + sync)",
+                "read": "Read throughput and latency against hf_xet and a plain file"}
+COLORS = {"ours": "#1f77b4", "peer": "#ff7f0e", "floor": "#7f7f7f", "b": "#aec7e8", "d": "#2ca02c"}
+
+
+def _bars(ax, labels: list[str], series: list[tuple[str, list, str]], xlabel: str) -> None:
+    """Horizontal grouped bars: one group per label, one bar per series (name, values, color)."""
+    n = len(series)
+    h = 0.8 / n
+    for i, (name, values, color) in enumerate(series):
+        ys = [g - 0.4 + h / 2 + i * h for g in range(len(labels))]  # the first series on top
+        vals = [v if v is not None else 0 for v in values]
+        ax.barh(ys, vals, height=h * 0.9, color=color, label=name)
+        for y, v in zip(ys, values):
+            if v is not None:
+                ax.text(v, y, f" {v:,.1f}" if v < 100 else f" {v:,.0f}", va="center", fontsize=7)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.margins(x=0.18)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def chart_dedup(plt, doc: dict):
+    names = list(doc["scenarios"])
+    fig, ax = plt.subplots(figsize=(7.5, 0.55 * len(names) + 1.4))
+    colors = {"a": COLORS["peer"], "b": COLORS["b"], "c": COLORS["ours"], "d": COLORS["d"]}
+    _bars(ax, names, [(DEDUP_LABELS[v], [doc["scenarios"][n][v]["new_bytes"] / 1e6 for n in names], colors[v])
+                      for v in "abcd"], "new bytes, MB (less is better)")
+    ax.set_title(f"New bytes per edit of a {doc['dataset']['plain_file_bytes'] / 1e6:,.0f} MB Parquet file")
+    ax.legend(loc="lower right", fontsize=7, frameon=False)
+    return fig
+
+
+def chart_ingest(plt, doc: dict):
+    o, x = doc["ours"], doc["xet"]
+    floor = doc.get("floor", {}).get("v1_mb_s")
+    fig, ax = plt.subplots(figsize=(7.5, 2.8))
+    _bars(ax, ["push v1", "push v2 (mostly known)", "push v1 + v2"],
+          [("cdcstore", [o["v1_mb_s"], o["v2_mb_s"], o["total_mb_s"]], COLORS["ours"]),
+           ("hf_xet local://", [x["v1_mb_s"], x["v2_mb_s"], x["total_mb_s"]], COLORS["peer"]),
+           ("floor: cp -r + sync", [floor, None, None], COLORS["floor"])], "MB/s (more is better)")
+    ax.set_title(f"Push of {doc['dataset']['v1_bytes'] / 1e6:,.0f} MB of Parquet, medians of {doc['repeat']}")
+    ax.legend(loc="lower right", fontsize=7, frameon=False)
+    return fig
+
+
+def chart_read(plt, doc: dict):
+    s = doc["sides"]
+    names = list(s)
+    colors = [COLORS["ours"] if n == "ours" else COLORS["floor"] if n == "plain" else COLORS["peer"] for n in names]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(7.5, 2.4))
+    for ax, key, scale, label in ((a1, "full_mb_s", 1, "full read, MB/s (more is better)"),
+                                  (a2, "random_median_s", 1e6, "random 64 KiB read, median µs (less is better)")):
+        vals = [s[n][key] * scale if s[n][key] is not None else None for n in names]
+        for i, (v, c) in enumerate(zip(vals, colors)):
+            ax.barh(i, v or 0, color=c, height=0.7)
+            if v is not None:
+                ax.text(v, i, f" {v:,.0f}", va="center", fontsize=7)
+        ax.set_yticks(range(len(names)), names)
+        ax.invert_yaxis()
+        ax.set_xlabel(label)
+        ax.margins(x=0.25)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    fig.suptitle(f"Reads of a {doc['file_bytes'] / 1e6:,.0f} MB file from the page cache, medians of {doc['repeat']}")
+    return fig
+
+
+CHARTS = {"dedup": chart_dedup, "ingest": chart_ingest, "read": chart_read}
+
+
+def draw(name: str, doc: dict) -> bytes:
+    """The chart of a result as SVG bytes, deterministic for a given matplotlib version."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    style = {"svg.hashsalt": "cdcstore-figures", "svg.fonttype": "none", "font.family": "DejaVu Sans",
+             "font.size": 8, "axes.titlesize": 9, "figure.dpi": 100, "path.simplify": True}
+    with matplotlib.rc_context(style):
+        fig = CHARTS[name](plt, doc)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None, "Contributor": None})
+        plt.close(fig)
+    return buf.getvalue()
+
+
+def chart_path(name: str) -> str:
+    return os.path.join(CHART_DIR, f"{name}.svg")
+
+
+# ---------------------------------------------------------------------------------------------
+# docs
+# ---------------------------------------------------------------------------------------------
 
 def load_results() -> dict[str, dict]:
     out = {}
@@ -87,13 +350,17 @@ def load_results() -> dict[str, dict]:
     return out
 
 
-def rewrite(text: str, results: dict[str, dict]) -> str:
+def rewrite(text: str, results: dict[str, dict], doc_dir: str | None = None) -> str:
+    """text with every figure block rendered from results (charts linked relative to doc_dir)."""
+    doc_dir = doc_dir or os.path.join(ROOT, "docs")
+
     def block(m):
         name = m.group("name")
         if name not in results:
             raise SystemExit(f"a doc shows figures {name!r} but bench/results/{name}.json does not exist: "
                              f"run the bench and `bench/figures.py save {name} OUTPUT`")
-        return m.group(1) + render(name, results[name]) + "\n" + m.group(4)
+        chart = os.path.relpath(chart_path(name), doc_dir) if name in CHARTS else None
+        return m.group(1) + render(name, results[name], chart) + "\n" + m.group(4)
     return BLOCK.sub(block, text)
 
 
@@ -101,10 +368,45 @@ def docs() -> list[str]:
     return sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) + [os.path.join(ROOT, "README.md")]
 
 
+def shown_charts() -> list[str]:
+    """Names of the charted results some doc shows a figure block of."""
+    names = {m.group("name") for p in docs() for m in BLOCK.finditer(open(p).read())}
+    return sorted(n for n in names if n in CHARTS)
+
+
 def stale() -> list[str]:
-    """Docs whose figure blocks differ from the JSON they are made from."""
+    """Docs whose figure blocks differ from the JSON they are made from, and shown charts that are missing."""
     results = load_results()
-    return [p for p in docs() if (t := open(p).read()) != rewrite(t, results)]
+    bad = [p for p in docs() if (t := open(p).read()) != rewrite(t, results, os.path.dirname(p))]
+    return bad + [chart_path(n) for n in shown_charts() if not os.path.exists(chart_path(n))]
+
+
+def stale_charts() -> list[str]:
+    """Shown charts whose SVG differs from a fresh drawing (needs matplotlib)."""
+    results = load_results()
+    out = []
+    for n in shown_charts():
+        p = chart_path(n)
+        if not os.path.exists(p) or open(p, "rb").read() != draw(n, results[n]):
+            out.append(p)
+    return out
+
+
+def render_all() -> None:
+    results = load_results()
+    for p in docs():
+        t = open(p).read()
+        if (n := rewrite(t, results, os.path.dirname(p))) != t:
+            with open(p, "w") as f:
+                f.write(n)
+    os.makedirs(CHART_DIR, exist_ok=True)
+    for n in shown_charts():
+        svg = draw(n, results[n])
+        p = chart_path(n)
+        if not os.path.exists(p) or open(p, "rb").read() != svg:
+            with open(p + ".tmp", "wb") as f:
+                f.write(svg)
+            os.replace(p + ".tmp", p)
 
 
 def main(argv=None) -> int:
@@ -113,8 +415,9 @@ def main(argv=None) -> int:
     s = sub.add_parser("save", help="keep the last JSON line of a bench run as bench/results/NAME.json")
     s.add_argument("name")
     s.add_argument("output", help="a file holding the bench's output ('-': stdin)")
-    sub.add_parser("render", help="rewrite the figure blocks of docs/*.md and README.md")
-    sub.add_parser("check", help="exit 1 if a figure block differs from its JSON")
+    sub.add_parser("render", help="rewrite the figure blocks of docs/*.md and README.md, redraw the charts")
+    c = sub.add_parser("check", help="exit 1 if a figure block or a chart differs from its JSON")
+    c.add_argument("--no-charts", action="store_true", help="check the blocks only (no matplotlib needed)")
     a = ap.parse_args(argv)
     if a.cmd == "save":
         text = sys.stdin.read() if a.output == "-" else open(a.output).read()
@@ -124,16 +427,18 @@ def main(argv=None) -> int:
             f.write("\n")
         return 0
     if a.cmd == "render":
-        results = load_results()
-        for p in docs():
-            t = open(p).read()
-            if (n := rewrite(t, results)) != t:
-                with open(p, "w") as f:
-                    f.write(n)
+        render_all()
         return 0
     bad = stale()
-    for p in bad:
-        print(f"{os.path.relpath(p, ROOT)}: figures differ from bench/results: run `python bench/figures.py render`")
+    if not a.no_charts:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("matplotlib is not installed: charts checked for presence only (pip install -e '.[bench]')")
+        else:
+            bad += stale_charts()
+    for p in dict.fromkeys(bad):
+        print(f"{os.path.relpath(p, ROOT)}: differs from bench/results: run `python bench/figures.py render`")
     return 1 if bad else 0
 
 

@@ -27,28 +27,16 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/harness.py, bench/data.py
+from data import gc_edit, gc_files  # noqa: E402
+from harness import ROOT, Goal, code_version, finish  # noqa: E402
 
-sys.path.insert(0, common.ROOT)
+sys.path.insert(0, ROOT)
 from cdcstore import Store  # noqa: E402
 
 
 def pack_bytes(root: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(root, "packs")) for f in fs)
-
-
-def edit(rng: random.Random, folder: str, share: float) -> None:
-    """Rewrite a block of `share` of one or two files' bytes in place."""
-    names = sorted(os.listdir(folder))
-    for name in rng.sample(names, rng.choice((1, 2))):
-        path = os.path.join(folder, name)
-        size = os.path.getsize(path)
-        n = int(size * share)
-        at = rng.randrange(0, size - n)
-        with open(path, "r+b") as f:
-            f.seek(at)
-            f.write(rng.randbytes(n))
 
 
 def main() -> None:
@@ -63,17 +51,14 @@ def main() -> None:
     data, root = os.path.join(a.work_dir, "data"), os.path.join(a.work_dir, "store")
     os.makedirs(data)
     rng = random.Random(7)
-    per_file = a.size_mb * (1 << 20) // 6
-    for i in range(6):
-        with open(os.path.join(data, f"part-{i}.bin"), "wb") as f:
-            f.write(rng.randbytes(per_file))
+    gc_files(data, a.size_mb, rng)
     Store.init(root)
     s = Store(root)
     t0 = time.perf_counter()
     commits = []
     for v in range(a.versions):
         if v:
-            edit(rng, data, rng.uniform(0.01, 0.05) / 2)
+            gc_edit(rng, data, rng.uniform(0.01, 0.05) / 2)
         commits.append(s.push([data], "cdc://ds/", f"v{v}").commit)
     push_s = time.perf_counter() - t0
     before = pack_bytes(root)
@@ -82,7 +67,7 @@ def main() -> None:
     t0 = time.perf_counter()
     child = subprocess.run([sys.executable, "-m", "cdcstore", "gc", "--store", root, "--grace", "0", "--json",
                             "--repack-dead", str(a.repack_dead)],
-                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": common.ROOT}, check=True)
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ROOT}, check=True)
     gc_s = time.perf_counter() - t0
     gc_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     gc_doc = json.loads(child.stdout)
@@ -94,7 +79,7 @@ def main() -> None:
             read += len(s.cat(f"cdc://ds@{cid}/{e['name']}"))
     read_s = time.perf_counter() - t0
     assert s.check()["problems"] == []
-    fig = {"bench": "gc", "args": vars(a), "code": common.code_version(), "cpus": os.cpu_count(),
+    fig = {"bench": "gc", "args": vars(a), "code": code_version(), "cpus": os.cpu_count(),
            "loadavg_start": list(os.getloadavg()), "versions": a.versions, "history_bytes": history, "push_seconds": push_s,
            "pack_bytes_before": before, "pack_bytes_after": after, "forgotten_commits": len(forgot["forget"]),
            "gc": gc_doc, "gc_seconds": gc_s, "gc_peak_rss_bytes": gc_rss, "read_kept_bytes": read,
@@ -102,6 +87,7 @@ def main() -> None:
            "goals": {"gc_seconds_over_read_live_once": {"value": gc_s / read_s if read_s else None,
                                                       "goal": "reported", "met": True},
                      "bytes_after_over_before": {"value": after / before, "goal": "reported", "met": True}}}
+    goals = [Goal(k, v["value"], None, "reported") for k, v in fig["goals"].items()]
     print(f"{a.versions} versions of {a.size_mb} MB ({history / 1e9:.2f} GB of history) pushed in {push_s:.1f} s; "
           f"packs {before / 1e6:.0f} MB")
     print(f"forget --keep-last {a.keep}: {len(forgot['forget'])} commits; gc: {gc_doc['delete_packs']} packs deleted, "
@@ -109,7 +95,7 @@ def main() -> None:
           f"packs {after / 1e6:.0f} MB ({after / before:.2f}x)")
     print(f"reading the {a.keep} kept versions once ({read / 1e6:.0f} MB): {read_s:.1f} s; "
           f"gc / read = {gc_s / read_s:.2f}x")
-    common.finish(fig)
+    finish(fig, goals)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,10 @@ measured per side and per push; sides alternate which goes first):
             start_upload_file(each file, sha256=SKIP_SHA256), wait_to_finish()
   xet   v2  the same with the v2 files into the same local:// DIR
 
+The floor: `cp -r v1 DIR` then `sync` (timed in the parent, same repetitions, the
+sides rotating: ours, xet, floor; xet, floor, ours; ...): what any push of v1 to
+this disk costs at least.
+
 The timed region of each child is opening the store / session plus the whole
 push / upload commit (the opening part is also quoted on its own). Source files
 are in the page cache for both sides, and os.sync() runs before each child so
@@ -31,7 +35,8 @@ that no earlier writes are flushed inside a timed region.
 
 Figures (medians over repetitions): throughput in MB/s (decimal, logical bytes
 of the files / seconds) for v1, v2 and both together, and ours/hf_xet ratios
-(goal >= 2.0); new bytes of v2 (raw bytes of chunks the target lacked:
+(goal >= 2.0), and push v1 against the floor: floor seconds / push seconds
+(goal >= 0.7); new bytes of v2 (raw bytes of chunks the target lacked:
 TransferResult.new_bytes vs DeduplicationMetrics.new_bytes) and their ratio;
 stored bytes (ours: TransferResult.stored_bytes, the pack bytes; hf_xet: growth
 of its local:// directory, apparent size summed over files like `du -sb`, with
@@ -66,83 +71,19 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py
-from common import (cached_dataset, calibrated_rows, code_version, finish, make_table, make_v2,  # noqa: E402
-                    med, write_parquet, xet_env)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/harness.py, bench/data.py
+from data import ingest_dataset, make_big_file, make_small_files  # noqa: E402
+from harness import Goal, code_version, finish, med, ratio, rounds, run_dir, start, xet_env  # noqa: E402
 
 GOAL_THROUGHPUT_RATIO = 2.0
 GOAL_SCALE_RSS = 1_000_000_000
-NFILES = 6
+GOAL_FLOOR_RATIO = 0.7  # push v1 at >= 0.7x the speed of `cp -r` + `sync` of the same files
 REPO_DEST = "cdc://bench/"
 
 
 # ---------------------------------------------------------------------------------------------
 # data generation (parent only)
 # ---------------------------------------------------------------------------------------------
-
-def make_dataset(data_dir: str, size_mb: float) -> tuple[str, str, dict]:
-    """v1/ and v2/ folders (cached: reused when the same size was generated before)."""
-    def build(v1: str, v2: str) -> dict:
-        # calibrate compressed bytes per row
-        rows = calibrated_rows(size_mb * 1e6 / NFILES, 1, os.path.join(v1, "part-000.parquet"))
-        info: dict = {"rows_per_file": rows, "files": NFILES}
-        for i in range(NFILES):
-            write_parquet(make_table(i + 1, rows, id0=i * rows), os.path.join(v1, f"part-{i:03d}.parquet"))
-        # v2: edit part-000 (contiguous 1% of rows), append 5% rows to part-001, add a small file
-        info.update(make_v2(v1, v2, rows, NFILES, n_append=rows // 20, n_extra=max(100, rows * NFILES // 100)))
-        return info
-
-    return cached_dataset(os.path.join(data_dir, f"ingest-g2-{size_mb:g}mb"), build)
-
-
-def make_big_file(path: str, size: int, seed: int = 5) -> None:
-    """Stream `size` bytes to disk: 4 MiB segments, half fresh random, half shifted copies."""
-    import numpy as np
-    if os.path.exists(path) and os.path.getsize(path) == size:
-        return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    rng = np.random.default_rng(seed)
-    seg = 4 * 1024 * 1024
-    pool: list[bytes] = []
-    written = 0
-    with open(path + ".tmp", "wb") as f:
-        while written < size:
-            if not pool or rng.random() < 0.5:
-                block = rng.bytes(seg)
-                pool.append(block)
-                if len(pool) > 32:
-                    pool.pop(int(rng.integers(0, len(pool))))
-            else:
-                src = pool[int(rng.integers(0, len(pool)))]
-                cut = int(rng.integers(0, seg // 2))
-                block = rng.bytes(int(rng.integers(1, 4097))) + src[cut:]
-            block = block[: size - written]
-            f.write(block)
-            written += len(block)
-    os.replace(path + ".tmp", path)
-
-
-def make_small_files(root: str, n: int, seed: int = 9) -> None:
-    import numpy as np
-    done = os.path.join(os.path.dirname(root), os.path.basename(root) + ".DONE")
-    if os.path.exists(done):
-        return
-    shutil.rmtree(root, ignore_errors=True)
-    rng = np.random.default_rng(seed)
-    base = rng.bytes(1 << 20)
-    for i in range(n):
-        d = os.path.join(root, f"d{i // 100:03d}")
-        os.makedirs(d, exist_ok=True)
-        size = int(np.exp(rng.uniform(np.log(512), np.log(65536))))
-        if rng.random() < 0.3:  # shares content with other files
-            off = int(rng.integers(0, len(base) - size))
-            data = base[off:off + size]
-        else:
-            data = rng.bytes(size)
-        with open(os.path.join(d, f"f{i:05d}.bin"), "wb") as f:
-            f.write(data)
-    open(done, "w").close()
-
 
 # ---------------------------------------------------------------------------------------------
 # children: one push / upload each
@@ -228,6 +169,16 @@ def xet_xorb_bytes(path: str) -> int:
     return total
 
 
+def copy_floor(src: str, target: str) -> float:
+    """Seconds of `cp -r src target` and `sync`: the physical floor of pushing src (same page-cached
+    source, same disk)."""
+    os.sync()
+    t0 = time.perf_counter()
+    subprocess.run(["cp", "-r", src, target], check=True)
+    os.sync()
+    return time.perf_counter() - t0
+
+
 def run_child(side: str, src: str, target: str, init: bool, env_extra: dict) -> dict:
     """Run one push/upload in a fresh interpreter; return its figures plus its own peak RSS."""
     if init and side == "ours":  # create the empty store here: its one-off cost is not the push's
@@ -257,10 +208,6 @@ def mb(x: float) -> str:
     return f"{x / 1e6:,.1f} MB"
 
 
-def ratio(a: float, b: float) -> float | None:
-    return a / b if b else None
-
-
 def fmt_ratio(r: float | None) -> str:
     return "n/a (peer is 0)" if r is None else f"{r:.2f}x"
 
@@ -270,7 +217,7 @@ def fmt_ratio(r: float | None) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def run_default(args) -> dict:
-    v1, v2, info = make_dataset(args.data_dir, args.size_mb)
+    v1, v2, info = ingest_dataset(args.data_dir, args.size_mb)
     b1 = sum(os.path.getsize(p) for p in list_files(v1))
     b2 = sum(os.path.getsize(p) for p in list_files(v2))
     print(f"dataset: v1 {len(list_files(v1))} files {mb(b1)}, v2 {len(list_files(v2))} files {mb(b2)} "
@@ -282,21 +229,24 @@ def run_default(args) -> dict:
             while f.read(1 << 24):
                 pass
 
-    work = os.path.join(args.data_dir, "ingest-run")
-    shutil.rmtree(work, ignore_errors=True)
-    runs: dict = {"ours": [], "xet": []}
-    for rep in range(args.repeat):
-        order = ("ours", "xet") if rep % 2 == 0 else ("xet", "ours")
-        for side in order:
-            target = os.path.join(work, f"{side}-r{rep}")
-            env = xet_env(os.path.join(work, f"xet-cache-r{rep}")) if side == "xet" else {}
-            r1 = run_child(side, v1, target, init=True, env_extra=env)
-            r2 = run_child(side, v2, target, init=False, env_extra=env)
-            runs[side].append({"v1": r1, "v2": r2})
-            print(f"  rep {rep + 1}/{args.repeat} {side:<4}: v1 {r1['seconds']:.2f} s, v2 {r2['seconds']:.2f} s, "
-                  f"v2 new {mb(r2['new_bytes'])}, peak RSS {mb(max(r1['peak_rss'], r2['peak_rss']))}")
+    work = run_dir(args.data_dir, "ingest-run")
+    runs: dict = {"ours": [], "xet": [], "floor": []}
+    for rep, side in rounds(("ours", "xet", "floor"), args.repeat):
+        target = os.path.join(work, f"{side}-r{rep}")
+        if side == "floor":
+            runs["floor"].append(copy_floor(v1, target))
+            print(f"  rep {rep + 1}/{args.repeat} floor: cp -r v1 + sync {runs['floor'][-1]:.2f} s")
             shutil.rmtree(target, ignore_errors=True)
-        shutil.rmtree(os.path.join(work, f"xet-cache-r{rep}"), ignore_errors=True)
+            continue
+        env = xet_env(os.path.join(work, f"xet-cache-r{rep}")) if side == "xet" else {}
+        r1 = run_child(side, v1, target, init=True, env_extra=env)
+        r2 = run_child(side, v2, target, init=False, env_extra=env)
+        runs[side].append({"v1": r1, "v2": r2})
+        print(f"  rep {rep + 1}/{args.repeat} {side:<5}: v1 {r1['seconds']:.2f} s, v2 {r2['seconds']:.2f} s, "
+              f"v2 new {mb(r2['new_bytes'])}, peak RSS {mb(max(r1['peak_rss'], r2['peak_rss']))}")
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.rmtree(env.get("HF_XET_CACHE", "/nonexistent"), ignore_errors=True)
+    shutil.rmtree(work, ignore_errors=True)
 
     fig: dict = {"dataset": {"v1_bytes": b1, "v2_bytes": b2, **info}, "repeat": args.repeat}
     for side in ("ours", "xet"):
@@ -343,6 +293,15 @@ def run_default(args) -> dict:
         "peak_rss_max": ratio(max(o["v1_peak_rss"], o["v2_peak_rss"]), max(x["v1_peak_rss"], x["v2_peak_rss"])),
     }
     fig["goal_throughput_met"] = (fig["ratios_ours_over_xet"]["throughput_total"] or 0) >= GOAL_THROUGHPUT_RATIO
+    floor = med(runs["floor"])
+    fig["floor"] = {"v1_seconds": floor, "v1_mb_s": b1 / floor / 1e6, "runs": runs["floor"],
+                    "what": "cp -r v1 DIR + sync (the physical floor of a push of v1)"}
+    fig["ratios_ours_over_floor"] = {"v1": ratio(floor, o["v1_seconds"])}
+    fig["goals_list"] = [
+        Goal("push_v1_v2_ours_over_xet", fig["ratios_ours_over_xet"]["throughput_total"], GOAL_THROUGHPUT_RATIO, ">="),
+        Goal("push_v2_ours_over_xet", fig["ratios_ours_over_xet"]["throughput_v2"], GOAL_THROUGHPUT_RATIO, ">="),
+        Goal("push_v1_ours_over_floor", fig["ratios_ours_over_floor"]["v1"], GOAL_FLOOR_RATIO, ">="),
+    ]
 
     R = fig["ratios_ours_over_xet"]
     print(f"\nresults (median of {args.repeat}; MB = 1e6 bytes)")
@@ -376,6 +335,10 @@ def run_default(args) -> dict:
     print(f"  throughput ratio v1+v2 ours/hf_xet = {fmt_ratio(R['throughput_total'])} "
           f"(goal >= {GOAL_THROUGHPUT_RATIO}: {'met' if fig['goal_throughput_met'] else 'NOT met'})")
     print(f"  v2 new bytes: {o['v2_new_bytes'] / b2:.1%} of v2 for ours, {x['v2_new_bytes'] / b2:.1%} for hf_xet")
+    print(f"  floor (cp -r v1 + sync): {floor:.2f} s, {fig['floor']['v1_mb_s']:.1f} MB/s; push v1 ours/floor = "
+          f"{fmt_ratio(fig['ratios_ours_over_floor']['v1'])} (floor seconds / push seconds)")
+    for g in fig["goals_list"]:
+        print(g.line())
     return fig
 
 
@@ -388,23 +351,20 @@ def run_scale(args) -> dict:
     make_small_files(small, args.small_files)
     print(f"scale inputs ready in {time.perf_counter() - t0:.0f} s: {big} ({mb(os.path.getsize(big))}), "
           f"{small} ({args.small_files} files, {mb(dir_bytes(small))})")
-    work = os.path.join(args.data_dir, "scale-run")
-    shutil.rmtree(work, ignore_errors=True)
-    fig: dict = {"repeat": args.repeat, "goal_peak_rss_bytes": GOAL_SCALE_RSS}
+    work = run_dir(args.data_dir, "scale-run")
+    fig: dict = {"repeat": args.repeat, "goal_peak_rss_bytes": GOAL_SCALE_RSS, "goals_list": []}
     for label, src in (("big_file", big), ("small_files", small)):
         nbytes = sum(os.path.getsize(p) for p in list_files(src))
         runs: dict = {"ours": [], "xet": []}
-        for rep in range(args.repeat):
-            order = ("ours", "xet") if rep % 2 == 0 else ("xet", "ours")
-            for side in order:
-                target = os.path.join(work, f"{label}-{side}-r{rep}")
-                env = xet_env(os.path.join(work, f"xet-cache-{label}-r{rep}")) if side == "xet" else {}
-                r = run_child(side, src, target, init=True, env_extra=env)
-                runs[side].append(r)
-                print(f"  {label} rep {rep + 1}/{args.repeat} {side:<4}: {r['seconds']:.1f} s, "
-                      f"peak RSS {mb(r['peak_rss'])}, new {mb(r['new_bytes'])}")
-                shutil.rmtree(target, ignore_errors=True)
-                shutil.rmtree(env.get("HF_XET_CACHE", "/nonexistent"), ignore_errors=True)
+        for rep, side in rounds(("ours", "xet"), args.repeat):
+            target = os.path.join(work, f"{label}-{side}-r{rep}")
+            env = xet_env(os.path.join(work, f"xet-cache-{label}-r{rep}")) if side == "xet" else {}
+            r = run_child(side, src, target, init=True, env_extra=env)
+            runs[side].append(r)
+            print(f"  {label} rep {rep + 1}/{args.repeat} {side:<4}: {r['seconds']:.1f} s, "
+                  f"peak RSS {mb(r['peak_rss'])}, new {mb(r['new_bytes'])}")
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.rmtree(env.get("HF_XET_CACHE", "/nonexistent"), ignore_errors=True)
         f: dict = {"bytes": nbytes, "files": len(list_files(src))}
         for side in ("ours", "xet"):
             rs = runs[side]
@@ -416,6 +376,7 @@ def run_scale(args) -> dict:
                        "dir_growth": med([r["dir_growth"] for r in rs]), "runs": rs}
         f["throughput_ratio_ours_over_xet"] = ratio(f["ours"]["mb_s"], f["xet"]["mb_s"])
         f["ours_rss_goal_met"] = f["ours"]["peak_rss_max"] < GOAL_SCALE_RSS
+        fig["goals_list"].append(Goal(f"{label}_ours_peak_rss_bytes", f["ours"]["peak_rss_max"], GOAL_SCALE_RSS, "<"))
         fig[label] = f
     print(f"\nscale results (median of {args.repeat}; MB = 1e6 bytes)")
     print(f"  {'':<28} {'files':>6} {'bytes':>12} {'side':>5} {'seconds':>8} {'MB/s':>7} {'new':>12} "
@@ -447,6 +408,7 @@ def main() -> None:
     ap.add_argument("--_src", help=argparse.SUPPRESS)
     ap.add_argument("--_target", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    opening = start("ingest")  # the load average before the run
 
     if args._worker:
         print(json.dumps(worker(args._worker, args._src, args._target)))
@@ -466,9 +428,8 @@ def main() -> None:
         print(json.dumps({"mode": "scale" if args.scale else "default", "error": f"{type(e).__name__}: {e}",
                           "code": code_version()}))
         return 1
-    fig["mode"] = "scale" if args.scale else "default"
-    fig["code"] = code_version()
-    finish(fig)
+    fig = {**opening, **fig, "mode": "scale" if args.scale else "default", "code": code_version()}
+    finish(fig, fig.pop("goals_list"))
 
 
 if __name__ == "__main__":

@@ -52,8 +52,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
-from common import code_version, finish, loadavg_text, med, server_util  # noqa: E402
-from transfer import list_files, make_dataset  # noqa: E402
+from data import list_files, transfer_dataset  # noqa: E402
+import harness  # noqa: E402
+from harness import code_version, finish, loadavg_text, med, rotated  # noqa: E402
+from servers import stop_process, wait_until_up  # noqa: E402
 
 NS, HOST_IF, NS_IF = "cdclink", "cdcl-h", "cdcl-n"
 HOST_IP, NS_IP = "10.77.0.1", "10.77.0.2"
@@ -111,17 +113,9 @@ def start(cmd: list[str], url_probe: str, netns: bool, log_path: str) -> subproc
     full = (["ip", "netns", "exec", NS] if netns else []) + cmd
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(full, stdout=log, stderr=subprocess.STDOUT)
-    server_util().wait_until_up(proc, urllib.request.Request(url_probe),
+    wait_until_up(proc, urllib.request.Request(url_probe),
                                 lambda: open(log_path, errors="replace").read()[-2000:])
     return proc
-
-
-def static_main(root: str, host: str, port: int) -> None:
-    """Child: a plain aiohttp static file server (sendfile, Range support)."""
-    from aiohttp import web
-    app = web.Application()
-    app.router.add_static("/", root)
-    web.run_app(app, host=host, port=port, print=None, access_log=None)
 
 
 def xxh(data) -> str:
@@ -179,8 +173,8 @@ def one_link(name: str, args, work: str, store: str, v1: str, v2: str, commits: 
         procs.append(start([sys.executable, "-m", "cdcstore", "serve", "--store", store, "--host", host,
                             "--port", str(port_ours), "--allow-no-auth"],
                            f"http://{host}:{port_ours}/v1/health", bool(link), os.path.join(work, "serve.log")))
-        procs.append(start([sys.executable, os.path.abspath(__file__), "--_static", os.path.dirname(v2), host,
-                            str(port_static)], f"http://{host}:{port_static}/v2/{list_files(v2)[0]}", bool(link),
+        procs.append(start([sys.executable, os.path.join(HERE, "servers.py"), "--_static", os.path.dirname(v2),
+                            str(port_static), "-", host], f"http://{host}:{port_static}/v2/{list_files(v2)[0]}", bool(link),
                            os.path.join(work, "static.log")))
         ours_url, static_url = f"http://{host}:{port_ours}", f"http://{host}:{port_static}"
         f1, f2 = list_files(v1), list_files(v2)
@@ -188,7 +182,7 @@ def one_link(name: str, args, work: str, store: str, v1: str, v2: str, commits: 
         wire: dict = {}
         for rep in range(args.repeat):
             sides = ["ours_cold", "ours_nocache", "fsspec", "v2_after_v1"]
-            sides = sides[rep % 4:] + sides[:rep % 4]
+            sides = rotated(sides, rep)
             for side in sides:
                 cache_path = os.path.join(work, f"cache-{name}-{rep}-{side}.sqlite")
                 if side == "fsspec":
@@ -219,7 +213,7 @@ def one_link(name: str, args, work: str, store: str, v1: str, v2: str, commits: 
         return {"delay_applied": link.delayed if link else None, "times_s": times, "median_s": {k: med(v) for k, v in times.items()}, "wire": wire}
     finally:
         for p in procs:
-            server_util().stop_process(p)
+            stop_process(p)
         if link:
             link.close()
 
@@ -231,6 +225,7 @@ def main() -> int:
     ap.add_argument("--links", default="loopback,1g,100m")
     ap.add_argument("--data-dir", default="/tmp/cdcbench-transfer")
     args = ap.parse_args()
+    opening = harness.start("link")  # the load average before the run
     links = args.links.split(",")
     if any(LINKS.get(n, 0) == 0 for n in links):
         raise SystemExit(f"unknown link in {args.links!r}: use {', '.join(LINKS)}")
@@ -241,7 +236,7 @@ def main() -> int:
         signal.signal(sig, lambda *_: sys.exit(1))  # atexit then removes the namespace
     from cdcstore import Store
     from cdcstore.storage.repository import LocalStore
-    v1, v2, info = make_dataset(args.data_dir, args.size_mb)
+    v1, v2, info = transfer_dataset(args.data_dir, args.size_mb)
     work = tempfile.mkdtemp(prefix="cdcbench-link-")
     try:
         store = os.path.join(work, "store")
@@ -253,7 +248,7 @@ def main() -> int:
         nbytes = sum(os.path.getsize(os.path.join(v2, p)) for p in f2)
         print(f"link benchmark: v2 {nbytes / 1e6:.1f} MB in {len(f2)} files; {args.repeat} repetitions; "
               f"python {platform.python_version()}, {os.cpu_count()} cpus; load {loadavg_text()}", flush=True)
-        fig: dict = {"bytes": nbytes, "repeat": args.repeat, "links": {}, "code": code_version()}
+        fig: dict = {**opening, "bytes": nbytes, "repeat": args.repeat, "links": {}, "code": code_version()}
         for name in links:
             r = one_link(name, args, work, store, v1, v2, commits, expect)
             m = r["median_s"]
@@ -272,7 +267,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--_static":
-        static_main(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-    else:
-        sys.exit(main())
+    sys.exit(main())

@@ -23,13 +23,15 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
+import signal
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # cdcstore of this tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/harness.py
 
-from bench.common import code_version, finish, med  # noqa: E402
+from harness import code_version, finish, med, rounds, start  # noqa: E402
 
 BUCKET = "cdcstore-bench"
 MB = 1 << 20
@@ -139,18 +141,26 @@ def fork_works(name: str, endpoint: str, raw: bool) -> bool:
     obstore's own store object, else S3Objects (which falls back to s3fs in the child)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = FORK_PROBE.format(root=root, name=name, bucket=BUCKET, endpoint=endpoint, raw=raw)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONPATH": root}, start_new_session=True)
     try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=10,
-                           env={**os.environ, "PYTHONPATH": root})
-        return r.stdout.strip() == "ok"
+        out, _ = proc.communicate(timeout=10)
+        return out.strip() == "ok"
     except subprocess.TimeoutExpired:
         return False
+    finally:  # the hung forked child too: the probe runs in its own process group
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
+    opening = start("objects")  # the load average before the run
     import boto3
     proc, endpoint = start_server()
     try:
@@ -163,10 +173,9 @@ def main() -> None:
         big = os.urandom(8 * MB)
         small = os.urandom(4096)
         runs: dict[str, list[dict]] = {c.name: [] for c in clients}
-        for run in range(args.runs):
-            for c in (clients if run % 2 == 0 else clients[::-1]):
-                runs[c.name].append(one_run(c, run, big, small))
-        fig = {"server": "moto 5.x ThreadedMotoServer, own process, 127.0.0.1", "runs": args.runs,
+        for run, c in rounds(clients, args.runs):
+            runs[c.name].append(one_run(c, run, big, small))
+        fig = {**opening, "server": "moto 5.x ThreadedMotoServer, own process, 127.0.0.1", "runs": args.runs,
                "code": code_version()}
         print(f"{'operation':<16}{'obstore':>12}{'s3fs':>12}{'obstore/s3fs':>14}")
         for key in runs["obstore"][0]:

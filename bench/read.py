@@ -39,29 +39,18 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/common.py
-from common import (PIECE, RANDOM_LEN, calibrated_rows, code_version, finish, pct, random_offsets,  # noqa: E402
-                    random_reads, read_to_end, xet_random_reads, xxh_file)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/harness.py, data.py, reads.py
+from data import read_file  # noqa: E402
+from harness import Goal, code_version, finish, pct, rotated, run_dir, start  # noqa: E402
+from reads import (PIECE, RANDOM_LEN, random_offsets, random_reads, read_to_end, xet_random_reads,  # noqa: E402
+                   xxh_file)
 
 ADDR = "cdc://bench/data.parquet"
 GOALS = {"full_ours_over_xet": 3.0, "full_ours_over_plain": 0.5, "random_latency_ours_over_xet": 0.1}
 
 
-def make_file(data_dir: str, size_mb: float) -> str:
-    """One Parquet file of about size_mb MB, cached; built with bench/ingest.py's generator (in common.py)."""
-    root = os.path.join(data_dir, f"read-g2-{size_mb:g}mb")
-    path = os.path.join(root, "data.parquet")
-    if os.path.exists(path):
-        return path
-    os.makedirs(root, exist_ok=True)
-    tmp = path + ".partial"
-    calibrated_rows(size_mb * 1e6, 31, tmp)  # leaves the calibrated file written
-    os.replace(tmp, path)
-    return path
-
-
 # ----------------------------------------------------------------------------------------------
-# the three sides (their reads: common.read_to_end, random_reads, xet_random_reads)
+# the three sides (their reads: reads.read_to_end, random_reads, xet_random_reads)
 # ----------------------------------------------------------------------------------------------
 
 class Ours:
@@ -126,11 +115,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1234, help="seed of the random offsets")
     ap.add_argument("--data-dir", default="/tmp/cdcbench", help="generated data and targets (default /tmp/cdcbench)")
     args = ap.parse_args()
+    opening = start("read")  # the load average before the run
 
     os.environ.setdefault("HF_XET_TELEMETRY_ENABLED", "0")
-    work = os.path.join(args.data_dir, "read-run")
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
+    work = run_dir(args.data_dir, "read-run")
     os.environ["HF_XET_CACHE"] = os.path.join(work, "xet-cache")
     import hf_xet
     from cdcstore.api import Store
@@ -138,7 +126,7 @@ def main() -> None:
     print(f"read benchmark: cdcstore vs hf_xet (local://) vs plain file; {args.repeat} repetitions, "
           f"medians quoted; python {platform.python_version()}, {os.cpu_count()} cpus; data under {args.data_dir}")
     t0 = time.perf_counter()
-    path = make_file(args.data_dir, args.size_mb)
+    path = read_file(args.data_dir, args.size_mb)
     size = os.path.getsize(path)
     print(f"file: {path} ({size / 1e6:,.1f} MB), ready in {time.perf_counter() - t0:.1f} s")
 
@@ -194,7 +182,7 @@ def main() -> None:
     full = {n: [] for n in names}
     rnd = {n: {"median": [], "p90": [], "mean": [], "total": []} for n in names}
     for rep in range(args.repeat):
-        order = sides[rep % 3:] + sides[:rep % 3]
+        order = rotated(sides, rep)
         for s in order:
             if s not in ok["full"]:
                 continue
@@ -224,7 +212,7 @@ def main() -> None:
     def median_or_none(xs):
         return statistics.median(xs) if xs else None
 
-    fig: dict = {"file_bytes": size, "repeat": args.repeat, "reads": args.reads, "piece_bytes": PIECE,
+    fig: dict = {**opening, "file_bytes": size, "repeat": args.repeat, "reads": args.reads, "piece_bytes": PIECE,
                  "random_len": RANDOM_LEN, "seed": args.seed, "errors": errors, "sides": {}}
     for n in names:
         med = median_or_none(full[n])
@@ -249,16 +237,9 @@ def main() -> None:
     }
     R = fig["ratios"]
 
-    def goal(k, ge):
-        if R[k] is None:
-            return None
-        return R[k] >= GOALS[k] if ge else R[k] <= GOALS[k]
-
-    fig["goals_met"] = {
-        "full_ours_over_xet": goal("full_ours_over_xet", True),
-        "full_ours_over_plain": goal("full_ours_over_plain", True),
-        "random_latency_ours_over_xet": goal("random_latency_ours_over_xet", False),
-    }
+    goals = [Goal(k, R[k], GOALS[k], direction) for k, direction in
+             (("full_ours_over_xet", ">="), ("full_ours_over_plain", ">="), ("random_latency_ours_over_xet", "<="))]
+    fig["goals_met"] = {g.name: g.met for g in goals}
     fig["code"] = code_version()
 
     def met(k):
@@ -288,8 +269,8 @@ def main() -> None:
         print("  errors: " + "; ".join(f"{k}: {v}" for k, v in sorted(errors.items())))
     store.close()
     shutil.rmtree(work, ignore_errors=True)
-    # the last line printed is json.dumps(fig) (common.finish)
-    finish(fig)
+    # the last line printed is json.dumps(fig) (harness.finish)
+    finish(fig, goals)
     return 1 if errors else 0
 
 

@@ -20,12 +20,14 @@ an edited copy:
 Each repetition (fresh server store, fresh local directories)
 ------------------------------------------------------------
 A real `python -m cdcstore serve` subprocess on a free loopback port
-(tests/server_util.ServerProcess) over a store made by LocalStore.init, and a
+(bench/servers.py's ServerProcess) over a store made by LocalStore.init, and a
 plain aiohttp static file server (`web.static` over the v2 folder) in another
-subprocess on another free loopback port (bench/common.py's StaticServer). The
+subprocess on another free loopback port (bench/servers.py's StaticServer). The
 client runs in this process (Store(url); one fresh Store per operation).
 
   push v1   Store(url).push([v1/], "cdc://bench/")                     timed
+  local v1  Store(dir).push([v1/], "cdc://bench/") into a new local store, timed (PushResult.seconds;
+            the peer of push v1: the two alternate which goes first)
   push v2   Store(url).push([v2/], "cdc://bench/")  (dedups against v1) timed
   pull v1   Store(url).pull("cdc://bench@<v1 commit>/", warm/)         timed
   pull v2   Store(url).pull("cdc://bench/", warm/)  into the dir holding v1, timed
@@ -50,7 +52,9 @@ Figures
    page cache cannot be dropped here). Goal >= 1.0. The figure is the ratio of the median
    throughputs; the per-repetition ratios and the ratio against fsspec one file at a
    time are shown too.
-4. requests per GB (1e9 logical bytes): v1 push, cold pull of v2 (and the others).
+4. push v1 over HTTP against the same push into a local store: local seconds / HTTP seconds.
+   Goal >= 0.9.
+5. requests per GB (1e9 logical bytes): v1 push, cold pull of v2 (and the others).
 Timed figures are medians over --repeat repetitions; byte and request counts are
 deterministic (checked across repetitions; wire bytes may differ by a few bytes because
 a commit's JSON holds its float timestamp - the first repetition's counts are quoted).
@@ -71,16 +75,16 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)  # bench/common.py
-from common import (StaticServer, cached_dataset, code_version, finish, loadavg_text, make_table,  # noqa: E402
-                    make_v2, med, write_parquet)
+sys.path.insert(0, HERE)  # bench/harness.py, data.py, servers.py
+from data import list_files, transfer_dataset as make_dataset, transfer_root as data_root, tree_bytes  # noqa: E402
+from harness import Goal, code_version, finish, loadavg_text, med, rotated, run_dir, start  # noqa: E402
+from servers import ServerProcess, StaticServer  # noqa: E402
 
-NFILES = 6
 REPO = "bench"
 DEST = f"cdc://{REPO}/"
 GOAL_PUSH_WIRE_OVER_NEW = 1.05
 GOAL_COLD_OURS_OVER_FSSPEC = 1.0
+GOAL_PUSH_HTTP_OVER_LOCAL = 0.9  # push v1 over HTTP at >= 0.9x the throughput of the same push into a local store
 FSSPEC_CHUNK = 5 * 2 ** 20
 BYTE_SLACK = 16  # wire bytes may differ this much between repetitions (timestamps in commit JSON)
 
@@ -88,54 +92,6 @@ BYTE_SLACK = 16  # wire bytes may differ this much between repetitions (timestam
 # ---------------------------------------------------------------------------------------------
 # data
 # ---------------------------------------------------------------------------------------------
-
-def calibrated_rows_at_least(target_bytes: float, seed: int, path: str) -> int:
-    """Rows of make_table(seed, rows) whose file is at least target_bytes and within ~3% of it
-    (estimated from a probe, then corrected from full-size trials). Leaves `path` written.
-    (Not common.calibrated_rows, which aims at +-2% and may fall short of the target.)"""
-    write_parquet(make_table(seed, 100_000), path)
-    rows = max(1000, int(target_bytes * 1.01 / (os.path.getsize(path) / 100_000)))
-    for _ in range(3):
-        write_parquet(make_table(seed, rows), path)
-        actual = os.path.getsize(path)
-        if 1.0 <= actual / target_bytes < 1.03:
-            break
-        rows = max(1000, int(rows * target_bytes * 1.01 / actual))
-    return rows
-
-
-def data_root(data_dir: str, size_mb: float) -> str:
-    return os.path.join(data_dir, f"data-g1-{size_mb:g}mb")  # bump g1 when the generator changes
-
-
-def make_dataset(data_dir: str, size_mb: float) -> tuple[str, str, dict]:
-    """v1/ and v2/ folders, cached: reused when the same size was generated before."""
-    def build(v1: str, v2: str) -> dict:
-        rows = calibrated_rows_at_least(size_mb * 1e6 / NFILES, 1, os.path.join(v1, "part-000.parquet"))
-        info: dict = {"rows_per_file": rows, "files_v1": NFILES}
-        for i in range(1, NFILES):  # part-000 was left written (seed 1) by the calibration
-            write_parquet(make_table(i + 1, rows, id0=i * rows), os.path.join(v1, f"part-{i:03d}.parquet"))
-        # v2: part-000 a contiguous 1% of the rows updated, part-001 2% more rows appended,
-        # a small new file (~0.5% of the dataset)
-        info.update(make_v2(v1, v2, rows, NFILES, n_append=max(1, rows // 50),
-                            n_extra=max(100, rows * NFILES // 200)))
-        return info
-
-    return cached_dataset(data_root(data_dir, size_mb), build)
-
-
-def list_files(root: str) -> list[str]:
-    """Paths relative to root, sorted."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        out.extend(os.path.relpath(os.path.join(dirpath, fn), root) for fn in sorted(filenames))
-    return out
-
-
-def tree_bytes(root: str) -> int:
-    return sum(os.path.getsize(os.path.join(root, p)) for p in list_files(root))
-
 
 def same_tree(a: str, b: str) -> str | None:
     """None if both trees hold the same files with the same bytes, else what differs."""
@@ -186,7 +142,6 @@ def fsspec_get_sequential(url: str, files: list[str], dest: str) -> float:
 def one_rep(rep: int, work: str, v1: str, v2: str, verify: bool) -> dict:
     from cdcstore.api import Store
     from cdcstore.storage.repository import LocalStore
-    from tests.server_util import ServerProcess
 
     rdir = os.path.join(work, f"rep{rep}")
     shutil.rmtree(rdir, ignore_errors=True)
@@ -204,8 +159,15 @@ def one_rep(rep: int, work: str, v1: str, v2: str, verify: bool) -> dict:
             with Store(srv.url, cache=False) as s:
                 return fn(s)
 
-        r1 = run(lambda s: s.push([v1], DEST, message="v1"))
-        out["push_v1"] = wire(r1)
+        local = os.path.join(rdir, "local-store")  # the peer of push v1 over HTTP: the same push into a local store
+        for side in rotated(["http", "local"], rep):
+            os.sync()
+            if side == "local":
+                with Store(local, create=True) as s:
+                    out["push_v1_local_seconds"] = s.push([v1], DEST, message="v1").seconds
+            else:
+                r1 = run(lambda s: s.push([v1], DEST, message="v1"))
+                out["push_v1"] = wire(r1)
         r2 = run(lambda s: s.push([v2], DEST, message="v2"))
         out["push_v2"] = wire(r2)
         warm = os.path.join(rdir, "warm")
@@ -216,7 +178,7 @@ def one_rep(rep: int, work: str, v1: str, v2: str, verify: bool) -> dict:
         cold, fsd, fsq = (os.path.join(rdir, d) for d in ("cold", "fsspec", "fsspec-seq"))
         os.makedirs(cold)
         sides = ["ours", "fsspec", "fsspec_seq"]
-        order = sides[rep % 3:] + sides[:rep % 3]
+        order = rotated(sides, rep)
         out["cold_order"] = order
         for side in order:
             os.sync()
@@ -285,6 +247,9 @@ def summarize(reps: list[dict], info: dict) -> dict:
     fq_secs = [r["fsspec_seq_seconds"] for r in reps]
     fig["ops"]["fsspec_cold_sequential"] = {"bytes": fb, "seconds": med(fq_secs), "times_s": fq_secs,
                                             "mb_s": fb / med(fq_secs) / 1e6}
+    local = [r["push_v1_local_seconds"] for r in reps]
+    fig["ops"]["push_v1_local"] = {"bytes": reps[0]["push_v1"]["bytes"], "seconds": med(local), "times_s": local,
+                                   "mb_s": reps[0]["push_v1"]["bytes"] / med(local) / 1e6}
     fig["server_status_per_rep"] = [r["server_status"] for r in reps]  # from the server's access log
     fig["counts_vary_between_reps"] = varying
     O = fig["ops"]
@@ -302,6 +267,7 @@ def summarize(reps: list[dict], info: dict) -> dict:
         "cold_throughput_ours_over_fsspec_per_rep_median": med(per_rep_ratio),
         "cold_throughput_ours_over_fsspec_sequential": O["fsspec_cold_sequential"]["seconds"] / c2["seconds"],
         "cold_received_over_bytes": c2["received_bytes"] / c2["bytes"],
+        "push_v1_http_over_local": O["push_v1_local"]["seconds"] / O["push_v1"]["seconds"],
         "requests_per_gb_push_v1": O["push_v1"]["requests_per_gb"],
         "requests_per_gb_push_v2": O["push_v2"]["requests_per_gb"],
         "requests_per_gb_pull_v1": O["pull_v1"]["requests_per_gb"],
@@ -309,13 +275,13 @@ def summarize(reps: list[dict], info: dict) -> dict:
         "requests_per_gb_pull_v2_over_v1": w2["requests_per_gb"],
     }
     F = fig["figures"]
-    fig["goals"] = {
-        "push_v2_wire_over_new_bytes": {"goal": f"<= {GOAL_PUSH_WIRE_OVER_NEW}",
-                                        "met": F["push_v2_wire_over_new_bytes"] is not None
-                                        and F["push_v2_wire_over_new_bytes"] <= GOAL_PUSH_WIRE_OVER_NEW},
-        "cold_throughput_ours_over_fsspec": {"goal": f">= {GOAL_COLD_OURS_OVER_FSSPEC}",
-                                             "met": F["cold_throughput_ours_over_fsspec"] >= GOAL_COLD_OURS_OVER_FSSPEC},
-    }
+    fig["goals_list"] = [
+        Goal("push_v2_wire_over_new_bytes", F["push_v2_wire_over_new_bytes"], GOAL_PUSH_WIRE_OVER_NEW, "<="),
+        Goal("cold_throughput_ours_over_fsspec", F["cold_throughput_ours_over_fsspec"], GOAL_COLD_OURS_OVER_FSSPEC,
+             ">="),
+        Goal("push_v1_http_over_local", F["push_v1_http_over_local"], GOAL_PUSH_HTTP_OVER_LOCAL, ">="),
+    ]
+    fig["goals"] = {g.name: {"goal": g.text, "met": bool(g.met)} for g in fig["goals_list"]}
     return fig
 
 
@@ -365,7 +331,10 @@ def report(fig: dict) -> None:
           f"{F['cold_throughput_ours_over_fsspec_sequential']:.2f}x; ours received "
           f"{mb(c['received_bytes'])} on the wire ({F['cold_received_over_bytes']:.3f} of the file bytes). "
           f"Server-side data is warm in the page cache for both (dropping it is not possible here)")
-    print(f"  4. requests per GB: push v1 {F['requests_per_gb_push_v1']:.0f}, push v2 {F['requests_per_gb_push_v2']:.0f}, "
+    g = next(g for g in fig["goals_list"] if g.name == "push_v1_http_over_local")
+    print(f"  4. push v1 over HTTP {O['push_v1']['mb_s']:.1f} MB/s vs into a local store {O['push_v1_local']['mb_s']:.1f} "
+          f"MB/s -> http/local = {F['push_v1_http_over_local']:.2f}x (goal {g.text}: {'met' if g.met else 'NOT met'})")
+    print(f"  5. requests per GB: push v1 {F['requests_per_gb_push_v1']:.0f}, push v2 {F['requests_per_gb_push_v2']:.0f}, "
           f"pull v1 {F['requests_per_gb_pull_v1']:.0f}, cold pull v2 {F['requests_per_gb_pull_v2_cold']:.0f}, "
           f"pull v2 over v1 {F['requests_per_gb_pull_v2_over_v1']:.0f} (per GB of logical bytes)")
     if fig["counts_vary_between_reps"]:
@@ -385,8 +354,7 @@ def main() -> int:
     ap.add_argument("--no-verify", dest="verify", action="store_false",
                     help="skip the byte-for-byte check of the pulled trees (first repetition)")
     args = ap.parse_args()
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)  # for tests.server_util
+    opening = start("transfer")  # the load average before the run
 
     import aiohttp
     import fsspec
@@ -405,8 +373,7 @@ def main() -> int:
           f"{info['v2_part001_appended_rows']:,} rows appended to part-001, new extra.parquet); "
           f"ready in {time.perf_counter() - t0:.1f} s{' (cached from an earlier run)' if cached else ''}")
 
-    work = os.path.join(args.data_dir, "run")
-    os.makedirs(work, exist_ok=True)
+    work = run_dir(args.data_dir, "run")
     reps = []
     errors = []
     for rep in range(args.repeat):
@@ -439,7 +406,8 @@ def main() -> int:
               f"fsspec 1-by-1 {r['fsspec_seq_seconds']:.2f} s "
               f"(order {'/'.join(r['cold_order'])})")
 
-    fig = summarize(reps, info)
+    shutil.rmtree(work, ignore_errors=True)
+    fig = {**opening, **summarize(reps, info)}
     fig["errors"] = errors
     fig["code"] = code_version()
     fig["versions"] = {"python": platform.python_version(), "aiohttp": aiohttp.__version__,
@@ -447,7 +415,7 @@ def main() -> int:
     report(fig)
     for e in errors:
         print(f"  ERROR: {e}")
-    finish(fig)
+    finish(fig, fig.pop("goals_list"))
     return 1 if errors else 0
 
 

@@ -28,3 +28,21 @@ def test_a_changed_figure_changes_the_block():
     doc["goals"]["first_batch_seconds_ours"]["value"] = 9.5
     text = "<!-- figures stream -->\n<!-- /figures -->\n"
     assert "| first_batch_seconds_ours | 9.5 |" in figures.rewrite(text, {"stream": doc})
+
+
+def test_charts_are_deterministic_and_follow_the_json():
+    pytest = __import__("pytest")
+    pytest.importorskip("matplotlib")
+    results = figures.load_results()
+    for name in figures.shown_charts():
+        one, two = figures.draw(name, results[name]), figures.draw(name, results[name])
+        assert one == two, f"{name}: two drawings of the same JSON differ"
+        assert b"<dc:date>" not in one and b"Matplotlib v" not in one
+    doc = json.loads(json.dumps(results["read"]))
+    doc["sides"]["ours"]["full_mb_s"] *= 2
+    assert figures.draw("read", doc) != figures.draw("read", results["read"])
+
+
+def test_every_chart_shown_is_up_to_date():
+    __import__("pytest").importorskip("matplotlib")
+    assert figures.stale_charts() == []

@@ -1,0 +1,219 @@
+"""The servers of the bench scripts, owned by bench/ (it imports nothing from tests/).
+
+  ServerProcess  a real `python -m cdcstore serve` subprocess on a free loopback port (the
+                 same contract as the tests' own starter, kept apart so bench never loads tests)
+  StaticServer   a plain aiohttp static file server (transfer.py, fs.py, stream.py,
+                 cold_profile.py), a child running this file:
+                 `python bench/servers.py --_static ROOT PORT [LOG [HOST]]` (link.py runs it in
+                 a network namespace with HOST)
+  logs           LogWindow (the lines a server appended since a point), the request counts of
+                 the static server's and of cdcstore's access log lines
+
+Children inherit PYTHONPATH, which chooses the cdcstore measured.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(proc: subprocess.Popen, request: urllib.request.Request, exited, timeout: float = 30):
+    """Poll `request` until it answers 200; `exited()` describes a process that died."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {exited()}")
+        try:
+            with urllib.request.urlopen(request, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not come up")
+
+
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """Terminate, then kill if it does not exit within 10 s."""
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class ServerProcess:
+    def __init__(self, store: str, *args: str, port: int | None = None, env: dict | None = None):
+        self.store = store
+        self.env = env  # the server's environment (None: this process's)
+        self.args = args
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+        folder = os.path.join(store, "..") if "://" not in store else tempfile.gettempdir()
+        self.log_path = os.path.join(folder, f"server-{self.port}.log")
+
+    def start(self) -> "ServerProcess":
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cdcstore", "serve", "--store", self.store, "--port", str(self.port), *self.args],
+            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+        wait_until_up(self.proc, urllib.request.Request(self.url + "/v1/health"), self.log_text)
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+        self.log.close()
+
+    def log_text(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+
+# static file server
+
+STATIC_FORMAT = '"%r" %s %b %{Content-Length}o'  # the access log line of StaticServer (fs.py parses it)
+
+
+def static_main(root: str, port: int, log_path: str | None = None, host: str = "127.0.0.1") -> None:
+    """Child: a plain aiohttp static file server over `root` on host:port (sendfile, Range
+    support); with a log_path, it logs each request there with its status, bytes written and
+    Content-Length (STATIC_FORMAT)."""
+    from aiohttp import web
+    access = None
+    if log_path:
+        import logging
+        handler = logging.StreamHandler(open(log_path, "a", buffering=1))
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        access = logging.getLogger("static.access")
+        access.addHandler(handler)
+        access.setLevel(logging.INFO)
+    app = web.Application()
+    app.router.add_static("/", root)
+    if access is None:
+        web.run_app(app, host=host, port=port, print=None, access_log=None)
+    else:
+        web.run_app(app, host=host, port=port, print=None, access_log=access,
+                    access_log_format=STATIC_FORMAT)
+
+
+class StaticServer:
+    """static_main in a child process (`python bench/servers.py --_static ROOT PORT [LOG]`) on a
+    free loopback port; start() returns once a HEAD of `probe` (a file under root) answers 200."""
+
+    def __init__(self, root: str, probe: str, log_path: str | None = None):
+        self.root = root
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.probe = probe
+        self.log_path = log_path
+        self.proc = None
+
+    def start(self) -> StaticServer:
+        import urllib.request
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_static", self.root,
+                                      str(self.port)] + ([self.log_path] if self.log_path else []),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wait_until_up(self.proc, urllib.request.Request(f"{self.url}/{self.probe}", method="HEAD"),
+                         lambda: self.proc.stderr.read().decode(errors="replace"))
+        return self
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+
+
+# access logs (fs.py, stream.py)
+
+class LogWindow:
+    """The lines a server appended to its log file between start() and lines()."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.offset = 0
+
+    def start(self) -> "LogWindow":
+        self.offset = os.path.getsize(self.path) if os.path.exists(self.path) else 0
+        return self
+
+    def lines(self, settle: float = 0.3) -> list[str]:
+        time.sleep(settle)  # a server logs a request after its response went out
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            return f.read().decode(errors="replace").splitlines()
+
+
+# a line of STATIC_FORMAT ('"%r" %s %b %{Content-Length}o'), and one of cdcstore's access log
+_STATIC_LINE = re.compile(r'"(\S+) (\S+) [^"]*" (\d{3}) (\d+) (\S+)')
+_CDC_LINE = re.compile(r'cdcstore\.access \S+ "(\S+) (\S+) [^"]*" (\d{3}) (\d+) ')
+
+
+def static_log(lines: list[str]) -> dict:
+    """Requests and statuses in the static server's access log lines (aborted requests included)."""
+    n = 0
+    statuses: dict = {}
+    for line in lines:
+        m = _STATIC_LINE.search(line)
+        if m:
+            n += 1
+            statuses[m.group(3)] = statuses.get(m.group(3), 0) + 1
+    return {"server_requests": n, "statuses": statuses}
+
+
+
+
+def cdc_kind(path: str) -> str:
+    m = re.match(r"/v1/repos/[^/]+/(\w+)", path)
+    if m:
+        return m.group(1)
+    return "repos" if path.rstrip("/") == "/v1/repos" else path.split("/")[2] if path.count("/") >= 2 else path
+
+
+def cdc_requests(lines: list[str]) -> dict:
+    """Request counts by kind (resolve, commits, manifests, locate, packs, ...) in the cdcstore
+    server's access log lines. (Its %b is no byte count: headers only for files sent by
+    sendfile, and short of the body for large answers.)"""
+    kinds: dict = {}
+    statuses: dict = {}
+    for line in lines:
+        m = _CDC_LINE.search(line)
+        if not m:
+            continue
+        method, path, status, _ = m.groups()
+        k = cdc_kind(path)
+        kinds[k] = kinds.get(k, 0) + 1
+        statuses[status] = statuses.get(status, 0) + 1
+    return {"by_kind": dict(sorted(kinds.items())), "statuses": dict(sorted(statuses.items())),
+            "total": sum(kinds.values())}
+
+
+def main(argv: list[str]) -> None:
+    """The child of StaticServer.start: --_static ROOT PORT [LOG [HOST]] (LOG "-": no access log)."""
+    if len(argv) in (3, 4, 5) and argv[0] == "--_static":
+        log = argv[3] if len(argv) > 3 and argv[3] != "-" else None
+        static_main(argv[1], int(argv[2]), log, *argv[4:])
+    else:
+        sys.exit("usage: python bench/servers.py --_static ROOT PORT [LOG [HOST]] (StaticServer's child; "
+                 "the benchmarks are the other scripts here)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
