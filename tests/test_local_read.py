@@ -169,7 +169,7 @@ def test_a_read_racing_a_repack_reads_exact_bytes(tmp_path):
             assert f.read() == keep[1000 + 2 * MiB:]
         with s.open("cdc://d/f.bin") as f:
             assert f.read() == keep
-        assert LocalStore(s.location).check(read_data=True)["problems"] == []
+        assert Store(s.location).check(read_data=True)["problems"] == []
     finally:
         s.close()
 
