@@ -7,7 +7,7 @@ import xxhash
 from hypothesis import given, settings, strategies as st
 
 from cdcstore.core import _gear
-from cdcstore.core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker, chunk_ends, iter_chunks
+from cdcstore.core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker, chunk_ends, iter_chunks, scan, split_point
 from conftest import golden_input
 from reference_chunker import GEAR, chunk_lengths
 
@@ -127,3 +127,38 @@ def test_forced_cuts_chunk_each_segment_independently(cuts, block):
     got = list(iter_chunks(io.BytesIO(data), p, block_size=block, cuts=cuts))
     assert b"".join(got) == data
     assert ends_of(map(len, got)) == expect
+
+
+def _pattern(kind: str, n: int, seed: int) -> bytes:
+    """Inputs that resynchronise easily (random) and hardly or never (zeros, a short period)."""
+    if kind == "random":
+        return golden_input(n + seed % 977)[seed % 977:]
+    if kind == "zeros":
+        return bytes(n)
+    if kind == "period":
+        unit = golden_input(1 + seed % 300)
+        return (unit * (n // len(unit) + 1))[:n]
+    half = n // 2  # random, then zeros: the tail of the file never cuts where a mid-file scan does
+    return golden_input(half) + bytes(n - half)
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["random", "zeros", "period", "mixed"]), n=st.integers(0, 30000),
+       seed=st.integers(0, 2**32), split=st.floats(0, 1), p=params_strategy, eof=st.booleans())
+def test_parallel_halves_cut_exactly_like_one_scan(kind, n, seed, split, p, eof):
+    data = _pattern(kind, n, seed)
+    one = scan(data, p, eof, split=0)
+    assert scan(data, p, eof, split=int(split * n)) == one
+    if eof:
+        assert one == ends_of(chunk_lengths(data, p.min_size, p.avg_size, p.max_size))
+
+
+@pytest.mark.parametrize("kind", ["random", "zeros", "period", "mixed"])
+def test_parallel_halves_with_default_params_on_large_buffers(kind):
+    data = _pattern(kind, 9 * 1024 * 1024 + 4321, 7)
+    one = chunk_ends(data, split=0)
+    assert split_point(len(data), DEFAULT_PARAMS) > 0
+    for split in (None, 1, 256 * 1024, len(data) // 3, len(data) - 1):
+        assert chunk_ends(data, split=split) == one
+    assert [len(c) for c in iter_chunks(io.BytesIO(data), block_size=5 * 1024 * 1024)] == \
+        [b - a for a, b in zip([0] + one, one)]

@@ -2,7 +2,9 @@
 
 The boundary scan is native (`cdcstore._gear`); this module feeds it. Boundaries
 depend only on the bytes, never on how they arrive: `Chunker.feed` accepts pieces
-of any size and yields exactly the chunks a single whole-buffer scan would.
+of any size and yields exactly the chunks a single whole-buffer scan would. A
+segment of `PARALLEL_MIN_BYTES` or more is scanned as two halves in two native
+threads that resynchronise at a common cut point (the same cuts, in half the time).
 The rule itself is written down in docs/format.md and pinned by golden vectors.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ from . import _gear
 CHUNK_FORMAT_VERSION = 1
 KiB = 1024
 MAX_CHUNK_BYTES = 16 * KiB * KiB  # format limit: no chunk is larger (readers refuse bigger raw lengths)
+PARALLEL_MIN_BYTES = 4 * KiB * KiB  # a segment this large is scanned as two halves at once
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,21 @@ class ChunkParams:
 DEFAULT_PARAMS = ChunkParams()
 
 
-def chunk_ends(data, params: ChunkParams = DEFAULT_PARAMS) -> list[int]:
+def split_point(n: int, params: ChunkParams) -> int:
+    """Where a scan of `n` bytes is split in two halves (0: scanned in one thread)."""
+    return n // 2 if n >= max(PARALLEL_MIN_BYTES, 8 * params.max_size) else 0
+
+
+def scan(data, params: ChunkParams, eof: bool, split: int | None = None) -> list[int]:
+    """End offsets of the complete chunks of `data` (with `eof`, of all of it). `split`
+    (default: `split_point`) only changes how the work is shared, never the result."""
+    split = split_point(len(data), params) if split is None else split
+    return _gear.scan(data, params.min_size, params.avg_size, params.max_size, eof, split)
+
+
+def chunk_ends(data, params: ChunkParams = DEFAULT_PARAMS, split: int | None = None) -> list[int]:
     """End offsets of the chunks of a whole buffer (the last one is len(data))."""
-    return _gear.scan(data, params.min_size, params.avg_size, params.max_size, True)
+    return scan(data, params, True, split)
 
 
 class Chunker:
@@ -84,7 +99,7 @@ class Chunker:
             cut = self._next_cut
             whole = cut is not None and cut - self._base <= len(buf)
             seg_end = cut - self._base if whole else len(buf)
-            ends = _gear.scan(view[start:seg_end], p.min_size, p.avg_size, p.max_size, whole or eof)
+            ends = scan(view[start:seg_end], p, whole or eof)
             prev = 0
             for end in ends:
                 chunks.append(view[start + prev:start + end])
