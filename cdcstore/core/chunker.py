@@ -85,6 +85,26 @@ class Chunker:
             return self._cut(eof=False)
         return []
 
+    def read_from(self, f, size: int) -> tuple[memoryview, list[memoryview]]:
+        """Read up to `size` bytes of binary file `f` into one new buffer right after the
+        bytes not yet cut (one copy from the file; no join of the two later); return
+        (a view of the bytes read, the chunks they complete). At end of file the view is
+        empty: then call `finish`."""
+        rest = self._pieces[0] if len(self._pieces) == 1 else b"".join(self._pieces)
+        keep = len(rest)
+        buf = bytearray(keep + size)
+        buf[:keep] = rest
+        with memoryview(buf) as whole, whole[keep:] as dest:
+            n = f.readinto(dest) or 0
+        if n < size:
+            del buf[keep + n:]
+        self._pieces = [buf] if buf else []
+        self._size = len(buf)
+        new = memoryview(buf).toreadonly()[keep:]
+        if n and self._size >= 2 * self.params.max_size:
+            return new, self._cut(eof=False)
+        return new, []
+
     def finish(self) -> list[memoryview]:
         """Return the remaining chunks; the chunker is then empty."""
         return self._cut(eof=True)
@@ -92,7 +112,7 @@ class Chunker:
     def _cut(self, eof: bool) -> list[memoryview]:
         p = self.params
         buf = self._pieces[0] if len(self._pieces) == 1 else b"".join(self._pieces)
-        view = memoryview(buf)  # chunks are views of immutable bytes: no copies
+        view = memoryview(buf).toreadonly()  # chunks are views of bytes never written again: no copies
         chunks: list[memoryview] = []
         start = 0
         while start < len(buf):
