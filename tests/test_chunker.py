@@ -162,3 +162,24 @@ def test_parallel_halves_with_default_params_on_large_buffers(kind):
         assert chunk_ends(data, split=split) == one
     assert [len(c) for c in iter_chunks(io.BytesIO(data), block_size=5 * 1024 * 1024)] == \
         [b - a for a, b in zip([0] + one, one)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(cuts=st.lists(st.integers(0, 30000), max_size=8), blocks=st.lists(st.integers(1, 9000), min_size=1, max_size=6),
+       p=params_strategy, kind=st.sampled_from(["random", "zeros", "period", "mixed"]))
+def test_read_from_cuts_like_one_scan_whatever_the_reads(cuts, blocks, p, kind):
+    """`read_from` cuts a block in place after joining only its start to the uncut tail: the chunks
+    are those of one scan of each segment, whatever the block sizes, forced cuts and data."""
+    data = _pattern(kind, 30000, 3)
+    bounds = sorted({0, len(data), *(c for c in cuts if 0 < c < len(data))})
+    expect = [a + e for a, b in zip(bounds, bounds[1:]) for e in chunk_ends(data[a:b], p)]
+    chunker, f, got, i = Chunker(p, cuts), io.BytesIO(data), [], 0
+    while True:
+        block, chunks = chunker.read_from(f, blocks[i % len(blocks)])
+        i += 1
+        got += chunks
+        if not block:
+            break
+    got += chunker.finish()
+    assert b"".join(got) == data
+    assert ends_of(map(len, got)) == expect

@@ -62,13 +62,13 @@ class Chunker:
     `cuts` are absolute offsets where a chunk must end (e.g. Parquet page
     starts): the stream is then chunked as independent segments, each with the
     rule above. Memory is bounded by about twice the maximum chunk size plus one
-    piece. Chunks are read-only memoryviews of the bytes fed (no copies); they
-    stay valid after later calls.
+    piece. Chunks are read-only memoryviews of the bytes fed (no copies, except the
+    few that straddle two pieces); they stay valid after later calls.
     """
 
     def __init__(self, params: ChunkParams = DEFAULT_PARAMS, cuts: Iterable[int] = ()):
         self.params = params
-        self._pieces: list[bytes] = []  # bytes not yet cut, oldest first
+        self._pieces: list = []  # bytes (or views of bytes) not yet cut, oldest first
         self._size = 0
         self._base = 0  # absolute offset of the first uncut byte
         self._cuts = iter(sorted(set(cuts)))
@@ -79,31 +79,40 @@ class Chunker:
 
     def feed(self, data) -> list[memoryview]:
         """Add bytes; return the chunks they complete (possibly none)."""
-        self._pieces.append(data if isinstance(data, bytes) else bytes(data))
-        self._size += len(data)
-        if self._size >= 2 * self.params.max_size:
-            return self._cut(eof=False)
-        return []
+        data = data if isinstance(data, bytes) else bytes(data)
+        if self._size + len(data) < 2 * self.params.max_size:
+            self._pieces.append(data)
+            self._size += len(data)
+            return []
+        return self._take(data)
 
-    def read_from(self, f, size: int) -> tuple[memoryview, list[memoryview]]:
-        """Read up to `size` bytes of binary file `f` into one new buffer right after the
-        bytes not yet cut (one copy from the file; no join of the two later); return
-        (a view of the bytes read, the chunks they complete). At end of file the view is
-        empty: then call `finish`."""
-        rest = self._pieces[0] if len(self._pieces) == 1 else b"".join(self._pieces)
-        keep = len(rest)
-        buf = bytearray(keep + size)
-        buf[:keep] = rest
-        with memoryview(buf) as whole, whole[keep:] as dest:
-            n = f.readinto(dest) or 0
-        if n < size:
-            del buf[keep + n:]
-        self._pieces = [buf] if buf else []
-        self._size = len(buf)
-        new = memoryview(buf).toreadonly()[keep:]
-        if n and self._size >= 2 * self.params.max_size:
-            return new, self._cut(eof=False)
-        return new, []
+    def read_from(self, f, size: int) -> tuple[bytes, list[memoryview]]:
+        """Read up to `size` bytes of binary file `f` and `feed` them: (the bytes read,
+        the chunks they complete); the bytes are empty at end of file."""
+        block = f.read(size)
+        return block, (self.feed(block) if block else [])
+
+    def _take(self, block: bytes) -> list[memoryview]:
+        """Cut the uncut bytes followed by `block` without copying `block` whole: only
+        the uncut tail and the start of `block` are joined (the chunks that straddle
+        them are copies), the rest is cut in place (views of `block`)."""
+        head = 2 * self.params.max_size
+        if not self._pieces or len(block) <= head:
+            self._pieces.append(block)
+            self._size += len(block)
+            return self._cut(eof=False)
+        view = memoryview(block)
+        self._pieces.append(view[:head])
+        self._size += head
+        chunks = self._cut(eof=False)
+        if self._size > head:  # the uncut bytes reach back before `block` (cannot happen; be safe)
+            self._pieces.append(view[head:])
+            self._size += len(block) - head
+            return chunks + self._cut(eof=False)
+        off = head - self._size  # the uncut bytes start here in `block`
+        self._pieces = [view[off:]]
+        self._size = len(block) - off
+        return chunks + self._cut(eof=False)
 
     def finish(self) -> list[memoryview]:
         """Return the remaining chunks; the chunker is then empty."""
