@@ -122,48 +122,42 @@ KILLED_PUSH = """
 import sys
 from cdcstore import Store
 from cdcstore.engine.push import IngestOptions
-Store(sys.argv[1]).push([sys.argv[2]], "cdc://ds/", options=IngestOptions(max_pack_bytes=1 << 20, block_size=6 << 20))
+def progress(n):
+    print("block", n, flush=True)  # the parent kills after the k-th block
+Store(sys.argv[1]).push([sys.argv[2]], "cdc://ds/", progress=progress,
+                        options=IngestOptions(max_pack_bytes=1 << 20, block_size=6 << 20))
 print("done", flush=True)
 """
 
 
 @pytest.mark.timeout(60)
 def test_a_push_killed_midway_leaves_the_store_consistent(tmp_path):
-    """SIGKILL at several points of pushes of large files (parallel halves, many small packs):
-    every time, `check --read-data` is clean, and a later push reuses what was made durable."""
+    """SIGKILL after the k-th block of pushes of large files (parallel halves, many small packs):
+    every time, `check --read-data` is clean, and later pushes store each file whole once."""
     import signal
     import subprocess as sp
     import sys
-    import time
     root = str(tmp_path / "s")
     Store.init(root).close()
-    Store.init(str(tmp_path / "timing")).close()
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-
-    def start(store, i):
-        path = tmp_path / f"big{i}.bin"
-        if not path.exists():
-            path.write_bytes(random.Random(i).randbytes(40_000_000))
-        return sp.Popen([sys.executable, "-c", KILLED_PUSH, store, str(path)], stdout=sp.PIPE, env=env)
-
-    t0 = time.monotonic()
-    start(str(tmp_path / "timing"), 0).communicate(timeout=60)
-    whole = time.monotonic() - t0  # interpreter start, imports and the push
     kills = 0
-    for i, frac in enumerate((0.5, 0.65, 0.8, 0.9), 1):
-        p = start(root, i)
-        time.sleep(whole * frac)
+    for i, k in enumerate((1, 2, 4, 6), 1):
+        path = tmp_path / f"big{i}.bin"
+        path.write_bytes(random.Random(i).randbytes(40_000_000))  # 7 blocks of 6 MiB
+        p = sp.Popen([sys.executable, "-c", KILLED_PUSH, root, str(path)], stdout=sp.PIPE, text=True, env=env)
+        for _ in range(k):
+            assert p.stdout.readline().startswith("block")
         p.send_signal(signal.SIGKILL)
         p.communicate(timeout=30)
         kills += p.returncode == -signal.SIGKILL
         s = Store(root)
         assert s.check(read_data=True)["problems"] == []
         s.close()
-    assert kills >= 2
+    assert kills == 4
     s = Store(root)
     for i in range(1, 5):
         data = (tmp_path / f"big{i}.bin").read_bytes()
-        r = s.push([str(tmp_path / f"big{i}.bin")], "cdc://ds/")
+        s.push([str(tmp_path / f"big{i}.bin")], "cdc://ds/")
         assert s.cat(f"cdc://ds/big{i}.bin") == data
     assert s.check(read_data=True)["problems"] == []
-    assert s.backend.totals()["chunk_raw_bytes"] == 4 * 40_000_000  # nothing stored twice
+    assert s.backend.totals()["chunk_raw_bytes"] == 4 * 40_000_000  # nothing indexed twice
