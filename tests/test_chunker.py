@@ -7,7 +7,7 @@ import xxhash
 from hypothesis import given, settings, strategies as st
 
 from cdcstore.core import _gear
-from cdcstore.core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker, chunk_ends, iter_chunks
+from cdcstore.core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker, chunk_ends, iter_chunks, scan, split_point
 from conftest import golden_input
 from reference_chunker import GEAR, chunk_lengths
 
@@ -125,5 +125,61 @@ def test_forced_cuts_chunk_each_segment_independently(cuts, block):
     bounds = sorted({0, len(data), *(c for c in cuts if 0 < c < len(data))})
     expect = [a + e for a, b in zip(bounds, bounds[1:]) for e in chunk_ends(data[a:b], p)]
     got = list(iter_chunks(io.BytesIO(data), p, block_size=block, cuts=cuts))
+    assert b"".join(got) == data
+    assert ends_of(map(len, got)) == expect
+
+
+def _pattern(kind: str, n: int, seed: int) -> bytes:
+    """Inputs that resynchronise easily (random) and hardly or never (zeros, a short period)."""
+    if kind == "random":
+        return golden_input(n + seed % 977)[seed % 977:]
+    if kind == "zeros":
+        return bytes(n)
+    if kind == "period":
+        unit = golden_input(1 + seed % 300)
+        return (unit * (n // len(unit) + 1))[:n]
+    half = n // 2  # random, then zeros: the tail of the file never cuts where a mid-file scan does
+    return golden_input(half) + bytes(n - half)
+
+
+@settings(max_examples=300, deadline=None)
+@given(kind=st.sampled_from(["random", "zeros", "period", "mixed"]), n=st.integers(0, 30000),
+       seed=st.integers(0, 2**32), split=st.floats(0, 1), p=params_strategy, eof=st.booleans())
+def test_parallel_halves_cut_exactly_like_one_scan(kind, n, seed, split, p, eof):
+    data = _pattern(kind, n, seed)
+    one = scan(data, p, eof, split=0)
+    assert scan(data, p, eof, split=int(split * n)) == one
+    if eof:
+        assert one == ends_of(chunk_lengths(data, p.min_size, p.avg_size, p.max_size))
+
+
+@pytest.mark.parametrize("kind", ["random", "zeros", "period", "mixed"])
+def test_parallel_halves_with_default_params_on_large_buffers(kind):
+    data = _pattern(kind, 9 * 1024 * 1024 + 4321, 7)
+    one = chunk_ends(data, split=0)
+    assert split_point(len(data), DEFAULT_PARAMS) > 0
+    for split in (None, 1, 256 * 1024, len(data) // 3, len(data) - 1):
+        assert chunk_ends(data, split=split) == one
+    assert [len(c) for c in iter_chunks(io.BytesIO(data), block_size=5 * 1024 * 1024)] == \
+        [b - a for a, b in zip([0] + one, one)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(cuts=st.lists(st.integers(0, 30000), max_size=8), blocks=st.lists(st.integers(1, 9000), min_size=1, max_size=6),
+       p=params_strategy, kind=st.sampled_from(["random", "zeros", "period", "mixed"]))
+def test_read_from_cuts_like_one_scan_whatever_the_reads(cuts, blocks, p, kind):
+    """`read_from` cuts a block in place after joining only its start to the uncut tail: the chunks
+    are those of one scan of each segment, whatever the block sizes, forced cuts and data."""
+    data = _pattern(kind, 30000, 3)
+    bounds = sorted({0, len(data), *(c for c in cuts if 0 < c < len(data))})
+    expect = [a + e for a, b in zip(bounds, bounds[1:]) for e in chunk_ends(data[a:b], p)]
+    chunker, f, got, i = Chunker(p, cuts), io.BytesIO(data), [], 0
+    while True:
+        block, chunks = chunker.read_from(f, blocks[i % len(blocks)])
+        i += 1
+        got += chunks
+        if not block:
+            break
+    got += chunker.finish()
     assert b"".join(got) == data
     assert ends_of(map(len, got)) == expect

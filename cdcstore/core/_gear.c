@@ -10,11 +10,12 @@
  *   cut if len >= min and h < (len < avg ? thr_small : thr_large), or len == max.
  *   thr_small = (2^64-1) / avg / 4, thr_large = (2^64-1) / avg * 4 (saturating):
  *   FastCDC's normalized chunking, level 2, tested on the high bits of h.
- * The scan releases the GIL.
+ * The scan releases the GIL; `split` scans two halves in two threads (scan_split).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <pthread.h>
 
 static uint64_t GEAR[256];
 
@@ -77,39 +78,111 @@ static inline size_t next_cut(const uint8_t *p, size_t n, size_t min, size_t avg
     return eof ? n : 0;
 }
 
+typedef struct {
+    const uint8_t *p;
+    size_t n, min, avg, max;
+    uint64_t ts, tl;
+    int eof;
+    uint64_t *ends;  /* absolute offsets, room for n / min + 2 */
+    size_t count;
+} run_t;
+
+/* Appends the cut points of p[from..n) to r->ends, starting a chunk at `from`. */
+static void scan_run(run_t *r, size_t from) {
+    size_t pos = from;
+    while (pos < r->n) {
+        size_t len = next_cut(r->p + pos, r->n - pos, r->min, r->avg, r->max, r->ts, r->tl, r->eof);
+        if (len == 0) break;
+        pos += len;
+        r->ends[r->count++] = pos;
+    }
+}
+
+static void *scan_thread(void *arg) {
+    scan_run((run_t *)arg, 0);
+    return NULL;
+}
+
+/* Parallel halves: the tail p[m..n) is scanned in a second thread as if a chunk
+ * started at m, while this thread scans p[0..m) the usual way and then goes on
+ * past m, cut by cut. Its first cut that is also a tail cut is a common cut
+ * point: a chunk's end depends only on the bytes from its start, so every later
+ * cut of the tail is the sequential one too. A tail that never resynchronises
+ * (periodic data, runs of one byte) costs its scan and nothing else: this thread
+ * then scans to the end. The result is always the sequential scan's. */
+static size_t scan_split(run_t *head, size_t m) {
+    run_t tail = *head;
+    tail.p = head->p + m;
+    tail.n = head->n - m;
+    tail.count = 0;
+    tail.ends = PyMem_RawMalloc((tail.n / tail.min + 2) * sizeof(uint64_t));
+    pthread_t th;
+    int threaded = tail.ends != NULL && pthread_create(&th, NULL, scan_thread, &tail) == 0;
+    if (!threaded) {
+        PyMem_RawFree(tail.ends);
+        scan_run(head, 0);
+        return head->count;
+    }
+    run_t first = *head;
+    first.n = m;
+    first.eof = 0;  /* complete chunks of the head only */
+    scan_run(&first, 0);
+    head->count = first.count;
+    pthread_join(th, NULL);
+    size_t pos = head->count ? head->ends[head->count - 1] : 0, j = 0;
+    while (pos < head->n) {
+        size_t len = next_cut(head->p + pos, head->n - pos, head->min, head->avg, head->max, head->ts,
+                              head->tl, head->eof);
+        if (len == 0) break;
+        pos += len;
+        head->ends[head->count++] = pos;
+        while (j < tail.count && tail.ends[j] + m < pos) j++;
+        if (j < tail.count && tail.ends[j] + m == pos) {  /* resynchronised */
+            for (j++; j < tail.count; j++) head->ends[head->count++] = tail.ends[j] + m;
+            break;
+        }
+    }
+    PyMem_RawFree(tail.ends);
+    return head->count;
+}
+
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
-    Py_ssize_t min, avg, max;
+    Py_ssize_t min, avg, max, split = 0;
     int eof;
-    if (!PyArg_ParseTuple(args, "y*nnnp", &view, &min, &avg, &max, &eof)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*nnnp|n", &view, &min, &avg, &max, &eof, &split)) return NULL;
     if (min < 1 || avg < min || max < avg) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "chunk sizes must satisfy 1 <= min <= avg <= max");
         return NULL;
     }
-    const uint8_t *p = (const uint8_t *)view.buf;
-    size_t n = (size_t)view.len;
-    uint64_t ts = (UINT64_MAX / (uint64_t)avg) >> 2;
+    run_t r;
+    r.p = (const uint8_t *)view.buf;
+    r.n = (size_t)view.len;
+    r.min = (size_t)min;
+    r.avg = (size_t)avg;
+    r.max = (size_t)max;
+    r.eof = eof;
+    r.ts = (UINT64_MAX / (uint64_t)avg) >> 2;
     uint64_t q = UINT64_MAX / (uint64_t)avg;
-    uint64_t tl = q > (UINT64_MAX >> 2) ? UINT64_MAX : q << 2;
-
-    size_t cap = n / (size_t)min + 2, count = 0;
-    uint64_t *ends = PyMem_RawMalloc(cap * sizeof(uint64_t));
-    if (!ends) {
+    r.tl = q > (UINT64_MAX >> 2) ? UINT64_MAX : q << 2;
+    r.count = 0;
+    /* the sequential scan needs n / min + 1 ends; parallel halves at most one more */
+    r.ends = PyMem_RawMalloc((r.n / r.min + 3) * sizeof(uint64_t));
+    if (!r.ends) {
         PyBuffer_Release(&view);
         return PyErr_NoMemory();
     }
     Py_BEGIN_ALLOW_THREADS
-    size_t pos = 0;
-    while (pos < n) {
-        size_t len = next_cut(p + pos, n - pos, (size_t)min, (size_t)avg, (size_t)max, ts, tl, eof);
-        if (len == 0) break;
-        pos += len;
-        ends[count++] = pos;
-    }
+    if (split > 0 && (size_t)split < r.n)
+        scan_split(&r, (size_t)split);
+    else
+        scan_run(&r, 0);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
 
+    size_t count = r.count;
+    uint64_t *ends = r.ends;
     PyObject *list = PyList_New((Py_ssize_t)count);
     if (list) {
         for (size_t k = 0; k < count; k++) {
@@ -135,8 +208,10 @@ static PyObject *gear_table(PyObject *self, PyObject *noargs) {
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(buffer, min, avg, max, eof) -> list of chunk end offsets.\n\n"
-     "Without eof, a trailing partial chunk is left out: feed it again with more bytes."},
+     "scan(buffer, min, avg, max, eof, split=0) -> list of chunk end offsets.\n\n"
+     "Without eof, a trailing partial chunk is left out: feed it again with more bytes.\n"
+     "With 0 < split < len(buffer), the halves before and after split are scanned in two\n"
+     "threads that resynchronise at a common cut point: the result is the same."},
     {"gear_table", gear_table, METH_NOARGS, "The 256-entry gear table (format constant)."},
     {NULL, NULL, 0, NULL},
 };

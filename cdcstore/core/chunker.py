@@ -2,7 +2,9 @@
 
 The boundary scan is native (`cdcstore._gear`); this module feeds it. Boundaries
 depend only on the bytes, never on how they arrive: `Chunker.feed` accepts pieces
-of any size and yields exactly the chunks a single whole-buffer scan would.
+of any size and yields exactly the chunks a single whole-buffer scan would. A
+segment of `PARALLEL_MIN_BYTES` or more is scanned as two halves in two native
+threads that resynchronise at a common cut point (the same cuts, in half the time).
 The rule itself is written down in docs/format.md and pinned by golden vectors.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ from . import _gear
 CHUNK_FORMAT_VERSION = 1
 KiB = 1024
 MAX_CHUNK_BYTES = 16 * KiB * KiB  # format limit: no chunk is larger (readers refuse bigger raw lengths)
+PARALLEL_MIN_BYTES = 4 * KiB * KiB  # a segment this large is scanned as two halves at once
 
 
 @dataclass(frozen=True)
@@ -36,9 +39,21 @@ class ChunkParams:
 DEFAULT_PARAMS = ChunkParams()
 
 
-def chunk_ends(data, params: ChunkParams = DEFAULT_PARAMS) -> list[int]:
+def split_point(n: int, params: ChunkParams) -> int:
+    """Where a scan of `n` bytes is split in two halves (0: scanned in one thread)."""
+    return n // 2 if n >= max(PARALLEL_MIN_BYTES, 8 * params.max_size) else 0
+
+
+def scan(data, params: ChunkParams, eof: bool, split: int | None = None) -> list[int]:
+    """End offsets of the complete chunks of `data` (with `eof`, of all of it). `split`
+    (default: `split_point`) only changes how the work is shared, never the result."""
+    split = split_point(len(data), params) if split is None else split
+    return _gear.scan(data, params.min_size, params.avg_size, params.max_size, eof, split)
+
+
+def chunk_ends(data, params: ChunkParams = DEFAULT_PARAMS, split: int | None = None) -> list[int]:
     """End offsets of the chunks of a whole buffer (the last one is len(data))."""
-    return _gear.scan(data, params.min_size, params.avg_size, params.max_size, True)
+    return scan(data, params, True, split)
 
 
 class Chunker:
@@ -47,13 +62,13 @@ class Chunker:
     `cuts` are absolute offsets where a chunk must end (e.g. Parquet page
     starts): the stream is then chunked as independent segments, each with the
     rule above. Memory is bounded by about twice the maximum chunk size plus one
-    piece. Chunks are read-only memoryviews of the bytes fed (no copies); they
-    stay valid after later calls.
+    piece. Chunks are read-only memoryviews of the bytes fed (no copies, except the
+    few that straddle two pieces); they stay valid after later calls.
     """
 
     def __init__(self, params: ChunkParams = DEFAULT_PARAMS, cuts: Iterable[int] = ()):
         self.params = params
-        self._pieces: list[bytes] = []  # bytes not yet cut, oldest first
+        self._pieces: list = []  # bytes (or views of bytes) not yet cut, oldest first
         self._size = 0
         self._base = 0  # absolute offset of the first uncut byte
         self._cuts = iter(sorted(set(cuts)))
@@ -64,11 +79,40 @@ class Chunker:
 
     def feed(self, data) -> list[memoryview]:
         """Add bytes; return the chunks they complete (possibly none)."""
-        self._pieces.append(data if isinstance(data, bytes) else bytes(data))
-        self._size += len(data)
-        if self._size >= 2 * self.params.max_size:
+        data = data if isinstance(data, bytes) else bytes(data)
+        if self._size + len(data) < 2 * self.params.max_size:
+            self._pieces.append(data)
+            self._size += len(data)
+            return []
+        return self._take(data)
+
+    def read_from(self, f, size: int) -> tuple[bytes, list[memoryview]]:
+        """Read up to `size` bytes of binary file `f` and `feed` them: (the bytes read,
+        the chunks they complete); the bytes are empty at end of file."""
+        block = f.read(size)
+        return block, (self.feed(block) if block else [])
+
+    def _take(self, block: bytes) -> list[memoryview]:
+        """Cut the uncut bytes followed by `block` without copying `block` whole: only
+        the uncut tail and the start of `block` are joined (the chunks that straddle
+        them are copies), the rest is cut in place (views of `block`)."""
+        head = 2 * self.params.max_size
+        if not self._pieces or len(block) <= head:
+            self._pieces.append(block)
+            self._size += len(block)
             return self._cut(eof=False)
-        return []
+        view = memoryview(block)
+        self._pieces.append(view[:head])
+        self._size += head
+        chunks = self._cut(eof=False)
+        if self._size > head:  # the uncut bytes reach back before `block` (cannot happen; be safe)
+            self._pieces.append(view[head:])
+            self._size += len(block) - head
+            return chunks + self._cut(eof=False)
+        off = head - self._size  # the uncut bytes start here in `block`
+        self._pieces = [view[off:]]
+        self._size = len(block) - off
+        return chunks + self._cut(eof=False)
 
     def finish(self) -> list[memoryview]:
         """Return the remaining chunks; the chunker is then empty."""
@@ -77,14 +121,14 @@ class Chunker:
     def _cut(self, eof: bool) -> list[memoryview]:
         p = self.params
         buf = self._pieces[0] if len(self._pieces) == 1 else b"".join(self._pieces)
-        view = memoryview(buf)  # chunks are views of immutable bytes: no copies
+        view = memoryview(buf).toreadonly()  # chunks are views of bytes never written again: no copies
         chunks: list[memoryview] = []
         start = 0
         while start < len(buf):
             cut = self._next_cut
             whole = cut is not None and cut - self._base <= len(buf)
             seg_end = cut - self._base if whole else len(buf)
-            ends = _gear.scan(view[start:seg_end], p.min_size, p.avg_size, p.max_size, whole or eof)
+            ends = scan(view[start:seg_end], p, whole or eof)
             prev = 0
             for end in ends:
                 chunks.append(view[start + prev:start + end])

@@ -82,17 +82,38 @@ def _bounded_decompress(stored, raw_len: int) -> bytes:
         return r.read(raw_len + 1)
 
 
+PROBE_BYTES = 2048  # each of the three samples `encode_chunk` compresses first
+MIN_SAVING = 1 / 32  # zstd is kept only when it saves at least this fraction of a chunk
+
+
+def worth_compressing(raw) -> bool:
+    """A cheap probe: does zstd (level 1) save at least `MIN_SAVING` on three 2 KiB
+    samples of the chunk (its start, middle and end, compressed as one)? Already
+    compressed bytes (Parquet pages, images, archives) fail it, so they are never fed
+    to zstd whole; text, CSV and JSON pass it."""
+    n = len(raw)
+    if n <= 3 * PROBE_BYTES:
+        return True  # small: the whole chunk is the probe
+    step = (n - PROBE_BYTES) // 2
+    sample = b"".join((raw[:PROBE_BYTES], raw[step:step + PROBE_BYTES], raw[n - PROBE_BYTES:]))
+    return len(_compressor(1).compress(sample)) <= len(sample) * (1 - MIN_SAVING)
+
+
 def encode_chunk(raw, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL) -> tuple[int, bytes]:
     """Compress a chunk for storage and verify the result decodes to `chunk_id`.
 
-    Returns (codec, stored bytes); the chunk is kept raw when zstd does not shrink it.
-    Safe to call from several threads at once (zstd releases the GIL).
+    Returns (codec, stored bytes). The chunk is kept raw when the probe says zstd
+    would not pay, or when zstd saves less than `MIN_SAVING` of it (a raw chunk
+    is re-hashed: what is written is always checked against the id). Safe to call
+    from several threads at once (zstd releases the GIL).
     """
-    packed = _compressor(level).compress(raw)
-    if len(packed) < len(raw):
-        decode_chunk(packed, CODEC_ZSTD, len(raw), chunk_id)
-        return CODEC_ZSTD, packed
-    if ids.digest(raw) != chunk_id:  # kept raw: re-hash what will be written
+    raw_len = len(raw)
+    if raw_len and worth_compressing(raw):
+        packed = _compressor(level).compress(raw)
+        if len(packed) <= raw_len * (1 - MIN_SAVING):
+            decode_chunk(packed, CODEC_ZSTD, raw_len, chunk_id)
+            return CODEC_ZSTD, packed
+    if ids.digest(raw) != chunk_id:
         raise CorruptionError(f"chunk {chunk_id.hex()} does not match its id")
     return CODEC_RAW, raw
 

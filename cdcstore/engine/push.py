@@ -1,16 +1,16 @@
 """The write path: files -> chunks -> new chunks encoded in parallel -> packs.
 
-`Ingest` is one push session against a store backend. The calling thread reads,
-chunks (native, GIL released) and hashes; a thread pool compresses and verifies
-only the chunks the store lacks (zstd releases the GIL); the calling thread
-appends finished chunks to the current pack, which is flushed - made durable,
-then indexed - whenever it reaches its cap. In-flight memory is bounded by
-`max_inflight_bytes`, and a file is read `block_size` bytes at a time, so memory
-does not grow with file size.
+`Ingest` is one push session against a store backend. The calling threads read,
+chunk (native, GIL released; a large segment in two halves at once) and hash; one
+batched presence query decides which chunks the store lacks; a thread pool encodes
+those (zstd only where a probe says it pays; zstd releases the GIL) and appends them
+to the current pack, which is flushed - made durable, then indexed - whenever it
+reaches its cap. Chunking threads never write packs, so they never wait for a disk.
+In-flight memory is bounded by `max_inflight_bytes`, and a file is read `block_size`
+bytes at a time, so memory does not grow with file size.
 """
 from __future__ import annotations
 
-import collections
 import os
 import threading
 from dataclasses import dataclass
@@ -59,14 +59,14 @@ class FileChunks:
 
     def __iter__(self):
         block = self.first
-        while block:
+        if block:
             yield block, self.chunker.feed(block)
-            block = self.f.read(self.block_size)
+            while True:
+                block, chunks = self.chunker.read_from(self.f, self.block_size)
+                if not block:
+                    break
+                yield block, chunks
         yield b"", self.chunker.finish()
-
-
-def _encode_all(task: list[tuple[bytes, bytes]], level: int) -> list[tuple[int, bytes]]:
-    return [encode_chunk(data, cid, level) for cid, data in task]
 
 
 class PackSink:
@@ -83,6 +83,7 @@ class PackSink:
         self._writer: PackWriter | None = None
         self._publisher = runtime.pool("publish", 1)  # packs become durable in the order they were made
         self._published: list = []
+        self.lock = threading.Lock()  # encoding threads append to the pack one at a time
 
     def add(self, chunk_id: bytes, codec: int, stored, raw_len: int) -> None:
         if self._writer is None:
@@ -141,8 +142,9 @@ class Ingest:
         self.new_chunks = 0
         self._seen: set[bytes] = set()
         self._pool = runtime.pool("encode", self.opts.workers)
-        self._inflight: collections.deque = collections.deque()
-        self._inflight_bytes = 0
+        self._tasks: list = []  # encode tasks not yet known to have succeeded
+        self._inflight_bytes = 0  # raw bytes handed to the encoders and not yet in a pack
+        self._room = threading.Condition(threading.Lock())
         self._undecided: list[tuple[bytes, bytes, str]] = []  # (id, data, file key) awaiting a presence query
         self._undecided_bytes = 0
         self.file_new: dict[str, int] = {}  # file key -> new bytes it brought (complete after finish)
@@ -222,24 +224,40 @@ class Ingest:
             self._submit(task, task_bytes)
 
     def _submit(self, task: list[tuple[bytes, bytes]], nbytes: int) -> None:
-        fut = self._pool.submit(_encode_all, task, self.opts.zstd_level)
-        self._inflight.append((fut, [(cid, len(data)) for cid, data in task], nbytes))
-        self._inflight_bytes += nbytes
-        while self._inflight_bytes > self.opts.max_inflight_bytes:
-            self._drain_one()
+        """Encode and store `task` on the pool, once in-flight bytes leave room for it."""
+        with self._room:
+            while self._inflight_bytes > self.opts.max_inflight_bytes - nbytes and self._inflight_bytes:
+                self._raise_failed()
+                self._room.wait(0.5)
+            self._inflight_bytes += nbytes
+        self._tasks = [f for f in self._tasks if not f.done() or f.cancelled() or f.exception() is not None]
+        self._tasks.append(self._pool.submit(self._encode_and_store, task, nbytes))
 
-    def _drain_one(self) -> None:
-        fut, chunks, nbytes = self._inflight.popleft()
-        self._inflight_bytes -= nbytes
-        for (cid, raw_len), (codec, stored) in zip(chunks, fut.result()):
-            self.sink.add(cid, codec, stored, raw_len)
+    def _encode_and_store(self, task: list[tuple[bytes, bytes]], nbytes: int) -> None:
+        """On an encoding thread: encode (and verify) the chunks, then append them to the pack."""
+        try:
+            level = self.opts.zstd_level
+            encoded = [encode_chunk(data, cid, level) for cid, data in task]
+            with self.sink.lock:
+                for (cid, data), (codec, stored) in zip(task, encoded):
+                    self.sink.add(cid, codec, stored, len(data))
+        finally:
+            with self._room:
+                self._inflight_bytes -= nbytes
+                self._room.notify_all()
+
+    def _raise_failed(self) -> None:
+        for fut in self._tasks:
+            if fut.done() and not fut.cancelled() and fut.exception() is not None:
+                raise fut.exception()
 
     def finish(self) -> None:
         """Wait for every scheduled chunk and make the last pack durable."""
         try:
-            self._decide()
-            while self._inflight:
-                self._drain_one()
+            with self._lock:
+                self._decide()
+            for fut in list(self._tasks):
+                fut.result()
             self.sink.flush()
             self.sink.wait()
             self.store.flush()
@@ -247,10 +265,10 @@ class Ingest:
             self.close()
 
     def close(self) -> None:
-        for fut, _, _ in self._inflight:
+        for fut in self._tasks:
             fut.cancel()
-        runtime.wait(fut for fut, _, _ in self._inflight)  # the pool is shared: wait for ours only
-        self._inflight.clear()
+        runtime.wait(self._tasks)  # the pool is shared: wait for ours only
+        self._tasks = []
         self.sink.abort()
 
     @property

@@ -15,6 +15,14 @@ from .sqlite import Connections
 
 SCHEMA_VERSION = 2  # 2: repo_chunks, token_chunks, chunks_by_pack
 _BATCH = 500  # ids per IN (...) query, below sqlite's variable limit
+_PRESENT_BATCH = 8192  # ids per presence query where sqlite allows that many variables (3.32+)
+
+
+def _present_batch(conn: sqlite3.Connection) -> int:
+    try:
+        return max(_BATCH, min(_PRESENT_BATCH, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)))
+    except AttributeError:  # Python < 3.11: no getlimit
+        return _BATCH
 
 
 class ChunkIndex:
@@ -84,12 +92,14 @@ class ChunkIndex:
                 db["meta"].insert({"key": "schema", "value": str(SCHEMA_VERSION)})
 
     def present(self, chunk_ids: Iterable[bytes]) -> set[bytes]:
-        """The subset of `chunk_ids` that the index knows."""
-        ids = list(chunk_ids)
+        """The subset of `chunk_ids` that the index knows: one query per `_PRESENT_BATCH`
+        ids (a push asks about ~4,096 at a time), sorted so the b-tree is walked in order."""
+        ids = sorted(set(chunk_ids))
         found: set[bytes] = set()
         conn = self.conn
-        for i in range(0, len(ids), _BATCH):
-            batch = ids[i:i + _BATCH]
+        step = _present_batch(conn)
+        for i in range(0, len(ids), step):
+            batch = ids[i:i + step]
             q = f"SELECT id FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
             found.update(row[0] for row in conn.execute(q, batch))
         return found
