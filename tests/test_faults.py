@@ -213,18 +213,23 @@ def test_sigkill_at_50_random_points_of_push_commit_gc_and_repack(tmp_path):
     Store(root).push([str(tmp_path / "base")], "cdc://ds/")
     env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     rng = random.Random(11)
-    acked = []
+    acked, died = [], []
     kills = 0
     for seed in range(50):
-        p = sp.Popen([sys.executable, "-c", KILLED_WORKER, root, str(seed)], stdout=sp.PIPE, text=True, env=env)
+        p = sp.Popen([sys.executable, "-c", KILLED_WORKER, root, str(seed)], stdout=sp.PIPE, stderr=sp.PIPE,
+                     text=True, env=env)
         time.sleep(0.35 + rng.random() * 0.9)  # import time, then somewhere in a push, commit, gc or repack
         p.send_signal(signal.SIGKILL)
-        out, _ = p.communicate(timeout=30)
-        kills += p.returncode == -signal.SIGKILL
+        out, err = p.communicate(timeout=30)
+        if p.returncode == -signal.SIGKILL:
+            kills += 1
+        else:
+            died.append((seed, p.returncode, err[-2000:]))
         acked += [line.split() for line in out.splitlines() if line.strip()]
-    assert kills >= 45
+    assert kills >= 45 and not [d for d in died if d[1] != 0], died  # a worker that failed says why
     s = Store(root)
-    assert s.check(read_data=True)["problems"] == []
+    report = s.check(read_data=True)
+    assert report["problems"] == [], report
     for commit, path, head in acked:
         assert s.cat(f"cdc://ds@{commit}/{path}").hex()[:16] == head
     r = gc(LocalStore(root), grace=0, repack_dead=0.2)  # what the kills left is garbage a gc removes
