@@ -227,8 +227,9 @@ def test_max_unused_reclaims_thin_garbage(store, tmp_path):
     store.push(_file(tmp_path / "v2", "f.bin", b"".join(parts)), "cdc://ds/f.bin", options=opts)
     store.forget("ds", keep_last=1)
     _age(store.location, 7200)
-    assert store.gc(grace=3600, max_unused=None, dry_run=True)["repack_packs"] == 0  # the threshold alone: nothing
-    r = store.gc(grace=3600, max_unused=0.0)
+    # a threshold no pack reaches: only max_unused can reclaim the garbage
+    assert store.gc(grace=3600, repack_dead=0.99, max_unused=None, dry_run=True)["repack_packs"] == 0
+    r = store.gc(grace=3600, repack_dead=0.99, max_unused=0.0)
     assert r["repack_packs"] >= 1 and r["bytes_freed"] >= 1 << 20
     assert store.cat("cdc://ds/f.bin") == b"".join(parts)
     assert store.check(read_data=True)["problems"] == []
