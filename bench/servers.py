@@ -1,7 +1,7 @@
 """The servers of the bench scripts, owned by bench/ (it imports nothing from tests/).
 
-  ServerProcess  a real `python -m cdcstore serve` subprocess on a free loopback port (the
-                 same contract as the tests' own starter, kept apart so bench never loads tests)
+  ServerProcess  a real `python -m cdcstore serve` subprocess on a free loopback port
+                 (`cdcstore.testing`, the starter the tests use too; bench never loads tests/)
   StaticServer   a plain aiohttp static file server (transfer.py, fs.py, stream.py,
                  cold_profile.py), a child running this file:
                  `python bench/servers.py --_static ROOT PORT [LOG [HOST]]` (link.py runs it in
@@ -15,78 +15,21 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_STARTER = ("ServerProcess", "free_port", "stop_process", "wait_until_up")
 
 
-def wait_until_up(proc: subprocess.Popen, request: urllib.request.Request, exited, timeout: float = 30):
-    """Poll `request` until it answers 200; `exited()` describes a process that died."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {exited()}")
-        try:
-            with urllib.request.urlopen(request, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("server did not come up")
-
-
-def stop_process(proc: subprocess.Popen | None) -> None:
-    """Terminate, then kill if it does not exit within 10 s."""
-    if proc and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-class ServerProcess:
-    def __init__(self, store: str, *args: str, port: int | None = None, env: dict | None = None):
-        self.store = store
-        self.env = env  # the server's environment (None: this process's)
-        self.args = args
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = None
-        folder = os.path.join(store, "..") if "://" not in store else tempfile.gettempdir()
-        self.log_path = os.path.join(folder, f"server-{self.port}.log")
-
-    def start(self) -> "ServerProcess":
-        self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cdcstore", "serve", "--store", self.store, "--port", str(self.port), *self.args],
-            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
-        wait_until_up(self.proc, urllib.request.Request(self.url + "/v1/health"), self.log_text)
-        return self
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.log.close()
-
-    def log_text(self) -> str:
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
+def __getattr__(name: str):
+    """The server starter is `cdcstore.testing`'s (the tests use it too), imported on first use:
+    a static-server child loads only the standard library."""
+    if name in _STARTER:
+        import cdcstore.testing
+        return getattr(cdcstore.testing, name)
+    raise AttributeError(name)
 
 
 # static file server
@@ -121,6 +64,7 @@ class StaticServer:
     free loopback port; start() returns once a HEAD of `probe` (a file under root) answers 200."""
 
     def __init__(self, root: str, probe: str, log_path: str | None = None):
+        from cdcstore.testing import free_port
         self.root = root
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -130,6 +74,8 @@ class StaticServer:
 
     def start(self) -> StaticServer:
         import urllib.request
+
+        from cdcstore.testing import wait_until_up
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--_static", self.root,
                                       str(self.port)] + ([self.log_path] if self.log_path else []),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -138,6 +84,7 @@ class StaticServer:
         return self
 
     def stop(self) -> None:
+        from cdcstore.testing import stop_process
         stop_process(self.proc)
 
 

@@ -1,0 +1,85 @@
+"""Run a real `cdcstore serve` in a subprocess on a free loopback port: for tests of your own
+pipelines against a server, and for cdcstore's own tests and benchmarks (one starter for both).
+
+    with ServerProcess(store_dir).start() as server:   # or .start() ... .stop()
+        Store(server.url).push(...)
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(proc: subprocess.Popen, request: urllib.request.Request, exited, timeout: float = 30):
+    """Poll `request` until it answers 200; `exited()` describes a process that died."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {exited()}")
+        try:
+            with urllib.request.urlopen(request, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not come up")
+
+
+def stop_process(proc: subprocess.Popen | None) -> None:
+    """Terminate, then kill if it does not exit within 10 s."""
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class ServerProcess:
+    def __init__(self, store: str, *args: str, port: int | None = None, env: dict | None = None):
+        self.store = store
+        self.env = env  # the server's environment (None: this process's)
+        self.args = args
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+        folder = os.path.join(store, "..") if "://" not in store else tempfile.gettempdir()
+        self.log_path = os.path.join(folder, f"server-{self.port}.log")
+
+    def start(self) -> "ServerProcess":
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cdcstore", "serve", "--store", self.store, "--port", str(self.port), *self.args],
+            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+        wait_until_up(self.proc, urllib.request.Request(self.url + "/v1/health"), self.log_text)
+        return self
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        stop_process(self.proc)
+        self.log.close()
+
+    def log_text(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def __enter__(self) -> "ServerProcess":
+        return self if self.proc else self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
