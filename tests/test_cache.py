@@ -210,37 +210,43 @@ def _use_cache_in_child(cache):
     cache.wait(10)
 
 
-def test_a_fork_while_the_cache_writer_holds_its_lock_does_not_hang(tmp_path):
-    """A DataLoader worker forked at the moment the parent's cache writer held the cache's
-    condition inherited it locked, and hung on its first read (seen once in CI under load)."""
+def _take(lock, q):
+    with lock:
+        q.put("took it")
+
+
+def _fork_while_another_thread_holds(lock, target, args=()) -> int:
+    """Fork a child running `target(*args)` while another thread of this process holds `lock`
+    (as a background thread may at any fork); the child's exit code (None: it hung)."""
     import multiprocessing
-    from cdcstore.storage.cache import ChunkCache
-    cache = ChunkCache(str(tmp_path / "c.sqlite"))
-    with cache.reading():
-        pass
     held, release = threading.Event(), threading.Event()
 
-    def writer():  # as the parent's writer thread holds it for an instant
-        with cache._idle:
+    def holder():
+        with lock:
             held.set()
             release.wait(10)
 
-    t = threading.Thread(target=writer)
+    t = threading.Thread(target=holder)
     t.start()
     held.wait(10)
-    p = multiprocessing.get_context("fork").Process(target=_use_cache_in_child, args=(cache,))
+    p = multiprocessing.get_context("fork").Process(target=target, args=args)
     p.start()
     release.set()
     t.join()
     p.join(20)
     if p.exitcode is None:
         p.kill()
-    assert p.exitcode == 0
+    return p.exitcode
 
 
-def _take(lock, q):
-    with lock:
-        q.put("took it")
+def test_a_fork_while_the_cache_writer_holds_its_lock_does_not_hang(tmp_path):
+    """A DataLoader worker forked at the moment the parent's cache writer held the cache's
+    condition inherited it locked, and hung on its first read (seen once in CI under load)."""
+    from cdcstore.storage.cache import ChunkCache
+    cache = ChunkCache(str(tmp_path / "c.sqlite"))
+    with cache.reading():
+        pass
+    assert _fork_while_another_thread_holds(cache._idle, _use_cache_in_child, (cache,)) == 0
 
 
 def test_runtime_locks_are_fresh_in_a_forked_child():
@@ -249,23 +255,6 @@ def test_runtime_locks_are_fresh_in_a_forked_child():
     import multiprocessing
     from cdcstore import runtime
     for lock in (runtime.Lock(), runtime.Lock(reentrant=True)):
-        held, release = threading.Event(), threading.Event()
-
-        def holder():
-            with lock:
-                held.set()
-                release.wait(10)
-
-        t = threading.Thread(target=holder)
-        t.start()
-        held.wait(10)
-        ctx = multiprocessing.get_context("fork")
-        q = ctx.Queue()
-        p = ctx.Process(target=_take, args=(lock, q))
-        p.start()
-        release.set()
-        t.join()
-        p.join(20)
-        if p.exitcode is None:
-            p.kill()
-        assert p.exitcode == 0 and q.get(timeout=5) == "took it"
+        q = multiprocessing.get_context("fork").Queue()
+        assert _fork_while_another_thread_holds(lock, _take, (lock, q)) == 0
+        assert q.get(timeout=5) == "took it"
