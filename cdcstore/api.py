@@ -579,7 +579,8 @@ class Store:
         if isinstance(sources, str):
             sources = [sources]
         pairs = plan_sources(sources, a.path, isinstance(dest, str) and dest.endswith("/"), on_skip)
-        return self._ingest(pairs, options, progress)[1]
+        with self._push_session():  # a gc deletes nothing while chunks are being deduplicated against
+            return self._ingest(pairs, options, progress)[1]
 
     def commit_entries(self, dest: str | Address, entries: dict[str, FileEntry] | Iterable[dict[str, FileEntry]],
                        message: str = "", *, parent: str | None = None, remove: Iterable[str] = (),

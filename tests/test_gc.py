@@ -221,3 +221,14 @@ def test_an_uploaded_manifest_keeps_old_garbage_it_dedups_against(store, tmp_pat
     store.commit_entries("cdc://ds", entries)
     assert store.cat("cdc://ds/x.bin") == data
     assert store.check(read_data=True)["problems"] == []
+
+
+def test_an_upload_holds_a_push_session_while_it_deduplicates(store, tmp_path):
+    """`upload` (the dask writers' path) queries presence like a push: a gc between that answer
+    and its manifests could delete what it deduplicated against, so it holds a session too."""
+    seen = []
+    src = _file(tmp_path / "d", "x.bin", os.urandom(1 << 20))
+    store.upload(src, "cdc://ds/x.bin",
+                 progress=lambda n: seen.append(len(os.listdir(os.path.join(store.location, "sessions")))))
+    assert seen and max(seen) == 1
+    assert os.listdir(os.path.join(store.location, "sessions")) == []
