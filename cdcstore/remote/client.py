@@ -567,7 +567,7 @@ class RemoteStore(Backend):
         return Manifest.decode(data, f"manifest {name}")
 
     def get_manifest_located(self, name: str, repo: str | None = None) -> tuple[Manifest, dict]:
-        """A manifest and where its chunks are, in one request (protocol 1.2; a server
+        """A manifest and where its chunks are, in one request (protocol 1.3; a server
         before it answers the manifest alone: no locations). A manifest fetched before
         costs no request and comes without locations (a reader locates as it reads)."""
         key = ("manifest", repo, name)
@@ -664,7 +664,7 @@ class RemoteStore(Backend):
 class RemoteSession:
     """A push session on a server (a context manager): opened before the push's first presence
     query, refreshed while it runs, closed after its commit. A server without sessions (before
-    protocol 1.3) protects pushes by its grace window alone: then this does nothing."""
+    protocol 1.4) protects pushes by its grace window alone: then this does nothing."""
 
     def __init__(self, store: RemoteStore):
         self.store, self.sid, self._stop = store, None, None

@@ -605,7 +605,7 @@ class Server:
         if not ids.is_hex_id(name) or not await self._io(self._reaches, repo, name):
             raise HTTPError(404, f"no manifest {name} in repo {repo!r}")
         missing = HTTPError(404, f"manifest {name} is missing on the server: run `cdcstore check` there")
-        if request.query.get("locations") == "1":  # protocol 1.2: the manifest and where its chunks are
+        if request.query.get("locations") == "1":  # protocol 1.3: the manifest and where its chunks are
             try:
                 body = await self._io(self._manifest_located, repo, name, self.auth.scope(request))
             except (NotFound, FileNotFoundError):

@@ -105,7 +105,7 @@ def decode_locations(body: bytes) -> dict[bytes, tuple[str, PackEntry]]:
             for cid, pack, off, slen, rlen, codec in LOCATE.iter_unpack(body)}
 
 
-LOCATED_MAGIC = b"CDCMLOC\x00"  # `GET manifests/{name}?locations=1` (protocol 1.2)
+LOCATED_MAGIC = b"CDCMLOC\x00"  # `GET manifests/{name}?locations=1` (protocol 1.3)
 LOCATED_ENDS = 512  # it locates a manifest's first and last this many chunks (a reader's block)
 
 
@@ -116,7 +116,7 @@ def encode_located(manifest: bytes, found: dict[bytes, tuple[str, PackEntry]]) -
 
 
 def decode_located(body: bytes) -> tuple[bytes, dict[bytes, tuple[str, PackEntry]]]:
-    """(manifest bytes, locations); a plain manifest (a server before 1.2 ignores the
+    """(manifest bytes, locations); a plain manifest (a server before 1.3 ignores the
     query) comes back with no locations."""
     if not body.startswith(LOCATED_MAGIC):
         return body, {}
