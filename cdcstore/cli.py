@@ -441,7 +441,7 @@ def check(store_path, token, read_data, read_data_subset, as_json):
     pack, and every commit and manifest that a branch or tag reaches. Fast: no chunk
     is decoded unless --read-data or --read-data-subset is given. A chunk that fails
     verification is forgotten, so pushing its file again repairs it. Runs on a store
-    directory: for a served store, run `cdcstore check --store DIR` on the server."""
+    directory or bucket, or on a server's side (a token with admin scope)."""
     r = _store(store_path, token).check(read_data=read_data, subset=_percent(read_data_subset))
     if as_json:
         _print_json(r)
