@@ -44,7 +44,7 @@ def options(command: str, doc: dict) -> dict:
             continue
         if not isinstance(v, allowed[k]) or (isinstance(v, bool) and bool not in allowed[k]):
             raise InvalidAddressError(f"{command} option {k!r} must be {' or '.join(t.__name__ for t in allowed[k])}")
-        out[k.replace("-", "_")] = v
+        out[k] = v
     return out
 
 
