@@ -143,9 +143,9 @@ def test_index_rebuild_and_recover(store, dataset):
     store.push([str(dataset)], "cdc://ds/")
     idx = LocalStore(store.location).index
     before = idx.totals()
+    idx.clear()  # the index is a cache: a read that misses in it looks at the pack listing
+    assert store.cat("cdc://ds/a.bin") == golden_input(3_000_000)
     idx.clear()
-    with pytest.raises(CorruptionError, match="rebuild-index"):
-        store.cat("cdc://ds/a.bin")
     r = store.rebuild_index()
     assert r["chunks"] == before["chunks"] and r["bad_packs"] == []
     assert store.cat("cdc://ds/a.bin") == golden_input(3_000_000)

@@ -69,6 +69,12 @@ class PackMissingError(CorruptionError):
     were located (a reader locates them again once)."""
 
 
+class MissingChunksError(CdcError, FileNotFoundError):
+    """A commit names chunks the store does not hold now (a gc on another machine deleted
+    what this machine's index still listed): nothing was committed; pushing again uploads them."""
+    code = "missing_chunks"
+
+
 class AccessDeniedError(CdcError, PermissionError):
     """The server refused the token (401) or its scope (403)."""
 

@@ -66,6 +66,8 @@ class Lifecycle:
     async def open_session(self, request):
         sid = secrets.token_hex(16)
         await self.server._io(self._session(request, sid).__enter__)  # BusyError: 503, Retry-After
+        if not self.server.store.objects.capabilities.local_path:  # a bucket: gc or repack through another replica
+            await self.server._io(self.server.store.recover)  # what this push is told is present is there now
         return web.json_response({"session": sid, "refresh": maintenance.PushSession.REFRESH})
 
     async def refresh_session(self, request):

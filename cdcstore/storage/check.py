@@ -104,7 +104,7 @@ def check(store: Repository, read_data: bool = False, subset: float | None = Non
     push of its file stores it again. Each problem names the files it affects.
     Durable packs that a killed push left unindexed are indexed first (`recover`)."""
     found: list[tuple[str, set[bytes]]] = []  # (problem, chunk ids it affects)
-    recovered = store.recover()  # durable packs a killed push left unindexed: not damage
+    recovered = store.recover(forget_gone=False)  # durable packs a killed push left unindexed: not damage
     rows = store.index.rows()
     sizes = store.pack_sizes()
     names = sorted(sizes)

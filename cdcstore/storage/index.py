@@ -13,7 +13,8 @@ from ..core.errors import CdcError, CorruptionError, damaged_message
 from ..core.pack import PackEntry
 from .sqlite import Connections
 
-SCHEMA_VERSION = 2  # 2: repo_chunks, token_chunks, chunks_by_pack
+SCHEMA_VERSION = 3  # 2: repo_chunks, token_chunks, chunks_by_pack; 3: dup_chunks, store_id
+_ROW = "id, pack, offset, stored_len, raw_len, codec"
 _BATCH = 500  # ids per IN (...) query, below sqlite's variable limit
 _PRESENT_BATCH = 8192  # ids per presence query where sqlite allows that many variables (3.32+)
 
@@ -50,6 +51,46 @@ class ChunkIndex:
         if not self._has_schema():
             self._create_schema()
         self._ensure_reach_tables()
+        self._ensure_dup_table()
+
+    def _ensure_dup_table(self) -> None:
+        """Schema 3: the other copies of chunks that more than one pack holds (two writers
+        raced, a repack in flight). `chunks` keeps one row a chunk (where reads go);
+        `dup_chunks` keeps the rest, so that when a pack is gone a chunk's other copy takes
+        its place and gc sees every pack that holds a live chunk. An index made before
+        schema 3 lacks the duplicates it ignored until `rebuild-index` (a dedup miss at worst:
+        gc counts the duplicate's pack as dead only if it marks from this index alone)."""
+        conn = self.conn
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='dup_chunks'").fetchone():
+            return
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("CREATE TABLE IF NOT EXISTS dup_chunks (id BLOB NOT NULL, pack TEXT NOT NULL,"
+                         " offset INTEGER NOT NULL, stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL,"
+                         " codec INTEGER NOT NULL, PRIMARY KEY (id, pack)) WITHOUT ROWID")
+            conn.execute("CREATE INDEX IF NOT EXISTS dup_chunks_by_pack ON dup_chunks (pack)")
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+
+    # -- whose index this is ------------------------------------------------------------------
+    def store_id(self) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
+        return row[0] if row else None
+
+    def adopt_store(self, store_id: str) -> bool:
+        """Make this index the cache of the store whose `store-id` is `store_id`: an index
+        of another store (a bucket made again under the same name, another service's bucket
+        of that name) is emptied first. Returns whether it was emptied."""
+        if self.store_id() == store_id:
+            return False
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
+            if row and row[0] == store_id:  # another process adopted it meanwhile
+                return False
+            self._clear(conn, tokens=True)
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('store_id', ?)", (store_id,))
+        return True
 
     def _ensure_reach_tables(self) -> None:
         """Chunk-level reach (schema 2): which chunks each repo's landed commits name, and
@@ -118,30 +159,68 @@ class ChunkIndex:
         return out
 
     def add_pack(self, name: str, size: int, entries: list[PackEntry]) -> None:
-        """Record a durable pack and its chunks in one transaction (first pack wins a chunk)."""
+        """Record a durable pack and its chunks in one transaction (the first pack indexed
+        is where a chunk is read from; other copies are kept in `dup_chunks`)."""
         conn = self.conn
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("INSERT OR IGNORE INTO packs (name, size, chunks) VALUES (?, ?, ?)",
-                         (name, size, len(entries)))
-            conn.executemany(
-                "INSERT OR IGNORE INTO chunks (id, pack, offset, stored_len, raw_len, codec)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries],
-            )
+            self._add(conn, name, size, entries)
+
+    @staticmethod
+    def _add(conn, name: str, size: int, entries: list[PackEntry]) -> None:
+        if conn.execute("SELECT 1 FROM packs WHERE name=?", (name,)).fetchone():
+            return
+        conn.execute("INSERT INTO packs (name, size, chunks) VALUES (?, ?, ?)", (name, size, len(entries)))
+        rows = [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries]
+        before = conn.total_changes
+        conn.executemany(f"INSERT OR IGNORE INTO chunks ({_ROW}) VALUES (?, ?, ?, ?, ?, ?)", rows)
+        if conn.total_changes - before < len(rows):  # some chunks are in another pack too
+            conn.executemany(f"INSERT OR IGNORE INTO dup_chunks ({_ROW}) SELECT ?, ?, ?, ?, ?, ?"
+                             " WHERE EXISTS (SELECT 1 FROM chunks WHERE id = ? AND pack != ?)",
+                             [(*r, r[0], name) for r in rows])
 
     def rows(self) -> dict[bytes, tuple[str, PackEntry]]:
-        """Every chunk row: id -> (pack, entry)."""
+        """Every chunk's read location: id -> (pack, entry)."""
         return {cid: (pack, PackEntry(cid, off, slen, rlen, codec)) for cid, pack, off, slen, rlen, codec
-                in self.conn.execute("SELECT id, pack, offset, stored_len, raw_len, codec FROM chunks")}
+                in self.conn.execute(f"SELECT {_ROW} FROM chunks")}
+
+    def all_rows(self) -> Iterable[tuple[str, PackEntry]]:
+        """Every copy of every chunk: (pack, entry), duplicates included (gc's view)."""
+        for table in ("chunks", "dup_chunks"):
+            for cid, pack, off, slen, rlen, codec in self.conn.execute(f"SELECT {_ROW} FROM {table}"):
+                yield pack, PackEntry(cid, off, slen, rlen, codec)
 
     def drop_chunks(self, pack: str, chunk_ids: Iterable[bytes]) -> None:
         """Forget these chunks' rows in `pack` (a stored copy that failed verification
-        counts as absent, so the next push stores the chunk again)."""
+        counts as absent, so the next push stores the chunk again; another pack's copy, if
+        the index knows one, takes its place)."""
         conn = self.conn
+        chunk_ids = list(chunk_ids)
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            conn.executemany("DELETE FROM chunks WHERE id=? AND pack=?", [(c, pack) for c in chunk_ids])
+            conn.executemany("DELETE FROM dup_chunks WHERE id=? AND pack=?", [(c, pack) for c in chunk_ids])
+            gone = [c for c in chunk_ids
+                    if conn.execute("DELETE FROM chunks WHERE id=? AND pack=?", (c, pack)).rowcount]
+            self._promote(conn, gone)
+
+    @staticmethod
+    def _promote(conn, chunk_ids: list[bytes]) -> None:
+        """Make another known copy the read location of chunks that lost theirs."""
+        for i in range(0, len(chunk_ids), _BATCH):
+            batch = chunk_ids[i:i + _BATCH]
+            marks = ",".join("?" * len(batch))
+            conn.execute(f"INSERT OR IGNORE INTO chunks ({_ROW}) SELECT {_ROW} FROM dup_chunks"
+                         f" WHERE id IN ({marks})", batch)
+            conn.execute(f"DELETE FROM dup_chunks WHERE id IN ({marks}) AND EXISTS"
+                         " (SELECT 1 FROM chunks c WHERE c.id = dup_chunks.id AND c.pack = dup_chunks.pack)", batch)
+
+    @classmethod
+    def _drop(cls, conn, pack: str) -> None:
+        gone = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE pack=?", (pack,))]
+        conn.execute("DELETE FROM chunks WHERE pack=?", (pack,))
+        conn.execute("DELETE FROM dup_chunks WHERE pack=?", (pack,))
+        conn.execute("DELETE FROM packs WHERE name=?", (pack,))
+        cls._promote(conn, gone)
 
     def replace_pack(self, old: str, new: str, size: int, entries: list[PackEntry]) -> None:
         """Move chunks from pack `old` to its repacked copy `new`, in one transaction (a reader
@@ -149,20 +228,20 @@ class ChunkIndex:
         conn = self.conn
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("DELETE FROM chunks WHERE pack=?", (old,))
-            conn.execute("DELETE FROM packs WHERE name=?", (old,))
-            conn.execute("INSERT OR IGNORE INTO packs (name, size, chunks) VALUES (?, ?, ?)", (new, size, len(entries)))
-            conn.executemany(
-                "INSERT OR REPLACE INTO chunks (id, pack, offset, stored_len, raw_len, codec) VALUES (?, ?, ?, ?, ?, ?)",
-                [(e.chunk_id, new, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries])
+            self._drop(conn, old)
+            self._add(conn, new, size, entries)
 
     def drop_pack(self, pack: str) -> None:
-        """Forget a pack and every chunk row in it (gc, before the pack is deleted)."""
+        """Forget a pack and every chunk row in it (gc before it deletes the pack; a reader or
+        a sync that found it gone). A chunk another known pack holds is read from there."""
+        self.drop_packs([pack])
+
+    def drop_packs(self, packs: Iterable[str]) -> None:
         conn = self.conn
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("DELETE FROM chunks WHERE pack=?", (pack,))
-            conn.execute("DELETE FROM packs WHERE name=?", (pack,))
+            for pack in packs:
+                self._drop(conn, pack)
 
     def grant(self, repo: str, kind: str, names: Iterable[str]) -> None:
         """Record that `repo` reaches these objects ("pack" or "manifest")."""
@@ -233,22 +312,21 @@ class ChunkIndex:
                 conn.execute(f"DELETE FROM {table}")
             conn.execute("DELETE FROM meta WHERE key = 'reach_stale'")
             conn.executemany("INSERT OR IGNORE INTO repo_chunks (repo, id) VALUES (?, ?)", chunk_grants)
-            conn.executemany("INSERT OR IGNORE INTO packs (name, size, chunks) VALUES (?, ?, ?)",
-                             [(n, size, len(entries)) for n, size, entries in packs])
-            conn.executemany(
-                "INSERT OR IGNORE INTO chunks (id, pack, offset, stored_len, raw_len, codec) VALUES (?, ?, ?, ?, ?, ?)",
-                [(e.chunk_id, n, e.offset, e.stored_len, e.raw_len, e.codec) for n, _, entries in packs
-                 for e in entries])
+            conn.execute("DELETE FROM dup_chunks")
+            for n, size, entries in packs:
+                self._add(conn, n, size, entries)
             conn.executemany("INSERT OR IGNORE INTO repo_objects (repo, kind, name) VALUES (?, ?, ?)", grants)
 
     def clear(self) -> None:
         conn = self.conn
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("DELETE FROM chunks")
-            conn.execute("DELETE FROM packs")
-            conn.execute("DELETE FROM repo_objects")
-            conn.execute("DELETE FROM repo_chunks")
+            self._clear(conn)
+
+    @staticmethod
+    def _clear(conn, tokens: bool = False) -> None:
+        for table in ("chunks", "dup_chunks", "packs", "repo_objects", "repo_chunks") + (("token_chunks",) if tokens else ()):
+            conn.execute(f"DELETE FROM {table}")
 
     def totals(self) -> dict:
         row = self.conn.execute(

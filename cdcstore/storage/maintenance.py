@@ -123,10 +123,9 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
             manifests.append(m)
         else:  # a young manifest is a root: an upload whose commit comes later (or a push in flight)
             live_chunks.update(repo.get_manifest(m).chunk_ids)
-    rows = repo.index.rows()
     live_in: dict[str, list] = {}
-    for cid, (pack, e) in rows.items():
-        if cid in live_chunks:
+    for pack, e in repo.index.all_rows():  # every copy: a pack holding a live chunk's other copy is live too
+        if e.chunk_id in live_chunks:
             live_in.setdefault(pack, []).append(e)
     packs, repack, kept = [], [], []
     for info in repo.objects.list("packs/"):

@@ -134,6 +134,13 @@ class ObjectStore(abc.ABC):
     capabilities: Capabilities
     url: str
 
+    @property
+    def identity(self) -> str:
+        """What tells this store from every other one a machine may reach: the URL, plus
+        the endpoint for a bucket (two S3 services may each hold a bucket of one name).
+        Per-machine caches of a store are keyed by it."""
+        return self.url
+
     @abc.abstractmethod
     def put(self, name: str, data, *, exist_ok: bool = False) -> bool:
         """Create object `name` holding `data`, never replacing one. An existing object

@@ -37,7 +37,7 @@ from .. import runtime
 from ..core import ids
 from ..core.address import check_name, check_ref_name, check_write_target, is_commit_like
 from ..core.commit import Commit, changes, rebase_files, touched
-from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, NotAStoreError,
+from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, MissingChunksError, NotAStoreError,
                            PackMissingError, PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
                            StoreFormatError)
 from ..core.manifest import Manifest
@@ -116,9 +116,13 @@ def check_marker(data: bytes | None, where: str) -> None:
                                f"version {STORE_VERSION}: upgrade cdcstore")
 
 
-def default_index_path(url: str) -> str:
-    """Where the chunk index of a bucket store lives on this machine (a rebuildable cache)."""
-    key = hashlib.blake2b(url.encode(), digest_size=8).hexdigest()
+STORE_ID = "store-id"
+
+
+def default_index_path(identity: str) -> str:
+    """Where the chunk index of a bucket store lives on this machine (a rebuildable cache),
+    keyed by the store's full identity (`ObjectStore.identity`: endpoint, bucket, prefix)."""
+    key = hashlib.blake2b(identity.encode(), digest_size=8).hexdigest()
     return os.path.join(platformdirs.user_cache_dir("cdcstore"), "index", f"{key}.sqlite")
 
 
@@ -145,6 +149,8 @@ class Repository(Backend):
             self._index = ChunkIndex(index_path)
         except CorruptionError as e:  # only `rebuild_index` works then
             self._index_error = e
+        if not objects.capabilities.local_path and self._index_error is None:
+            self._index.adopt_store(self.store_id())  # an index of another store by that name is emptied
         self._recover_lock = runtime.Lock()
         self._grant_lock = runtime.Lock(reentrant=True)
         self._granted: dict[str, set[str]] = {}  # repo -> commits whose whole history's reach is recorded
@@ -160,6 +166,17 @@ class Repository(Backend):
             if not exist_ok:
                 raise FileExistsError(f"a store already exists at {location or objects.url}") from None
         return cls(objects, index_path, location)
+
+    def store_id(self) -> str:
+        """The store's random identity (object `store-id`, made once by the first machine that
+        needs it): a bucket deleted and made again, or another service's bucket of the same
+        name, has another, so no machine takes its cache of one for the other."""
+        try:
+            return bytes(self.objects.get(STORE_ID)).decode().strip()
+        except NotFound:
+            with contextlib.suppress(Conflict):
+                self.objects.put_if_absent(STORE_ID, secrets.token_hex(16).encode())
+            return bytes(self.objects.get(STORE_ID)).decode().strip()
 
     # -- temp files (packs are built locally, then put) ---------------------------------
     def tmp_path(self) -> str:
@@ -229,14 +246,20 @@ class Repository(Backend):
             raise CorruptionError(f"pack {name} is missing") from None
         return read_index(_RangeFile(self.objects, pack_name(name), size), size, f"pack {name}")
 
-    def recover(self) -> int:
-        """Index packs that are stored but not in the index (a push killed between making
-        a pack durable and indexing it, or, for a bucket, packs another machine wrote).
-        Returns how many were added."""
+    def recover(self, forget_gone: bool = True) -> int:
+        """Make the index agree with the store's pack listing: index packs that are stored
+        but not indexed (a push killed between making a pack durable and indexing it; for a
+        bucket, packs another machine wrote) and, with `forget_gone`, forget the rows of
+        indexed packs that are gone (a gc or repack on another machine): the index is a
+        cache, the listing is the truth. Returns how many packs were added."""
         with self._recover_lock:
-            known = self.index.packs()
+            known = self.index.packs()  # read before the listing: a pack indexed later was put before it
+            listed = self.pack_sizes()
+            gone = known - listed.keys()
+            if forget_gone and gone:
+                self.index.drop_packs(gone)
             added = 0
-            for name, size in self.pack_sizes().items():
+            for name, size in listed.items():
                 if name not in known:
                     try:
                         entries = self.read_pack_index(name, size)
@@ -285,8 +308,7 @@ class Repository(Backend):
         try:
             data = self.objects.get_range(pack_name(pack), offset, length) if length else b""
         except NotFound:
-            raise PackMissingError(f"pack {pack} is missing from {self.location}; "
-                                   f"run `cdcstore check` and restore it from a copy") from None
+            raise self._pack_gone(pack) from None
         if len(data) != length:
             raise CorruptionError(f"pack {pack} is truncated: wanted {length} bytes at {offset}, "
                                   f"got {len(data)}; run `cdcstore check`")
@@ -295,8 +317,9 @@ class Repository(Backend):
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
         wanted = list(chunk_ids)
         found = self.index.locate(wanted)
-        if len(found) < len(wanted) and not self.objects.capabilities.local_path:
-            if self.recover():  # a bucket: packs another machine wrote since this index last looked
+        if len(found) < len(wanted):
+            # packs another machine wrote (a bucket), or a repack moved chunks: look at the listing
+            if self.recover() or not self.objects.capabilities.local_path:
                 found = self.index.locate(wanted)
         return found
 
@@ -316,6 +339,15 @@ class Repository(Backend):
                 except CorruptionError as err:
                     raise self._damaged(r.pack, e.chunk_id, err) from None
         return out
+
+    def _pack_gone(self, pack: str) -> PackMissingError:
+        """The error for a pack the index names and the store lacks. Its rows are forgotten
+        first: a gc or repack elsewhere moved its chunks, so the next `locate` (which
+        re-reads the listing on a miss) finds them where they are now."""
+        with contextlib.suppress(CdcError):
+            self.index.drop_pack(pack)
+        return PackMissingError(f"pack {pack} is missing from {self.location} (a gc or repack moved its "
+                                f"chunks, or the store is damaged): read again, or run `cdcstore check`")
 
     def _damaged(self, pack: str, chunk_id: bytes, err) -> CorruptionError:
         """The error for a stored chunk that failed verification; its index row is dropped
@@ -528,8 +560,42 @@ class Repository(Backend):
         if commit.parent is not None and not self.objects.exists(commit_name(commit.repo, commit.parent)):
             raise InvalidAddressError(f"commit parent {commit.parent} is not a commit of repo {commit.repo!r}: "
                                       f"base the commit on the branch head")
+        reach = self._new_reach(commit)
+        self.require_stored(reach[1])  # the truth, not this machine's index, acknowledges a commit
         cid = self.put_commit(commit)
-        return self.update_branch(commit.repo, branch, expected, cid, commit, landed=self._grant)
+        return self.update_branch(commit.repo, branch, expected, cid, commit,
+                                  landed=lambda c: self._grant(c, reach))
+
+    def require_stored(self, chunk_ids: Iterable[bytes]) -> None:
+        """Raise `MissingChunksError` unless every chunk is in a pack the store holds now.
+        The index says where; each distinct pack is then looked up in the store itself
+        (one stat each, 8 at a time: the cost follows the change, not the store). A pack
+        found gone is forgotten, so the push that is retried uploads its chunks again.
+        Callers hold a push session, so no gc deletes a pack between this and the commit."""
+        wanted = list(dict.fromkeys(chunk_ids))
+        if not wanted:
+            return
+        located = self.locate(wanted)
+        missing = [c for c in wanted if c not in located]
+        packs = sorted({p for p, _ in located.values()})
+
+        def gone(p: str) -> bool:
+            try:
+                self.pack_size(p)
+                return False
+            except NotFound:
+                return True
+
+        lost = [p for p, g in zip(packs, runtime.pool("io", 8).map(gone, packs)) if g] if packs else []
+        if lost:
+            self.index.drop_packs(lost)
+            lost_set = set(lost)
+            missing += [c for c, (p, _) in located.items() if p in lost_set]
+        if missing:
+            raise MissingChunksError(
+                f"{len(missing)} chunks the commit names are not in the store (e.g. {missing[0].hex()}"
+                + (f"; pack {lost[0]} is gone: a gc on another machine deleted it" if lost else "")
+                + "): nothing was committed; push again (the chunks are uploaded again)")
 
     # -- access records shared through the bucket (replicas, docs/architecture.md "Replicas") ---------
     def nonce_key(self) -> bytes:
@@ -594,9 +660,8 @@ class Repository(Backend):
                 seen.add(info.name)
         return added
 
-    def _grant(self, commit: Commit) -> None:
-        """Record which manifests and chunks the commit's repo reaches (what a server
-        lets a repo's tokens read). Only manifests new since the parent are walked."""
+    def _new_reach(self, commit: Commit) -> tuple[set[str], set[bytes]]:
+        """The manifests a commit names that its parent does not, and their chunks."""
         names = {f.manifest for f in commit.files.values()}
         if commit.parent:
             try:
@@ -606,6 +671,12 @@ class Repository(Backend):
         chunk_ids: set[bytes] = set()
         for n in names:
             chunk_ids.update(self.get_manifest(n).chunk_ids)
+        return names, chunk_ids
+
+    def _grant(self, commit: Commit, reach: tuple[set[str], set[bytes]] | None = None) -> None:
+        """Record which manifests and chunks the commit's repo reaches (what a server
+        lets a repo's tokens read). Only manifests new since the parent are walked."""
+        names, chunk_ids = reach or self._new_reach(commit)
         self.index.grant(commit.repo, "manifest", names)
         self.index.grant_chunks("repo_chunks", commit.repo, chunk_ids)
 
@@ -778,8 +849,7 @@ class LocalStore(Repository):
                 try:
                     fd = os.open(self.pack_path(pack), os.O_RDONLY)
                 except FileNotFoundError:
-                    raise PackMissingError(f"pack {pack} is missing from {self.root}; "
-                                           f"run `cdcstore check` and restore it from a copy") from None
+                    raise self._pack_gone(pack) from None
                 self._fds[pack] = fd
                 while len(self._fds) > MAX_OPEN:
                     os.close(self._fds.popitem(last=False)[1])
@@ -843,7 +913,7 @@ def open_repository(location: str, create: bool = False) -> Repository:
     if not is_object_url(location):
         return LocalStore.init(location, exist_ok=True) if create else LocalStore(location)
     objects = open_objects(location)
-    index = default_index_path(location)
+    index = default_index_path(objects.identity)
     if create:
         return Repository.create(objects, index, location, exist_ok=True)
     return Repository(objects, index, location)

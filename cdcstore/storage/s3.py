@@ -288,6 +288,10 @@ class S3Objects(ObjectStore):
         self._settings = {**env_settings(), "retries": retries, "connect_timeout": connect_timeout}
 
     @property
+    def identity(self) -> str:
+        return f"{self._settings['endpoint'] or 'aws'} {self.url}"
+
+    @property
     def client(self):
         """This process's client (a forked child picks and builds its own)."""
         pid, client = self._cached

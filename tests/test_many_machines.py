@@ -1,0 +1,186 @@
+"""Many machines, one truth: a machine's index of a bucket is a cache, never what a push or a
+read is acknowledged on. Two XDG cache dirs stand for two machines; moto's server is the bucket.
+"""
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+
+import boto3
+import pytest
+
+from cdcstore import Store
+from cdcstore.core.commit import Commit, FileEntry
+from cdcstore.core.errors import MissingChunksError
+from cdcstore.storage.repository import open_repository
+from conftest import S3_BUCKET
+
+
+class Machine:
+    """A store opened with its own user cache dir: its own chunk index of the bucket."""
+
+    def __init__(self, url, cache_dir, monkeypatch):
+        self.url, self.cache_dir, self._mp = url, str(cache_dir), monkeypatch
+
+    def __enter__(self):
+        self._mp.setenv("XDG_CACHE_HOME", self.cache_dir)
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def store(self) -> Store:
+        with self:
+            return Store(self.url)
+
+    def repository(self):
+        with self:
+            return open_repository(self.url)
+
+
+def _file(tmp_path, name, data):
+    p = tmp_path / name
+    p.write_bytes(data)
+    return str(p)
+
+
+@pytest.fixture
+def bucket_url(s3_env):
+    url = f"s3://{S3_BUCKET}/machines-{secrets.token_hex(4)}"
+    Store.init(url).close()
+    return url
+
+
+def test_gc_on_one_machine_never_leaves_another_machines_push_unreadable(bucket_url, tmp_path, monkeypatch):
+    """A pushes X; B pushes Y (B's index now lists A's pack); A deletes its repo and runs gc with
+    no grace; B pushes X: before, `new_bytes: 0` and an unreadable commit."""
+    a = Machine(bucket_url, tmp_path / "machine-a", monkeypatch)
+    b = Machine(bucket_url, tmp_path / "machine-b", monkeypatch)
+    x, y = os.urandom(700_000), os.urandom(300_000)
+    sa = a.store()
+    sa.push([_file(tmp_path, "x.bin", x)], "cdc://alpha/x.bin")
+    sb = b.store()
+    sb.push([_file(tmp_path, "y.bin", y)], "cdc://beta/y.bin")
+    sa.delete_repo("alpha")
+    assert sa.gc(grace=0)["deleted"]
+    again = sb.push([_file(tmp_path, "x2.bin", x)], "cdc://beta/x.bin")
+    assert again.new_bytes == len(x)  # B's index was a cache: the pack was gone, so X was sent again
+    assert sb.cat("cdc://beta/x.bin") == x
+    fresh = Machine(bucket_url, tmp_path / "machine-c", monkeypatch).store()
+    assert fresh.cat("cdc://beta/x.bin") == x
+    assert fresh.check(read_data=True)["problems"] == []
+
+
+def test_a_commit_naming_chunks_of_a_gone_pack_is_refused(bucket_url, tmp_path, monkeypatch):
+    """The backstop: whatever the index says, a commit lands only if every new chunk is in a pack
+    the store holds now (checked in the store, pack by pack), and nothing moves otherwise."""
+    a = Machine(bucket_url, tmp_path / "machine-a", monkeypatch)
+    b = Machine(bucket_url, tmp_path / "machine-b", monkeypatch)
+    x = os.urandom(500_000)
+    a.store().push([_file(tmp_path, "x.bin", x)], "cdc://alpha/x.bin")
+    rb = b.repository()
+    rb.recover()  # B now lists A's pack
+    sa = a.store()
+    ra = a.repository()
+    head = ra.resolve_ref("alpha", "main")[0]
+    m = ra.get_manifest(ra.get_commit("alpha", head).files["x.bin"].manifest)
+    sa.delete_repo("alpha")
+    sa.gc(grace=0)
+    rb.put_manifests([m])
+    commit = Commit("beta", None, "stale", 0.0, {"x.bin": FileEntry(m.name(), len(x))})
+    with pytest.raises(MissingChunksError, match="push again"):
+        rb.commit(commit, "main", None)
+    assert not rb.has_repo("beta") or "main" not in rb.branches("beta")
+    # the gone pack was forgotten: the same machine's next push sends the chunks
+    sb = b.store()
+    r = sb.push([_file(tmp_path, "x2.bin", x)], "cdc://beta/x.bin")
+    assert r.new_bytes == len(x) and sb.cat("cdc://beta/x.bin") == x
+
+
+def test_a_bucket_made_again_under_the_same_name_is_another_store(bucket_url, tmp_path, monkeypatch, s3_env):
+    """A leftover index of a deleted bucket (a test service restarted) must not make the new
+    store's pushes `new 0 B` and unreadable."""
+    m = Machine(bucket_url, tmp_path / "machine", monkeypatch)
+    x = os.urandom(400_000)
+    s = m.store()
+    s.push([_file(tmp_path, "x.bin", x)], "cdc://ds/x.bin")
+    s.close()
+    prefix = bucket_url.split("/", 3)[3]
+    s3 = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
+                      aws_secret_access_key="testing", region_name="us-east-1")
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=S3_BUCKET, Prefix=prefix + "/"):
+        for o in page.get("Contents", []):
+            s3.delete_object(Bucket=S3_BUCKET, Key=o["Key"])
+    with m:
+        Store.init(bucket_url).close()
+    s = m.store()
+    r = s.push([_file(tmp_path, "x2.bin", x)], "cdc://ds/x.bin")
+    assert r.new_bytes == len(x)
+    assert s.cat("cdc://ds/x.bin") == x
+
+
+def test_two_s3_services_with_one_bucket_name_keep_two_indexes(s3_env, tmp_path, monkeypatch):
+    """Same `s3://bucket/prefix` on two endpoints (a second moto in its own process: in-process
+    moto servers share one state): one machine keeps two caches, and a push to the second
+    service sends its chunks (before: `new 0 B`, unreadable there)."""
+    port = _free_port()
+    other = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        endpoint2 = f"http://127.0.0.1:{port}"
+        client2 = boto3.client("s3", endpoint_url=endpoint2, aws_access_key_id="testing",
+                               aws_secret_access_key="testing", region_name="us-east-1")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client2.create_bucket(Bucket=S3_BUCKET)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        url = f"s3://{S3_BUCKET}/same-name-{secrets.token_hex(4)}"
+        x = os.urandom(300_000)
+        m = Machine(url, tmp_path / "machine", monkeypatch)
+        results = []
+        for endpoint in (s3_env["AWS_ENDPOINT_URL"], endpoint2):
+            monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+            with m:
+                Store.init(url).close()
+            s = m.store()
+            results.append(s.push([_file(tmp_path, "x.bin", x)], "cdc://ds/x.bin").new_bytes)
+            assert s.cat("cdc://ds/x.bin") == x
+            s.close()
+        assert results == [len(x), len(x)]
+    finally:
+        other.terminate()
+        other.wait(10)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_repack_on_one_machine_never_breaks_reads_on_another(bucket_url, tmp_path, monkeypatch):
+    """B has located a file (its index lists the old pack); A's gc rewrites that pack; B's reads
+    go on, in this process and after a restart (before: "pack ... is missing")."""
+    a = Machine(bucket_url, tmp_path / "machine-a", monkeypatch)
+    b = Machine(bucket_url, tmp_path / "machine-b", monkeypatch)
+    keep, drop = os.urandom(300_000), os.urandom(1_500_000)
+    folder = tmp_path / "both"
+    folder.mkdir()
+    (folder / "keep.bin").write_bytes(keep)
+    (folder / "drop.bin").write_bytes(drop)
+    sa = a.store()
+    sa.push([str(folder)], "cdc://ds@exp/")  # one pack holds both files
+    sa.push([str(folder / "keep.bin")], "cdc://ds/keep.bin")
+    sb = b.store()
+    assert sb.cat("cdc://ds/keep.bin") == keep  # B's index now maps keep's chunks to the old pack
+    sa.delete_branch("ds", "exp")
+    assert sa.gc(grace=0)["repack_packs"] == 1
+    assert sb.cat("cdc://ds/keep.bin") == keep
+    assert b.store().cat("cdc://ds/keep.bin") == keep  # "after a restart"
