@@ -1,6 +1,8 @@
 """Many machines, one truth: a machine's index of a bucket is a cache, never what a push or a
 read is acknowledged on. Two XDG cache dirs stand for two machines; moto's server is the bucket.
 """
+import concurrent.futures
+import json
 import os
 import secrets
 import socket
@@ -184,3 +186,82 @@ def test_a_repack_on_one_machine_never_breaks_reads_on_another(bucket_url, tmp_p
     assert sa.gc(grace=0)["repack_packs"] == 1
     assert sb.cat("cdc://ds/keep.bin") == keep
     assert b.store().cat("cdc://ds/keep.bin") == keep  # "after a restart"
+
+
+# -- through replicas: two `cdcstore serve` over one bucket, each with its own index cache ---------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WRITE, READ, ADMIN = "tok-w-" + "a" * 16, "tok-r-" + "b" * 16, "tok-admin-" + "c" * 16
+
+
+@pytest.fixture
+def replicas(bucket_url, s3_env, tmp_path):
+    from server_util import ServerProcess
+
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({WRITE: {"scope": "write", "repos": ["*"]},
+                                  READ: {"scope": "read", "repos": ["ds"]},
+                                  ADMIN: {"scope": "admin", "repos": ["*"]}}))
+    servers = []
+    for name in "ab":
+        env = {**os.environ, **s3_env, "PYTHONPATH": ROOT, "XDG_CACHE_HOME": str(tmp_path / f"replica-{name}")}
+        servers.append(ServerProcess(bucket_url, "--tokens", str(tokens), "--min-gc-grace", "0", env=env).start())
+    try:
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def _remote(server, token=WRITE):
+    return Store(server.url, token=token, cache=False)
+
+
+def test_admin_gc_through_one_replica_never_leaves_a_push_through_the_other_unreadable(replicas, tmp_path):
+    a, b = replicas
+    x, y = os.urandom(600_000), os.urandom(200_000)
+    _remote(a).push([_file(tmp_path, "x.bin", x)], "cdc://alpha/x.bin")
+    _remote(b).push([_file(tmp_path, "y.bin", y)], "cdc://beta/y.bin")
+    assert _remote(b).cat("cdc://alpha/x.bin") == x  # replica b has indexed alpha's pack
+    admin = _remote(a, ADMIN)
+    admin.delete_repo("alpha")
+    assert admin.gc(grace=0)["deleted"]
+    r = _remote(b).push([_file(tmp_path, "x2.bin", x)], "cdc://beta/x.bin")
+    assert r.new_bytes == len(x)
+    assert _remote(b).cat("cdc://beta/x.bin") == x and _remote(a).cat("cdc://beta/x.bin") == x
+
+
+def test_a_repack_through_one_replica_never_breaks_reads_through_the_other(replicas, tmp_path):
+    a, b = replicas
+    keep, drop = os.urandom(300_000), os.urandom(1_500_000)
+    folder = tmp_path / "both"
+    folder.mkdir()
+    (folder / "keep.bin").write_bytes(keep)
+    (folder / "drop.bin").write_bytes(drop)
+    _remote(a).push([str(folder)], "cdc://ds@exp/")
+    _remote(a).push([str(folder / "keep.bin")], "cdc://ds/keep.bin")
+    assert _remote(b, READ).cat("cdc://ds/keep.bin") == keep  # b's index lists the old pack
+    _remote(a).delete_branch("ds", "exp")
+    assert _remote(a, ADMIN).gc(grace=0)["repack_packs"] == 1
+    assert _remote(b, READ).cat("cdc://ds/keep.bin") == keep
+    b.stop()
+    b.start()  # "also after B restarts"
+    assert _remote(b, READ).cat("cdc://ds/keep.bin") == keep
+
+
+def test_a_fresh_replica_answers_concurrent_first_reads(bucket_url, s3_env, tmp_path):
+    """8 readers at once at a replica that has never seen the repo: each gets the file (before:
+    5 of 8 got 404 "no manifest": a request that waited while another granted got 0 grants)."""
+    from server_util import ServerProcess
+
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({WRITE: {"scope": "write", "repos": ["*"]}, READ: {"scope": "read", "repos": ["ds"]}}))
+    x = os.urandom(200_000)
+    Store(bucket_url).push([_file(tmp_path, "x.bin", x)], "cdc://ds/x.bin")
+    for c in range(20):  # history, so that granting takes a while
+        Store(bucket_url).push([_file(tmp_path, f"h{c}.bin", os.urandom(1000))], f"cdc://ds/h/{c}.bin")
+    env = {**os.environ, **s3_env, "PYTHONPATH": ROOT, "XDG_CACHE_HOME": str(tmp_path / "fresh-replica")}
+    with ServerProcess(bucket_url, "--tokens", str(tokens), env=env) as fresh:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda _: _remote(fresh, READ).cat("cdc://ds/x.bin"), range(8)))
+    assert got == [x] * 8

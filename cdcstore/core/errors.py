@@ -67,6 +67,7 @@ class CorruptionError(CdcError, OSError):
 class PackMissingError(CorruptionError):
     """A pack the index names is gone: damage, or a gc that moved its chunks since they
     were located (a reader locates them again once)."""
+    code = "pack_missing"
 
 
 class MissingChunksError(CdcError, FileNotFoundError):

@@ -31,7 +31,8 @@ from . import wire
 from .admin import Lifecycle
 from ..core.address import check_name, check_ref_name, check_write_target
 from ..core.commit import Commit
-from ..core.errors import (BusyError, CdcError, ConflictError, CorruptionError, InvalidAddressError, RefExistsError,
+from ..core.errors import (BusyError, CdcError, ConflictError, CorruptionError, InvalidAddressError, PackMissingError,
+                     RefExistsError,
                      RepoNotFoundError, RevisionNotFoundError)
 from ..core.manifest import Manifest
 from ..core.pack import WRITE_BUFFER, read_verified
@@ -145,6 +146,8 @@ async def _handle_errors(request: web.Request, handler):
         if e.status >= 400:
             return _error(e.status, e.reason or "error")
         raise
+    except PackMissingError as e:  # a gc or repack through another replica: the client locates again
+        return _error(404, str(e), code=e.code)
     except (RepoNotFoundError, RevisionNotFoundError, FileNotFoundError) as e:
         return _error(404, str(e), code=getattr(e, "code", None))
     except BusyError as e:  # e.g. a gc runs: retried by clients after Retry-After
@@ -669,10 +672,9 @@ class Server:
         scope = self.auth.scope(request)
         if not ids.is_hex_id(name) or not await self._io(self._has_pack, name):
             raise HTTPError(404, f"no pack {name} in repo {repo!r}")
-        missing = HTTPError(404, f"pack {name} is missing on the server: run `cdcstore check` there")
         path = self.store.pack_file(name)
         if path is not None and not os.path.isfile(path):
-            raise missing
+            raise self.store.pack_gone(name)
         if scope is None and path is not None:
             return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
         try:
@@ -681,7 +683,7 @@ class Server:
             rng = None
         start, stop = (rng.start, rng.stop) if rng is not None else (None, None)
         if scope is None:  # an object store: the range is read from it and sent
-            return await self._object_range(name, start, stop, missing)
+            return await self._object_range(name, start, stop)
         if start is None or stop is None or start < 0 or stop <= start or stop - start > MAX_SCOPED_RANGE:
             raise HTTPError(416, f"a token limited to some repos reads packs by one byte range "
                                  f"(Range: bytes=a-b, at most {MAX_SCOPED_RANGE} bytes)")
@@ -695,7 +697,7 @@ class Server:
         """Whether pack `name` is indexed, after a recovery on a miss (stored through another replica)."""
         return self.store.index.has_pack(name) or (self.store.recover() > 0 and self.store.index.has_pack(name))
 
-    async def _object_range(self, name: str, start: int | None, stop: int | None, missing: HTTPError):
+    async def _object_range(self, name: str, start: int | None, stop: int | None):
         """One range of a pack kept in an object store (at most MAX_SCOPED_RANGE bytes)."""
         if start is None or stop is None or start < 0 or stop <= start or stop - start > MAX_SCOPED_RANGE:
             raise HTTPError(416, f"packs of this server are read by one byte range "
@@ -704,7 +706,7 @@ class Server:
             try:
                 body = await self._io(self.store.objects.get_range, pack_name(name), start, stop - start)
             except NotFound:
-                raise missing from None
+                raise self.store.pack_gone(name) from None
         if not body:
             raise HTTPError(416, f"range starts past the end of pack {name}")
         return web.Response(status=206, body=bytes(body), content_type="application/octet-stream",
@@ -719,7 +721,10 @@ class Server:
         spans = [(max(e.offset, start), min(e.offset + e.stored_len, stop)) for e in entries if e.chunk_id in keep]
         if not spans:
             raise HTTPError(404, f"no chunk of repo {repo!r} in that range of pack {name}")
-        stop = min(stop, self.store.pack_size(name))
+        try:
+            stop = min(stop, self.store.pack_size(name))
+        except NotFound:
+            raise self.store.pack_gone(name) from None
         out = bytearray(stop - start)
         for lo, hi in spans:
             out[lo - start:hi - start] = self.store.read_stored(name, lo, hi - lo)

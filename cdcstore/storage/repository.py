@@ -308,7 +308,7 @@ class Repository(Backend):
         try:
             data = self.objects.get_range(pack_name(pack), offset, length) if length else b""
         except NotFound:
-            raise self._pack_gone(pack) from None
+            raise self.pack_gone(pack) from None
         if len(data) != length:
             raise CorruptionError(f"pack {pack} is truncated: wanted {length} bytes at {offset}, "
                                   f"got {len(data)}; run `cdcstore check`")
@@ -340,7 +340,7 @@ class Repository(Backend):
                     raise self._damaged(r.pack, e.chunk_id, err) from None
         return out
 
-    def _pack_gone(self, pack: str) -> PackMissingError:
+    def pack_gone(self, pack: str) -> PackMissingError:
         """The error for a pack the index names and the store lacks. Its rows are forgotten
         first: a gc or repack elsewhere moved its chunks, so the next `locate` (which
         re-reads the listing on a miss) finds them where they are now."""
@@ -849,7 +849,7 @@ class LocalStore(Repository):
                 try:
                     fd = os.open(self.pack_path(pack), os.O_RDONLY)
                 except FileNotFoundError:
-                    raise self._pack_gone(pack) from None
+                    raise self.pack_gone(pack) from None
                 self._fds[pack] = fd
                 while len(self._fds) > MAX_OPEN:
                     os.close(self._fds.popitem(last=False)[1])
