@@ -121,3 +121,28 @@ def test_commit_encoding_is_canonical_and_golden():
     assert Commit.decode(c.encode()) == c
     with pytest.raises(CorruptionError):
         Commit.decode(b'{"format": 99}')
+
+
+GOLDEN_LOCATIONS = bytes.fromhex(
+    "4344434c4f435300010000000200000003000000206162616261626162616261626162616261626162616261626162616261626162"
+    "206364636463646364636463646364636463646364636463646364636463646364000000001000000000000000080000000100000018"
+    "000000000000001400000000000000100000000000000008000000010001")
+
+
+def test_location_record_golden_and_damage():
+    """Location records (format v1, docs/format.md): pinned bytes; damage is a CorruptionError."""
+    from cdcstore.core import locations
+    from cdcstore.core.pack import PackEntry
+
+    one, two = b"\x01" * 16, b"\x02" * 16
+    m = Manifest([one, two, one], [10, 20, 10], 40, b"\x07" * 16)
+    where = {one: ("ab" * 16, PackEntry(one, 16, 8, 10, CODEC_ZSTD)), two: ("cd" * 16, PackEntry(two, 24, 20, 20, CODEC_RAW))}
+    assert locations.encode(m, where) == GOLDEN_LOCATIONS
+    assert locations.decode(GOLDEN_LOCATIONS, m) == where
+    assert locations.encode(m, {one: where[one]}) is None  # a chunk not located: no record
+    for bad in (GOLDEN_LOCATIONS[:-1], GOLDEN_LOCATIONS[:10], b"X" + GOLDEN_LOCATIONS[1:],
+                GOLDEN_LOCATIONS[:20] + b"\x00" + GOLDEN_LOCATIONS[21:]):
+        with pytest.raises(CorruptionError):
+            locations.decode(bad, m)
+    with pytest.raises(CorruptionError, match="lists 3 chunks"):
+        locations.decode(GOLDEN_LOCATIONS, Manifest([one], [10], 10, b"\x07" * 16))

@@ -1,6 +1,7 @@
 """Many machines, one truth: a machine's index of a bucket is a cache, never what a push or a
 read is acknowledged on. Two XDG cache dirs stand for two machines; moto's server is the bucket.
 """
+import collections
 import concurrent.futures
 import json
 import os
@@ -265,3 +266,55 @@ def test_a_fresh_replica_answers_concurrent_first_reads(bucket_url, s3_env, tmp_
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             got = list(pool.map(lambda _: _remote(fresh, READ).cat("cdc://ds/x.bin"), range(8)))
     assert got == [x] * 8
+
+
+class _Counting:
+    """An object store that counts the calls made to the one it wraps (a decorator, as restic's)."""
+
+    def __init__(self, inner):
+        self._inner, self.calls = inner, collections.Counter()
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*a, **kw):
+            self.calls[name] += 1
+            return attr(*a, **kw)
+        return counted
+
+
+@pytest.mark.parametrize("pushes", [2, 12])
+def test_a_new_machine_reads_a_file_without_listing_the_bucket(bucket_url, tmp_path, monkeypatch, pushes):
+    """Opening one file on a new machine costs the same with 2 or 12 packs in the bucket: the
+    manifest's location record says where its chunks are (before: every pack's footer was read)."""
+    writer = Machine(bucket_url, tmp_path / "writer", monkeypatch).store()
+    files = {}
+    for i in range(pushes):
+        files[i] = os.urandom(200_000 + i)
+        writer.push([_file(tmp_path, f"f{i}.bin", files[i])], f"cdc://ds/f{i}.bin")
+    fresh = Machine(bucket_url, tmp_path / f"reader-{pushes}", monkeypatch).store()
+    counting = _Counting(fresh.backend.objects)
+    fresh.backend.objects = counting
+    assert fresh.cat("cdc://ds/f1.bin") == files[1]
+    # resolving the branch lists refs (branches, tags); the file is one ranged read: no pack listing, no footer
+    assert counting.calls["list"] <= 2 and counting.calls["get_range"] == 1, counting.calls
+    assert sum(counting.calls.values()) <= 12, counting.calls
+    assert fresh.backend.index.totals()["packs"] == 0  # no pack footer was read
+
+
+def test_a_location_record_made_stale_by_a_repack_falls_back(bucket_url, tmp_path, monkeypatch):
+    a = Machine(bucket_url, tmp_path / "machine-a", monkeypatch)
+    keep, drop = os.urandom(300_000), os.urandom(1_500_000)
+    folder = tmp_path / "both"
+    folder.mkdir()
+    (folder / "keep.bin").write_bytes(keep)
+    (folder / "drop.bin").write_bytes(drop)
+    sa = a.store()
+    sa.push([str(folder)], "cdc://ds@exp/")
+    sa.push([str(folder / "keep.bin")], "cdc://ds/keep.bin")
+    sa.delete_branch("ds", "exp")
+    assert sa.gc(grace=0)["repack_packs"] == 1
+    fresh = Machine(bucket_url, tmp_path / "machine-new", monkeypatch).store()
+    assert fresh.cat("cdc://ds/keep.bin") == keep  # the record names the old pack: found by listing

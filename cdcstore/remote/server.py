@@ -635,7 +635,9 @@ class Server:
                 data = f.read()
         else:
             data = self.store.manifest_bytes(name)
-        chunks, ends = Manifest.decode(data, f"manifest {name}").chunk_ids, wire.LOCATED_ENDS
+        manifest = Manifest.decode(data, f"manifest {name}")
+        self.store.load_locations(name, manifest)  # a new replica: no listing, no footers for this file
+        chunks, ends = manifest.chunk_ids, wire.LOCATED_ENDS
         picked = chunks if len(chunks) <= 2 * ends else chunks[:ends] + chunks[-ends:]  # where reads start
         return wire.encode_located(data, self._locate_reached(repo, list(dict.fromkeys(picked)), scope))
 

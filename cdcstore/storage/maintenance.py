@@ -36,7 +36,7 @@ from .. import runtime
 from ..core.errors import BusyError, InvalidAddressError
 from ..core.pack import ENTRY, HEADER, TRAILER, WRITE_BUFFER, PackWriter, decode_chunk
 from .objects import StorageError
-from .repository import Repository, commit_name, manifest_name, pack_name
+from .repository import Repository, commit_name, locations_name, manifest_name, pack_name
 
 DEFAULT_GRACE = 24 * 3600.0  # seconds an object is spared after it was written
 DEFAULT_REPACK_DEAD = 0.5  # a pack more than half dead (by bytes) is rewritten with its live chunks
@@ -253,6 +253,7 @@ def execute(repo: Repository, p: GcPlan) -> None:
         for info in list(repo.objects.list(f"repos/{r}/applied/{cid}")):
             repo.objects.delete(info.name)
     for m in p.manifests:
+        repo.objects.delete(locations_name(m))  # a hint first: a crash leaves no record without its manifest
         repo.objects.delete(manifest_name(m))
     for name, _ in p.packs:
         repo.index.drop_pack(name)  # no presence query finds its chunks any more

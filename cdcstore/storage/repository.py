@@ -40,6 +40,7 @@ from ..core.commit import Commit, changes, rebase_files, touched
 from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, MissingChunksError, NotAStoreError,
                            PackMissingError, PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
                            StoreFormatError)
+from ..core import locations
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk, first_mismatch, read_index, read_verified
 from ..core.ranges import plan_ranges, slices
@@ -55,6 +56,7 @@ MARKER = "cdcstore.json"
 MAX_OPEN = 256  # open pack descriptors per process (directory stores)
 LOCAL_RUN = 4 << 20  # bytes per pread: larger buffers are fresh pages each time (~10x slower here)
 REMOTE_RUN = 16 << 20  # bytes per ranged GET on an object store
+HINTS_MAX = 4_000_000  # chunk locations kept from location records per process (~1 GB at most)
 
 
 def pack_name(name: str) -> str:
@@ -63,6 +65,10 @@ def pack_name(name: str) -> str:
 
 def manifest_name(name: str) -> str:
     return f"manifests/{name[:2]}/{name}"
+
+
+def locations_name(manifest: str) -> str:
+    return f"locations/{manifest[:2]}/{manifest}"
 
 
 def commit_name(repo: str, cid: str) -> str:
@@ -155,6 +161,8 @@ class Repository(Backend):
         self._grant_lock = runtime.Lock(reentrant=True)
         self._granted: dict[str, set[str]] = {}  # repo -> commits whose whole history's reach is recorded
         self._token_grants: dict[str, set[str]] = {}  # owner -> grant objects this process read
+        self._hints: dict[bytes, tuple[str, PackEntry]] = {}  # chunk locations from location records
+        self._shared = not objects.capabilities.local_path  # a bucket: other machines write it too
 
     @classmethod
     def create(cls, objects: ObjectStore, index_path: str, location: str | None = None,
@@ -316,12 +324,54 @@ class Repository(Backend):
 
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
         wanted = list(chunk_ids)
-        found = self.index.locate(wanted)
+        found = self._locate_known(wanted)
         if len(found) < len(wanted):
             # packs another machine wrote (a bucket), or a repack moved chunks: look at the listing
             if self.recover() or not self.objects.capabilities.local_path:
                 found = self.index.locate(wanted)
         return found
+
+    def _locate_known(self, wanted: list[bytes]) -> dict[bytes, tuple[str, PackEntry]]:
+        """Locations from the index, then from location records read (no listing)."""
+        found = self.index.locate(wanted)
+        if len(found) < len(wanted) and self._hints:
+            hints = self._hints
+            found.update((c, hints[c]) for c in wanted if c not in found and c in hints)
+        return found
+
+    def load_locations(self, name: str, manifest: Manifest) -> None:
+        """Learn where a manifest's chunks are from its location record (a bucket store),
+        unless the index knows them all: a new machine reads a file without listing the
+        bucket or reading any pack footer. One GET; a missing or damaged record is no error."""
+        if not self._shared or not manifest.chunk_ids:
+            return
+        if len(self._locate_known(list(dict.fromkeys(manifest.chunk_ids)))) == len(set(manifest.chunk_ids)):
+            return
+        try:
+            found = locations.decode(bytes(self.objects.get(locations_name(name))), manifest,
+                                     f"location record of manifest {name}")
+        except (NotFound, CorruptionError):
+            return
+        if len(self._hints) > HINTS_MAX:
+            self._hints = {}
+        self._hints.update(found)
+
+    def _put_locations(self, manifests: list[tuple[str, Manifest]]) -> None:
+        """Write each manifest's location record (a bucket store, all chunks located)."""
+        if not self._shared:
+            return
+        where = self._locate_known(list({c for _, m in manifests for c in m.chunk_ids}))
+
+        def put(item):
+            record = locations.encode(item[1], where)
+            if record is not None:
+                self.objects.put(locations_name(item[0]), record, exist_ok=True)
+
+        if len(manifests) <= 4:
+            for item in manifests:
+                put(item)
+        else:
+            list(runtime.pool("io", 8).map(put, manifests))
 
     def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes:
         return self.read_chunks([(pack, entry)])[entry.chunk_id]
@@ -346,6 +396,8 @@ class Repository(Backend):
         re-reads the listing on a miss) finds them where they are now."""
         with contextlib.suppress(CdcError):
             self.index.drop_pack(pack)
+        if self._hints:
+            self._hints = {c: v for c, v in self._hints.items() if v[0] != pack}
         return PackMissingError(f"pack {pack} is missing from {self.location} (a gc or repack moved its "
                                 f"chunks, or the store is damaged): read again, or run `cdcstore check`")
 
@@ -379,6 +431,7 @@ class Repository(Backend):
                 put(item)
         else:
             list(runtime.pool("io", 8).map(put, todo.items()))
+        self._put_locations(list(dict(zip(names, manifests)).items()))
         return names
 
     def _get_named(self, name: str, object_name: str, what: str, missing: Exception) -> bytes:
@@ -394,7 +447,9 @@ class Repository(Backend):
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
         data = self._get_named(name, manifest_name(name), f"manifest {name}",
                                CorruptionError(f"manifest {name} is missing from {self.location}"))
-        return Manifest.decode(data, f"manifest {name}")
+        m = Manifest.decode(data, f"manifest {name}")
+        self.load_locations(name, m)
+        return m
 
     # -- repos, commits, refs ---------------------------------------------------------------------
     def repos(self) -> list[str]:
