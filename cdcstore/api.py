@@ -22,7 +22,7 @@ from .core import ids, tree
 from .core.address import DEFAULT_BRANCH, Address, check_name, check_ref_name, check_write_target, normalize_path, parse
 from .core.commit import Commit, FileEntry, tree_clashes
 from .core.manifest import Manifest
-from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNotFoundError
+from .core.errors import CdcError, CorruptionError, InvalidAddressError, MissingChunksError, PathNotFoundError
 from .engine.read import FileReader, LocalSeed
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
@@ -461,17 +461,28 @@ class Store:
         return self.commit_files(a.repo, a.ref, pairs, message, remove_under=under, options=options,
                                  progress=progress, remove_filter=keep)
 
-    def commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "", *,
-                     remove: Iterable[str] = (), remove_under: str | None = None,
-                     entries: dict[str, FileEntry] | None = None, options: IngestOptions | None = None,
-                     progress: Callable[[int], None] | None = None, parent: str | None = None,
-                     remove_filter: Callable[[str], bool] | None = None) -> TransferResult:
+    def commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "",
+                     **kw) -> TransferResult:
         """One commit on `branch` of `repo`: add (local file, path in repo) pairs and
         remove the paths in `remove` (each must exist); with `remove_under`, also
         remove every file under that prefix that is not being added. `entries` sets
         paths to stored files (manifests already in the store: a copy reads no data).
         Returns the landed commit (a rebased one if another writer moved the branch).
-        `parent` bases the change on that commit instead of the branch head."""
+        `parent` bases the change on that commit instead of the branch head.
+
+        A commit refused because a chunk this machine's index listed is gone from the store
+        (`MissingChunksError`: a gc elsewhere deleted its pack) is pushed again once: the
+        refusal made the index forget that pack, so the chunks are sent this time."""
+        try:
+            return self._commit_files(repo, branch, pairs, message, **kw)
+        except MissingChunksError:
+            return self._commit_files(repo, branch, pairs, message, **kw)
+
+    def _commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "", *,
+                      remove: Iterable[str] = (), remove_under: str | None = None,
+                      entries: dict[str, FileEntry] | None = None, options: IngestOptions | None = None,
+                      progress: Callable[[int], None] | None = None, parent: str | None = None,
+                      remove_filter: Callable[[str], bool] | None = None) -> TransferResult:
         t0, c0 = time.perf_counter(), self.counters()
         check_name("repo", repo)
         check_write_target(branch)

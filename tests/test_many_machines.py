@@ -318,3 +318,21 @@ def test_a_location_record_made_stale_by_a_repack_falls_back(bucket_url, tmp_pat
     assert sa.gc(grace=0)["repack_packs"] == 1
     fresh = Machine(bucket_url, tmp_path / "machine-new", monkeypatch).store()
     assert fresh.cat("cdc://ds/keep.bin") == keep  # the record names the old pack: found by listing
+
+
+def test_committing_a_file_whose_chunks_a_gc_deleted_is_a_clear_error(bucket_url, tmp_path, monkeypatch):
+    """`commit_entries` of an uploaded file whose only copy gc deleted meanwhile (on another
+    machine, older than the grace window): refused, naming the fix; the branch does not move."""
+    a = Machine(bucket_url, tmp_path / "machine-a", monkeypatch)
+    b = Machine(bucket_url, tmp_path / "machine-b", monkeypatch)
+    x = os.urandom(300_000)
+    sb = b.store()
+    entries = sb.upload([_file(tmp_path, "x.bin", x)], "cdc://ds/")
+    sb.push([_file(tmp_path, "y.bin", b"y" * 1000)], "cdc://ds/y.bin")
+    rb = b.repository()
+    m = rb.get_manifest(entries["x.bin"].manifest)
+    a.store().gc(grace=0)  # nothing names the upload yet: its pack and manifest go
+    rb.put_manifests([m])  # the manifest is back (as a retried upload would put it); its chunks are not
+    with pytest.raises(MissingChunksError, match="push again"):
+        sb.commit_entries("cdc://ds/", [entries])
+    assert sorted(e["name"] for e in b.store().ls("cdc://ds/")) == ["y.bin"]
