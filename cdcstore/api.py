@@ -242,8 +242,9 @@ class Store:
                  cache: ChunkCache | str | bool = True, **transport):
         path = location or default_store_path()
         self._cache = None
+        from .storage.cache import CachedBackend, open_cache
+
         if is_url(path):
-            from .storage.cache import CachedBackend, open_cache
             from .remote.client import RemoteStore
 
             remote = RemoteStore(path, token, **transport)
@@ -257,6 +258,10 @@ class Store:
                 create = location is None and not os.environ.get(ENV_STORE)
             if is_object_url(path):
                 self.backend = open_repository(path, create=bool(create))
+                c = open_cache(cache) if path.startswith("s3://") and cache is not False and cache is not None else None
+                if c is not None:  # a bucket read directly shares the machine's dedup cache, as a server's reads do
+                    self.backend = CachedBackend(self.backend, c, None)
+                    self._cache = c
             else:
                 if create and not os.path.exists(os.path.join(path, "cdcstore.json")):
                     LocalStore.init(path, exist_ok=True)

@@ -295,13 +295,16 @@ def test_a_new_machine_reads_a_file_without_listing_the_bucket(bucket_url, tmp_p
         files[i] = os.urandom(200_000 + i)
         writer.push([_file(tmp_path, f"f{i}.bin", files[i])], f"cdc://ds/f{i}.bin")
     fresh = Machine(bucket_url, tmp_path / f"reader-{pushes}", monkeypatch).store()
-    counting = _Counting(fresh.backend.objects)
-    fresh.backend.objects = counting
+    repo = fresh.backend.uncached()  # behind the machine's chunk cache
+    counting = _Counting(repo.objects)
+    repo.objects = counting
     assert fresh.cat("cdc://ds/f1.bin") == files[1]
     # resolving the branch lists refs (branches, tags); the file is one ranged read: no pack listing, no footer
     assert counting.calls["list"] <= 2 and counting.calls["get_range"] == 1, counting.calls
     assert sum(counting.calls.values()) <= 12, counting.calls
-    assert fresh.backend.index.totals()["packs"] == 0  # no pack footer was read
+    assert repo.index.totals()["packs"] == 0  # no pack footer was read
+    assert fresh.cat("cdc://ds/f1.bin") == files[1]  # again: from the machine's chunk cache
+    assert counting.calls["get_range"] == 1 and fresh.cache_counters()["cache_hits"] > 0
 
 
 def test_a_location_record_made_stale_by_a_repack_falls_back(bucket_url, tmp_path, monkeypatch):

@@ -659,10 +659,10 @@ class Server:
         """Locations of the chunks that `repo` reaches or the token uploaded: locate never
         reveals other repos' chunks."""
         found = self.store.locate(wanted)
-        keep = self.store.index.visible(found, [repo], scope.owner if scope else None)
+        keep = self.store.index.reached(found, [repo], scope.owner if scope else None)
         if len(keep) < len(found):  # maybe landed or uploaded through another replica
             self._refresh([repo], scope, packs=False)  # store.locate listed the packs on a miss already
-            keep = self.store.index.visible(found, [repo], scope.owner if scope else None)
+            keep = self.store.index.reached(found, [repo], scope.owner if scope else None)
         return {c: loc for c, loc in found.items() if c in keep}
 
     async def get_pack(self, request):
@@ -697,7 +697,7 @@ class Server:
 
     def _has_pack(self, name: str) -> bool:
         """Whether pack `name` is indexed, after a recovery on a miss (stored through another replica)."""
-        return self.store.index.has_pack(name) or (self.store.recover() > 0 and self.store.index.has_pack(name))
+        return self.store.knows_pack(name) or (self.store.recover() > 0 and self.store.index.has_pack(name))
 
     async def _object_range(self, name: str, start: int | None, stop: int | None):
         """One range of a pack kept in an object store (at most MAX_SCOPED_RANGE bytes)."""
@@ -715,11 +715,11 @@ class Server:
                             headers={"Content-Range": f"bytes {start}-{start + len(body) - 1}/*"})
 
     def _masked_range(self, repo: str, scope: Scope, name: str, start: int, stop: int) -> bytes:
-        entries = self.store.index.pack_chunks(name, start, stop)
-        keep = self._visible(scope, [e.chunk_id for e in entries], (repo,))
+        entries = self.store.pack_chunks(name, start, stop)
+        keep = self.store.index.reached([e.chunk_id for e in entries], [repo], scope.owner)
         if not keep and entries:  # maybe landed or uploaded through another replica
             self._refresh([repo], scope)
-            keep = self._visible(scope, [e.chunk_id for e in entries], (repo,))
+            keep = self.store.index.reached([e.chunk_id for e in entries], [repo], scope.owner)
         spans = [(max(e.offset, start), min(e.offset + e.stored_len, stop)) for e in entries if e.chunk_id in keep]
         if not spans:
             raise HTTPError(404, f"no chunk of repo {repo!r} in that range of pack {name}")

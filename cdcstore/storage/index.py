@@ -276,6 +276,21 @@ class ChunkIndex:
             found.update(row[0] for row in conn.execute(q, [*batch, *repos, owner or ""]))
         return found
 
+    def reached(self, chunk_ids: Iterable[bytes], repos: list[str], owner: str | None) -> set[bytes]:
+        """The subset of `chunk_ids` that one of `repos` reaches or token `owner` uploaded,
+        whether or not this index knows where they are (located from a location record)."""
+        ids = list(dict.fromkeys(chunk_ids))
+        found: set[bytes] = set()
+        conn = self.conn
+        step = max(1, _BATCH - len(repos) - 1)
+        for i in range(0, len(ids), step):
+            batch = ids[i:i + step]
+            marks = ",".join("?" * len(batch))
+            q = (f"SELECT id FROM repo_chunks WHERE id IN ({marks}) AND repo IN ({','.join('?' * len(repos)) or 'NULL'})"
+                 f" UNION SELECT id FROM token_chunks WHERE id IN ({marks}) AND owner = ?")
+            found.update(row[0] for row in conn.execute(q, [*batch, *repos, *batch, owner or ""]))
+        return found
+
     def pack_chunks(self, pack: str, start: int, end: int) -> list[PackEntry]:
         """Indexed chunks of `pack` whose bytes overlap [start, end)."""
         rows = self.conn.execute(

@@ -162,6 +162,7 @@ class Repository(Backend):
         self._granted: dict[str, set[str]] = {}  # repo -> commits whose whole history's reach is recorded
         self._token_grants: dict[str, set[str]] = {}  # owner -> grant objects this process read
         self._hints: dict[bytes, tuple[str, PackEntry]] = {}  # chunk locations from location records
+        self._hint_packs: set[str] = set()  # the packs they name
         self._shared = not objects.capabilities.local_path  # a bucket: other machines write it too
 
     @classmethod
@@ -353,8 +354,22 @@ class Repository(Backend):
         except (NotFound, CorruptionError):
             return
         if len(self._hints) > HINTS_MAX:
-            self._hints = {}
+            self._hints, self._hint_packs = {}, set()
         self._hints.update(found)
+        self._hint_packs.update(p for p, _ in found.values())
+
+    def knows_pack(self, name: str) -> bool:
+        """Whether the index or a location record read names pack `name` (no listing)."""
+        return name in self._hint_packs or self.index.has_pack(name)
+
+    def pack_chunks(self, pack: str, start: int, end: int) -> list[PackEntry]:
+        """Known chunks of `pack` whose bytes overlap [start, end) (index rows and location records)."""
+        out = {e.chunk_id: e for e in self.index.pack_chunks(pack, start, end)}
+        if pack in self._hint_packs:
+            for p, e in list(self._hints.values()):
+                if p == pack and e.offset < end and e.offset + e.stored_len > start:
+                    out.setdefault(e.chunk_id, e)
+        return sorted(out.values(), key=lambda e: e.offset)
 
     def _put_locations(self, manifests: list[tuple[str, Manifest]]) -> None:
         """Write each manifest's location record (a bucket store, all chunks located)."""
@@ -396,8 +411,9 @@ class Repository(Backend):
         re-reads the listing on a miss) finds them where they are now."""
         with contextlib.suppress(CdcError):
             self.index.drop_pack(pack)
-        if self._hints:
+        if pack in self._hint_packs:
             self._hints = {c: v for c, v in self._hints.items() if v[0] != pack}
+            self._hint_packs.discard(pack)
         return PackMissingError(f"pack {pack} is missing from {self.location} (a gc or repack moved its "
                                 f"chunks, or the store is damaged): read again, or run `cdcstore check`")
 
