@@ -750,14 +750,20 @@ class Server:
         except Exception as e:  # a full or read-only disk: serve anyway, try again next round
             log.error("maintenance failed: %s: %s", type(e).__name__, e)
 
-    async def _maintenance_loop(self) -> None:
+    async def _maintenance_loop(self, now: bool = False) -> None:
         while True:
-            await asyncio.sleep(self.config.maintenance_interval)
+            if not now:
+                await asyncio.sleep(self.config.maintenance_interval)
+            now = False
             await self._maintain_once()
 
     async def on_startup(self, app: web.Application) -> None:
-        await self._maintain_once()  # before the first request is served
-        self._maintenance = asyncio.ensure_future(self._maintenance_loop())
+        bucket = not self.store.objects.capabilities.local_path
+        if not bucket:
+            await self._maintain_once()  # a directory: before the first request is served
+        # a bucket: a replica answers at once (reads go by location records, pushes sync at their
+        # session); the listing of every pack runs in the background
+        self._maintenance = asyncio.ensure_future(self._maintenance_loop(now=bucket))
 
     async def on_cleanup(self, app: web.Application) -> None:
         if self._maintenance is not None:
