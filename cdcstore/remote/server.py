@@ -646,6 +646,8 @@ class Server:
         landed through another replica)."""
         if self.store.index.reaches(repo, "manifest", name):
             return True
+        if self.store.grant_if_headed(repo, name):  # a file of a branch or tag: no walk of the history
+            return True
         self.store.refresh_grants(repo)  # 0 when a request that ran first granted it: ask the index again
         return self.store.index.reaches(repo, "manifest", name)
 

@@ -701,6 +701,21 @@ class Repository(Backend):
                 granted += len(walked)
         return granted
 
+    def grant_if_headed(self, repo: str, manifest: str) -> bool:
+        """Grant `repo` one manifest (and its chunks) if a commit a branch or tag of `repo`
+        names now has it: what a first read of a current file needs, at the cost of the refs
+        and their commits, not of the whole history (`refresh_grants`)."""
+        check_name("repo", repo)
+        if not self.has_repo(repo):
+            return False
+        for head in set(self.refs(repo).values()):
+            commit = self.get_commit(repo, head)
+            if any(f.manifest == manifest for f in commit.files.values()):
+                self.index.grant(repo, "manifest", [manifest])
+                self.index.grant_chunks("repo_chunks", repo, self.get_manifest(manifest).chunk_ids)
+                return True
+        return False
+
     def record_token_grant(self, owner: str, chunk_ids: Iterable[bytes]) -> None:
         """Record that token `owner` (a hash of the token) may use these chunks, locally and
         in a content-named object `grants/<owner>/<xxh3 of the ids>` that every replica can
