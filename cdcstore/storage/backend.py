@@ -50,6 +50,12 @@ class Backend(abc.ABC):
     location: str
     capabilities: BackendCapabilities = BackendCapabilities()
 
+    @property
+    def identity(self) -> str:
+        """What tells this store from any other a machine reaches (caches are keyed by it):
+        the location, with the endpoint for a bucket."""
+        return self.location
+
     def counters(self) -> dict:
         """Requests and bytes on the wire so far (zeros unless `counts_requests`)."""
         return dict(ZERO_COUNTERS)

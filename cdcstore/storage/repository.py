@@ -176,6 +176,10 @@ class Repository(Backend):
                 raise FileExistsError(f"a store already exists at {location or objects.url}") from None
         return cls(objects, index_path, location)
 
+    @property
+    def identity(self) -> str:
+        return self.objects.identity
+
     def store_id(self) -> str:
         """The store's random identity (object `store-id`, made once by the first machine that
         needs it): a bucket deleted and made again, or another service's bucket of the same
