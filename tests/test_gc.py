@@ -232,3 +232,44 @@ def test_an_upload_holds_a_push_session_while_it_deduplicates(store, tmp_path):
                  progress=lambda n: seen.append(len(os.listdir(os.path.join(store.location, "sessions")))))
     assert seen and max(seen) == 1
     assert os.listdir(os.path.join(store.location, "sessions")) == []
+
+
+KILLED_GC = """
+import sys, time
+from cdcstore.storage import maintenance
+from cdcstore.storage.repository import LocalStore
+def stuck(*a, **kw):
+    print("marker written", flush=True)
+    time.sleep(600)
+maintenance.plan = stuck  # gc has written its marker and counted sessions: it hangs in its mark
+maintenance.gc(LocalStore(sys.argv[1]), grace=0)
+"""
+
+
+def test_a_gc_killed_mid_run_holds_no_push_off(store, tmp_path):
+    """A SIGKILLed gc leaves its `gc/` marker; pushes waited on it (600 s, then BusyError; the
+    marker counted as running for 6 h). Its process is gone: the marker is removed and the push
+    goes on. A marker of a live gc, or an old empty one, still holds a push."""
+    import signal
+
+    from cdcstore.core.errors import BusyError
+
+    p = subprocess.Popen([sys.executable, "-c", KILLED_GC, store.location], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    assert p.stdout.readline().strip() == "marker written"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    markers = os.path.join(store.location, "gc")
+    assert len(os.listdir(markers)) == 1
+    repo = LocalStore(store.location)
+    with PushSession(repo, timeout=5):
+        assert os.listdir(markers) == []
+    r = store.push(_file(tmp_path / "d", "x.bin", b"after the killed gc"), "cdc://ds/x.bin")
+    assert store.cat("cdc://ds/x.bin") == b"after the killed gc" and r.commit
+    live = json.dumps({"host": __import__("socket").gethostname(), "pid": os.getpid()}).encode()
+    for name, body in (("gc/1-live", live), ("gc/2-old-format", b"")):
+        repo.objects.put(name, body)
+        with pytest.raises(BusyError):
+            with PushSession(repo, timeout=0.3):
+                pass
+        repo.objects.delete(name)

@@ -19,7 +19,7 @@ reported, not run). A push lists `gc/` after writing its session and waits while
 write before they read, so at least one of the two sees the other. A session older than both the
 grace window and 6 hours belongs to a push that died and is ignored (a running push's heartbeat
 touches its marker hourly), and so does one whose process on this host is gone; so is a gc marker
-older than 6 hours (a killed gc). A server keeps a session for each client's push (`remote/admin.py`);
+older than 6 hours or whose process on this host is gone (a killed gc). A server keeps a session for each client's push (`remote/admin.py`);
 the grace window (with a floor on a server) also spares what clients that open no session upload.
 """
 from __future__ import annotations
@@ -188,7 +188,7 @@ def open_sessions(repo: Repository, grace: float, now: float | None = None) -> i
 
 
 def _dead_here(repo: Repository, name: str) -> bool:
-    """Whether a session marker names a process of this host that is gone."""
+    """Whether a session or gc marker names a process of this host that is gone."""
     try:
         doc = json.loads(bytes(repo.objects.get(name)))
         host, pid = doc["host"], doc["pid"]
@@ -222,8 +222,9 @@ def gc(repo: Repository, grace: float = DEFAULT_GRACE, dry_run: bool = False,
         raise InvalidAddressError(f"max_unused is the dead bytes left in packs as a share of the live ones, "
                                   f"0 or more (0.1 = 10%), or None to never repack for it; not {max_unused!r}")
     marker = f"{GC_MARKERS}{int(time.time())}-{secrets.token_hex(6)}"
-    if not dry_run:
-        repo.objects.put(marker, b"", exist_ok=True)
+    if not dry_run:  # who runs it: a push ignores the marker of a gc whose process on this host is gone
+        owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        repo.objects.put(marker, json.dumps(owner).encode(), exist_ok=True)
     try:
         # sessions are counted before the mark: a push that ends after this count landed its commit
         # before the mark sees it, and a push that starts after it sees our marker and waits
@@ -318,8 +319,20 @@ class PushSession:
         self.repo.objects.touch(self.name)
 
     def _gc_running(self) -> bool:
+        """Whether a gc runs: a marker younger than GC_STALE whose process is not known to be
+        gone. The marker of a gc killed on this host (its pid no longer runs) is removed, as
+        a killed push's session is: a SIGKILLed gc holds no push off for hours."""
         now = time.time()
-        return any(i.mtime is None or now - i.mtime < GC_STALE for i in self.repo.objects.list(GC_MARKERS))
+        running = False
+        for info in self.repo.objects.list(GC_MARKERS):
+            if info.mtime is not None and now - info.mtime >= GC_STALE:
+                continue
+            if _dead_here(self.repo, info.name):
+                with contextlib.suppress(StorageError, OSError):
+                    self.repo.objects.delete(info.name)
+                continue
+            running = True
+        return running
 
     def __exit__(self, *exc) -> None:
         if self._stop is not None:
