@@ -24,7 +24,7 @@ def _sample(names: list[str], fraction: float) -> set[str]:
     if fraction <= 0 or not names:
         return set()
     k = max(1, round(len(names) * min(fraction, 1.0)))
-    return set(sorted(names, key=lambda n: ids.hexdigest(n.encode()))[:k])
+    return set(sorted(names, key=lambda n: ids.weak_hexdigest(n.encode()))[:k])
 
 
 def rebuild_index(store: Repository) -> dict:

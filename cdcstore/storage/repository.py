@@ -4,13 +4,16 @@ One layer owns every format on top of `objects.ObjectStore` (a directory, a buck
 memory). Object names (store format v1, docs/format.md):
 
     cdcstore.json                          {"format": "cdcstore", "version": 1}
-    packs/ab/<name>.pack                   immutable, named by xxh3-128 of their bytes
+    packs/ab/<name>.pack                   immutable, named by BLAKE3-256 of their bytes
     manifests/ab/<name>                    file manifests, named likewise
-    repos/<repo>/commits/<id>.json         commits, named by xxh3-128 of their JSON
+    repos/<repo>/commits/<id>.json         commits, named by BLAKE3-256 of their JSON
     repos/<repo>/branches/<branch>         the commit id a branch points at
     repos/<repo>/tags/<tag>                the commit id a tag names (never rewritten)
     repos/<repo>/applied/<id>.<landed>     a rebased commit's copy (empty; see update_branch)
-    grants/<owner>/<xxh3>                  chunk ids a server token uploaded (record_token_grant)
+    grants/<owner>/<hash>                  chunk ids a server token uploaded (record_token_grant)
+
+Names made by format v1 (xxh3-128: 32 hex digits; chunk ids of 16 bytes) stay readable:
+the length of a name says which hash checks it (`ids.matches`).
     server/nonce-key                       the key of proof nonces, shared by replicas (nonce_key)
 
 Beside them, on local disk only, the chunk index (`index.ChunkIndex`, a rebuildable
@@ -40,7 +43,7 @@ from ..core.commit import Commit, changes, rebase_files, touched
 from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, NotAStoreError,
                            PackMissingError, PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
                            StoreFormatError)
-from ..core.manifest import Manifest
+from ..core.manifest import LEGACY_MANIFEST_VERSION, Manifest
 from ..core.pack import PackEntry, decode_chunk, first_mismatch, read_index, read_verified
 from ..core.ranges import plan_ranges, slices
 from .backend import Backend, BackendCapabilities
@@ -247,8 +250,9 @@ class Repository(Backend):
             return added
 
     def pack_hash(self, name: str) -> str:
-        """The xxh3-128 of a pack's bytes, read in 4 MiB ranges (its name, if undamaged)."""
-        h = ids.hasher()
+        """The hash of a pack's bytes of the kind its name says (BLAKE3, or xxh3-128 for a
+        v1 pack), read in 4 MiB ranges: its name, if undamaged."""
+        h = ids.hasher_for(name)
         offset = 0
         while block := self.objects.get_range(pack_name(name), offset, 4 << 20):
             h.update(block)
@@ -335,7 +339,8 @@ class Repository(Backend):
         """Store many manifests durably (written once each; on a few threads, as each put
         waits on a disk or a network, not on the GIL)."""
         encoded = [m.encode() for m in manifests]
-        names = [ids.hexdigest(d) for d in encoded]
+        names = [ids.legacy_hexdigest(d) if m.version == LEGACY_MANIFEST_VERSION else ids.hexdigest(d)
+                 for m, d in zip(manifests, encoded)]
         todo = dict(zip(names, encoded))
 
         def put(item):  # one stored before is made young again: gc's grace window covers it anew
@@ -355,7 +360,7 @@ class Repository(Backend):
             data = bytes(self.objects.get(object_name))
         except NotFound:
             raise missing from None
-        if ids.hexdigest(data) != name:
+        if not ids.matches(data, name):
             raise CorruptionError(f"{what} does not match its name (damaged)")
         return data
 
@@ -385,13 +390,13 @@ class Repository(Backend):
     def put_commit(self, commit: Commit) -> str:
         check_name("repo", commit.repo)
         data = commit.encode()
-        cid = ids.hexdigest(data)
+        cid = ids.hexdigest(data)  # BLAKE3: a new commit gets a 64-hex name
         self.objects.put(commit_name(commit.repo, cid), data, exist_ok=True)
         return cid
 
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         check_name("repo", repo)
-        if not is_commit_like(commit_id) or len(commit_id) != 32:
+        if not ids.is_hex_id(commit_id):
             raise RevisionNotFoundError(f"no commit {commit_id!r} in repo {repo!r}")
         try:
             data = self._get_named(commit_id, commit_name(repo, commit_id), f"commit {commit_id} in repo {repo!r}",
@@ -566,14 +571,17 @@ class Repository(Backend):
 
     def record_token_grant(self, owner: str, chunk_ids: Iterable[bytes]) -> None:
         """Record that token `owner` (a hash of the token) may use these chunks, locally and
-        in a content-named object `grants/<owner>/<xxh3 of the ids>` that every replica can
+        in a content-named object `grants/<owner>/<hash of the ids>` that every replica can
         read (written before the upload or proof is acknowledged)."""
-        body = b"".join(sorted(set(chunk_ids)))
-        if not body:
+        wanted = sorted(set(chunk_ids))
+        if not wanted:
             return
+        if any(len(c) != ids.ID_BYTES for c in wanted):  # a grant's name says its ids' width
+            raise ValueError(f"token grants hold {ids.ID_BYTES}-byte chunk ids only")
+        body = b"".join(wanted)
         check_name("owner", owner)
         self.objects.put(f"grants/{owner}/{ids.hexdigest(body)}", body, exist_ok=True)
-        self.index.grant_chunks("token_chunks", owner, [body[i:i + 16] for i in range(0, len(body), 16)])
+        self.index.grant_chunks("token_chunks", owner, wanted)
 
     def refresh_token_grants(self, owner: str) -> int:
         """Import the grant objects of token `owner` that this process has not read yet
@@ -587,9 +595,11 @@ class Repository(Backend):
                     continue
                 with _suppress_not_found():
                     body = bytes(self.objects.get(info.name))
-                    if ids.hexdigest(body) == info.name.rsplit("/", 1)[-1] and len(body) % 16 == 0:
+                    name = info.name.rsplit("/", 1)[-1]
+                    width = ids.LEGACY_ID_BYTES if ids.is_legacy(name) else ids.ID_BYTES  # v1 grants: 16
+                    if ids.is_hex_id(name) and ids.matches(body, name) and len(body) % width == 0:
                         self.index.grant_chunks("token_chunks", owner,
-                                                [body[i:i + 16] for i in range(0, len(body), 16)])
+                                                [body[i:i + width] for i in range(0, len(body), width)])
                         added += 1
                 seen.add(info.name)
         return added
