@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 import zstandard
@@ -55,7 +55,9 @@ class PackEntry:
     stored_len: int
     raw_len: int
     codec: int
-    check: int | None = None  # xxh3-64 of the raw chunk (pack v2); None in v1 packs and where unknown
+    # xxh3-64 of the raw chunk (pack v2); None in v1 packs and where not carried (index rows,
+    # wire locations): not part of an entry's identity
+    check: int | None = field(default=None, compare=False)
 
 
 _local = threading.local()

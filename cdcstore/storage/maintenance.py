@@ -134,7 +134,7 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
     packs, repack, kept = [], [], []
     for info in repo.objects.list("packs/"):
         base = info.name.rsplit("/", 1)[-1]
-        if not (base.endswith(".pack") and len(base) == 37):
+        if not (base.endswith(".pack") and ids.is_hex_id(base[:-5])):
             continue
         name = base[:-5]
         live = sorted(live_in.get(name, []), key=lambda e: e.offset)

@@ -202,7 +202,7 @@ class Repository(Backend):
         out = {}
         for info in self.objects.list("packs/"):
             base = info.name.rsplit("/", 1)[-1]
-            if base.endswith(".pack") and len(base) == 37:
+            if base.endswith(".pack") and ids.is_hex_id(base[:-5]):  # v2 (64 hex) or v1 (32)
                 out[base[:-5]] = info.size
         return out
 
