@@ -157,7 +157,7 @@ def put_file(b: Backend, data: bytes, parts: int = 3) -> tuple[str, Manifest]:
     step = -(-len(data) // parts)
     chunks = [data[i:i + step] for i in range(0, len(data), step)]
     put_pack(b, chunks)
-    m = Manifest([ids.digest(c) for c in chunks], [len(c) for c in chunks], len(data), ids.digest(data))
+    m = Manifest([ids.digest(c) for c in chunks], [len(c) for c in chunks], len(data), ids.legacy_digest(data))
     name = b.put_manifests([m])[0]
     SIZES[name] = m.size
     return name, m
