@@ -286,9 +286,10 @@ def read_index(f: BinaryIO, size: int, name: str = "pack") -> list[PackEntry]:
 
 
 def pack_version(f: BinaryIO) -> int:
-    """The format version in a pack's header (after `read_index` has checked it)."""
+    """The format version in a pack's header, unchecked (0 if it is too short for one)."""
     f.seek(0)
-    return HEADER.unpack(f.read(HEADER.size))[1]
+    head = f.read(HEADER.size)
+    return HEADER.unpack(head)[1] if len(head) == HEADER.size else 0
 
 
 def read_verified(f: BinaryIO, size: int, name: str = "pack") -> list[PackEntry]:

@@ -486,9 +486,9 @@ class Server:
         in that order, a pack that a retry finds stored (HEAD, after a replica died mid-PUT)
         was granted to its uploader already."""
         with open(tmp, "rb") as f:
+            if (version := pack_version(f)) != PACK_VERSION:  # v1 ids are xxh3 ones, which can be collided
+                raise HTTPError(400, f"uploaded pack {name} is format v{version}: {ids.LEGACY_REFUSED}")
             entries = read_verified(f, os.fstat(f.fileno()).st_size, f"uploaded pack {name}")  # BLAKE3 each chunk
-            if pack_version(f) != PACK_VERSION:  # its ids could be xxh3 ones, which can be collided
-                raise HTTPError(400, f"uploaded pack {name} is format v{pack_version(f)}: {ids.LEGACY_REFUSED}")
         if scope is not None:
             self._record_upload(scope, name, entries)
         self.store.add_pack(tmp, name, entries)
