@@ -98,7 +98,7 @@ def test_checksum_catches_damage_and_id_catches_a_forged_checksum():
     cid, check = ids.digest(raw), ids.checksum(raw)
     bad = bytearray(raw)
     bad[100] ^= 1
-    with pytest.raises(CorruptionError, match="checksum"):
+    with pytest.raises(CorruptionError, match="checksum differs"):
         decode_checked(bytes(bad), CODEC_RAW, len(raw), cid, check)
     assert decode_checked(raw, CODEC_RAW, len(raw), cid, check) == raw
     with pytest.raises(CorruptionError, match="does not match"):  # untrusted bytes: id AND checksum

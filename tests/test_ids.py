@@ -162,3 +162,30 @@ def test_a_v1_store_served_reads_through_the_client(tmp_path):
             assert s.cat("cdc://new/a.bin") == files["a.bin"]
     finally:
         srv.stop()
+
+
+def test_local_reads_check_pack_checksums_not_blake3(store, tmp_path, monkeypatch):
+    """A store's reads of its own v2 packs check each chunk's xxh3-64 checksum (the index keeps
+    it): no BLAKE3 on the local read path, and damage is still caught."""
+    data = os.urandom(3_000_000)  # incompressible: raw chunks, read straight into the result
+    (tmp_path / "f.bin").write_bytes(data)
+    store.push([str(tmp_path / "f.bin")], "cdc://r/f.bin")
+    repo = LocalStore(store.location)
+    rows = repo.index.rows()
+    assert rows and all(e.check is not None for _, e in rows.values())
+    with Store(store.location) as s:
+        hashed = []
+        real = ids.digest
+        with monkeypatch.context() as m:
+            m.setattr(ids, "digest", lambda b: hashed.append(len(b)) or real(b))
+            assert s.cat("cdc://r/f.bin") == data
+        assert sum(hashed) < 10_000  # the commit and the manifest only: no chunk was BLAKE3-hashed
+    pack, e = next(iter(rows.values()))
+    with open(repo.pack_path(pack), "r+b") as f:
+        f.seek(e.offset + 10)
+        b = f.read(1)
+        f.seek(e.offset + 10)
+        f.write(bytes([b[0] ^ 1]))
+    from cdcstore import CorruptionError
+    with Store(store.location) as s, pytest.raises(CorruptionError, match="checksum differs"):
+        s.cat("cdc://r/f.bin")

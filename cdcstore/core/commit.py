@@ -42,7 +42,8 @@ class Commit:
         """Check every field; raises ValueError naming the first bad one."""
         check_name("repo", self.repo)
         if self.parent is not None and not (isinstance(self.parent, str) and ids.is_hex_id(self.parent)):
-            raise ValueError(f"parent {self.parent!r} is not a commit id (64 lowercase hex digits, 32 for format v1) or null")
+            raise ValueError(f"parent {self.parent!r} is not a commit id (64 lowercase hex digits, "
+                             f"32 for format v1) or null")
         if not isinstance(self.message, str) or len(self.message) > MAX_MESSAGE:
             raise ValueError(f"message must be a string of at most {MAX_MESSAGE} characters")
         if (not isinstance(self.time, (int, float)) or isinstance(self.time, bool)

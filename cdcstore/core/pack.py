@@ -166,7 +166,7 @@ def decode_checked(stored, codec: int, raw_len: int, chunk_id: bytes, check: int
         return decode_chunk(stored, codec, raw_len, chunk_id)
     raw = _unpack(stored, codec, raw_len, chunk_id)
     if ids.checksum(raw) != check:
-        raise CorruptionError(f"chunk {chunk_id.hex()} does not match its checksum")
+        raise CorruptionError(f"chunk {chunk_id.hex()} does not match its id (its checksum differs)")
     return raw
 
 

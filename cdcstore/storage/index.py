@@ -13,7 +13,7 @@ from ..core.errors import CdcError, CorruptionError, damaged_message
 from ..core.pack import PackEntry
 from .sqlite import Connections
 
-SCHEMA_VERSION = 2  # 2: repo_chunks, token_chunks, chunks_by_pack
+SCHEMA_VERSION = 2  # 2: repo_chunks, token_chunks, chunks_by_pack (and chunks.xsum, added in place)
 _BATCH = 500  # ids per IN (...) query, below sqlite's variable limit
 _PRESENT_BATCH = 8192  # ids per presence query where sqlite allows that many variables (3.32+)
 
@@ -24,6 +24,15 @@ def _present_batch(conn: sqlite3.Connection) -> int:
     except AttributeError:  # Python < 3.11: no getlimit
         return _BATCH
 
+
+
+def _xsum(check: int | None) -> int | None:
+    """A u64 checksum as sqlite's signed 64-bit INTEGER."""
+    return None if check is None else check - (1 << 64) if check >= 1 << 63 else check
+
+
+def _check(xsum: int | None) -> int | None:
+    return None if xsum is None else xsum & ((1 << 64) - 1)
 
 class ChunkIndex:
     def __init__(self, path: str):
@@ -50,6 +59,18 @@ class ChunkIndex:
         if not self._has_schema():
             self._create_schema()
         self._ensure_reach_tables()
+        self._ensure_checksums()
+
+    def _ensure_checksums(self) -> None:
+        """`chunks.xsum`: a v2 pack entry's xxh3-64 checksum (NULL for v1 chunks, and for rows
+        indexed before the column existed), so a local read checks damage without BLAKE3."""
+        conn = self.conn
+        if any(r[1] == "xsum" for r in conn.execute("PRAGMA table_info(chunks)")):
+            return
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            if not any(r[1] == "xsum" for r in conn.execute("PRAGMA table_info(chunks)")):
+                conn.execute("ALTER TABLE chunks ADD COLUMN xsum INTEGER")
 
     def _ensure_reach_tables(self) -> None:
         """Chunk-level reach (schema 2): which chunks each repo's landed commits name, and
@@ -83,7 +104,7 @@ class ChunkIndex:
                 db["packs"].create({"name": str, "size": int, "chunks": int}, pk="name")
                 db.execute(
                     "CREATE TABLE chunks (id BLOB PRIMARY KEY, pack TEXT NOT NULL, offset INTEGER NOT NULL,"
-                    " stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL, codec INTEGER NOT NULL)"
+                    " stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL, codec INTEGER NOT NULL, xsum INTEGER)"
                     " WITHOUT ROWID"
                 )
                 db["meta"].create({"key": str, "value": str}, pk="key")
@@ -111,10 +132,10 @@ class ChunkIndex:
         conn = self.conn
         for i in range(0, len(ids), _BATCH):
             batch = ids[i:i + _BATCH]
-            q = ("SELECT id, pack, offset, stored_len, raw_len, codec FROM chunks"
+            q = ("SELECT id, pack, offset, stored_len, raw_len, codec, xsum FROM chunks"
                  f" WHERE id IN ({','.join('?' * len(batch))})")
-            for cid, pack, off, slen, rlen, codec in conn.execute(q, batch):
-                out[cid] = (pack, PackEntry(cid, off, slen, rlen, codec))
+            for cid, pack, off, slen, rlen, codec, xsum in conn.execute(q, batch):
+                out[cid] = (pack, PackEntry(cid, off, slen, rlen, codec, _check(xsum)))
         return out
 
     def add_pack(self, name: str, size: int, entries: list[PackEntry]) -> None:
@@ -125,15 +146,16 @@ class ChunkIndex:
             conn.execute("INSERT OR IGNORE INTO packs (name, size, chunks) VALUES (?, ?, ?)",
                          (name, size, len(entries)))
             conn.executemany(
-                "INSERT OR IGNORE INTO chunks (id, pack, offset, stored_len, raw_len, codec)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries],
+                "INSERT OR IGNORE INTO chunks (id, pack, offset, stored_len, raw_len, codec, xsum)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec, _xsum(e.check)) for e in entries],
             )
 
     def rows(self) -> dict[bytes, tuple[str, PackEntry]]:
         """Every chunk row: id -> (pack, entry)."""
-        return {cid: (pack, PackEntry(cid, off, slen, rlen, codec)) for cid, pack, off, slen, rlen, codec
-                in self.conn.execute("SELECT id, pack, offset, stored_len, raw_len, codec FROM chunks")}
+        return {cid: (pack, PackEntry(cid, off, slen, rlen, codec, _check(xsum)))
+                for cid, pack, off, slen, rlen, codec, xsum
+                in self.conn.execute("SELECT id, pack, offset, stored_len, raw_len, codec, xsum FROM chunks")}
 
     def drop_chunks(self, pack: str, chunk_ids: Iterable[bytes]) -> None:
         """Forget these chunks' rows in `pack` (a stored copy that failed verification
@@ -153,8 +175,9 @@ class ChunkIndex:
             conn.execute("DELETE FROM packs WHERE name=?", (old,))
             conn.execute("INSERT OR IGNORE INTO packs (name, size, chunks) VALUES (?, ?, ?)", (new, size, len(entries)))
             conn.executemany(
-                "INSERT OR REPLACE INTO chunks (id, pack, offset, stored_len, raw_len, codec) VALUES (?, ?, ?, ?, ?, ?)",
-                [(e.chunk_id, new, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries])
+                "INSERT OR REPLACE INTO chunks (id, pack, offset, stored_len, raw_len, codec, xsum)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(e.chunk_id, new, e.offset, e.stored_len, e.raw_len, e.codec, _xsum(e.check)) for e in entries])
 
     def drop_pack(self, pack: str) -> None:
         """Forget a pack and every chunk row in it (gc, before the pack is deleted)."""
@@ -200,9 +223,9 @@ class ChunkIndex:
     def pack_chunks(self, pack: str, start: int, end: int) -> list[PackEntry]:
         """Indexed chunks of `pack` whose bytes overlap [start, end)."""
         rows = self.conn.execute(
-            "SELECT id, offset, stored_len, raw_len, codec FROM chunks WHERE pack = ? AND offset < ?"
+            "SELECT id, offset, stored_len, raw_len, codec, xsum FROM chunks WHERE pack = ? AND offset < ?"
             " AND offset >= ? ORDER BY offset", (pack, end, start - (1 << 25))).fetchall()  # chunks < 32 MiB stored
-        return [PackEntry(*r) for r in rows if r[1] + r[2] > start]
+        return [PackEntry(*r[:5], _check(r[5])) for r in rows if r[1] + r[2] > start]
 
     def reach_totals(self, repos: list[str]) -> dict:
         """Chunk totals over what `repos` reach (a scoped token's view of the store)."""
@@ -236,8 +259,9 @@ class ChunkIndex:
             conn.executemany("INSERT OR IGNORE INTO packs (name, size, chunks) VALUES (?, ?, ?)",
                              [(n, size, len(entries)) for n, size, entries in packs])
             conn.executemany(
-                "INSERT OR IGNORE INTO chunks (id, pack, offset, stored_len, raw_len, codec) VALUES (?, ?, ?, ?, ?, ?)",
-                [(e.chunk_id, n, e.offset, e.stored_len, e.raw_len, e.codec) for n, _, entries in packs
+                "INSERT OR IGNORE INTO chunks (id, pack, offset, stored_len, raw_len, codec, xsum)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(e.chunk_id, n, e.offset, e.stored_len, e.raw_len, e.codec, _xsum(e.check)) for n, _, entries in packs
                  for e in entries])
             conn.executemany("INSERT OR IGNORE INTO repo_objects (repo, kind, name) VALUES (?, ?, ?)", grants)
 

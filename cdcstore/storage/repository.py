@@ -11,10 +11,10 @@ memory). Object names (store format v1, docs/format.md):
     repos/<repo>/tags/<tag>                the commit id a tag names (never rewritten)
     repos/<repo>/applied/<id>.<landed>     a rebased commit's copy (empty; see update_branch)
     grants/<owner>/<hash>                  chunk ids a server token uploaded (record_token_grant)
+    server/nonce-key                       the key of proof nonces, shared by replicas (nonce_key)
 
 Names made by format v1 (xxh3-128: 32 hex digits; chunk ids of 16 bytes) stay readable:
 the length of a name says which hash checks it (`ids.matches`).
-    server/nonce-key                       the key of proof nonces, shared by replicas (nonce_key)
 
 Beside them, on local disk only, the chunk index (`index.ChunkIndex`, a rebuildable
 cache: in the store's directory for a local store, under the user cache dir for a
@@ -44,7 +44,7 @@ from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddr
                            PackMissingError, PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
                            StoreFormatError)
 from ..core.manifest import LEGACY_MANIFEST_VERSION, Manifest
-from ..core.pack import PackEntry, decode_chunk, first_mismatch, read_index, read_verified
+from ..core.pack import PackEntry, decode_checked, first_mismatch, read_index, read_verified
 from ..core.ranges import plan_ranges, slices
 from .backend import Backend, BackendCapabilities
 from .index import ChunkIndex
@@ -316,7 +316,7 @@ class Repository(Backend):
         for r in plan_ranges(items, max_hole=0, max_range=self._run):
             for e, stored_bytes in slices(r, self.read_stored(r.pack, r.start, r.end - r.start)):
                 try:
-                    out[e.chunk_id] = decode_chunk(stored_bytes, e.codec, e.raw_len, e.chunk_id)
+                    out[e.chunk_id] = decode_checked(stored_bytes, e.codec, e.raw_len, e.chunk_id, e.check)
                 except CorruptionError as err:
                     raise self._damaged(r.pack, e.chunk_id, err) from None
         return out
@@ -670,7 +670,7 @@ class Repository(Backend):
         prefix = f"repos/{repo}/applied/{original}"
         for info in self.objects.list(prefix):
             rest = info.name[len(prefix):]
-            if rest.startswith(".") and len(rest) == 33:
+            if rest.startswith(".") and ids.is_hex_id(rest[1:]):
                 out.add(rest[1:])
             elif rest == "":  # written by cdcstore before rebases were lock-free: holds the id
                 with _suppress_not_found():
@@ -808,9 +808,11 @@ class LocalStore(Repository):
         return memoryview(data)
 
     def read_run_into(self, pack: str, offset: int, out: memoryview, chunk_ids: list[bytes],
-                      lengths: list[int]) -> None:
+                      lengths: list[int], checks: list | None = None) -> None:
         """Raw chunks that sit back to back in a pack from `offset`, read straight into
-        `out` (one copy, from the page cache) and each verified there against its id."""
+        `out` (one copy, from the page cache) and each checked there: against its pack
+        entry's xxh3-64 checksum when `checks` gives them (this store's own pack, whose ids
+        were verified when it was written or received), else against its id."""
         fd, got = self._fd(pack), 0
         while got < len(out):  # preadv may return less than asked before the end
             n = os.preadv(fd, [out[got:]], offset + got)
@@ -818,9 +820,10 @@ class LocalStore(Repository):
                 raise CorruptionError(f"pack {pack} is truncated: wanted {len(out)} bytes at {offset}, "
                                       f"got {got}; run `cdcstore check`")
             got += n
-        bad = first_mismatch(out, chunk_ids, lengths)
+        bad = first_mismatch(out, chunk_ids, lengths, checks)
         if bad >= 0:
-            raise self._damaged(pack, chunk_ids[bad], f"chunk {chunk_ids[bad].hex()} does not match its id")
+            raise self._damaged(pack, chunk_ids[bad], f"chunk {chunk_ids[bad].hex()} does not match its id"
+                                                      f"{' (its checksum differs)' if checks else ''}")
 
     def index_stamp(self) -> tuple:
         """Changes whenever the chunk index may have changed, in any process: what was
