@@ -189,3 +189,20 @@ def test_local_reads_check_pack_checksums_not_blake3(store, tmp_path, monkeypatc
     from cdcstore import CorruptionError
     with Store(store.location) as s, pytest.raises(CorruptionError, match="checksum differs"):
         s.cat("cdc://r/f.bin")
+
+
+def test_check_finds_an_index_checksum_that_differs_from_the_pack(store, tmp_path):
+    """Local reads trust the index's copy of each checksum: `check` compares it with the pack's."""
+    import sqlite3
+    (tmp_path / "f.bin").write_bytes(os.urandom(500_000))
+    store.push([str(tmp_path / "f.bin")], "cdc://r/f.bin")
+    assert store.check()["problems"] == []
+    conn = sqlite3.connect(os.path.join(store.location, "index.sqlite"))
+    with conn:
+        conn.execute("UPDATE chunks SET xsum = xsum + 1 WHERE id = (SELECT id FROM chunks LIMIT 1)")
+    conn.close()
+    problems = store.check()["problems"]
+    assert any("do not match its footer" in p for p in problems)  # the row is dropped
+    store.rebuild_index()
+    assert store.check(read_data=True)["problems"] == []
+    assert store.cat("cdc://r/f.bin") == (tmp_path / "f.bin").read_bytes()
