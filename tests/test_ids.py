@@ -206,3 +206,27 @@ def test_check_finds_an_index_checksum_that_differs_from_the_pack(store, tmp_pat
     store.rebuild_index()
     assert store.check(read_data=True)["problems"] == []
     assert store.cat("cdc://r/f.bin") == (tmp_path / "f.bin").read_bytes()
+
+
+def test_gc_repacks_a_v1_pack_as_v1(tmp_path):
+    """A repack of a format-v1 pack keeps its chunks' 16-byte ids, so it writes a v1 pack."""
+    from cdcstore.core.pack import LEGACY_PACK_VERSION, pack_version
+    root = tmp_path / "store"
+    shutil.copytree(V1_STORE, root)
+    files = _v1_sources(tmp_path / "src")
+    with Store(str(root)) as s:
+        s.delete_tag("ds", "old")
+        s.forget("ds", keep_last=1)
+        r = s.gc(grace=0, repack_dead=0.0)
+        assert r["repack_packs"] >= 1, r
+        for rel, data in files.items():
+            assert s.cat(f"cdc://ds/{rel}") == data
+        assert s.check(read_data=True)["problems"] == []
+    repo = LocalStore(str(root))
+    packs = repo.index.packs()
+    assert packs and all(len(p) == 32 for p in packs)
+    for p in packs:
+        with open(repo.pack_path(p), "rb") as f:
+            assert pack_version(f) == LEGACY_PACK_VERSION
+            f.seek(0)
+            assert ids.matches(f.read(), p)
