@@ -754,7 +754,7 @@ class Store:
     def _write_file(self, repo: str, path: str, m, target: str, progress, located: dict | None = None) -> None:
         """Reassemble one file into a temp file beside `target`, verify, rename."""
         tmp = f"{target}.cdcstore-{os.getpid()}.part"
-        h = ids.hasher()
+        h = ids.weak_hasher()  # compared with the manifest's whole-file xxh3-128
         try:
             source = self.backend
             if os.path.isfile(target) and not isinstance(self.backend, LocalStore):  # reuse what the old copy has
@@ -871,7 +871,7 @@ def _same_content(path: str, m) -> bool:
             return False
     except OSError:
         return False
-    h = ids.hasher()
+    h = ids.weak_hasher()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)

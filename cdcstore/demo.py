@@ -97,7 +97,7 @@ def run(size_mb: int = 64, workdir: str | None = None) -> dict:
               f"{st['pack_bytes'] / 2**20:.1f} MiB of packs")
         print(f"sent: the embedded store is local, so 'stored' is all that was written "
               f"({(v1.stored_bytes + v2.stored_bytes) / 2**20:.1f} MiB); against a server "
-              f"(`cdcstore serve`) the same push sends about that much plus ~16 bytes per chunk id")
+              f"(`cdcstore serve`) the same push sends about that much plus ~32 bytes per chunk id")
         summary = {"v1": v1.to_dict(), "v2": v2.to_dict(), "store": st}
         store.close()
         return summary

@@ -90,6 +90,20 @@ def test_golden_default_params():
                                 845768, 914181, 979831, 1045425, 1048576]
 
 
+def test_golden_chunk_ids():
+    """The ids of the golden chunks: BLAKE3-256 (format v2, what is written) and xxh3-128 (format
+    v1, what the reader still checks old data against)."""
+    from cdcstore.core import ids
+    data = golden_input(1 << 20)
+    ends = chunk_ends(data)
+    chunks = [data[a:b] for a, b in zip([0] + ends, ends)]
+    assert ids.digest(chunks[0]).hex() == "d29518d1d239fc5325be69eac1c95b4a173f02ccaa3f543fa57599baf9a6f57f"
+    assert ids.hexdigest(b"".join(map(ids.digest, chunks))) == \
+        "0e94a139bd5efd014edd3d22a5cc14b6bafd51e83272bfc38ba0a36a839ed33a"
+    assert ids.legacy_digest(chunks[0]).hex() == "16eee56c6169c9e328f9f3387f8ff0f1"  # v1
+    assert ids.legacy_hexdigest(b"".join(map(ids.legacy_digest, chunks))) == "e8eb0dd57bb018791e646bfb861e644f"
+
+
 def test_golden_small_params():
     ends = chunk_ends(golden_input(1 << 16), ChunkParams(64, 256, 1024))
     assert len(ends) == 221

@@ -7,20 +7,25 @@ from cdcstore.core import ids
 from cdcstore.core.commit import Commit, FileEntry
 from cdcstore.core.errors import CorruptionError
 from cdcstore.core.manifest import Manifest
-from cdcstore.core.pack import CODEC_RAW, CODEC_ZSTD, PackWriter, decode_chunk, encode_chunk, read_index
+from cdcstore.core.pack import (CODEC_RAW, CODEC_ZSTD, PackWriter, decode_checked, decode_chunk, encode_chunk,
+                                 first_mismatch, read_index, read_verified)
 from conftest import golden_input
 
-GOLDEN_ZSTD_PACK = bytes.fromhex(
+GOLDEN_ZSTD_PACK_V2 = bytes.fromhex(  # b"a" * 1000, zstd, pack format v2
+    "4344435041434b00020000000000000028b52ffd60e8024d00001061610100e32b80059957a9014733dd6b6e2f6abcbe"
+    "7b259a6da1aa0b0e184cd7bf1810e5c425f405100000000000000013000000e80300007cdb477162afe7b30100000000"
+    "0000000100000002000000b93146cd3d0ec3e50b13ba96b742403143444350454e4400")
+GOLDEN_ZSTD_PACK = bytes.fromhex(  # the same chunk in pack format v1 (xxh3-128 ids), as v1 wrote it
     "4344435041434b00010000000000000028b52ffd60e8024d00001061610100e32b8005b01da365eddaa29cb3e7af62"
     "7147db7c100000000000000013000000e80300000100000001000000010000008a05358ae3da07f6bbf13cadd08d72"
     "9643444350454e4400")
 
 
-def build_pack(chunks):
+def build_pack(chunks, version=2):
     buf = io.BytesIO()
-    w = PackWriter(buf)
+    w = PackWriter(buf, version)
     for c in chunks:
-        cid = ids.digest(c)
+        cid = ids.digest(c) if version == 2 else ids.legacy_digest(c)
         codec, stored = encode_chunk(c, cid)
         w.add(cid, codec, stored, len(c))
     return w.finish(), buf.getvalue(), w.entries
@@ -40,9 +45,24 @@ def test_pack_round_trip_and_codecs():
 
 def test_golden_raw_pack_name():
     # Raw chunks only, so the bytes do not depend on the zstd library version.
-    name, data, _ = build_pack([golden_input(3000), b"hello world"])
+    name, data, entries = build_pack([golden_input(3000), b"hello world"])
+    assert len(data) == 16 + 3000 + 11 + 2 * 64 + 32  # format v2: 64-byte index entries
+    assert name == "92a186b479acfe9e63c137d99cae407d5d97f2f94bee7c69c3066e7eaf0558cb"  # BLAKE3-256
+    assert name == ids.hexdigest(data) and ids.matches(data, name)
+    # BLAKE3-256("hello world"), the reference implementation's published value
+    assert entries[1].chunk_id == bytes.fromhex("d74981efa70a0c880b8d8c1985d075dbcbf679b99a5f9914e5aaf96b831a9e24")
+    assert entries[1].check == ids.checksum(b"hello world")
+    assert read_index(io.BytesIO(data), len(data)) == entries
+
+
+def test_golden_raw_pack_name_v1():
+    # The v1 writer (kept for repacking v1 packs and for tests) still makes v1's bytes.
+    name, data, entries = build_pack([golden_input(3000), b"hello world"], version=1)
     assert len(data) == 16 + 3000 + 11 + 2 * 36 + 32
-    assert name == "18b46e85dafe40718d070c0160d909d4"
+    assert name == "18b46e85dafe40718d070c0160d909d4"  # xxh3-128, as format v1 named it
+    assert ids.matches(data, name) and not ids.matches(data, ids.hexdigest(data)[:32])
+    parsed = read_index(io.BytesIO(data), len(data))
+    assert parsed == entries and all(e.check is None and len(e.chunk_id) == 16 for e in parsed)
 
 
 def test_golden_zstd_pack_still_reads():
@@ -50,7 +70,61 @@ def test_golden_zstd_pack_still_reads():
     e = entries[0]
     raw = decode_chunk(GOLDEN_ZSTD_PACK[e.offset:e.offset + e.stored_len], e.codec, e.raw_len, e.chunk_id)
     assert raw == b"a" * 1000
-    assert ids.hexdigest(GOLDEN_ZSTD_PACK) == "36ad218975a51adb923b629511b1ae25"
+    assert ids.legacy_hexdigest(GOLDEN_ZSTD_PACK) == "36ad218975a51adb923b629511b1ae25"
+    assert ids.matches(GOLDEN_ZSTD_PACK, "36ad218975a51adb923b629511b1ae25")
+
+
+def test_golden_zstd_pack_v2():
+    entries = read_verified(io.BytesIO(GOLDEN_ZSTD_PACK_V2), len(GOLDEN_ZSTD_PACK_V2))
+    assert [(e.chunk_id, e.raw_len, e.codec, e.check) for e in entries] == [
+        (ids.digest(b"a" * 1000), 1000, CODEC_ZSTD, ids.checksum(b"a" * 1000))]
+    e = entries[0]
+    assert decode_chunk(GOLDEN_ZSTD_PACK_V2[e.offset:e.offset + e.stored_len], e.codec, e.raw_len,
+                        e.chunk_id, e.check) == b"a" * 1000
+    assert ids.hexdigest(GOLDEN_ZSTD_PACK_V2) == "e183a9705d384be87e8fe66fd36fb2fa1b689b15c7d800f91a1f206272451030"
+
+
+def test_pack_ids_have_their_versions_width():
+    w = PackWriter(io.BytesIO())
+    with pytest.raises(ValueError, match="32-byte ids"):
+        w.add(ids.legacy_digest(b"x"), CODEC_RAW, b"x", 1)
+    w1 = PackWriter(io.BytesIO(), version=1)
+    with pytest.raises(ValueError, match="16-byte ids"):
+        w1.add(ids.digest(b"x"), CODEC_RAW, b"x", 1)
+
+
+def test_checksum_catches_damage_and_id_catches_a_forged_checksum():
+    raw = golden_input(5000)
+    cid, check = ids.digest(raw), ids.checksum(raw)
+    bad = bytearray(raw)
+    bad[100] ^= 1
+    with pytest.raises(CorruptionError, match="checksum differs"):
+        decode_checked(bytes(bad), CODEC_RAW, len(raw), cid, check)
+    assert decode_checked(raw, CODEC_RAW, len(raw), cid, check) == raw
+    with pytest.raises(CorruptionError, match="does not match"):  # untrusted bytes: id AND checksum
+        decode_chunk(raw, CODEC_RAW, len(raw), cid, check ^ 1)
+    view = memoryview(raw + b"hello")
+    lens = [len(raw), 5]
+    assert first_mismatch(view, [cid, ids.digest(b"hello")], lens) == -1
+    assert first_mismatch(view, [cid, ids.digest(b"hellO")], lens) == 1
+    assert first_mismatch(view, [cid, ids.digest(b"hellO")], lens, [check, ids.checksum(b"hello")]) == -1
+    assert first_mismatch(view, [cid, cid], lens, [check ^ 1, None]) == 0
+
+
+def test_ids_length_names_the_hash():
+    data = b"some bytes"
+    assert len(ids.digest(data)) == 32 and len(ids.hexdigest(data)) == 64
+    assert ids.digest(data) == bytes.fromhex(ids.hexdigest(data))
+    assert ids.matches(data, ids.digest(data)) and ids.matches(data, ids.hexdigest(data))
+    assert ids.matches(data, ids.legacy_digest(data)) and ids.matches(data, ids.legacy_hexdigest(data))
+    assert not ids.matches(data, ids.legacy_digest(b"other")) and not ids.matches(data, ids.digest(b"other"))
+    assert not ids.matches(data, ids.digest(data)[:16])  # a truncated BLAKE3 id is no xxh3 id
+    assert ids.is_hex_id("a" * 64) and ids.is_hex_id("a" * 32) and not ids.is_hex_id("a" * 48)
+    assert ids.is_new_hex_id("a" * 64) and not ids.is_new_hex_id("a" * 32)
+    h = ids.hasher()
+    h.update(data[:3])
+    h.update(data[3:])
+    assert h.hexdigest() == ids.hexdigest(data)
 
 
 @pytest.mark.parametrize("pos", [20, 3000, -100, -40])
@@ -87,17 +161,32 @@ def test_decode_rejects_wrong_id():
         decode_chunk(b"\x28\xb5\x2f\xfd garbage", CODEC_ZSTD, 5, cid)
 
 
-def make_manifest(chunks):
-    return Manifest([ids.digest(c) for c in chunks], [len(c) for c in chunks], sum(map(len, chunks)),
-                    ids.digest(b"".join(chunks)))
+def make_manifest(chunks, version=2):
+    digest = ids.digest if version == 2 else ids.legacy_digest
+    return Manifest([digest(c) for c in chunks], [len(c) for c in chunks], sum(map(len, chunks)),
+                    ids.legacy_digest(b"".join(chunks)), version)
+
+
+def test_manifest_v1_still_reads():
+    chunks = [b"a" * 1000, golden_input(3000), b"hello world"]
+    m = make_manifest(chunks, version=1)
+    data = m.encode()
+    assert len(data) == 48 + 3 * 20
+    assert Manifest.decode(data) == m and Manifest.decode(data).version == 1
+    assert m.name() == "2e3f0b72e8ae23128bc34f11d52cd1b1"  # golden: manifest format v1 (xxh3-128)
+    assert ids.matches(data, m.name())
 
 
 def test_manifest_round_trip_span_and_golden():
     chunks = [b"a" * 1000, golden_input(3000), b"hello world"]
     m = make_manifest(chunks)
     data = m.encode()
+    assert len(data) == 48 + 3 * 36 and data[8:12] == b"\x02\x00\x00\x00"
     assert Manifest.decode(data) == m
-    assert m.name() == "2e3f0b72e8ae23128bc34f11d52cd1b1"  # golden: manifest format v1
+    assert m.name() == "a49ea7b2e5069d2f53049a925d701a1bcd65a18be05c54e1f25fd71dd5ee068c"  # golden: format v2
+    assert m.name() == ids.hexdigest(data)
+    with pytest.raises(ValueError, match="32-byte chunk ids"):
+        Manifest([ids.legacy_digest(b"x")], [1], 1, ids.legacy_digest(b"x")).encode()
     assert list(m.span(0, 1)) == [0]
     assert list(m.span(999, 1001)) == [0, 1]
     assert list(m.span(1000, 4000)) == [1]
@@ -117,7 +206,12 @@ def test_commit_encoding_is_canonical_and_golden():
                {"a/b.parquet": FileEntry("2e3f0b72e8ae23128bc34f11d52cd1b1", 4011)})
     assert c.encode() == (b'{"files":{"a/b.parquet":{"manifest":"2e3f0b72e8ae23128bc34f11d52cd1b1","size":4011}},'
                           b'"format":1,"message":"v1","parent":null,"repo":"demo","time":1700000000.0}')
-    assert c.id == "9739c2484dc98f0bfaee8b219dd49206"
+    assert ids.legacy_hexdigest(c.encode()) == "9739c2484dc98f0bfaee8b219dd49206"  # its v1 name
+    assert c.id == "017bb0ad18c9015d688fcc5a853fa0ac3ec991025926dbc939780985d4cae361"  # BLAKE3-256 now
+    c2 = Commit("demo", c.id, "v2", 1700000001.0, {"a/b.parquet": FileEntry(
+        "a49ea7b2e5069d2f53049a925d701a1bcd65a18be05c54e1f25fd71dd5ee068c", 4011)})
+    assert c2.id == "1125583ef5402b31444626d13e49db8941906384f73371614bda56e4da115d3c"
+    assert Commit.decode(c2.encode()).parent == c.id  # a 64-hex parent (and a 32-hex one above) validate
     assert Commit.decode(c.encode()) == c
     with pytest.raises(CorruptionError):
         Commit.decode(b'{"format": 99}')

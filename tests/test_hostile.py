@@ -217,7 +217,7 @@ def test_an_idle_body_gets_408(tmp_path):
 
 # -- 3. manifest batches ---------------------------------------------------------------------
 def empty_manifests(n: int) -> list[Manifest]:
-    return [Manifest([], [], 0, ids.digest(b"%d" % i)) for i in range(n)]
+    return [Manifest([], [], 0, ids.legacy_digest(b"%d" % i)) for i in range(n)]
 
 
 def test_manifest_batches_are_capped_and_the_client_splits_them(server):

@@ -193,6 +193,11 @@ def test_golden_parquet_page_cuts_and_chunks(tmp_path):
         4, 296, 560, 681, 976, 1221, 1404, 1460, 1548, 1807, 2155, 2436, 2703, 2765, 2948, 3004, 3092,
         3407, 3453
     ]
+    chunks = list(iter_chunks(io.BytesIO(GOLDEN_PARQUET), ChunkParams(64, 256, 1024), cuts=cuts))
+    from cdcstore.core import ids  # the chunks' ids: BLAKE3-256 (format v2), xxh3-128 (v1, still read)
+    assert ids.hexdigest(b"".join(map(ids.digest, chunks))) == \
+        "ede822f4827a56142822b1c9e19007028032c7b76abd84e09b660200135fef18"
+    assert ids.legacy_hexdigest(b"".join(map(ids.legacy_digest, chunks))) == "7881128ee6f5b481998a9d762ea670d3"
 
 
 def _delete_edit_tables(n=240_000, cut=2_400):

@@ -82,7 +82,7 @@ def _upload_file(remote, data: bytes):
         name = w.finish()
     remote.add_pack(tmp, name, w.entries)
     remote.flush()
-    m = Manifest([cid], [len(data)], len(data), ids.hasher().digest())
+    m = Manifest([cid], [len(data)], len(data), ids.weak_hasher().digest())
     return FileEntry(remote.put_manifests([m])[0], len(data))
 
 

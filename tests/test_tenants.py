@@ -4,6 +4,8 @@ import pytest
 from cdcstore import ConflictError
 from cdcstore.core.commit import Commit
 
+ID32 = {"X-Cdc-Id-Bytes": "32"}  # requests about 32-byte (BLAKE3) chunk ids
+
 
 def test_refused_commit_grants_nothing(store, tmp_path):
     """A commit refused by the compare-and-swap must not record any reach for its repo."""
@@ -74,7 +76,8 @@ def test_locate_through_another_repo_reveals_nothing(server, tmp_path):
     chunk = be.get_manifest(b.files["f.bin"].manifest).chunk_ids[0]
 
     def locate(repo):
-        req = urllib.request.Request(f"{server.url}/v1/repos/{repo}/locate", data=chunk, method="POST")
+        req = urllib.request.Request(f"{server.url}/v1/repos/{repo}/locate", data=chunk, method="POST",
+                                     headers={"X-Cdc-Id-Bytes": "32"})
         return urllib.request.urlopen(req, timeout=10).read()
     assert chunk in locate("b") and chunk not in locate("a")
 
@@ -136,9 +139,9 @@ def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path
     manifest_bytes = open(LocalStore(scratch.location).manifest_path(pub_name), "rb").read()
     ids_body = b"".join(pub_ids)
 
-    status, body = _call(api + "/chunks/query", "tok-a", "POST", ids_body)
+    status, body = _call(api + "/chunks/query", "tok-a", "POST", ids_body, ID32)
     assert status == 200 and body == bytes(len(pub_ids)), "presence reveals B's chunks"
-    assert _call(api + "/repos/a/locate", "tok-a", "POST", ids_body) == (200, b"")
+    assert _call(api + "/repos/a/locate", "tok-a", "POST", ids_body, ID32) == (200, b"")
     from cdcstore.remote.wire import encode_blobs
     status, body = _call(api + "/manifests", "tok-a", "POST", encode_blobs([manifest_bytes]))
     assert status == 403, body
@@ -158,14 +161,14 @@ def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path
 
     # proofs: a wrong proof or a made-up nonce proves nothing
     from cdcstore.remote import wire
-    status, body = _call(api + "/chunks/query", "tok-a", "POST", ids_body, {wire.PROVE_HEADER: "1"})
+    status, body = _call(api + "/chunks/query", "tok-a", "POST", ids_body, {wire.PROVE_HEADER: "1"} | ID32)
     assert status == 200 and body[:len(pub_ids)] == b"\x02" * len(pub_ids)
     nonce = wire.presence_nonce(pub_ids, body)
     forged = wire.encode_proofs(nonce, [(c, bytes(16)) for c in pub_ids])
-    assert _call(api + "/chunks/prove", "tok-a", "POST", forged) == (200, bytes(len(pub_ids)))
+    assert _call(api + "/chunks/prove", "tok-a", "POST", forged, ID32) == (200, bytes(len(pub_ids)))
     stale = wire.encode_proofs(bytes(16), [(pub_ids[0], wire.chunk_proof(public[:10], bytes(16)))])
-    assert _call(api + "/chunks/prove", "tok-a", "POST", stale)[0] == 400
-    assert _call(api + "/repos/a/locate", "tok-a", "POST", ids_body) == (200, b"")
+    assert _call(api + "/chunks/prove", "tok-a", "POST", stale, ID32)[0] == 400
+    assert _call(api + "/repos/a/locate", "tok-a", "POST", ids_body, ID32) == (200, b"")
     pack_bytes = srv.totals()["pack_bytes"]
 
     # A holds public.bin itself: it proves possession (nothing sent, nothing stored twice), commits, reads
@@ -226,9 +229,10 @@ def test_scoped_endpoints_answer_garbage_with_4xx(tenants, tmp_path):
     (pack,) = srv.index.packs()
     api = tenants.url + "/v1"
     answers = []
-    for body in (b"", b"x", bytes(15), bytes(16), bytes(16 + 31), bytes(16 + 32 * 5000), os.urandom(16 + 32 * 3)):
-        answers.append(_call(api + "/chunks/prove", "tok-a", "POST", body))
-        answers.append(_call(api + "/chunks/query", "tok-a", "POST", body, {"X-Cdc-Prove": "1"}))
+    for body in (b"", b"x", bytes(15), bytes(16), bytes(16 + 47), bytes(16 + 48 * 5000), os.urandom(16 + 48 * 3)):
+        answers.append(_call(api + "/chunks/prove", "tok-a", "POST", body, ID32))
+        answers.append(_call(api + "/chunks/query", "tok-a", "POST", body, {"X-Cdc-Prove": "1"} | ID32))
+        answers.append(_call(api + "/chunks/query", "tok-a", "POST", body, {"X-Cdc-Id-Bytes": "7"}))
     for rng in ("bytes=0-0", "bytes=-100", "bytes=100-", "bytes=5-1", "bytes=0-99999999999", "bytes=a-b",
                 "bytes=0-1,5-9", "items=0-1", "bytes=0-" + "9" * 40, ""):
         for repo in ("a", "b"):

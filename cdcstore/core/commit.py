@@ -1,4 +1,4 @@
-"""Commits (format v1): a repo revision as JSON, named by its xxh3-128.
+"""Commits (format v1 JSON): a repo revision, named by the BLAKE3-256 of its JSON (xxh3-128 before store format v2).
 
     {"format": 1, "repo": ..., "parent": id | null, "message": ..., "time": epoch seconds,
      "files": {path: {"manifest": id, "size": n}, ...}}
@@ -42,7 +42,8 @@ class Commit:
         """Check every field; raises ValueError naming the first bad one."""
         check_name("repo", self.repo)
         if self.parent is not None and not (isinstance(self.parent, str) and ids.is_hex_id(self.parent)):
-            raise ValueError(f"parent {self.parent!r} is not a commit id (32 lowercase hex digits) or null")
+            raise ValueError(f"parent {self.parent!r} is not a commit id (64 lowercase hex digits, "
+                             f"32 for format v1) or null")
         if not isinstance(self.message, str) or len(self.message) > MAX_MESSAGE:
             raise ValueError(f"message must be a string of at most {MAX_MESSAGE} characters")
         if (not isinstance(self.time, (int, float)) or isinstance(self.time, bool)
@@ -107,7 +108,7 @@ def _check_path(path) -> None:
 
 def _check_entry(path: str, f) -> None:
     if not isinstance(f, FileEntry) or not (isinstance(f.manifest, str) and ids.is_hex_id(f.manifest)):
-        raise ValueError(f"file {path!r}: manifest must be 32 lowercase hex digits")
+        raise ValueError(f"file {path!r}: manifest must be 64 lowercase hex digits (32 for format v1)")
     if not isinstance(f.size, int) or isinstance(f.size, bool) or not 0 <= f.size < MAX_SIZE:
         raise ValueError(f"file {path!r}: size must be an integer between 0 and 2**53")
 

@@ -1,11 +1,12 @@
-"""File manifests (format v1): a file as the ordered list of its chunks.
+"""File manifests (format v2; v1 still read): a file as the ordered list of its chunks.
 
-    header  48 B   b"CDCMANI\\0", u32 version, u32 chunk count N, u64 file size,
-                   xxh3-128 of the whole file (16 B), 8 zero bytes
-    entries N*20 B chunk id (16 B), u32 raw length
+    header  48 B   b"CDCMANI\\0", u32 version (2), u32 chunk count N, u64 file size,
+                   xxh3-128 of the whole file (16 B; a check, not a name), 8 zero bytes
+    entries N*36 B chunk id (32 B, BLAKE3-256), u32 raw length
 
-Little-endian. A manifest is named by the xxh3-128 of its bytes. Pure logic: the
-byte-range planning a reader needs (`span`) lives here, away from any I/O.
+Little-endian. A v2 manifest is named by the BLAKE3-256 of its bytes. Version 1 has
+16-byte (xxh3-128) chunk ids (N*20 B entries) and is named by its xxh3-128. Pure
+logic: the byte-range planning a reader needs (`span`) lives here, away from any I/O.
 """
 from __future__ import annotations
 
@@ -17,10 +18,13 @@ from dataclasses import dataclass, field
 from . import ids
 from .errors import CorruptionError
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+LEGACY_MANIFEST_VERSION = 1
 MAGIC = b"CDCMANI\x00"
 HEADER = struct.Struct("<8sIIQ16s8x")
-ENTRY = struct.Struct("<16sI")
+ENTRY = struct.Struct("<32sI")
+LEGACY_ENTRY = struct.Struct("<16sI")
+ENTRIES = {MANIFEST_VERSION: ENTRY, LEGACY_MANIFEST_VERSION: LEGACY_ENTRY}
 
 
 @dataclass
@@ -29,11 +33,14 @@ class Manifest:
     lengths: list[int]
     size: int
     file_hash: bytes
+    version: int = MANIFEST_VERSION  # 1 only for a manifest read from (or written as) format v1
     _ends: list[int] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.chunk_ids) != len(self.lengths):
             raise ValueError("manifest needs one length per chunk id")
+        if len(self.file_hash) != 16:
+            raise ValueError("a manifest's file hash is the 16-byte xxh3-128 of the file (ids.weak_hasher)")
 
     @property
     def ends(self) -> list[int]:
@@ -55,8 +62,14 @@ class Manifest:
         return range(first, last + 1)
 
     def encode(self) -> bytes:
-        head = HEADER.pack(MAGIC, MANIFEST_VERSION, len(self.chunk_ids), self.size, self.file_hash)
-        return head + b"".join(ENTRY.pack(c, n) for c, n in zip(self.chunk_ids, self.lengths))
+        entry = ENTRIES.get(self.version)
+        if entry is None:
+            raise ValueError(f"manifest version {self.version}; this cdcstore writes {sorted(ENTRIES)}")
+        width = entry.size - 4
+        if any(len(c) != width for c in self.chunk_ids):
+            raise ValueError(f"a format-v{self.version} manifest holds {width}-byte chunk ids only")
+        head = HEADER.pack(MAGIC, self.version, len(self.chunk_ids), self.size, self.file_hash)
+        return head + b"".join(entry.pack(c, n) for c, n in zip(self.chunk_ids, self.lengths))
 
     @classmethod
     def decode(cls, data: bytes, name: str = "manifest") -> "Manifest":
@@ -65,15 +78,19 @@ class Manifest:
         magic, version, count, size, file_hash = HEADER.unpack_from(data)
         if magic != MAGIC:
             raise CorruptionError(f"{name} is not a cdcstore manifest")
-        if version != MANIFEST_VERSION:
-            raise CorruptionError(f"{name} has manifest version {version}; this cdcstore reads {MANIFEST_VERSION}")
-        if len(data) != HEADER.size + count * ENTRY.size:
+        entry = ENTRIES.get(version)
+        if entry is None:
+            raise CorruptionError(f"{name} has manifest version {version}; this cdcstore reads "
+                                  f"{LEGACY_MANIFEST_VERSION} and {MANIFEST_VERSION}")
+        if len(data) != HEADER.size + count * entry.size:
             raise CorruptionError(f"{name} has the wrong length for {count} chunks")
-        entries = list(ENTRY.iter_unpack(memoryview(data)[HEADER.size:]))
-        m = cls([bytes(e[0]) for e in entries], [e[1] for e in entries], size, file_hash)
+        entries = list(entry.iter_unpack(memoryview(data)[HEADER.size:]))
+        m = cls([bytes(e[0]) for e in entries], [e[1] for e in entries], size, file_hash, version)
         if (m.ends[-1] if entries else 0) != size:
             raise CorruptionError(f"{name}: chunk lengths do not add up to the file size")
         return m
 
     def name(self) -> str:
-        return ids.hexdigest(self.encode())
+        """BLAKE3-256 of the bytes (v2); xxh3-128 for a v1 manifest (its old name)."""
+        data = self.encode()
+        return ids.legacy_hexdigest(data) if self.version == LEGACY_MANIFEST_VERSION else ids.hexdigest(data)

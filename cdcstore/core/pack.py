@@ -1,20 +1,24 @@
-"""Pack format v1: immutable containers of compressed chunks (pure logic, no paths).
+"""Packs (format v2; v1 still read): immutable containers of compressed chunks (pure logic).
 
-    header   16 B   b"CDCPACK\\0", u32 version, u32 reserved (0)
+    header   16 B   b"CDCPACK\\0", u32 version (2), u32 reserved (0)
     records         each chunk's stored bytes, back to back
-    index    N*36 B per chunk: id (16 B), offset u64, stored length u32,
-                    raw length u32, codec u8 (0 raw, 1 zstd), 3 zero bytes
+    index    N*64 B per chunk: id (32 B, BLAKE3-256 of the raw chunk), offset u64,
+                    stored length u32, raw length u32, xxh3-64 of the raw chunk u64,
+                    codec u8 (0 raw, 1 zstd), 7 zero bytes
     trailer  32 B   u32 N, u32 version, xxh3-128 of the index, b"CDCPEND\\0"
 
-All integers are little-endian. A pack is named by the xxh3-128 of all its bytes.
+All integers are little-endian. A v2 pack is named by the BLAKE3-256 of all its bytes.
+Version 1 differs only in its index entries (N*36 B: id 16 B xxh3-128, offset u64,
+stored u32, raw u32, codec u8, 3 zero bytes; no checksum) and in its name (xxh3-128).
 Every chunk is checked against its id before it is written (`encode_chunk`) and
-whenever it is read (`decode_chunk`).
+whenever it crosses a trust boundary (`decode_chunk`); the xxh3-64 checksum lets a
+store's reads of its own packs detect damage cheaply (`decode_checked`).
 """
 from __future__ import annotations
 
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 import zstandard
@@ -23,11 +27,14 @@ from . import ids
 from .chunker import MAX_CHUNK_BYTES
 from .errors import CorruptionError
 
-PACK_VERSION = 1
+PACK_VERSION = 2
+LEGACY_PACK_VERSION = 1
 MAGIC = b"CDCPACK\x00"
 END_MAGIC = b"CDCPEND\x00"
 HEADER = struct.Struct("<8sII")
-ENTRY = struct.Struct("<16sQIIB3x")
+ENTRY = struct.Struct("<32sQIIQB7x")  # v2: id, offset, stored, raw, xxh3-64 of raw, codec
+LEGACY_ENTRY = struct.Struct("<16sQIIB3x")  # v1: id, offset, stored, raw, codec
+ENTRIES = {PACK_VERSION: ENTRY, LEGACY_PACK_VERSION: LEGACY_ENTRY}
 TRAILER = struct.Struct("<II16s8s")
 CODEC_RAW = 0
 CODEC_ZSTD = 1
@@ -48,6 +55,9 @@ class PackEntry:
     stored_len: int
     raw_len: int
     codec: int
+    # xxh3-64 of the raw chunk (pack v2); None in v1 packs and where not carried (index rows,
+    # wire locations): not part of an entry's identity
+    check: int | None = field(default=None, compare=False)
 
 
 _local = threading.local()
@@ -113,16 +123,12 @@ def encode_chunk(raw, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL) -> tuple
         if len(packed) <= raw_len * (1 - MIN_SAVING):
             decode_chunk(packed, CODEC_ZSTD, raw_len, chunk_id)
             return CODEC_ZSTD, packed
-    if ids.digest(raw) != chunk_id:
+    if not ids.matches(raw, chunk_id):
         raise CorruptionError(f"chunk {chunk_id.hex()} does not match its id")
     return CODEC_RAW, raw
 
 
-def decode_chunk(stored, codec: int, raw_len: int, chunk_id: bytes):
-    """The raw bytes of a stored chunk (bytes-like: a raw chunk comes back as the
-    object it was given), checked against its id and length. A raw length over
-    the format's maximum is refused before anything is decompressed, and
-    decompression never produces more than `raw_len` bytes."""
+def _unpack(stored, codec: int, raw_len: int, chunk_id: bytes):
     if not 0 <= raw_len <= MAX_CHUNK_BYTES:
         raise CorruptionError(f"chunk {chunk_id.hex()} claims {raw_len} bytes; the format's maximum "
                               f"chunk size is {MAX_CHUNK_BYTES}")
@@ -135,17 +141,44 @@ def decode_chunk(stored, codec: int, raw_len: int, chunk_id: bytes):
         raw = stored  # no copy: a view stays a view
     else:
         raise CorruptionError(f"chunk {chunk_id.hex()} has unknown codec {codec}")
-    if len(raw) != raw_len or ids.digest(raw) != chunk_id:
+    if len(raw) != raw_len:
         raise CorruptionError(f"chunk {chunk_id.hex()} does not match its id")
     return raw
 
 
-def first_mismatch(view, chunk_ids, lengths) -> int:
+def decode_chunk(stored, codec: int, raw_len: int, chunk_id: bytes, check: int | None = None):
+    """The raw bytes of a stored chunk (bytes-like: a raw chunk comes back as the
+    object it was given), checked against its id (the hash its length names) and
+    length, and against `check` (its xxh3-64) when given. A raw length over the
+    format's maximum is refused before anything is decompressed, and decompression
+    never produces more than `raw_len` bytes. Use this for bytes from anywhere."""
+    raw = _unpack(stored, codec, raw_len, chunk_id)
+    if not ids.matches(raw, chunk_id) or (check is not None and ids.checksum(raw) != check):
+        raise CorruptionError(f"chunk {chunk_id.hex()} does not match its id")
+    return raw
+
+
+def decode_checked(stored, codec: int, raw_len: int, chunk_id: bytes, check: int | None):
+    """`decode_chunk` for a store's reads of its own pack: checked against the entry's
+    xxh3-64 checksum when it has one (damage detection; the id was verified when the
+    pack was written or received), else against the id."""
+    if check is None:
+        return decode_chunk(stored, codec, raw_len, chunk_id)
+    raw = _unpack(stored, codec, raw_len, chunk_id)
+    if ids.checksum(raw) != check:
+        raise CorruptionError(f"chunk {chunk_id.hex()} does not match its id (its checksum differs)")
+    return raw
+
+
+def first_mismatch(view, chunk_ids, lengths, checks=None) -> int:
     """The index of the first raw chunk, of those back to back in `view`, whose bytes do
-    not match its id; -1 when all match (each is hashed straight from `view`)."""
-    digest, pos = ids.digest, 0
+    not match its id (or, where `checks` gives one, its xxh3-64 checksum: a store's own
+    pack); -1 when all match (each is hashed straight from `view`)."""
+    pos = 0
+    checksum = ids.checksum
     for k, (cid, n) in enumerate(zip(chunk_ids, lengths)):
-        if digest(view[pos:pos + n]) != cid:
+        c = checks[k] if checks is not None else None
+        if not (checksum(view[pos:pos + n]) == c if c is not None else ids.matches(view[pos:pos + n], cid)):
             return k
         pos += n
     return -1
@@ -154,59 +187,95 @@ def first_mismatch(view, chunk_ids, lengths) -> int:
 class PackWriter:
     """Appends verified chunks to a binary file and finishes it with the index.
 
-    The caller owns the file (a temp file, normally) and decides where the
-    finished pack goes; `finish` returns the pack name (its xxh3-128, hex).
+    The caller owns the file (a temp file, normally) and decides where the finished
+    pack goes; `finish` returns the pack name (hex). New packs are version 2; version 1
+    (16-byte ids, named by xxh3-128) is written only to repack a v1 pack's chunks and
+    by tests that build old stores. A pack's ids all have its version's width.
     """
 
-    def __init__(self, out: BinaryIO):
+    def __init__(self, out: BinaryIO, version: int = PACK_VERSION):
+        if version not in ENTRIES:
+            raise ValueError(f"pack version {version}; this cdcstore writes {sorted(ENTRIES)}")
+        self.version = version
+        self._id_bytes = ids.ID_BYTES if version == PACK_VERSION else ids.LEGACY_ID_BYTES
         self._out = out
-        self._hash = ids.hasher()
+        self._hash = ids.hasher() if version == PACK_VERSION else ids.legacy_hasher()
         self.entries: list[PackEntry] = []
         self.size = 0
-        self._write(HEADER.pack(MAGIC, PACK_VERSION, 0))
+        self._write(HEADER.pack(MAGIC, version, 0))
 
     def _write(self, data) -> None:
         self._out.write(data)
         self._hash.update(data)
         self.size += len(data)
 
-    def add(self, chunk_id: bytes, codec: int, stored, raw_len: int) -> PackEntry:
-        entry = PackEntry(chunk_id, self.size, len(stored), raw_len, codec)
+    def add(self, chunk_id: bytes, codec: int, stored, raw_len: int, check: int | None = None) -> PackEntry:
+        """Append a chunk's stored bytes. A v2 entry carries the xxh3-64 of the raw chunk:
+        pass it as `check` (the caller has the raw bytes); without it the stored bytes
+        are decoded to compute it (not verified: `encode_chunk` and readers do that)."""
+        if len(chunk_id) != self._id_bytes:
+            raise ValueError(f"a pack of format v{self.version} holds {self._id_bytes}-byte ids, "
+                             f"not {len(chunk_id)}-byte ones")
+        if self.version == PACK_VERSION:
+            if check is None:
+                try:
+                    check = ids.checksum(_unpack(stored, codec, raw_len, chunk_id))
+                except CorruptionError:  # undecodable (a test's hostile pack): every reader refuses it
+                    check = 0
+        else:
+            check = None
+        entry = PackEntry(chunk_id, self.size, len(stored), raw_len, codec, check)
         self._write(stored)
         self.entries.append(entry)
         return entry
 
     def finish(self) -> str:
-        index = b"".join(ENTRY.pack(e.chunk_id, e.offset, e.stored_len, e.raw_len, e.codec)
-                         for e in self.entries)
+        if self.version == PACK_VERSION:
+            index = b"".join(ENTRY.pack(e.chunk_id, e.offset, e.stored_len, e.raw_len, e.check, e.codec)
+                             for e in self.entries)
+        else:
+            index = b"".join(LEGACY_ENTRY.pack(e.chunk_id, e.offset, e.stored_len, e.raw_len, e.codec)
+                             for e in self.entries)
         self._write(index)
-        self._write(TRAILER.pack(len(self.entries), PACK_VERSION, ids.digest(index), END_MAGIC))
+        self._write(TRAILER.pack(len(self.entries), self.version, _index_digest(index), END_MAGIC))
         return self._hash.hexdigest()
 
 
+def _index_digest(index) -> bytes:
+    """The trailer's check of the index: xxh3-128 in both versions (damage detection; the
+    pack's name covers the index too)."""
+    return ids.legacy_digest(index)
+
+
 def read_index(f: BinaryIO, size: int, name: str = "pack") -> list[PackEntry]:
-    """Parse and check a pack's index from an open file of `size` bytes."""
+    """Parse and check a pack's index (v2 or v1) from an open file of `size` bytes."""
     if size < HEADER.size + TRAILER.size:
         raise CorruptionError(f"{name} is truncated ({size} bytes)")
     f.seek(0)
     magic, version, _ = HEADER.unpack(f.read(HEADER.size))
     if magic != MAGIC:
         raise CorruptionError(f"{name} is not a cdcstore pack (bad magic)")
-    if version != PACK_VERSION:
-        raise CorruptionError(f"{name} has pack format version {version}; this cdcstore reads {PACK_VERSION}")
+    entry_struct = ENTRIES.get(version)
+    if entry_struct is None:
+        raise CorruptionError(f"{name} has pack format version {version}; this cdcstore reads "
+                              f"{LEGACY_PACK_VERSION} and {PACK_VERSION}")
     f.seek(size - TRAILER.size)
     count, tversion, index_digest, end = TRAILER.unpack(f.read(TRAILER.size))
     if end != END_MAGIC or tversion != version:
         raise CorruptionError(f"{name} is truncated or damaged (bad trailer)")
-    index_len = count * ENTRY.size
+    index_len = count * entry_struct.size
     index_start = size - TRAILER.size - index_len
     if index_start < HEADER.size:
         raise CorruptionError(f"{name} is damaged (index larger than pack)")
     f.seek(index_start)
     index = f.read(index_len)
-    if ids.digest(index) != index_digest:
+    if _index_digest(index) != index_digest:
         raise CorruptionError(f"{name} has a damaged index")
-    entries = [PackEntry(*fields) for fields in ENTRY.iter_unpack(index)]
+    if version == PACK_VERSION:
+        entries = [PackEntry(cid, off, slen, rlen, codec, check)
+                   for cid, off, slen, rlen, check, codec in ENTRY.iter_unpack(index)]
+    else:
+        entries = [PackEntry(*fields) for fields in LEGACY_ENTRY.iter_unpack(index)]
     for e in entries:
         if e.offset < HEADER.size or e.offset + e.stored_len > index_start:
             raise CorruptionError(f"{name} has an index entry outside its records")
@@ -216,11 +285,18 @@ def read_index(f: BinaryIO, size: int, name: str = "pack") -> list[PackEntry]:
     return entries
 
 
+def pack_version(f: BinaryIO) -> int:
+    """The format version in a pack's header, unchecked (0 if it is too short for one)."""
+    f.seek(0)
+    head = f.read(HEADER.size)
+    return HEADER.unpack(head)[1] if len(head) == HEADER.size else 0
+
+
 def read_verified(f: BinaryIO, size: int, name: str = "pack") -> list[PackEntry]:
-    """`read_index`, then decode every chunk and check it against its id (ids are never
-    taken on trust): the entries of a pack that is whole."""
+    """`read_index`, then decode every chunk and check it against its id and checksum (ids
+    are never taken on trust): the entries of a pack that is whole."""
     entries = read_index(f, size, name)
     for e in entries:
         f.seek(e.offset)
-        decode_chunk(f.read(e.stored_len), e.codec, e.raw_len, e.chunk_id)
+        decode_chunk(f.read(e.stored_len), e.codec, e.raw_len, e.chunk_id, e.check)
     return entries

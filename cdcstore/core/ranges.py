@@ -86,6 +86,7 @@ class Run:
     pack: str
     offset: int  # in the pack, of chunk `first`
     entry: PackEntry | None = None  # a compressed chunk's location
+    checks: list | None = None  # a raw run's xxh3-64 checksums, chunk by chunk (None: check the ids)
 
 
 def file_runs(chunk_ids: list[bytes], locations: dict) -> list[Run]:
@@ -94,19 +95,26 @@ def file_runs(chunk_ids: list[bytes], locations: dict) -> list[Run]:
     runs: list[Run] = []
     first = pack = None
     offset = end = 0
+    checks: list = []
     for i, cid in enumerate(chunk_ids):
         p, e = locations[cid]
         if e.codec != CODEC_RAW or e.stored_len != e.raw_len:
             if first is not None:
-                runs.append(Run(first, i, pack, offset))
+                runs.append(Run(first, i, pack, offset, None, _all_or_none(checks)))
                 first = None
             runs.append(Run(i, i + 1, p, e.offset, e))
         elif first is not None and p == pack and e.offset == end:
             end += e.stored_len
+            checks.append(e.check)
         else:
             if first is not None:
-                runs.append(Run(first, i, pack, offset))
+                runs.append(Run(first, i, pack, offset, None, _all_or_none(checks)))
             first, pack, offset, end = i, p, e.offset, e.offset + e.stored_len
+            checks = [e.check]
     if first is not None:
-        runs.append(Run(first, len(chunk_ids), pack, offset))
+        runs.append(Run(first, len(chunk_ids), pack, offset, None, _all_or_none(checks)))
     return runs
+
+
+def _all_or_none(checks: list) -> list | None:
+    return None if None in checks else checks

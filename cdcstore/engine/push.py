@@ -85,12 +85,12 @@ class PackSink:
         self._published: list = []
         self.lock = threading.Lock()  # encoding threads append to the pack one at a time
 
-    def add(self, chunk_id: bytes, codec: int, stored, raw_len: int) -> None:
+    def add(self, chunk_id: bytes, codec: int, stored, raw_len: int, check: int | None = None) -> None:
         if self._writer is None:
             self._tmp = self.store.tmp_path()
             self._file = open(self._tmp, "wb", buffering=WRITE_BUFFER)
             self._writer = PackWriter(self._file)
-        self._writer.add(chunk_id, codec, stored, raw_len)
+        self._writer.add(chunk_id, codec, stored, raw_len, check)
         w = self._writer
         if w.size >= self.opts.max_pack_bytes or len(w.entries) >= self.opts.max_pack_chunks:
             self.flush()
@@ -166,7 +166,7 @@ class Ingest:
         key = path if key is None else key
         with self._lock:
             self.file_new.setdefault(key, 0)
-        file_hash = ids.hasher()
+        file_hash = ids.weak_hasher()  # the whole-file check (xxh3-128), not a name
         chunk_ids: list[bytes] = []
         lengths: list[int] = []
         size = 0
@@ -237,10 +237,10 @@ class Ingest:
         """On an encoding thread: encode (and verify) the chunks, then append them to the pack."""
         try:
             level = self.opts.zstd_level
-            encoded = [encode_chunk(data, cid, level) for cid, data in task]
+            encoded = [(*encode_chunk(data, cid, level), ids.checksum(data)) for cid, data in task]
             with self.sink.lock:
-                for (cid, data), (codec, stored) in zip(task, encoded):
-                    self.sink.add(cid, codec, stored, len(data))
+                for (cid, data), (codec, stored, check) in zip(task, encoded):
+                    self.sink.add(cid, codec, stored, len(data), check)
         finally:
             with self._room:
                 self._inflight_bytes -= nbytes

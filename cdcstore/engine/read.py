@@ -356,9 +356,10 @@ class FileReader(io.RawIOBase):
                 at = ends[i] - lens[i] - base
                 out[at:at + lens[i]] = got[i]
 
-    def _pieces(self, first: int, stop: int) -> tuple[list[tuple[str, int, int, int]], list[int]]:
+    def _pieces(self, first: int, stop: int) -> tuple[list[tuple], list[int]]:
         """Chunks [first, stop) as reads of pack ranges of at most `RUN_PIECE` bytes (pack,
-        offset, first chunk, stop chunk), and the compressed chunks among them (pure)."""
+        offset, first chunk, stop chunk, their checksums or None), and the compressed chunks
+        among them (pure)."""
         runs, firsts = self._runs()
         lens, ends = self._m.lengths, self._m.ends
         pieces, packed = [], []
@@ -374,17 +375,19 @@ class FileReader(io.RawIOBase):
             while i < b:
                 start = ends[i] - lens[i]
                 j = max(i + 1, bisect.bisect_right(ends, start + RUN_PIECE, i, b))
-                pieces.append((r.pack, r.offset + start - run_start, i, j))
+                checks = r.checks[i - r.first:j - r.first] if r.checks is not None else None
+                pieces.append((r.pack, r.offset + start - run_start, i, j, checks))
                 i = j
         return pieces, packed
 
     def _read_pieces(self, pieces: list, base: int, out: memoryview) -> None:
-        """Each piece read straight into its place in `out` and verified there."""
+        """Each piece read straight into its place in `out` and checked there (against the
+        pack entries' checksums: the store's own packs, docs/architecture.md "Trust model")."""
         ids, lens, ends = self._m.chunk_ids, self._m.lengths, self._m.ends
         read = self._src.read_run_into
-        for pack, offset, i, j in pieces:
+        for pack, offset, i, j, checks in pieces:
             at = ends[i] - lens[i] - base
-            read(pack, offset, out[at:ends[j - 1] - base], ids[i:j], lens[i:j])
+            read(pack, offset, out[at:ends[j - 1] - base], ids[i:j], lens[i:j], checks)
 
     def _runs(self, fresh: bool = False) -> tuple[list[Run], list[int]]:
         """This file's runs (`file_runs`) and their first chunks: located in one batch at
@@ -433,7 +436,8 @@ class FileReader(io.RawIOBase):
             return r.pack, r.entry
         ends, lens = self._m.ends, self._m.lengths
         offset = r.offset + (ends[i] - lens[i]) - (ends[r.first] - lens[r.first])
-        return r.pack, PackEntry(self._m.chunk_ids[i], offset, lens[i], lens[i], CODEC_RAW)
+        check = r.checks[i - r.first] if r.checks is not None else None
+        return r.pack, PackEntry(self._m.chunk_ids[i], offset, lens[i], lens[i], CODEC_RAW, check)
 
     def _location(self, cid: bytes):
         loc = self._locs.get(cid)

@@ -377,17 +377,17 @@ class RemoteStore(Backend):
         the server holds but this token cannot see yet (another tenant's) are proved by a
         keyed hash of their bytes instead of being sent again (docs/protocol.md)."""
         out: set[bytes] = set()
-        wanted = list(chunks)
         can_prove = all(v is not None for v in chunks.values())
         step = wire.MAX_IDS_PER_REQUEST
-        for i in range(0, len(wanted), step):
-            batch = wanted[i:i + step]
-            answer = self._call("POST", "/chunks/query", body=wire.encode_ids(batch),
-                                headers={wire.PROVE_HEADER: "1"} if can_prove else None)
-            out |= wire.decode_presence(batch, answer)
-            if can_prove:
-                out |= self._prove(chunks, wire.decode_to_prove(batch, answer),
-                                   wire.presence_nonce(batch, answer))
+        for width, wanted in wire.by_width(chunks).items():  # a server refuses 16-byte (v1) ids here
+            headers = wire.id_headers(width) | ({wire.PROVE_HEADER: "1"} if can_prove else {})
+            for i in range(0, len(wanted), step):
+                batch = wanted[i:i + step]
+                answer = self._call("POST", "/chunks/query", body=wire.encode_ids(batch), headers=headers)
+                out |= wire.decode_presence(batch, answer)
+                if can_prove:
+                    out |= self._prove(chunks, wire.decode_to_prove(batch, answer),
+                                       wire.presence_nonce(batch, answer))
         return out
 
     def _prove(self, chunks: dict[bytes, bytes], to_prove: list[bytes], nonce: bytes) -> set[bytes]:
@@ -395,7 +395,8 @@ class RemoteStore(Backend):
         for j in range(0, len(to_prove), wire.MAX_PROOFS_PER_REQUEST):
             part = to_prove[j:j + wire.MAX_PROOFS_PER_REQUEST]
             proofs = [(c, wire.chunk_proof(chunks[c], nonce)) for c in part]
-            flags = self._call("POST", "/chunks/prove", body=wire.encode_proofs(nonce, proofs))
+            flags = self._call("POST", "/chunks/prove", body=wire.encode_proofs(nonce, proofs),
+                               headers=wire.id_headers(wire.ID))
             if len(flags) != len(part):
                 raise CorruptionError("proof answer has the wrong length")
             proved.update(c for c, ok in zip(part, flags) if ok)
@@ -463,12 +464,13 @@ class RemoteStore(Backend):
         concurrent.futures.wait(uploads)
 
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
-        wanted = list(dict.fromkeys(chunk_ids))
         out: dict[bytes, tuple[str, PackEntry]] = {}
         step = wire.MAX_IDS_PER_REQUEST
-        for i in range(0, len(wanted), step):
-            body = self._call("POST", f"/repos/{_repo(repo)}/locate", body=wire.encode_ids(wanted[i:i + step]))
-            out.update(wire.decode_locations(body))
+        for width, wanted in wire.by_width(dict.fromkeys(chunk_ids)).items():  # v1 data: 16-byte ids
+            for i in range(0, len(wanted), step):
+                body = self._call("POST", f"/repos/{_repo(repo)}/locate", body=wire.encode_ids(wanted[i:i + step]),
+                                  headers=wire.id_headers(width))
+                out.update(wire.decode_locations(body, width))
         return out
 
     def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
@@ -562,7 +564,7 @@ class RemoteStore(Backend):
 
     @staticmethod
     def _checked_manifest(name: str, data: bytes) -> Manifest:
-        if ids.hexdigest(data) != name:
+        if not ids.matches(data, name):
             raise CorruptionError(f"manifest {name} from the server does not match its name")
         return Manifest.decode(data, f"manifest {name}")
 
@@ -606,7 +608,7 @@ class RemoteStore(Backend):
 
     def _fetch_commit(self, repo: str, commit_id: str) -> Commit:
         data = self._call("GET", f"/repos/{_repo(repo)}/commits/{commit_id}")
-        if ids.hexdigest(data) != commit_id:
+        if not ids.matches(data, commit_id):
             raise CorruptionError(f"commit {commit_id} from the server does not match its id")
         return Commit.decode(data, f"commit {commit_id}")
 

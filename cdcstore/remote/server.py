@@ -34,8 +34,8 @@ from ..core.commit import Commit
 from ..core.errors import (BusyError, CdcError, ConflictError, CorruptionError, InvalidAddressError, PackMissingError,
                      RefExistsError,
                      RepoNotFoundError, RevisionNotFoundError)
-from ..core.manifest import Manifest
-from ..core.pack import WRITE_BUFFER, read_verified
+from ..core.manifest import MANIFEST_VERSION, Manifest
+from ..core.pack import PACK_VERSION, WRITE_BUFFER, pack_version, read_verified
 from ..storage.check import rebuild_index
 from ..storage.objects import NotFound
 from ..storage.repository import Repository, open_repository, pack_name
@@ -44,6 +44,19 @@ log = logging.getLogger("cdcstore.server")
 
 
 REF_KINDS = {"tags": "tag", "branches": "branch"}  # URL segment -> kind of name
+
+
+def _require_new_ids(request, what: str) -> None:
+    """Refuse a request about 16-byte (format-v1, xxh3) ids: dedup or a proof against such an
+    id would let one token claim another's chunk by a collision."""
+    header = request.headers.get(wire.ID_HEADER)
+    try:
+        width = wire.id_width(header)
+    except ValueError as e:
+        raise HTTPError(400, str(e)) from None
+    if width != wire.ID:
+        raise HTTPError(400, f"{what} with {width}-byte chunk ids ({wire.ID_HEADER}: {header or 'absent'}): "
+                             f"{ids.LEGACY_REFUSED}")
 
 
 class HTTPError(Exception):
@@ -341,6 +354,7 @@ class Server:
 
     async def query_chunks(self, request):
         self.auth.check(request, None, write=True)
+        _require_new_ids(request, "a presence query (dedup)")
         wanted = wire.decode_ids(await self._body(request, wire.MAX_IDS_PER_REQUEST * wire.ID))
         scope = self.auth.scope(request)
         held = await self._io(self._held, wanted)
@@ -400,14 +414,15 @@ class Server:
         """A per-token nonce for possession proofs, valid for 5-10 minutes (stateless: an
         HMAC of the token's owner id and the time bucket under a per-process secret)."""
         bucket = int(time.time() // 300) - age
-        return hmac.new(self._secret, f"{owner}:{bucket}".encode(), hashlib.sha256).digest()[:wire.ID]
+        return hmac.new(self._secret, f"{owner}:{bucket}".encode(), hashlib.sha256).digest()[:wire.NONCE]
 
     async def prove_chunks(self, request):
         """Proof of possession: the token shows it holds chunks' bytes (keyed blake2b under
         the nonce of its last query) and may then use them as if it had uploaded them."""
         self.auth.check(request, None, write=True)
         scope = self.auth.scope(request)
-        body = await self._body(request, wire.ID + wire.MAX_PROOFS_PER_REQUEST * (wire.ID + wire.PROOF))
+        _require_new_ids(request, "a proof of possession")
+        body = await self._body(request, wire.NONCE + wire.MAX_PROOFS_PER_REQUEST * (wire.ID + wire.PROOF))
         nonce, proofs = wire.decode_proofs(body)
         if scope is None:  # nothing is hidden from this token
             held = await self._io(self.store.present, [c for c, _ in proofs])
@@ -428,8 +443,10 @@ class Server:
     async def put_pack(self, request):
         self.auth.check(request, None, write=True)
         name = request.match_info["name"]
-        if not ids.is_hex_id(name):
-            raise HTTPError(400, f"invalid pack name {name!r}: 32 lowercase hex digits")
+        if not ids.is_new_hex_id(name):
+            if ids.is_hex_id(name):
+                raise HTTPError(400, f"pack {name}: {ids.LEGACY_REFUSED}")
+            raise HTTPError(400, f"invalid pack name {name!r}: 64 lowercase hex digits (BLAKE3-256 of its bytes)")
         if request.content_length is not None and request.content_length > wire.MAX_PACK_BYTES:
             raise HTTPError(413, f"pack of {request.content_length} bytes is over the limit "
                                  f"of {wire.MAX_PACK_BYTES}")
@@ -472,7 +489,9 @@ class Server:
         in that order, a pack that a retry finds stored (HEAD, after a replica died mid-PUT)
         was granted to its uploader already."""
         with open(tmp, "rb") as f:
-            entries = read_verified(f, os.fstat(f.fileno()).st_size, f"uploaded pack {name}")
+            if (version := pack_version(f)) != PACK_VERSION:  # v1 ids are xxh3 ones, which can be collided
+                raise HTTPError(400, f"uploaded pack {name} is format v{version}: {ids.LEGACY_REFUSED}")
+            entries = read_verified(f, os.fstat(f.fileno()).st_size, f"uploaded pack {name}")  # BLAKE3 each chunk
         if scope is not None:
             self._record_upload(scope, name, entries)
         self.store.add_pack(tmp, name, entries)
@@ -496,6 +515,8 @@ class Server:
 
     def _add_manifests(self, blobs: list[bytes], scope: Scope | None = None) -> list[str]:
         manifests = [Manifest.decode(b, "uploaded manifest") for b in blobs]
+        if any(m.version != MANIFEST_VERSION for m in manifests):
+            raise HTTPError(400, f"a format-v1 manifest was uploaded: {ids.LEGACY_REFUSED}")
         wanted = list({c for m in manifests for c in m.chunk_ids})
         self._require_visible(scope, set(wanted) & self.store.present(wanted), "a manifest")
         missing = set(wanted) - self.store.present(wanted)
@@ -529,7 +550,7 @@ class Server:
         if not isinstance(doc.get("name"), str) or not isinstance(doc.get("commit"), str):
             raise HTTPError(400, 'expected a JSON object {"name": NAME, "commit": COMMIT_ID}')
         if not ids.is_hex_id(doc["commit"]):
-            raise HTTPError(400, f"invalid commit id {doc['commit']!r}: 32 lowercase hex digits")
+            raise HTTPError(400, f"invalid commit id {doc['commit']!r}: 64 lowercase hex digits (32 for format v1)")
         return doc["name"], doc["commit"]
 
     async def create_ref(self, request):
@@ -562,18 +583,18 @@ class Server:
         branch = check_write_target(doc.get("branch") if isinstance(doc.get("branch"), str) else "")
         expected = doc.get("expected")
         if expected is not None and not (isinstance(expected, str) and ids.is_hex_id(expected)):
-            raise HTTPError(400, '"expected" must be null or a commit id (32 lowercase hex digits)')
+            raise HTTPError(400, '"expected" must be null or a commit id (64 lowercase hex digits, 32 for format v1)')
         if commit.repo != repo:
             raise HTTPError(400, f"commit names repo {commit.repo!r} but was sent to {repo!r}")
         cid = await self._io(self._commit, repo, commit, branch, expected, self.auth.scope(request))
         return web.json_response({"commit": cid, "rebased": cid != commit.id}, status=201)
 
     def _parent(self, repo: str, parent) -> Commit | None:
-        """The parent commit: a 32-hex commit id of this repo, never a path (no file-existence oracle)."""
+        """The parent commit: a commit id of this repo, never a path (no file-existence oracle)."""
         if parent is None:
             return None
         if not isinstance(parent, str) or not ids.is_hex_id(parent):
-            raise InvalidAddressError("commit parent must be a 32-hex-digit commit id or null")
+            raise InvalidAddressError("commit parent must be a commit id (64 hex digits, 32 for format v1) or null")
         try:
             return self.store.get_commit(repo, parent)
         except (CdcError, OSError):
@@ -653,9 +674,13 @@ class Server:
 
     async def locate(self, request):
         repo = self._repo(request)  # checks the token's access to the repo
-        wanted = wire.decode_ids(await self._body(request, wire.MAX_IDS_PER_REQUEST * wire.ID))
+        try:
+            width = wire.id_width(request.headers.get(wire.ID_HEADER))  # reads of format-v1 data: 16
+        except ValueError as e:
+            raise HTTPError(400, str(e)) from None
+        wanted = wire.decode_ids(await self._body(request, wire.MAX_IDS_PER_REQUEST * width), width)
         found = await self._io(self._locate_reached, repo, wanted, self.auth.scope(request))
-        return web.Response(body=wire.encode_locations(found), content_type="application/octet-stream")
+        return web.Response(body=wire.encode_locations(found, width), content_type="application/octet-stream")
 
     def _locate_reached(self, repo: str, wanted, scope: Scope | None) -> dict:
         """Locations of the chunks that `repo` reaches or the token uploaded: locate never

@@ -1,4 +1,8 @@
-"""Wire format v1 of the HTTP protocol (pure logic: bodies and limits).
+"""Wire format of the HTTP protocol (pure logic: bodies and limits).
+
+Chunk ids in bodies are 32 bytes (BLAKE3-256, format v2) or, for reads of format-v1
+data, 16 (xxh3-128): a request says which in `ID_HEADER` (absent: 16, as clients
+before protocol 2.0 sent); every id of one body has that width.
 
 docs/protocol.md describes the endpoints; this module is the one place that
 encodes and decodes their binary bodies, so the server and the client cannot
@@ -9,12 +13,16 @@ from __future__ import annotations
 import hashlib
 import struct
 
+from ..core import ids as _ids
 from ..core.errors import CorruptionError
 from ..core.pack import PackEntry
 
 API = "/v1"
-PROTOCOL_VERSION = 1
-ID = 16
+PROTOCOL_VERSION = 2  # 2.0: 32-byte BLAKE3 ids (ID_HEADER); 16-byte ids are refused for new data
+ID = _ids.ID_BYTES  # width of the ids of new data
+LEGACY_ID = _ids.LEGACY_ID_BYTES
+ID_HEADER = "X-Cdc-Id-Bytes"  # the width of the ids in a request body: "32", or "16" (also when absent)
+NONCE = 16  # bytes of a proof nonce
 
 # limits the server enforces (and the client respects)
 MAX_IDS_PER_REQUEST = 65536
@@ -23,21 +31,45 @@ MAX_MANIFEST_BATCH_BYTES = 64 * 1024 * 1024
 MAX_MANIFESTS_PER_REQUEST = 10_000
 MAX_JSON_BYTES = 16 * 1024 * 1024
 
-LOCATE = struct.Struct("<16s16sQIIB3x")  # chunk id, pack name (16 raw bytes), offset, stored, raw, codec
+# chunk id, pack name (raw bytes; a chunk of W-byte id lives in a pack of W-byte name), offset,
+# stored, raw, codec: W = 32 (84-byte records) or, for format-v1 data, 16 (52-byte records)
+LOCATES = {ID: struct.Struct("<32s32sQIIB3x"), LEGACY_ID: struct.Struct("<16s16sQIIB3x")}
+LOCATE = LOCATES[ID]
 _LEN = struct.Struct("<I")
+
+
+def id_width(header: str | None) -> int:
+    """The id width a request declares in `ID_HEADER` (16 when it says nothing)."""
+    if header is None:
+        return LEGACY_ID
+    if header.strip() not in ("16", "32"):
+        raise ValueError(f"{ID_HEADER} must be 32 (BLAKE3 ids) or 16 (format-v1 ids), not {header!r}")
+    return int(header)
+
+
+def id_headers(width: int) -> dict:
+    return {ID_HEADER: str(width)}
 
 
 def encode_ids(ids: list[bytes]) -> bytes:
     return b"".join(ids)
 
 
-def decode_ids(body: bytes) -> list[bytes]:
-    if len(body) % ID:
-        raise ValueError(f"body of {len(body)} bytes is not a whole number of 16-byte ids")
-    n = len(body) // ID
+def decode_ids(body: bytes, width: int = ID) -> list[bytes]:
+    if len(body) % width:
+        raise ValueError(f"body of {len(body)} bytes is not a whole number of {width}-byte ids")
+    n = len(body) // width
     if n > MAX_IDS_PER_REQUEST:
         raise ValueError(f"{n} ids in one request; the limit is {MAX_IDS_PER_REQUEST}")
-    return [body[i * ID:(i + 1) * ID] for i in range(n)]
+    return [body[i * width:(i + 1) * width] for i in range(n)]
+
+
+def by_width(chunk_ids) -> dict[int, list[bytes]]:
+    """Ids grouped by width (one request per width), in order within each group."""
+    out: dict[int, list[bytes]] = {}
+    for c in chunk_ids:
+        out.setdefault(len(c), []).append(c)
+    return out
 
 
 def encode_presence(ids: list[bytes], present: set[bytes], provable: set[bytes] = frozenset(),
@@ -63,7 +95,7 @@ def presence_nonce(ids: list[bytes], body: bytes) -> bytes:
 
 
 def _flags(ids: list[bytes], body: bytes) -> bytes:
-    if len(body) not in (len(ids), len(ids) + ID):
+    if len(body) not in (len(ids), len(ids) + NONCE):
         raise CorruptionError("presence answer has the wrong length")
     return body[:len(ids)]
 
@@ -83,9 +115,10 @@ def encode_proofs(nonce: bytes, proofs: list[tuple[bytes, bytes]]) -> bytes:
 
 
 def decode_proofs(body: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-    nonce, rest = body[:ID], body[ID:]
-    if len(nonce) != ID or len(rest) % (ID + PROOF):
-        raise ValueError("proof body must be a 16-byte nonce then 32-byte (chunk id, proof) pairs")
+    nonce, rest = body[:NONCE], body[NONCE:]
+    if len(nonce) != NONCE or len(rest) % (ID + PROOF):
+        raise ValueError(f"proof body must be a {NONCE}-byte nonce then {ID + PROOF}-byte (chunk id, proof) "
+                         f"pairs (32-byte chunk ids)")
     n = len(rest) // (ID + PROOF)
     if n > MAX_PROOFS_PER_REQUEST:
         raise ValueError(f"{n} proofs in one request; the limit is {MAX_PROOFS_PER_REQUEST}")
@@ -93,26 +126,34 @@ def decode_proofs(body: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     return nonce, [(rest[i:i + ID], rest[i + ID:i + step]) for i in range(0, len(rest), step)]
 
 
-def encode_locations(found: dict[bytes, tuple[str, PackEntry]]) -> bytes:
-    return b"".join(LOCATE.pack(cid, bytes.fromhex(pack), e.offset, e.stored_len, e.raw_len, e.codec)
-                    for cid, (pack, e) in found.items())
+def encode_locations(found: dict[bytes, tuple[str, PackEntry]], width: int = ID) -> bytes:
+    """Locations of chunks whose ids are `width` bytes (their packs' names are as wide)."""
+    rec = LOCATES[width]
+    return b"".join(rec.pack(cid, bytes.fromhex(pack), e.offset, e.stored_len, e.raw_len, e.codec)
+                    for cid, (pack, e) in found.items() if len(cid) == width and len(pack) == 2 * width)
 
 
-def decode_locations(body: bytes) -> dict[bytes, tuple[str, PackEntry]]:
-    if len(body) % LOCATE.size:
+def decode_locations(body: bytes, width: int = ID) -> dict[bytes, tuple[str, PackEntry]]:
+    rec = LOCATES[width]
+    if len(body) % rec.size:
         raise CorruptionError("location answer has the wrong length")
     return {cid: (pack.hex(), PackEntry(cid, off, slen, rlen, codec))
-            for cid, pack, off, slen, rlen, codec in LOCATE.iter_unpack(body)}
+            for cid, pack, off, slen, rlen, codec in rec.iter_unpack(body)}
 
 
 LOCATED_MAGIC = b"CDCMLOC\x00"  # `GET manifests/{name}?locations=1` (protocol 1.3)
 LOCATED_ENDS = 512  # it locates a manifest's first and last this many chunks (a reader's block)
 
 
+def _manifest_id_width(manifest: bytes) -> int:
+    """The chunk-id width of a manifest's bytes (16 in a format-v1 manifest, else 32)."""
+    return LEGACY_ID if manifest[8:12] == b"\x01\x00\x00\x00" else ID
+
+
 def encode_located(manifest: bytes, found: dict[bytes, tuple[str, PackEntry]]) -> bytes:
     """A manifest and locations of its chunks in one body: magic, u32 manifest length,
-    the manifest's bytes, then `encode_locations`."""
-    return LOCATED_MAGIC + _LEN.pack(len(manifest)) + manifest + encode_locations(found)
+    the manifest's bytes, then `encode_locations` (ids as wide as the manifest's)."""
+    return LOCATED_MAGIC + _LEN.pack(len(manifest)) + manifest + encode_locations(found, _manifest_id_width(manifest))
 
 
 def decode_located(body: bytes) -> tuple[bytes, dict[bytes, tuple[str, PackEntry]]]:
@@ -126,7 +167,8 @@ def decode_located(body: bytes) -> tuple[bytes, dict[bytes, tuple[str, PackEntry
     (n,) = _LEN.unpack_from(body, len(LOCATED_MAGIC))
     if head + n > len(body):
         raise CorruptionError("manifest-with-locations answer is truncated")
-    return body[head:head + n], decode_locations(body[head + n:])
+    manifest = body[head:head + n]
+    return manifest, decode_locations(body[head + n:], _manifest_id_width(manifest))
 
 
 def encode_blobs(blobs: list[bytes]) -> bytes:

@@ -41,7 +41,7 @@ class BackendCapabilities:
 class Backend(abc.ABC):
     """What the API, the writer and the reader need from a store, local or remote.
 
-    Ids are 16-byte digests for chunks and hex strings for packs, manifests and
+    Chunk ids are 32-byte BLAKE3 digests (16-byte xxh3 in format-v1 data) and hex strings name packs, manifests and
     commits. Implementations keep the write order of invariant 2. What differs
     between implementations is declared in `capabilities` (docs/architecture.md,
     "Backends and capabilities").

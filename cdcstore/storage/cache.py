@@ -351,7 +351,7 @@ class ChunkCache:
         row = self.conn.execute("SELECT data FROM objects WHERE kind = ? AND name = ?", (kind, name)).fetchone()
         if row is None:
             return None
-        if ids.hexdigest(row[0]) != name:
+        if not ids.matches(row[0], name):
             with self.conn:
                 self.conn.execute("DELETE FROM objects WHERE kind = ? AND name = ?", (kind, name))
             return None
@@ -450,7 +450,7 @@ class CachedBackend(Backend):
         # commits and branch heads are remembered per server and token, so that another
         # token must still ask the server (which checks it); chunks and manifests are
         # shared: they are reached only through a commit
-        self._scope = ids.hexdigest(f"{backend.identity}\n{token or ''}".encode())[:16]
+        self._scope = ids.weak_hexdigest(f"{backend.identity}\n{token or ''}".encode())[:16]
         self._hits = self._misses = 0  # chunks read from the cache / not found there
         self._count_lock = runtime.Lock()
 

@@ -24,7 +24,7 @@ def _sample(names: list[str], fraction: float) -> set[str]:
     if fraction <= 0 or not names:
         return set()
     k = max(1, round(len(names) * min(fraction, 1.0)))
-    return set(sorted(names, key=lambda n: ids.hexdigest(n.encode()))[:k])
+    return set(sorted(names, key=lambda n: ids.weak_hexdigest(n.encode()))[:k])
 
 
 def rebuild_index(store: Repository) -> dict:
@@ -145,7 +145,8 @@ def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict,
     if entries is not None:
         by_id = {e.chunk_id: e for e in entries}
         missing = {c for c in by_id if c not in rows and _verifies(store, name, by_id[c])}
-        wrong = {c for c, e in indexed.items() if by_id.get(c) != e}
+        wrong = {c for c, e in indexed.items()  # the checksum too: local reads trust the row's
+                 if by_id.get(c) != e or (e.check is not None and by_id[c].check != e.check)}
         if missing:
             found.append((f"the index lacks {len(missing)} chunks of pack {name}: "
                           f"run `cdcstore rebuild-index`", missing))
@@ -168,7 +169,7 @@ def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict,
 
 def _verifies(store: Repository, pack: str, e: PackEntry) -> bool:
     try:
-        decode_chunk(store.read_stored(pack, e.offset, e.stored_len), e.codec, e.raw_len, e.chunk_id)
+        decode_chunk(store.read_stored(pack, e.offset, e.stored_len), e.codec, e.raw_len, e.chunk_id, e.check)
         return True
     except CorruptionError:
         return False

@@ -13,8 +13,8 @@ from ..core.errors import CdcError, CorruptionError, damaged_message
 from ..core.pack import PackEntry
 from .sqlite import Connections
 
-SCHEMA_VERSION = 3  # 2: repo_chunks, token_chunks, chunks_by_pack; 3: dup_chunks, store_id
-_ROW = "id, pack, offset, stored_len, raw_len, codec"
+SCHEMA_VERSION = 3  # 2: repo_chunks, token_chunks, chunks_by_pack (and chunks.xsum, added in place); 3: dup_chunks, store_id
+_ROW = "id, pack, offset, stored_len, raw_len, codec, xsum"
 _BATCH = 500  # ids per IN (...) query, below sqlite's variable limit
 _PRESENT_BATCH = 8192  # ids per presence query where sqlite allows that many variables (3.32+)
 
@@ -24,6 +24,19 @@ def _present_batch(conn: sqlite3.Connection) -> int:
         return max(_BATCH, min(_PRESENT_BATCH, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)))
     except AttributeError:  # Python < 3.11: no getlimit
         return _BATCH
+
+
+def _xsum(check: int | None) -> int | None:
+    """A u64 checksum as sqlite's signed 64-bit INTEGER."""
+    return None if check is None else check - (1 << 64) if check >= 1 << 63 else check
+
+
+def _check(xsum: int | None) -> int | None:
+    return None if xsum is None else xsum & ((1 << 64) - 1)
+
+
+def _entry(cid, off, slen, rlen, codec, xsum) -> PackEntry:
+    return PackEntry(cid, off, slen, rlen, codec, _check(xsum))
 
 
 class ChunkIndex:
@@ -51,7 +64,19 @@ class ChunkIndex:
         if not self._has_schema():
             self._create_schema()
         self._ensure_reach_tables()
+        self._ensure_checksums()
         self._ensure_dup_table()
+
+    def _ensure_checksums(self) -> None:
+        """`chunks.xsum`: a v2 pack entry's xxh3-64 checksum (NULL for v1 chunks, and for rows
+        indexed before the column existed), so a local read checks damage without BLAKE3."""
+        conn = self.conn
+        if any(r[1] == "xsum" for r in conn.execute("PRAGMA table_info(chunks)")):
+            return
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            if not any(r[1] == "xsum" for r in conn.execute("PRAGMA table_info(chunks)")):
+                conn.execute("ALTER TABLE chunks ADD COLUMN xsum INTEGER")
 
     def _ensure_dup_table(self) -> None:
         """Schema 3: the other copies of chunks that more than one pack holds (two writers
@@ -67,7 +92,7 @@ class ChunkIndex:
             conn.execute("BEGIN IMMEDIATE")
             conn.execute("CREATE TABLE IF NOT EXISTS dup_chunks (id BLOB NOT NULL, pack TEXT NOT NULL,"
                          " offset INTEGER NOT NULL, stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL,"
-                         " codec INTEGER NOT NULL, PRIMARY KEY (id, pack)) WITHOUT ROWID")
+                         " codec INTEGER NOT NULL, xsum INTEGER, PRIMARY KEY (id, pack)) WITHOUT ROWID")
             conn.execute("CREATE INDEX IF NOT EXISTS dup_chunks_by_pack ON dup_chunks (pack)")
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
 
@@ -124,7 +149,7 @@ class ChunkIndex:
                 db["packs"].create({"name": str, "size": int, "chunks": int}, pk="name")
                 db.execute(
                     "CREATE TABLE chunks (id BLOB PRIMARY KEY, pack TEXT NOT NULL, offset INTEGER NOT NULL,"
-                    " stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL, codec INTEGER NOT NULL)"
+                    " stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL, codec INTEGER NOT NULL, xsum INTEGER)"
                     " WITHOUT ROWID"
                 )
                 db["meta"].create({"key": str, "value": str}, pk="key")
@@ -152,10 +177,9 @@ class ChunkIndex:
         conn = self.conn
         for i in range(0, len(ids), _BATCH):
             batch = ids[i:i + _BATCH]
-            q = ("SELECT id, pack, offset, stored_len, raw_len, codec FROM chunks"
-                 f" WHERE id IN ({','.join('?' * len(batch))})")
-            for cid, pack, off, slen, rlen, codec in conn.execute(q, batch):
-                out[cid] = (pack, PackEntry(cid, off, slen, rlen, codec))
+            q = f"SELECT {_ROW} FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
+            for cid, pack, off, slen, rlen, codec, xsum in conn.execute(q, batch):
+                out[cid] = (pack, _entry(cid, off, slen, rlen, codec, xsum))
         return out
 
     def add_pack(self, name: str, size: int, entries: list[PackEntry]) -> None:
@@ -171,24 +195,24 @@ class ChunkIndex:
         if conn.execute("SELECT 1 FROM packs WHERE name=?", (name,)).fetchone():
             return
         conn.execute("INSERT INTO packs (name, size, chunks) VALUES (?, ?, ?)", (name, size, len(entries)))
-        rows = [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec) for e in entries]
+        rows = [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec, _xsum(e.check)) for e in entries]
         before = conn.total_changes
-        conn.executemany(f"INSERT OR IGNORE INTO chunks ({_ROW}) VALUES (?, ?, ?, ?, ?, ?)", rows)
+        conn.executemany(f"INSERT OR IGNORE INTO chunks ({_ROW}) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
         if conn.total_changes - before < len(rows):  # some chunks are in another pack too
-            conn.executemany(f"INSERT OR IGNORE INTO dup_chunks ({_ROW}) SELECT ?, ?, ?, ?, ?, ?"
+            conn.executemany(f"INSERT OR IGNORE INTO dup_chunks ({_ROW}) SELECT ?, ?, ?, ?, ?, ?, ?"
                              " WHERE EXISTS (SELECT 1 FROM chunks WHERE id = ? AND pack != ?)",
                              [(*r, r[0], name) for r in rows])
 
     def rows(self) -> dict[bytes, tuple[str, PackEntry]]:
         """Every chunk's read location: id -> (pack, entry)."""
-        return {cid: (pack, PackEntry(cid, off, slen, rlen, codec)) for cid, pack, off, slen, rlen, codec
+        return {cid: (pack, _entry(cid, off, slen, rlen, codec, xsum)) for cid, pack, off, slen, rlen, codec, xsum
                 in self.conn.execute(f"SELECT {_ROW} FROM chunks")}
 
     def all_rows(self) -> Iterable[tuple[str, PackEntry]]:
         """Every copy of every chunk: (pack, entry), duplicates included (gc's view)."""
         for table in ("chunks", "dup_chunks"):
-            for cid, pack, off, slen, rlen, codec in self.conn.execute(f"SELECT {_ROW} FROM {table}"):
-                yield pack, PackEntry(cid, off, slen, rlen, codec)
+            for cid, pack, off, slen, rlen, codec, xsum in self.conn.execute(f"SELECT {_ROW} FROM {table}"):
+                yield pack, _entry(cid, off, slen, rlen, codec, xsum)
 
     def drop_chunks(self, pack: str, chunk_ids: Iterable[bytes]) -> None:
         """Forget these chunks' rows in `pack` (a stored copy that failed verification
@@ -294,9 +318,9 @@ class ChunkIndex:
     def pack_chunks(self, pack: str, start: int, end: int) -> list[PackEntry]:
         """Indexed chunks of `pack` whose bytes overlap [start, end)."""
         rows = self.conn.execute(
-            "SELECT id, offset, stored_len, raw_len, codec FROM chunks WHERE pack = ? AND offset < ?"
+            "SELECT id, offset, stored_len, raw_len, codec, xsum FROM chunks WHERE pack = ? AND offset < ?"
             " AND offset >= ? ORDER BY offset", (pack, end, start - (1 << 25))).fetchall()  # chunks < 32 MiB stored
-        return [PackEntry(*r) for r in rows if r[1] + r[2] > start]
+        return [PackEntry(*r[:5], _check(r[5])) for r in rows if r[1] + r[2] > start]
 
     def reach_totals(self, repos: list[str]) -> dict:
         """Chunk totals over what `repos` reach (a scoped token's view of the store)."""

@@ -184,7 +184,7 @@ class LocalObjects(ObjectStore):
             self.put(name, data)
         except AlreadyExists:
             raise Conflict(f"object {name!r} was created by another writer: read it and try again") from None
-        return ids.hexdigest(data)
+        return ids.weak_hexdigest(data)
 
     def touch(self, name: str) -> None:
         with _os_errors(f"cannot touch object {name!r} in {self.root}"):
@@ -197,7 +197,7 @@ class LocalObjects(ObjectStore):
                 current = self._read(path)
             except FileNotFoundError:
                 current = None
-            if current is None or ids.hexdigest(current) != token:
+            if current is None or ids.weak_hexdigest(current) != token:
                 raise Conflict(f"object {name!r} changed since it was read (or is gone): read it and try again")
             tmp = self._write_tmp(data)
             try:
@@ -207,7 +207,7 @@ class LocalObjects(ObjectStore):
                     os.unlink(tmp)
                 raise
             fsync_dir(os.path.dirname(path))
-        return ids.hexdigest(data)
+        return ids.weak_hexdigest(data)
 
     def delete(self, name: str) -> None:
         path = self._path(name)
@@ -231,7 +231,7 @@ class LocalObjects(ObjectStore):
 
     def get_with_token(self, name: str) -> tuple[bytes, str]:
         data = self.get(name)
-        return data, ids.hexdigest(data)
+        return data, ids.weak_hexdigest(data)
 
     def get_range(self, name: str, offset: int, length: int):
         check_range(offset, length)
@@ -257,7 +257,7 @@ class LocalObjects(ObjectStore):
         """Size and token; the token hashes the whole file (use local_path for a size only)."""
         path = self._path(name)
         with _os_errors(f"object {name!r} in {self.root}", reading=True):
-            h = ids.hasher()
+            h = ids.weak_hasher()
             size = 0
             with open(path, "rb") as f:
                 for block in iter(lambda: f.read(_BLOCK), b""):

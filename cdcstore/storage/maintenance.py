@@ -34,7 +34,9 @@ import time
 
 from .. import runtime
 from ..core.errors import BusyError, InvalidAddressError
-from ..core.pack import ENTRY, HEADER, TRAILER, WRITE_BUFFER, PackWriter, decode_chunk
+from ..core import ids
+from ..core.pack import ENTRY, HEADER, LEGACY_ENTRY, LEGACY_PACK_VERSION, PACK_VERSION, TRAILER, WRITE_BUFFER, \
+    PackWriter, decode_chunk
 from .objects import StorageError
 from .repository import Repository, commit_name, locations_name, manifest_name, pack_name
 
@@ -74,7 +76,8 @@ class GcPlan:
 
 def _repacked_size(live: list) -> int:
     """Bytes of a pack holding just these chunks (header, records, index, trailer)."""
-    return HEADER.size + sum(e.stored_len for e in live) + ENTRY.size * len(live) + TRAILER.size
+    entry = LEGACY_ENTRY if live and ids.is_legacy(live[0].chunk_id) else ENTRY
+    return HEADER.size + sum(e.stored_len for e in live) + entry.size * len(live) + TRAILER.size
 
 
 def mark(repo: Repository) -> tuple[set[tuple[str, str]], set[str], set[bytes]]:
@@ -130,7 +133,7 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
     packs, repack, kept = [], [], []
     for info in repo.objects.list("packs/"):
         base = info.name.rsplit("/", 1)[-1]
-        if not (base.endswith(".pack") and len(base) == 37):
+        if not (base.endswith(".pack") and ids.is_hex_id(base[:-5])):
             continue
         name = base[:-5]
         live = sorted(live_in.get(name, []), key=lambda e: e.offset)
@@ -267,11 +270,12 @@ def _repack(repo: Repository, name: str, live: list) -> None:
     before the move leaves an unindexed copy (garbage); after it, an old pack with no rows."""
     tmp = repo.tmp_path()
     with open(tmp, "wb", buffering=WRITE_BUFFER) as f:
-        w = PackWriter(f)
+        # a v1 pack's chunks keep their 16-byte ids, so they go to a v1 pack (named as v1 was)
+        w = PackWriter(f, LEGACY_PACK_VERSION if live and ids.is_legacy(live[0].chunk_id) else PACK_VERSION)
         for e in live:
             stored = repo.read_stored(name, e.offset, e.stored_len)
-            decode_chunk(stored, e.codec, e.raw_len, e.chunk_id)  # never copy a damaged chunk
-            w.add(e.chunk_id, e.codec, stored, e.raw_len)
+            raw = decode_chunk(stored, e.codec, e.raw_len, e.chunk_id)  # never copy a damaged chunk
+            w.add(e.chunk_id, e.codec, stored, e.raw_len, ids.checksum(raw))
         new = w.finish()
         size = w.size
         f.flush()

@@ -4,14 +4,17 @@ One layer owns every format on top of `objects.ObjectStore` (a directory, a buck
 memory). Object names (store format v1, docs/format.md):
 
     cdcstore.json                          {"format": "cdcstore", "version": 1}
-    packs/ab/<name>.pack                   immutable, named by xxh3-128 of their bytes
+    packs/ab/<name>.pack                   immutable, named by BLAKE3-256 of their bytes
     manifests/ab/<name>                    file manifests, named likewise
-    repos/<repo>/commits/<id>.json         commits, named by xxh3-128 of their JSON
+    repos/<repo>/commits/<id>.json         commits, named by BLAKE3-256 of their JSON
     repos/<repo>/branches/<branch>         the commit id a branch points at
     repos/<repo>/tags/<tag>                the commit id a tag names (never rewritten)
     repos/<repo>/applied/<id>.<landed>     a rebased commit's copy (empty; see update_branch)
-    grants/<owner>/<xxh3>                  chunk ids a server token uploaded (record_token_grant)
+    grants/<owner>/<hash>                  chunk ids a server token uploaded (record_token_grant)
     server/nonce-key                       the key of proof nonces, shared by replicas (nonce_key)
+
+Names made by format v1 (xxh3-128: 32 hex digits; chunk ids of 16 bytes) stay readable:
+the length of a name says which hash checks it (`ids.matches`).
 
 Beside them, on local disk only, the chunk index (`index.ChunkIndex`, a rebuildable
 cache: in the store's directory for a local store, under the user cache dir for a
@@ -41,8 +44,8 @@ from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddr
                            PackMissingError, PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
                            StoreFormatError)
 from ..core import locations
-from ..core.manifest import Manifest
-from ..core.pack import PackEntry, decode_chunk, first_mismatch, read_index, read_verified
+from ..core.manifest import LEGACY_MANIFEST_VERSION, Manifest
+from ..core.pack import PackEntry, decode_checked, first_mismatch, read_index, read_verified
 from ..core.ranges import plan_ranges, slices
 from .backend import Backend, BackendCapabilities
 from .index import ChunkIndex
@@ -229,7 +232,7 @@ class Repository(Backend):
         out = {}
         for info in self.objects.list("packs/"):
             base = info.name.rsplit("/", 1)[-1]
-            if base.endswith(".pack") and len(base) == 37:
+            if base.endswith(".pack") and ids.is_hex_id(base[:-5]):  # v2 (64 hex) or v1 (32)
                 out[base[:-5]] = info.size
         return out
 
@@ -283,8 +286,9 @@ class Repository(Backend):
             return added
 
     def pack_hash(self, name: str) -> str:
-        """The xxh3-128 of a pack's bytes, read in 4 MiB ranges (its name, if undamaged)."""
-        h = ids.hasher()
+        """The hash of a pack's bytes of the kind its name says (BLAKE3, or xxh3-128 for a
+        v1 pack), read in 4 MiB ranges: its name, if undamaged."""
+        h = ids.hasher_for(name)
         offset = 0
         while block := self.objects.get_range(pack_name(name), offset, 4 << 20):
             h.update(block)
@@ -404,7 +408,7 @@ class Repository(Backend):
         for r in plan_ranges(items, max_hole=0, max_range=self._run):
             for e, stored_bytes in slices(r, self.read_stored(r.pack, r.start, r.end - r.start)):
                 try:
-                    out[e.chunk_id] = decode_chunk(stored_bytes, e.codec, e.raw_len, e.chunk_id)
+                    out[e.chunk_id] = decode_checked(stored_bytes, e.codec, e.raw_len, e.chunk_id, e.check)
                 except CorruptionError as err:
                     raise self._damaged(r.pack, e.chunk_id, err) from None
         return out
@@ -439,7 +443,8 @@ class Repository(Backend):
         """Store many manifests durably (written once each; on a few threads, as each put
         waits on a disk or a network, not on the GIL)."""
         encoded = [m.encode() for m in manifests]
-        names = [ids.hexdigest(d) for d in encoded]
+        names = [ids.legacy_hexdigest(d) if m.version == LEGACY_MANIFEST_VERSION else ids.hexdigest(d)
+                 for m, d in zip(manifests, encoded)]
         todo = dict(zip(names, encoded))
 
         def put(item):  # one stored before is made young again: gc's grace window covers it anew
@@ -460,7 +465,7 @@ class Repository(Backend):
             data = bytes(self.objects.get(object_name))
         except NotFound:
             raise missing from None
-        if ids.hexdigest(data) != name:
+        if not ids.matches(data, name):
             raise CorruptionError(f"{what} does not match its name (damaged)")
         return data
 
@@ -492,13 +497,13 @@ class Repository(Backend):
     def put_commit(self, commit: Commit) -> str:
         check_name("repo", commit.repo)
         data = commit.encode()
-        cid = ids.hexdigest(data)
+        cid = ids.hexdigest(data)  # BLAKE3: a new commit gets a 64-hex name
         self.objects.put(commit_name(commit.repo, cid), data, exist_ok=True)
         return cid
 
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         check_name("repo", repo)
-        if not is_commit_like(commit_id) or len(commit_id) != 32:
+        if not ids.is_hex_id(commit_id):
             raise RevisionNotFoundError(f"no commit {commit_id!r} in repo {repo!r}")
         try:
             data = self._get_named(commit_id, commit_name(repo, commit_id), f"commit {commit_id} in repo {repo!r}",
@@ -722,14 +727,17 @@ class Repository(Backend):
 
     def record_token_grant(self, owner: str, chunk_ids: Iterable[bytes]) -> None:
         """Record that token `owner` (a hash of the token) may use these chunks, locally and
-        in a content-named object `grants/<owner>/<xxh3 of the ids>` that every replica can
+        in a content-named object `grants/<owner>/<hash of the ids>` that every replica can
         read (written before the upload or proof is acknowledged)."""
-        body = b"".join(sorted(set(chunk_ids)))
-        if not body:
+        wanted = sorted(set(chunk_ids))
+        if not wanted:
             return
+        if any(len(c) != ids.ID_BYTES for c in wanted):  # a grant's name says its ids' width
+            raise ValueError(f"token grants hold {ids.ID_BYTES}-byte chunk ids only")
+        body = b"".join(wanted)
         check_name("owner", owner)
         self.objects.put(f"grants/{owner}/{ids.hexdigest(body)}", body, exist_ok=True)
-        self.index.grant_chunks("token_chunks", owner, [body[i:i + 16] for i in range(0, len(body), 16)])
+        self.index.grant_chunks("token_chunks", owner, wanted)
 
     def refresh_token_grants(self, owner: str) -> int:
         """Import the grant objects of token `owner` that this process has not read yet
@@ -743,9 +751,11 @@ class Repository(Backend):
                     continue
                 with _suppress_not_found():
                     body = bytes(self.objects.get(info.name))
-                    if ids.hexdigest(body) == info.name.rsplit("/", 1)[-1] and len(body) % 16 == 0:
+                    name = info.name.rsplit("/", 1)[-1]
+                    width = ids.LEGACY_ID_BYTES if ids.is_legacy(name) else ids.ID_BYTES  # v1 grants: 16
+                    if ids.is_hex_id(name) and ids.matches(body, name) and len(body) % width == 0:
                         self.index.grant_chunks("token_chunks", owner,
-                                                [body[i:i + 16] for i in range(0, len(body), 16)])
+                                                [body[i:i + width] for i in range(0, len(body), width)])
                         added += 1
                 seen.add(info.name)
         return added
@@ -821,7 +831,7 @@ class Repository(Backend):
         prefix = f"repos/{repo}/applied/{original}"
         for info in self.objects.list(prefix):
             rest = info.name[len(prefix):]
-            if rest.startswith(".") and len(rest) == 33:
+            if rest.startswith(".") and ids.is_hex_id(rest[1:]):
                 out.add(rest[1:])
             elif rest == "":  # written by cdcstore before rebases were lock-free: holds the id
                 with _suppress_not_found():
@@ -958,9 +968,11 @@ class LocalStore(Repository):
         return memoryview(data)
 
     def read_run_into(self, pack: str, offset: int, out: memoryview, chunk_ids: list[bytes],
-                      lengths: list[int]) -> None:
+                      lengths: list[int], checks: list | None = None) -> None:
         """Raw chunks that sit back to back in a pack from `offset`, read straight into
-        `out` (one copy, from the page cache) and each verified there against its id."""
+        `out` (one copy, from the page cache) and each checked there: against its pack
+        entry's xxh3-64 checksum when `checks` gives them (this store's own pack, whose ids
+        were verified when it was written or received), else against its id."""
         fd, got = self._fd(pack), 0
         while got < len(out):  # preadv may return less than asked before the end
             n = os.preadv(fd, [out[got:]], offset + got)
@@ -968,9 +980,10 @@ class LocalStore(Repository):
                 raise CorruptionError(f"pack {pack} is truncated: wanted {len(out)} bytes at {offset}, "
                                       f"got {got}; run `cdcstore check`")
             got += n
-        bad = first_mismatch(out, chunk_ids, lengths)
+        bad = first_mismatch(out, chunk_ids, lengths, checks)
         if bad >= 0:
-            raise self._damaged(pack, chunk_ids[bad], f"chunk {chunk_ids[bad].hex()} does not match its id")
+            raise self._damaged(pack, chunk_ids[bad], f"chunk {chunk_ids[bad].hex()} does not match its id"
+                                                      f"{' (its checksum differs)' if checks else ''}")
 
     def index_stamp(self) -> tuple:
         """Changes whenever the chunk index may have changed, in any process: what was
