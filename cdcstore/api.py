@@ -27,6 +27,7 @@ from .engine.read import FileReader, LocalSeed
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
 from .storage.check import check as check_store, rebuild_index
+from .storage import staging
 from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD, PushSession, forget, gc
 from .storage.repository import LocalStore, Repository, is_object_url, no_such_path, open_repository
 from .engine.push import Ingest, IngestOptions
@@ -598,6 +599,63 @@ class Store:
         return self.commit_files(a.repo, a.ref, [], message or f"commit {len(merged)} uploaded files",
                                  remove=remove, remove_under=remove_under, entries=merged, parent=parent)
 
+    # -- job journals: upload first, commit once (storage/staging.py, writers.py) ------------------
+    def journal(self):
+        """The journal role where the store is: its objects (a directory, a bucket) or a server's
+        job routes (protocol 1.5). Methods: open, add, batches, close (repo, job id)."""
+        inner = self.backend.uncached()
+        if isinstance(inner, Repository):
+            return staging.Journal(inner)
+        if inner.capabilities.remote_admin:
+            from .remote.staging import RemoteJournal
+
+            return RemoteJournal(inner)
+        raise InvalidAddressError(f"{self.location} keeps no job journals: use a directory, a bucket or a server")
+
+    def stage(self, repo: str, job: str, pairs: list[tuple[str, str]] = (), *,
+              entries: dict[str, FileEntry] | None = None, remove: Iterable[str] = (),
+              options: IngestOptions | None = None) -> dict[str, FileEntry]:
+        """Upload (local file, path) pairs and add them, with `entries` (stored files) and
+        `remove` (paths), to job `job` of `repo` as ONE journal entry object; no commit.
+        The entry is written inside the push session, so gc never sees the manifests
+        unprotected (young while uploading, named by a live job after). Returns the entries."""
+        check_name("repo", repo)
+        staging.check_job(job)
+        batch: dict[str, FileEntry | None] = {normalize_path(p): None for p in remove}
+        with self._push_session():
+            added = self._ingest(list(pairs), options, None)[1] if pairs else {}
+            batch.update({normalize_path(p): e for p, e in (entries or {}).items()})
+            batch.update(added)
+            if batch:
+                self.journal().add(repo, job, batch)
+        return {p: e for p, e in batch.items() if e is not None}
+
+    def land(self, dest: str | Address, job: str, message: str = "", *, parent: str | None = None,
+             exclusive: Iterable[str] = ()) -> "TransferResult | None":
+        """Land job `job` on DEST's branch as ONE commit (made against `parent`, rebased onto newer
+        commits that touch other paths) and close the job; None when it holds nothing. The job
+        is closed whether it lands or fails. Two different entries for one path are refused."""
+        a = _as_address(dest)
+        journal = self.journal()
+        try:
+            files, removed = staging.merge(journal.batches(a.repo, job))
+            if not files and not removed:
+                return None
+            taken = [p for p in exclusive if p in files]
+            if taken and self.backend.has_repo(a.repo):
+                head = self.backend.uncached().branches(a.repo).get(a.ref)
+                now = self.get_commit(a.repo, head).files if head else {}
+                if any(p in now for p in taken):
+                    raise FileExistsError(f"cdc://{a.repo}@{a.ref}/{next(p for p in taken if p in now)} exists "
+                                          f"(mode 'xb'): nothing was committed")
+            if files:
+                self._check_entries(a.repo, files)
+            names = sorted(files) or removed
+            message = message or f"write {len(files)} files: {', '.join(names[:3])}" + (" ..." if len(names) > 3 else "")
+            return self.commit_files(a.repo, a.ref, [], message, remove=removed, entries=files, parent=parent)
+        finally:
+            journal.close(a.repo, job)
+
     def _check_entries(self, repo: str, entries: dict[str, FileEntry]) -> None:
         """Each entry names a manifest this store holds, of the entry's size. A server
         checks this itself when it receives the commit (uncommitted manifests are not
@@ -608,13 +666,20 @@ class Store:
         sizes: dict[str, set[int]] = {}
         for path, e in entries.items():
             sizes.setdefault(e.manifest, set()).add(e.size)
-        for name, wanted in sizes.items():
+        def fetch(name):
             try:
-                m = inner.get_manifest(name)
+                return inner.get_manifest(name)
             except (CdcError, OSError):
+                return None
+
+        names = list(sizes)
+        found = map(fetch, names) if len(names) <= 4 else runtime.pool("io", 8).map(fetch, names)
+        for name, m in zip(names, list(found)):
+            wanted = sizes[name]
+            if m is None:
                 path = next(p for p, e in entries.items() if e.manifest == name)
                 raise InvalidAddressError(f"{path!r}: manifest {name} is not in the store {self.location}: "
-                                          f"upload the file to this store first (Store.upload)") from None
+                                          f"upload the file to this store first (Store.upload)")
             if wanted != {m.size}:
                 path = next(p for p, e in entries.items() if e.manifest == name and e.size != m.size)
                 raise InvalidAddressError(f"{path!r}: the entry says {entries[path].size} bytes but manifest "
