@@ -29,8 +29,10 @@ from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's pub
 from .storage.check import check as check_store, rebuild_index
 from .storage import staging
 from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD, PushSession, forget, gc
-from .storage.repository import LocalStore, Repository, is_object_url, no_such_path, open_repository
+from .storage.repository import LocalStore, Repository, is_object_url, manifest_name, no_such_path, open_repository
 from .engine.push import Ingest, IngestOptions
+from . import statcache
+from .statcache import Seen, StatCache
 
 
 ENV_STORE = "CDCSTORE_STORE"
@@ -59,6 +61,7 @@ class TransferResult:
     received_bytes: int = 0
     requests: int = 0
     files_detail: dict | None = None  # per pushed file: bytes, new_bytes, chunks, chunking
+    unread_files: int = 0  # files the push stat cache vouched for: not read (statcache.py)
 
     @property
     def new_bytes_by_file(self) -> dict[str, int]:
@@ -442,13 +445,17 @@ class Store:
              *, delete: bool = False, options: IngestOptions | None = None,
              progress: Callable[[int], None] | None = None,
              on_skip: Callable[[str, str], None] | None = None,
-             include: Iterable[str] = (), exclude: Iterable[str] = ()) -> TransferResult:
+             include: Iterable[str] = (), exclude: Iterable[str] = (),
+             stat_cache: bool = True) -> TransferResult:
         """Publish local files and folders as one new commit on DEST's branch.
 
         Files already in the branch and not pushed stay; with `delete=True`, files
         under DEST that are not among the sources are removed. Nothing changes
         when the push adds nothing new (no empty commits). FIFOs, sockets, devices
         and folder symlinks are skipped and reported to `on_skip(path, why)`.
+        A file whose size, mtime, inode and ctime match the last push of it from this
+        machine to this store is not read again when the store still holds its manifest
+        (`statcache.py`); `stat_cache=False` reads every file.
         """
         a = _as_address(dest)
         if isinstance(sources, str):
@@ -459,20 +466,63 @@ class Store:
         if keep:  # globs match the path below DEST; --delete removes only what they select
             pairs = [(f, p) for f, p in pairs if keep(p)]
         under = (a.path + "/" if a.path else "") if delete else None
-        return self.commit_files(a.repo, a.ref, pairs, message, remove_under=under, options=options,
-                                 progress=progress, remove_filter=keep)
+        cache = StatCache() if stat_cache else None
+        identity = self._identity()
+        seen_ns = statcache.now_ns()  # before any stat: the racy-file reference (statcache.py)
+        seen = {os.path.abspath(f): Seen.of(f, seen_ns) for f, _ in pairs}
+        hits = cache.lookup(identity, {f: s for f, s in seen.items() if s is not None}) if cache else {}
+        known = {p: hits[os.path.abspath(f)] for f, p in pairs if os.path.abspath(f) in hits}
+        try:
+            result = self.commit_files(a.repo, a.ref, pairs, message, remove_under=under, options=options,
+                                       progress=progress, remove_filter=keep, known=known)
+            if cache is not None:
+                read = getattr(result, "_read", {})
+                cache.record(identity, [(os.path.abspath(f), seen[os.path.abspath(f)], read[p]) for f, p in pairs
+                                        if p in read and seen[os.path.abspath(f)] is not None])
+            return result
+        finally:
+            if cache is not None:
+                cache.close()
+
+    def _identity(self) -> str:
+        """The store's identity for caches on this machine: its location (a real path for a
+        directory) and, for a bucket, the endpoint (two services may share a bucket name)."""
+        inner = self.backend.uncached()
+        settings = getattr(getattr(inner, "objects", None), "_settings", None)
+        endpoint = settings.get("endpoint") if isinstance(settings, dict) else None
+        loc = os.path.realpath(self.location) if os.path.isdir(self.location) else self.location
+        return f"{type(inner).__name__}:{loc}|{endpoint or ''}"
+
+    def _manifests_present(self, repo: str, names: list[str]) -> set[str]:
+        """Which of these manifests the store holds, in one request to a server (protocol 1.5;
+        an older server: none, so the files are read) or a look at each object here."""
+        names = list(dict.fromkeys(names))
+        if not names:
+            return set()
+        inner = self.backend.uncached()
+        if isinstance(inner, Repository):
+            found = runtime.pool("io", 8).map(lambda n: inner.objects.exists(manifest_name(n)), names)
+            return {n for n, ok in zip(names, list(found)) if ok}
+        if inner.capabilities.remote_admin:
+            from .remote.staging import manifests_present
+
+            return manifests_present(inner, repo, names) or set()
+        return set()
 
     def commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "", *,
                      remove: Iterable[str] = (), remove_under: str | None = None,
                      entries: dict[str, FileEntry] | None = None, options: IngestOptions | None = None,
                      progress: Callable[[int], None] | None = None, parent: str | None = None,
-                     remove_filter: Callable[[str], bool] | None = None) -> TransferResult:
+                     remove_filter: Callable[[str], bool] | None = None,
+                     known: dict[str, FileEntry] | None = None) -> TransferResult:
         """One commit on `branch` of `repo`: add (local file, path in repo) pairs and
         remove the paths in `remove` (each must exist); with `remove_under`, also
         remove every file under that prefix that is not being added. `entries` sets
         paths to stored files (manifests already in the store: a copy reads no data).
         Returns the landed commit (a rebased one if another writer moved the branch).
-        `parent` bases the change on that commit instead of the branch head."""
+        `parent` bases the change on that commit instead of the branch head. `known` maps
+        paths of `pairs` to the entries the stat cache vouches for: one whose manifest the
+        store holds is used without reading the file."""
         t0, c0 = time.perf_counter(), self.counters()
         check_name("repo", repo)
         check_write_target(branch)
@@ -495,7 +545,14 @@ class Store:
                 raise no_such_path(repo, branch, path)
 
         with self._push_session():  # a gc deletes nothing while this push is in flight
-            ingest, added, per_file = self._ingest(pairs, options, progress)
+            held = {f.manifest for f in base.files.values()} if base else set()  # reachable: in the store
+            unread = self._vouched(repo, known or {}, held)
+            todo = [(f, p) for f, p in pairs if p not in unread]
+            ingest, added, per_file = self._ingest(todo, options, progress, skip=held)
+            read = dict(added)
+            added.update(unread)
+            if progress and unread:
+                progress(sum(e.size for e in unread.values()))
             if remove_under is not None:
                 adding = set(added)
                 for p in [p for p in files if p.startswith(remove_under) and p not in adding
@@ -510,11 +567,23 @@ class Store:
             commit_id = parent
             if changed:
                 commit_id = be.commit(Commit(repo, parent, message, time.time(), files), branch, expected)
-        return TransferResult(
-            files=len(pairs), bytes=ingest.bytes, new_bytes=ingest.new_bytes,
+        result = TransferResult(
+            files=len(pairs), bytes=ingest.bytes + sum(e.size for e in unread.values()), new_bytes=ingest.new_bytes,
             stored_bytes=ingest.stored_bytes, seconds=time.perf_counter() - t0, commit=commit_id,
             chunks=ingest.chunks, new_chunks=ingest.new_chunks, changed=changed,
-            files_detail=per_file, **self._wire(c0))
+            files_detail=per_file, unread_files=len(unread), **self._wire(c0))
+        result._read = read  # what was read, for the stat cache
+        return result
+
+    def _vouched(self, repo: str, known: dict[str, FileEntry], held: set[str]) -> dict[str, FileEntry]:
+        """The stat cache's entries whose manifests the store holds: those the commit being
+        built on names (reachable, so kept), and those one presence batch answers for."""
+        ok = {p: e for p, e in known.items() if e.manifest in held}
+        rest = {p: e for p, e in known.items() if p not in ok}
+        if rest:
+            present = self._manifests_present(repo, [e.manifest for e in rest.values()])
+            ok.update({p: e for p, e in rest.items() if e.manifest in present})
+        return ok
 
     def _push_session(self):
         """The marker of a push in flight, where the store is (a directory, a bucket, or a
@@ -552,9 +621,11 @@ class Store:
                            grace=grace, dry_run=dry_run, repack_dead=repack_dead, max_unused=max_unused)
 
     def _ingest(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
-                progress: Callable[[int], None] | None) -> tuple[Ingest, dict[str, FileEntry], dict]:
+                progress: Callable[[int], None] | None,
+                skip: set[str] = frozenset()) -> tuple[Ingest, dict[str, FileEntry], dict]:
         """Store the files' chunks (durable) and then their manifests: (ingest, path ->
-        entry, per-file detail). Nothing is committed."""
+        entry, per-file detail). Nothing is committed. Manifests named in `skip` (the store
+        holds them: the commit being built on names them) are not stored again."""
         ingest = Ingest(self.backend, options, progress)
         try:
             manifests = list(zip([p for _, p in pairs], ingest.add_files(pairs)))
@@ -563,7 +634,12 @@ class Store:
             ingest.close()
         per_file = {path: {"bytes": m.size, "new_bytes": ingest.file_new[path], "chunks": len(m.chunk_ids),
                            "chunking": ingest.file_mode[path]} for path, m in manifests}
-        names = self.backend.put_manifests([m for _, m in manifests])  # only after their chunks are durable
+        names = [ids.hexdigest(m.encode()) for _, m in manifests]
+        todo = {n: m for (_, m), n in zip(manifests, names) if n not in skip}
+        if todo:  # only after their chunks are durable
+            stored = self.backend.put_manifests(list(todo.values()))
+            if stored != list(todo):
+                raise CorruptionError("the store named the manifests differently than their hashes")
         added = {path: FileEntry(name, m.size) for (path, m), name in zip(manifests, names)}
         return ingest, added, per_file
 
