@@ -18,14 +18,35 @@ from cdcstore.storage.repository import LocalStore
 from cdcstore.testing import ServerProcess
 
 
+BUCKET_CALLS = [0]  # object-store calls (each one request or more) on a bucket
+
+
+def count_bucket_calls() -> None:
+    """Count the S3 client's calls (put, get, head, delete, list, folders) in this process."""
+    from cdcstore.storage import s3
+
+    for cls in (s3._Obstore, s3._S3fs):
+        for name in ("put", "get", "head", "delete", "folders", "list"):
+            real = getattr(cls, name)
+
+            def counted(self, *a, _real=real, **kw):
+                BUCKET_CALLS[0] += 1
+                return _real(self, *a, **kw)
+
+            setattr(cls, name, counted)
+
+
 def run(location: str, folder: str, files: int) -> dict:
     has_cache = "stat_cache" in inspect.signature(Store.push).parameters
     out = {}
     with Store(location, cache=False) as s:
+        def requests():
+            return s.counters()["requests"] + BUCKET_CALLS[0]
+
         def push(label, src, dest, **kw):
-            c0, t0 = s.counters()["requests"], time.perf_counter()
+            c0, t0 = requests(), time.perf_counter()
             r = s.push(src, dest, **kw)
-            out[label] = {"requests": s.counters()["requests"] - c0, "seconds": round(time.perf_counter() - t0, 2),
+            out[label] = {"requests": requests() - c0, "seconds": round(time.perf_counter() - t0, 2),
                           "unread_files": getattr(r, "unread_files", 0)}
 
         push("first push", folder, "cdc://ds/data/")
@@ -40,13 +61,32 @@ def run(location: str, folder: str, files: int) -> dict:
     return out
 
 
+def run_bucket(tmp: str, folder: str, files: int) -> dict:
+    """The same on moto's S3 server (object-store calls counted)."""
+    import boto3
+    from moto import server as moto_server
+
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    try:
+        host, port = srv.get_host_and_port()
+        os.environ.update({"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"})
+        boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).create_bucket(Bucket="bench")
+        Store.init("s3://bench/store").close()
+        return run("s3://bench/store", folder, files)
+    finally:
+        srv.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--size", type=int, default=4096)
     args = ap.parse_args()
     results = {}
-    for where in ("server", "directory"):
+    count_bucket_calls()
+    for where in ("server", "directory", "bucket"):
         with tempfile.TemporaryDirectory() as tmp:
             os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")
             folder = os.path.join(tmp, "src")
@@ -55,13 +95,16 @@ def main() -> None:
                 with open(os.path.join(folder, f"f{i:05d}.bin"), "wb") as f:
                     f.write(os.urandom(args.size))
             time.sleep(1.1)  # files older than the push's second: not racy
-            LocalStore.init(os.path.join(tmp, "store")).close()
+            if where != "bucket":
+                LocalStore.init(os.path.join(tmp, "store")).close()
             if where == "server":
                 srv = ServerProcess(os.path.join(tmp, "store")).start()
                 try:
                     results[where] = run(srv.url, folder, args.files)
                 finally:
                     srv.stop()
+            elif where == "bucket":
+                results[where] = run_bucket(tmp, folder, args.files)
             else:
                 results[where] = run(os.path.join(tmp, "store"), folder, args.files)
     print(json.dumps({"files": args.files, "size": args.size, "tree": os.path.dirname(sys.modules["cdcstore"].__file__),

@@ -6,8 +6,9 @@
   commits nothing reaches, rebase records of gone commits. Objects younger than the grace window
   are never in the plan: a push in flight may be about to name them. A young manifest is a root
   (its chunks stay): an `upload` committed later, or a push, may name chunks of old garbage; a
-  manifest stored again is made young again (`ObjectStore.touch`).
-- execute: sparse packs rewritten first; then commits, manifests, packs (what points before what
+  manifest stored again is made young again (`ObjectStore.touch`). The manifests a live job
+  journal names (`staging.py`: a `deferred_commit` still running) are roots too, whatever their age.
+- execute: sparse packs rewritten first; dead jobs' journals; then commits, manifests, packs (what points before what
   it points to; a pack's index rows before its object, so presence queries stop finding its
   chunks). A crash between any two steps leaves a consistent store: an object whose rows are gone
   is garbage the next run removes; nothing reachable is ever touched.
