@@ -31,8 +31,8 @@ from .storage import staging
 from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD, PushSession, forget, gc
 from .storage.repository import LocalStore, Repository, is_object_url, manifest_name, no_such_path, open_repository
 from .engine.push import Ingest, IngestOptions
-from . import statcache
-from .statcache import Seen, StatCache
+from .storage import statcache
+from .storage.statcache import Seen, StatCache
 
 
 ENV_STORE = "CDCSTORE_STORE"
@@ -455,7 +455,7 @@ class Store:
         and folder symlinks are skipped and reported to `on_skip(path, why)`.
         A file whose size, mtime, inode and ctime match the last push of it from this
         machine to this store is not read again when the store still holds its manifest
-        (`statcache.py`); `stat_cache=False` reads every file.
+        (`storage/statcache.py`); `stat_cache=False` reads every file.
         """
         a = _as_address(dest)
         if isinstance(sources, str):
@@ -551,6 +551,8 @@ class Store:
             ingest, added, per_file = self._ingest(todo, options, progress, skip=held)
             read = dict(added)
             added.update(unread)
+            per_file.update({p: {"bytes": e.size, "new_bytes": 0, "chunks": None, "chunking": "unchanged"}
+                             for p, e in unread.items()})  # not read: the stat cache vouched for them
             if progress and unread:
                 progress(sum(e.size for e in unread.values()))
             if remove_under is not None:

@@ -12,7 +12,7 @@ from cdcstore import Store
 from cdcstore.cli import cli
 from cdcstore.core.commit import FileEntry
 from cdcstore.engine import push as push_engine
-from cdcstore.statcache import Seen, StatCache
+from cdcstore.storage.statcache import Seen, StatCache
 
 
 def _folder(root, n, size=2048):

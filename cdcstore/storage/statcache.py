@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import platformdirs
 
-from .core.commit import FileEntry
+from ..core.commit import FileEntry
 
 ENV_PATH = "CDCSTORE_STAT_CACHE"
 SCHEMA = 1
