@@ -218,3 +218,36 @@ def test_a_transaction_inside_a_deferred_commit_is_one_journal_entry(where):
         assert sorted(e["name"] for e in s.ls("cdc://ds/", recursive=True)) == \
             ["solo.txt", "t/0.txt", "t/1.txt", "t/2.txt", "t/3.txt"]
         assert s.journal().batches("ds", dc.job) == []
+
+
+def test_a_scoped_token_learns_nothing_of_another_repos_files_through_jobs(tmp_path):
+    """tok-a may not use repo b's jobs; naming b's manifest in a's job or asking whether it
+    exists answers the same as for a manifest that does not exist; landing it is refused."""
+    import json
+
+    from cdcstore.storage.repository import LocalStore
+    from cdcstore.testing import ServerProcess
+    from test_tenants import TOKENS, _call
+
+    LocalStore.init(str(tmp_path / "srv"))
+    (tmp_path / "tokens.json").write_text(json.dumps(TOKENS))
+    srv = ServerProcess(str(tmp_path / "srv"), "--tokens", str(tmp_path / "tokens.json")).start()
+    try:
+        (tmp_path / "secret.bin").write_bytes(os.urandom(20_000))
+        with Store(srv.url, token="tok-b", cache=False) as sb:
+            sb.push(str(tmp_path / "secret.bin"), "cdc://b/secret.bin")
+            theirs = sb.resolve("cdc://b/")[1].files["secret.bin"]
+        api, job = srv.url + "/v1", new_job()
+        assert _call(f"{api}/repos/b/jobs/{job}", "tok-a", "PUT", b"{}")[0] == 403
+        with Store(srv.url, token="tok-a", cache=False) as sa:
+            assert sa._manifests_present("a", [theirs.manifest, "0" * 32]) == set()
+            sa.journal().open("a", job)
+            other = new_job()
+            sa.journal().open("a", other)
+            sa.journal().add("a", other, {"y": FileEntry("1" * 32, theirs.size)})
+            sa.journal().add("a", job, {"x": FileEntry(theirs.manifest, theirs.size)})  # the same answer
+            with pytest.raises(CdcError, match="neither uploaded nor may read"):
+                sa.land("cdc://a@main/", job)
+            assert "a" not in sa.repos() and sa.journal().batches("a", job) == []
+    finally:
+        srv.stop()

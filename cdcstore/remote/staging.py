@@ -4,8 +4,9 @@ Server routes (a write token with access to REPO; job ids are 32 hex digits):
 
 - `PUT /repos/{repo}/jobs/{job}` opens a job (writes its marker) or touches it (a heartbeat).
 - `POST /repos/{repo}/jobs/{job}/entries` with one journal entry object (storage/staging.py's
-  JSON): each manifest it names must be on the server (409 otherwise); 409 `job_closed` when
-  the job is over (the entry is not kept).
+  JSON): each manifest it names must be on the server (409 otherwise; for a token scoped to some
+  repos this is checked when the job lands, as for any commit, so the answer is no oracle of
+  other tenants' files); 409 `job_closed` when the job is over (the entry is not kept).
 - `GET /repos/{repo}/jobs/{job}/entries`: every entry of the job, `{"batches": [[row, ...], ...]}`.
 - `DELETE /repos/{repo}/jobs/{job}` closes it: the marker, then the entries.
 - `POST /repos/{repo}/manifests/query` `{"manifests": [names]}` -> `{"present": [names]}`: which
@@ -51,7 +52,8 @@ class StagingRoutes:
         entries = dict(rows)
         if len(entries) != len(rows):
             raise InvalidAddressError("one journal entry names a path twice")
-        await self.server._io(self._check_manifests, entries)
+        if self.server.auth.scope(request) is None:  # a scoped token would learn of other tenants' files:
+            await self.server._io(self._check_manifests, entries)  # the commit checks what it may name
         try:
             name = await self.server._io(staging.add, self.server.store, repo, job, entries)
         except staging.JobClosedError as e:
