@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import os
 import sys
 import tempfile
 import time
 
+import harness
 from cdcstore import Store
 from cdcstore.storage.repository import LocalStore
 from cdcstore.testing import ServerProcess
@@ -84,6 +84,8 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--size", type=int, default=4096)
     args = ap.parse_args()
+    fig = harness.start("push_edit")
+    fig["code"] = harness.code_version()
     results = {}
     count_bucket_calls()
     for where in ("server", "directory", "bucket"):
@@ -107,8 +109,19 @@ def main() -> None:
                 results[where] = run_bucket(tmp, folder, args.files)
             else:
                 results[where] = run(os.path.join(tmp, "store"), folder, args.files)
-    print(json.dumps({"files": args.files, "size": args.size, "tree": os.path.dirname(sys.modules["cdcstore"].__file__),
-                      **results}, indent=1))
+    goals = []
+    for where, r in results.items():
+        edit, alone = r["one-file edit"], r["that one file alone"]
+        if where != "directory":
+            goals.append(harness.Goal(f"{where}_edit_requests_over_alone",
+                                      harness.ratio(edit["requests"], alone["requests"]), 2.0, "<="))
+        goals.append(harness.Goal(f"{where}_edit_seconds_over_alone",
+                                  harness.ratio(edit["seconds"], alone["seconds"]), 2.0, "<="))
+    for g in goals:
+        print(g.line())
+    fig.update({"files": args.files, "size": args.size, "tree": os.path.dirname(sys.modules["cdcstore"].__file__),
+                **results})
+    harness.finish(fig, goals)
 
 
 if __name__ == "__main__":
