@@ -27,9 +27,12 @@ from .engine.read import FileReader, LocalSeed
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
 from .storage.check import check as check_store, rebuild_index
+from .storage import staging
 from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD, PushSession, forget, gc
-from .storage.repository import LocalStore, Repository, is_object_url, no_such_path, open_repository
+from .storage.repository import LocalStore, Repository, is_object_url, manifest_name, no_such_path, open_repository
 from .engine.push import Ingest, IngestOptions
+from .storage import statcache
+from .storage.statcache import Seen, StatCache
 
 
 ENV_STORE = "CDCSTORE_STORE"
@@ -58,6 +61,7 @@ class TransferResult:
     received_bytes: int = 0
     requests: int = 0
     files_detail: dict | None = None  # per pushed file: bytes, new_bytes, chunks, chunking
+    unread_files: int = 0  # files the push stat cache vouched for: not read (statcache.py)
 
     @property
     def new_bytes_by_file(self) -> dict[str, int]:
@@ -446,13 +450,17 @@ class Store:
              *, delete: bool = False, options: IngestOptions | None = None,
              progress: Callable[[int], None] | None = None,
              on_skip: Callable[[str, str], None] | None = None,
-             include: Iterable[str] = (), exclude: Iterable[str] = ()) -> TransferResult:
+             include: Iterable[str] = (), exclude: Iterable[str] = (),
+             stat_cache: bool = True) -> TransferResult:
         """Publish local files and folders as one new commit on DEST's branch.
 
         Files already in the branch and not pushed stay; with `delete=True`, files
         under DEST that are not among the sources are removed. Nothing changes
         when the push adds nothing new (no empty commits). FIFOs, sockets, devices
         and folder symlinks are skipped and reported to `on_skip(path, why)`.
+        A file whose size, mtime, inode and ctime match the last push of it from this
+        machine to this store is not read again when the store still holds its manifest
+        (`storage/statcache.py`); `stat_cache=False` reads every file.
         """
         a = _as_address(dest)
         if isinstance(sources, str):
@@ -463,8 +471,46 @@ class Store:
         if keep:  # globs match the path below DEST; --delete removes only what they select
             pairs = [(f, p) for f, p in pairs if keep(p)]
         under = (a.path + "/" if a.path else "") if delete else None
-        return self.commit_files(a.repo, a.ref, pairs, message, remove_under=under, options=options,
-                                 progress=progress, remove_filter=keep)
+        cache = StatCache() if stat_cache else None
+        identity = self._identity()
+        seen_ns = statcache.now_ns()  # before any stat: the racy-file reference (statcache.py)
+        seen = {os.path.abspath(f): Seen.of(f, seen_ns) for f, _ in pairs}
+        hits = cache.lookup(identity, {f: s for f, s in seen.items() if s is not None}) if cache else {}
+        known = {p: hits[os.path.abspath(f)] for f, p in pairs if os.path.abspath(f) in hits}
+        try:
+            result = self.commit_files(a.repo, a.ref, pairs, message, remove_under=under, options=options,
+                                       progress=progress, remove_filter=keep, known=known)
+            if cache is not None:
+                read = getattr(result, "_read", {})
+                cache.record(identity, [(os.path.abspath(f), seen[os.path.abspath(f)], read[p]) for f, p in pairs
+                                        if p in read and seen[os.path.abspath(f)] is not None])
+            return result
+        finally:
+            if cache is not None:
+                cache.close()
+
+    def _identity(self) -> str:
+        """The store's identity for caches on this machine: its location (a real path for a
+        directory) and, for a bucket, the endpoint (two services may share a bucket name)."""
+        inner = self.backend.uncached()
+        loc = os.path.realpath(self.location) if os.path.isdir(self.location) else inner.identity
+        return f"{type(inner).__name__}:{loc}"
+
+    def _manifests_present(self, repo: str, names: list[str]) -> set[str]:
+        """Which of these manifests the store holds, in one request to a server (protocol 1.5;
+        an older server: none, so the files are read) or a look at each object here."""
+        names = list(dict.fromkeys(names))
+        if not names:
+            return set()
+        inner = self.backend.uncached()
+        if isinstance(inner, Repository):
+            found = runtime.pool("io", 8).map(lambda n: inner.objects.exists(manifest_name(n)), names)
+            return {n for n, ok in zip(names, list(found)) if ok}
+        if inner.capabilities.remote_admin:
+            from .remote.staging import manifests_present
+
+            return manifests_present(inner, repo, names) or set()
+        return set()
 
     def commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "",
                      **kw) -> TransferResult:
@@ -473,21 +519,25 @@ class Store:
         remove every file under that prefix that is not being added. `entries` sets
         paths to stored files (manifests already in the store: a copy reads no data).
         Returns the landed commit (a rebased one if another writer moved the branch).
-        `parent` bases the change on that commit instead of the branch head.
+        `parent` bases the change on that commit instead of the branch head. `known` maps
+        paths of `pairs` to the entries the stat cache vouches for: one whose manifest the
+        store holds is used without reading the file.
 
         A commit refused because a chunk this machine's index listed is gone from the store
-        (`MissingChunksError`: a gc elsewhere deleted its pack) is pushed again once: the
-        refusal made the index forget that pack, so the chunks are sent this time."""
+        (`MissingChunksError`: a gc elsewhere deleted its pack) is pushed again once, every file
+        read: the refusal made the index forget that pack, so the chunks are sent this time."""
         try:
             return self._commit_files(repo, branch, pairs, message, **kw)
         except MissingChunksError:
+            kw.pop("known", None)  # a file the stat cache vouched for may name the gone chunks
             return self._commit_files(repo, branch, pairs, message, **kw)
 
     def _commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "", *,
                       remove: Iterable[str] = (), remove_under: str | None = None,
                       entries: dict[str, FileEntry] | None = None, options: IngestOptions | None = None,
                       progress: Callable[[int], None] | None = None, parent: str | None = None,
-                      remove_filter: Callable[[str], bool] | None = None) -> TransferResult:
+                      remove_filter: Callable[[str], bool] | None = None,
+                      known: dict[str, FileEntry] | None = None) -> TransferResult:
         t0, c0 = time.perf_counter(), self.counters()
         check_name("repo", repo)
         check_write_target(branch)
@@ -510,7 +560,16 @@ class Store:
                 raise no_such_path(repo, branch, path)
 
         with self._push_session():  # a gc deletes nothing while this push is in flight
-            ingest, added, per_file = self._ingest(pairs, options, progress)
+            held = {f.manifest for f in base.files.values()} if base else set()  # reachable: in the store
+            unread = self._vouched(repo, known or {}, held)
+            todo = [(f, p) for f, p in pairs if p not in unread]
+            ingest, added, per_file = self._ingest(todo, options, progress, skip=held)
+            read = dict(added)
+            added.update(unread)
+            per_file.update({p: {"bytes": e.size, "new_bytes": 0, "chunks": None, "chunking": "unchanged"}
+                             for p, e in unread.items()})  # not read: the stat cache vouched for them
+            if progress and unread:
+                progress(sum(e.size for e in unread.values()))
             if remove_under is not None:
                 adding = set(added)
                 for p in [p for p in files if p.startswith(remove_under) and p not in adding
@@ -525,11 +584,23 @@ class Store:
             commit_id = parent
             if changed:
                 commit_id = be.commit(Commit(repo, parent, message, time.time(), files), branch, expected)
-        return TransferResult(
-            files=len(pairs), bytes=ingest.bytes, new_bytes=ingest.new_bytes,
+        result = TransferResult(
+            files=len(pairs), bytes=ingest.bytes + sum(e.size for e in unread.values()), new_bytes=ingest.new_bytes,
             stored_bytes=ingest.stored_bytes, seconds=time.perf_counter() - t0, commit=commit_id,
             chunks=ingest.chunks, new_chunks=ingest.new_chunks, changed=changed,
-            files_detail=per_file, **self._wire(c0))
+            files_detail=per_file, unread_files=len(unread), **self._wire(c0))
+        result._read = read  # what was read, for the stat cache
+        return result
+
+    def _vouched(self, repo: str, known: dict[str, FileEntry], held: set[str]) -> dict[str, FileEntry]:
+        """The stat cache's entries whose manifests the store holds: those the commit being
+        built on names (reachable, so kept), and those one presence batch answers for."""
+        ok = {p: e for p, e in known.items() if e.manifest in held}
+        rest = {p: e for p, e in known.items() if p not in ok}
+        if rest:
+            present = self._manifests_present(repo, [e.manifest for e in rest.values()])
+            ok.update({p: e for p, e in rest.items() if e.manifest in present})
+        return ok
 
     def _push_session(self):
         """The marker of a push in flight, where the store is (a directory, a bucket, or a
@@ -567,9 +638,11 @@ class Store:
                            grace=grace, dry_run=dry_run, repack_dead=repack_dead, max_unused=max_unused)
 
     def _ingest(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
-                progress: Callable[[int], None] | None) -> tuple[Ingest, dict[str, FileEntry], dict]:
+                progress: Callable[[int], None] | None,
+                skip: set[str] = frozenset()) -> tuple[Ingest, dict[str, FileEntry], dict]:
         """Store the files' chunks (durable) and then their manifests: (ingest, path ->
-        entry, per-file detail). Nothing is committed."""
+        entry, per-file detail). Nothing is committed. Manifests named in `skip` (the store
+        holds them: the commit being built on names them) are not stored again."""
         ingest = Ingest(self.backend, options, progress)
         try:
             manifests = list(zip([p for _, p in pairs], ingest.add_files(pairs)))
@@ -578,7 +651,12 @@ class Store:
             ingest.close()
         per_file = {path: {"bytes": m.size, "new_bytes": ingest.file_new[path], "chunks": len(m.chunk_ids),
                            "chunking": ingest.file_mode[path]} for path, m in manifests}
-        names = self.backend.put_manifests([m for _, m in manifests])  # only after their chunks are durable
+        names = [ids.hexdigest(m.encode()) for _, m in manifests]
+        todo = {n: m for (_, m), n in zip(manifests, names) if n not in skip}
+        if todo:  # only after their chunks are durable
+            stored = self.backend.put_manifests(list(todo.values()))
+            if stored != list(todo):
+                raise CorruptionError("the store named the manifests differently than their hashes")
         added = {path: FileEntry(name, m.size) for (path, m), name in zip(manifests, names)}
         return ingest, added, per_file
 
@@ -614,6 +692,63 @@ class Store:
         return self.commit_files(a.repo, a.ref, [], message or f"commit {len(merged)} uploaded files",
                                  remove=remove, remove_under=remove_under, entries=merged, parent=parent)
 
+    # -- job journals: upload first, commit once (storage/staging.py, writers.py) ------------------
+    def journal(self):
+        """The journal role where the store is: its objects (a directory, a bucket) or a server's
+        job routes (protocol 1.5). Methods: open, add, batches, close (repo, job id)."""
+        inner = self.backend.uncached()
+        if isinstance(inner, Repository):
+            return staging.Journal(inner)
+        if inner.capabilities.remote_admin:
+            from .remote.staging import RemoteJournal
+
+            return RemoteJournal(inner)
+        raise InvalidAddressError(f"{self.location} keeps no job journals: use a directory, a bucket or a server")
+
+    def stage(self, repo: str, job: str, pairs: list[tuple[str, str]] = (), *,
+              entries: dict[str, FileEntry] | None = None, remove: Iterable[str] = (),
+              options: IngestOptions | None = None) -> dict[str, FileEntry]:
+        """Upload (local file, path) pairs and add them, with `entries` (stored files) and
+        `remove` (paths), to job `job` of `repo` as ONE journal entry object; no commit.
+        The entry is written inside the push session, so gc never sees the manifests
+        unprotected (young while uploading, named by a live job after). Returns the entries."""
+        check_name("repo", repo)
+        staging.check_job(job)
+        batch: dict[str, FileEntry | None] = {normalize_path(p): None for p in remove}
+        with self._push_session():
+            added = self._ingest(list(pairs), options, None)[1] if pairs else {}
+            batch.update({normalize_path(p): e for p, e in (entries or {}).items()})
+            batch.update(added)
+            if batch:
+                self.journal().add(repo, job, batch)
+        return {p: e for p, e in batch.items() if e is not None}
+
+    def land(self, dest: str | Address, job: str, message: str = "", *, parent: str | None = None,
+             exclusive: Iterable[str] = ()) -> "TransferResult | None":
+        """Land job `job` on DEST's branch as ONE commit (made against `parent`, rebased onto newer
+        commits that touch other paths) and close the job; None when it holds nothing. The job
+        is closed whether it lands or fails. Two different entries for one path are refused."""
+        a = _as_address(dest)
+        journal = self.journal()
+        try:
+            files, removed = staging.merge(journal.batches(a.repo, job))
+            if not files and not removed:
+                return None
+            taken = [p for p in exclusive if p in files]
+            if taken and self.backend.has_repo(a.repo):
+                head = self.backend.uncached().branches(a.repo).get(a.ref)
+                now = self.get_commit(a.repo, head).files if head else {}
+                if any(p in now for p in taken):
+                    raise FileExistsError(f"cdc://{a.repo}@{a.ref}/{next(p for p in taken if p in now)} exists "
+                                          f"(mode 'xb'): nothing was committed")
+            if files:
+                self._check_entries(a.repo, files)
+            names = sorted(files) or removed
+            message = message or f"write {len(files)} files: {', '.join(names[:3])}" + (" ..." if len(names) > 3 else "")
+            return self.commit_files(a.repo, a.ref, [], message, remove=removed, entries=files, parent=parent)
+        finally:
+            journal.close(a.repo, job)
+
     def _check_entries(self, repo: str, entries: dict[str, FileEntry]) -> None:
         """Each entry names a manifest this store holds, of the entry's size. A server
         checks this itself when it receives the commit (uncommitted manifests are not
@@ -624,13 +759,20 @@ class Store:
         sizes: dict[str, set[int]] = {}
         for path, e in entries.items():
             sizes.setdefault(e.manifest, set()).add(e.size)
-        for name, wanted in sizes.items():
+        def fetch(name):
             try:
-                m = inner.get_manifest(name)
+                return inner.get_manifest(name)
             except (CdcError, OSError):
+                return None
+
+        names = list(sizes)
+        found = map(fetch, names) if len(names) <= 4 else runtime.pool("io", 8).map(fetch, names)
+        for name, m in zip(names, list(found)):
+            wanted = sizes[name]
+            if m is None:
                 path = next(p for p, e in entries.items() if e.manifest == name)
                 raise InvalidAddressError(f"{path!r}: manifest {name} is not in the store {self.location}: "
-                                          f"upload the file to this store first (Store.upload)") from None
+                                          f"upload the file to this store first (Store.upload)")
             if wanted != {m.size}:
                 path = next(p for p, e in entries.items() if e.manifest == name and e.size != m.size)
                 raise InvalidAddressError(f"{path!r}: the entry says {entries[path].size} bytes but manifest "

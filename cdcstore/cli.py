@@ -189,25 +189,29 @@ def init(store_path):
 @click.option("-m", "--message", default="", help="Commit message.")
 @click.option("--delete", is_flag=True, help="Remove files under DEST that are not being pushed.")
 @click.option("--detail", is_flag=True, help="With --json, add bytes, new bytes and chunking per file.")
+@click.option("--no-stat-cache", "no_stat_cache", is_flag=True,
+              help="Read every file, even those whose size, mtime, inode and ctime match their last push.")
 @filter_options
 @store_option
 @json_option
 @handle_errors
-def push(sources, dest, message, delete, detail, include, exclude, store_path, token, as_json):
+def push(sources, dest, message, delete, detail, no_stat_cache, include, exclude, store_path, token, as_json):
     """Publish local files and folders as one commit."""
     s = _store(store_path, token)
     skipped: list[str] = []
     total = sum(os.path.getsize(f) for f, _ in plan_sources(sources, "", True, lambda *_: None))
     with _progress(total, "push", as_json) as bar:
         r = s.push(list(sources), dest, message, delete=delete, progress=bar.update,
-                   on_skip=lambda path, why: skipped.append(f"{path} ({why})"), include=include, exclude=exclude)
+                   on_skip=lambda path, why: skipped.append(f"{path} ({why})"), include=include, exclude=exclude,
+                   stat_cache=not no_stat_cache)
     _warn_skipped(skipped)
     if as_json:
         _print_json(r.to_dict(detail=detail))
         return
     where = parse(dest)
     state = f"commit {r.commit[:12]} on {where.repo}@{where.ref}" if r.changed else "no changes; nothing committed"
-    click.echo(f"{state}\n  {r.files} files, {_human(r.bytes)}; new {_human(r.new_bytes)} "
+    unread = f" ({r.unread_files} unchanged since their last push, not read)" if r.unread_files else ""
+    click.echo(f"{state}\n  {r.files} files{unread}, {_human(r.bytes)}; new {_human(r.new_bytes)} "
                f"({r.new_chunks}/{r.chunks} chunks), stored {_human(r.stored_bytes)} in {r.seconds:.2f}s")
     if r.requests:
         click.echo(f"  sent {_human(r.sent_bytes)}, received {_human(r.received_bytes)} in {r.requests} requests")

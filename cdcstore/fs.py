@@ -12,9 +12,9 @@ pushes. Writes (`open("wb"/"xb")`, `put`, `pipe`), `copy`, `mv` and `rm` are
 commits; `put` of a folder is one commit, and inside `fs.transaction` everything
 becomes one commit per branch. A commit that touches other paths than a
 concurrent writer's lands on top of it (rebased); only overlapping paths conflict.
-With `stage={"repo@branch": STAGING_BRANCH}` (from `writers.deferred_commit`), writes
-to that branch commit to the staging branch, so many processes' writes land as one
-commit at the end.
+With `stage={"repo@branch": JOB_ID}` (from `writers.deferred_commit`), writes to that
+branch are uploaded and added to the job's journal instead of committed, so many
+processes' writes land as one commit at the end (a transaction there adds ONE entry).
 """
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ class CdcFileSystem(AbstractFileSystem):
                  resolved: dict | None = None, head_ttl: float = 5.0, stage: dict | None = None, **kwargs):
         super().__init__(store=store, token=token, cache=cache, resolved=resolved, head_ttl=head_ttl,
                          stage=stage, **kwargs)
-        self._stage = dict(stage or {})  # "repo@branch" -> the staging branch its writes go to (writers.py)
+        self._stage = dict(stage or {})  # "repo@branch" -> the job whose journal its writes go to (writers.py)
         self._args = dict(location=store, token=token, cache=cache)
         self.head_ttl = head_ttl
         self._resolved_at: dict[tuple[str, str], float] = {}
@@ -273,8 +273,11 @@ class CdcFileSystem(AbstractFileSystem):
                 if f.exclusive:
                     exclusive.append(a.path)
         for (repo, branch), (pairs, remove, entries, exclusive) in groups.items():
-            branch = self._stage.get(f"{repo}@{branch}", branch)  # a deferred commit (writers.py)
             self._check_absent(repo, branch, exclusive)
+            job = self._stage.get(f"{repo}@{branch}")
+            if job is not None:  # a deferred commit (writers.py): upload, then ONE journal entry; no commit
+                self.store.stage(repo, job, pairs, entries=entries, remove=remove)
+                continue
             touched = [p for _, p in pairs] + list(entries) + remove
             names = ", ".join(touched[:3]) + (" ..." if len(touched) > 3 else "")
             verb = "write" if pairs or entries else "remove"

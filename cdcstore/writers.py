@@ -5,18 +5,18 @@
         df.to_parquet("cdc://ds@main/out/", storage_options=dc.storage_options)   # any scheduler
     print(dc.result.commit)  # here, and not before: ONE new commit on ds@main with every file
 
-Inside the block, every `cdc://` write made with these storage options, in any process
-or machine, commits to a private staging branch `BRANCH.stage-XXXXXXXX` forked from the
-branch head (concurrent writers' commits there rebase onto each other). On a clean exit
-the staging branch's changes land on BRANCH as one commit, made against the head seen at
-entry (newer commits that touch other paths are kept; overlapping ones conflict), and the
-staging branch is deleted. On an error (a worker killed, a task failed) BRANCH does not
-move and the staging branch is deleted: readers of BRANCH never see part of the write,
-and running the job again lands it. Readers of BRANCH never see the staging branch's
-files; a driver killed inside the block leaves the staging branch behind
-(`cdcstore branch -d`), never a half-written BRANCH. (In a repo that did not exist
-before, a block that lands nothing leaves the repo with only its empty staging branch,
-since a repo keeps its last branch.)
+Upload first, commit once. Entering the block opens a *job* in the store (a journal:
+`storage/staging.py`, through a server its job routes). Inside it, every `cdc://` write
+made with these storage options, in any process or machine, uploads its file (chunks, then
+manifest) and adds ONE small entry object (path -> manifest, size) to the job's journal: no
+commit per file, O(1) objects per file. At a clean exit the driver lists the journal once,
+merges the entries (a retried task's identical entry counts once; two different entries for
+one path are an error), lands ONE commit made against the head seen at entry (newer commits
+that touch other paths are kept; overlapping ones conflict), and closes the job. On an error
+(a worker killed, a task failed) nothing lands and the job is closed: readers of BRANCH never
+see part of the write, and running the job again lands it. A writer still running after the
+job closed has its late entry refused and removed. A driver killed inside the block leaves a
+journal whose heartbeat stops; gc deletes it after the grace window (`storage/maintenance.py`).
 
 `Store.upload` and `Store.commit_entries` are the same idea without fsspec: workers
 upload and return small entries, the driver commits them once.
@@ -24,19 +24,19 @@ upload and return small entries, the driver commits them once.
 from __future__ import annotations
 
 import secrets
+import threading
 from dataclasses import dataclass, field
 
 from .api import Store, TransferResult
 from .core.address import SCHEME, check_write_target, parse
-from .core.commit import changes
 from .core.errors import InvalidAddressError
 
-STAGE_INFIX = ".stage-"
+HEARTBEAT = 3600.0  # seconds between touches of a job's marker (well under the stale window)
 
 
-def stage_branch(branch: str) -> str:
-    """A fresh staging branch name for a deferred commit to `branch`."""
-    return f"{branch}{STAGE_INFIX}{secrets.token_hex(4)}g"  # the 'g': never read as a commit id
+def new_job() -> str:
+    """A fresh job id (32 hex digits)."""
+    return secrets.token_hex(16)
 
 
 @dataclass
@@ -49,56 +49,54 @@ class DeferredCommit:
     cache: object = False
     message: str = ""
     result: TransferResult | None = None  # the landed commit, after a clean exit
-    stage: str = ""
+    job: str = ""
     _base: str | None = None  # the branch head at entry (None: the branch is new)
-    _stage_base: str = ""
     _extra: dict = field(default_factory=dict)
+    _stop = None
+
+    def _address(self):
+        return parse(self.dest[len(SCHEME):] if self.dest.startswith(SCHEME) else self.dest)
 
     @property
     def storage_options(self) -> dict:
-        """fsspec options for `cdc://` that route this branch's writes to the staging branch."""
-        a = parse(self.dest[len(SCHEME):] if self.dest.startswith(SCHEME) else self.dest)
+        """fsspec options for `cdc://` that route this branch's writes to the job's journal."""
+        a = self._address()
         return {"store": self.store, "token": self.token, "cache": self.cache,
-                "stage": {f"{a.repo}@{a.ref}": self.stage}, **self._extra}
+                "stage": {f"{a.repo}@{a.ref}": self.job}, **self._extra}
 
     def _store(self) -> Store:
         return Store(self.store, token=self.token, cache=self.cache)
 
     def __enter__(self) -> "DeferredCommit":
-        a = parse(self.dest[len(SCHEME):] if self.dest.startswith(SCHEME) else self.dest)
+        a = self._address()
         check_write_target(a.ref)
-        self.stage = stage_branch(a.ref)
+        self.job = new_job()
         with self._store() as s:
             self._base = s.branches(a.repo).get(a.ref) if a.repo in s.repos() else None
-            if self._base is not None:
-                s.create_branch(a.repo, self.stage, self._base)
-                self._stage_base = self._base
-            else:  # a new branch (or repo): the staging branch starts where a push would
-                self._stage_base = s.commit_files(a.repo, self.stage, [], "staging").commit
+            s.journal().open(a.repo, self.job)
+        stop = threading.Event()
+        threading.Thread(target=self._beat, args=(stop,), name="cdcstore-job", daemon=True).start()
+        self._stop = stop.set
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
-        a = parse(self.dest[len(SCHEME):] if self.dest.startswith(SCHEME) else self.dest)
-        with self._store() as s:
+    def _beat(self, stop: threading.Event) -> None:
+        """Touch the job's marker every HEARTBEAT seconds: gc keeps a live job's files."""
+        while not stop.wait(HEARTBEAT):
             try:
-                if exc_type is None:
-                    self.result = self._land(s, a.repo, a.ref)
-            finally:
-                if list(s.branches(a.repo)) != [self.stage]:  # a repo keeps its last branch (no files)
-                    s.delete_branch(a.repo, self.stage)
+                with self._store() as s:
+                    s.journal().open(self._address().repo, self.job)
+            except Exception:  # noqa: BLE001 - a missed beat is retried; the marker ages meanwhile
+                pass
 
-    def _land(self, s: Store, repo: str, branch: str) -> TransferResult | None:
-        """The staging branch's changes as one commit on `branch` (None: nothing written)."""
-        base = s.get_commit(repo, self._stage_base).files
-        head = s.get_commit(repo, s.branches(repo)[self.stage]).files
-        changed, removed = changes(base, head)
-        if not changed and not removed:
-            return None
-        names = sorted(changed) or sorted(removed)
-        message = self.message or f"write {len(changed)} files: {', '.join(names[:3])}" + \
-            (" ..." if len(names) > 3 else "")
-        return s.commit_files(repo, branch, [], message, remove=sorted(removed), entries=changed,
-                              parent=self._base)
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._stop is not None:
+            self._stop()
+        a = self._address()
+        with self._store() as s:
+            if exc_type is None:  # land closes the job, landed or not
+                self.result = s.land(f"{a.repo}@{a.ref}", self.job, self.message, parent=self._base)
+            else:
+                s.journal().close(a.repo, self.job)
 
 
 def deferred_commit(dest: str, store: str | None = None, *, token: str | None = None, cache=False,

@@ -29,6 +29,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from ..core import ids
 from . import wire
 from .admin import Lifecycle
+from .staging import StagingRoutes
 from ..core.address import check_name, check_ref_name, check_write_target
 from ..core.commit import Commit
 from ..core.errors import (BusyError, CdcError, ConflictError, CorruptionError, InvalidAddressError, PackMissingError,
@@ -835,6 +836,7 @@ def make_app(store: Repository, config: ServerConfig | None = None) -> web.Appli
         web.post(f"{api}/repos/{{repo}}/locate", s.locate),
         web.get(f"{api}/repos/{{repo}}/packs/{{name}}", s.get_pack),
         *Lifecycle(s).routes(api),
+        *StagingRoutes(s).routes(api),
     ])
     return app
 

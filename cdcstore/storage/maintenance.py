@@ -6,8 +6,9 @@
   commits nothing reaches, rebase records of gone commits. Objects younger than the grace window
   are never in the plan: a push in flight may be about to name them. A young manifest is a root
   (its chunks stay): an `upload` committed later, or a push, may name chunks of old garbage; a
-  manifest stored again is made young again (`ObjectStore.touch`).
-- execute: sparse packs rewritten first; then commits, manifests, packs (what points before what
+  manifest stored again is made young again (`ObjectStore.touch`). The manifests a live job
+  journal names (`staging.py`: a `deferred_commit` still running) are roots too, whatever their age.
+- execute: sparse packs rewritten first; dead jobs' journals; then commits, manifests, packs (what points before what
   it points to; a pack's index rows before its object, so presence queries stop finding its
   chunks). A crash between any two steps leaves a consistent store: an object whose rows are gone
   is garbage the next run removes; nothing reachable is ever touched.
@@ -33,10 +34,11 @@ import socket
 import time
 
 from .. import runtime
-from ..core.errors import BusyError, InvalidAddressError
+from ..core.errors import BusyError, CdcError, InvalidAddressError
 from ..core import ids
 from ..core.pack import ENTRY, HEADER, LEGACY_ENTRY, LEGACY_PACK_VERSION, PACK_VERSION, TRAILER, WRITE_BUFFER, \
     PackWriter, decode_chunk
+from . import staging
 from .objects import StorageError
 from .repository import Repository, commit_name, locations_name, manifest_name, pack_name
 
@@ -61,6 +63,7 @@ class GcPlan:
     live_packs: int = 0
     spared_young: int = 0  # unreachable objects inside the grace window
     open_sessions: int = 0  # pushes in flight: nothing is deleted while any is open
+    staging: list[str] = dataclasses.field(default_factory=list)  # journal objects of dead jobs (staging.py)
 
     @property
     def bytes_freed(self) -> int:
@@ -71,7 +74,8 @@ class GcPlan:
         return {"delete_packs": len(self.packs), "repack_packs": len(self.repack), "bytes_freed": self.bytes_freed,
                 "delete_manifests": len(self.manifests), "delete_commits": len(self.commits),
                 "live_chunks": self.live_chunks, "live_packs": self.live_packs,
-                "spared_young": self.spared_young, "open_sessions": self.open_sessions}
+                "spared_young": self.spared_young, "open_sessions": self.open_sessions,
+                "delete_staging": len(self.staging)}
 
 
 def _repacked_size(live: list) -> int:
@@ -108,6 +112,14 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
     now = time.time() if now is None else now
     repo.recover()  # durable packs a killed push left unindexed are counted as what they are
     live_commits, live_manifests, live_chunks = mark(repo)
+    # the manifests of jobs still running (a deferred commit's journal) are roots; dead jobs' journals go
+    staged, doomed_staging = staging.gc_plan(repo, now, grace, SESSION_STALE)
+    for m in staged - live_manifests:
+        try:
+            live_chunks.update(repo.get_manifest(m).chunk_ids)
+        except (StorageError, OSError, CdcError):
+            continue  # never stored, or already gone: nothing of it to keep
+        live_manifests.add(m)
     young = 0
 
     def old(info) -> bool:
@@ -153,7 +165,7 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
             if (name, cid) not in live_commits and old(info):
                 commits.append((name, cid))
     return GcPlan(packs, manifests, commits, repack, live_chunks=len(live_chunks), live_packs=len(live_in),
-                  spared_young=young)
+                  spared_young=young, staging=doomed_staging)
 
 
 def _repack_until(kept: list, max_unused: float, old) -> list:
@@ -250,6 +262,9 @@ def execute(repo: Repository, p: GcPlan) -> None:
     rewritten first: the new pack is durable and indexed before the old one goes."""
     for name, _, live in p.repack:
         _repack(repo, name, live)
+    for name in p.staging:  # dead jobs' journals name manifests: they go before manifests do
+        with contextlib.suppress(StorageError, OSError):
+            repo.objects.delete(name)
     # what points goes before what it points to: a crash leaves no commit naming a gone manifest
     # and no manifest naming a gone chunk (an upload committed later finds its manifest or not)
     for r, cid in p.commits:
