@@ -273,3 +273,33 @@ def test_a_gc_killed_mid_run_holds_no_push_off(store, tmp_path):
             with PushSession(repo, timeout=0.3):
                 pass
         repo.objects.delete(name)
+
+
+def test_a_repo_deleted_while_gc_marks_is_skipped(store, tmp_path):
+    """delete-repo on another machine while gc walks that repo's history: its commits vanish
+    under the mark. gc failed with "no repo 'gone' ... push to cdc://gone/ to create it" (the
+    multi-machine fault test found it); the repo reaches nothing now, so gc skips it. A commit
+    that a ref still names and that is missing still stops gc."""
+    from cdcstore.core.errors import RevisionNotFoundError
+
+    store.push(_file(tmp_path / "g", "g.bin", os.urandom(500_000)), "cdc://gone/g.bin")
+    store.push(_file(tmp_path / "g2", "g2.bin", os.urandom(1000)), "cdc://gone/g2.bin")
+    keep = os.urandom(300_000)
+    store.push(_file(tmp_path / "k", "k.bin", keep), "cdc://stays/k.bin")
+    repo = LocalStore(store.location)
+    walk = repo.get_commit
+
+    def get_commit(name, cid):
+        if name == "gone" and repo.has_repo("gone"):
+            Store(store.location).delete_repo("gone")  # another machine, mid-mark
+        return walk(name, cid)
+
+    repo.get_commit = get_commit
+    r = gc(repo, grace=0)
+    assert r["deleted"] and r["delete_packs"] >= 1
+    assert store.cat("cdc://stays/k.bin") == keep and store.check(read_data=True)["problems"] == []
+    store.push(_file(tmp_path / "k2", "k2.bin", b"k2"), "cdc://stays/k2.bin")
+    first = store.get_commit("stays", store.branches("stays")["main"]).parent
+    os.remove(os.path.join(store.location, "repos", "stays", "commits", f"{first}.json"))
+    with pytest.raises(RevisionNotFoundError):
+        gc(LocalStore(store.location), grace=0)

@@ -34,7 +34,7 @@ import socket
 import time
 
 from .. import runtime
-from ..core.errors import BusyError, CdcError, InvalidAddressError
+from ..core.errors import BusyError, CdcError, InvalidAddressError, NotFoundError
 from ..core import ids
 from ..core.pack import ENTRY, HEADER, LEGACY_ENTRY, LEGACY_PACK_VERSION, PACK_VERSION, TRAILER, WRITE_BUFFER, \
     PackWriter, decode_chunk
@@ -90,18 +90,37 @@ def mark(repo: Repository) -> tuple[set[tuple[str, str]], set[str], set[bytes]]:
     manifests: set[str] = set()
     chunks: set[bytes] = set()
     for name in repo.repos():
-        forgotten = repo.forgotten(name)
-        for head in set(repo.refs(name).values()):
-            cid: str | None = head
-            while cid and (name, cid) not in commits:
-                commits.add((name, cid))  # forgotten commits stay as history; their files go
-                c = repo.get_commit(name, cid)  # a damaged reachable commit stops gc (CorruptionError)
-                for fe in () if cid in forgotten else c.files.values():
-                    if fe.manifest not in manifests:
-                        manifests.add(fe.manifest)
-                        chunks.update(repo.get_manifest(fe.manifest).chunk_ids)
-                cid = c.parent
+        heads = _heads(repo, name)
+        while heads:
+            try:
+                _mark_history(repo, name, heads, commits, manifests, chunks)
+                break
+            except NotFoundError:  # a delete (repo, branch) under the mark, or a missing commit
+                now = _heads(repo, name)
+                if now == heads:
+                    raise  # a commit its refs still reach is missing: damage stops gc
+                heads = now  # what reaches nothing now is not live (a push would have held gc off)
     return commits, manifests, chunks
+
+
+def _heads(repo: Repository, name: str) -> set[str]:
+    """The commits a repo's branches and tags name, read from the ref objects themselves (a
+    repo whose commits are gone but whose refs remain is damaged, not deleted)."""
+    return {c for kind in ("branch", "tag") for c in repo._read_refs(name, kind).values()}
+
+
+def _mark_history(repo: Repository, name: str, heads: set[str], commits: set, manifests: set, chunks: set) -> None:
+    forgotten = repo.forgotten(name)
+    for head in heads:
+        cid: str | None = head
+        while cid and (name, cid) not in commits:
+            c = repo.get_commit(name, cid)  # a damaged reachable commit stops gc (CorruptionError)
+            commits.add((name, cid))  # forgotten commits stay as history; their files go
+            for fe in () if cid in forgotten else c.files.values():
+                if fe.manifest not in manifests:
+                    manifests.add(fe.manifest)
+                    chunks.update(repo.get_manifest(fe.manifest).chunk_ids)
+            cid = c.parent
 
 
 def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = None,
