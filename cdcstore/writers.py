@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from .api import Store, TransferResult
 from .core.address import SCHEME, check_write_target, parse
-from .core.commit import changes
+from .core import treeobj
 from .core.errors import InvalidAddressError
 
 STAGE_INFIX = ".stage-"
@@ -89,9 +89,9 @@ class DeferredCommit:
 
     def _land(self, s: Store, repo: str, branch: str) -> TransferResult | None:
         """The staging branch's changes as one commit on `branch` (None: nothing written)."""
-        base = s.get_commit(repo, self._stage_base).files
-        head = s.get_commit(repo, s.branches(repo)[self.stage]).files
-        changed, removed = changes(base, head)
+        base = s.view(repo, s.get_commit(repo, self._stage_base))
+        head = s.view(repo, s.get_commit(repo, s.branches(repo)[self.stage]))
+        changed, removed = treeobj.changes(base, head)  # reads only the folders that differ
         if not changed and not removed:
             return None
         names = sorted(changed) or sorted(removed)

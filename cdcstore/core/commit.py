@@ -1,7 +1,18 @@
-"""Commits (format v1): a repo revision as JSON, named by its xxh3-128.
+"""Commits: a repo revision as JSON, named by the hash of its bytes (`ids.hexdigest`).
+
+Format 2 (written by this cdcstore) names the root tree of the revision's files
+(`treeobj.Tree`, one object per folder):
+
+    {"format": 2, "repo": ..., "parent": id | null, "message": ..., "time": epoch seconds,
+     "tree": root tree id}
+
+Format 1 (still read everywhere) holds the whole flat file map:
 
     {"format": 1, "repo": ..., "parent": id | null, "message": ..., "time": epoch seconds,
      "files": {path: {"manifest": id, "size": n}, ...}}
+
+A `Commit` has `tree` set (format 2) or `files` (format 1), never both; read its files
+through `Backend.view` (one API for both formats).
 
 Encoded as compact JSON with sorted keys so that the same commit always has the
 same bytes and therefore the same id. `Commit.validate` checks every field; it
@@ -18,7 +29,8 @@ from . import ids
 from .address import check_name, normalize_path
 from .errors import CdcError, CorruptionError
 
-COMMIT_VERSION = 1
+COMMIT_VERSION = 2  # what new commits are written as
+READ_VERSIONS = (1, 2)
 MAX_MESSAGE = 64 * 1024  # characters
 MAX_TIME = 32503680000.0  # 3000-01-01 UTC, in epoch seconds
 MAX_SIZE = 2 ** 53  # file sizes stay exact in every JSON reader
@@ -36,7 +48,16 @@ class Commit:
     parent: str | None
     message: str
     time: float
-    files: dict[str, FileEntry] = field(default_factory=dict)
+    files: dict[str, FileEntry] | None = None  # format 1 only
+    tree: str | None = None  # format 2: the root tree's id
+
+    def __post_init__(self):
+        if self.files is None and self.tree is None:
+            self.files = {}
+
+    @property
+    def format(self) -> int:
+        return 1 if self.tree is None else 2
 
     def validate(self) -> "Commit":
         """Check every field; raises ValueError naming the first bad one."""
@@ -48,6 +69,12 @@ class Commit:
         if (not isinstance(self.time, (int, float)) or isinstance(self.time, bool)
                 or not math.isfinite(self.time) or not 0 <= self.time <= MAX_TIME):
             raise ValueError(f"time {self.time!r} is not epoch seconds between 0 and {MAX_TIME:.0f} (year 3000)")
+        if self.tree is not None:
+            if self.files is not None:
+                raise ValueError("a commit names a tree (format 2) or holds files (format 1), not both")
+            if not (isinstance(self.tree, str) and ids.is_hex_id(self.tree)):
+                raise ValueError(f"tree {self.tree!r} is not a tree id (lowercase hex digits)")
+            return self
         if not isinstance(self.files, dict):
             raise ValueError("files must be an object of path -> {manifest, size}")
         for path, f in self.files.items():
@@ -58,14 +85,12 @@ class Commit:
 
     def encode(self) -> bytes:
         self.validate()
-        doc = {
-            "format": COMMIT_VERSION,
-            "repo": self.repo,
-            "parent": self.parent,
-            "message": self.message,
-            "time": self.time,
-            "files": {p: {"manifest": f.manifest, "size": f.size} for p, f in self.files.items()},
-        }
+        doc = {"format": self.format, "repo": self.repo, "parent": self.parent,
+               "message": self.message, "time": self.time}
+        if self.tree is not None:
+            doc["tree"] = self.tree
+        else:
+            doc["files"] = {p: {"manifest": f.manifest, "size": f.size} for p, f in self.files.items()}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @property
@@ -78,9 +103,13 @@ class Commit:
             doc = json.loads(data)
             if not isinstance(doc, dict):
                 raise ValueError("not a JSON object")
-            if doc.get("format") != COMMIT_VERSION:
+            if doc.get("format") not in READ_VERSIONS or isinstance(doc.get("format"), bool):
                 raise CorruptionError(f"{name} has commit format {doc.get('format')!r}; "
-                                      f"this cdcstore reads {COMMIT_VERSION}")
+                                      f"this cdcstore reads formats 1 and 2: upgrade cdcstore")
+            if doc["format"] == 2:
+                if "files" in doc:
+                    raise ValueError("a format 2 commit names a tree, not files")
+                return cls(doc["repo"], doc["parent"], doc["message"], doc["time"], None, doc["tree"]).validate()
             if not isinstance(doc["files"], dict):
                 raise ValueError("files must be an object of path -> {manifest, size}")
             files = {p: FileEntry(f["manifest"], f["size"]) for p, f in doc["files"].items()}
@@ -90,8 +119,6 @@ class Commit:
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError, CdcError) as e:
             raise CorruptionError(f"{name} is not a valid commit: {e}") from None
 
-    def total_size(self) -> int:
-        return sum(f.size for f in self.files.values())
 
 
 def _check_path(path) -> None:

@@ -36,6 +36,7 @@ import platformdirs
 from .. import runtime
 from ..core import ids
 from ..core.address import is_commit_like
+from ..core import treeobj
 from ..core.commit import Commit
 from ..core.errors import CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
@@ -560,6 +561,21 @@ class CachedBackend(Backend):
         self.cache.put_object("manifest", name, m.encode())
         found.update({c: (CACHED, e) for c, e in self.cache.has(list(found)).items()})
         return m, found
+
+    def get_tree(self, name: str, repo: str | None = None):
+        """A tree, from this machine's cache when any process read it before (trees are
+        immutable: named by their bytes); kept per token scope, as commits are."""
+        kind = f"tree:{self._scope}"
+
+        def fetch():
+            data = self.inner.get_tree(name, repo).encode()
+            self.cache.put_object(kind, name, data)
+            return data
+
+        return treeobj.Tree.decode(self._once(lambda: self.cache.get_object(kind, name), fetch), f"tree {name}")
+
+    def put_trees(self, trees):
+        return self.inner.put_trees(trees)
 
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         kind = f"commit:{self._scope}:{repo}"

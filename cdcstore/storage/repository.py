@@ -6,6 +6,7 @@ memory). Object names (store format v1, docs/format.md):
     cdcstore.json                          {"format": "cdcstore", "version": 1}
     packs/ab/<name>.pack                   immutable, named by xxh3-128 of their bytes
     manifests/ab/<name>                    file manifests, named likewise
+    trees/ab/<name>                        trees (one folder of a format 2 commit), named likewise
     repos/<repo>/commits/<id>.json         commits, named by xxh3-128 of their JSON
     repos/<repo>/branches/<branch>         the commit id a branch points at
     repos/<repo>/tags/<tag>                the commit id a tag names (never rewritten)
@@ -36,7 +37,8 @@ import platformdirs
 from .. import runtime
 from ..core import ids
 from ..core.address import check_name, check_ref_name, check_write_target, is_commit_like
-from ..core.commit import Commit, changes, rebase_files, touched
+from ..core import treeobj
+from ..core.commit import Commit
 from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, NotAStoreError,
                            PackMissingError, PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
                            StoreFormatError)
@@ -55,6 +57,7 @@ MARKER = "cdcstore.json"
 MAX_OPEN = 256  # open pack descriptors per process (directory stores)
 LOCAL_RUN = 4 << 20  # bytes per pread: larger buffers are fresh pages each time (~10x slower here)
 REMOTE_RUN = 16 << 20  # bytes per ranged GET on an object store
+TREE_MEMO = 4096  # trees kept decoded per process (immutable: named by their bytes)
 
 
 def pack_name(name: str) -> str:
@@ -63,6 +66,10 @@ def pack_name(name: str) -> str:
 
 def manifest_name(name: str) -> str:
     return f"manifests/{name[:2]}/{name}"
+
+
+def tree_name(name: str) -> str:
+    return f"trees/{name[:2]}/{name}"
 
 
 def commit_name(repo: str, cid: str) -> str:
@@ -149,6 +156,7 @@ class Repository(Backend):
         self._grant_lock = runtime.Lock(reentrant=True)
         self._granted: dict[str, set[str]] = {}  # repo -> commits whose whole history's reach is recorded
         self._token_grants: dict[str, set[str]] = {}  # owner -> grant objects this process read
+        self._trees: dict[str, treeobj.Tree] = {}  # decoded trees (immutable), at most TREE_MEMO
 
     @classmethod
     def create(cls, objects: ObjectStore, index_path: str, location: str | None = None,
@@ -364,6 +372,53 @@ class Repository(Backend):
                                CorruptionError(f"manifest {name} is missing from {self.location}"))
         return Manifest.decode(data, f"manifest {name}")
 
+    # -- trees ------------------------------------------------------------------------------------
+    def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
+        """Store trees durably, written once each (one stored before is made young again,
+        as a manifest is: gc's grace window covers it anew)."""
+        def put(item):
+            name, tree = item
+            data = tree.encode()
+            if ids.hexdigest(data) != name:
+                raise ValueError(f"tree {name} does not match its bytes")
+            if not self.objects.put(tree_name(name), data, exist_ok=True):
+                self.objects.touch(tree_name(name))
+            self._trees[name] = tree
+
+        if len(trees) <= 4:
+            for item in trees.items():
+                put(item)
+        else:
+            list(runtime.pool("io", 8).map(put, trees.items()))
+
+    def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
+        tree = self._trees.get(name)
+        if tree is None:
+            tree = self.read_tree(name)
+            if len(self._trees) >= TREE_MEMO:
+                self._trees.pop(next(iter(self._trees)))
+            self._trees[name] = tree
+        return tree
+
+    def read_tree(self, name: str) -> treeobj.Tree:
+        """A tree read from the store now (never the memo), checked against its name."""
+        data = self._get_named(name, tree_name(name), f"tree {name}",
+                               CorruptionError(f"tree {name} is missing from {self.location}"))
+        return treeobj.Tree.decode(data, f"tree {name}")
+
+    def tree_bytes(self, name: str) -> bytes:
+        """A stored tree's bytes as stored (NotFound if absent)."""
+        return bytes(self.objects.get(tree_name(name)))
+
+    def tree_names(self) -> dict[str, tuple[int, float]]:
+        """Every stored tree: name -> (size, mtime)."""
+        out = {}
+        for info in self.objects.list("trees/"):
+            base = info.name.rsplit("/", 1)[-1]
+            if ids.is_hex_id(base):
+                out[base] = (info.size, info.mtime)
+        return out
+
     # -- repos, commits, refs ---------------------------------------------------------------------
     def repos(self) -> list[str]:
         """Repos that hold a commit (one delimiter listing, then one per repo)."""
@@ -528,6 +583,7 @@ class Repository(Backend):
         if commit.parent is not None and not self.objects.exists(commit_name(commit.repo, commit.parent)):
             raise InvalidAddressError(f"commit parent {commit.parent} is not a commit of repo {commit.repo!r}: "
                                       f"base the commit on the branch head")
+        commit = self.as_format2(commit)  # new commits are format 2 (make_commit builds them by the change)
         cid = self.put_commit(commit)
         return self.update_branch(commit.repo, branch, expected, cid, commit, landed=self._grant)
 
@@ -595,17 +651,23 @@ class Repository(Backend):
         return added
 
     def _grant(self, commit: Commit) -> None:
-        """Record which manifests and chunks the commit's repo reaches (what a server
-        lets a repo's tokens read). Only manifests new since the parent are walked."""
-        names = {f.manifest for f in commit.files.values()}
+        """Record which trees, manifests and chunks the commit's repo reaches (what a server
+        lets a repo's tokens read). Only what is new since the parent is walked: the trees
+        whose ids differ, and the files in them."""
+        parent = None
         if commit.parent:
             try:
-                names -= {f.manifest for f in self.get_commit(commit.repo, commit.parent).files.values()}
+                parent = self.view(commit.repo, self.get_commit(commit.repo, commit.parent))
             except CdcError:
                 pass
+        trees: set[str] = set()
+        view = self.view(commit.repo, commit)
+        changed, _ = treeobj.changes(parent, view, trees)
+        names = {f.manifest for f in changed.values()}
         chunk_ids: set[bytes] = set()
         for n in names:
             chunk_ids.update(self.get_manifest(n).chunk_ids)
+        self.index.grant(commit.repo, "tree", trees - set(view.unstored))
         self.index.grant(commit.repo, "manifest", names)
         self.index.grant_chunks("repo_chunks", commit.repo, chunk_ids)
 
@@ -686,19 +748,26 @@ class Repository(Backend):
         repo, cid = commit.repo, commit.id
         recorded = self._applied(repo, cid)
         theirs: set[str] = set()
+
+        def view(c: str | None):
+            return self.view(repo, self.get_commit(repo, c)) if c else None
+
         for hid, h in self._history(repo, head, commit.parent):
             if hid == cid or hid in recorded:
                 return hid, False
-            parent_files = self.get_commit(repo, h.parent).files if h.parent else {}
-            theirs |= touched(parent_files, h.files)
-        base_files = self.get_commit(repo, commit.parent).files if commit.parent else {}
-        files, overlap = rebase_files(changes(base_files, commit.files), theirs,
-                                      self.get_commit(repo, head).files)
-        if files is None:
+            theirs |= treeobj.touched(view(h.parent), self.view(repo, h))
+        ours = treeobj.changes(view(commit.parent), self.view(repo, commit))
+        overlap = sorted((set(ours[0]) | ours[1]) & theirs)
+        if not overlap:
+            try:
+                landed_commit = self.make_commit(repo, head, commit.message, commit.time, *ours)
+            except treeobj.Clash as e:
+                overlap = e.paths
+        if overlap:
             shown = ", ".join(overlap[:5]) + (f" and {len(overlap) - 5} more" if len(overlap) > 5 else "")
             raise ConflictError(f"branch {branch!r} of repo {repo!r} moved to {head} and another writer changed "
                                 f"the same paths: {shown}; pull the branch and run the push again")
-        landed = self.put_commit(Commit(repo, head, commit.message, commit.time, files))
+        landed = self.put_commit(landed_commit)
         # recorded before the branch moves, so that a retry finds the copy in the history
         self.objects.put(f"repos/{repo}/applied/{cid}.{landed}", b"", exist_ok=True)
         return landed, True
@@ -746,7 +815,7 @@ class LocalStore(Repository):
             raise FileExistsError(f"a store already exists at {root}")
         if os.path.isdir(root) and os.listdir(root):
             raise NotAStoreError(f"{root} is not empty: create the store in a new or empty directory")
-        for sub in ("packs", "manifests", "repos", "tmp"):
+        for sub in ("packs", "manifests", "trees", "repos", "tmp"):
             os.makedirs(os.path.join(root, sub), exist_ok=True)
         ChunkIndex(os.path.join(root, "index.sqlite"))
         Repository.create(LocalObjects(root), os.path.join(root, "index.sqlite"), root, exist_ok=exist_ok)
