@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import ids
 from .address import check_name, normalize_path
@@ -48,12 +48,37 @@ class Commit:
     parent: str | None
     message: str
     time: float
-    files: dict[str, FileEntry] | None = None  # format 1 only
+    flat: dict[str, FileEntry] | None = None  # format 1: the whole file map
     tree: str | None = None  # format 2: the root tree's id
 
     def __post_init__(self):
-        if self.files is None and self.tree is None:
-            self.files = {}
+        if self.flat is None and self.tree is None:
+            self.flat = {}
+        self._load_files = None  # format 2: made by the backend the commit came from
+
+    @property
+    def files(self) -> dict[str, FileEntry]:
+        """Every file of the commit by path (a format 2 commit reads all its trees once: to
+        list, look up or walk part of it, use `Backend.view` / `Store.view`, which read only
+        the trees on the path)."""
+        if self.flat is not None:
+            return self.flat
+        if self._load_files is None:
+            raise CdcError(f"commit names tree {self.tree}: read its files through Store.view (or Backend.view)")
+        files = self._load_files()
+        self._load_files = lambda: files
+        return files
+
+    def __getstate__(self):  # the loader stays with the process that made it
+        return {k: v for k, v in self.__dict__.items() if k != "_load_files"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _load_files=None)
+
+    def bind(self, load_files) -> "Commit":
+        """Let `files` of a format 2 commit read its trees with `load_files()` (a backend's view)."""
+        self._load_files = load_files
+        return self
 
     @property
     def format(self) -> int:
@@ -70,7 +95,7 @@ class Commit:
                 or not math.isfinite(self.time) or not 0 <= self.time <= MAX_TIME):
             raise ValueError(f"time {self.time!r} is not epoch seconds between 0 and {MAX_TIME:.0f} (year 3000)")
         if self.tree is not None:
-            if self.files is not None:
+            if self.flat is not None:
                 raise ValueError("a commit names a tree (format 2) or holds files (format 1), not both")
             if not (isinstance(self.tree, str) and ids.is_hex_id(self.tree)):
                 raise ValueError(f"tree {self.tree!r} is not a tree id (lowercase hex digits)")

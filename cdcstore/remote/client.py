@@ -628,9 +628,8 @@ class RemoteStore(Backend):
         return treeobj.Tree.decode(data, f"tree {name}")
 
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
-        commit = self.as_format2(commit)
-        sent = commit
-        if self._legacy_trees:  # a server before protocol 1.5 takes format 1 commits only
+        sent = commit  # stored as given: `make_commit` makes format 2 commits
+        if self._legacy_trees and commit.tree is not None:  # a server before protocol 1.5 takes format 1 only
             sent = Commit(commit.repo, commit.parent, commit.message, commit.time,
                           self.view(commit.repo, commit).files())
         doc = {"commit": sent.encode().decode(), "branch": branch, "expected": expected}
@@ -662,7 +661,7 @@ class RemoteStore(Backend):
         data = self._call("GET", f"/repos/{_repo(repo)}/commits/{commit_id}")
         if ids.hexdigest(data) != commit_id:
             raise CorruptionError(f"commit {commit_id} from the server does not match its id")
-        return Commit.decode(data, f"commit {commit_id}")
+        return self.bound(repo, Commit.decode(data, f"commit {commit_id}"))
 
     def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
         if ids.is_hex_id(rev) and ("commit", repo, rev.lower()) in self._memo:  # a pinned commit seen

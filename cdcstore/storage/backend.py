@@ -101,8 +101,9 @@ class Backend(abc.ABC):
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest: ...
     @abc.abstractmethod
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
-        """Store `commit` and move `branch` from `expected` to it (compare-and-swap);
-        ConflictError if the branch moved. Returns the commit id."""
+        """Store `commit` as given (make it with `make_commit`: format 2, its trees stored) and
+        move `branch` from `expected` to it (compare-and-swap); ConflictError if the branch
+        moved. Returns the commit id (a rebased copy's, format 2, if the branch had moved)."""
     @abc.abstractmethod
     def get_commit(self, repo: str, commit_id: str) -> Commit: ...
 
@@ -114,6 +115,12 @@ class Backend(abc.ABC):
     def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
         """Store trees (id -> Tree) durably, each written once; before a commit names them."""
         raise NotImplementedError(f"{type(self).__name__} does not store trees")
+
+    def bound(self, repo: str, commit: Commit) -> Commit:
+        """`commit` whose `files` (the whole map, for callers that want it) reads its trees here."""
+        if commit.tree is not None:
+            commit.bind(lambda: self.view(repo, commit).files())
+        return commit
 
     def view(self, repo: str, commit: Commit) -> treeobj.View:
         """A commit's files, read folder by folder: the one way to read them, for both formats

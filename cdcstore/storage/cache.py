@@ -585,8 +585,8 @@ class CachedBackend(Backend):
             self.cache.put_object(kind, commit_id, data)
             return data
 
-        return Commit.decode(self._once(lambda: self.cache.get_object(kind, commit_id), fetch),
-                             f"commit {commit_id}")
+        return self.bound(repo, Commit.decode(self._once(lambda: self.cache.get_object(kind, commit_id), fetch),
+                                              f"commit {commit_id}"))
 
     def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
         """A full commit id already seen, or a tag resolved once (tags never move),

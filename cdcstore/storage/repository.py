@@ -454,7 +454,7 @@ class Repository(Backend):
         except RevisionNotFoundError:
             self._require_repo(repo)
             raise
-        return Commit.decode(data, f"commit {commit_id}")
+        return self.bound(repo, Commit.decode(data, f"commit {commit_id}"))
 
     def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
         """(commit id, kind) of a revision: 4+ hex digits are a commit id or a unique
@@ -583,7 +583,6 @@ class Repository(Backend):
         if commit.parent is not None and not self.objects.exists(commit_name(commit.repo, commit.parent)):
             raise InvalidAddressError(f"commit parent {commit.parent} is not a commit of repo {commit.repo!r}: "
                                       f"base the commit on the branch head")
-        commit = self.as_format2(commit)  # new commits are format 2 (make_commit builds them by the change)
         cid = self.put_commit(commit)
         return self.update_branch(commit.repo, branch, expected, cid, commit, landed=self._grant)
 
@@ -657,7 +656,9 @@ class Repository(Backend):
         parent = None
         if commit.parent:
             try:
-                parent = self.view(commit.repo, self.get_commit(commit.repo, commit.parent))
+                pc = self.get_commit(commit.repo, commit.parent)
+                # a format 1 parent's trees were granted to no one: walk all of this commit's
+                parent = self.view(commit.repo, pc) if pc.tree is not None else None
             except CdcError:
                 pass
         trees: set[str] = set()
