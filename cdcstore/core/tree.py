@@ -1,8 +1,9 @@
-"""Tree operations on a commit's file map (pure logic).
+"""Operations on a flat map of files {path: FileEntry} (pure logic): globs for push and
+pull, a diff of two maps, listings of a map.
 
-A commit holds a flat map {path: FileEntry}; folders exist only as path prefixes.
-These functions are the one place that turns that map into files and folders, for
-the API, the fsspec face and the CLI.
+A commit's files are read through `treeobj.View` (`Backend.view`), which reads only the
+trees on a path; these helpers work on the part of a commit a caller already holds as a
+map (`View.under`), and on format 1 commits' maps.
 """
 from __future__ import annotations
 
