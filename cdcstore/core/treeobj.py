@@ -215,7 +215,10 @@ class View:
 
     def walk(self, path: str = "") -> Iterator[tuple[str, FileEntry]]:
         """(full path, entry) of every file under the folder `path` (or the file itself), sorted."""
-        e = self.entry(path) if path else Folder(self.root, 0, 0)
+        if not path:
+            yield from self._walk(self.root, "")
+            return
+        e = self.entry(path)
         if isinstance(e, FileEntry):
             yield path, e
         elif e is not None:

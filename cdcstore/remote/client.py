@@ -41,7 +41,7 @@ RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry 
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
 RANGE_BYTES = 8 * 1024 * 1024  # a read's ranges: large, yet many at once over the 8 connections
 ADMIN_TIMEOUT = 24 * 3600.0  # seconds an admin command may run before the client gives up
-MEMO_OBJECTS = 256  # commits and manifests a RemoteStore keeps in memory
+MEMO_OBJECTS = 256  # commits, trees and manifests a RemoteStore keeps in memory
 NOTE_AFTER = 1.0  # seconds: a retry waiting this long is logged (the CLI prints it unless -q)
 log = logging.getLogger("cdcstore.client")
 

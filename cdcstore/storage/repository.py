@@ -17,7 +17,7 @@ memory). Object names (store format v1, docs/format.md):
 Beside them, on local disk only, the chunk index (`index.ChunkIndex`, a rebuildable
 cache: in the store's directory for a local store, under the user cache dir for a
 bucket). Objects are written once and only whole (invariant 1). Write order is packs
--> index rows -> manifests -> commit -> branch, and a branch moves by a conditional
+-> index rows -> manifests -> trees -> commit -> branch, and a branch moves by a conditional
 put (compare-and-swap), so two writers on two machines never lose a commit and need no
 lock server.
 """
