@@ -12,6 +12,7 @@ import pytest
 from cdcstore import Store
 from cdcstore.core import treeobj
 from cdcstore.core.commit import Commit, FileEntry, changes as flat_changes, rebase_files
+from cdcstore.core.errors import CorruptionError
 from cdcstore.fs import CdcFileSystem
 from cdcstore.storage.maintenance import gc
 from cdcstore.storage.repository import LocalStore
@@ -317,3 +318,26 @@ def test_a_clash_names_the_path():
     assert e.value.paths == ["a"]
     with pytest.raises(treeobj.Clash):
         treeobj.apply(v, {"a/b.f/c": FileEntry("2" * 32, 2)})
+
+
+def test_a_path_too_deep_is_refused_not_a_crash():
+    from cdcstore.core.errors import InvalidAddressError
+    deep = "/".join(["d"] * 300) + "/f"
+    with pytest.raises(InvalidAddressError, match="folders deep"):
+        treeobj.apply(None, {deep: FileEntry("1" * 32, 1)})
+    with pytest.raises(ValueError, match="folders deep"):
+        Commit("r", None, "", 0.0, {deep: FileEntry("1" * 32, 1)}).validate()
+    # a hostile chain of nested trees (uploaded to a server) is refused when walked, not a RecursionError
+    nodes, tid = {}, None
+    leaf = treeobj.Tree({"f": FileEntry("1" * 32, 1)})
+    tid = leaf.id
+    nodes[tid] = leaf
+    for _ in range(300):
+        t = treeobj.Tree({"d": treeobj.Folder(tid, 1, 1)})
+        tid = t.id
+        nodes[tid] = t
+    view = treeobj.View(nodes.__getitem__, tid)
+    with pytest.raises(CorruptionError, match="folders deep"):
+        view.files()
+    with pytest.raises(CorruptionError, match="folders deep"):
+        treeobj.changes(None, view)

@@ -155,6 +155,8 @@ def _check_path(path) -> None:
     if not ok:
         raise ValueError(f"invalid file path {path!r}: use relative '/'-separated paths "
                          f"without '.', '..' or empty parts")
+    if path.count("/") >= 255:  # treeobj.MAX_DEPTH
+        raise ValueError(f"file path {path[:80]!r}... is more than 255 folders deep")
 
 
 def _check_entry(path: str, f) -> None:

@@ -23,9 +23,10 @@ from typing import Callable, Iterator, Mapping
 
 from . import ids
 from .commit import FileEntry, _check_entry
-from .errors import CdcError, CorruptionError
+from .errors import CdcError, CorruptionError, InvalidAddressError
 
 TREE_VERSION = 2
+MAX_DEPTH = 255  # folders in a path: deeper trees are refused (and never walked: no deep recursion)
 
 
 @dataclass(frozen=True)
@@ -225,6 +226,7 @@ class View:
             yield from self._walk(e.tree, path)
 
     def _walk(self, tid: str, prefix: str) -> Iterator[tuple[str, FileEntry]]:
+        _check_depth(prefix)
         for name, e in self.node(tid).entries.items():
             p = _join(prefix, name)
             if isinstance(e, Folder):
@@ -267,6 +269,11 @@ class View:
             stack.extend(e.tree for e in self.node(tid).entries.values() if isinstance(e, Folder))
 
 
+def _check_depth(prefix: str) -> None:
+    if prefix.count("/") >= MAX_DEPTH:
+        raise CorruptionError(f"tree at {prefix[:80]!r}... is more than {MAX_DEPTH} folders deep")
+
+
 def _no_load(tid: str) -> Tree:
     raise CorruptionError(f"tree {tid} is not in this commit")
 
@@ -289,6 +296,7 @@ def _diff(a: View | None, aid: str | None, b: View, bid: str | None, prefix: str
           changed: dict, removed: set, trees: set | None = None, check=None, folder=None) -> None:
     if aid == bid:
         return
+    _check_depth(prefix)
     ea = a.node(aid).entries if aid else {}
     eb = b.node(bid).entries if bid else {}
     if bid is not None:
@@ -335,6 +343,8 @@ def apply(base: View | None, changed: Mapping[str, FileEntry], removed=(),
     view = base or View(load or _no_load, EMPTY.id, {EMPTY.id: EMPTY})
     edits: dict = {}  # nested by path part; the key "" holds the op on the path itself
     for path, f in [(p, None) for p in removed] + list(changed.items()):
+        if path.count("/") >= MAX_DEPTH:
+            raise InvalidAddressError(f"{path[:80]!r}... is more than {MAX_DEPTH} folders deep: use a shallower path")
         d = edits
         for p in path.split("/"):
             d = d.setdefault(p, {})
