@@ -18,9 +18,9 @@ from typing import Callable, Iterable
 import platformdirs
 
 from . import runtime
-from .core import ids, tree
+from .core import ids, tree, treeobj
 from .core.address import DEFAULT_BRANCH, Address, check_name, check_ref_name, check_write_target, normalize_path, parse
-from .core.commit import Commit, FileEntry, tree_clashes
+from .core.commit import Commit, FileEntry
 from .core.manifest import Manifest
 from .core.errors import CdcError, CorruptionError, InvalidAddressError, MissingChunksError, PathNotFoundError
 from .engine.read import FileReader, LocalSeed
@@ -214,11 +214,9 @@ def plan_sources(sources: Iterable[str], dest: str, dest_is_dir: bool,
     return pairs
 
 
-def _check_tree(files: dict[str, FileEntry]) -> None:
-    clash = tree_clashes(files)
-    if clash:
-        raise InvalidAddressError(f"{sorted(clash)[0]!r} would be both a file and a folder: "
-                                  f"push to another path or remove one of them")
+def _clash(paths: list[str]) -> InvalidAddressError:
+    return InvalidAddressError(f"{sorted(paths)[0]!r} would be both a file and a folder: "
+                               f"push to another path or remove one of them")
 
 
 def is_url(location: str) -> bool:
@@ -337,6 +335,11 @@ class Store:
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         return self.backend.get_commit(check_name("repo", repo), commit_id)
 
+    def view(self, repo: str, commit: Commit) -> treeobj.View:
+        """A commit's files, read folder by folder (`core.treeobj.View`: get, kind, listing,
+        walk, under); the same for format 1 and format 2 commits."""
+        return self.backend.view(check_name("repo", repo), commit)
+
     def manifest(self, repo: str, name: str) -> Manifest:
         """A file's manifest by name, as `repo` may read it."""
         return self.backend.get_manifest(name, repo)
@@ -382,12 +385,13 @@ class Store:
         for (cid, c), older in _pairs(history):
             if limit is not None and len(out) >= limit:
                 break
-            if path is not None:
-                before = tree.under(older[1].files, path) if older else {}
-                if tree.under(c.files, path) == before:
+            view = self.backend.view(repo, c)
+            if path is not None:  # the same file or folder has the same entry (a folder: its tree's id)
+                before = self.backend.view(repo, older[1]).entry(path) if older else None
+                if view.entry(path) == before:
                     continue
             out.append({"commit": cid, "parent": c.parent, "message": c.message, "time": c.time,
-                        "files": len(c.files), "bytes": c.total_size()})
+                        "files": view.file_count(), "bytes": view.size()})
         return out
 
     def diff(self, old: str | Address, new: str | Address) -> list[dict]:
@@ -397,7 +401,8 @@ class Store:
         a, b = _as_address(old), _as_address(new)
         _, ca = self.resolve(a)
         _, cb = self.resolve(b)
-        before, after = tree.under(ca.files, a.path), tree.under(cb.files, b.path)
+        before = self.backend.view(a.repo, ca).under(a.path)
+        after = self.backend.view(b.repo, cb).under(b.path)
         added, removed, changed = tree.diff(before, after)
         held: set[bytes] = set()
         for f in before.values():
@@ -554,13 +559,17 @@ class Store:
         else:
             parent = expected or branches.get(DEFAULT_BRANCH)
         base = be.get_commit(repo, parent) if parent else None
-        files = dict(base.files) if base else {}
+        view = be.view(repo, base) if base else None
+        removed: set[str] = set()
         for path in remove:
-            if files.pop(normalize_path(path), None) is None:
+            p = normalize_path(path)
+            if view is None or view.get(p) is None:
                 raise no_such_path(repo, branch, path)
+            removed.add(p)
 
         with self._push_session():  # a gc deletes nothing while this push is in flight
-            held = {f.manifest for f in base.files.values()} if base else set()  # reachable: in the store
+            # manifests the base names at the pushed paths are in the store (reachable): not re-put
+            held = {e.manifest for e in (view.get(p) for _, p in pairs) if e is not None} if view is not None else set()
             unread = self._vouched(repo, known or {}, held)
             todo = [(f, p) for f, p in pairs if p not in unread]
             ingest, added, per_file = self._ingest(todo, options, progress, skip=held)
@@ -570,20 +579,24 @@ class Store:
                              for p, e in unread.items()})  # not read: the stat cache vouched for them
             if progress and unread:
                 progress(sum(e.size for e in unread.values()))
-            if remove_under is not None:
+            folder = (remove_under or "").rstrip("/")
+            if remove_under is not None and view is not None and view.kind(folder) == "directory":
                 adding = set(added)
-                for p in [p for p in files if p.startswith(remove_under) and p not in adding
-                          and (remove_filter is None or remove_filter(p))]:
-                    del files[p]
-            files.update(added)
+                removed.update(p for p, _ in view.walk(folder) if p not in adding
+                               and (remove_filter is None or remove_filter(p)))
+            updates = dict(added)
             for path, entry in (entries or {}).items():
-                files[normalize_path(path)] = entry
-            _check_tree(files)
-            files = dict(sorted(files.items()))
-            changed = base is None or files != base.files or expected is None
+                updates[normalize_path(path)] = entry
+            removed -= set(updates)
+            updates = {p: e for p, e in updates.items() if view is None or view.get(p) != e}
+            changed = base is None or bool(updates) or bool(removed) or expected is None
             commit_id = parent
             if changed:
-                commit_id = be.commit(Commit(repo, parent, message, time.time(), files), branch, expected)
+                try:
+                    commit = be.make_commit(repo, parent, message, time.time(), updates, removed, base=base)
+                except treeobj.Clash as e:
+                    raise _clash(e.paths) from None
+                commit_id = be.commit(commit, branch, expected)
         result = TransferResult(
             files=len(pairs), bytes=ingest.bytes + sum(e.size for e in unread.values()), new_bytes=ingest.new_bytes,
             stored_bytes=ingest.stored_bytes, seconds=time.perf_counter() - t0, commit=commit_id,
@@ -781,8 +794,8 @@ class Store:
     def remove(self, addr: str | Address, recursive: bool = False, message: str = "") -> TransferResult:
         """A commit without a file, or (recursive) without a folder."""
         a = _as_address(addr)
-        _, commit, found = self._entries(a)
-        if not recursive and a.path not in commit.files:
+        _, view, found = self._entries(a)
+        if not recursive and view.get(a.path) is None:
             raise IsADirectoryError(f"{a} is a folder: remove it with recursive=True")
         return self.commit_files(a.repo, a.ref, [], message or f"remove {a.path}", remove=list(found))
 
@@ -790,8 +803,8 @@ class Store:
         """A commit on DST's branch holding SRC's file (or folder) at DST, made from
         SRC's manifests: no data is read or written. DST may be in another repo."""
         s, d = _as_address(src), _as_address(dst)
-        _, commit, found = self._entries(s)
-        if s.path in commit.files:
+        _, view, found = self._entries(s)
+        if view.get(s.path) is not None:
             entries = {d.path: found[s.path]}
         else:
             cut = len(s.path) + 1 if s.path else 0
@@ -801,26 +814,33 @@ class Store:
         return self.commit_files(d.repo, d.ref, [], message or f"copy {s} to {d}", entries=entries)
 
     # -- reading -------------------------------------------------------------------------
-    def _entries(self, a: Address) -> tuple[str, Commit, dict[str, FileEntry]]:
-        """The files at or under a.path, keyed by their full path."""
+    def _view(self, a: Address) -> tuple[str, treeobj.View]:
+        """The commit a.ref names and its files; PathNotFoundError if nothing is at a.path
+        (reads only the trees on the path)."""
         cid, commit = self.resolve(a)
-        found = tree.under(commit.files, a.path)
-        if not found and a.path:
+        view = self.backend.view(a.repo, commit)
+        if a.path and view.kind(a.path) is None:
             raise no_such_path(a.repo, a.ref, a.path)
-        return cid, commit, found
+        return cid, view
+
+    def _entries(self, a: Address) -> tuple[str, treeobj.View, dict[str, FileEntry]]:
+        """The files at or under a.path, keyed by their full path."""
+        cid, view = self._view(a)
+        return cid, view, view.under(a.path)
 
     def ls(self, addr: str | Address, recursive: bool = False) -> list[dict]:
-        """Entries under an address: {"name", "type": "file"|"directory", "size"}."""
+        """Entries under an address: {"name", "type": "file"|"directory", "size"}. Reads the
+        trees on the path only (and every tree below when `recursive`)."""
         a = _as_address(addr)
-        _, commit, _ = self._entries(a)
-        return tree.listing(commit.files, a.path, recursive)
+        _, view = self._view(a)
+        return view.listing(a.path, recursive)
 
     def open(self, addr: str | Address) -> FileReader:
         a = _as_address(addr)
-        cid, commit = self.resolve(a)
-        entry = commit.files.get(a.path)
+        _, view = self._view(a)
+        entry = view.get(a.path)
         if entry is None:
-            if tree.kind(commit.files, a.path) == "directory":
+            if view.kind(a.path) == "directory":
                 raise IsADirectoryError(f"{a} is a folder: open a file in it (see `cdcstore ls {a}`)")
             raise no_such_path(a.repo, a.ref, a.path)
         located = getattr(self.backend, "get_manifest_located", None)  # a server: one round trip for both
@@ -846,8 +866,8 @@ class Store:
         """
         t0, c0 = time.perf_counter(), self.counters()
         a = _as_address(addr)
-        cid, commit, found = self._entries(a)
-        if a.path in commit.files:
+        cid, view, found = self._entries(a)
+        if view.get(a.path) is not None:
             name = _commit_parts(a.path, a.path)[-1]
             into = local.endswith(("/", os.sep)) or os.path.isdir(local)
             root, plan = (local, [(a.path, [name])]) if into else (os.path.dirname(local) or ".", [(a.path, None)])
@@ -859,12 +879,12 @@ class Store:
         targets = [(path, local if parts is None else _safe_target(root, parts, path)) for path, parts in plan]
         for _, target in targets:
             _check_replaceable(target)
-        manifests = self._manifests(a.repo, [commit.files[p].manifest for p, _ in plan])
+        manifests = self._manifests(a.repo, [found[p].manifest for p, _ in plan])
         located: dict = {}  # a server locates the chunks of all the files together
         if len(plan) > 1 and not self.backend.capabilities.local_reads:
             located = self._locate_all(a.repo, list(manifests.values()))
         for path, target in targets:
-            m = manifests[commit.files[path].manifest]
+            m = manifests[found[path].manifest]
             total += m.size
             if _same_content(target, m):
                 if progress:
@@ -939,12 +959,13 @@ class Store:
         out: dict = {"store": self.location, "repos": len(be.repos()), **totals}
         if addr is not None:
             a = _as_address(addr)
-            cid, commit, found = self._entries(a)
+            cid, view, found = self._entries(a)
+            commit = be.get_commit(a.repo, cid)
             chunks = self._chunk_sizes(found.values(), a.repo)
             parent = {}
             if commit.parent:
-                pfiles = be.get_commit(a.repo, commit.parent).files
-                parent = self._chunk_sizes(tree.under(pfiles, a.path).values(), a.repo)
+                pview = be.view(a.repo, be.get_commit(a.repo, commit.parent))
+                parent = self._chunk_sizes(pview.under(a.path).values(), a.repo)
             new = [c for c in chunks if c not in parent]
             out.update({"commit": cid, "files": len(found), "bytes": sum(f.size for f in found.values()),
                         "unique_bytes": sum(chunks.values()), "new_bytes": sum(chunks[c] for c in new),
@@ -953,9 +974,9 @@ class Store:
             heads = [(r, c) for r in be.repos() for c in set(be.branches(r).values())]
             files = bytes_ = 0
             for repo, cid in heads:
-                commit = be.get_commit(repo, cid)
-                files += len(commit.files)
-                bytes_ += commit.total_size()
+                view = be.view(repo, be.get_commit(repo, cid))
+                files += view.file_count()
+                bytes_ += view.size()
             versions = history = 0
             for r in be.repos():  # every version the store keeps: what storing each in full would take
                 seen: set[str] = set()
@@ -964,7 +985,7 @@ class Store:
                         if cid in seen:
                             break
                         seen.add(cid)
-                        history += c.total_size()
+                        history += be.view(r, c).size()
                 versions += len(seen)
             out.update({"commit": None, "files": files, "bytes": bytes_,
                         "new_bytes": totals["chunk_raw_bytes"], "stored_bytes": totals["pack_bytes"],

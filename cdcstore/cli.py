@@ -539,7 +539,7 @@ def gc(store_path, token, grace, dry_run, repack_dead, max_unused, as_json):
         return
     verb = "would free" if dry_run or not r["deleted"] else "freed"
     click.echo(f"{verb} {_human(r['bytes_freed'])}: {r['delete_packs']} packs ({r['repack_packs']} rewritten), "
-               f"{r['delete_manifests']} manifests, "
+               f"{r['delete_manifests']} manifests, {r.get('delete_trees', 0)} trees, "
                f"{r['delete_commits']} commits; kept {r['live_packs']} packs with {r['live_chunks']} live chunks; "
                f"{r['spared_young']} younger objects spared")
     if r["open_sessions"] and not dry_run:

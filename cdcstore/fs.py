@@ -138,6 +138,7 @@ class CdcFileSystem(AbstractFileSystem):
         self._pid = None
         self._heads: dict[tuple[str, str], str] = dict(resolved or {})  # (repo, rev) -> commit id
         self._commits: dict[tuple[str, str], Commit] = {}
+        self._views: dict = {}  # (repo, commit id) -> treeobj.View
         self._manifests: dict[str, Manifest] = {}  # the last 256 opened (immutable)
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -187,6 +188,16 @@ class CdcFileSystem(AbstractFileSystem):
             commit = self._commits[(a.repo, cid)] = self.store.get_commit(a.repo, cid)
         return cid, commit
 
+    def _view_of(self, a: Address):
+        """(commit, its files as trees) of what a.ref names (trees read on demand, kept)."""
+        cid, commit = self._commit_of(a)
+        view = self._views.get((a.repo, cid))
+        if view is None:
+            if len(self._views) >= 64:
+                self._views.pop(next(iter(self._views)))
+            view = self._views[(a.repo, cid)] = self.store.view(a.repo, commit)
+        return commit, view
+
     def invalidate_cache(self, path=None) -> None:
         """Forget resolved branches (a new commit moves them)."""
         self._heads = {k: v for k, v in self._heads.items() if k in self._pinned or k[1] == v}  # keep commits, tags
@@ -204,10 +215,10 @@ class CdcFileSystem(AbstractFileSystem):
             out = [{"name": r, "size": 0, "type": "directory"} for r in repos]
             return out if detail else [e["name"] for e in out]
         a = parse(path)
-        _, commit = self._commit_of(a)
-        if tree.kind(commit.files, a.path) is None:
+        commit, view = self._view_of(a)
+        if view.kind(a.path) is None:
             raise FileNotFoundError(f"{SCHEME}{path}")
-        out = [dict(e, name=self._name(a, e["name"]), mtime=commit.time) for e in tree.listing(commit.files, a.path)]
+        out = [dict(e, name=self._name(a, e["name"]), mtime=commit.time) for e in view.listing(a.path)]
         return out if detail else [e["name"] for e in out]
 
     def info(self, path, **kwargs):
@@ -215,11 +226,11 @@ class CdcFileSystem(AbstractFileSystem):
         if not path:
             return {"name": "", "size": 0, "type": "directory"}
         a = parse(path)
-        _, commit = self._commit_of(a)
-        kind = tree.kind(commit.files, a.path)
+        commit, view = self._view_of(a)
+        kind = view.kind(a.path)
         if kind is None:
             raise FileNotFoundError(f"{SCHEME}{path}")
-        return {"name": self._name(a, a.path), "size": tree.size(commit.files, a.path), "type": kind,
+        return {"name": self._name(a, a.path), "size": view.size(a.path), "type": kind,
                 "mtime": commit.time}
 
     def modified(self, path):
@@ -236,8 +247,8 @@ class CdcFileSystem(AbstractFileSystem):
             raise ValueError(f"cdc:// opens files with mode 'rb', 'wb' or 'xb', not {mode!r}; "
                              f"a stored file cannot be appended to or changed in place")
         a = self._address(path)
-        _, commit = self._commit_of(a)  # read the commit this instance resolved, not a newer one
-        entry = commit.files.get(a.path)
+        _, view = self._view_of(a)  # read the commit this instance resolved, not a newer one
+        entry = view.get(a.path)
         if entry is None:
             if self.info(path)["type"] == "directory":
                 raise IsADirectoryError(f"{SCHEME}{path} is a folder")
@@ -315,8 +326,8 @@ class CdcFileSystem(AbstractFileSystem):
         if not paths:
             return
         head = self.store.branches(repo).get(branch) if repo in self.store.repos() else None
-        files = self.store.get_commit(repo, head).files if head else {}
-        taken = [p for p in paths if p in files]
+        view = self.store.view(repo, self.store.get_commit(repo, head)) if head else None
+        taken = [p for p in paths if view is not None and view.get(p) is not None]
         if taken:
             raise FileExistsError(f"{SCHEME}{repo}@{branch}/{taken[0]} exists (mode 'xb'): nothing was written")
 
@@ -348,8 +359,8 @@ class CdcFileSystem(AbstractFileSystem):
     def cp_file(self, path1, path2, **kwargs):
         """A commit that points PATH2 at PATH1's stored file: no data is copied."""
         src, dst = self._address(path1), self._address(path2)
-        _, commit = self._commit_of(src)
-        entry = commit.files.get(src.path)
+        _, view = self._view_of(src)
+        entry = view.get(src.path)
         if entry is None:
             raise FileNotFoundError(f"{SCHEME}{self._strip_protocol(path1)}")
         if not dst.path:
@@ -377,9 +388,9 @@ class CdcFileSystem(AbstractFileSystem):
         groups: dict[tuple[str, str], tuple[Address, list[str]]] = {}
         for p in paths:
             a = self._address(p)
-            _, commit = self._commit_of(a)
-            victims = list(tree.under(commit.files, a.path))
-            if a.path not in commit.files:
+            _, view = self._view_of(a)
+            victims = list(view.under(a.path))
+            if view.get(a.path) is None:
                 if not victims:
                     raise FileNotFoundError(f"{SCHEME}{p}")
                 if not recursive:

@@ -80,6 +80,19 @@ def expand(source: str, files: dict, commit: str) -> list[SourceFile]:
     return [SourceFile(a.repo, commit, p, files[p].size) for p in sorted(found)]
 
 
+def _candidates(view, path: str) -> dict:
+    """The files of a commit that a source path can name (reads only the folders below the
+    part of the path before its first glob character)."""
+    parts = path.split("/") if path else []
+    fixed = []
+    for part in parts:
+        if _GLOB & set(part):
+            break
+        fixed.append(part)
+    top = "/".join(fixed)
+    return view.under(top) if view.kind(top) else {}
+
+
 def _torch_rank() -> tuple[int, int] | None:
     """(rank, world size) from torch.distributed when it is imported and initialised."""
     dist = sys.modules.get("torch.distributed")
@@ -286,7 +299,7 @@ class StreamingDataset:
             key = f"{a.repo}@{a.ref}"
             cid, commit = self.store.resolve(Address(a.repo, commits.get(key, a.rev), a.path))
             commits[key] = cid  # one commit per revision named, even if a branch moves meanwhile
-            for f in expand(src, commit.files, cid):
+            for f in expand(src, _candidates(self.store.view(a.repo, commit), a.path), cid):
                 files.setdefault((f.repo, f.commit, f.path), f)
         return list(files.values()), commits
 

@@ -240,3 +240,32 @@ def test_location_record_golden_and_damage():
             locations.decode(bad, m)
     with pytest.raises(CorruptionError, match="lists 3 chunks"):
         locations.decode(GOLDEN_LOCATIONS, Manifest([one], [10], 10, b"\x07" * 16))
+
+
+GOLDEN_SUBTREE = b'{"entries":{"b.parquet":{"manifest":"2e3f0b72e8ae23128bc34f11d52cd1b1","size":4011}},"format":2,"type":"tree"}'
+GOLDEN_ROOT_TREE = (b'{"entries":{"a":{"files":1,"size":4011,"tree":"e8bcc34db5164baec6edd0aa519097baa78c76bf0f23eb0a36a3accb359f65e2"},'
+                    b'"c.txt":{"manifest":"2e3f0b72e8ae23128bc34f11d52cd1b1","size":4011}},"format":2,"type":"tree"}')
+GOLDEN_COMMIT_V2 = (b'{"format":2,"message":"v2","parent":null,"repo":"demo","time":1700000000.0,'
+                    b'"tree":"9144ec38d993023cc5aa7a3f195c60522460e23b18c6a90aa3aeacaab46492a6"}')
+
+
+def test_tree_and_commit_format_2_are_canonical_and_golden():
+    """Tree format 2 (one folder) and commit format 2 (names its root tree); ids are ids.hexdigest
+    of these exact bytes (they change with the id hash, the bytes do not)."""
+    from cdcstore.core import treeobj
+    m = "2e3f0b72e8ae23128bc34f11d52cd1b1"
+    root, nodes = treeobj.build({"c.txt": FileEntry(m, 4011), "a/b.parquet": FileEntry(m, 4011)})
+    assert {n.encode() for n in nodes.values()} == {GOLDEN_SUBTREE, GOLDEN_ROOT_TREE}
+    assert ids.hexdigest(GOLDEN_SUBTREE) == "e8bcc34db5164baec6edd0aa519097baa78c76bf0f23eb0a36a3accb359f65e2"
+    assert root == ids.hexdigest(GOLDEN_ROOT_TREE) == "9144ec38d993023cc5aa7a3f195c60522460e23b18c6a90aa3aeacaab46492a6"
+    assert treeobj.Tree.decode(GOLDEN_ROOT_TREE).encode() == GOLDEN_ROOT_TREE
+    c = Commit("demo", None, "v2", 1700000000.0, None, root)
+    assert c.encode() == GOLDEN_COMMIT_V2 and c.id == "ae2251d75a55413caaf52eea45cff24ef6bbb85268c3276c4313b0c2a1030c20"
+    assert Commit.decode(GOLDEN_COMMIT_V2) == c and Commit.decode(GOLDEN_COMMIT_V2).format == 2
+    for bad in (b'{"format":2,"type":"tree","entries":{"a/b":{"manifest":"' + m.encode() + b'","size":1}}}',
+                b'{"format":2,"type":"tree","entries":{"a":{"tree":"' + m.encode() + b'","size":1,"files":0}}}',
+                b'{"format":3,"type":"tree","entries":{}}', b'[]'):
+        with pytest.raises(CorruptionError):
+            treeobj.Tree.decode(bad)
+    with pytest.raises(CorruptionError):  # a commit names a tree or holds files, never both
+        Commit.decode(GOLDEN_COMMIT_V2[:-1] + b',"files":{}}')

@@ -1,7 +1,19 @@
-"""Commits (format v1 JSON): a repo revision, named by the BLAKE3-256 of its JSON (xxh3-128 before store format v2).
+"""Commits: a repo revision as JSON, named by the hash of its bytes (`ids.hexdigest`:
+BLAKE3-256; commits written before id format v2 keep their xxh3-128 names).
+
+Format 2 (written by this cdcstore) names the root tree of the revision's files
+(`treeobj.Tree`, one object per folder):
+
+    {"format": 2, "repo": ..., "parent": id | null, "message": ..., "time": epoch seconds,
+     "tree": root tree id}
+
+Format 1 (still read everywhere) holds the whole flat file map:
 
     {"format": 1, "repo": ..., "parent": id | null, "message": ..., "time": epoch seconds,
      "files": {path: {"manifest": id, "size": n}, ...}}
+
+A `Commit` has `tree` set (format 2) or `files` (format 1), never both; read its files
+through `Backend.view` (one API for both formats).
 
 Encoded as compact JSON with sorted keys so that the same commit always has the
 same bytes and therefore the same id. `Commit.validate` checks every field; it
@@ -12,13 +24,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import ids
 from .address import check_name, normalize_path
 from .errors import CdcError, CorruptionError
 
-COMMIT_VERSION = 1
+COMMIT_VERSION = 2  # what new commits are written as
+READ_VERSIONS = (1, 2)
 MAX_MESSAGE = 64 * 1024  # characters
 MAX_TIME = 32503680000.0  # 3000-01-01 UTC, in epoch seconds
 MAX_SIZE = 2 ** 53  # file sizes stay exact in every JSON reader
@@ -36,7 +49,41 @@ class Commit:
     parent: str | None
     message: str
     time: float
-    files: dict[str, FileEntry] = field(default_factory=dict)
+    flat: dict[str, FileEntry] | None = None  # format 1: the whole file map
+    tree: str | None = None  # format 2: the root tree's id
+
+    def __post_init__(self):
+        if self.flat is None and self.tree is None:
+            self.flat = {}
+        self._load_files = None  # format 2: made by the backend the commit came from
+
+    @property
+    def files(self) -> dict[str, FileEntry]:
+        """Every file of the commit by path (a format 2 commit reads all its trees once: to
+        list, look up or walk part of it, use `Backend.view` / `Store.view`, which read only
+        the trees on the path)."""
+        if self.flat is not None:
+            return self.flat
+        if self._load_files is None:
+            raise CdcError(f"commit names tree {self.tree}: read its files through Store.view (or Backend.view)")
+        files = self._load_files()
+        self._load_files = lambda: files
+        return files
+
+    def __getstate__(self):  # the loader stays with the process that made it
+        return {k: v for k, v in self.__dict__.items() if k != "_load_files"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _load_files=None)
+
+    def bind(self, load_files) -> "Commit":
+        """Let `files` of a format 2 commit read its trees with `load_files()` (a backend's view)."""
+        self._load_files = load_files
+        return self
+
+    @property
+    def format(self) -> int:
+        return 1 if self.tree is None else 2
 
     def validate(self) -> "Commit":
         """Check every field; raises ValueError naming the first bad one."""
@@ -49,6 +96,12 @@ class Commit:
         if (not isinstance(self.time, (int, float)) or isinstance(self.time, bool)
                 or not math.isfinite(self.time) or not 0 <= self.time <= MAX_TIME):
             raise ValueError(f"time {self.time!r} is not epoch seconds between 0 and {MAX_TIME:.0f} (year 3000)")
+        if self.tree is not None:
+            if self.flat is not None:
+                raise ValueError("a commit names a tree (format 2) or holds files (format 1), not both")
+            if not (isinstance(self.tree, str) and ids.is_hex_id(self.tree)):
+                raise ValueError(f"tree {self.tree!r} is not a tree id (lowercase hex digits)")
+            return self
         if not isinstance(self.files, dict):
             raise ValueError("files must be an object of path -> {manifest, size}")
         for path, f in self.files.items():
@@ -59,14 +112,12 @@ class Commit:
 
     def encode(self) -> bytes:
         self.validate()
-        doc = {
-            "format": COMMIT_VERSION,
-            "repo": self.repo,
-            "parent": self.parent,
-            "message": self.message,
-            "time": self.time,
-            "files": {p: {"manifest": f.manifest, "size": f.size} for p, f in self.files.items()},
-        }
+        doc = {"format": self.format, "repo": self.repo, "parent": self.parent,
+               "message": self.message, "time": self.time}
+        if self.tree is not None:
+            doc["tree"] = self.tree
+        else:
+            doc["files"] = {p: {"manifest": f.manifest, "size": f.size} for p, f in self.files.items()}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @property
@@ -79,9 +130,13 @@ class Commit:
             doc = json.loads(data)
             if not isinstance(doc, dict):
                 raise ValueError("not a JSON object")
-            if doc.get("format") != COMMIT_VERSION:
+            if doc.get("format") not in READ_VERSIONS or isinstance(doc.get("format"), bool):
                 raise CorruptionError(f"{name} has commit format {doc.get('format')!r}; "
-                                      f"this cdcstore reads {COMMIT_VERSION}")
+                                      f"this cdcstore reads formats 1 and 2: upgrade cdcstore")
+            if doc["format"] == 2:
+                if "files" in doc:
+                    raise ValueError("a format 2 commit names a tree, not files")
+                return cls(doc["repo"], doc["parent"], doc["message"], doc["time"], None, doc["tree"]).validate()
             if not isinstance(doc["files"], dict):
                 raise ValueError("files must be an object of path -> {manifest, size}")
             files = {p: FileEntry(f["manifest"], f["size"]) for p, f in doc["files"].items()}
@@ -91,8 +146,6 @@ class Commit:
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError, CdcError) as e:
             raise CorruptionError(f"{name} is not a valid commit: {e}") from None
 
-    def total_size(self) -> int:
-        return sum(f.size for f in self.files.values())
 
 
 def _check_path(path) -> None:
@@ -104,6 +157,8 @@ def _check_path(path) -> None:
     if not ok:
         raise ValueError(f"invalid file path {path!r}: use relative '/'-separated paths "
                          f"without '.', '..' or empty parts")
+    if path.count("/") >= 255:  # treeobj.MAX_DEPTH
+        raise ValueError(f"file path {path[:80]!r}... is more than 255 folders deep")
 
 
 def _check_entry(path: str, f) -> None:

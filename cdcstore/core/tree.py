@@ -1,8 +1,9 @@
-"""Tree operations on a commit's file map (pure logic).
+"""Operations on a flat map of files {path: FileEntry} (pure logic): globs for push and
+pull, a diff of two maps, listings of a map.
 
-A commit holds a flat map {path: FileEntry}; folders exist only as path prefixes.
-These functions are the one place that turns that map into files and folders, for
-the API, the fsspec face and the CLI.
+A commit's files are read through `treeobj.View` (`Backend.view`), which reads only the
+trees on a path; these helpers work on the part of a commit a caller already holds as a
+map (`View.under`), and on format 1 commits' maps.
 """
 from __future__ import annotations
 
@@ -17,48 +18,12 @@ def prefix_of(path: str) -> str:
     return path + "/" if path else ""
 
 
-def kind(files: Mapping[str, FileEntry], path: str) -> str | None:
-    """'file', 'directory' (the root always is one) or None when nothing is there."""
-    if path in files:
-        return "file"
-    if not path:
-        return "directory"
-    prefix = prefix_of(path)
-    return "directory" if any(p.startswith(prefix) for p in files) else None
-
-
 def under(files: Mapping[str, FileEntry], path: str) -> dict[str, FileEntry]:
     """The file at `path`, or every file under the folder `path`, by full path."""
     if path in files:
         return {path: files[path]}
     prefix = prefix_of(path)
     return {p: f for p, f in files.items() if p.startswith(prefix)}
-
-
-def size(files: Mapping[str, FileEntry], path: str) -> int:
-    """Bytes of the file at `path`, or of every file under the folder."""
-    return sum(f.size for f in under(files, path).values())
-
-
-def listing(files: Mapping[str, FileEntry], path: str, recursive: bool = False) -> list[dict]:
-    """Entries directly under `path` (every file under it when `recursive`), sorted by name:
-    {"name": full path, "type": "file" | "directory", "size": bytes (a folder's: all below)}.
-    A file path lists the file itself."""
-    if path in files:
-        return [{"name": path, "type": "file", "size": files[path].size}]
-    prefix = prefix_of(path)
-    out: dict[str, dict] = {}
-    for p, f in files.items():
-        if not p.startswith(prefix):
-            continue
-        rest = p[len(prefix):]
-        if recursive or "/" not in rest:
-            out[p] = {"name": p, "type": "file", "size": f.size}
-        else:
-            d = prefix + rest.split("/", 1)[0]
-            e = out.setdefault(d, {"name": d, "type": "directory", "size": 0})
-            e["size"] += f.size
-    return [out[k] for k in sorted(out)]
 
 
 def diff(old: Mapping[str, FileEntry], new: Mapping[str, FileEntry]) -> tuple[list[str], list[str], list[str]]:

@@ -27,7 +27,8 @@ from .. import runtime
 from ..core import ids
 from ..core.address import check_name
 from . import wire
-from ..core.commit import Commit, changes
+from ..core import treeobj
+from ..core.commit import Commit
 from ..core.errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError, NotFoundError,
                           RefExistsError, RemoteError, RepoNotFoundError, RevisionNotFoundError, error_class)
 from ..core.manifest import Manifest
@@ -40,7 +41,7 @@ RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry 
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
 RANGE_BYTES = 8 * 1024 * 1024  # a read's ranges: large, yet many at once over the 8 connections
 ADMIN_TIMEOUT = 24 * 3600.0  # seconds an admin command may run before the client gives up
-MEMO_OBJECTS = 256  # commits and manifests a RemoteStore keeps in memory
+MEMO_OBJECTS = 256  # commits, trees and manifests a RemoteStore keeps in memory
 NOTE_AFTER = 1.0  # seconds: a retry waiting this long is logged (the CLI prints it unless -q)
 log = logging.getLogger("cdcstore.client")
 
@@ -340,6 +341,8 @@ class RemoteStore(Backend):
         self._api = wire.API
         self._memo: collections.OrderedDict = collections.OrderedDict()  # immutable objects already verified
         self._memo_lock = runtime.Lock()
+        self._legacy_trees = False  # the server predates protocol 1.5 (no tree routes)
+        self._local_trees: dict[str, treeobj.Tree] = {}  # trees this process made (and uploaded)
         clean_upload_temps()
 
     def _remembered(self, key: tuple, fetch):
@@ -581,24 +584,74 @@ class RemoteStore(Backend):
         m = self._checked_manifest(name, data)
         return self._remembered(key, lambda: m), found
 
+    # -- trees (protocol 1.5) ------------------------------------------------------------------
+    def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
+        """Upload trees (before the commit that names them), in batches. A server before
+        protocol 1.5 has no tree route: the trees are then kept here and `commit` sends
+        the commit in format 1 (its whole file map), as such a server expects."""
+        batch: list[bytes] = []
+        size = 0
+
+        def send():
+            if self._legacy_trees:
+                return
+            try:
+                got = self._json("POST", "/trees", body=wire.encode_blobs(batch))["trees"]
+            except NotFoundError:  # a server before protocol 1.5
+                self._legacy_trees = True
+                return
+            if got != [ids.hexdigest(b) for b in batch]:
+                raise CorruptionError("server named the trees differently than their hashes")
+
+        if len(self._local_trees) > MEMO_OBJECTS * 16:
+            self._local_trees.clear()
+        for name, tree in trees.items():
+            self._local_trees[name] = tree
+            data = tree.encode()
+            if batch and (size + len(data) + 4 > wire.MAX_MANIFEST_BATCH_BYTES
+                          or len(batch) == wire.MAX_MANIFESTS_PER_REQUEST):
+                send()
+                batch, size = [], 0
+            batch.append(data)
+            size += len(data) + 4
+        if batch:
+            send()
+
+    def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
+        local = self._local_trees.get(name)
+        if local is not None:
+            return local
+        return self._remembered(("tree", repo, name), lambda: self._fetch_tree(name, repo))
+
+    def _fetch_tree(self, name: str, repo: str | None) -> treeobj.Tree:
+        data = self._call("GET", f"/repos/{_repo(repo)}/trees/{name}")
+        if not ids.matches(data, name):
+            raise CorruptionError(f"tree {name} from the server does not match its name")
+        return treeobj.Tree.decode(data, f"tree {name}")
+
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
-        doc = {"commit": commit.encode().decode(), "branch": branch, "expected": expected}
+        sent = commit  # stored as given: `make_commit` makes format 2 commits
+        if self._legacy_trees and commit.tree is not None:  # a server before protocol 1.5 takes format 1 only
+            sent = Commit(commit.repo, commit.parent, commit.message, commit.time,
+                          self.view(commit.repo, commit).files())
+        doc = {"commit": sent.encode().decode(), "branch": branch, "expected": expected}
         cid = self._json("POST", f"/repos/{_repo(commit.repo)}/commits", body=json.dumps(doc).encode(),
                          headers={"Content-Type": "application/json"})["commit"]
-        if cid != commit.id:
+        if cid != sent.id:
             self._check_rebased(commit, cid)
         return cid
 
     def _check_rebased(self, commit: Commit, landed: str) -> None:
         """The server rebased `commit` onto a moved head: the landed commit must hold
-        our change set and nothing of ours may be lost."""
+        our change set and nothing of ours may be lost (only the changed paths are read)."""
         if not ids.is_hex_id(landed):
             raise CorruptionError(f"server answered an invalid commit id {landed!r}")
         got = self.get_commit(commit.repo, landed)
-        base = self.get_commit(commit.repo, commit.parent).files if commit.parent else {}
-        changed, removed = changes(base, commit.files)
-        if (got.message != commit.message or any(got.files.get(p) != f for p, f in changed.items())
-                or removed & set(got.files)):
+        base = self.view(commit.repo, self.get_commit(commit.repo, commit.parent)) if commit.parent else None
+        changed, removed = treeobj.changes(base, self.view(commit.repo, commit))
+        view = self.view(commit.repo, got)
+        if (got.message != commit.message or any(view.get(p) != f for p, f in changed.items())
+                or any(view.get(p) is not None for p in removed)):
             raise CorruptionError(f"server landed commit {landed} that does not hold this commit's changes")
 
     def get_commit(self, repo: str, commit_id: str) -> Commit:
@@ -610,7 +663,7 @@ class RemoteStore(Backend):
         data = self._call("GET", f"/repos/{_repo(repo)}/commits/{commit_id}")
         if not ids.matches(data, commit_id):
             raise CorruptionError(f"commit {commit_id} from the server does not match its id")
-        return Commit.decode(data, f"commit {commit_id}")
+        return self.bound(repo, Commit.decode(data, f"commit {commit_id}"))
 
     def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
         if ids.is_hex_id(rev) and ("commit", repo, rev.lower()) in self._memo:  # a pinned commit seen

@@ -26,7 +26,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..core import ids
+from ..core import ids, treeobj
 from . import wire
 from .admin import Lifecycle
 from .staging import StagingRoutes
@@ -528,6 +528,34 @@ class Server:
                                  f"(e.g. {next(iter(missing)).hex()}): upload their packs first")
         return self.store.put_manifests(manifests)
 
+    async def put_trees(self, request):
+        """Trees (protocol 1.5), checked for their format; a commit naming them checks the rest."""
+        self.auth.check(request, None, write=True)
+        with self.heavy():
+            blobs = wire.decode_blobs(await self._body(request, wire.MAX_MANIFEST_BATCH_BYTES))
+            if len(blobs) > wire.MAX_MANIFESTS_PER_REQUEST:
+                raise HTTPError(413, f"{len(blobs)} trees in one request; the limit is "
+                                     f"{wire.MAX_MANIFESTS_PER_REQUEST}: send smaller batches")
+            trees = {}
+            for b in blobs:
+                try:
+                    trees[ids.hexdigest(b)] = treeobj.Tree.decode(b, "uploaded tree")
+                except CorruptionError as e:
+                    raise HTTPError(400, str(e)) from None
+            await self._io(self.store.put_trees, trees)
+        return web.json_response({"trees": [ids.hexdigest(b) for b in blobs]})
+
+    async def get_tree(self, request):
+        repo = self._repo(request)
+        name = request.match_info["name"]
+        if not ids.is_hex_id(name) or not await self._io(self._reaches, repo, name, "tree"):
+            raise HTTPError(404, f"no tree {name} in repo {repo!r}")
+        try:
+            body = await self._io(self.store.tree_bytes, name)
+        except NotFound:
+            raise HTTPError(404, f"tree {name} is missing on the server: run `cdcstore check` there") from None
+        return web.Response(body=body, content_type="application/json")
+
     async def list_repos(self, request):
         repos = await self._io(self.store.repos)
         return web.json_response({"repos": self.auth.visible(request, repos)})
@@ -604,11 +632,29 @@ class Server:
 
     def _commit(self, repo: str, commit: Commit, branch: str, expected: str | None,
                 scope: Scope | None = None) -> str:
+        """Check what the commit adds to its parent (its cost follows the change: trees and
+        files the parent has are not read again), then store it and move the branch."""
         parent = self._parent(repo, commit.parent)
-        inherited = {f.manifest for f in parent.files.values()} if parent else set()
+        base = self.store.view(repo, parent) if parent else None
+
+        def load(tid: str) -> treeobj.Tree:
+            try:
+                return self.store.get_tree(tid)
+            except CorruptionError:
+                raise HTTPError(409, f"tree {tid} is not on the server: upload it first (POST /trees)") from None
+
+        view = (treeobj.View.of_files(commit.files, load) if commit.tree is None
+                else treeobj.View(load, commit.tree))
+
+        def check_tree(path: str, tree: treeobj.Tree, entry) -> None:
+            if entry is not None and (entry.size, entry.files) != (tree.size, tree.file_count):
+                raise HTTPError(400, f"folder {path!r} of the commit says {entry.files} files and {entry.size} "
+                                     f"bytes, but its tree holds {tree.file_count} and {tree.size}")
+
+        changed, _ = treeobj.changes(base, view, check=check_tree)
         new_chunks: set[bytes] = set()
         sizes: dict[str, set[int]] = {}
-        for f in commit.files.values():
+        for f in changed.values():
             if not ids.is_hex_id(f.manifest):
                 raise HTTPError(400, f"invalid manifest name {f.manifest!r}")
             sizes.setdefault(f.manifest, set()).add(f.size)
@@ -619,8 +665,8 @@ class Server:
                 raise HTTPError(409, f"manifest {name} is not on the server: upload it first") from None
             if wanted != {m.size}:
                 raise HTTPError(400, f"a file size in the commit does not match manifest {name} ({m.size} bytes)")
-            if scope is not None and name not in inherited:
-                new_chunks.update(m.chunk_ids)
+            if scope is not None and not self.store.index.reaches(repo, "manifest", name):
+                new_chunks.update(m.chunk_ids)  # what the repo reaches already needs no new proof
         self._require_visible(scope, new_chunks, "the commit")  # manifest names can be guessed or learned
         return self.store.commit(commit, branch, expected)
 
@@ -663,15 +709,15 @@ class Server:
         picked = chunks if len(chunks) <= 2 * ends else chunks[:ends] + chunks[-ends:]  # where reads start
         return wire.encode_located(data, self._locate_reached(repo, list(dict.fromkeys(picked)), scope))
 
-    def _reaches(self, repo: str, name: str) -> bool:
-        """Whether `repo` reaches manifest `name`, asking the bucket on a miss (a commit
-        landed through another replica)."""
-        if self.store.index.reaches(repo, "manifest", name):
+    def _reaches(self, repo: str, name: str, kind: str = "manifest") -> bool:
+        """Whether `repo` reaches manifest (or tree) `name`, asking the bucket on a miss (a
+        commit landed through another replica)."""
+        if self.store.index.reaches(repo, kind, name):
             return True
-        if self.store.grant_if_headed(repo, name):  # a file of a branch or tag: no walk of the history
+        if self.store.grant_if_headed(repo, name, kind):  # in a branch or tag now: no walk of the history
             return True
         self.store.refresh_grants(repo)  # 0 when a request that ran first granted it: ask the index again
-        return self.store.index.reaches(repo, "manifest", name)
+        return self.store.index.reaches(repo, kind, name)
 
     async def locate(self, request):
         repo = self._repo(request)  # checks the token's access to the repo
@@ -823,6 +869,7 @@ def make_app(store: Repository, config: ServerConfig | None = None) -> web.Appli
         web.put(f"{api}/packs/{{name}}", s.put_pack),
         web.head(f"{api}/packs/{{name}}", s.head_pack),
         web.post(f"{api}/manifests", s.put_manifests),
+        web.post(f"{api}/trees", s.put_trees),
         web.get(f"{api}/stats", s.stats),
         web.get(f"{api}/repos", s.list_repos),
         web.get(f"{api}/repos/{{repo}}/branches", s.branches),
@@ -833,6 +880,7 @@ def make_app(store: Repository, config: ServerConfig | None = None) -> web.Appli
         web.get(f"{api}/repos/{{repo}}/commits/{{id}}", s.get_commit),
         web.post(f"{api}/repos/{{repo}}/commits", s.post_commit),
         web.get(f"{api}/repos/{{repo}}/manifests/{{name}}", s.get_manifest),
+        web.get(f"{api}/repos/{{repo}}/trees/{{name}}", s.get_tree),
         web.post(f"{api}/repos/{{repo}}/locate", s.locate),
         web.get(f"{api}/repos/{{repo}}/packs/{{name}}", s.get_pack),
         *Lifecycle(s).routes(api),

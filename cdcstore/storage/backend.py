@@ -11,7 +11,8 @@ import abc
 import dataclasses
 from typing import Iterable, Iterator
 
-from ..core.commit import Commit
+from ..core import treeobj
+from ..core.commit import Commit, FileEntry
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry
 
@@ -106,10 +107,55 @@ class Backend(abc.ABC):
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest: ...
     @abc.abstractmethod
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
-        """Store `commit` and move `branch` from `expected` to it (compare-and-swap);
-        ConflictError if the branch moved. Returns the commit id."""
+        """Store `commit` as given (make it with `make_commit`: format 2, its trees stored) and
+        move `branch` from `expected` to it (compare-and-swap); ConflictError if the branch
+        moved. Returns the commit id (a rebased copy's, format 2, if the branch had moved)."""
     @abc.abstractmethod
     def get_commit(self, repo: str, commit_id: str) -> Commit: ...
+
+    # trees (format 2 commits name a root tree; docs/format.md)
+    def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
+        """A stored tree, verified against its name (a server: one `repo` reaches)."""
+        raise NotImplementedError(f"{type(self).__name__} does not store trees")
+
+    def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
+        """Store trees (id -> Tree) durably, each written once; before a commit names them."""
+        raise NotImplementedError(f"{type(self).__name__} does not store trees")
+
+    def bound(self, repo: str, commit: Commit) -> Commit:
+        """`commit` whose `files` (the whole map, for callers that want it) reads its trees here."""
+        if commit.tree is not None:
+            commit.bind(lambda: self.view(repo, commit).files())
+        return commit
+
+    def view(self, repo: str, commit: Commit) -> treeobj.View:
+        """A commit's files, read folder by folder: the one way to read them, for both formats
+        (a format 1 commit's flat map is built into trees in memory)."""
+        load = lambda tid: self.get_tree(tid, repo)  # noqa: E731
+        if commit.tree is None:
+            return treeobj.View.of_files(commit.files, load)
+        return treeobj.View(load, commit.tree)
+
+    def make_commit(self, repo: str, parent: str | None, message: str, time: float,
+                    changed: dict[str, FileEntry], removed=(), base: Commit | None = None) -> Commit:
+        """A format 2 commit of `parent` (whose commit is `base`, read if not given) with
+        `changed` set and `removed` taken out; stores the new trees (only those on changed
+        paths, and a format 1 parent's once). Raises treeobj.Clash for a file/folder clash."""
+        if base is None and parent is not None:
+            base = self.get_commit(repo, parent)
+        root, nodes = treeobj.apply(self.view(repo, base) if base else None, changed, removed)
+        self.put_trees(nodes)
+        return Commit(repo, parent, message, time, None, root)
+
+    def as_format2(self, commit: Commit) -> Commit:
+        """`commit` as format 2: a format 1 commit's trees are built and stored (all of them:
+        callers should make commits with `make_commit`, whose cost follows the change)."""
+        if commit.tree is not None:
+            return commit
+        commit.validate()
+        root, nodes = treeobj.build(commit.files)
+        self.put_trees(nodes)
+        return Commit(commit.repo, commit.parent, commit.message, commit.time, None, root)
     def resolve(self, repo: str, rev: str) -> str:
         return self.resolve_ref(repo, rev)[0]
 

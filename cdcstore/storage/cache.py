@@ -36,6 +36,7 @@ import platformdirs
 from .. import runtime
 from ..core import ids
 from ..core.address import is_commit_like
+from ..core import treeobj
 from ..core.commit import Commit
 from ..core.errors import CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
@@ -561,6 +562,21 @@ class CachedBackend(Backend):
         found.update({c: (CACHED, e) for c, e in self.cache.has(list(found)).items()})
         return m, found
 
+    def get_tree(self, name: str, repo: str | None = None):
+        """A tree, from this machine's cache when any process read it before (trees are
+        immutable: named by their bytes); kept per token scope, as commits are."""
+        kind = f"tree:{self._scope}"
+
+        def fetch():
+            data = self.inner.get_tree(name, repo).encode()
+            self.cache.put_object(kind, name, data)
+            return data
+
+        return treeobj.Tree.decode(self._once(lambda: self.cache.get_object(kind, name), fetch), f"tree {name}")
+
+    def put_trees(self, trees):
+        return self.inner.put_trees(trees)
+
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         kind = f"commit:{self._scope}:{repo}"
 
@@ -569,8 +585,8 @@ class CachedBackend(Backend):
             self.cache.put_object(kind, commit_id, data)
             return data
 
-        return Commit.decode(self._once(lambda: self.cache.get_object(kind, commit_id), fetch),
-                             f"commit {commit_id}")
+        return self.bound(repo, Commit.decode(self._once(lambda: self.cache.get_object(kind, commit_id), fetch),
+                                              f"commit {commit_id}"))
 
     def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
         """A full commit id already seen, or a tag resolved once (tags never move),

@@ -1,7 +1,7 @@
 """Check and rebuild-index of a repository (`cdcstore check`, `cdcstore rebuild-index`).
 
-- check: each pack's footer against the index rows, the rows against present packs, every commit
-  and manifest that a branch or tag reaches; with `read_data` (or a deterministic `subset` of
+- check: each pack's footer against the index rows, the rows against present packs, every commit,
+  tree and manifest that a branch or tag reaches (a tree must exist, match its name and parse); with `read_data` (or a deterministic `subset` of
   packs) each pack's hash and every chunk. A damaged chunk loses its index row (the next push of
   its file stores it again). Each problem names the files it affects.
 - rebuild_index: the chunk index again from the pack footers and the landed commits, in one
@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import sqlite3
 
-from ..core import ids
+from ..core import ids, treeobj
 from ..core.errors import CdcError, CorruptionError
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
@@ -64,12 +64,13 @@ def _safe_rows(store: Repository) -> dict[str, list[PackEntry]]:
 
 def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[str, str, str]], set[tuple[str, bytes]]]:
     """What each repo reaches through the commits its branches and tags name (commits
-    that never landed grant nothing): (repo, "manifest", name) and (repo, chunk id)."""
+    that never landed grant nothing): (repo, "manifest" or "tree", name) and (repo, chunk id)."""
     out: set[tuple[str, str, str]] = set()
     chunks: set[tuple[str, bytes]] = set()
     manifests: dict[str, Manifest | None] = {}
     for repo in store.repos():
         seen: set[str] = set()
+        trees: set[str] = set()  # walked for this repo: a shared subtree is walked once
         for head in set(store.refs(repo).values()):
             cid: str | None = head
             while cid and cid not in seen:
@@ -79,7 +80,8 @@ def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[
                 except CdcError as e:
                     bad.append(str(e))
                     break
-                for fe in commit.files.values():
+                view = store.view(repo, commit)
+                for _, fe in _walk(view, trees, "", lambda path, e: bad.append(str(e))):
                     if fe.manifest not in manifests:
                         try:
                             manifests[fe.manifest] = store.get_manifest(fe.manifest)
@@ -91,7 +93,32 @@ def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[
                         out.add((repo, "manifest", fe.manifest))
                         chunks.update((repo, c) for c in (m.chunk_ids if m else ()))
                 cid = commit.parent
+        out.update((repo, "tree", t) for t in trees if ids.is_hex_id(t))
     return sorted(out), chunks
+
+
+def _walk(view: treeobj.View, seen: set, label: str, problem):
+    """(path, file entry) of a commit's files, skipping trees in `seen` (walked before; the
+    key is the tree id, with `label` when labels differ by path); a tree that is missing or
+    damaged goes to `problem(path, error)` and its files are skipped."""
+    stack = [(view.root, "")]
+    while stack:
+        tid, prefix = stack.pop()
+        key = (tid, prefix) if label else tid
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            tree = view.node(tid)
+        except CdcError as e:
+            problem(prefix, e)
+            continue
+        for name, e in tree.entries.items():
+            path = f"{prefix}/{name}" if prefix else name
+            if isinstance(e, treeobj.Folder):
+                stack.append((e.tree, path))
+            else:
+                yield path, e
 
 def check(store: Repository, read_data: bool = False, subset: float | None = None) -> dict:
     """Verify the store; returns {"packs", "chunks", "problems", "details"}.
@@ -183,6 +210,7 @@ def _check_reachable(store: Repository, found: list) -> dict[bytes, set[str]]:
     seen_commits: set[tuple[str, str]] = set()
     for repo in store.repos():
         forgotten = store.forgotten(repo)
+        walked: dict[str, set] = {}  # ref -> (tree id, path) walked: the same files, the same labels
         for ref, head in store.refs(repo).items():
             cid = head
             while cid and (repo, cid) not in seen_commits:
@@ -193,8 +221,19 @@ def _check_reachable(store: Repository, found: list) -> dict[bytes, set[str]]:
                     found.append((f"{e}: restore it from a copy",
                                   {f"cdc://{repo}@{ref.removeprefix('tag:')}"}))
                     break
-                for path, fe in () if cid in forgotten else commit.files.items():
-                    label = f"cdc://{repo}@{ref.removeprefix('tag:')}/{path}"
+                if cid in forgotten:
+                    cid = commit.parent
+                    continue
+                at = f"cdc://{repo}@{ref.removeprefix('tag:')}"
+                view = store.view(repo, commit)
+                if commit.tree is not None:  # read from the store, never a memo: a gone tree is found
+                    view = treeobj.View(store.read_tree, commit.tree)
+
+                def problem(path, e, at=at):
+                    found.append((f"{e}: restore it from a copy", {f"{at}/{path}" if path else at}))
+
+                for path, fe in _walk(view, walked.setdefault(ref, set()), "path", problem):
+                    label = f"{at}/{path}"
                     m = _check_manifest(store, fe.manifest, label, manifests, found)
                     for c in m.chunk_ids if m else ():
                         users[c].add(label)

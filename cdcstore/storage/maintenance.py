@@ -1,15 +1,17 @@
 """Garbage collection of a repository: mark, plan, execute (after restic's prune).
 
-- mark: every commit that a branch or tag reaches, every manifest those commits name, every
+- mark: every commit that a branch or tag reaches, every tree those commits name (each
+  shared subtree walked once), every manifest those trees (or format 1 commits) name, every
   chunk those manifests name. That is what stays.
-- plan (over the listing and the index): packs none of whose chunks are live, manifests and
+- plan (over the listing and the index): packs none of whose chunks are live, trees, manifests and
   commits nothing reaches, rebase records of gone commits. Objects younger than the grace window
   are never in the plan: a push in flight may be about to name them. A young manifest is a root
   (its chunks stay): an `upload` committed later, or a push, may name chunks of old garbage; a
-  manifest stored again is made young again (`ObjectStore.touch`). The manifests a live job
+  manifest stored again is made young again (`ObjectStore.touch`). A young tree is a root too
+  (its subtrees and manifests stay): a commit about to land names it. The manifests a live job
   journal names (`staging.py`: a `deferred_commit` still running) are roots too, whatever their age.
-- execute: sparse packs rewritten first; dead jobs' journals; then commits, manifests, packs (what points before what
-  it points to; a pack's index rows before its object, so presence queries stop finding its
+- execute: sparse packs rewritten first; dead jobs' journals; then commits, trees, manifests, packs
+  (what points before what it points to; a pack's index rows before its object, so presence queries stop finding its
   chunks). A crash between any two steps leaves a consistent store: an object whose rows are gone
   is garbage the next run removes; nothing reachable is ever touched.
 
@@ -34,13 +36,14 @@ import socket
 import time
 
 from .. import runtime
-from ..core.errors import BusyError, CdcError, InvalidAddressError, NotFoundError
+from ..core import treeobj
+from ..core.errors import BusyError, CdcError, CorruptionError, InvalidAddressError, NotFoundError
 from ..core import ids
 from ..core.pack import ENTRY, HEADER, LEGACY_ENTRY, LEGACY_PACK_VERSION, PACK_VERSION, TRAILER, WRITE_BUFFER, \
     PackWriter, decode_chunk
 from . import staging
 from .objects import StorageError
-from .repository import Repository, commit_name, locations_name, manifest_name, pack_name
+from .repository import Repository, commit_name, locations_name, manifest_name, pack_name, tree_name
 
 DEFAULT_GRACE = 24 * 3600.0  # seconds an object is spared after it was written
 DEFAULT_REPACK_DEAD = 0.5  # a pack more than half dead (by bytes) is rewritten with its live chunks
@@ -58,6 +61,7 @@ class GcPlan:
     packs: list[tuple[str, int]]  # (name, size) of packs with no live chunk
     manifests: list[str]
     commits: list[tuple[str, str]]  # (repo, commit id)
+    trees: list[str] = dataclasses.field(default_factory=list)
     repack: list[tuple[str, int, list]] = dataclasses.field(default_factory=list)  # (name, size, live entries)
     live_chunks: int = 0
     live_packs: int = 0
@@ -72,7 +76,8 @@ class GcPlan:
 
     def to_dict(self) -> dict:
         return {"delete_packs": len(self.packs), "repack_packs": len(self.repack), "bytes_freed": self.bytes_freed,
-                "delete_manifests": len(self.manifests), "delete_commits": len(self.commits),
+                "delete_manifests": len(self.manifests), "delete_trees": len(self.trees),
+                "delete_commits": len(self.commits),
                 "live_chunks": self.live_chunks, "live_packs": self.live_packs,
                 "spared_young": self.spared_young, "open_sessions": self.open_sessions,
                 "delete_staging": len(self.staging)}
@@ -84,23 +89,46 @@ def _repacked_size(live: list) -> int:
     return HEADER.size + sum(e.stored_len for e in live) + entry.size * len(live) + TRAILER.size
 
 
-def mark(repo: Repository) -> tuple[set[tuple[str, str]], set[str], set[bytes]]:
-    """(live commits as (repo, id), live manifest names, live chunk ids)."""
-    commits: set[tuple[str, str]] = set()
-    manifests: set[str] = set()
-    chunks: set[bytes] = set()
+@dataclasses.dataclass
+class Live:
+    """What gc keeps: commits as (repo, id), tree ids, manifest names, chunk ids."""
+
+    commits: set = dataclasses.field(default_factory=set)
+    trees: set = dataclasses.field(default_factory=set)
+    manifests: set = dataclasses.field(default_factory=set)
+    chunks: set = dataclasses.field(default_factory=set)
+
+    def add_tree(self, repo: Repository, view: treeobj.View, root: str) -> None:
+        """A tree and everything below it (a subtree marked before is not walked again)."""
+        stack = [root]
+        while stack:
+            tid = stack.pop()
+            if tid in self.trees:
+                continue
+            self.trees.add(tid)
+            for e in view.node(tid).entries.values():  # a missing or damaged live tree stops gc
+                if isinstance(e, treeobj.Folder):
+                    stack.append(e.tree)
+                elif e.manifest not in self.manifests:
+                    self.manifests.add(e.manifest)
+                    self.chunks.update(repo.get_manifest(e.manifest).chunk_ids)
+
+
+def mark(repo: Repository) -> Live:
+    """What every branch and tag reaches: commits, trees, manifests, chunks."""
+    live = Live()
     for name in repo.repos():
         heads = _heads(repo, name)
         while heads:
             try:
-                _mark_history(repo, name, heads, commits, manifests, chunks)
+                _mark_history(repo, name, heads, live)
                 break
             except NotFoundError:  # a delete (repo, branch) under the mark, or a missing commit
                 now = _heads(repo, name)
                 if now == heads:
                     raise  # a commit its refs still reach is missing: damage stops gc
                 heads = now  # what reaches nothing now is not live (a push would have held gc off)
-    return commits, manifests, chunks
+    return live
 
 
 def _heads(repo: Repository, name: str) -> set[str]:
@@ -109,17 +137,16 @@ def _heads(repo: Repository, name: str) -> set[str]:
     return {c for kind in ("branch", "tag") for c in repo._read_refs(name, kind).values()}
 
 
-def _mark_history(repo: Repository, name: str, heads: set[str], commits: set, manifests: set, chunks: set) -> None:
+def _mark_history(repo: Repository, name: str, heads: set[str], live: Live) -> None:
     forgotten = repo.forgotten(name)
     for head in heads:
         cid: str | None = head
-        while cid and (name, cid) not in commits:
+        while cid and (name, cid) not in live.commits:
             c = repo.get_commit(name, cid)  # a damaged reachable commit stops gc (CorruptionError)
-            commits.add((name, cid))  # forgotten commits stay as history; their files go
-            for fe in () if cid in forgotten else c.files.values():
-                if fe.manifest not in manifests:
-                    manifests.add(fe.manifest)
-                    chunks.update(repo.get_manifest(fe.manifest).chunk_ids)
+            live.commits.add((name, cid))  # forgotten commits stay as history; their files go
+            if cid not in forgotten:
+                view = repo.view(name, c)
+                live.add_tree(repo, view, view.root)
             cid = c.parent
 
 
@@ -130,7 +157,8 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
     over `max_unused` of the live ones, the most dead packs are rewritten too (None: never)."""
     now = time.time() if now is None else now
     repo.recover()  # durable packs a killed push left unindexed are counted as what they are
-    live_commits, live_manifests, live_chunks = mark(repo)
+    live = mark(repo)
+    live_commits, live_manifests, live_chunks = live.commits, live.manifests, live.chunks
     # the manifests of jobs still running (a deferred commit's journal) are roots; dead jobs' journals go
     staged, doomed_staging = staging.gc_plan(repo, now, grace, SESSION_STALE)
     for m in staged - live_manifests:
@@ -148,6 +176,20 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
         young += 1
         return False
 
+    trees = []
+    young_trees = []
+    for info in repo.objects.list("trees/"):
+        t = info.name.rsplit("/", 1)[-1]
+        if t in live.trees:
+            continue
+        if old(info):
+            trees.append(t)
+        else:  # a young tree is a root: the commit that names it may land after this mark
+            young_trees.append(t)
+    for t in young_trees:
+        with contextlib.suppress(CorruptionError):  # gone or damaged since the listing: nothing to keep
+            live.add_tree(repo, treeobj.View(repo.get_tree, t), t)
+    trees = [t for t in trees if t not in live.trees]
     manifests = []
     for info in repo.objects.list("manifests/"):
         m = info.name.rsplit("/", 1)[-1]
@@ -183,7 +225,7 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
             cid = info.name.rsplit("/", 1)[-1].removesuffix(".json")
             if (name, cid) not in live_commits and old(info):
                 commits.append((name, cid))
-    return GcPlan(packs, manifests, commits, repack, live_chunks=len(live_chunks), live_packs=len(live_in),
+    return GcPlan(packs, manifests, commits, trees, repack, live_chunks=len(live_chunks), live_packs=len(live_in),
                   spared_young=young, staging=doomed_staging)
 
 
@@ -290,6 +332,8 @@ def execute(repo: Repository, p: GcPlan) -> None:
         repo.objects.delete(commit_name(r, cid))
         for info in list(repo.objects.list(f"repos/{r}/applied/{cid}")):
             repo.objects.delete(info.name)
+    for t in p.trees:  # parents before children need no order: no live tree names a dead one
+        repo.objects.delete(tree_name(t))
     for m in p.manifests:
         repo.objects.delete(locations_name(m))  # a hint first: a crash leaves no record without its manifest
         repo.objects.delete(manifest_name(m))

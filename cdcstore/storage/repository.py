@@ -6,6 +6,7 @@ memory). Object names (store format v1, docs/format.md):
     cdcstore.json                          {"format": "cdcstore", "version": 1}
     packs/ab/<name>.pack                   immutable, named by BLAKE3-256 of their bytes
     manifests/ab/<name>                    file manifests, named likewise
+    trees/ab/<name>                        trees (one folder of a format 2 commit), named likewise
     repos/<repo>/commits/<id>.json         commits, named by BLAKE3-256 of their JSON
     repos/<repo>/branches/<branch>         the commit id a branch points at
     repos/<repo>/tags/<tag>                the commit id a tag names (never rewritten)
@@ -19,7 +20,7 @@ the length of a name says which hash checks it (`ids.matches`).
 Beside them, on local disk only, the chunk index (`index.ChunkIndex`, a rebuildable
 cache: in the store's directory for a local store, under the user cache dir for a
 bucket). Objects are written once and only whole (invariant 1). Write order is packs
--> index rows -> manifests -> commit -> branch, and a branch moves by a conditional
+-> index rows -> manifests -> trees -> commit -> branch, and a branch moves by a conditional
 put (compare-and-swap), so two writers on two machines never lose a commit and need no
 lock server.
 """
@@ -39,7 +40,8 @@ import platformdirs
 from .. import runtime
 from ..core import ids
 from ..core.address import check_name, check_ref_name, check_write_target, is_commit_like
-from ..core.commit import Commit, changes, rebase_files, touched
+from ..core import treeobj
+from ..core.commit import Commit
 from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, MissingChunksError, NotAStoreError,
                            PackMissingError, PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
                            StoreFormatError)
@@ -60,6 +62,7 @@ MAX_OPEN = 256  # open pack descriptors per process (directory stores)
 LOCAL_RUN = 4 << 20  # bytes per pread: larger buffers are fresh pages each time (~10x slower here)
 REMOTE_RUN = 16 << 20  # bytes per ranged GET on an object store
 HINTS_MAX = 4_000_000  # chunk locations kept from location records per process (~1 GB at most)
+TREE_MEMO = 4096  # trees kept decoded per process (immutable: named by their bytes)
 
 
 def pack_name(name: str) -> str:
@@ -72,6 +75,10 @@ def manifest_name(name: str) -> str:
 
 def locations_name(manifest: str) -> str:
     return f"locations/{manifest[:2]}/{manifest}"
+
+
+def tree_name(name: str) -> str:
+    return f"trees/{name[:2]}/{name}"
 
 
 def commit_name(repo: str, cid: str) -> str:
@@ -167,6 +174,7 @@ class Repository(Backend):
         self._hints: dict[bytes, tuple[str, PackEntry]] = {}  # chunk locations from location records
         self._hint_packs: set[str] = set()  # the packs they name
         self._shared = not objects.capabilities.local_path  # a bucket: other machines write it too
+        self._trees: dict[str, treeobj.Tree] = {}  # decoded trees (immutable), at most TREE_MEMO
 
     @classmethod
     def create(cls, objects: ObjectStore, index_path: str, location: str | None = None,
@@ -476,6 +484,53 @@ class Repository(Backend):
         self.load_locations(name, m)
         return m
 
+    # -- trees ------------------------------------------------------------------------------------
+    def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
+        """Store trees durably, written once each (one stored before is made young again,
+        as a manifest is: gc's grace window covers it anew)."""
+        def put(item):
+            name, tree = item
+            data = tree.encode()
+            if not ids.matches(data, name):
+                raise ValueError(f"tree {name} does not match its bytes")
+            if not self.objects.put(tree_name(name), data, exist_ok=True):
+                self.objects.touch(tree_name(name))
+            self._trees[name] = tree
+
+        if len(trees) <= 4:
+            for item in trees.items():
+                put(item)
+        else:
+            list(runtime.pool("io", 8).map(put, trees.items()))
+
+    def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
+        tree = self._trees.get(name)
+        if tree is None:
+            tree = self.read_tree(name)
+            if len(self._trees) >= TREE_MEMO:
+                self._trees.pop(next(iter(self._trees)))
+            self._trees[name] = tree
+        return tree
+
+    def read_tree(self, name: str) -> treeobj.Tree:
+        """A tree read from the store now (never the memo), checked against its name."""
+        data = self._get_named(name, tree_name(name), f"tree {name}",
+                               CorruptionError(f"tree {name} is missing from {self.location}"))
+        return treeobj.Tree.decode(data, f"tree {name}")
+
+    def tree_bytes(self, name: str) -> bytes:
+        """A stored tree's bytes as stored (NotFound if absent)."""
+        return bytes(self.objects.get(tree_name(name)))
+
+    def tree_names(self) -> dict[str, tuple[int, float]]:
+        """Every stored tree: name -> (size, mtime)."""
+        out = {}
+        for info in self.objects.list("trees/"):
+            base = info.name.rsplit("/", 1)[-1]
+            if ids.is_hex_id(base):
+                out[base] = (info.size, info.mtime)
+        return out
+
     # -- repos, commits, refs ---------------------------------------------------------------------
     def repos(self) -> list[str]:
         """Repos that hold a commit (one delimiter listing, then one per repo)."""
@@ -511,7 +566,7 @@ class Repository(Backend):
         except RevisionNotFoundError:
             self._require_repo(repo)
             raise
-        return Commit.decode(data, f"commit {commit_id}")
+        return self.bound(repo, Commit.decode(data, f"commit {commit_id}"))
 
     def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
         """(commit id, kind) of a revision: 4+ hex digits are a commit id or a unique
@@ -641,7 +696,7 @@ class Repository(Backend):
             raise InvalidAddressError(f"commit parent {commit.parent} is not a commit of repo {commit.repo!r}: "
                                       f"base the commit on the branch head")
         reach = self._new_reach(commit)
-        self.require_stored(reach[1])  # the truth, not this machine's index, acknowledges a commit
+        self.require_stored(reach[2])  # the truth, not this machine's index, acknowledges a commit
         cid = self.put_commit(commit)
         return self.update_branch(commit.repo, branch, expected, cid, commit,
                                   landed=lambda c: self._grant(c, reach))
@@ -710,18 +765,22 @@ class Repository(Backend):
                 granted += len(walked)
         return granted
 
-    def grant_if_headed(self, repo: str, manifest: str) -> bool:
-        """Grant `repo` one manifest (and its chunks) if a commit a branch or tag of `repo`
-        names now has it: what a first read of a current file needs, at the cost of the refs
-        and their commits, not of the whole history (`refresh_grants`)."""
+    def grant_if_headed(self, repo: str, name: str, kind: str = "manifest") -> bool:
+        """Grant `repo` one manifest (and its chunks) or one tree if a commit that a branch or
+        tag of `repo` names now reaches it: what a first read of a current file or folder
+        needs, at the cost of the refs and their trees, not of the whole history
+        (`refresh_grants`)."""
         check_name("repo", repo)
         if not self.has_repo(repo):
             return False
         for head in set(self.refs(repo).values()):
-            commit = self.get_commit(repo, head)
-            if any(f.manifest == manifest for f in commit.files.values()):
-                self.index.grant(repo, "manifest", [manifest])
-                self.index.grant_chunks("repo_chunks", repo, self.get_manifest(manifest).chunk_ids)
+            view = self.view(repo, self.get_commit(repo, head))
+            if kind == "tree" and name in set(view.tree_ids()) - set(view.unstored):
+                self.index.grant(repo, "tree", [name])
+                return True
+            if kind == "manifest" and any(f.manifest == name for _, f in view.walk()):
+                self.index.grant(repo, "manifest", [name])
+                self.index.grant_chunks("repo_chunks", repo, self.get_manifest(name).chunk_ids)
                 return True
         return False
 
@@ -760,23 +819,32 @@ class Repository(Backend):
                 seen.add(info.name)
         return added
 
-    def _new_reach(self, commit: Commit) -> tuple[set[str], set[bytes]]:
-        """The manifests a commit names that its parent does not, and their chunks."""
-        names = {f.manifest for f in commit.files.values()}
+    def _new_reach(self, commit: Commit) -> tuple[set[str], set[str], set[bytes]]:
+        """The trees and manifests a commit names that its parent does not, and their chunks.
+        Only what is new since the parent is walked: the trees whose ids differ, and the
+        files in them."""
+        parent = None
         if commit.parent:
             try:
-                names -= {f.manifest for f in self.get_commit(commit.repo, commit.parent).files.values()}
+                pc = self.get_commit(commit.repo, commit.parent)
+                # a format 1 parent's trees were granted to no one: walk all of this commit's
+                parent = self.view(commit.repo, pc) if pc.tree is not None else None
             except CdcError:
                 pass
+        trees: set[str] = set()
+        view = self.view(commit.repo, commit)
+        changed, _ = treeobj.changes(parent, view, trees)
+        names = {f.manifest for f in changed.values()}
         chunk_ids: set[bytes] = set()
         for n in names:
             chunk_ids.update(self.get_manifest(n).chunk_ids)
-        return names, chunk_ids
+        return trees - set(view.unstored), names, chunk_ids
 
-    def _grant(self, commit: Commit, reach: tuple[set[str], set[bytes]] | None = None) -> None:
-        """Record which manifests and chunks the commit's repo reaches (what a server
-        lets a repo's tokens read). Only manifests new since the parent are walked."""
-        names, chunk_ids = reach or self._new_reach(commit)
+    def _grant(self, commit: Commit, reach: tuple[set[str], set[str], set[bytes]] | None = None) -> None:
+        """Record which trees, manifests and chunks the commit's repo reaches (what a server
+        lets a repo's tokens read)."""
+        trees, names, chunk_ids = reach or self._new_reach(commit)
+        self.index.grant(commit.repo, "tree", trees)
         self.index.grant(commit.repo, "manifest", names)
         self.index.grant_chunks("repo_chunks", commit.repo, chunk_ids)
 
@@ -857,19 +925,26 @@ class Repository(Backend):
         repo, cid = commit.repo, commit.id
         recorded = self._applied(repo, cid)
         theirs: set[str] = set()
+
+        def view(c: str | None):
+            return self.view(repo, self.get_commit(repo, c)) if c else None
+
         for hid, h in self._history(repo, head, commit.parent):
             if hid == cid or hid in recorded:
                 return hid, False
-            parent_files = self.get_commit(repo, h.parent).files if h.parent else {}
-            theirs |= touched(parent_files, h.files)
-        base_files = self.get_commit(repo, commit.parent).files if commit.parent else {}
-        files, overlap = rebase_files(changes(base_files, commit.files), theirs,
-                                      self.get_commit(repo, head).files)
-        if files is None:
+            theirs |= treeobj.touched(view(h.parent), self.view(repo, h))
+        ours = treeobj.changes(view(commit.parent), self.view(repo, commit))
+        overlap = sorted((set(ours[0]) | ours[1]) & theirs)
+        if not overlap:
+            try:
+                landed_commit = self.make_commit(repo, head, commit.message, commit.time, *ours)
+            except treeobj.Clash as e:
+                overlap = e.paths
+        if overlap:
             shown = ", ".join(overlap[:5]) + (f" and {len(overlap) - 5} more" if len(overlap) > 5 else "")
             raise ConflictError(f"branch {branch!r} of repo {repo!r} moved to {head} and another writer changed "
                                 f"the same paths: {shown}; pull the branch and run the push again")
-        landed = self.put_commit(Commit(repo, head, commit.message, commit.time, files))
+        landed = self.put_commit(landed_commit)
         # recorded before the branch moves, so that a retry finds the copy in the history
         self.objects.put(f"repos/{repo}/applied/{cid}.{landed}", b"", exist_ok=True)
         return landed, True
@@ -917,7 +992,7 @@ class LocalStore(Repository):
             raise FileExistsError(f"a store already exists at {root}")
         if os.path.isdir(root) and os.listdir(root):
             raise NotAStoreError(f"{root} is not empty: create the store in a new or empty directory")
-        for sub in ("packs", "manifests", "repos", "tmp"):
+        for sub in ("packs", "manifests", "trees", "repos", "tmp"):
             os.makedirs(os.path.join(root, sub), exist_ok=True)
         ChunkIndex(os.path.join(root, "index.sqlite"))
         Repository.create(LocalObjects(root), os.path.join(root, "index.sqlite"), root, exist_ok=exist_ok)
