@@ -22,7 +22,8 @@ Measured at every (store, files, versions) point:
   ls_new      `ls` of one folder on a new machine
   index       the reader's per-machine cache on disk after open_new (everything under its
               XDG_CACHE_HOME/cdcstore: the chunk index of a bucket store lives there), and the
-              writer's (the machine that pushed every version); for a directory, the store's index
+              writer's (the machine that pushed every version); for a directory, the store's index;
+              sqlite's -wal/-shm files left out (up to ~4 MB of pages not yet checkpointed)
   edit_push   one file of the folder edited, the whole folder pushed (Store.push), by the writer
   one_push    one edited file pushed alone to its path (the goal's reference: edit_push <= 2x this)
   upload / commit   --commit-files new files: Store.upload, then ONE Store.commit_entries
@@ -233,11 +234,14 @@ def op_main(kind: str, location: str, addr: str) -> None:
     print(json.dumps(out))
 
 
-def du(path: str) -> int:
-    """Bytes of the files under path (0 when it does not exist)."""
+def du(path: str, journals: bool = False) -> int:
+    """Bytes of the files under path (0 when it does not exist); sqlite's -wal and -shm files
+    only with `journals` (a WAL holds up to ~4 MB of pages not yet checkpointed: noise here)."""
     total = 0
     for d, _, fs in os.walk(path):
         for f in fs:
+            if not journals and f.endswith(("-wal", "-shm", "-journal")):
+                continue
             try:
                 total += os.path.getsize(os.path.join(d, f))
             except OSError:
@@ -274,6 +278,7 @@ def child_op(machines: Machines, counter: Counter, kind: str, location: str, add
     out = json.loads(p.stdout.strip().splitlines()[-1])
     out["requests"] = w.result
     out["cache_bytes"] = du(os.path.join(env["XDG_CACHE_HOME"], "cdcstore"))
+    out["cache_journal_bytes"] = du(os.path.join(env["XDG_CACHE_HOME"], "cdcstore"), journals=True) - out["cache_bytes"]
     shutil.rmtree(home, ignore_errors=True)
     return out
 
@@ -329,7 +334,7 @@ def summary(runs: list[dict]) -> dict:
     if counted:
         by_total = sorted(counted, key=lambda r: r["requests"]["requests"])
         out["requests"] = by_total[len(by_total) // 2]["requests"]
-    for key in ("cache_bytes", "start_seconds", "bytes", "entries"):
+    for key in ("cache_bytes", "cache_journal_bytes", "start_seconds", "bytes", "entries"):
         if key in runs[0]:
             out[key] = med(r[key] for r in runs)
     starts = [r["start_requests"] for r in runs if r.get("start_requests")]
@@ -362,7 +367,7 @@ def writer_index_bytes(store: str, location: str, writer_cache: str) -> int:
     if store == "bucket":
         return du(os.path.join(writer_cache, "cdcstore"))
     return sum(os.path.getsize(os.path.join(location, f)) for f in os.listdir(location)
-               if f.startswith("index.sqlite"))
+               if f.startswith("index.sqlite") and not f.endswith(("-wal", "-shm", "-journal")))
 
 
 def run_store(store: str, location: str, files: int, versions: list[int], a, counter: Counter,
