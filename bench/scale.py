@@ -23,7 +23,7 @@ Measured at every (store, files, versions) point:
   index       the reader's per-machine cache on disk after open_new (everything under its
               XDG_CACHE_HOME/cdcstore: the chunk index of a bucket store lives there), and the
               writer's (the machine that pushed every version); for a directory, the store's index;
-              sqlite's -wal/-shm files left out (up to ~4 MB of pages not yet checkpointed)
+              a sqlite file by its logical size (page_count x page_size: pages still in its WAL count)
   edit_push   one file of the folder edited, the whole folder pushed (Store.push), by the writer
   one_push    one edited file pushed alone to its path (the goal's reference: edit_push <= 2x this)
   upload / commit   --commit-files new files: Store.upload, then ONE Store.commit_entries
@@ -234,16 +234,32 @@ def op_main(kind: str, location: str, addr: str) -> None:
     print(json.dumps(out))
 
 
-def du(path: str, journals: bool = False) -> int:
-    """Bytes of the files under path (0 when it does not exist); sqlite's -wal and -shm files
-    only with `journals` (a WAL holds up to ~4 MB of pages not yet checkpointed: noise here)."""
+def sqlite_bytes(path: str) -> int:
+    """The logical size of a sqlite database (page_count x page_size: its pages still in the WAL
+    counted, unused journal space not); the file's size when sqlite cannot read it."""
+    import sqlite3
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        try:
+            return con.execute("PRAGMA page_count").fetchone()[0] * con.execute("PRAGMA page_size").fetchone()[0]
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return os.path.getsize(path)
+
+
+def du(path: str) -> int:
+    """Bytes of the files under path (0 when it does not exist); a sqlite database by its
+    logical size (sqlite_bytes), its -wal/-shm files left out (a WAL holds up to ~4 MB of pages
+    not yet checkpointed, copies of pages already counted)."""
     total = 0
     for d, _, fs in os.walk(path):
         for f in fs:
-            if not journals and f.endswith(("-wal", "-shm", "-journal")):
-                continue
+            p = os.path.join(d, f)
             try:
-                total += os.path.getsize(os.path.join(d, f))
+                if f.endswith(("-wal", "-shm", "-journal")):
+                    continue
+                total += sqlite_bytes(p) if f.endswith((".sqlite", ".db")) else os.path.getsize(p)
             except OSError:
                 pass
     return total
@@ -278,7 +294,6 @@ def child_op(machines: Machines, counter: Counter, kind: str, location: str, add
     out = json.loads(p.stdout.strip().splitlines()[-1])
     out["requests"] = w.result
     out["cache_bytes"] = du(os.path.join(env["XDG_CACHE_HOME"], "cdcstore"))
-    out["cache_journal_bytes"] = du(os.path.join(env["XDG_CACHE_HOME"], "cdcstore"), journals=True) - out["cache_bytes"]
     shutil.rmtree(home, ignore_errors=True)
     return out
 
@@ -334,7 +349,7 @@ def summary(runs: list[dict]) -> dict:
     if counted:
         by_total = sorted(counted, key=lambda r: r["requests"]["requests"])
         out["requests"] = by_total[len(by_total) // 2]["requests"]
-    for key in ("cache_bytes", "cache_journal_bytes", "start_seconds", "bytes", "entries"):
+    for key in ("cache_bytes", "start_seconds", "bytes", "entries"):
         if key in runs[0]:
             out[key] = med(r[key] for r in runs)
     starts = [r["start_requests"] for r in runs if r.get("start_requests")]
@@ -366,8 +381,7 @@ def writer_index_bytes(store: str, location: str, writer_cache: str) -> int:
     """The writer's chunk index: its cache dir (bucket) or the store's index files (directory)."""
     if store == "bucket":
         return du(os.path.join(writer_cache, "cdcstore"))
-    return sum(os.path.getsize(os.path.join(location, f)) for f in os.listdir(location)
-               if f.startswith("index.sqlite") and not f.endswith(("-wal", "-shm", "-journal")))
+    return sqlite_bytes(os.path.join(location, "index.sqlite"))
 
 
 def run_store(store: str, location: str, files: int, versions: list[int], a, counter: Counter,
