@@ -72,6 +72,18 @@ _HOP = {"host", "connection", "keep-alive", "transfer-encoding", "te", "trailer"
         "proxy-authorization", "proxy-authenticate", "content-length"}
 
 
+KINDS = ("packs", "manifests", "repos", "grants", "sessions", "gc", "server", "cdcstore.json")
+
+
+def object_kind(path: str, prefix: str = "") -> str:
+    """The store folder a bucket request is about (packs, manifests, repos, ...), from its key or,
+    for a listing, its prefix= parameter; "other" when none is named."""
+    for part in (path + "/" + prefix).split("/"):
+        if part in KINDS:
+            return part
+    return "other"
+
+
 def proxy_main(upstream: str, port: int) -> None:
     """Child: forward every request to `upstream` unchanged (method, raw path and query, headers,
     body) and its answer back; count requests, request body bytes and answer body bytes by
@@ -87,9 +99,11 @@ def proxy_main(upstream: str, port: int) -> None:
             return web.json_response(counts)
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
-        c = counts.setdefault(request.method, {"requests": 0, "bytes_in": 0, "bytes_out": 0})
+        c = counts.setdefault(request.method, {"requests": 0, "bytes_in": 0, "bytes_out": 0, "kinds": {}})
         c["requests"] += 1
         c["bytes_in"] += len(body)
+        kind = object_kind(request.path, request.query.get("prefix", ""))
+        c["kinds"][kind] = c["kinds"].get(kind, 0) + 1
         session: aiohttp.ClientSession = request.app["session"]
         async with session.request(request.method, URL(upstream + request.raw_path, encoded=True),
                                    headers=headers, data=body if body else None,
@@ -145,17 +159,23 @@ class Proxy:
 
 
 def diff_counts(before: dict, after: dict) -> dict:
-    """{requests, bytes_in, bytes_out, by_method: {GET: n, ...}} between two counts() snapshots."""
-    out = {"requests": 0, "bytes_in": 0, "bytes_out": 0, "by_method": {}}
+    """{requests, bytes_in, bytes_out, by_method: {GET: n, ...}, by_kind: {"GET packs": n, ...}}
+    between two counts() snapshots."""
+    out = {"requests": 0, "bytes_in": 0, "bytes_out": 0, "by_method": {}, "by_kind": {}}
     for method, c in after.items():
         b = before.get(method, {})
         n = c["requests"] - b.get("requests", 0)
         if n:
             out["by_method"][method] = n
+        for kind, k in c.get("kinds", {}).items():
+            if k - b.get("kinds", {}).get(kind, 0):
+                key = f"{method} {kind}"
+                out["by_kind"][key] = k - b.get("kinds", {}).get(kind, 0)
         out["requests"] += n
         out["bytes_in"] += c["bytes_in"] - b.get("bytes_in", 0)
         out["bytes_out"] += c["bytes_out"] - b.get("bytes_out", 0)
     out["by_method"] = dict(sorted(out["by_method"].items()))
+    out["by_kind"] = dict(sorted(out["by_kind"].items()))
     return out
 
 

@@ -134,6 +134,7 @@ def test_scale_proxy_forwards_and_counts_by_method(tmp_path):
             proxy.stop()
         srv.stop()
     assert got["by_method"] == {"GET": 2, "HEAD": 1, "PUT": 1} and got["requests"] == 4
+    assert got["by_kind"] == {"GET other": 2, "HEAD other": 1, "PUT other": 1}
     assert got["bytes_in"] == 100
     assert got["bytes_out"] >= 256 * 40 + 10  # the file, the range (and the 405's short body)
     assert proxy.proc.poll() is not None
@@ -141,11 +142,21 @@ def test_scale_proxy_forwards_and_counts_by_method(tmp_path):
 
 def test_scale_counts_are_differences_of_snapshots():
     import scale
-    before = {"GET": {"requests": 3, "bytes_in": 0, "bytes_out": 30}}
-    after = {"GET": {"requests": 5, "bytes_in": 0, "bytes_out": 50}, "PUT": {"requests": 1, "bytes_in": 7, "bytes_out": 0}}
-    assert scale.diff_counts(before, after) == {"requests": 3, "bytes_in": 7, "bytes_out": 20,
-                                                "by_method": {"GET": 2, "PUT": 1}}
+    before = {"GET": {"requests": 3, "bytes_in": 0, "bytes_out": 30, "kinds": {"packs": 3}}}
+    after = {"GET": {"requests": 5, "bytes_in": 0, "bytes_out": 50, "kinds": {"packs": 4, "repos": 1}},
+             "PUT": {"requests": 1, "bytes_in": 7, "bytes_out": 0, "kinds": {"manifests": 1}}}
+    assert scale.diff_counts(before, after) == {
+        "requests": 3, "bytes_in": 7, "bytes_out": 20, "by_method": {"GET": 2, "PUT": 1},
+        "by_kind": {"GET packs": 1, "GET repos": 1, "PUT manifests": 1}}
     assert scale.diff_counts(after, after)["requests"] == 0
+
+
+def test_scale_names_the_store_folder_of_a_request():
+    import scale
+    assert scale.object_kind("/bkt/s100/packs/ab/cd.pack") == "packs"
+    assert scale.object_kind("/bkt", "s100/manifests/") == "manifests"  # a listing: its prefix=
+    assert scale.object_kind("/bkt/s100/cdcstore.json") == "cdcstore.json"
+    assert scale.object_kind("/bkt/s100/elsewhere") == "other"
 
 
 def test_scale_arguments_are_checked():
