@@ -218,12 +218,28 @@ def _req(op) -> int | None:
 def _scale_cell(op) -> str:
     if not op:
         return "skipped"
+    if "error" in op:
+        return "FAILED (`error` in the JSON)"
     n = _req(op)
     return (f"{n:,} r, " if n is not None else "") + f"{op['seconds']:.2f} s"
 
 
 def scale_constants(doc: dict) -> dict:
-    """Per-unit costs fitted from the measured bucket points (None where a run lacks the points)."""
+    """Per-unit costs fitted from the measured bucket points (left out where a run lacks the figures:
+    an op failed or was skipped)."""
+    out: dict = {}
+    for name, value in _fit(doc).items():
+        try:
+            v = value()
+        except (KeyError, TypeError, ZeroDivisionError):
+            continue
+        if v is not None:
+            out[name] = v
+    return out
+
+
+def _fit(doc: dict) -> dict:
+    """{constant: a function computing it from the bucket points}."""
     pts = _scale_points(doc, "bucket")
     out: dict = {}
     if not pts:
@@ -235,22 +251,23 @@ def scale_constants(doc: dict) -> dict:
     lo, hi = by_files[grown][0], by_files[grown][-1]
     packs = lambda p: p["objects"].get("packs", 0)  # noqa: E731
     if hi is not lo and packs(hi) > packs(lo):
-        out["open_requests_per_pack"] = (_req(hi["ops"]["open_new"]) - _req(lo["ops"]["open_new"])) / (packs(hi) - packs(lo))
-        out["replica_requests_per_version"] = ((_req(hi["ops"]["replica"]) - _req(lo["ops"]["replica"]))
-                                               / (hi["versions"] - lo["versions"]))
+        out["open_requests_per_pack"] = lambda: ((_req(hi["ops"]["open_new"]) - _req(lo["ops"]["open_new"]))
+                                                 / (packs(hi) - packs(lo)))
+        out["replica_requests_per_version"] = lambda: ((_req(hi["ops"]["replica"]) - _req(lo["ops"]["replica"]))
+                                                       / (hi["versions"] - lo["versions"]))
     big = max(pts, key=lambda p: (p["files"], p["versions"]))
     small = min(pts, key=lambda p: (p["files"], p["versions"]))
     chunks = lambda p: p["objects"].get("manifests", 0)  # noqa: E731 - every file here is one chunk
     if chunks(big) > chunks(small):  # the slope: sqlite's fixed pages cancel out
-        out["writer_index_bytes_per_chunk"] = ((big["index"]["writer_bytes"] - small["index"]["writer_bytes"])
-                                               / (chunks(big) - chunks(small)))
-    out["commit_bytes_per_file"] = big["ops"]["commit"]["requests"]["bytes_in"] / big["files"]
-    out["ls_bytes_per_file"] = big["ops"]["ls_new"]["requests"]["bytes_out"] / big["files"]
-    edits = [p for p in pts if p["ops"].get("edit_push")]
+        out["writer_index_bytes_per_chunk"] = lambda: ((big["index"]["writer_bytes"] - small["index"]["writer_bytes"])
+                                                       / (chunks(big) - chunks(small)))
+    out["commit_bytes_per_file"] = lambda: big["ops"]["commit"]["requests"]["bytes_in"] / big["files"]
+    out["ls_bytes_per_file"] = lambda: big["ops"]["ls_new"]["requests"]["bytes_out"] / big["files"]
+    edits = [p for p in pts if _req(p["ops"].get("edit_push"))]
     if edits:
         e = max(edits, key=lambda p: (p["files"], p["versions"]))
-        out["edit_push_requests_per_file"] = _req(e["ops"]["edit_push"]) / e["files"]
-        out["edit_push_seconds_per_request_here"] = e["ops"]["edit_push"]["seconds"] / _req(e["ops"]["edit_push"])
+        out["edit_push_requests_per_file"] = lambda: _req(e["ops"]["edit_push"]) / e["files"]
+        out["edit_push_seconds_per_request_here"] = lambda: e["ops"]["edit_push"]["seconds"] / _req(e["ops"]["edit_push"])
     return out
 
 
@@ -295,7 +312,8 @@ def paper_rows(c: dict, P: dict = PAPER) -> list[list[str]]:
          f"({_size(P['store_bytes'])} hashed); {t(P['files'] * per_file, P['store_bytes'], P['parallel'])}",
          f"1e7 local stats (stat cache; ~10-60 s), 1 file uploaded, {depth + 1} tree nodes + commit + ref: "
          f"~{depth + 6} requests, {_size((depth + 1) * node)}; {t(depth + 6, (depth + 1) * node)} + the stats"],
-        ["`ls` of a folder", f"the whole file map: {_size(file_map)}; {t(3, file_map)}",
+        ["`ls` of a folder", f"the whole file map: {_size(file_map)}; {t(3, file_map)} + decoding "
+         f"{P['files']:.0e} entries",
          f"ref, commit, {depth} tree nodes: {_size(depth * node)}; {t(2 + depth, depth * node)}"],
         ["one commit of N uploaded files", f"the whole file map written: {_size(file_map)} a commit; "
          f"1,000 commits (a dask job, one a file): {_size(1000 * file_map)}",
@@ -321,7 +339,8 @@ def view_scale(doc: dict) -> list[str]:
         rows.append([f"{p['files']:,}", str(p["versions"]), str(p["objects"].get("packs", "")),
                      *(_scale_cell(o.get(k)) for k, _ in SCALE_OPS),
                      f"{start['requests']:,} r" if start else "",
-                     f"{p['index']['reader_bytes'] / 1e3:,.0f}", f"{p['index']['writer_bytes'] / 1e3:,.0f}"])
+                     _fmt(p["index"]["reader_bytes"] and p["index"]["reader_bytes"] / 1e3, "{:,.0f}"),
+                     _fmt(p["index"]["writer_bytes"] / 1e3, "{:,.0f}")])
     head = ["files", "versions", "packs", *(label for _, label in SCALE_OPS), "replica start",
             "reader's cache, kB", "writer's index, kB"]
     if rows:
@@ -331,6 +350,20 @@ def view_scale(doc: dict) -> list[str]:
     if rows:
         out += ["Directory store (seconds only; its index lives in the store):", ""]
         out += table(["files", "versions", *(label for _, label in SCALE_OPS), "store's index, kB"], rows)
+    kinds = [p for p in _scale_points(doc, "bucket") if (p["ops"]["open_new"].get("requests") or {}).get("by_kind")]
+    if kinds:
+        p = max(kinds, key=lambda p: (p["versions"], p["files"]))
+        rows = []
+        for k, label in SCALE_OPS:
+            op = p["ops"].get(k)
+            if op and op.get("requests"):
+                by = op["requests"]["by_kind"]
+                rows.append([label, ", ".join(f"{n:,} {kind}" for kind, n in by.items())])
+        start = p["ops"]["replica"].get("start_requests")
+        if start:
+            rows.append(["new replica: its start", ", ".join(f"{n:,} {kind}" for kind, n in start["by_kind"].items())])
+        out += [f"Those requests by store folder, at {p['files']:,} files and {p['versions']} versions:", ""]
+        out += table(["operation", "requests (method, store folder)"], rows)
     c = scale_constants(doc)
     if c:
         labels = {"open_requests_per_pack": "requests a new machine's open adds per pack in the bucket",
@@ -475,6 +508,7 @@ def chart_read(plt, doc: dict):
 
 def chart_scale(plt, doc: dict):
     """Bucket requests of each op (and the index sizes) against the versions in the store, a line a dataset."""
+    from matplotlib import ticker
     pts = _scale_points(doc, "bucket")
     panels = [(k, label) for k, label in SCALE_OPS] + [("start", "new replica: its start"), ("index", "index, kB: writer (o-), new reader (s:)")]
     fig, axes = plt.subplots(2, 5, figsize=(11, 4.6))
@@ -487,7 +521,9 @@ def chart_scale(plt, doc: dict):
             if key == "index":
                 ax.plot(xs, [p["index"]["writer_bytes"] / 1e3 for p in ps], "o-", color=color, ms=3,
                         label=f"{n:,} files")
-                ax.plot(xs, [p["index"]["reader_bytes"] / 1e3 for p in ps], "s:", color=color, ms=3)
+                xy = [(p["versions"], p["index"]["reader_bytes"] / 1e3) for p in ps if p["index"]["reader_bytes"]]
+                if xy:
+                    ax.plot(*zip(*xy), "s:", color=color, ms=3)
                 continue
             if key == "start":
                 ys = [(p["ops"]["replica"].get("start_requests") or {}).get("requests") for p in ps]
@@ -499,6 +535,12 @@ def chart_scale(plt, doc: dict):
         ax.set_title(label, fontsize=8)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        vs = sorted({p["versions"] for p in pts})
+        ax.set_xticks(vs, [str(v) for v in vs])
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel("versions in the store", fontsize=7)
         ax.tick_params(labelsize=7)
         for side in ("top", "right"):

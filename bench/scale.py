@@ -353,6 +353,17 @@ def replica_read(machines: Machines, counter: Counter, location: str, addr: str)
 # the writer machine (this process) and one store's run
 # ---------------------------------------------------------------------------------------------
 
+def attempt(name: str, fn) -> dict:
+    """fn()'s figures, or {"error": ...} when the operation failed: a failure is a finding, recorded
+    in the JSON and printed, and the run goes on (a broken store or server is not: see main)."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - any failure of the code measured
+        text = str(e) or type(e).__name__
+        print(f"  {name} FAILED: {text.splitlines()[0][:300]}", flush=True)
+        return {"error": f"{type(e).__name__}: {text[:3000]}"}
+
+
 def timed(counter: Counter, fn) -> dict:
     """fn() on the writer (this process): seconds and the proxy's counts."""
     with counter.window() as w:
@@ -445,15 +456,18 @@ def run_store(store: str, location: str, files: int, versions: list[int], a, cou
                    "objects": objects_by_kind(store, location, moto_url)}
         addr = f"cdc://{REPO}/{target}"
         ops: dict = {}
-        ops["open_new"] = summary([child_op(machines, counter, "open", location, addr) for _ in range(a.repeat)])
-        ops["ls_new"] = summary([child_op(machines, counter, "ls", location, f"cdc://{REPO}/{os.path.dirname(target)}")
-                                 for _ in range(a.repeat)])
-        ops["replica"] = summary([replica_read(machines, counter, location, addr) for _ in range(a.repeat)])
+        ops["open_new"] = attempt("open_new", lambda: summary(
+            [child_op(machines, counter, "open", location, addr) for _ in range(a.repeat)]))
+        ops["ls_new"] = attempt("ls_new", lambda: summary(
+            [child_op(machines, counter, "ls", location, f"cdc://{REPO}/{os.path.dirname(target)}")
+             for _ in range(a.repeat)]))
+        ops["replica"] = attempt("replica", lambda: summary(
+            [replica_read(machines, counter, location, addr) for _ in range(a.repeat)]))
         p["index"] = {"reader_bytes": ops["open_new"].get("cache_bytes"),
                       "writer_bytes": writer_index_bytes(store, location, os.environ["XDG_CACHE_HOME"])}
         if files < a.big or a.big_edit_push:
             edit()
-            ops["edit_push"] = timed(counter, push_folder)
+            ops["edit_push"] = attempt("edit_push", lambda: timed(counter, push_folder))
             now += 1
         else:  # O(files) requests today (measured on the smaller datasets): skipped to keep the run short
             ops["edit_push"] = None
@@ -462,7 +476,7 @@ def run_store(store: str, location: str, files: int, versions: list[int], a, cou
         def push_one():
             with Store(location) as s:
                 s.push(os.path.join(folder, one), dest + one, "one file")
-        ops["one_push"] = timed(counter, push_one)
+        ops["one_push"] = attempt("one_push", lambda: timed(counter, push_one))
         now += 1
         new = os.path.join(work, f"new-{files}-{now}")
         os.makedirs(new)
@@ -478,8 +492,8 @@ def run_store(store: str, location: str, files: int, versions: list[int], a, cou
         def commit():
             with Store(location) as s:
                 s.commit_entries(f"cdc://{REPO}", held, f"{len(held)} uploaded files")
-        ops["upload"] = timed(counter, upload)
-        ops["commit"] = timed(counter, commit)
+        ops["upload"] = attempt("upload", lambda: timed(counter, upload))
+        ops["commit"] = attempt("commit", lambda: timed(counter, commit)) if held else {"error": "nothing uploaded"}
         now += 1
         shutil.rmtree(new, ignore_errors=True)
         p["ops"] = ops
@@ -501,6 +515,8 @@ HEAD = (f"{'store':<7}{'files':>7}{'vers':>5} | " + " | ".join(f"{o:>15}" for o 
 def _cell(op: dict | None) -> str:
     if op is None:
         return "skipped"
+    if "error" in op:
+        return "FAILED"
     n = op.get("requests")
     return f"{(str(n['requests']) + ' r ') if n else ''}{op['seconds']:.2f} s"
 
@@ -509,8 +525,12 @@ def row(p: dict) -> str:
     o = p["ops"]
     start = o["replica"].get("start_requests")
     return (f"{p['store']:<7}{p['files']:>7}{p['versions']:>5} | " + " | ".join(f"{_cell(o[k]):>15}" for k in TABLE_OPS)
-            + f" | {(str(start['requests']) + ' r') if start else '':>10} | {p['index']['reader_bytes'] / 1e3:>8.0f}kB"
-            + f" | {p['index']['writer_bytes'] / 1e3:>8.0f}kB")
+            + f" | {(str(start['requests']) + ' r') if start else '':>10} | {_kb(p['index']['reader_bytes']):>10}"
+            + f" | {_kb(p['index']['writer_bytes']):>10}")
+
+
+def _kb(n) -> str:
+    return "" if n is None else f"{n / 1e3:.0f}kB"
 
 
 def growth(points: list[dict], store: str, files: int, key) -> float | None:
@@ -520,6 +540,14 @@ def growth(points: list[dict], store: str, files: int, key) -> float | None:
         return None
     lo, hi = key(ps[0]), key(ps[-1])
     return hi / lo if lo else None
+
+
+def _value(fn):
+    """fn() or None when a figure it needs is missing (an op failed or was skipped)."""
+    try:
+        return fn()
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
 
 
 def goals_of(points: list[dict]) -> list[Goal]:
@@ -534,21 +562,20 @@ def goals_of(points: list[dict]) -> list[Goal]:
     last = max((p for p in bucket if p["files"] == full), key=lambda p: p["versions"])
     req = lambda op: (lambda p: p["ops"][op]["requests"]["requests"])  # noqa: E731
     sec = lambda op: (lambda p: p["ops"][op]["seconds"])  # noqa: E731
-    few = min((p for p in bucket), key=lambda p: (p["files"], p["versions"]))
-    most = max((p for p in bucket), key=lambda p: (p["files"], p["versions"]))
+    few = min(bucket, key=lambda p: (p["files"], p["versions"]))
+    most = max(bucket, key=lambda p: (p["files"], p["versions"]))
     return [
-        Goal(f"open_new_requests_growth_{full}_files", growth(points, "bucket", full, req("open_new")), 1.0, "<="),
+        Goal(f"open_new_requests_growth_{full}_files", _value(lambda: growth(points, "bucket", full, req("open_new"))),
+             1.0, "<="),
         Goal(f"edit_push_over_one_push_requests_{full}_files",
-             last["ops"]["edit_push"]["requests"]["requests"] / last["ops"]["one_push"]["requests"]["requests"]
-             if last["ops"]["edit_push"] else None, 2.0, "<="),
-        Goal(f"replica_first_read_seconds_growth_{full}_files", growth(points, "bucket", full, sec("replica")), 1.5,
-             "<="),
+             _value(lambda: req("edit_push")(last) / req("one_push")(last)), 2.0, "<="),
+        Goal(f"replica_first_read_seconds_growth_{full}_files",
+             _value(lambda: growth(points, "bucket", full, sec("replica"))), 1.5, "<="),
         Goal("reader_index_bytes_largest_over_smallest_store",
-             most["index"]["reader_bytes"] / few["index"]["reader_bytes"] if few["index"]["reader_bytes"] else None,
-             2.0, "<="),
+             _value(lambda: most["index"]["reader_bytes"] / few["index"]["reader_bytes"]), 2.0, "<="),
         Goal("commit_bytes_largest_over_smallest_store",
-             most["ops"]["commit"]["requests"]["bytes_in"] / max(1, few["ops"]["commit"]["requests"]["bytes_in"]),
-             2.0, "<="),
+             _value(lambda: most["ops"]["commit"]["requests"]["bytes_in"]
+                    / max(1, few["ops"]["commit"]["requests"]["bytes_in"])), 2.0, "<="),
     ]
 
 
