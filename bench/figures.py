@@ -258,7 +258,9 @@ def _fit(doc: dict) -> dict:
     big = max(pts, key=lambda p: (p["files"], p["versions"]))
     small = min(pts, key=lambda p: (p["files"], p["versions"]))
     chunks = lambda p: p["objects"].get("manifests", 0)  # noqa: E731 - every file here is one chunk
-    if chunks(big) > chunks(small):  # the slope: sqlite's fixed pages cancel out
+    if chunks(big) > chunks(small):  # slopes: sqlite's fixed pages cancel out
+        out["reader_index_bytes_per_chunk"] = lambda: ((big["index"]["reader_bytes"] - small["index"]["reader_bytes"])
+                                                       / (chunks(big) - chunks(small)))
         out["writer_index_bytes_per_chunk"] = lambda: ((big["index"]["writer_bytes"] - small["index"]["writer_bytes"])
                                                        / (chunks(big) - chunks(small)))
     out["commit_bytes_per_file"] = lambda: big["ops"]["commit"]["requests"]["bytes_in"] / big["files"]
@@ -296,7 +298,7 @@ def paper_rows(c: dict, P: dict = PAPER) -> list[list[str]]:
     node = P["fanout"] * P["tree_entry"]
     per_pack = g("open_requests_per_pack", 3)
     footer = P["chunks"] * P["footer_entry"]
-    index = P["chunks"] * g("writer_index_bytes_per_chunk", 76)
+    index = P["chunks"] * g("reader_index_bytes_per_chunk", 76)
     entry = g("commit_bytes_per_file", 80)
     file_map = P["files"] * entry
     per_file = g("edit_push_requests_per_file", 3)
@@ -368,7 +370,10 @@ def view_scale(doc: dict) -> list[str]:
     if c:
         labels = {"open_requests_per_pack": "requests a new machine's open adds per pack in the bucket",
                   "replica_requests_per_version": "requests a new replica's first read adds per version",
-                  "writer_index_bytes_per_chunk": "writer's index bytes per stored chunk",
+                  "reader_index_bytes_per_chunk": "a new reader's index bytes per chunk in the store (it indexed "
+                                                  "every pack: the chunk table)",
+                  "writer_index_bytes_per_chunk": "the writer's index bytes per chunk (here a chunk a file: the "
+                                                  "per-file rows of its grants count too)",
                   "commit_bytes_per_file": "commit bytes written per file in the repo",
                   "ls_bytes_per_file": "bytes a new machine's `ls` reads per file in the repo",
                   "edit_push_requests_per_file": "requests of a one-file-edit folder push per file in the folder",

@@ -172,11 +172,11 @@ def test_scale_paper_extrapolation_follows_the_measured_constants():
     """docs/scale.md's on-paper table is arithmetic on the fitted constants: a changed constant
     changes the row it feeds, and today's new-machine open reads every pack footer."""
     import figures
-    base = {"open_requests_per_pack": 3, "writer_index_bytes_per_chunk": 70, "commit_bytes_per_file": 80,
+    base = {"open_requests_per_pack": 3, "reader_index_bytes_per_chunk": 70, "commit_bytes_per_file": 80,
             "edit_push_requests_per_file": 3}
     rows = {r[0]: r for r in figures.paper_rows(base)}
     assert rows["open + read 1 file, new machine"][1].startswith("4.5e+07 requests")  # 1.5e7 packs x 3
     assert rows["client index on disk"][1].startswith("700.0 GB")  # 1e10 chunks x 70 B
-    more = {r[0]: r for r in figures.paper_rows({**base, "writer_index_bytes_per_chunk": 140})}
+    more = {r[0]: r for r in figures.paper_rows({**base, "reader_index_bytes_per_chunk": 140})}
     assert more["client index on disk"][1].startswith("1.4 TB")
     assert more["open + read 1 file, new machine"] == rows["open + read 1 file, new machine"]
