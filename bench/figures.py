@@ -321,7 +321,8 @@ def paper_rows(c: dict, P: dict = PAPER) -> list[list[str]]:
          f"1,000 commits (a dask job, one a file): {_size(1000 * file_map)}",
          "the changed folders' nodes and their ancestors: O(N + depth) entries, one commit a job"],
         ["new replica: first read", f"walks the history: {P['history']:,} commits x {_size(file_map)} = "
-         f"{_size(P['history'] * file_map)}; {t(P['history'], P['history'] * file_map, P['parallel'])}",
+         f"{_size(P['history'] * file_map)}, and a GET of every manifest they name (>= {P['files']:.0e}); "
+         f"{t(P['history'] + P['files'], P['history'] * file_map, P['parallel'])}",
          f"as a new machine's open: ~{5 + depth} requests; {t(5 + depth, (depth + 1) * node)}"],
     ]
     return rows
