@@ -4,7 +4,8 @@
             text without the trailing space), their columns and word lists
   datasets  v1/v2 folders (ingest_dataset, transfer_dataset: a 1% row update, an append, a new
             file), read_file, fs_data, stream_data, load_files, the Parquet sample of chunker.py
-  bytes     make_big_file and make_small_files (ingest --scale), gc_files and gc_edit (gc.py)
+  bytes     make_big_file and make_small_files (ingest --scale), gc_files and gc_edit (gc.py),
+            scale_files and scale_edit (scale.py)
   edits     update_block, make_v2, dedup_edit (dedup.py's scenarios)
 
 Datasets are cached under a script's --data-dir with the generator version in their names
@@ -615,3 +616,32 @@ def gc_edit(rng: random.Random, folder: str, share: float) -> None:
         with open(path, "r+b") as f:
             f.seek(at)
             f.write(rng.randbytes(n))
+
+
+def scale_path(i: int) -> str:
+    """The path of file i of scale_files: 100 files a folder (d000/f00000.bin)."""
+    return f"d{i // 100:03d}/f{i:05d}.bin"
+
+
+def _scale_bytes(i: int, version: int, small: int) -> bytes:
+    rng = random.Random(i * 1_000_003 + version)
+    return rng.randbytes(small // 2 + rng.randrange(small))
+
+
+def scale_files(root: str, n: int, small: int = 1024) -> None:
+    """n files of random bytes (small/2 to 3*small/2 each, fixed seeds) under root, 100 a
+    folder (scale_path); made afresh (the bench edits them)."""
+    shutil.rmtree(root, ignore_errors=True)
+    for i in range(n):
+        path = os.path.join(root, scale_path(i))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(_scale_bytes(i, 0, small))
+
+
+def scale_edit(root: str, i: int, version: int, small: int = 1024) -> str:
+    """Rewrite file i of scale_files with the bytes of `version` (new random bytes); its path."""
+    path = os.path.join(root, scale_path(i))
+    with open(path, "wb") as f:
+        f.write(_scale_bytes(i, version, small))
+    return path

@@ -195,9 +195,205 @@ def view_fs(doc: dict) -> list[str]:
             + table(["full scan", "MB/s"], rows))
 
 
+# scale.py: the measured points, constants fitted from them, and the on-paper extrapolation
+
+SCALE_OPS = [("open_new", "open + read 1 file, new machine"), ("ls_new", "`ls` of a folder, new machine"),
+             ("edit_push", "push of the folder, 1 file edited"), ("one_push", "push of that 1 file alone"),
+             ("upload", "upload of N files"), ("commit", "one commit of the N"),
+             ("replica", "new replica: first read")]
+# the on-paper store (issue 17) and the service it runs on: assumptions, not measurements
+PAPER = {"store_bytes": 1e15, "chunks": 1e10, "files": 1e7, "pack_bytes": 64 * 2 ** 20, "history": 1000,
+         "rtt_s": 0.02, "parallel": 64, "client_bytes_s": 1e9, "fanout": 1000, "footer_entry": 36,
+         "tree_entry": 80}
+
+
+def _scale_points(doc: dict, store: str) -> list[dict]:
+    return sorted((p for p in doc["points"] if p["store"] == store), key=lambda p: (p["files"], p["versions"]))
+
+
+def _req(op) -> int | None:
+    return op["requests"]["requests"] if op and op.get("requests") else None
+
+
+def _scale_cell(op) -> str:
+    if not op:
+        return "skipped"
+    if "error" in op:
+        return "FAILED (`error` in the JSON)"
+    n = _req(op)
+    return (f"{n:,} r, " if n is not None else "") + f"{op['seconds']:.2f} s"
+
+
+def scale_constants(doc: dict) -> dict:
+    """Per-unit costs fitted from the measured bucket points (left out where a run lacks the figures:
+    an op failed or was skipped)."""
+    out: dict = {}
+    for name, value in _fit(doc).items():
+        try:
+            v = value()
+        except (KeyError, TypeError, ZeroDivisionError):
+            continue
+        if v is not None:
+            out[name] = v
+    return out
+
+
+def _fit(doc: dict) -> dict:
+    """{constant: a function computing it from the bucket points}."""
+    pts = _scale_points(doc, "bucket")
+    out: dict = {}
+    if not pts:
+        return out
+    by_files: dict = {}
+    for p in pts:
+        by_files.setdefault(p["files"], []).append(p)
+    grown = max(by_files, key=lambda f: (len(by_files[f]), f))  # the dataset grown through most versions
+    lo, hi = by_files[grown][0], by_files[grown][-1]
+    packs = lambda p: p["objects"].get("packs", 0)  # noqa: E731
+    if hi is not lo and packs(hi) > packs(lo):
+        out["open_requests_per_pack"] = lambda: ((_req(hi["ops"]["open_new"]) - _req(lo["ops"]["open_new"]))
+                                                 / (packs(hi) - packs(lo)))
+        out["replica_requests_per_version"] = lambda: ((_req(hi["ops"]["replica"]) - _req(lo["ops"]["replica"]))
+                                                       / (hi["versions"] - lo["versions"]))
+    big = max(pts, key=lambda p: (p["files"], p["versions"]))
+    small = min(pts, key=lambda p: (p["files"], p["versions"]))
+    chunks = lambda p: p["objects"].get("manifests", 0)  # noqa: E731 - every file here is one chunk
+    if chunks(big) > chunks(small):  # slopes: sqlite's fixed pages cancel out
+        out["reader_index_bytes_per_chunk"] = lambda: ((big["index"]["reader_bytes"] - small["index"]["reader_bytes"])
+                                                       / (chunks(big) - chunks(small)))
+        out["writer_index_bytes_per_chunk"] = lambda: ((big["index"]["writer_bytes"] - small["index"]["writer_bytes"])
+                                                       / (chunks(big) - chunks(small)))
+    out["commit_bytes_per_file"] = lambda: big["ops"]["commit"]["requests"]["bytes_in"] / big["files"]
+    out["ls_bytes_per_file"] = lambda: big["ops"]["ls_new"]["requests"]["bytes_out"] / big["files"]
+    edits = [p for p in pts if _req(p["ops"].get("edit_push"))]
+    if edits:
+        e = max(edits, key=lambda p: (p["files"], p["versions"]))
+        out["edit_push_requests_per_file"] = lambda: _req(e["ops"]["edit_push"]) / e["files"]
+        out["edit_push_seconds_per_request_here"] = lambda: e["ops"]["edit_push"]["seconds"] / _req(e["ops"]["edit_push"])
+    return out
+
+
+def _dur(seconds: float) -> str:
+    for unit, n in (("days", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        if seconds >= n:
+            return f"{seconds / n:,.1f} {unit}"
+    return f"{seconds * 1e3:,.0f} ms"
+
+
+def _size(b: float) -> str:
+    for unit, n in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if b >= n:
+            return f"{b / n:,.1f} {unit}"
+    return f"{b:,.0f} B"
+
+
+def paper_rows(c: dict, P: dict = PAPER) -> list[list[str]]:
+    """The on-paper costs at P's size: today's design from the fitted constants c, issue 17's from
+    its structure (a request = rtt_s, `parallel` at once where the work allows; bytes at client_bytes_s)."""
+    def t(requests, nbytes=0.0, parallel=1):
+        return _dur(requests * P["rtt_s"] / parallel + nbytes / P["client_bytes_s"])
+    g = lambda k, d: c.get(k) or d  # noqa: E731 - a constant the run did not fit: the default, said in the doc
+    packs = P["store_bytes"] / P["pack_bytes"]
+    depth = 3  # folders of <= fanout entries: log_1000(1e7) < 3
+    node = P["fanout"] * P["tree_entry"]
+    per_pack = g("open_requests_per_pack", 3)
+    footer = P["chunks"] * P["footer_entry"]
+    index = P["chunks"] * g("reader_index_bytes_per_chunk", 76)
+    entry = g("commit_bytes_per_file", 80)
+    file_map = P["files"] * entry
+    per_file = g("edit_push_requests_per_file", 3)
+    rows = [
+        ["open + read 1 file, new machine",
+         f"{packs * per_pack:,.2g} requests, {_size(footer + file_map)} (every pack footer, the file map); "
+         f"{t(packs * per_pack, footer + file_map, P['parallel'])}",
+         f"~{5 + depth} requests (ref, commit, {depth} tree nodes, manifest, 1 location lookup, the chunk): "
+         f"{_size((depth + 1) * node)}; {t(5 + depth, (depth + 1) * node)}"],
+        ["client index on disk", f"{_size(index)} on every machine (every chunk)",
+         "what the machine read or wrote (a location cache, a stat cache of ~100 B a local file: 1 GB for 1e7)"],
+        ["push of the folder, 1 file edited", f"{P['files'] * per_file:,.2g} requests, every file read again "
+         f"({_size(P['store_bytes'])} hashed); {t(P['files'] * per_file, P['store_bytes'], P['parallel'])}",
+         f"1e7 local stats (stat cache; ~10-60 s), 1 file uploaded, {depth + 1} tree nodes + commit + ref: "
+         f"~{depth + 6} requests, {_size((depth + 1) * node)}; {t(depth + 6, (depth + 1) * node)} + the stats"],
+        ["`ls` of a folder", f"the whole file map: {_size(file_map)}; {t(3, file_map)} + decoding "
+         f"{P['files']:.0e} entries",
+         f"ref, commit, {depth} tree nodes: {_size(depth * node)}; {t(2 + depth, depth * node)}"],
+        ["one commit of N uploaded files", f"the whole file map written: {_size(file_map)} a commit; "
+         f"1,000 commits (a dask job, one a file): {_size(1000 * file_map)}",
+         "the changed folders' nodes and their ancestors: O(N + depth) entries, one commit a job"],
+        ["new replica: first read", f"walks the history: {P['history']:,} commits x {_size(file_map)} = "
+         f"{_size(P['history'] * file_map)}, and a GET of every manifest they name (>= {P['files']:.0e}); "
+         f"{t(P['history'] + P['files'], P['history'] * file_map, P['parallel'])}",
+         f"as a new machine's open: ~{5 + depth} requests; {t(5 + depth, (depth + 1) * node)}"],
+    ]
+    return rows
+
+
+def view_scale(doc: dict) -> list[str]:
+    a = doc.get("args", {})
+    out = [f"Datasets of {a.get('files')} files of ~{a.get('small_bytes')} B (100 a folder), grown to "
+           f"{a.get('versions')} versions ({a.get('big_versions')} from {a.get('big', 10000):,} files); medians of "
+           f"{a.get('repeat')} runs for the new-machine reads and the replica, one run for the writes "
+           f"(N = {a.get('commit_files')}). r: requests to the bucket through the counting proxy (moto). "
+           "MEASURED:", ""]
+    rows = []
+    for p in _scale_points(doc, "bucket"):
+        o = p["ops"]
+        start = o["replica"].get("start_requests")
+        rows.append([f"{p['files']:,}", str(p["versions"]), str(p["objects"].get("packs", "")),
+                     *(_scale_cell(o.get(k)) for k, _ in SCALE_OPS),
+                     f"{start['requests']:,} r" if start else "",
+                     _fmt(p["index"]["reader_bytes"] and p["index"]["reader_bytes"] / 1e3, "{:,.0f}"),
+                     _fmt(p["index"]["writer_bytes"] / 1e3, "{:,.0f}")])
+    head = ["files", "versions", "packs", *(label for _, label in SCALE_OPS), "replica start",
+            "reader's cache, kB", "writer's index, kB"]
+    if rows:
+        out += ["Bucket (moto's S3 server behind the counting proxy):", ""] + table(head, rows)
+    rows = [[f"{p['files']:,}", str(p["versions"]), *(_scale_cell(p["ops"].get(k)) for k, _ in SCALE_OPS),
+             f"{p['index']['writer_bytes'] / 1e3:,.0f}"] for p in _scale_points(doc, "dir")]
+    if rows:
+        out += ["Directory store (seconds only; its index lives in the store):", ""]
+        out += table(["files", "versions", *(label for _, label in SCALE_OPS), "store's index, kB"], rows)
+    kinds = [p for p in _scale_points(doc, "bucket") if (p["ops"]["open_new"].get("requests") or {}).get("by_kind")]
+    if kinds:
+        p = max(kinds, key=lambda p: (p["versions"], p["files"]))
+        rows = []
+        for k, label in SCALE_OPS:
+            op = p["ops"].get(k)
+            if op and op.get("requests"):
+                by = op["requests"]["by_kind"]
+                rows.append([label, ", ".join(f"{n:,} {kind}" for kind, n in by.items())])
+        start = p["ops"]["replica"].get("start_requests")
+        if start:
+            rows.append(["new replica: its start", ", ".join(f"{n:,} {kind}" for kind, n in start["by_kind"].items())])
+        out += [f"Those requests by store folder, at {p['files']:,} files and {p['versions']} versions:", ""]
+        out += table(["operation", "requests (method, store folder)"], rows)
+    c = scale_constants(doc)
+    if c:
+        labels = {"open_requests_per_pack": "requests a new machine's open adds per pack in the bucket",
+                  "replica_requests_per_version": "requests a new replica's first read adds per version",
+                  "reader_index_bytes_per_chunk": "a new reader's index bytes per chunk in the store (it indexed "
+                                                  "every pack: the chunk table)",
+                  "writer_index_bytes_per_chunk": "the writer's index bytes per chunk (here a chunk a file: the "
+                                                  "per-file rows of its grants count too)",
+                  "commit_bytes_per_file": "commit bytes written per file in the repo",
+                  "ls_bytes_per_file": "bytes a new machine's `ls` reads per file in the repo",
+                  "edit_push_requests_per_file": "requests of a one-file-edit folder push per file in the folder",
+                  "edit_push_seconds_per_request_here": "seconds per request of that push here (moto, loopback)"}
+        out += ["Constants fitted from the bucket points (MEASURED, then divided):", ""]
+        out += table(["constant", "value"], [[labels[k], f"{v:,.3g}"] for k, v in c.items()])
+    P = PAPER
+    out += [f"ON PAPER (arithmetic, not measured): {P['store_bytes'] / 1e15:g} PB, {P['chunks']:.0e} chunks, "
+            f"{P['files']:.0e} files in one repo, {P['history']:,} commits of history, packs of 64 MiB "
+            f"({P['store_bytes'] / P['pack_bytes']:.2g}), a request {P['rtt_s'] * 1e3:g} ms, {P['parallel']} at once "
+            f"where the work allows, a client at {P['client_bytes_s'] / 1e9:g} GB/s, folders of "
+            f"<= {P['fanout']:,} entries of {P['tree_entry']} B; today's column uses the constants above:", ""]
+    out += table(["operation", "today's design", "issue 17's design"], paper_rows(c))
+    return out
+
+
 VIEWS = {"fs": view_fs, "link": view_link, "ingest": view_ingest, "read": view_read, "dedup": view_dedup, "chunker": view_chunker,
          "objects": view_objects, "cold-profile": view_cold_profile, "cold_profile": view_cold_profile,
-         "transfer": view_transfer}
+         "transfer": view_transfer, "scale": view_scale}
 
 
 def goal_rows(doc: dict) -> dict:
@@ -246,7 +442,8 @@ def render(name: str, doc: dict, chart: str | None = None) -> str:
 
 CHART_TITLES = {"dedup": "New bytes per edit scenario, cdcstore against hf_xet",
                 "ingest": "Push throughput against hf_xet and the floor (cp -r + sync)",
-                "read": "Read throughput and latency against hf_xet and a plain file"}
+                "read": "Read throughput and latency against hf_xet and a plain file",
+                "scale": "Requests of each operation against the versions in the store, per dataset size"}
 COLORS = {"ours": "#1f77b4", "peer": "#ff7f0e", "floor": "#7f7f7f", "b": "#aec7e8", "d": "#2ca02c"}
 
 
@@ -315,7 +512,55 @@ def chart_read(plt, doc: dict):
     return fig
 
 
-CHARTS = {"dedup": chart_dedup, "ingest": chart_ingest, "read": chart_read}
+def chart_scale(plt, doc: dict):
+    """Bucket requests of each op (and the index sizes) against the versions in the store, a line a dataset."""
+    from matplotlib import ticker
+    pts = _scale_points(doc, "bucket")
+    panels = [(k, label) for k, label in SCALE_OPS] + [("start", "new replica: its start"), ("index", "index, kB: writer (o-), new reader (s:)")]
+    fig, axes = plt.subplots(2, 5, figsize=(11, 4.6))
+    sizes = sorted({p["files"] for p in pts})
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd"]
+    for ax, (key, label) in zip(axes.flat, panels):
+        for n, color in zip(sizes, colors):
+            ps = [p for p in pts if p["files"] == n]
+            xs = [p["versions"] for p in ps]
+            if key == "index":
+                ax.plot(xs, [p["index"]["writer_bytes"] / 1e3 for p in ps], "o-", color=color, ms=3,
+                        label=f"{n:,} files")
+                xy = [(p["versions"], p["index"]["reader_bytes"] / 1e3) for p in ps if p["index"]["reader_bytes"]]
+                if xy:
+                    ax.plot(*zip(*xy), "s:", color=color, ms=3)
+                continue
+            if key == "start":
+                ys = [(p["ops"]["replica"].get("start_requests") or {}).get("requests") for p in ps]
+            else:
+                ys = [_req(p["ops"].get(key)) for p in ps]
+            xy = [(x, y) for x, y in zip(xs, ys) if y is not None]
+            if xy:
+                ax.plot(*zip(*xy), "o-", color=color, ms=3, label=f"{n:,} files")
+        ax.set_title(label, fontsize=8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        vs = sorted({p["versions"] for p in pts})
+        ax.set_xticks(vs, [str(v) for v in vs])
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.set_xlabel("versions in the store", fontsize=7)
+        ax.tick_params(labelsize=7)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    axes.flat[0].set_ylabel("requests to the bucket")
+    axes.flat[5].set_ylabel("requests to the bucket")
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6, frameon=False)
+    fig.suptitle("Cost of one operation as the store grows (bucket behind a counting proxy; measured)")
+    return fig
+
+
+CHARTS = {"dedup": chart_dedup, "ingest": chart_ingest, "read": chart_read, "scale": chart_scale}
 
 
 def draw(name: str, doc: dict) -> bytes:

@@ -102,3 +102,81 @@ def test_servers_child_refuses_bad_arguments():
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "servers.py"), "--nope"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode != 0 and "usage: python bench/servers.py --_static" in p.stderr
+
+
+def test_scale_proxy_forwards_and_counts_by_method(tmp_path):
+    """bench/scale.py's counting proxy: answers as the server behind it would (bodies, ranges,
+    HEAD lengths, errors) and counts requests and body bytes by method."""
+    import urllib.error
+    import urllib.request
+    import scale
+    import servers
+    (tmp_path / "f.bin").write_bytes(bytes(range(256)) * 40)
+    srv = servers.StaticServer(str(tmp_path), "f.bin").start()
+    proxy = None
+    try:
+        proxy = scale.Proxy(srv.url).start()
+        before = proxy.counts()
+        with urllib.request.urlopen(f"{proxy.url}/f.bin", timeout=10) as r:
+            assert r.read() == bytes(range(256)) * 40
+        req = urllib.request.Request(f"{proxy.url}/f.bin", headers={"Range": "bytes=10-19"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 206 and r.read() == bytes(range(10, 20))
+        with urllib.request.urlopen(urllib.request.Request(f"{proxy.url}/f.bin", method="HEAD"), timeout=10) as r:
+            assert r.headers["Content-Length"] == str(256 * 40) and r.read() == b""
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(f"{proxy.url}/f.bin", data=b"x" * 100, method="PUT"),
+                                   timeout=10)
+        assert e.value.code == 405  # the static server refuses PUT; the proxy passes that on
+        got = scale.diff_counts(before, proxy.counts())
+    finally:
+        if proxy:
+            proxy.stop()
+        srv.stop()
+    assert got["by_method"] == {"GET": 2, "HEAD": 1, "PUT": 1} and got["requests"] == 4
+    assert got["by_kind"] == {"GET other": 2, "HEAD other": 1, "PUT other": 1}
+    assert got["bytes_in"] == 100
+    assert got["bytes_out"] >= 256 * 40 + 10  # the file, the range (and the 405's short body)
+    assert proxy.proc.poll() is not None
+
+
+def test_scale_counts_are_differences_of_snapshots():
+    import scale
+    before = {"GET": {"requests": 3, "bytes_in": 0, "bytes_out": 30, "kinds": {"packs": 3}}}
+    after = {"GET": {"requests": 5, "bytes_in": 0, "bytes_out": 50, "kinds": {"packs": 4, "repos": 1}},
+             "PUT": {"requests": 1, "bytes_in": 7, "bytes_out": 0, "kinds": {"manifests": 1}}}
+    assert scale.diff_counts(before, after) == {
+        "requests": 3, "bytes_in": 7, "bytes_out": 20, "by_method": {"GET": 2, "PUT": 1},
+        "by_kind": {"GET packs": 1, "GET repos": 1, "PUT manifests": 1}}
+    assert scale.diff_counts(after, after)["requests"] == 0
+
+
+def test_scale_names_the_store_folder_of_a_request():
+    import scale
+    assert scale.object_kind("/bkt/s100/packs/ab/cd.pack") == "packs"
+    assert scale.object_kind("/bkt", "s100/manifests/") == "manifests"  # a listing: its prefix=
+    assert scale.object_kind("/bkt/s100/cdcstore.json") == "cdcstore.json"
+    assert scale.object_kind("/bkt/s100/elsewhere") == "other"
+
+
+def test_scale_arguments_are_checked():
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "scale.py"), "--versions", "1,x"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "give whole numbers separated by commas" in p.stderr
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "scale.py"), "--stores", "tape"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "name bucket, dir or both" in p.stderr
+
+
+def test_scale_paper_extrapolation_follows_the_measured_constants():
+    """docs/scale.md's on-paper table is arithmetic on the fitted constants: a changed constant
+    changes the row it feeds, and today's new-machine open reads every pack footer."""
+    import figures
+    base = {"open_requests_per_pack": 3, "reader_index_bytes_per_chunk": 70, "commit_bytes_per_file": 80,
+            "edit_push_requests_per_file": 3}
+    rows = {r[0]: r for r in figures.paper_rows(base)}
+    assert rows["open + read 1 file, new machine"][1].startswith("4.5e+07 requests")  # 1.5e7 packs x 3
+    assert rows["client index on disk"][1].startswith("700.0 GB")  # 1e10 chunks x 70 B
+    more = {r[0]: r for r in figures.paper_rows({**base, "reader_index_bytes_per_chunk": 140})}
+    assert more["client index on disk"][1].startswith("1.4 TB")
+    assert more["open + read 1 file, new machine"] == rows["open + read 1 file, new machine"]
