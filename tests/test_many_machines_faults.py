@@ -40,6 +40,7 @@ OP_TIMEOUT = 180.0  # seconds any one operation may take before the test fails (
 
 WORKER = r"""
 import hashlib, json, os, sys, time
+sys.path.insert(0, sys.argv[6])  # this tree's cdcstore, whatever the cwd or an editable install says
 from cdcstore import Store
 from cdcstore.core.errors import MissingChunksError
 
@@ -130,7 +131,7 @@ class Machine:
         self.cache = str(work / f"machine-{k}")
         self.journal = str(work / f"journal-{k}.jsonl")
         self.errlog = str(work / f"machine-{k}.stderr")
-        self.args = [url, self.journal, token, admin_url, admin_token]
+        self.args = [url, self.journal, token, admin_url, admin_token, ROOT]
         self.proc = None
         self.lines: queue.Queue = queue.Queue()
 
