@@ -303,3 +303,26 @@ def test_a_repo_deleted_while_gc_marks_is_skipped(store, tmp_path):
     os.remove(os.path.join(store.location, "repos", "stays", "commits", f"{first}.json"))
     with pytest.raises(RevisionNotFoundError):
         gc(LocalStore(store.location), grace=0)
+
+
+def test_a_server_kept_session_is_a_lease_that_a_dead_client_stops_renewing(tmp_path):
+    """A replica writes its clients' session markers with no pid: a client or replica killed
+    mid-push left one that held every gc off for 6 h (the many-machines fault test: 35 of 38
+    admin gcs deleted nothing). A server-kept session is a lease now: stale 10 min after its
+    client's last refresh (clients refresh every minute); a push's own marker keeps the 6 h rule."""
+    import time
+    from cdcstore.storage import maintenance
+
+    store = LocalStore.init(str(tmp_path / "s"))
+    now = time.time()
+
+    def marker(name, age, owner):
+        store.objects.put(f"sessions/{name}", json.dumps(owner).encode())
+        os.utime(store.objects.local_path(f"sessions/{name}"), (now - age, now - age))
+
+    marker("srv-" + "a" * 32, maintenance.SERVER_LEASE + 5, {"host": "replica", "pid": None})
+    assert maintenance.open_sessions(store, grace=0, now=now) == 0  # its client stopped refreshing
+    marker("srv-" + "b" * 32, maintenance.SERVER_LEASE - 60, {"host": "replica", "pid": None})
+    marker("7-" + "c" * 16, maintenance.SERVER_LEASE + 5, {"host": "another-host", "pid": 7})
+    assert maintenance.open_sessions(store, grace=0, now=now) == 2  # a live lease; a push of another host
+    assert maintenance.SERVER_REFRESH * 5 <= maintenance.SERVER_LEASE

@@ -49,6 +49,17 @@ def _file(tmp_path, name, data):
     return str(p)
 
 
+def _sparse_pack_files(tmp_path):
+    """A folder of a 300 kB file to keep and a 1.5 MB one to drop: pushed together, one pack
+    holds both, and once the second is dropped gc rewrites that pack (a repack)."""
+    keep = os.urandom(300_000)
+    folder = tmp_path / "both"
+    folder.mkdir()
+    (folder / "keep.bin").write_bytes(keep)
+    (folder / "drop.bin").write_bytes(os.urandom(1_500_000))
+    return keep, folder
+
+
 @pytest.fixture
 def bucket_url(s3_env):
     url = f"s3://{S3_BUCKET}/machines-{secrets.token_hex(4)}"
@@ -173,11 +184,7 @@ def test_a_repack_on_one_machine_never_breaks_reads_on_another(bucket_url, tmp_p
     go on, in this process and after a restart (before: "pack ... is missing")."""
     a = Machine(bucket_url, tmp_path / "machine-a", monkeypatch)
     b = Machine(bucket_url, tmp_path / "machine-b", monkeypatch)
-    keep, drop = os.urandom(300_000), os.urandom(1_500_000)
-    folder = tmp_path / "both"
-    folder.mkdir()
-    (folder / "keep.bin").write_bytes(keep)
-    (folder / "drop.bin").write_bytes(drop)
+    keep, folder = _sparse_pack_files(tmp_path)
     sa = a.store()
     sa.push([str(folder)], "cdc://ds@exp/")  # one pack holds both files
     sa.push([str(folder / "keep.bin")], "cdc://ds/keep.bin")
@@ -234,11 +241,7 @@ def test_admin_gc_through_one_replica_never_leaves_a_push_through_the_other_unre
 
 def test_a_repack_through_one_replica_never_breaks_reads_through_the_other(replicas, tmp_path):
     a, b = replicas
-    keep, drop = os.urandom(300_000), os.urandom(1_500_000)
-    folder = tmp_path / "both"
-    folder.mkdir()
-    (folder / "keep.bin").write_bytes(keep)
-    (folder / "drop.bin").write_bytes(drop)
+    keep, folder = _sparse_pack_files(tmp_path)
     _remote(a).push([str(folder)], "cdc://ds@exp/")
     _remote(a).push([str(folder / "keep.bin")], "cdc://ds/keep.bin")
     assert _remote(b, READ).cat("cdc://ds/keep.bin") == keep  # b's index lists the old pack
@@ -309,11 +312,7 @@ def test_a_new_machine_reads_a_file_without_listing_the_bucket(bucket_url, tmp_p
 
 def test_a_location_record_made_stale_by_a_repack_falls_back(bucket_url, tmp_path, monkeypatch):
     a = Machine(bucket_url, tmp_path / "machine-a", monkeypatch)
-    keep, drop = os.urandom(300_000), os.urandom(1_500_000)
-    folder = tmp_path / "both"
-    folder.mkdir()
-    (folder / "keep.bin").write_bytes(keep)
-    (folder / "drop.bin").write_bytes(drop)
+    keep, folder = _sparse_pack_files(tmp_path)
     sa = a.store()
     sa.push([str(folder)], "cdc://ds@exp/")
     sa.push([str(folder / "keep.bin")], "cdc://ds/keep.bin")

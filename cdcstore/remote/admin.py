@@ -68,7 +68,7 @@ class Lifecycle:
         await self.server._io(self._session(request, sid).__enter__)  # BusyError: 503, Retry-After
         if not self.server.store.objects.capabilities.local_path:  # a bucket: gc or repack through another replica
             await self.server._io(self.server.store.recover)  # what this push is told is present is there now
-        return web.json_response({"session": sid, "refresh": maintenance.PushSession.REFRESH})
+        return web.json_response({"session": sid, "refresh": maintenance.SERVER_REFRESH})
 
     async def refresh_session(self, request):
         s = self._session(request)

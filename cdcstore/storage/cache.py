@@ -511,6 +511,14 @@ class CachedBackend(Backend):
             missing = [again[e.chunk_id] if p == CACHED else (p, e) for p, e in missing]
         if not missing:
             return
+        if self.inner.capabilities.local_reads:  # a bucket read directly: decoded chunks, then placed
+            with self.cache.reading():
+                fetched, entries = self._fetch(missing, repo)
+            for cid, raw in fetched.items():
+                for dest, lo, hi in places[cid]:
+                    out[dest:dest + hi - lo] = raw[lo:hi]
+            self.cache.put_later(entries)
+            return
         stored: dict[bytes, bytes] = {}
         with self.cache.reading():
             self.inner.read_chunks_into(missing, places, out, repo, stored=stored, keep=keep)

@@ -50,6 +50,8 @@ DEFAULT_REPACK_DEAD = 0.5  # a pack more than half dead (by bytes) is rewritten 
 DEFAULT_MAX_UNUSED = 0.05  # then packs are rewritten, most dead first, until dead bytes are <= 5% of live
 GC_STALE = 6 * 3600.0  # a gc marker this old belongs to a gc that was killed: pushes ignore it
 SESSION_STALE = 6 * 3600.0  # a push session this old (and older than the grace window) died
+SERVER_LEASE = 600.0  # a session a server keeps for a client (sessions/srv-*) died this long after its last refresh
+SERVER_REFRESH = 60.0  # seconds between a client's refreshes of its server-side session
 SESSIONS = "sessions/"
 GC_MARKERS = "gc/"
 
@@ -282,8 +284,16 @@ def _dead_here(repo: Repository, name: str) -> bool:
 
 
 def old_session(info, now: float, grace: float) -> bool:
-    """A session older than the grace window and than SESSION_STALE belongs to a push that died."""
-    return info.mtime is not None and now - info.mtime >= max(grace, SESSION_STALE)
+    """A session older than the grace window and than SESSION_STALE belongs to a push that died.
+    A session a server keeps for a client (`srv-`: no process of this host to look for) is a lease:
+    its client refreshes it every SERVER_REFRESH seconds, so one not refreshed for SERVER_LEASE died
+    with its client or its replica (a late commit of a push that only stalled is still refused by
+    the store-side check of `Repository.commit`, never acknowledged on deleted data)."""
+    if info.mtime is None:
+        return False
+    if info.name.rsplit("/", 1)[-1].startswith("srv-"):
+        return now - info.mtime >= SERVER_LEASE
+    return now - info.mtime >= max(grace, SESSION_STALE)
 
 
 def gc(repo: Repository, grace: float = DEFAULT_GRACE, dry_run: bool = False,
