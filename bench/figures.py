@@ -287,6 +287,12 @@ def _size(b: float) -> str:
     return f"{b:,.0f} B"
 
 
+# the constants fitted by bench/scale.py (98b477b) on cdcstore ce3b1ea, the design before issue 17 (MEASURED
+# then divided; docs/scale.md): what the "before" column of the on-paper table extrapolates
+BEFORE_17 = {"open_requests_per_pack": 3, "reader_index_bytes_per_chunk": 144, "commit_bytes_per_file": 80.8,
+             "edit_push_requests_per_file": 3.01}
+
+
 def paper_rows(c: dict, P: dict = PAPER) -> list[list[str]]:
     """The on-paper costs at P's size: today's design from the fitted constants c, issue 17's from
     its structure (a request = rtt_s, `parallel` at once where the work allows; bytes at client_bytes_s)."""
@@ -386,8 +392,9 @@ def view_scale(doc: dict) -> list[str]:
             f"{P['files']:.0e} files in one repo, {P['history']:,} commits of history, packs of 64 MiB "
             f"({P['store_bytes'] / P['pack_bytes']:.2g}), a request {P['rtt_s'] * 1e3:g} ms, {P['parallel']} at once "
             f"where the work allows, a client at {P['client_bytes_s'] / 1e9:g} GB/s, folders of "
-            f"<= {P['fanout']:,} entries of {P['tree_entry']} B; today's column uses the constants above:", ""]
-    out += table(["operation", "today's design", "issue 17's design"], paper_rows(c))
+            f"<= {P['fanout']:,} entries of {P['tree_entry']} B; the first column uses the constants fitted "
+            f"on the design before issue 17 (bench/scale.py at 98b477b, cdcstore ce3b1ea: `BEFORE_17`):", ""]
+    out += table(["operation", "before issue 17", "issue 17's design"], paper_rows(BEFORE_17))
     return out
 
 
