@@ -1,3 +1,5 @@
+import contextlib
+import json
 import os
 import sys
 
@@ -68,3 +70,17 @@ def s3_env(s3_endpoint, monkeypatch):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return env
+
+
+@contextlib.contextmanager
+def served_store(tmp_path, tokens: dict):
+    """A new directory store under `tmp_path/srv`, served by a real `cdcstore serve` on loopback
+    with these tokens (`tokens.json`); yields the ServerProcess."""
+    LocalStore.init(str(tmp_path / "srv"))
+    path = tmp_path / "tokens.json"
+    path.write_text(json.dumps(tokens))
+    srv = ServerProcess(str(tmp_path / "srv"), "--tokens", str(path)).start()
+    try:
+        yield srv
+    finally:
+        srv.stop()

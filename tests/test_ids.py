@@ -14,7 +14,7 @@ from cdcstore.core import ids
 from cdcstore.core.manifest import Manifest
 from cdcstore.core.pack import CODEC_RAW, PackWriter, decode_chunk, read_verified
 from cdcstore.storage.repository import LocalStore
-from conftest import golden_input
+from conftest import golden_input, served_store
 from server_util import ServerProcess
 
 TOKENS = {"tok-evil": {"scope": "write", "repos": ["evil"]}, "tok-prod": {"scope": "write", "repos": ["prod"]}}
@@ -44,12 +44,8 @@ def _pack(chunks, version=2, ids_for=None):
 
 @pytest.fixture
 def two_tenants(tmp_path):
-    LocalStore.init(str(tmp_path / "srv"))
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps(TOKENS))
-    srv = ServerProcess(str(tmp_path / "srv"), "--tokens", str(tokens)).start()
-    yield srv
-    srv.stop()
+    with served_store(tmp_path, TOKENS) as srv:
+        yield srv
 
 
 def test_a_token_cannot_plant_bytes_under_another_chunks_id(two_tenants, tmp_path):

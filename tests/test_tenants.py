@@ -90,6 +90,7 @@ import urllib.request  # noqa: E402
 
 from cdcstore import Store  # noqa: E402
 from cdcstore.storage.repository import LocalStore  # noqa: E402
+from conftest import served_store  # noqa: E402
 from server_util import ServerProcess  # noqa: E402
 
 TOKENS = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-b": {"scope": "write", "repos": ["b"]},
@@ -109,12 +110,8 @@ def _call(url, token, method="GET", data=None, headers=None):
 
 @pytest.fixture
 def tenants(tmp_path):
-    LocalStore.init(str(tmp_path / "srv"))
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps(TOKENS))
-    srv = ServerProcess(str(tmp_path / "srv"), "--tokens", str(tokens)).start()
-    yield srv
-    srv.stop()
+    with served_store(tmp_path, TOKENS) as srv:
+        yield srv
 
 
 def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path):

@@ -16,7 +16,7 @@ from cdcstore.core.errors import CorruptionError
 from cdcstore.fs import CdcFileSystem
 from cdcstore.storage.maintenance import gc
 from cdcstore.storage.repository import LocalStore
-from server_util import ServerProcess
+from conftest import served_store
 
 FOLDERS, PER_FOLDER = 40, 50  # 2,000 files
 DEPTH = 2  # data/dNN/fNNNN.bin: the root, data, dNN
@@ -187,12 +187,8 @@ TOKENS = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-b": {"scope": "write
 
 @pytest.fixture
 def tenants(tmp_path):
-    LocalStore.init(str(tmp_path / "srv"))
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps(TOKENS))
-    srv = ServerProcess(str(tmp_path / "srv"), "--tokens", str(tokens)).start()
-    yield srv
-    srv.stop()
+    with served_store(tmp_path, TOKENS) as srv:
+        yield srv
 
 
 def test_through_a_server_with_scoped_tokens(tenants, tmp_path):

@@ -287,18 +287,7 @@ class ChunkIndex:
     def visible(self, chunk_ids: Iterable[bytes], repos: list[str], owner: str | None) -> set[bytes]:
         """The subset of `chunk_ids` that the index holds and that one of `repos` reaches
         or that token `owner` uploaded (what a token scoped to `repos` may learn of)."""
-        ids = list(dict.fromkeys(chunk_ids))
-        found: set[bytes] = set()
-        conn = self.conn
-        step = max(1, _BATCH - len(repos) - 1)
-        for i in range(0, len(ids), step):
-            batch = ids[i:i + step]
-            marks = ",".join("?" * len(batch))
-            q = (f"SELECT c.id FROM chunks c WHERE c.id IN ({marks}) AND (EXISTS (SELECT 1 FROM repo_chunks r"
-                 f" WHERE r.id = c.id AND r.repo IN ({','.join('?' * len(repos)) or 'NULL'}))"
-                 f" OR EXISTS (SELECT 1 FROM token_chunks t WHERE t.id = c.id AND t.owner = ?))")
-            found.update(row[0] for row in conn.execute(q, [*batch, *repos, owner or ""]))
-        return found
+        return self.reached(self.present(chunk_ids), repos, owner)
 
     def reached(self, chunk_ids: Iterable[bytes], repos: list[str], owner: str | None) -> set[bytes]:
         """The subset of `chunk_ids` that one of `repos` reaches or token `owner` uploaded,
