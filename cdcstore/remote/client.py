@@ -311,6 +311,21 @@ class Transport:
         return data
 
 
+def _batches(blobs):
+    """Blobs in batches that fit one upload request (`wire.MAX_MANIFEST_BATCH_BYTES` with each
+    blob's 4-byte length, at most `wire.MAX_MANIFESTS_PER_REQUEST`): manifests and trees alike."""
+    batch, size = [], 0
+    for data in blobs:
+        if batch and (size + len(data) + 4 > wire.MAX_MANIFEST_BATCH_BYTES
+                      or len(batch) == wire.MAX_MANIFESTS_PER_REQUEST):
+            yield batch
+            batch, size = [], 0
+        batch.append(data)
+        size += len(data) + 4
+    if batch:
+        yield batch
+
+
 def _place_range(r: ByteRange, data, places: dict, out: memoryview, stored: dict | None, landed: bool) -> None:
     """Verify each chunk of a fetched range and copy it to its places in `out` (a landed
     range already sits at its first place)."""
@@ -537,26 +552,16 @@ class RemoteStore(Backend):
     # -- manifests, commits, branches ----------------------------------------------------------
     def put_manifests(self, manifests: list[Manifest]) -> list[str]:
         names: list[str] = []
-        batch: list[bytes] = []
-        size = 0
 
-        def send():
+        def send(batch: list[bytes]) -> None:
             got = self._json("POST", "/manifests", body=wire.encode_blobs(batch))["manifests"]
             expect = [ids.hexdigest(b) for b in batch]
             if got != expect:
                 raise CorruptionError("server named the manifests differently than their hashes")
             names.extend(got)
 
-        for m in manifests:
-            data = m.encode()
-            if batch and (size + len(data) + 4 > wire.MAX_MANIFEST_BATCH_BYTES
-                          or len(batch) == wire.MAX_MANIFESTS_PER_REQUEST):
-                send()
-                batch, size = [], 0
-            batch.append(data)
-            size += len(data) + 4
-        if batch:
-            send()
+        for batch in _batches(m.encode() for m in manifests):
+            send(batch)
         return names
 
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
@@ -589,10 +594,7 @@ class RemoteStore(Backend):
         """Upload trees (before the commit that names them), in batches. A server before
         protocol 1.5 has no tree route: the trees are then kept here and `commit` sends
         the commit in format 1 (its whole file map), as such a server expects."""
-        batch: list[bytes] = []
-        size = 0
-
-        def send():
+        def send(batch: list[bytes]) -> None:
             if self._legacy_trees:
                 return
             try:
@@ -605,17 +607,9 @@ class RemoteStore(Backend):
 
         if len(self._local_trees) > MEMO_OBJECTS * 16:
             self._local_trees.clear()
-        for name, tree in trees.items():
-            self._local_trees[name] = tree
-            data = tree.encode()
-            if batch and (size + len(data) + 4 > wire.MAX_MANIFEST_BATCH_BYTES
-                          or len(batch) == wire.MAX_MANIFESTS_PER_REQUEST):
-                send()
-                batch, size = [], 0
-            batch.append(data)
-            size += len(data) + 4
-        if batch:
-            send()
+        self._local_trees.update(trees)
+        for batch in _batches(t.encode() for t in trees.values()):
+            send(batch)
 
     def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
         local = self._local_trees.get(name)
