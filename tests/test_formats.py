@@ -242,6 +242,24 @@ def test_location_record_golden_and_damage():
         locations.decode(GOLDEN_LOCATIONS, Manifest([one], [10], 10, b"\x07" * 16))
 
 
+def test_anchor_rule_and_names_golden():
+    """Dedup anchors (format v1, docs/format.md): the rule that picks them and their object
+    names are pinned; a name that is not an anchor parses to None."""
+    from cdcstore.core import anchors
+
+    assert anchors.is_anchor(bytes(31) + b"\x00") and anchors.is_anchor(bytes(31) + b"\xc0")
+    assert not anchors.is_anchor(bytes(31) + b"\x01") and not anchors.is_anchor(bytes(31) + b"\x3f")
+    assert sum(anchors.is_anchor(bytes([0] * 31 + [b])) for b in range(256)) == 256 // anchors.ANCHOR_EVERY
+    cid, pack = b"\xab\xcd" + bytes(30), "ef" * 32
+    assert anchors.name(cid, pack) == "anchors/ab/abcd" + "00" * 30 + "/" + "ef" * 32
+    assert anchors.prefix(cid) == "anchors/ab/abcd" + "00" * 30 + "/"
+    assert anchors.parse(anchors.name(cid, pack)) == (cid, pack)
+    assert anchors.parse(anchors.name(b"\x01" * 16, "12" * 16)) == (b"\x01" * 16, "12" * 16)  # v1 ids
+    for bad in ("anchors/ab/cd" + "00" * 31 + "/" + pack, "anchors/ab/abcd" + "00" * 30 + "/x",
+                "anchors/ab/abcd" + "00" * 30, "locations/ab/abcd" + "00" * 30 + "/" + pack,
+                "anchors/ab/abcd" + "00" * 30 + "/" + pack + "/y"):
+        assert anchors.parse(bad) is None
+
 GOLDEN_SUBTREE = b'{"entries":{"b.parquet":{"manifest":"2e3f0b72e8ae23128bc34f11d52cd1b1","size":4011}},"format":2,"type":"tree"}'
 GOLDEN_ROOT_TREE = (b'{"entries":{"a":{"files":1,"size":4011,"tree":"e8bcc34db5164baec6edd0aa519097baa78c76bf0f23eb0a36a3accb359f65e2"},'
                     b'"c.txt":{"manifest":"2e3f0b72e8ae23128bc34f11d52cd1b1","size":4011}},"format":2,"type":"tree"}')

@@ -5,6 +5,7 @@ import collections
 import concurrent.futures
 import json
 import os
+import random
 import secrets
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import boto3
 import pytest
 
 from cdcstore import Store
+from cdcstore.core import anchors
 from cdcstore.core.commit import Commit, FileEntry
 from cdcstore.core.errors import MissingChunksError
 from cdcstore.storage.repository import open_repository
@@ -338,3 +340,89 @@ def test_committing_a_file_whose_chunks_a_gc_deleted_is_a_clear_error(bucket_url
     with pytest.raises(MissingChunksError, match="push again"):
         sb.commit_entries("cdc://ds/", [entries])
     assert sorted(e["name"] for e in b.store().ls("cdc://ds/")) == ["y.bin"]
+
+
+def _edited(data: bytes, at: int, size: int) -> bytes:
+    return data[:at] + random.Random(at).randbytes(size) + data[at + size:]
+
+
+@pytest.mark.parametrize("others", [2, 12])
+def test_a_new_machine_pushes_an_edit_reading_only_what_it_shares(bucket_url, tmp_path, monkeypatch, others):
+    """Dedup on push needs no index of every chunk: a machine that never saw the bucket pushes a
+    1% edit of a stored 16 MB file and sends about 1%, with the same requests whether the bucket
+    holds 2 or 12 other packs (the store's anchors lead it to the packs it shares; before, the
+    push read every pack's footer first)."""
+    writer = Machine(bucket_url, tmp_path / "writer", monkeypatch).store()
+    base = random.Random(7).randbytes(16 << 20)
+    writer.push([_file(tmp_path, "base.bin", base)], "cdc://ds/base.bin")
+    for i in range(others):
+        writer.push([_file(tmp_path, f"o{i}.bin", os.urandom(100_000))], f"cdc://ds/o{i}.bin")
+    edit = _edited(base, 8 << 20, 160_000)
+    fresh = Machine(bucket_url, tmp_path / f"editor-{others}", monkeypatch).store()
+    repo = fresh.backend.uncached()
+    counting = _Counting(repo.objects)
+    repo.objects = counting
+    r = fresh.push([_file(tmp_path, "edit.bin", edit)], "cdc://ds/base.bin")
+    assert r.new_bytes < 800_000, r  # the edit and the chunks around it, not 16 MB
+    assert counting.calls["get_range"] <= 4, counting.calls  # the footer of the one pack it shares
+    assert counting.calls["list"] <= 5, counting.calls  # refs and sessions: never the packs
+    assert repo.index.totals()["packs"] <= 3  # the shared pack and its own new one(s)
+    assert sum(counting.calls.values()) < 80, counting.calls
+    assert fresh.cat("cdc://ds/base.bin") == edit
+
+
+def test_an_anchor_naming_a_pack_gc_deleted_is_a_miss(bucket_url, tmp_path, monkeypatch):
+    """A gc deletes the anchors of the packs it deleted; one that names a gone pack anyway
+    (a gc killed before its sweep) is a miss: the push sends the bytes, never points at nothing,
+    and names its own pack in a new anchor."""
+    a = Machine(bucket_url, tmp_path / "machine-a", monkeypatch)
+    x = random.Random(3).randbytes(4 << 20)
+    sa = a.store()
+    sa.push([_file(tmp_path, "x.bin", x)], "cdc://alpha/x.bin")
+    ra = a.repository()
+    names_before = [i.name for i in ra.objects.list("anchors/")]
+    assert names_before, "a 4 MB file has chunks whose ids are anchors"
+    sa.delete_repo("alpha")
+    assert sa.gc(grace=0)["deleted"]
+    assert not list(ra.objects.list("anchors/"))  # gone with their pack
+    for n in names_before:  # as if the gc had been killed before its sweep
+        ra.objects.put(n, b"", exist_ok=True)
+    b = Machine(bucket_url, tmp_path / "machine-b", monkeypatch).store()
+    r = b.push([_file(tmp_path, "x2.bin", x)], "cdc://beta/x.bin")
+    assert r.new_bytes == len(x)
+    assert b.cat("cdc://beta/x.bin") == x
+    assert b.check(read_data=True)["problems"] == []
+    packs = {i.name.rsplit("/", 1)[-1][:-5] for i in ra.objects.list("packs/")}
+    now = [anchors.parse(i.name) for i in ra.objects.list("anchors/")]
+    assert {cid for cid, p in now if p in packs} >= {anchors.parse(n)[0] for n in names_before}  # B's copies
+
+
+
+def test_an_old_bucket_store_gets_its_anchors_at_a_gc(bucket_url, tmp_path, monkeypatch):
+    """A bucket store written before anchors (no `anchored` object): a push on a new machine
+    brings its index up to the listing as before, so dedup holds; the next gc writes every
+    pack's anchors and marks the store, after which a new machine reads no listing of packs."""
+    a = Machine(bucket_url, tmp_path / "machine-a", monkeypatch)
+    ra = a.repository()
+    ra.objects.delete("anchored")
+    for info in list(ra.objects.list("anchors/")):
+        ra.objects.delete(info.name)
+    base = random.Random(11).randbytes(8 << 20)
+    sa = a.store()
+    sa.push([_file(tmp_path, "base.bin", base)], "cdc://ds/base.bin")
+    for info in list(ra.objects.list("anchors/")):  # as an old cdcstore wrote it: no anchors
+        ra.objects.delete(info.name)
+    assert not ra.objects.exists("anchored")
+    b = Machine(bucket_url, tmp_path / "machine-b", monkeypatch).store()
+    r = b.push([_file(tmp_path, "e1.bin", _edited(base, 1 << 20, 50_000))], "cdc://ds/base.bin")
+    assert r.new_bytes < 600_000  # dedup held: the listing was read, as before anchors
+    out = sa.gc(grace=0)
+    assert out["anchored_packs"] >= 2 and ra.objects.exists("anchored")
+    assert list(ra.objects.list("anchors/"))
+    c = Machine(bucket_url, tmp_path / "machine-c", monkeypatch).store()
+    repo = c.backend.uncached()
+    counting = _Counting(repo.objects)
+    repo.objects = counting
+    r = c.push([_file(tmp_path, "e2.bin", _edited(base, 5 << 20, 50_000))], "cdc://ds/base.bin")
+    assert r.new_bytes < 600_000
+    assert counting.calls["get_range"] <= 8, counting.calls  # footers of the packs it shares, no more

@@ -141,6 +141,7 @@ class Ingest:
         self.chunks = 0
         self.new_chunks = 0
         self._seen: set[bytes] = set()
+        self._firsts: set[bytes] = set()  # each file's first chunk (worth a store-side lookup)
         self._pool = runtime.pool("encode", self.opts.workers)
         self._tasks: list = []  # encode tasks not yet known to have succeeded
         self._inflight_bytes = 0  # raw bytes handed to the encoders and not yet in a pack
@@ -186,6 +187,9 @@ class Ingest:
     def _add_chunks(self, chunks: list[bytes], chunk_ids: list[bytes], lengths: list[int], key: str) -> None:
         """Record chunks in the manifest; queue them for one batched presence query."""
         new_ids = [ids.digest(c) for c in chunks]  # outside the lock: hashing releases the GIL
+        if not chunk_ids and new_ids:
+            with self._lock:
+                self._firsts.add(new_ids[0])
         chunk_ids.extend(new_ids)
         lengths.extend(len(c) for c in chunks)
         with self._lock:
@@ -205,7 +209,8 @@ class Ingest:
         candidates = [c for c in dict.fromkeys(cid for cid, _, _ in batch) if c not in self._seen]
         if candidates:
             data = {cid: c for cid, c, _ in batch}
-            self._seen.update(self.store.present_or_prove({cid: data[cid] for cid in candidates}))
+            firsts = [c for c in candidates if c in self._firsts]
+            self._seen.update(self.store.present_or_prove({cid: data[cid] for cid in candidates}, firsts))
         task: list[tuple[bytes, bytes]] = []
         task_bytes = 0
         for cid, data, key in batch:

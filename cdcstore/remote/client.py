@@ -390,7 +390,7 @@ class RemoteStore(Backend):
     def present(self, chunk_ids: list[bytes]) -> set[bytes]:
         return self.present_or_prove(dict.fromkeys(chunk_ids))
 
-    def present_or_prove(self, chunks: dict[bytes, bytes | None]) -> set[bytes]:
+    def present_or_prove(self, chunks: dict[bytes, bytes | None], firsts=()) -> set[bytes]:
         """Presence, with proof of possession when the chunks' bytes are given: chunks
         the server holds but this token cannot see yet (another tenant's) are proved by a
         keyed hash of their bytes instead of being sent again (docs/protocol.md)."""

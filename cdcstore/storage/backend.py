@@ -72,10 +72,12 @@ class Backend(abc.ABC):
     # chunks and packs
     @abc.abstractmethod
     def present(self, chunk_ids: list[bytes]) -> set[bytes]: ...
-    def present_or_prove(self, chunks: dict[bytes, bytes]) -> set[bytes]:
+    def present_or_prove(self, chunks: dict[bytes, bytes], firsts: Iterable[bytes] = ()) -> set[bytes]:
         """Which of these chunks (id -> raw bytes) the store holds for this writer. A
         server may hold a chunk that the writer's token cannot see yet; the writer then
-        proves it holds the bytes (docs/protocol.md) instead of sending them."""
+        proves it holds the bytes (docs/protocol.md) instead of sending them. `firsts` are
+        the pushed files' first chunks: a store that finds what it shares by lookups
+        (a bucket's anchors) looks those up too."""
         return self.present(list(chunks))
 
     @abc.abstractmethod

@@ -645,8 +645,8 @@ class CachedBackend(Backend):
     def present(self, chunk_ids):
         return self.inner.present(chunk_ids)
 
-    def present_or_prove(self, chunks):
-        return self.inner.present_or_prove(chunks)
+    def present_or_prove(self, chunks, firsts=()):
+        return self.inner.present_or_prove(chunks, firsts)
 
     def begin_push(self):
         self.inner.begin_push()

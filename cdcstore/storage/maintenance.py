@@ -322,6 +322,7 @@ def gc(repo: Repository, grace: float = DEFAULT_GRACE, dry_run: bool = False,
             return out
         execute(repo, p)
         out["deleted"] = True
+        out["anchored_packs"] = repo.write_all_anchors()  # an old bucket store: once, index now whole
         return out
     finally:
         if not dry_run:
@@ -350,6 +351,8 @@ def execute(repo: Repository, p: GcPlan) -> None:
     for name, _ in p.packs:
         repo.index.drop_pack(name)  # no presence query finds its chunks any more
         repo.objects.delete(pack_name(name))
+    if p.packs or p.repack:
+        repo.sweep_anchors()  # hints last: an anchor left behind by a crash is only a miss
 
 
 def _repack(repo: Repository, name: str, live: list) -> None:

@@ -45,7 +45,7 @@ from ..core.commit import Commit
 from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, MissingChunksError, NotAStoreError,
                            PackMissingError, PathNotFoundError, RefExistsError, RepoNotFoundError, RevisionNotFoundError,
                            StoreFormatError)
-from ..core import locations
+from ..core import anchors, locations
 from ..core.manifest import LEGACY_MANIFEST_VERSION, Manifest
 from ..core.pack import PackEntry, decode_checked, first_mismatch, read_index, read_verified
 from ..core.ranges import plan_ranges, slices
@@ -133,6 +133,7 @@ def check_marker(data: bytes | None, where: str) -> None:
 
 
 STORE_ID = "store-id"
+ANCHORED = "anchored"  # every pack of this store has its dedup anchors (core/anchors.py)
 
 
 def default_index_path(identity: str) -> str:
@@ -175,6 +176,8 @@ class Repository(Backend):
         self._hint_packs: set[str] = set()  # the packs they name
         self._shared = not objects.capabilities.local_path  # a bucket: other machines write it too
         self._trees: dict[str, treeobj.Tree] = {}  # decoded trees (immutable), at most TREE_MEMO
+        self._anchor_misses: set[bytes] = set()  # anchors looked up in this push and not found
+        self._anchored: bool | None = None
 
     @classmethod
     def create(cls, objects: ObjectStore, index_path: str, location: str | None = None,
@@ -185,6 +188,9 @@ class Repository(Backend):
         except Conflict:
             if not exist_ok:
                 raise FileExistsError(f"a store already exists at {location or objects.url}") from None
+        else:
+            if not objects.capabilities.local_path:  # a new bucket store: anchors from its first pack
+                objects.put(ANCHORED, b"", exist_ok=True)
         return cls(objects, index_path, location)
 
     @property
@@ -216,11 +222,113 @@ class Repository(Backend):
 
     # -- packs and chunks -------------------------------------------------------------------
     def present(self, chunk_ids: list[bytes]) -> set[bytes]:
-        return self.index.present(chunk_ids)
+        return self.present_or_prove(dict.fromkeys(chunk_ids))
+
+    def present_or_prove(self, chunks: dict, firsts: Iterable[bytes] = ()) -> set[bytes]:
+        wanted = list(chunks)
+        found = self.index.present(wanted)
+        if self._shared and len(found) < len(wanted) and self.anchored():
+            firsts = set(firsts)
+            unknown = [c for c in wanted if c not in found and (c in firsts or anchors.is_anchor(c))]
+            if unknown and self.find_anchored(unknown):
+                found = self.index.present(wanted)
+        return found
 
     def begin_push(self) -> None:
+        """Before a push: clean temp files; bring the index up to the listing, unless the
+        store's anchors let the push find what it shares as it goes (a bucket store)."""
         self.clean_tmp()
-        self.recover()
+        self._anchor_misses.clear()
+        if not (self._shared and self.anchored()):
+            self.recover()
+
+    # -- dedup anchors (a bucket store: core/anchors.py) ---------------------------------------
+    def anchored(self) -> bool:
+        """Whether every pack of this store has its anchors (a new bucket store, or an old one
+        after a gc wrote them): then a push needs no index of every chunk."""
+        if self._anchored is None:
+            self._anchored = self.objects.exists(ANCHORED)
+        return self._anchored
+
+    def find_anchored(self, unknown: list[bytes]) -> int:
+        """Index the packs that these unknown anchor chunks' anchors name: one listing per
+        anchor and one footer per pack found, 8 at a time, so the cost follows the new data,
+        not the store. A miss (no anchor, or only gone packs) is remembered for the push.
+        Returns how many packs were indexed."""
+        wanted = [c for c in dict.fromkeys(unknown) if c not in self._anchor_misses]
+        if not wanted:
+            return 0
+
+        def look(cid: bytes) -> list[str]:
+            return [p for i in self.objects.list(anchors.prefix(cid)) if (p := (anchors.parse(i.name) or (b"", ""))[1])]
+
+        named: dict[str, list[bytes]] = {}
+        for cid, packs in zip(wanted, runtime.pool("io", 8).map(look, wanted)):
+            if not packs:
+                self._anchor_misses.add(cid)
+            elif not any(self.index.has_pack(p) for p in packs):
+                named.setdefault(packs[0], []).append(cid)  # one copy is enough
+
+        def footer(pack: str):
+            try:
+                size = self.pack_size(pack)
+                return size, self.read_pack_index(pack, size)
+            except (NotFound, CorruptionError):
+                return None  # gone (a gc) or damaged (`check` reports it): a miss
+
+        added = 0
+        for pack, got in zip(named, runtime.pool("io", 8).map(footer, list(named))):
+            if got is None:
+                self._anchor_misses.update(named[pack])
+                continue
+            self.index.add_pack(pack, got[0], got[1])
+            added += 1
+        return added
+
+    def put_anchors(self, pack: str, chunk_ids: Iterable[bytes]) -> None:
+        """Store the anchors of these chunks of `pack` (a bucket store): empty objects whose
+        names say which pack holds which chunk."""
+        if not self._shared:
+            return
+        names = [anchors.name(c, pack) for c in dict.fromkeys(chunk_ids)]
+        if names:
+            list(runtime.pool("io", 8).map(lambda n: self.objects.put(n, b"", exist_ok=True), names))
+
+    def sweep_anchors(self) -> int:
+        """After a gc deleted or rewrote packs (the index then agrees with the listing): an
+        anchor naming a pack that is gone is deleted, and put again naming the pack that now
+        holds its chunk, if any (a repack). Only names are listed, no object is read.
+        Returns how many anchors were deleted."""
+        if not self._shared:
+            return 0
+        live = self.index.packs()
+        dead = [(i.name, anchors.parse(i.name)) for i in self.objects.list(anchors.PREFIX)]
+        dead = [(n, a) for n, a in dead if a is None or a[1] not in live]
+        moved: dict[str, list[bytes]] = {}
+        for cid, (pack, _) in self.index.locate([a[0] for _, a in dead if a is not None]).items():
+            moved.setdefault(pack, []).append(cid)
+        for pack, cids in moved.items():
+            self.put_anchors(pack, cids)
+        list(runtime.pool("io", 8).map(self.objects.delete, [n for n, _ in dead]))
+        return len(dead)
+
+    def write_all_anchors(self) -> int:
+        """Give every indexed pack the anchors of its rule-picked chunks and mark the store
+        anchored (an old bucket store, once, at a gc that has just brought the index up to the
+        listing; files' first chunks get theirs as their manifests are pushed again).
+        Returns the packs."""
+        if not self._shared or self.anchored():
+            return 0
+        by_pack: dict[str, list[bytes]] = {}
+        for pack, e in self.index.all_rows():
+            by_pack.setdefault(pack, [])
+            if anchors.is_anchor(e.chunk_id):
+                by_pack[pack].append(e.chunk_id)
+        for pack, cids in by_pack.items():
+            self.put_anchors(pack, cids)
+        self.objects.put(ANCHORED, b"", exist_ok=True)
+        self._anchored = True
+        return len(by_pack)
 
     def totals(self) -> dict:
         return self.index.totals()
@@ -233,6 +341,7 @@ class Repository(Backend):
         finally:
             with _suppress_not_found():
                 os.unlink(tmp)
+        self.put_anchors(name, [e.chunk_id for e in entries if anchors.is_anchor(e.chunk_id)])
         self.index.add_pack(name, size, entries)
 
     def pack_sizes(self) -> dict[str, int]:
@@ -397,6 +506,9 @@ class Repository(Backend):
             record = locations.encode(item[1], where)
             if record is not None:
                 self.objects.put(locations_name(item[0]), record, exist_ok=True)
+            first = item[1].chunk_ids[0] if item[1].chunk_ids else None
+            if first is not None and first in where:  # a file's first chunk is an anchor (core/anchors.py)
+                self.objects.put(anchors.name(first, where[first][0]), b"", exist_ok=True)
 
         if len(manifests) <= 4:
             for item in manifests:
