@@ -451,6 +451,12 @@ class Repository(Backend):
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
         wanted = list(chunk_ids)
         found = self._locate_known(wanted)
+        if len(found) < len(wanted) and self._shared and self.anchored():
+            # a repack moved chunks (a stale location record): their anchors name the new pack
+            self._anchor_misses.clear()
+            first = wanted[:1]  # a reader locating a file passes its first chunk first (an anchor)
+            if self.find_anchored([c for c in wanted if c not in found and (anchors.is_anchor(c) or c in first)]):
+                found = self._locate_known(wanted)
         if len(found) < len(wanted):
             # packs another machine wrote (a bucket), or a repack moved chunks: look at the listing
             if self.recover() or not self.objects.capabilities.local_path:
