@@ -32,6 +32,8 @@ Measured at every (store, files, versions) point:
               a sqlite file by its logical size (page_count x page_size: pages still in its WAL count)
   edit_push   one file of the folder edited, the whole folder pushed (Store.push), by the writer
   one_push    one edited file pushed alone to its path (the goal's reference: edit_push <= 2x this)
+  edit_new    one edited file pushed alone to its path by a NEW machine (fresh XDG_CACHE_HOME): what
+              dedup costs without an index of the store (before dedup anchors: every pack's footer)
   upload / commit   --commit-files new files: Store.upload, then ONE Store.commit_entries
   replica     `cdcstore serve` over the store with a fresh cache dir (cdcstore.testing.ServerProcess):
               bucket requests of its start, then time and bucket requests of the first read of a
@@ -253,6 +255,9 @@ def op_main(kind: str, location: str, addr: str) -> None:
                 out = {"bytes": len(f.read())}
         elif kind == "ls":
             out = {"entries": len(s.ls(addr))}
+        elif kind == "push":  # addr is "local path|cdc:// destination"
+            path, dest = addr.split("|", 1)
+            out = {"new_bytes": s.push([path], dest, "edit on a new machine").new_bytes}
         else:
             raise SystemExit(f"unknown op {kind!r}")
     out["seconds"] = time.perf_counter() - t0
@@ -485,6 +490,16 @@ def run_store(store: str, location: str, files: int, versions: list[int], a, cou
                 s.push(os.path.join(folder, one), dest + one, "one file")
         ops["one_push"] = attempt("one_push", lambda: timed(counter, push_one))
         now += 1
+
+        def edit_new():
+            runs = []
+            for _ in range(repeat):
+                rel = edit()
+                runs.append(child_op(machines, counter, "push", location,
+                                     f"{os.path.join(folder, rel)}|{dest + rel}"))
+            return summary(runs)
+        ops["edit_new"] = attempt("edit_new", edit_new)
+        now += repeat
         new = os.path.join(work, f"new-{files}-{now}")
         os.makedirs(new)
         for i in range(a.commit_files):
@@ -514,7 +529,7 @@ def run_store(store: str, location: str, files: int, versions: list[int], a, cou
 # report
 # ---------------------------------------------------------------------------------------------
 
-TABLE_OPS = ("open_new", "ls_new", "edit_push", "one_push", "upload", "commit", "replica")
+TABLE_OPS = ("open_new", "ls_new", "edit_push", "one_push", "edit_new", "upload", "commit", "replica")
 HEAD = (f"{'store':<7}{'files':>7}{'vers':>5} | " + " | ".join(f"{o:>15}" for o in TABLE_OPS)
         + f" | {'repl.start':>10} | {'reader idx':>10} | {'writer idx':>10}")
 

@@ -11,7 +11,7 @@ from cdcstore import Store
 from cdcstore.core import ids
 from cdcstore.core.pack import CODEC_RAW, CODEC_ZSTD, decode_chunk, encode_chunk
 
-MIN_SAVING = 1 / 32  # the least saving for which zstd is kept (cdcstore.core.pack.MIN_SAVING)
+MIN_SAVING = 1 / 4  # the least saving for which zstd is kept (cdcstore.core.pack.MIN_SAVING)
 
 
 def _codecs(store: Store) -> list[tuple[int, int, int]]:

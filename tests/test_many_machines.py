@@ -314,7 +314,11 @@ def test_a_new_machine_reads_a_file_without_listing_the_bucket(bucket_url, tmp_p
 
 def test_a_location_record_made_stale_by_a_repack_falls_back(bucket_url, tmp_path, monkeypatch):
     a = Machine(bucket_url, tmp_path / "machine-a", monkeypatch)
-    keep, folder = _sparse_pack_files(tmp_path)
+    keep = random.Random(21).randbytes(1 << 20)  # 1 MiB: its first chunk is an anchor
+    folder = tmp_path / "both"
+    folder.mkdir()
+    (folder / "keep.bin").write_bytes(keep)
+    (folder / "drop.bin").write_bytes(os.urandom(3 << 20))
     sa = a.store()
     sa.push([str(folder)], "cdc://ds@exp/")
     sa.push([str(folder / "keep.bin")], "cdc://ds/keep.bin")

@@ -3,7 +3,8 @@ new file shares with the store, at a cost that follows the file, not the store.
 
 A chunk is an anchor when its id's last byte is a multiple of 64 (one chunk in 64: ids are
 cryptographic hashes, so anchors fall evenly and no writer chooses them), and the first chunk
-of every stored file is one too. For each anchor a writer stores, it puts the empty object
+of every stored file of FIRST_MIN (1 MiB) or more is one too (a smaller file is cheaper to send
+again than to look up: it costs a request either way). For each anchor a writer stores, it puts the empty object
 
     anchors/<id hex, first two digits>/<id hex>/<pack name>
 
@@ -20,6 +21,7 @@ from . import ids
 
 ANCHORS_VERSION = 1
 ANCHOR_EVERY = 64
+FIRST_MIN = 1 << 20  # files this large have their first chunk anchored too
 PREFIX = "anchors/"
 
 

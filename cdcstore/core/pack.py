@@ -40,7 +40,7 @@ CODEC_RAW = 0
 CODEC_ZSTD = 1
 DEFAULT_MAX_PACK_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_PACK_CHUNKS = 8192
-DEFAULT_ZSTD_LEVEL = 3
+DEFAULT_ZSTD_LEVEL = 1  # as small as level 3 on Parquet, CSV and JSON, and faster to write (docs/compression.md)
 # pack files are written through a buffer this large: the page cache then holds them in large
 # folios, and reading them back costs about half the CPU it does after 64 KiB writes (Linux 6.x)
 WRITE_BUFFER = 4 * 1024 * 1024
@@ -93,7 +93,7 @@ def _bounded_decompress(stored, raw_len: int) -> bytes:
 
 
 PROBE_BYTES = 2048  # each of the three samples `encode_chunk` compresses first
-MIN_SAVING = 1 / 32  # zstd is kept only when it saves at least this fraction of a chunk
+MIN_SAVING = 1 / 4  # zstd is kept only when it saves at least this fraction of a chunk (docs/compression.md)
 
 
 def worth_compressing(raw) -> bool:

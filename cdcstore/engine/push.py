@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import runtime
-from ..core import ids
+from ..core import anchors, ids
 from ..core import pages
 from ..core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker
 from ..core.manifest import Manifest
@@ -172,22 +172,24 @@ class Ingest:
         lengths: list[int] = []
         size = 0
         with open(path, "rb") as f:
+            first_anchor = os.fstat(f.fileno()).st_size >= anchors.FIRST_MIN  # its first chunk: a lookup
             blocks = FileChunks(f, self.opts.params, self.opts.parquet_pages, self.opts.block_size)
             self.file_mode[key] = blocks.mode
             for block, chunks in blocks:
                 file_hash.update(block)
                 size += len(block)
-                self._add_chunks(chunks, chunk_ids, lengths, key)
+                self._add_chunks(chunks, chunk_ids, lengths, key, first_anchor)
                 if self.progress and block:
                     self.progress(len(block))
         with self._lock:
             self.bytes += size
         return Manifest(chunk_ids, lengths, size, file_hash.digest())
 
-    def _add_chunks(self, chunks: list[bytes], chunk_ids: list[bytes], lengths: list[int], key: str) -> None:
+    def _add_chunks(self, chunks: list[bytes], chunk_ids: list[bytes], lengths: list[int], key: str,
+                    first_anchor: bool = False) -> None:
         """Record chunks in the manifest; queue them for one batched presence query."""
         new_ids = [ids.digest(c) for c in chunks]  # outside the lock: hashing releases the GIL
-        if not chunk_ids and new_ids:
+        if not chunk_ids and new_ids and first_anchor:
             with self._lock:
                 self._firsts.add(new_ids[0])
         chunk_ids.extend(new_ids)

@@ -293,9 +293,15 @@ class FileReader(io.RawIOBase):
             else:
                 places.setdefault(ids[i], []).append((cs + lo - offset, lo, hi))
         if places:
-            self._locate([i for i in span if ids[i] in places])
-            items = [self._location(cid) for cid in places]
-            self._src.read_chunks_into(items, places, out, self._repo, keep=memoryview(result))
+            wanted = [i for i in span if ids[i] in places]
+            self._locate(wanted)
+            try:
+                self._src.read_chunks_into([self._location(cid) for cid in places], places, out, self._repo,
+                                           keep=memoryview(result))
+            except PackMissingError:  # a gc moved them since they were located: locate again, once
+                self._relocate(wanted)
+                self._src.read_chunks_into([self._location(cid) for cid in places], places, out, self._repo,
+                                           keep=memoryview(result))
         del out
         return bytes(result) if isinstance(result, bytearray) else result
 

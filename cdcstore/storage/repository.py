@@ -512,8 +512,8 @@ class Repository(Backend):
             record = locations.encode(item[1], where)
             if record is not None:
                 self.objects.put(locations_name(item[0]), record, exist_ok=True)
-            first = item[1].chunk_ids[0] if item[1].chunk_ids else None
-            if first is not None and first in where:  # a file's first chunk is an anchor (core/anchors.py)
+            first = item[1].chunk_ids[0] if item[1].size >= anchors.FIRST_MIN else None
+            if first is not None and first in where:  # a large file's first chunk is an anchor (core/anchors.py)
                 self.objects.put(anchors.name(first, where[first][0]), b"", exist_ok=True)
 
         if len(manifests) <= 4:
