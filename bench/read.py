@@ -15,6 +15,9 @@ repetitions interleaved across the three sides (medians over repetitions):
               and size coming from the upload's result (a new group per repetition;
               its creation is inside the timing, as store.open is for ours)
       plain   open(path, "rb").read(8 MiB) until EOF
+  (c) sequential reads of the whole file in pieces of 16 MiB, 1 MiB and 64 KiB (what pyarrow,
+      pandas and training loops issue): ours (store.open().read(n)) against plain, same sizes;
+      the goal is >= 0.5x plain at every size (issue 18)
   (b) --reads random 64 KiB reads at fixed-seed uniform offsets (the same offsets
       for every side): ours seek+read on one open file object, hf_xet
       download_stream(info, off, off + 65536) joined, plain seek+read. Latency of
@@ -47,6 +50,14 @@ from reads import (PIECE, RANDOM_LEN, random_offsets, random_reads, read_to_end,
 
 ADDR = "cdc://bench/data.parquet"
 GOALS = {"full_ours_over_xet": 3.0, "full_ours_over_plain": 0.5, "random_latency_ours_over_xet": 0.1}
+SIZES = (16 << 20, 1 << 20, 64 << 10)  # (c): sequential read sizes
+
+
+def read_in(f, n: int) -> int:
+    total = 0
+    while b := f.read(n):
+        total += len(b)
+    return total
 
 
 # ----------------------------------------------------------------------------------------------
@@ -209,6 +220,20 @@ def main() -> None:
               ", ".join(f"{n} {rnd[n]['median'][-1] * 1e6:.0f} us" if rnd[n]["median"] else f"{n} failed"
                         for n in names))
 
+    by_size = {n: {"ours": [], "plain": []} for n in SIZES}  # (c), ours and plain rotated
+    for rep in range(args.repeat):
+        for n in SIZES:
+            for side in (("ours", "plain") if rep % 2 == 0 else ("plain", "ours")):
+                t0 = time.perf_counter()
+                if side == "ours":
+                    with store.open(ADDR) as f:
+                        got = read_in(f, n)
+                else:
+                    with open(path, "rb") as f:
+                        got = read_in(f, n)
+                if got == size:
+                    by_size[n][side].append(time.perf_counter() - t0)
+
     def median_or_none(xs):
         return statistics.median(xs) if xs else None
 
@@ -236,6 +261,11 @@ def main() -> None:
         "random_latency_ours_over_plain": div(o["random_median_s"], p["random_median_s"]),
     }
     R = fig["ratios"]
+    fig["by_size"] = {}
+    for n in SIZES:
+        o_s, p_s = median_or_none(by_size[n]["ours"]), median_or_none(by_size[n]["plain"])
+        fig["by_size"][n] = {"ours_mb_s": div(size / 1e6, o_s), "plain_mb_s": div(size / 1e6, p_s),
+                             "ours_over_plain": div(p_s, o_s)}
 
     goals = [Goal(k, R[k], GOALS[k], direction) for k, direction in
              (("full_ours_over_xet", ">="), ("full_ours_over_plain", ">="), ("random_latency_ours_over_xet", "<="))]
@@ -265,6 +295,11 @@ def main() -> None:
           f"(goal <= {GOALS['random_latency_ours_over_xet']}: {met('random_latency_ours_over_xet')}); "
           f"p90 {fmt(R['random_p90_ours_over_xet'], spec='.3f')}; "
           f"ours/plain median {fmt(R['random_latency_ours_over_plain'], spec='.1f')}")
+    for n in SIZES:
+        b = fig["by_size"][n]
+        print(f"  sequential {n >> 10:>6} KiB reads: ours {fmt(b['ours_mb_s'], spec='.0f')} MB/s, plain "
+              f"{fmt(b['plain_mb_s'], spec='.0f')} MB/s: ours/plain {fmt(b['ours_over_plain'], spec='.2f', unit='x')} "
+              f"(goal >= 0.5)")
     if errors:
         print("  errors: " + "; ".join(f"{k}: {v}" for k, v in sorted(errors.items())))
     store.close()

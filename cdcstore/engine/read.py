@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import bisect
 import collections
+import functools
 import gc
 import io
 import os
@@ -92,29 +93,35 @@ def _plans() -> _Plans:
     return runtime.per_process(_Plans, _Plans)
 
 
+@functools.lru_cache(maxsize=1)
+def _bytes_api():
+    """CPython's PyBytes_FromStringAndSize and PyBytes_AsString through ctypes (set up once),
+    or None elsewhere."""
+    try:
+        import ctypes
+        api = ctypes.pythonapi
+        alloc, addr = api.PyBytes_FromStringAndSize, api.PyBytes_AsString
+    except (ImportError, AttributeError):
+        return None
+    alloc.restype, alloc.argtypes = ctypes.py_object, (ctypes.c_char_p, ctypes.c_ssize_t)
+    addr.restype, addr.argtypes = ctypes.c_void_p, (ctypes.py_object,)
+    return ctypes, alloc, addr
+
+
 def _new_bytes(n: int) -> tuple[bytes, memoryview]:
     """A new bytes object of length n and a writable view of its memory, to fill before
     anyone else sees it (what C code does with PyBytes_FromStringAndSize(NULL, n)): a
     result is then written once, not built and copied. The view keeps the bytes alive.
     Elsewhere than CPython: a bytearray (the caller copies it)."""
-    if n < 2:  # CPython shares its empty and one-byte bytes objects: never write into those
+    api = _bytes_api() if n >= 2 else None  # CPython shares its empty and one-byte bytes: never write those
+    if api is None:
         buf = bytearray(n)
         return buf, memoryview(buf)
-    try:
-        import ctypes
-        api = ctypes.pythonapi
-        alloc, addr = api.PyBytes_FromStringAndSize, api.PyBytes_AsString
-        alloc.restype, alloc.argtypes = ctypes.py_object, (ctypes.c_char_p, ctypes.c_ssize_t)
-        addr.restype, addr.argtypes = ctypes.c_void_p, (ctypes.py_object,)
-    except (ImportError, AttributeError):
-        buf = bytearray(n)
-        return buf, memoryview(buf)
+    ctypes, alloc, addr = api
     obj = alloc(None, n)
     arr = (ctypes.c_char * n).from_address(addr(obj))
     arr.keep = obj  # the view holds the array, the array the bytes
     return obj, memoryview(arr).cast("B")
-
-
 
 
 _arrow_held: dict[int, weakref.ref] = {}  # readers and buffers pyarrow may still hold, by id
@@ -183,6 +190,7 @@ class FileReader(io.RawIOBase):
         self._lru: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._lru_cap = cache_chunks
         self._pending: dict[int, Future] = {}
+        self._ahead_end = 0  # chunks below this were scheduled for read-ahead (see `_chunks`)
         self._readahead = readahead_bytes
         self._batch = batch_bytes
         self._last_end = 0 if sequential else -1  # a sequential reader prefetches from its first read
@@ -314,6 +322,7 @@ class FileReader(io.RawIOBase):
         for fut in self._pending.values():  # a large read starts no read-ahead
             fut.cancel()
         self._pending.clear()
+        self._ahead_end = 0
         self._streak = self._streak + end - offset if offset == self._last_end else end - offset
         self._last_end = end
         try:
@@ -487,13 +496,16 @@ class FileReader(io.RawIOBase):
         ahead: list[int] = []
         if prefetch and self._readahead:
             # the read-ahead grows with the run of back-to-back reads (4x what it read), so that two
-            # adjacent small reads (frame i, then i + 1) do not start a 32 MiB read-ahead
-            budget, i = min(self._readahead, 4 * self._streak), span.stop
-            while i < len(m.lengths) and budget > 0:
-                budget -= m.lengths[i]
-                ahead.append(i)
-                i += 1
+            # adjacent small reads (frame i, then i + 1) do not start a 32 MiB read-ahead. Chunks
+            # before `_ahead_end` were scheduled by an earlier read: each is looked at once, so a
+            # scan in small reads costs O(chunks), not O(reads x window)
+            ends = m.ends
+            target = ends[span.stop - 1] + min(self._readahead, 4 * self._streak)
+            stop = min(len(ends), bisect.bisect_left(ends, target, span.stop) + 1)
+            ahead = list(range(max(span.stop, self._ahead_end), stop))
+            self._ahead_end = max(self._ahead_end, stop)
         else:  # random access: drop read-ahead that this read does not use
+            self._ahead_end = 0
             used = {id(self._pending[k]) for k in span if k in self._pending}
             for k in [k for k in self._pending if k not in span]:
                 fut = self._pending.pop(k)
