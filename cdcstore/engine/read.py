@@ -51,6 +51,7 @@ def _prefetch_pool():
 
 DIRECT_MIN = 1024 * 1024  # reads this large land straight in their result (see `_pread_direct`)
 RUNS_MIN = 256 * 1024  # local reads this large land in their result run by run (see `_pread_runs`)
+PARALLEL_DECODE_MIN = 2 * 1024 * 1024  # compressed chunks of a read this large decode on two threads
 RUN_PIECE = 1024 * 1024  # bytes read at once before they are hashed (still in the CPU's cache)
 PLANS_MAX_RUNS = 1 << 16  # runs of the file plans kept per local store
 
@@ -361,15 +362,25 @@ class FileReader(io.RawIOBase):
 
     def _land(self, first: int, stop: int, base: int, out: memoryview) -> None:
         """Whole chunks [first, stop) into `out` (which holds the file from byte `base`).
-        (Splitting a large read over two threads was measured slower here: one thread.)"""
+        Raw runs are read in this thread (splitting them over two was measured slower);
+        compressed chunks are decoded half here, half on the read-ahead pool."""
         pieces, packed = self._pieces(first, stop)
-        self._read_pieces(pieces, base, out)
-        if packed:
-            got = self._fetch(packed)
-            ends, lens = self._m.ends, self._m.lengths
-            for i in packed:
-                at = ends[i] - lens[i] - base
-                out[at:at + lens[i]] = got[i]
+        ends, lens = self._m.ends, self._m.lengths
+        half = None
+        if len(packed) >= 2 and sum(lens[i] for i in packed) >= PARALLEL_DECODE_MIN:
+            # compressed chunks decode on two cores: zstd and the hashes release the GIL
+            cut = len(packed) // 2
+            half = _prefetch_pool().submit(self._fetch, packed[cut:])
+            packed = packed[:cut]
+        try:
+            self._read_pieces(pieces, base, out)
+            for got in ((self._fetch(packed) if packed else {}), (half.result() if half else {})):
+                for i, data in got.items():
+                    at = ends[i] - lens[i] - base
+                    out[at:at + lens[i]] = data
+        finally:
+            if half is not None and not half.done():
+                half.cancel()
 
     def _pieces(self, first: int, stop: int) -> tuple[list[tuple], list[int]]:
         """Chunks [first, stop) as reads of pack ranges of at most `RUN_PIECE` bytes (pack,
