@@ -16,6 +16,7 @@ import struct
 from dataclasses import dataclass, field
 
 from . import ids
+from .chunker import MAX_CHUNK_BYTES
 from .errors import CorruptionError
 
 MANIFEST_VERSION = 2
@@ -85,6 +86,10 @@ class Manifest:
         if len(data) != HEADER.size + count * entry.size:
             raise CorruptionError(f"{name} has the wrong length for {count} chunks")
         entries = list(entry.iter_unpack(memoryview(data)[HEADER.size:]))
+        bad = next((n for _, n in entries if not 1 <= n <= MAX_CHUNK_BYTES), None)
+        if bad is not None:  # every chunk holds 1 to MAX_CHUNK_BYTES bytes: a reader never trusts more
+            what = "an empty chunk" if bad == 0 else f"a chunk of {bad} bytes, over the format's limit"
+            raise CorruptionError(f"{name} lists {what} (of {MAX_CHUNK_BYTES} bytes at most): it is damaged")
         m = cls([bytes(e[0]) for e in entries], [e[1] for e in entries], size, file_hash, version)
         if (m.ends[-1] if entries else 0) != size:
             raise CorruptionError(f"{name}: chunk lengths do not add up to the file size")
