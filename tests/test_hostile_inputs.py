@@ -3,6 +3,7 @@ whose chunk lengths are not their chunks', Parquet files of countless tiny pages
 past the prefetch budget. Each gets a clear error (naming the file) or stays within its bound."""
 import io
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -16,8 +17,132 @@ from cdcstore.core import ids
 from cdcstore.core.commit import Commit, FileEntry
 from cdcstore.core.errors import CorruptionError
 from cdcstore.core.manifest import Manifest
+from cdcstore.core.thrift import I16, I32, I64, LIST, SET, Decoder
+from cdcstore.stream import StreamingDataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- Parquet footers that lie ----------------------------------------------------------------------
+
+class Spans(Decoder):
+    """A footer decoder that notes where each integer field's bytes are, by path of field ids and
+    list indices: (3,) FileMetaData.num_rows, (4, k, 3) row group k's num_rows,
+    (4, k, 1, j, 3, 5) its column j's num_values."""
+
+    def __init__(self, buf):
+        super().__init__(buf)
+        self.path, self.spans = [], {}
+
+    def struct(self, depth=0):
+        out, last = {}, 0
+        while True:
+            head = self.byte()
+            t = head & 0x0F
+            if t == 0:
+                return out
+            fid = last + (head >> 4) if head >> 4 else self.zigzag()
+            last = fid
+            self.path.append(fid)
+            start = self.pos
+            out[fid] = self.value(t, depth)
+            if t in (I16, I32, I64):
+                self.spans[tuple(self.path)] = (start, self.pos)
+            self.path.pop()
+
+    def value(self, t, depth=0):
+        if t in (LIST, SET):
+            head = self.byte()
+            size, et = head >> 4, head & 0x0F
+            if size == 15:
+                size = self.varint()
+            out = []
+            for k in range(size):
+                self.path.append(k)
+                out.append(self.value(et, depth + 1))
+                self.path.pop()
+            return out
+        return super().value(t, depth)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | 0x80 if n else b)
+        if not n:
+            return bytes(out)
+
+
+def patch_footer(data: bytes, changes: dict) -> bytes:
+    """A Parquet file whose footer's integer fields at `changes`' paths hold the given values."""
+    n = struct.unpack("<I", data[-8:-4])[0]
+    footer = data[-8 - n:-8]
+    d = Spans(footer)
+    d.struct()
+    out, pos = bytearray(), 0
+    for path in sorted(changes, key=lambda p: d.spans[p]):
+        a, b = d.spans[path]
+        v = changes[path]
+        out += footer[pos:a] + _varint(((v << 1) ^ (v >> 63)) & (2**64 - 1))
+        pos = b
+    out += footer[pos:]
+    return data[:-8 - n] + bytes(out) + struct.pack("<I", len(out)) + b"PAR1"
+
+
+def _lying_parquet(store, tmp_path, claim: int, name: str = "x.parquet", num_values: bool = True) -> str:
+    """Push a 1,000-row file (two row groups of 500) whose footer says row group 0 has `claim` rows
+    (and, with `num_values`, that its columns hold as many values); its cdc:// address."""
+    t = pa.table({"a": list(range(1000)), "b": [str(i) for i in range(1000)]})
+    buf = io.BytesIO()
+    pq.write_table(t, buf, row_group_size=500)
+    changes = {(3,): claim + 500, (4, 0, 3): claim}
+    if num_values:
+        changes |= {(4, 0, 1, 0, 3, 5): max(claim, 0), (4, 0, 1, 1, 3, 5): max(claim, 0)}
+    src = tmp_path / "pq"
+    src.mkdir(exist_ok=True)
+    (src / name).write_bytes(patch_footer(buf.getvalue(), changes))
+    store.push([str(src / name)], f"cdc://r/{name}")
+    return f"cdc://r/{name}"
+
+
+def _stream_all(store, addr, **kw) -> list:
+    return [row["a"] for row in StreamingDataset(addr, store=store, **kw)]
+
+
+@pytest.mark.parametrize("claim,num_values", [(10_001, True), (10_001, False), (1 << 26, True), (-5, False),
+                                              (0, False), (499, True)])
+def test_a_footer_that_lies_about_row_counts_is_a_clear_error(store, tmp_path, claim, num_values):
+    """Old: 10,001 claimed rows with shuffle gave a duplicated row, 2^26 spent 22.7 s on phantom rows,
+    -5 gave 0 rows and no error."""
+    addr = _lying_parquet(store, tmp_path, claim, num_values=num_values)
+    t0 = time.monotonic()
+    with pytest.raises(CorruptionError, match="x.parquet.*row"):
+        _stream_all(store, addr, shuffle=True, seed=1, shuffle_buffer=100)
+    assert time.monotonic() - t0 < 5
+
+
+def test_an_honest_file_streams_every_row_once(store, tmp_path):
+    addr = _lying_parquet(store, tmp_path, 500)  # the truth
+    rows = _stream_all(store, addr, shuffle=True, seed=1, shuffle_buffer=100)
+    assert sorted(rows) == list(range(1000))
+
+
+def test_a_footer_claiming_2_to_the_40_rows_is_refused_before_anything_is_allocated(store, tmp_path):
+    """Old: 23.6 GB and an OOM kill. Run under a 3 GiB address-space limit, so that the old code
+    fails fast instead of taking the machine's memory."""
+    addr = _lying_parquet(store, tmp_path, 1 << 40)
+    script = ("import resource, sys\n"
+              "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+              "from cdcstore import Store\nfrom cdcstore.stream import StreamingDataset\n"
+              "from cdcstore.core.errors import CorruptionError\n"
+              "try:\n"
+              "    for _ in StreamingDataset(sys.argv[2], store=Store(sys.argv[1]), batch_size=100): pass\n"
+              "except CorruptionError as e:\n"
+              "    print('CorruptionError', e)\n")
+    p = subprocess.run([sys.executable, "-c", script, store.location, addr], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    assert p.stdout.startswith("CorruptionError") and "x.parquet" in p.stdout, (p.returncode, p.stdout, p.stderr[-800:])
 
 
 # -- a manifest that lies about its chunks' lengths ----------------------------------------------

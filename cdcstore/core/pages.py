@@ -37,6 +37,38 @@ def read_page_header(buf, pos: int = 0) -> tuple[int, int, int]:
     return d.pos - pos, ptype, size
 
 
+DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 2, 3
+
+
+def column_chunk_rows(chunk) -> int:
+    """The rows the pages of one column chunk (its bytes, whole) hold, from their headers: the
+    sum of each data page's num_values (v1 pages; the row count of a column that is not
+    repeated) or num_rows (v2 pages). ThriftError if the pages do not tile the chunk exactly.
+    A reader checks a footer's row counts with it before it allocates for them."""
+    pos, rows = 0, 0
+    while pos < len(chunk):
+        d = Decoder(chunk, pos)
+        h = d.struct()
+        ptype, size = h.get(1), h.get(3)
+        if not isinstance(ptype, int) or not isinstance(size, int) or size < 0:
+            raise ThriftError("page header lacks type or size")
+        if ptype == DATA_PAGE:
+            rows += _count(h.get(5), 1)  # DataPageHeader.num_values
+        elif ptype == DATA_PAGE_V2:
+            rows += _count(h.get(8), 3)  # DataPageHeaderV2.num_rows
+        pos = d.pos + size
+    if pos != len(chunk):
+        raise ThriftError("pages do not tile the column chunk")
+    return rows
+
+
+def _count(header, field: int) -> int:
+    n = header.get(field) if isinstance(header, dict) else None
+    if not isinstance(n, int) or n < 0:
+        raise ThriftError("data page header without a count")
+    return n
+
+
 def column_chunk_ranges(footer: bytes) -> list[tuple[int, int]]:
     """(start, end) of every column chunk, from the FileMetaData bytes."""
     return footer_ranges(footer)[0]
