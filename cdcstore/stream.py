@@ -465,11 +465,31 @@ class StreamingDataset:
         try:
             for pos in steps:
                 units, rows = order.locate(order.sequence_index(pos + skip))
-                got = self._read_samples(units, rows, readers)
-                yield ("samples", got), sum(len(v) for s in got for v in s.values()) or 1
+                for lo, hi in self._tar_pieces(units, rows):
+                    got = self._read_samples(units[lo:hi], rows[lo:hi], readers)
+                    yield ("samples", got), sum(len(v) for s in got for v in s.values()) or 1
         finally:
             for reader in readers.values():
                 reader.close()
+
+    def _tar_pieces(self, units: np.ndarray, rows: np.ndarray) -> list[tuple[int, int]]:
+        """A step's positions cut, at block boundaries, into pieces of at most a quarter of
+        `prefetch_bytes` of member bytes (at least one block each): the queue, the piece being
+        read and the one being consumed then hold about 1.5 x prefetch_bytes, whatever the step."""
+        want = None if self.columns is None else set(self.columns)
+        sizes = [sum(n for e, _, n in self._meta[self.units[u][0]][r].parts if want is None or e in want)
+                 for u, r in zip(units.tolist(), rows.tolist())]
+        budget, block = max(1, self.prefetch_bytes // 4), self.block
+        pieces, lo, held = [], 0, 0
+        for b in range(0, len(sizes), block):
+            nbytes = sum(sizes[b:b + block])
+            if b > lo and held + nbytes > budget:
+                pieces.append((lo, b))
+                lo, held = b, 0
+            held += nbytes
+        if lo < len(sizes):
+            pieces.append((lo, len(sizes)))
+        return pieces
 
     def _read_samples(self, units: np.ndarray, rows: np.ndarray, readers: dict) -> list[dict]:
         """One dict per (unit, row): `__key__` and one bytes entry per extension asked for. The

@@ -211,3 +211,34 @@ def test_manifest_entries_are_validated_when_decoded(lengths, size, what):
     m = Manifest([b"\1" * 32, b"\2" * 32], lengths, size, b"\0" * 16)
     with pytest.raises(CorruptionError, match=what):
         Manifest.decode(m.encode(), "manifest x")
+
+
+# -- TAR streaming within prefetch_bytes ---------------------------------------------------------
+
+def test_tar_streaming_holds_about_prefetch_bytes(store, tmp_path):
+    """A shard of 240 samples of 100 KB (24 MB) streamed with prefetch_bytes = 1 MiB: what the
+    stream holds stays near 1 MiB (old: a whole step of 1,024 positions at once, 216 MB for 16 MiB
+    asked in the report)."""
+    import tarfile
+    import tracemalloc
+
+    src = tmp_path / "tar"
+    src.mkdir()
+    with tarfile.open(src / "shard-0.tar", "w", format=tarfile.GNU_FORMAT) as t:
+        for i in range(240):
+            for ext, data in (("jpg", os.urandom(100_000)), ("cls", b"%d" % i)):
+                info = tarfile.TarInfo(f"s{i:05d}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    store.push([str(src)], "cdc://t/")
+    ds = StreamingDataset("cdc://t/", store=store, prefetch_bytes=1 << 20, batch_size=4)
+    tracemalloc.start()
+    try:
+        seen = 0
+        for batch in ds:
+            seen += len(batch["__key__"])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert seen == 240
+    assert peak < 8 << 20, f"the stream held {peak / 2**20:.1f} MiB for prefetch_bytes = 1 MiB"
