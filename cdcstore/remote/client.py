@@ -136,6 +136,8 @@ def replica_urls(url: str) -> list[str]:
 async def _read_body(resp: aiohttp.ClientResponse, limit: int, what: str, base: str, truncate: bool = False) -> bytes:
     """A response body of at most `limit` bytes: a longer one (by its Content-Length, or as it
     arrives) is refused before it is held, or with `truncate` cut at `limit` (the rest unread)."""
+    if resp.method == "HEAD":  # its Content-Length is the resource's, and no body follows
+        return b""
     if resp.content_length is not None and resp.content_length > limit and not truncate:
         raise RemoteError(f"{what}: the server at {base} answered {resp.content_length} bytes, more than "
                           f"the {limit} expected: it is not a cdcstore server, or it is damaged")
