@@ -204,3 +204,28 @@ def test_a_corruption_error_is_one_line_and_no_task_left_unretrieved(server, tmp
     assert p.stderr.strip() == "error: CorruptionError", p.stderr
     assert c.returncode == 1 and len(c.stderr.strip().splitlines()) == 1, c.stderr
     assert "never retrieved" not in c.stderr + p.stderr
+
+
+def test_a_raw_range_answer_longer_than_asked_is_refused_too(server, tmp_path):
+    """The same lie on a range received straight into the reader's buffer (raw chunks)."""
+    _pushed(server, tmp_path, os.urandom(300_000))
+
+    async def huge(proxy, request, body):
+        if not _is_range(request):
+            return None
+        resp = web.StreamResponse(status=206)  # no Content-Length: the client must count
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        try:
+            for _ in range(64):
+                await resp.write(b"\0" * (1 << 20))
+                proxy.sent += 1 << 20
+        except (ConnectionError, aiohttp.ClientError, asyncio.CancelledError):
+            pass
+        return resp
+
+    with LyingProxy(server.url, huge) as proxy:
+        with Store(proxy.url, cache=False, retries=0) as s:
+            with pytest.raises((CorruptionError, RemoteError)):
+                s.cat("cdc://r/f.bin")
+    assert proxy.sent < 16 << 20, f"the client read {proxy.sent} bytes of a lying answer"

@@ -31,7 +31,7 @@ from ..core import treeobj
 from ..core.commit import Commit
 from ..core.errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError, NotFoundError,
                           RefExistsError, RemoteError, RepoNotFoundError, RevisionNotFoundError, error_class)
-from ..core.manifest import Manifest
+from ..core.manifest import MAX_MANIFEST_BYTES, Manifest
 from ..core.pack import PackEntry, decode_chunk
 from ..core.ranges import ByteRange, landing as _landing, plan_ranges, slices
 from ..storage.backend import Backend, BackendCapabilities
@@ -157,6 +157,8 @@ async def _read_body(resp: aiohttp.ClientResponse, limit: int, what: str, base: 
 
 async def _read_into(resp: aiohttp.ClientResponse, into: memoryview) -> int:
     """A response body written into `into` as it arrives; it must fill `into` exactly."""
+    if resp.content_length is not None and resp.content_length != len(into):
+        raise CorruptionError(f"range answer of {resp.content_length} bytes: wanted {len(into)}")
     n = 0
     async for piece in resp.content.iter_any():
         if n + len(piece) > len(into):
@@ -250,14 +252,14 @@ class Transport:
     async def request(self, method: str, path: str, *, body: bytes | None = None, body_path: str | None = None,
                       headers: dict | None = None, ok=(200, 201, 206), landed=None,
                       into: memoryview | None = None, timeout: float | None = None,
-                      expect: int | None = None) -> tuple[int, bytes]:
+                      expect: int | None = None, limit: int = MAX_ANSWER_BYTES) -> tuple[int, bytes]:
         """One request with retries; returns (status, body) or raises a mapped error.
 
         `landed`, for uploads: a coroutine asked before each retry whether the
         previous attempt took effect after all (then the body is not sent again).
         `into`, for a range: a 206 answer's body is written there as it arrives (no
         copy of its own; the body returned is then empty) and must fill it exactly. `expect`, for
-        a range: its length; a longer answer is refused (any other answer: `MAX_ANSWER_BYTES`).
+        a range: its length; a longer answer is refused (any other answer: past `limit`).
         A server that sends nothing is given `timeout` seconds in all (plus the time the body and
         the expected answer take at `min_rate`), whatever the retries: then RemoteError."""
         retries = self.retries
@@ -288,7 +290,7 @@ class Transport:
                                 payload, got = b"", await _read_into(resp, into)
                             else:
                                 limit = MAX_ERROR_BYTES if resp.status not in ok else \
-                                    expect if expect is not None and resp.status == 206 else MAX_ANSWER_BYTES
+                                    expect if expect is not None and resp.status == 206 else limit
                                 payload = await _read_body(resp, limit, what, base,
                                                            truncate=resp.status not in ok)
                                 got = len(payload)
@@ -668,7 +670,8 @@ class RemoteStore(Backend):
         return self._remembered(("manifest", repo, name), lambda: self._fetch_manifest(name, repo))
 
     def _fetch_manifest(self, name: str, repo: str | None) -> Manifest:
-        return self._checked_manifest(name, self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}"))
+        return self._checked_manifest(name, self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}",
+                                                       limit=MAX_MANIFEST_BYTES))
 
     @staticmethod
     def _checked_manifest(name: str, data: bytes) -> Manifest:
