@@ -289,10 +289,9 @@ class Transport:
                             if into is not None and resp.status == 206:
                                 payload, got = b"", await _read_into(resp, into)
                             else:
-                                limit = MAX_ERROR_BYTES if resp.status not in ok else \
+                                most = MAX_ERROR_BYTES if resp.status not in ok else \
                                     expect if expect is not None and resp.status == 206 else limit
-                                payload = await _read_body(resp, limit, what, base,
-                                                           truncate=resp.status not in ok)
+                                payload = await _read_body(resp, most, what, base, truncate=resp.status not in ok)
                                 got = len(payload)
                             self.requests += 1
                             self.sent_bytes += size + _header_bytes(resp.request_info.headers) + len(what) + 12
