@@ -179,6 +179,9 @@ def test_a_manifest_listing_a_chunk_longer_than_it_is_fails_the_read(store, smal
     with pytest.raises(CorruptionError):
         with store.open("cdc://r/forged.bin") as f:
             f.read(100)
+    with pytest.raises(CorruptionError, match="forged.bin"):
+        store.pull("cdc://r/forged.bin", str(tmp_path / "out.bin"))
+    assert not (tmp_path / "out.bin").exists()
     p = subprocess.run([sys.executable, "-m", "cdcstore", "cat", "cdc://r/forged.bin", "--store", store.location],
                        capture_output=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=60)
     assert p.returncode == 1 and len(p.stdout) < 2005, (p.returncode, len(p.stdout))
