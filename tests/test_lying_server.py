@@ -229,3 +229,35 @@ def test_a_raw_range_answer_longer_than_asked_is_refused_too(server, tmp_path):
             with pytest.raises((CorruptionError, RemoteError)):
                 s.cat("cdc://r/f.bin")
     assert proxy.sent < 16 << 20, f"the client read {proxy.sent} bytes of a lying answer"
+
+
+def test_locations_claiming_a_huge_chunk_are_refused_before_any_range_is_asked(server, tmp_path):
+    """A lying `locate` answer (a 4 GiB stored length) would make the client ask for, and accept,
+    a 4 GiB range: the locations are refused first."""
+    from cdcstore.remote import wire
+
+    _pushed(server, tmp_path, _text(50_000))
+    ranges = []
+
+    async def lie(proxy, request, body):
+        if _is_range(request):
+            ranges.append(request.headers["Range"])
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        if "locations" in request.query:  # answer as a server before protocol 1.3: the reader then locates
+            async with proxy.session.get(proxy.upstream + request.path, headers=headers) as r:
+                return web.Response(status=r.status, body=await r.read())
+        if request.method != "POST" or not request.path.endswith("/locate"):
+            return None
+        async with proxy.session.post(proxy.upstream + request.path_qs, data=body, headers=headers) as r:
+            data = bytearray(await r.read())
+        rec = wire.LOCATE
+        for k in range(len(data) // rec.size):
+            cid, pack, off, slen, rlen, codec = rec.unpack_from(data, k * rec.size)
+            rec.pack_into(data, k * rec.size, cid, pack, off, 0xFFFFFFF0, rlen, codec)
+        return web.Response(status=200, body=bytes(data))
+
+    with LyingProxy(server.url, lie) as proxy:
+        with Store(proxy.url, cache=False, retries=0) as s:
+            with pytest.raises(CorruptionError, match="location answer"):
+                s.cat("cdc://r/f.bin")
+    assert not ranges
