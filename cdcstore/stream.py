@@ -33,7 +33,9 @@ from .core import tree
 from .core import shards as _shards
 from .core.address import Address, parse
 from .api import Store
-from .core.errors import CdcError, InvalidAddressError, PathNotFoundError
+from .core import pages as _pages
+from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNotFoundError
+from .core.thrift import ThriftError
 
 FORMATS = ("numpy", "arrow", "python")
 SUMMED = ("samples", "batches", "bytes_read", "row_groups", "wait_seconds", "read_seconds", "requests",
@@ -322,7 +324,7 @@ class StreamingDataset:
     def _footer(self, f: SourceFile) -> pq.FileMetaData:
         with self.store.open(f.address) as r:
             try:
-                return pq.ParquetFile(r, pre_buffer=False).metadata
+                return _checked_footer(pq.ParquetFile(r, pre_buffer=False).metadata, f)
             except CdcError:  # the store's own error (busy, unreachable, damaged) says what it is
                 raise
             except (pa.ArrowInvalid, OSError) as e:
@@ -463,11 +465,31 @@ class StreamingDataset:
         try:
             for pos in steps:
                 units, rows = order.locate(order.sequence_index(pos + skip))
-                got = self._read_samples(units, rows, readers)
-                yield ("samples", got), sum(len(v) for s in got for v in s.values()) or 1
+                for lo, hi in self._tar_pieces(units, rows):
+                    got = self._read_samples(units[lo:hi], rows[lo:hi], readers)
+                    yield ("samples", got), sum(len(v) for s in got for v in s.values()) or 1
         finally:
             for reader in readers.values():
                 reader.close()
+
+    def _tar_pieces(self, units: np.ndarray, rows: np.ndarray) -> list[tuple[int, int]]:
+        """A step's positions cut, at block boundaries, into pieces of at most a quarter of
+        `prefetch_bytes` of member bytes (at least one block each): the queue, the piece being
+        read and the one being consumed then hold about 1.5 x prefetch_bytes, whatever the step."""
+        want = None if self.columns is None else set(self.columns)
+        sizes = [sum(n for e, _, n in self._meta[self.units[u][0]][r].parts if want is None or e in want)
+                 for u, r in zip(units.tolist(), rows.tolist())]
+        budget, block = max(1, self.prefetch_bytes // 4), self.block
+        pieces, lo, held = [], 0, 0
+        for b in range(0, len(sizes), block):
+            nbytes = sum(sizes[b:b + block])
+            if b > lo and held + nbytes > budget:
+                pieces.append((lo, b))
+                lo, held = b, 0
+            held += nbytes
+        if lo < len(sizes):
+            pieces.append((lo, len(sizes)))
+        return pieces
 
     def _read_samples(self, units: np.ndarray, rows: np.ndarray, readers: dict) -> list[dict]:
         """One dict per (unit, row): `__key__` and one bytes entry per extension asked for. The
@@ -511,11 +533,42 @@ class StreamingDataset:
             files[fi] = (pq.ParquetFile(reader, metadata=self._meta[fi], pre_buffer=False), reader)
         pf = files[fi][0]
         t0 = time.perf_counter()
+        self._check_rows(fi, rg, files[fi][1])
         table = pf.read_row_group(rg, columns=self.columns)
+        if table.num_rows != self.units[u][2]:
+            raise _lying_rows(self.files[fi], rg, self.units[u][2], f"pyarrow read {table.num_rows}")
         self._metrics["read_seconds"] += time.perf_counter() - t0
         self._metrics["bytes_read"] += self._column_bytes(fi, rg)
         self._metrics["row_groups"] += 1
         return table
+
+    def _check_rows(self, fi: int, rg: int, reader) -> None:
+        """Before pyarrow allocates for a row group's rows: the page headers of one of its column
+        chunks that is not repeated (the smallest among the columns asked for, else of all) must
+        hold the rows its footer claims."""
+        md, f = self._meta[fi], self.files[fi]
+        g = md.row_group(rg)
+        want = None if self.columns is None else set(self.columns)
+        flat = [j for j in range(g.num_columns) if md.schema.column(j).max_repetition_level == 0]
+        if not flat:
+            return
+        j = min(flat, key=lambda j: (want is not None and md.schema.column(j).path.split(".")[0] not in want,
+                                     g.column(j).total_compressed_size))
+        c = g.column(j)
+        start = c.data_page_offset
+        if c.has_dictionary_page and c.dictionary_page_offset:
+            start = min(start, c.dictionary_page_offset)
+        size = c.total_compressed_size
+        if not (4 <= start and 0 <= size and start + size <= f.size - 8):
+            raise CorruptionError(f"{f.address}: row group {rg}'s column {c.path_in_schema} lies outside the file: "
+                                  f"its footer is damaged")
+        try:
+            held = _pages.column_chunk_rows(reader.pread(start, size))
+        except (ThriftError, RecursionError) as e:
+            raise CorruptionError(f"{f.address}: row group {rg}'s column {c.path_in_schema} has unreadable "
+                                  f"pages ({e}): the file is damaged") from None
+        if held != g.num_rows:
+            raise _lying_rows(f, rg, g.num_rows, f"its pages hold {held}")
 
     def _column_bytes(self, fi: int, rg: int) -> int:
         g = self._meta[fi].row_group(rg)
@@ -671,6 +724,31 @@ class StreamingDataset:
         resume position with DataLoader workers, persistent ones included."""
         self._shared.share()
         return __getattr__("TorchStreamingDataset")(self)
+
+
+def _lying_rows(f: SourceFile, rg: int, claimed: int, truth: str) -> CorruptionError:
+    return CorruptionError(f"{f.address}: row group {rg} claims {claimed} rows but {truth}: the file's "
+                           f"footer is damaged (or forged); rewrite the file")
+
+
+def _checked_footer(md: pq.FileMetaData, f: SourceFile) -> pq.FileMetaData:
+    """`md` if its row counts agree: no row group below 0 rows, their sum the file's count, and each
+    column that is not repeated holding exactly one value per row (a repeated one at least one);
+    else CorruptionError naming the file. The pages are checked when a row group is read."""
+    total = 0
+    for rg in range(md.num_row_groups):
+        g = md.row_group(rg)
+        if g.num_rows < 0:
+            raise _lying_rows(f, rg, g.num_rows, "a count cannot be negative")
+        for j in range(g.num_columns):
+            values, flat = g.column(j).num_values, md.schema.column(j).max_repetition_level == 0
+            if values < 0 or (values != g.num_rows if flat else values < g.num_rows):
+                raise _lying_rows(f, rg, g.num_rows, f"its column {g.column(j).path_in_schema} holds {values} values")
+        total += g.num_rows
+    if total != md.num_rows:
+        raise CorruptionError(f"{f.address}: its row groups hold {total} rows but its footer claims {md.num_rows}: "
+                              f"the file's footer is damaged (or forged); rewrite the file")
+    return md
 
 
 def _keep(batch):

@@ -16,7 +16,13 @@ import struct
 from dataclasses import dataclass, field
 
 from . import ids
+from .chunker import DEFAULT_PARAMS, MAX_CHUNK_BYTES
+from .pages import CUT_ALLOWANCE, MIN_CUT_SPACING
 from .errors import CorruptionError
+
+#: The largest manifest a store takes: one upload batch (`remote.wire.MAX_MANIFEST_BATCH_BYTES`)
+#: less its 4-byte length. With 36-byte entries, 1,864,133 chunks (`max_entries`).
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024 - 4
 
 MANIFEST_VERSION = 2
 LEGACY_MANIFEST_VERSION = 1
@@ -25,6 +31,34 @@ HEADER = struct.Struct("<8sIIQ16s8x")
 ENTRY = struct.Struct("<32sI")
 LEGACY_ENTRY = struct.Struct("<16sI")
 ENTRIES = {MANIFEST_VERSION: ENTRY, LEGACY_MANIFEST_VERSION: LEGACY_ENTRY}
+
+
+def max_chunks(size: int, min_size: int = DEFAULT_PARAMS.min_size) -> int:
+    """The most chunks a file of `size` bytes can have, by design: each segment between forced cut
+    points gives chunks of at least `min_size` bytes but its last, and there are at most
+    size // MIN_CUT_SPACING + CUT_ALLOWANCE + 1 segments (`pages.thin_cuts`)."""
+    return size // min_size + size // MIN_CUT_SPACING + CUT_ALLOWANCE + 2
+
+
+def max_entries() -> int:
+    """The most chunks one manifest of MAX_MANIFEST_BYTES lists."""
+    return (MAX_MANIFEST_BYTES - HEADER.size) // ENTRY.size
+
+
+def _max_file_bytes() -> int:
+    """The largest file whose chunks fit one manifest whatever its bytes (default chunk sizes)."""
+    lo, hi = 0, 1 << 50
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if max_chunks(mid) <= max_entries() else (lo, mid - 1)
+    return lo
+
+
+#: Any file up to this size is stored whatever its bytes (about 6.1 GB: the worst case, a Parquet
+#: file of tiny pages); a larger one is stored when its chunks average more than
+#: size / max_entries() bytes (typical files: 64 KiB and more, so about 120 GB), else push refuses
+#: it, naming it, as soon as its chunks pass max_entries().
+MAX_FILE_BYTES = _max_file_bytes()
 
 
 @dataclass
@@ -85,6 +119,10 @@ class Manifest:
         if len(data) != HEADER.size + count * entry.size:
             raise CorruptionError(f"{name} has the wrong length for {count} chunks")
         entries = list(entry.iter_unpack(memoryview(data)[HEADER.size:]))
+        bad = next((n for _, n in entries if not 1 <= n <= MAX_CHUNK_BYTES), None)
+        if bad is not None:  # every chunk holds 1 to MAX_CHUNK_BYTES bytes: a reader never trusts more
+            what = "an empty chunk" if bad == 0 else f"a chunk of {bad} bytes, over the format's limit"
+            raise CorruptionError(f"{name} lists {what} (of {MAX_CHUNK_BYTES} bytes at most): it is damaged")
         m = cls([bytes(e[0]) for e in entries], [e[1] for e in entries], size, file_hash, version)
         if (m.ends[-1] if entries else 0) != size:
             raise CorruptionError(f"{name}: chunk lengths do not add up to the file size")

@@ -7,7 +7,8 @@ start, every column chunk end and the start of the footer region. Files written
 with Arrow's content-defined chunking then dedup at page granularity; pages larger
 than the maximum chunk size are sub-chunked by the byte chunker (hash reset at the
 page start). A large column or offset index (`INDEX_CUT_BYTES`) is cut out of the footer
-region too. Anything that is not a readable Parquet file yields None, and the caller falls
+region too. A file of countless tiny pages has its cuts thinned (`thin_cuts`), so that the chunks
+of any file stay within `manifest.max_chunks`. Anything that is not a readable Parquet file yields None, and the caller falls
 back to plain byte CDC.
 """
 from __future__ import annotations
@@ -25,6 +26,12 @@ _HEADER_PROBE = 4096  # bytes read per page header at first; grown when a header
 #: then dedups on its own when others around it change. Smaller ones stay with their
 #: neighbours, so that a wide table's many small indexes do not each become a tiny chunk.
 INDEX_CUT_BYTES = 4096
+#: Revision 3 of the forced cut points: a file with more than size // MIN_CUT_SPACING + CUT_ALLOWANCE
+#: of them (countless tiny pages: a hostile or degenerate file) keeps only those at least
+#: MIN_CUT_SPACING bytes after the last one kept (`thin_cuts`). Segments, hence chunks per byte, are
+#: then bounded by design (`manifest.max_chunks`); files below the threshold are cut as before.
+MIN_CUT_SPACING = 4096
+CUT_ALLOWANCE = 1024
 
 
 def read_page_header(buf, pos: int = 0) -> tuple[int, int, int]:
@@ -35,6 +42,38 @@ def read_page_header(buf, pos: int = 0) -> tuple[int, int, int]:
     if not isinstance(ptype, int) or not isinstance(size, int) or size < 0:
         raise ThriftError("page header lacks type or size")
     return d.pos - pos, ptype, size
+
+
+DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 2, 3
+
+
+def column_chunk_rows(chunk) -> int:
+    """The rows the pages of one column chunk (its bytes, whole) hold, from their headers: the
+    sum of each data page's num_values (v1 pages; the row count of a column that is not
+    repeated) or num_rows (v2 pages). ThriftError if the pages do not tile the chunk exactly.
+    A reader checks a footer's row counts with it before it allocates for them."""
+    pos, rows = 0, 0
+    while pos < len(chunk):
+        d = Decoder(chunk, pos)
+        h = d.struct()
+        ptype, size = h.get(1), h.get(3)
+        if not isinstance(ptype, int) or not isinstance(size, int) or size < 0:
+            raise ThriftError("page header lacks type or size")
+        if ptype == DATA_PAGE:
+            rows += _count(h.get(5), 1)  # DataPageHeader.num_values
+        elif ptype == DATA_PAGE_V2:
+            rows += _count(h.get(8), 3)  # DataPageHeaderV2.num_rows
+        pos = d.pos + size
+    if pos != len(chunk):
+        raise ThriftError("pages do not tile the column chunk")
+    return rows
+
+
+def _count(header, field: int) -> int:
+    n = header.get(field) if isinstance(header, dict) else None
+    if not isinstance(n, int) or n < 0:
+        raise ThriftError("data page header without a count")
+    return n
 
 
 def column_chunk_ranges(footer: bytes) -> list[tuple[int, int]]:
@@ -106,9 +145,23 @@ def page_cuts_of(f: BinaryIO, size: int) -> list[int] | None:
                 pos += _page_length(f, pos, end)
             if pos != end:
                 return None  # pages do not tile the column chunk: do not trust the walk
-        return sorted(c for c in cuts if 0 < c < size)
+        return thin_cuts(sorted(c for c in cuts if 0 < c < size), size)
     except (OSError, ThriftError, struct.error, RecursionError):
         return None
+
+
+def thin_cuts(cuts: list[int], size: int) -> list[int]:
+    """`cuts` (sorted) as they are when at most size // MIN_CUT_SPACING + CUT_ALLOWANCE, else only
+    the cuts at least MIN_CUT_SPACING bytes after the last one kept (from offset 0): then no
+    segment but the last is shorter than MIN_CUT_SPACING (pure)."""
+    if len(cuts) <= size // MIN_CUT_SPACING + CUT_ALLOWANCE:
+        return cuts
+    kept, last = [], 0
+    for c in cuts:
+        if c - last >= MIN_CUT_SPACING:
+            kept.append(c)
+            last = c
+    return kept
 
 
 def _index_cuts(indexes, ranges, footer_start: int) -> set[int]:

@@ -20,7 +20,8 @@ from .. import runtime
 from ..core import anchors, ids
 from ..core import pages
 from ..core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker
-from ..core.manifest import Manifest
+from ..core.errors import InvalidAddressError
+from ..core.manifest import MAX_FILE_BYTES, MAX_MANIFEST_BYTES, Manifest, max_entries
 from ..core.pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, PackWriter, WRITE_BUFFER,
                    encode_chunk)
 from ..storage.backend import Backend
@@ -179,6 +180,10 @@ class Ingest:
                 file_hash.update(block)
                 size += len(block)
                 self._add_chunks(chunks, chunk_ids, lengths, key, first_anchor)
+                if len(chunk_ids) > max_entries():
+                    raise InvalidAddressError(
+                        f"{path}: over {max_entries()} chunks after {size} bytes, more than one manifest holds "
+                        f"({MAX_MANIFEST_BYTES} bytes): split the file (any file up to {MAX_FILE_BYTES} bytes fits)")
                 if self.progress and block:
                     self.progress(len(block))
         with self._lock:

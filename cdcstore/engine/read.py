@@ -304,11 +304,13 @@ class FileReader(io.RawIOBase):
         if places:
             wanted = [i for i in span if ids[i] in places]
             self._locate(wanted)
+            self._check_lengths(span)
             try:
                 self._src.read_chunks_into([self._location(cid) for cid in places], places, out, self._repo,
                                            keep=memoryview(result))
             except PackMissingError:  # a gc moved them since they were located: locate again, once
                 self._relocate(wanted)
+                self._check_lengths(span)
                 self._src.read_chunks_into([self._location(cid) for cid in places], places, out, self._repo,
                                            keep=memoryview(result))
         del out
@@ -431,6 +433,7 @@ class FileReader(io.RawIOBase):
                     if cid not in located:
                         raise self._not_in_store(cid)
                 self._locs.update(located)  # a pull shares them between its files
+                self._check_lengths(range(len(self._m.chunk_ids)))
                 runs = file_runs(self._m.chunk_ids, located)
                 plan = (runs, [r.first for r in runs])
                 if not known:  # all located now: true while the stamp holds
@@ -573,6 +576,19 @@ class FileReader(io.RawIOBase):
         missing = [c for c in dict.fromkeys(ids[i] for i in indices) if c not in self._locs]
         if missing:
             self._locs.update(self._src.locate(missing, self._repo))
+        self._check_lengths(indices)
+
+    def _check_lengths(self, indices) -> None:
+        """The manifest's length of each chunk is the one its pack entry records: a manifest that
+        lists a chunk longer or shorter than it is (damaged or forged) fails the read, never
+        gives a short or padded file."""
+        ids, lens, locs = self._m.chunk_ids, self._m.lengths, self._locs
+        for i in indices:
+            loc = locs.get(ids[i])
+            if loc is not None and loc[1].raw_len != lens[i]:
+                raise CorruptionError(
+                    f"{self.name or 'file'}: its manifest lists chunk {i} ({ids[i].hex()[:16]}...) as {lens[i]} "
+                    f"bytes, but that chunk holds {loc[1].raw_len}: the manifest is damaged; the file cannot be read")
 
     def _fetch(self, indices: list[int]) -> dict[int, bytes]:
         """Chunks by index, verified; a pack gone since they were located (a gc moved
@@ -589,7 +605,14 @@ class FileReader(io.RawIOBase):
         for i in indices:
             items[ids[i]] = self._item(i)
         data = self._src.read_chunks(list(items.values()), self._repo)
-        return {i: data[ids[i]] for i in indices}
+        out = {i: data[ids[i]] for i in indices}
+        for i, chunk in out.items():  # whatever the source: never a short (or long) chunk
+            if len(chunk) != self._m.lengths[i]:
+                self._check_lengths([i])
+                raise CorruptionError(f"{self.name or 'file'}: chunk {i} ({ids[i].hex()[:16]}...) holds "
+                                      f"{len(chunk)} bytes, its manifest says {self._m.lengths[i]}: the manifest "
+                                      f"is damaged; the file cannot be read")
+        return out
 
 
 class LocalSeed:

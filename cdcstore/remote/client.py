@@ -31,7 +31,7 @@ from ..core import treeobj
 from ..core.commit import Commit
 from ..core.errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError, NotFoundError,
                           RefExistsError, RemoteError, RepoNotFoundError, RevisionNotFoundError, error_class)
-from ..core.manifest import Manifest
+from ..core.manifest import MAX_MANIFEST_BYTES, Manifest
 from ..core.pack import PackEntry, decode_chunk
 from ..core.ranges import ByteRange, landing as _landing, plan_ranges, slices
 from ..storage.backend import Backend, BackendCapabilities
@@ -41,6 +41,14 @@ RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry 
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
 RANGE_BYTES = 8 * 1024 * 1024  # a read's ranges: large, yet many at once over the 8 connections
 ADMIN_TIMEOUT = 24 * 3600.0  # seconds an admin command may run before the client gives up
+#: Seconds a request may wait on a server that sends nothing, all its attempts together (plus the time
+#: its body and expected answer take at `min_rate`); $CDCSTORE_TIMEOUT or `timeout=` set it.
+DEFAULT_TIMEOUT = 30.0
+ENV_TIMEOUT = "CDCSTORE_TIMEOUT"
+#: The longest answer the client accepts to any request but a range (a range: exactly its length). The
+#: largest honest one is a 64 MiB manifest with its chunks' locations (about 215 MiB).
+MAX_ANSWER_BYTES = 256 * 1024 * 1024
+MAX_ERROR_BYTES = 64 * 1024  # an error answer is read this far at most (its message is in the first bytes)
 MEMO_OBJECTS = 256  # commits, trees and manifests a RemoteStore keeps in memory
 NOTE_AFTER = 1.0  # seconds: a retry waiting this long is logged (the CLI prints it unless -q)
 log = logging.getLogger("cdcstore.client")
@@ -125,11 +133,36 @@ def replica_urls(url: str) -> list[str]:
     return bases
 
 
+async def _read_body(resp: aiohttp.ClientResponse, limit: int, what: str, base: str, truncate: bool = False) -> bytes:
+    """A response body of at most `limit` bytes: a longer one (by its Content-Length, or as it
+    arrives) is refused before it is held, or with `truncate` cut at `limit` (the rest unread)."""
+    if resp.method == "HEAD":  # its Content-Length is the resource's, and no body follows
+        return b""
+    if resp.content_length is not None and resp.content_length > limit and not truncate:
+        raise RemoteError(f"{what}: the server at {base} answered {resp.content_length} bytes, more than "
+                          f"the {limit} expected: it is not a cdcstore server, or it is damaged")
+    out = bytearray()
+    async for piece in resp.content.iter_any():
+        if len(out) + len(piece) > limit:
+            if truncate:
+                out += piece[:limit - len(out)]
+                resp.close()  # the rest is not read: this connection cannot be reused
+                break
+            resp.close()
+            raise RemoteError(f"{what}: the server at {base} answered more than the {limit} bytes expected: "
+                              f"it is not a cdcstore server, or it is damaged")
+        out += piece
+    return bytes(out)
+
+
 async def _read_into(resp: aiohttp.ClientResponse, into: memoryview) -> int:
     """A response body written into `into` as it arrives; it must fill `into` exactly."""
+    if resp.content_length is not None and resp.content_length != len(into):
+        raise CorruptionError(f"range answer of {resp.content_length} bytes: wanted {len(into)}")
     n = 0
     async for piece in resp.content.iter_any():
         if n + len(piece) > len(into):
+            resp.close()
             raise CorruptionError(f"long range answer: wanted {len(into)} bytes, got more")
         into[n:n + len(piece)] = piece
         n += len(piece)
@@ -139,13 +172,13 @@ async def _read_into(resp: aiohttp.ClientResponse, into: memoryview) -> int:
 
 
 class Transport:
-    def __init__(self, url: str, token: str | None = None, *, timeout: float = 60.0, retries: int = 6,
+    def __init__(self, url: str, token: str | None = None, *, timeout: float | None = None, retries: int = 6,
                  backoff: float = 0.25, max_backoff: float = 20.0, connections: int = 8,
                  min_rate: float = 1024 * 1024):
         self.bases = replica_urls(url)  # replicas of one store: a request fails over to the next
         self._current = 0
         self.token = token
-        self.timeout = timeout
+        self.timeout = _timeout(timeout)  # seconds a stalled request waits, all attempts together
         self.retries = retries
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -207,26 +240,37 @@ class Transport:
                                               sock_read=self.timeout))
         return self._session
 
+    def _attempt_timeout(self, seconds: float) -> aiohttp.ClientTimeout:
+        """aiohttp's own timeouts for one attempt: the attempt's whole budget between two reads
+        (`request` bounds the attempt as a whole)."""
+        return aiohttp.ClientTimeout(total=None, sock_connect=min(10.0, seconds), sock_read=seconds)
+
     def delay(self, attempt: int) -> float:
         """Exponential backoff with jitter."""
         return min(self.max_backoff, self.backoff * 2 ** attempt) * (0.5 + random.random())
 
     async def request(self, method: str, path: str, *, body: bytes | None = None, body_path: str | None = None,
                       headers: dict | None = None, ok=(200, 201, 206), landed=None,
-                      into: memoryview | None = None, timeout: float | None = None) -> tuple[int, bytes]:
+                      into: memoryview | None = None, timeout: float | None = None,
+                      expect: int | None = None, limit: int = MAX_ANSWER_BYTES) -> tuple[int, bytes]:
         """One request with retries; returns (status, body) or raises a mapped error.
 
         `landed`, for uploads: a coroutine asked before each retry whether the
         previous attempt took effect after all (then the body is not sent again).
         `into`, for a range: a 206 answer's body is written there as it arrives (no
-        copy of its own; the body returned is then empty) and must fill it exactly."""
+        copy of its own; the body returned is then empty) and must fill it exactly. `expect`, for
+        a range: its length; a longer answer is refused (any other answer: past `limit`).
+        A server that sends nothing is given `timeout` seconds in all (plus the time the body and
+        the expected answer take at `min_rate`), whatever the retries: then RemoteError."""
         retries = self.retries
         session = await self._get_session()
         h = dict(headers or {})
         if self.token:
             h["Authorization"] = f"Bearer {self.token}"
         size = len(body) if body is not None else (os.path.getsize(body_path) if body_path else 0)
-        deadline = (self.timeout if timeout is None else timeout) + size / self.min_rate
+        budget = (self.timeout if timeout is None else timeout) + (size + (expect or 0)) / self.min_rate
+        stalled = 0.0  # seconds spent in attempts that timed out
+        loop = asyncio.get_running_loop()
         what = f"{method} {path}"
         refused = 0
         retries += len(self.bases) - 1  # one more try per extra replica
@@ -237,13 +281,17 @@ class Transport:
             base = self.base
             try:
                 data = open(body_path, "rb") if body_path else body
+                began = loop.time()
                 try:
-                    async with asyncio.timeout(deadline):
-                        async with session.request(method, base + path, data=data, headers=h) as resp:
+                    async with asyncio.timeout(budget - stalled):
+                        async with session.request(method, base + path, data=data, headers=h,
+                                                   timeout=self._attempt_timeout(budget - stalled)) as resp:
                             if into is not None and resp.status == 206:
                                 payload, got = b"", await _read_into(resp, into)
                             else:
-                                payload = await resp.read()
+                                most = MAX_ERROR_BYTES if resp.status not in ok else \
+                                    expect if expect is not None and resp.status == 206 else limit
+                                payload = await _read_body(resp, most, what, base, truncate=resp.status not in ok)
                                 got = len(payload)
                             self.requests += 1
                             self.sent_bytes += size + _header_bytes(resp.request_info.headers) + len(what) + 12
@@ -262,6 +310,11 @@ class Transport:
                         data.close()
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
                 failed_over = self.fail_over(base)  # every request of the protocol is idempotent
+                if isinstance(e, TimeoutError):
+                    stalled = 0.0 if failed_over else stalled + loop.time() - began  # a replica: its own budget
+                    if stalled >= budget * 0.99 or (failed_over and attempt == retries):
+                        raise RemoteError(f"{what} to {base} timed out (stalled): no answer within {budget:.0f} s; the server "
+                                          f"is hung or overloaded (set {ENV_TIMEOUT}=SECONDS to wait longer)") from None
                 if _refused(e):
                     refused += 1
                     if refused > REFUSED_RETRIES * len(self.bases) or attempt == retries:
@@ -286,16 +339,22 @@ class Transport:
     async def get_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a resource; a range already in flight is shared."""
         key = (path, start, end)
-        fut = self._flights.get(key)
-        if fut is None:
-            fut = asyncio.ensure_future(self._fetch_range(path, start, end))
-            self._flights[key] = fut
-            fut.add_done_callback(lambda _: self._flights.pop(key, None))
-        return await asyncio.shield(fut)
+        flight = self._flights.get(key)
+        if flight is None:
+            flight = self._flights[key] = [asyncio.ensure_future(self._fetch_range(path, start, end)), 0]
+            flight[0].add_done_callback(lambda t: _landed_flight(self._flights, key, flight))
+        flight[1] += 1
+        try:
+            return await asyncio.shield(flight[0])
+        finally:
+            flight[1] -= 1
+            if not flight[1]:  # nobody waits for it any more (a reader gave up): stop it
+                flight[0].cancel()
 
     async def get_range_into(self, path: str, start: int, end: int, into: memoryview) -> None:
         """Bytes [start, end) of a resource written into `into` (exactly that long)."""
-        status, data = await self.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}"}, into=into)
+        status, data = await self.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}"}, into=into,
+                                          expect=end)
         if status == 200:  # server ignored the range
             data = data[start:end]
             if len(data) != end - start:
@@ -303,12 +362,35 @@ class Transport:
             into[:] = data
 
     async def _fetch_range(self, path: str, start: int, end: int) -> bytes:
-        status, data = await self.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}"})
+        status, data = await self.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}"},
+                                          expect=end - start)
         if status == 200:  # server ignored the range
             data = data[start:end]
         if len(data) != end - start:
             raise CorruptionError(f"short range read from {path}: wanted {end - start} bytes, got {len(data)}")
         return data
+
+
+def _timeout(timeout: float | None) -> float:
+    """`timeout`, else $CDCSTORE_TIMEOUT, else DEFAULT_TIMEOUT (seconds; positive)."""
+    if timeout is None:
+        raw = os.environ.get(ENV_TIMEOUT, "").strip()
+        try:
+            timeout = float(raw) if raw else DEFAULT_TIMEOUT
+        except ValueError:
+            raise InvalidAddressError(f"{ENV_TIMEOUT}={raw!r}: give a number of seconds") from None
+    if not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    return float(timeout)
+
+
+def _landed_flight(flights: dict, key, flight: list) -> None:
+    """A range fetch finished: forget it, and mark its outcome seen (a waiter that gave up on it
+    would otherwise leave "Task exception was never retrieved" on stderr)."""
+    if flights.get(key) is flight:
+        del flights[key]
+    if not flight[0].cancelled():
+        flight[0].exception()
 
 
 def _batches(blobs):
@@ -336,6 +418,17 @@ def _place_range(r: ByteRange, data, places: dict, out: memoryview, stored: dict
                 out[dest:dest + hi - lo] = raw[lo:hi]
         if stored is not None:
             stored[e.chunk_id] = stored_bytes
+
+
+class _Answer(dict):
+    """A server's JSON answer: a key it lacks is a RemoteError naming the request, not a KeyError."""
+
+    def __init__(self, doc: dict, what: str):
+        super().__init__(doc)
+        self.what = what
+
+    def __missing__(self, key):
+        raise RemoteError(f"{self.what} lacks {key!r}: is it a cdcstore server (of a version this client knows)?")
 
 
 class RemoteStore(Backend):
@@ -378,7 +471,15 @@ class RemoteStore(Backend):
         return self.t.run(self.t.request(method, self._api + path, **kw))[1]
 
     def _json(self, method: str, path: str, **kw) -> dict:
-        return json.loads(self._call(method, path, **kw))
+        data = self._call(method, path, **kw)
+        try:
+            doc = json.loads(data)
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            raise RemoteError(f"{method} {path}: the answer of {self.t.base} is not cdcstore JSON "
+                              f"({bytes(data[:40])!r}...): is it a cdcstore server?")
+        return _Answer(doc, f"{method} {path}: the answer of {self.t.base}")
 
     def counters(self) -> dict:
         return self.t.counters() | {"proven_chunks": self.proven_chunks}
@@ -568,7 +669,8 @@ class RemoteStore(Backend):
         return self._remembered(("manifest", repo, name), lambda: self._fetch_manifest(name, repo))
 
     def _fetch_manifest(self, name: str, repo: str | None) -> Manifest:
-        return self._checked_manifest(name, self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}"))
+        return self._checked_manifest(name, self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}",
+                                                       limit=MAX_MANIFEST_BYTES))
 
     @staticmethod
     def _checked_manifest(name: str, data: bytes) -> Manifest:

@@ -14,6 +14,7 @@ import hashlib
 import struct
 
 from ..core import ids as _ids
+from ..core.chunker import MAX_CHUNK_BYTES
 from ..core.errors import CorruptionError
 from ..core.pack import PackEntry
 
@@ -137,8 +138,12 @@ def decode_locations(body: bytes, width: int = ID) -> dict[bytes, tuple[str, Pac
     rec = LOCATES[width]
     if len(body) % rec.size:
         raise CorruptionError("location answer has the wrong length")
-    return {cid: (pack.hex(), PackEntry(cid, off, slen, rlen, codec))
-            for cid, pack, off, slen, rlen, codec in rec.iter_unpack(body)}
+    out = {cid: (pack.hex(), PackEntry(cid, off, slen, rlen, codec))
+           for cid, pack, off, slen, rlen, codec in rec.iter_unpack(body)}
+    if any(e.stored_len > MAX_CHUNK_BYTES or e.raw_len > MAX_CHUNK_BYTES for _, e in out.values()):
+        raise CorruptionError(f"location answer lists a chunk over the format's {MAX_CHUNK_BYTES} bytes: "
+                              f"the server is damaged or not a cdcstore server")  # a client never asks more
+    return out
 
 
 LOCATED_MAGIC = b"CDCMLOC\x00"  # `GET manifests/{name}?locations=1` (protocol 1.3)
