@@ -109,13 +109,15 @@ def worth_compressing(raw) -> bool:
     return len(_compressor(1).compress(sample)) <= len(sample) * (1 - MIN_SAVING)
 
 
-def encode_chunk(raw, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL) -> tuple[int, bytes]:
+def encode_chunk(raw, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL, id_of_raw: bool = False) -> tuple[int, bytes]:
     """Compress a chunk for storage and verify the result decodes to `chunk_id`.
 
     Returns (codec, stored bytes). The chunk is kept raw when the probe says zstd
-    would not pay, or when zstd saves less than `MIN_SAVING` of it (a raw chunk
-    is re-hashed: what is written is always checked against the id). Safe to call
-    from several threads at once (zstd releases the GIL).
+    would not pay, or when zstd saves less than `MIN_SAVING` of it. A compressed
+    chunk is always decoded and re-hashed; a raw one is re-hashed unless `id_of_raw`
+    says the caller computed `chunk_id` from these very bytes, immutable (a push's
+    read-only views of bytes objects): hashing them again would check nothing new.
+    Safe to call from several threads at once (zstd releases the GIL).
     """
     raw_len = len(raw)
     if raw_len and worth_compressing(raw):
@@ -123,7 +125,7 @@ def encode_chunk(raw, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL) -> tuple
         if len(packed) <= raw_len * (1 - MIN_SAVING):
             decode_chunk(packed, CODEC_ZSTD, raw_len, chunk_id)
             return CODEC_ZSTD, packed
-    if not ids.matches(raw, chunk_id):
+    if not id_of_raw and not ids.matches(raw, chunk_id):
         raise CorruptionError(f"chunk {chunk_id.hex()} does not match its id")
     return CODEC_RAW, raw
 

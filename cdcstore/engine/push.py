@@ -249,7 +249,8 @@ class Ingest:
         """On an encoding thread: encode (and verify) the chunks, then append them to the pack."""
         try:
             level = self.opts.zstd_level
-            encoded = [(*encode_chunk(data, cid, level), ids.checksum(data)) for cid, data in task]
+            # each id was computed in `_add_chunks` from the same read-only view of immutable bytes
+            encoded = [(*encode_chunk(data, cid, level, id_of_raw=True), ids.checksum(data)) for cid, data in task]
             with self.sink.lock:
                 for (cid, data), (codec, stored, check) in zip(task, encoded):
                     self.sink.add(cid, codec, stored, len(data), check)
