@@ -87,7 +87,8 @@ class Child:
 
 
 class Forker:
-    def __init__(self, folder, preload=("cdcstore", "cdcstore.cli"), env: dict | None = None):
+    def __init__(self, folder, preload=("cdcstore", "cdcstore.cli", "cdcstore.remote.client", "tqdm"),
+                 env: dict | None = None):
         self.folder, self.n = str(folder), 0
         env = {**os.environ, **(env or {}), "PYTHONPATH": ROOT}
         self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE, *preload], stdin=subprocess.PIPE,
