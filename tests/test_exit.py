@@ -15,6 +15,7 @@ from cdcstore.fs import CdcFileSystem
 RUNS = 50
 HOWS = [("pyarrow", "pyarrow"), ("pyarrow", "pyarrow"), ("pyarrow", "pandas")]  # pandas aborts less often
 CHILD = """
+import sys
 store, how = sys.argv[1], sys.argv[2]
 url = "cdc://ds/data/t.parquet"
 if how == "pyarrow":
