@@ -11,7 +11,6 @@ import sqlite3
 import sys
 
 import click
-from tqdm import tqdm
 
 from .core.address import DEFAULT_BRANCH, parse
 from .api import ChunkCache, Store, default_store_path, is_url, parse_size, plan_sources
@@ -151,6 +150,7 @@ def _local(path: str | None, command: str = "this command") -> Store:
 
 
 def _progress(total: int, desc: str, quiet: bool):
+    from tqdm import tqdm  # here: most commands never draw a bar (~25 ms of every start)
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
                 disable=True if quiet or _quiet() else None, file=sys.stderr, leave=False)
 

@@ -126,9 +126,12 @@ def test_a_writer_killed_mid_push_loses_nothing_acknowledged(s3_url, tmp_path, s
     small = _files(tmp_path / "small", **{"f.bin": golden_input(200_000)})
     with Store(s3_url) as s:
         first = s.push([small], "cdc://ds/keep/").commit
-    big = _files(tmp_path / "big", **{"f.bin": os.urandom(48 << 20)})
+    # 16 MiB (was 48): the push still takes ~0.3 s after "ready" on a quiet machine, so both kills
+    # land in it; check(read_data=True) below costs a ranged GET per chunk, each of which moto
+    # answers by copying the whole pack: 48 MiB made that check alone ~30-60 s
+    big = _files(tmp_path / "big", **{"f.bin": os.urandom(16 << 20)})
     killed = 0
-    for delay in (0.1, 0.4):
+    for delay in (0.05, 0.2):
         p = _writer(s3_url, big, f"big{delay}", 1, env)
         assert p.stdout.readline().strip() == "ready"
         time.sleep(delay)

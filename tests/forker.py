@@ -1,0 +1,129 @@
+"""Child processes without the interpreter start: a preloaded Python ("zygote") forks each child.
+
+Tests that start dozens of short Python processes (CLI pushes, workers killed at random points)
+spent most of each child's life importing: ~0.3-0.5 s of CPU a child on the CI machine. A
+`Forker` imports the package once, then forks a child per `run()`: the child sets `sys.argv`,
+redirects its stdout/stderr to files and runs the code or module as `python -c` / `python -m`
+would, then exits through the interpreter's normal shutdown (atexit handlers, thread joins), or
+dies of the signal the test sends. Children are real processes: a SIGKILL is a SIGKILL.
+
+    with Forker(tmp_path) as fk:
+        p = fk.run(["push", src, dest, "--store", root], module="cdcstore")
+        assert p.wait() == 0, p.stderr()
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+ZYGOTE = r"""
+import json, os, runpy, sys, threading
+for name in sys.argv[1:]:
+    __import__(name)
+assert threading.active_count() == 1, "a preload started a thread: children would inherit a broken copy"
+commands, replies = sys.stdin, sys.stdout
+for line in commands:
+    cmd = json.loads(line)
+    if "wait" in cmd:
+        _, status = os.waitpid(cmd["wait"], 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        replies.write(json.dumps({"code": code}) + "\n")
+        replies.flush()
+        continue
+    pid = os.fork()
+    if pid:
+        replies.write(json.dumps({"pid": pid}) + "\n")
+        replies.flush()
+        continue
+    # the child: what `python -c CODE ARGS` or `python -m MODULE ARGS` would be
+    null = os.open(os.devnull, os.O_RDONLY)
+    out = os.open(cmd["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    err = os.open(cmd["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for fd, to in ((null, 0), (out, 1), (err, 2)):
+        os.dup2(fd, to)
+        os.close(fd)
+    sys.stdin = open(0, closefd=False)
+    sys.stdout = open(1, "w", closefd=False, buffering=1)
+    sys.stderr = open(2, "w", closefd=False, buffering=1)
+    if cmd.get("cwd"):
+        os.chdir(cmd["cwd"])
+    del commands, replies, line
+    if cmd.get("module"):
+        sys.argv = [cmd["module"], *cmd["argv"]]
+        runpy.run_module(cmd["module"], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = ["-c", *cmd["argv"]]
+        exec(compile(cmd["code"], "<string>", "exec"), {"__name__": "__main__"})
+    sys.exit(0)  # the interpreter's own shutdown, as at the end of a script
+"""
+
+
+class Child:
+    """A forked child: its pid, exit code (negative: the signal that ended it) and output."""
+
+    def __init__(self, forker: "Forker", pid: int, out: str, err: str):
+        self.forker, self.pid, self.out_path, self.err_path = forker, pid, out, err
+        self.returncode = None
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = self.forker._ask({"wait": self.pid})["code"]
+        return self.returncode
+
+    def stdout(self) -> str:
+        with open(self.out_path, errors="replace") as f:
+            return f.read()
+
+    def stderr(self) -> str:
+        with open(self.err_path, errors="replace") as f:
+            return f.read()
+
+
+class Forker:
+    def __init__(self, folder, preload=("cdcstore", "cdcstore.cli", "cdcstore.remote.client", "tqdm"),
+                 env: dict | None = None):
+        self.folder, self.n = str(folder), 0
+        env = {**os.environ, **(env or {}), "PYTHONPATH": ROOT}
+        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE, *preload], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, text=True)
+        self.children: list[Child] = []
+
+    def _ask(self, cmd: dict) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the forker exited ({self.proc.wait()})")
+        return json.loads(line)
+
+    def run(self, argv: list[str], code: str | None = None, module: str | None = None, cwd=None) -> Child:
+        """Start a child running `code` (as `python -c code *argv`) or `module` (`python -m`)."""
+        assert (code is None) != (module is None)
+        self.n += 1
+        out, err = (os.path.join(self.folder, f"child-{self.n}.{k}") for k in ("out", "err"))
+        reply = self._ask({"argv": [str(a) for a in argv], "code": code, "module": module, "out": out,
+                           "err": err, "cwd": str(cwd) if cwd else None})
+        child = Child(self, reply["pid"], out, err)
+        self.children.append(child)
+        return child
+
+    def close(self) -> None:
+        for c in self.children:
+            if c.returncode is None:
+                c.send_signal(signal.SIGKILL)
+                c.wait()
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+    def __enter__(self) -> "Forker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
