@@ -852,7 +852,8 @@ class Repository(Backend):
                       commit: Commit | None = None, landed=None) -> str:
         """Move `branch` from `expected` (None: must not exist) to `new` by a conditional
         put; returns the commit the branch now points at. `landed(commit)` runs once the
-        commit that lands is known, before the branch moves.
+        branch has moved to the commit that lands (never for a refused put: a reader that
+        sees the branch first and misses a grant re-derives it from the refs).
 
         If another writer moved the branch first and `commit` (the commit named `new`)
         touches no path that the branch's new history touched, a rebased copy of it
@@ -877,21 +878,23 @@ class Repository(Backend):
                 target, fresh = self._rebase(commit, branch, current)
                 if not fresh:  # this very commit landed before (a retried request)
                     return target
-            if landed is not None:
-                landed(self.get_commit(repo, target))
             data = (target + "\n").encode()
             try:
                 if token is None:
                     self.objects.put_if_absent(ref_name(repo, "branch", branch), data)
                 else:
                     self.objects.put_if_match(ref_name(repo, "branch", branch), data, token)
-                return target
             except Conflict:  # another writer moved it between our read and our put
                 if commit is None:
                     raise ConflictError(f"branch {branch!r} of repo {repo!r} moved while it was being "
                                         f"updated: run the command again") from None
-                if self._read_ref(repo, "branch", branch)[0] == target:
-                    return target  # our own put landed and its answer was lost (a retry)
+                if self._read_ref(repo, "branch", branch)[0] != target:
+                    continue  # a refused put grants nothing: read the branch again
+            # landed (or our own put landed and its answer was lost, a retry): only now is it
+            # granted, so a compare-and-swap that fails never gives the repo any reach
+            if landed is not None:
+                landed(self.get_commit(repo, target))
+            return target
 
     def _applied(self, repo: str, original: str) -> set[str]:
         """The ids under which `original` was rebased before (by any attempt)."""
