@@ -66,3 +66,32 @@ def test_a_commit_that_loses_the_compare_and_swap_race_grants_nothing(store, tmp
         be.commit(hostile, "main", head_a)
     assert not be.index.reached(secret_ids, ["a"], None)
     assert not be.index.reaches("a", "manifest", head_b.files["secret.bin"].manifest)
+
+
+def test_a_prove_query_answers_every_unseen_id_alike(tenants, tmp_path):
+    """Learn: with or without X-Cdc-Prove, a scoped token's presence answer for an id it may not
+    see is the same whether another tenant stored that chunk or nobody did; a proof without the
+    bytes answers 0 for both."""
+    secret = os.urandom(30_000)
+    with Store(tenants.url, token="tok-b", cache=False) as sb:
+        sb.push([_tree(tmp_path, "b", {"secret.bin": secret})], "cdc://b/")
+    srv = LocalStore(tenants.store)
+    head = srv.get_commit("b", srv.resolve("b", "main"))
+    secret_ids = srv.get_manifest(head.files["secret.bin"].manifest).chunk_ids
+    candidates = [os.urandom(32) for _ in range(2000)]
+    candidates[700:700] = secret_ids  # the secret hides among random guesses
+    api = tenants.url + "/v1"
+    body = b"".join(candidates)
+    status, plain = _call(api + "/chunks/query", "tok-a", "POST", body, ID32)
+    assert status == 200 and plain == bytes(len(candidates))
+    status, answer = _call(api + "/chunks/query", "tok-a", "POST", body, {wire.PROVE_HEADER: "1"} | ID32)
+    assert status == 200 and answer[:len(candidates)] == b"\x02" * len(candidates), "the flags single out B's chunks"
+    nonce = wire.presence_nonce(candidates, answer)
+    forged = wire.encode_proofs(nonce, [(c, bytes(16)) for c in candidates[:4096]])
+    assert _call(api + "/chunks/prove", "tok-a", "POST", forged, ID32) == (200, bytes(len(candidates[:4096])))
+    # a tenant that holds the bytes proves them (dedup across tenants still works) and a tenant
+    # with only new data uploads it: both pushes succeed and the secret is stored once
+    with Store(tenants.url, token="tok-a", cache=False) as sa:
+        r = sa.push([_tree(tmp_path, "a", {"copy.bin": secret, "new.bin": os.urandom(20_000)})], "cdc://a/")
+        assert sa.counters()["proven_chunks"] == len(set(secret_ids))
+        assert 20_000 <= r.new_bytes < 20_000 + len(secret) // 2 and sa.cat("cdc://a/copy.bin") == secret
