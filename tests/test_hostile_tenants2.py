@@ -95,3 +95,53 @@ def test_a_prove_query_answers_every_unseen_id_alike(tenants, tmp_path):
         r = sa.push([_tree(tmp_path, "a", {"copy.bin": secret, "new.bin": os.urandom(20_000)})], "cdc://a/")
         assert sa.counters()["proven_chunks"] == len(set(secret_ids))
         assert 20_000 <= r.new_bytes < 20_000 + len(secret) // 2 and sa.cat("cdc://a/copy.bin") == secret
+
+
+def test_a_reused_repo_name_starts_with_nothing(tenants, tmp_path):
+    """Hold/read: after delete-repo, a token for a new repo of the same name sees neither the
+    old repo's totals nor its chunks (no grant survives the repo)."""
+    old = os.urandom(60_000)
+    with Store(tenants.url, token="tok-all", cache=False) as s:
+        s.push([_tree(tmp_path, "old", {"old.bin": old})], "cdc://a/")
+    srv = LocalStore(tenants.store)
+    head = srv.get_commit("a", srv.resolve("a", "main"))
+    old_ids = srv.get_manifest(head.files["old.bin"].manifest).chunk_ids
+    (old_pack,) = {p for p, _ in srv.locate(old_ids).values()}
+    api = tenants.url + "/v1"
+    assert json.loads(_call(api + "/stats", "tok-a")[1])["chunks"] == len(set(old_ids))  # a reaches them now
+    status, _ = _call(api + "/admin/delete-repo", "tok-admin", "POST", json.dumps({"repo": "a"}).encode(),
+                      {"Content-Type": "application/json"})
+    assert status == 200
+    with Store(tenants.url, token="tok-a", cache=False) as sa:  # a new tenant reuses the name
+        sa.push([_tree(tmp_path, "new", {"new.bin": b"the new a"})], "cdc://a/")
+    stats = json.loads(_call(api + "/stats", "tok-a")[1])
+    assert stats["chunks"] == 1 and stats["chunk_raw_bytes"] == len(b"the new a")
+    size = os.path.getsize(srv.pack_path(old_pack))
+    status, body = _call(f"{api}/repos/a/packs/{old_pack}", "tok-a", headers={"Range": f"bytes=0-{size - 1}"})
+    assert status == 404 and old[:1000] not in body
+    assert _call(api + "/chunks/query", "tok-a", "POST", b"".join(old_ids), ID32) == (200, bytes(len(old_ids)))
+    assert _call(api + "/repos/a/locate", "tok-a", "POST", b"".join(old_ids), ID32) == (200, b"")
+
+
+def test_another_replica_drops_a_deleted_repos_reach(s3_env, tmp_path):
+    """Over a bucket, a delete-repo through one replica leaves a tombstone; every other replica
+    drops the repo's records when it sees it (its maintenance round), even if the name is reused."""
+    import secrets
+    from cdcstore.storage.repository import Repository, open_repository
+    from conftest import S3_BUCKET
+    url = f"s3://{S3_BUCKET}/store-{secrets.token_hex(4)}"
+    Store.init(url).close()
+    with Store(url) as s:
+        s.push([_tree(tmp_path, "old", {"old.bin": os.urandom(30_000)})], "cdc://a/")
+    one = open_repository(url)
+    two = Repository(one.objects, str(tmp_path / "replica-two.sqlite"), url)
+    two.refresh_grants("a")
+    head = two.get_commit("a", two.resolve("a", "main"))
+    old_ids = set(two.get_manifest(head.files["old.bin"].manifest).chunk_ids)
+    assert two.index.reached(old_ids, ["a"], None) == old_ids
+    one.delete_repo("a")
+    with Store(url) as s:
+        s.push([_tree(tmp_path, "new", {"new.bin": b"the new a"})], "cdc://a/")  # the name is taken again
+    assert two.drop_deleted_grants() == ["a"]
+    assert not two.index.reached(old_ids, ["a"], None)
+    assert two.drop_deleted_grants() == []  # a tombstone is acted on once

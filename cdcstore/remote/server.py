@@ -816,6 +816,7 @@ class Server:
         if self.store.index.reach_stale():  # indexed before chunk-level reach: grant from the commits once
             log.warning("rebuilding the index once: this store predates chunk-level access records")
             rebuild_index(self.store)
+        self.store.drop_deleted_grants()  # a repo deleted through another replica: its name's reach is reset
         added = self.store.recover()
         if added:
             log.warning("recovered %d packs that were durable but not indexed", added)

@@ -275,6 +275,31 @@ class ChunkIndex:
             conn.executemany("INSERT OR IGNORE INTO repo_objects (repo, kind, name) VALUES (?, ?, ?)",
                              [(repo, kind, n) for n in names])
 
+    def drop_repo(self, repo: str) -> None:
+        """Forget what `repo` reaches (a deleted repo: a new repo of that name starts with nothing)."""
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("DELETE FROM repo_objects WHERE repo = ?", (repo,))
+            conn.execute("DELETE FROM repo_chunks WHERE repo = ?", (repo,))
+
+    def tombstones(self) -> set[str]:
+        """The delete-repo tombstones whose repos' records this index has dropped."""
+        return {row[0][len("deleted:"):] for row in self.conn.execute(
+            "SELECT key FROM meta WHERE key >= 'deleted:' AND key < 'deleted;'")}
+
+    def add_tombstones(self, names: Iterable[str]) -> None:
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, '')",
+                             [("deleted:" + n,) for n in names])
+
+    def granted_repos(self) -> set[str]:
+        """The repos that this index records any reach for."""
+        return {row[0] for row in self.conn.execute(
+            "SELECT DISTINCT repo FROM repo_objects UNION SELECT DISTINCT repo FROM repo_chunks")}
+
     def grant_chunks(self, table: str, who: str, chunk_ids: Iterable[bytes]) -> None:
         """Record that repo `who` reaches (table "repo_chunks") or token owner `who`
         uploaded (table "token_chunks") these chunks."""

@@ -33,6 +33,7 @@ import json
 import os
 import secrets
 import tempfile
+import time
 from typing import Iterable, Iterator
 
 import platformdirs
@@ -63,6 +64,9 @@ LOCAL_RUN = 4 << 20  # bytes per pread: larger buffers are fresh pages each time
 REMOTE_RUN = 16 << 20  # bytes per ranged GET on an object store
 HINTS_MAX = 4_000_000  # chunk locations kept from location records per process (~1 GB at most)
 TREE_MEMO = 4096  # trees kept decoded per process (immutable: named by their bytes)
+
+
+DELETED = "deleted/"  # deleted/<repo>/<time>-<random>: tombstones of delete-repo (replicas drop its reach)
 
 
 def pack_name(name: str) -> str:
@@ -595,9 +599,36 @@ class Repository(Backend):
         out = {"repo": repo, "refs": len(refs), "commits": sum(1 for n in names if n.split("/")[2] == "commits"),
                "objects": len(names), "dry_run": dry_run}
         if not dry_run:
+            # a tombstone first: every replica drops the repo's reach when it sees it
+            self.objects.put(f"{DELETED}{repo}/{time.time_ns()}-{secrets.token_hex(4)}", b"", exist_ok=True)
             for n in refs + [n for n in names if n not in refs]:
                 self.objects.delete(n)
+            self.drop_grants(repo)
         return out
+
+    def drop_grants(self, repo: str) -> None:
+        """Forget what a deleted repo reached: a new repo of that name (and its tokens) starts
+        with nothing, neither the old totals nor the old chunks."""
+        with self._grant_lock:
+            self._granted.pop(repo, None)
+            self.index.drop_repo(repo)
+
+    def drop_deleted_grants(self) -> list[str]:
+        """Drop the records of repos deleted since (through another replica or machine): a
+        tombstone `deleted/<repo>/<time>-<random>` this index has not seen, or a recorded repo
+        that no longer exists. Returns the repos whose records were dropped."""
+        seen = self.index.tombstones()
+        fresh = [i.name for i in self.objects.list(DELETED) if i.name not in seen]
+        gone = {n.split("/")[1] for n in fresh if n.count("/") == 2}
+        for r in self.index.granted_repos() - gone:
+            with contextlib.suppress(InvalidAddressError):
+                if self.has_repo(r):
+                    continue
+            gone.add(r)
+        for r in sorted(gone):
+            self.drop_grants(r)
+        self.index.add_tombstones(fresh)
+        return sorted(gone)
 
     def forgotten(self, repo: str) -> set[str]:
         """Commits of `repo` that `forget` dropped: kept as history, their files are not."""
