@@ -43,7 +43,7 @@ from ..core.pack import ENTRY, HEADER, LEGACY_ENTRY, LEGACY_PACK_VERSION, PACK_V
     PackWriter, decode_chunk
 from . import staging
 from .objects import StorageError
-from .repository import Repository, commit_name, locations_name, manifest_name, pack_name, tree_name
+from .repository import Repository, commit_name, locations_name, manifest_name, pack_name, pack_of, tree_name
 
 DEFAULT_GRACE = 24 * 3600.0  # seconds an object is spared after it was written
 DEFAULT_REPACK_DEAD = 0.5  # a pack more than half dead (by bytes) is rewritten with its live chunks
@@ -207,10 +207,9 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
             live_in.setdefault(pack, []).append(e)
     packs, repack, kept = [], [], []
     for info in repo.objects.list("packs/"):
-        base = info.name.rsplit("/", 1)[-1]
-        if not (base.endswith(".pack") and ids.is_hex_id(base[:-5])):
+        name = pack_of(info.name)
+        if name is None:  # not named as a pack is: not ours to delete (check reports it)
             continue
-        name = base[:-5]
         live = sorted(live_in.get(name, []), key=lambda e: e.offset)
         if not live:
             if old(info):
@@ -222,7 +221,7 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
     if max_unused is not None:
         repack += _repack_until(kept, max_unused, old)
     commits = []
-    for name in repo.objects.folders("repos/"):
+    for name in repo.repos():  # a folder no repo may be named is not ours (check reports it)
         for info in repo.objects.list(f"repos/{name}/commits/"):
             cid = info.name.rsplit("/", 1)[-1].removesuffix(".json")
             if (name, cid) not in live_commits and old(info):

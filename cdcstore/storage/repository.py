@@ -53,7 +53,7 @@ from ..core.ranges import plan_ranges, slices
 from .backend import Backend, BackendCapabilities
 from .index import ChunkIndex
 from . import open_objects
-from .local import LocalObjects
+from .local import LocalObjects, open_regular
 from .objects import Conflict, NotFound, ObjectStore
 
 STORE_FORMAT = "cdcstore"
@@ -69,8 +69,25 @@ TREE_MEMO = 4096  # trees kept decoded per process (immutable: named by their by
 DELETED = "deleted/"  # deleted/<repo>/<time>-<random>: tombstones of delete-repo (replicas drop its reach)
 
 
+def valid_name(kind: str, name: str) -> bool:
+    try:
+        check_name(kind, name)
+        return True
+    except InvalidAddressError:
+        return False
+
+
 def pack_name(name: str) -> str:
     return f"packs/{name[:2]}/{name}.pack"
+
+
+def pack_of(object_name: str) -> str | None:
+    """The pack an object name holds (v2: 64 hex, v1: 32), or None for anything else."""
+    base = object_name.rsplit("/", 1)[-1]
+    name = base[:-5]
+    if base.endswith(".pack") and ids.is_hex_id(name) and object_name == pack_name(name):
+        return name
+    return None
 
 
 def manifest_name(name: str) -> str:
@@ -240,13 +257,23 @@ class Repository(Backend):
         self.index.add_pack(name, size, entries)
 
     def pack_sizes(self) -> dict[str, int]:
-        """Every pack in the store: name -> size."""
+        """Every pack in the store: name -> size (objects under packs/ that are not named as
+        a pack is, e.g. in another folder, are not packs: `foreign_objects` lists them)."""
         out = {}
         for info in self.objects.list("packs/"):
-            base = info.name.rsplit("/", 1)[-1]
-            if base.endswith(".pack") and ids.is_hex_id(base[:-5]):  # v2 (64 hex) or v1 (32)
-                out[base[:-5]] = info.size
+            name = pack_of(info.name)
+            if name is not None:
+                out[name] = info.size
         return out
+
+    def foreign_objects(self) -> list[str]:
+        """Objects under packs/ named like a pack but in another pack's folder (a co-tenant's
+        or an operator's stray object): `check` reports them, every other command skips them
+        (other stray files, e.g. a README, are ignored)."""
+        def pack_like(name: str) -> bool:
+            base = name.rsplit("/", 1)[-1]
+            return base.endswith(".pack") and ids.is_hex_id(base[:-5])
+        return [i.name for i in self.objects.list("packs/") if pack_of(i.name) is None and pack_like(i.name)]
 
     def iter_pack_names(self) -> Iterator[str]:
         yield from sorted(self.pack_sizes())
@@ -537,8 +564,17 @@ class Repository(Backend):
 
     # -- repos, commits, refs ---------------------------------------------------------------------
     def repos(self) -> list[str]:
-        """Repos that hold a commit (one delimiter listing, then one per repo)."""
-        return [r for r in self.objects.folders("repos/") if self.has_repo(r)]
+        """Repos that hold a commit (one delimiter listing, then one per repo); a folder whose
+        name no repo may have (a stray object) is none (`check` reports it)."""
+        return [r for r in self.objects.folders("repos/") if valid_name("repo", r) and self.has_repo(r)]
+
+    def ref_names(self, repo: str) -> list[str]:
+        """Names of a folder's branches and tags (tags as "tag:NAME"), read or not."""
+        out = []
+        for kind, prefix in (("branch", ""), ("tag", "tag:")):
+            folder = ref_name(repo, kind, "")
+            out += [prefix + i.name[len(folder):] for i in self.objects.list(folder)]
+        return out
 
     def has_repo(self, repo: str) -> bool:
         check_name("repo", repo)
@@ -583,8 +619,9 @@ class Repository(Backend):
             found = pick_commit(repo, rev, matches), "commit"
         else:
             check_name("revision", rev)
-            branches = self.branches(repo)
-            found = resolve_name(repo, rev, branches.get(rev), self.tags(repo).get(rev), branches)
+            branch, tag = (self._read_ref(repo, kind, rev)[0] if valid_name(kind, rev) else None
+                           for kind in ("branch", "tag"))  # two reads, whatever the number of refs
+            found = resolve_name(repo, rev, branch, tag, lambda: self.ref_names(repo))
         if found[1] != "branch" and self.objects.exists(forgotten_name(repo, found[0])):  # heads never are
             raise RevisionNotFoundError(f"commit {found[0]} of repo {repo!r} was forgotten (`cdcstore forget`): "
                                         f"its files are gone; see `cdcstore log {repo}` for what is kept")
@@ -651,16 +688,28 @@ class Repository(Backend):
             data, token = self.objects.get_with_token(ref_name(repo, kind, name))
         except NotFound:
             return None, None
-        return bytes(data).decode().strip(), token
+        cid = bytes(data[:200]).decode("utf-8", "replace").strip()
+        if not ids.is_hex_id(cid):
+            raise CorruptionError(f"{kind} {name!r} of repo {repo!r} is damaged (it holds no commit id): "
+                                  f"delete it or write the right commit id into {ref_name(repo, kind, name)}")
+        return cid, token
 
-    def _read_refs(self, repo: str, kind: str) -> dict[str, str]:
+    def _read_refs(self, repo: str, kind: str, damaged: list | None = None) -> dict[str, str]:
+        """Every branch (or tag) of a repo. A damaged one raises CorruptionError, or with
+        `damaged` is skipped and its error appended; names no ref may have are skipped."""
         out = {}
         folder = ref_name(repo, kind, "")
         for info in self.objects.list(folder):
             name = info.name[len(folder):]
-            if "/" in name or name.startswith("."):
+            if "/" in name or not valid_name(kind, name):
                 continue
-            cid, _ = self._read_ref(repo, kind, name)
+            try:
+                cid, _ = self._read_ref(repo, kind, name)
+            except CorruptionError as e:
+                if damaged is None:
+                    raise
+                damaged.append(e)
+                continue
             if cid is not None:
                 out[name] = cid
         return out
@@ -673,9 +722,12 @@ class Repository(Backend):
         self._require_repo(repo)
         return self._read_refs(repo, "tag")
 
-    def refs(self, repo: str) -> dict[str, str]:
-        """Branches and tags of a repo (name -> commit id); tags as "tag:NAME"."""
-        return {**self.branches(repo), **{f"tag:{n}": c for n, c in self.tags(repo).items()}}
+    def refs(self, repo: str, damaged: list | None = None) -> dict[str, str]:
+        """Branches and tags of a repo (name -> commit id); tags as "tag:NAME". A damaged
+        ref raises CorruptionError, or with `damaged` is skipped and its error appended."""
+        self._require_repo(repo)
+        return {**self._read_refs(repo, "branch", damaged),
+                **{f"tag:{n}": c for n, c in self._read_refs(repo, "tag", damaged).items()}}
 
     def create_ref(self, repo: str, kind: str, name: str, commit_id: str) -> None:
         """Create branch or tag `name` at `commit_id` (a conditional create); refuses a
@@ -1056,7 +1108,7 @@ class LocalStore(Repository):
             fd = self._fds.get(pack)
             if fd is None:
                 try:
-                    fd = os.open(self.pack_path(pack), os.O_RDONLY)
+                    fd = open_regular(self.pack_path(pack))
                 except FileNotFoundError:
                     raise self.pack_gone(pack) from None
                 self._fds[pack] = fd
@@ -1150,7 +1202,8 @@ def resolve_name(repo: str, rev: str, branch: str | None, tag: str | None,
                                     f"and a tag; delete one of them")
     if branch or tag:
         return (branch, "branch") if branch else (tag, "tag")
-    names = ", ".join(branches) or "none"
+    names = [n for n in (branches() if callable(branches) else branches) if not n.startswith("tag:")]
+    names = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "") or "none"
     raise RevisionNotFoundError(f"no branch or tag {rev!r} in repo {repo!r} (branches: {names}); "
                                 f"a commit id prefix needs at least 4 hex digits")
 

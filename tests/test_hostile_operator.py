@@ -1,0 +1,143 @@
+"""Issue 19, "A bucket co-tenant, a stray object, a careless operator": objects the store did
+not write, damaged records and careless options give a clear line (or are skipped), never a
+traceback, a hang or a wrong answer."""
+import os
+import secrets
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from cdcstore import Store
+from cdcstore.cli import cli
+from cdcstore.storage.repository import LocalStore
+from conftest import S3_BUCKET
+
+
+def run(*args: str):
+    """(exit code, output) of one CLI command in this process; a traceback fails the test."""
+    r = CliRunner().invoke(cli, list(args))
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise AssertionError(f"cdcstore {' '.join(args)} raised {r.exception!r}") from r.exception
+    return r.exit_code, r.output
+
+
+def _tree(tmp_path, name: str, files: dict[str, bytes]) -> str:
+    d = tmp_path / name
+    d.mkdir(parents=True, exist_ok=True)
+    for n, data in files.items():
+        (d / n).write_bytes(data)
+    return str(d)
+
+
+@pytest.fixture
+def local(tmp_path):
+    """A directory store with repo a (f.bin); its path."""
+    root = str(tmp_path / "store")
+    with Store.init(root) as s:
+        s.push([_tree(tmp_path, "a", {"f.bin": os.urandom(30_000)})], "cdc://a/")
+    return root
+
+
+def _every_command_works(store: str, tmp_path) -> None:
+    src = _tree(tmp_path, "more", {"g.bin": os.urandom(20_000)})
+    for args in (["push", src, "cdc://a/"], ["ls", "cdc://a/"], ["log", "cdc://a/"], ["stats"], ["check"],
+                 ["gc"], ["rebuild-index"], ["branch", "a"], ["cat", "cdc://a/g.bin"]):
+        code, out = run(*args, "--store", store)
+        assert code == 0 or (args == ["check"] and code == 1 and "problem" in out), (args, out)
+
+
+# -- stray objects ----------------------------------------------------------------------------------
+def test_a_stray_object_named_like_a_pack_in_a_bucket(s3_env, tmp_path, monkeypatch):
+    """One 100-byte object in the wrong folder and one in the right one: push, check, gc and
+    rebuild-index work; check reports both; gc keeps the misplaced one (not a pack of ours)."""
+    import boto3
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine"))
+    prefix = f"store-{secrets.token_hex(4)}"
+    url = f"s3://{S3_BUCKET}/{prefix}"
+    with Store.init(url) as s:
+        s.push([_tree(tmp_path, "a", {"f.bin": os.urandom(30_000)})], "cdc://a/")
+    s3 = boto3.client("s3")
+    misplaced = f"packs/01/{'0' * 62}01.pack"
+    garbage = f"packs/00/{'0' * 62}02.pack"
+    for key in (misplaced, garbage):
+        s3.put_object(Bucket=S3_BUCKET, Key=f"{prefix}/{key}", Body=os.urandom(100))
+    _every_command_works(url, tmp_path)
+    with Store(url) as s:
+        problems = s.check()["problems"]
+        assert any(misplaced in p for p in problems) and any(f"{'0' * 62}02" in p for p in problems), problems
+        assert s.gc(grace=0)  # runs; the misplaced object is not its to delete
+    s3.head_object(Bucket=S3_BUCKET, Key=f"{prefix}/{misplaced}")
+
+
+def test_a_push_through_a_server_over_a_bucket_with_a_stray_pack(s3_env, tmp_path, monkeypatch):
+    import boto3
+    from server_util import ServerProcess
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine"))
+    prefix = f"store-{secrets.token_hex(4)}"
+    url = f"s3://{S3_BUCKET}/{prefix}"
+    Store.init(url).close()
+    boto3.client("s3").put_object(Bucket=S3_BUCKET, Key=f"{prefix}/packs/01/{'0' * 62}01.pack", Body=os.urandom(100))
+    srv = ServerProcess(url).start()
+    try:
+        with Store(srv.url, cache=False) as s:
+            data = os.urandom(30_000)
+            s.push([_tree(tmp_path, "a", {"f.bin": data})], "cdc://a/")
+            assert s.cat("cdc://a/f.bin") == data
+    finally:
+        srv.stop()
+
+
+def test_a_folder_no_repo_may_be_named(local, tmp_path):
+    """An object repos/a b/commits/x.json: commands ignore it, check reports it."""
+    os.makedirs(os.path.join(local, "repos", "a b", "commits"))
+    open(os.path.join(local, "repos", "a b", "commits", "x.json"), "w").write("{}")
+    _every_command_works(local, tmp_path)
+    problems = Store(local).check()["problems"]
+    assert any("repos/a b/" in p for p in problems), problems
+
+
+def test_a_ref_of_non_utf8_bytes(local, tmp_path):
+    """A tag holding non-UTF-8 bytes: commands that do not need it work, check names it, and a
+    command that needs it says it is damaged (one line)."""
+    os.makedirs(os.path.join(local, "repos", "a", "tags"))
+    with open(os.path.join(local, "repos", "a", "tags", "bad"), "wb") as f:
+        f.write(b"\xff\xfe\x00garbage")
+    with open(os.path.join(local, "repos", "a", "tags", b"\xff\xfe".decode("utf-8", "surrogateescape")), "wb") as f:
+        f.write(b"0" * 64 + b"\n")  # a ref name of non-UTF-8 bytes
+    for args in (["ls", "cdc://a/"], ["log", "cdc://a/"], ["push", _tree(tmp_path, "m", {"h": b"h"}),
+                                                                       "cdc://a/"], ["cat", "cdc://a/h"]):
+        code, out = run(*args, "--store", local)
+        assert code == 0, (args, out)
+    code, out = run("ls", "cdc://a@bad/", "--store", local)
+    assert code == 1 and "bad" in out and "damaged" in out, out
+    for args in (["check"], ["gc"], ["tag", "a"], ["stats"]):
+        code, out = run(*args, "--store", local)
+        assert "bad" in out and "damaged" in out, (args, out)
+    code, out = run("rebuild-index", "--store", local)
+    assert code == 0, out
+
+
+def test_a_repo_whose_commit_files_are_gone_is_reported(local):
+    commits = os.path.join(local, "repos", "a", "commits")
+    for n in os.listdir(commits):
+        os.unlink(os.path.join(commits, n))
+    result = Store(local).check(read_data=True)
+    assert any("'a'" in p and "no commit" in p for p in result["problems"]), result["problems"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "devzero"])
+def test_check_read_data_never_opens_a_fifo_or_a_device_named_like_a_pack(local, kind):
+    """A FIFO or a symlink to /dev/zero named like a pack: check reports it at once (no hang)."""
+    name = "ab" + secrets.token_hex(31)
+    folder = os.path.join(local, "packs", name[:2])
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, name + ".pack")
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        os.symlink("/dev/zero", path)
+    start = time.monotonic()
+    problems = Store(local).check(read_data=True)["problems"]
+    assert time.monotonic() - start < 10
+    assert any(name in p for p in problems), problems
