@@ -141,3 +141,55 @@ def test_check_read_data_never_opens_a_fifo_or_a_device_named_like_a_pack(local,
     problems = Store(local).check(read_data=True)["problems"]
     assert time.monotonic() - start < 10
     assert any(name in p for p in problems), problems
+
+
+# -- costs that follow what a command needs --------------------------------------------------------
+@pytest.fixture
+def reads(monkeypatch):
+    """Object reads by kind (the folder under repos/<repo>/, else the top folder)."""
+    import collections
+    from cdcstore.storage import local
+    counts = collections.Counter()
+
+    def counting(method):
+        real = getattr(local.LocalObjects, method)
+
+        def wrapped(self, name, *args):
+            parts = name.split("/")
+            counts[parts[2] if parts[0] == "repos" and len(parts) > 2 else parts[0]] += 1
+            return real(self, name, *args)
+        monkeypatch.setattr(local.LocalObjects, method, wrapped)
+    for m in ("get", "get_with_token", "get_range"):
+        counting(m)
+    return counts
+
+
+def test_many_tags_cost_nothing_to_commands_that_name_a_branch(local, tmp_path, reads):
+    """2,000 tags cost 6-7 s per command over a bucket: resolving `main` read every tag."""
+    head = open(os.path.join(local, "repos", "a", "branches", "main")).read()
+    os.makedirs(os.path.join(local, "repos", "a", "tags"))
+    for i in range(500):
+        with open(os.path.join(local, "repos", "a", "tags", f"t{i}"), "w") as f:
+            f.write(head)
+    for args in (["ls", "cdc://a/"], ["log", "cdc://a/"], ["cat", "cdc://a/f.bin"], ["stats", "cdc://a/"],
+                 ["diff", "cdc://a/", "cdc://a@t7/"]):
+        reads.clear()
+        code, out = run(*args, "--store", local)
+        assert code == 0 and reads["tags"] <= 2 * sum("cdc:" in a for a in args), (args, dict(reads))
+    code, out = run("ls", "cdc://a@nope/", "--store", local)
+    assert code == 1 and "no branch or tag 'nope'" in out and "main" in out
+
+
+def test_junk_packs_are_read_once_not_at_every_push(local, tmp_path, reads):
+    """1,000 junk packs added 3.5 s per push: each push read each again."""
+    for i in range(40):
+        name = f"{i:02x}" + secrets.token_hex(31)
+        os.makedirs(os.path.join(local, "packs", name[:2]), exist_ok=True)
+        with open(os.path.join(local, "packs", name[:2], name + ".pack"), "wb") as f:
+            f.write(os.urandom(100))
+    assert run("push", _tree(tmp_path, "x", {"x": b"x"}), "cdc://a/", "--store", local)[0] == 0
+    reads.clear()
+    assert run("push", _tree(tmp_path, "y", {"y": b"y"}), "cdc://a/", "--store", local)[0] == 0
+    assert reads["packs"] == 0, dict(reads)
+    problems = Store(local).check()["problems"]
+    assert sum("is not a cdcstore pack" in p or "pack" in p for p in problems) >= 40  # check still reads them

@@ -283,6 +283,17 @@ class ChunkIndex:
             conn.execute("DELETE FROM repo_objects WHERE repo = ?", (repo,))
             conn.execute("DELETE FROM repo_chunks WHERE repo = ?", (repo,))
 
+    def bad_packs(self) -> dict[str, int]:
+        """Packs found unreadable (name -> the size they had then): skipped until they change."""
+        return {row[0][len("badpack:"):]: int(row[1]) for row in self.conn.execute(
+            "SELECT key, value FROM meta WHERE key >= 'badpack:' AND key < 'badpack;'")}
+
+    def mark_bad_pack(self, name: str, size: int) -> None:
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", ("badpack:" + name, str(size)))
+
     def tombstones(self) -> set[str]:
         """The delete-repo tombstones whose repos' records this index has dropped."""
         return {row[0][len("deleted:"):] for row in self.conn.execute(

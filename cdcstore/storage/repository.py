@@ -314,12 +314,14 @@ class Repository(Backend):
             if forget_gone and gone:
                 self.index.drop_packs(gone)
             added = 0
+            bad = self.index.bad_packs()  # read once and found unreadable: not read again at each push
             for name, size in listed.items():
-                if name not in known:
+                if name not in known and bad.get(name) != size:
                     try:
                         entries = self.read_pack_index(name, size)
                     except CorruptionError:
-                        continue  # reported by `check`; never indexed
+                        self.index.mark_bad_pack(name, size)  # reported by `check`; never indexed
+                        continue
                     self.index.add_pack(name, size, entries)
                     added += 1
             return added
