@@ -193,3 +193,95 @@ def test_junk_packs_are_read_once_not_at_every_push(local, tmp_path, reads):
     assert reads["packs"] == 0, dict(reads)
     problems = Store(local).check()["problems"]
     assert sum("is not a cdcstore pack" in p or "pack" in p for p in problems) >= 40  # check still reads them
+
+
+# -- damaged local state -----------------------------------------------------------------------------
+def test_cache_rows_of_the_wrong_type_are_misses(server, tmp_path):
+    """A cache whose rows hold text where bytes or numbers belong: reads go on (the rows are
+    misses), no TypeError traceback."""
+    import sqlite3
+    from cdcstore.storage.cache import ChunkCache
+    data = os.urandom(40_000)
+    path = str(tmp_path / "cache.sqlite")
+    with Store(server.url, cache=ChunkCache(path)) as s:
+        s.push([_tree(tmp_path, "a", {"f.bin": data})], "cdc://a/")
+        assert s.cat("cdc://a/f.bin") == data
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE chunks SET data = 'text', codec = 'x', raw_len = 'y', size = 'z'")
+    conn.execute("UPDATE objects SET data = 12345")
+    conn.execute("UPDATE heads SET revcommit = 7, at = 'soon'")
+    conn.commit()
+    conn.close()
+    with Store(server.url, cache=ChunkCache(path)) as s:
+        assert s.cat("cdc://a/f.bin") == data
+        assert [e["name"] for e in s.ls("cdc://a/")] == ["f.bin"]
+    code, out = run("cat", "cdc://a/f.bin", "--store", server.url)
+    assert code == 0
+
+
+def test_an_index_replaced_by_a_folder_names_rebuild_index(local, tmp_path):
+    import shutil
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(os.path.join(local, "index.sqlite" + suffix)):
+            os.unlink(os.path.join(local, "index.sqlite" + suffix))
+    os.mkdir(os.path.join(local, "index.sqlite"))
+    code, out = run("cat", "cdc://a/f.bin", "--store", local)
+    assert code == 1 and "rebuild-index" in out and "permissions" not in out, out
+    assert run("rebuild-index", "--store", local)[0] == 0
+    assert run("cat", "cdc://a/f.bin", "--store", local)[0] == 0
+    shutil.rmtree(os.path.join(local, "index.sqlite.damaged"))
+
+
+# -- careless options and names ------------------------------------------------------------------------
+def test_nan_and_negative_retention_and_subset_are_refused(local, tmp_path):
+    """`forget --keep-within nan` forgot all but the heads; NaN, -5 and a subset of -1 were accepted."""
+    from cdcstore import InvalidAddressError
+    with Store(local) as s:
+        s.push([_tree(tmp_path, "b", {"g.bin": b"g"})], "cdc://a/")
+        before = [e["commit"] for e in s.log("a")]
+    for value in ("nan", "inf", "-5", "-1d"):
+        code, out = run("forget", "a", "--keep-within", value, "--store", local)
+        assert code != 0 and "--keep-within" in out, (value, out)
+    with Store(local) as s:
+        for bad in (float("nan"), -5, float("inf")):
+            with pytest.raises(InvalidAddressError, match="keep-within"):
+                s.forget("a", keep_within=bad)
+        for bad in (-1, float("nan"), 1.5):
+            with pytest.raises(InvalidAddressError, match="subset"):
+                s.check(subset=bad)
+        assert [e["commit"] for e in s.log("a")] == before and not LocalStore(local).forgotten("a")
+
+
+def test_admin_options_nan_and_negative_get_400(tmp_path):
+    """The admin route's JSON accepts NaN: keep_within NaN or -5 and check subset -1 are 400s."""
+    import urllib.error
+    import urllib.request
+    from conftest import served_store
+    with served_store(tmp_path, {"tok": {"scope": "admin", "repos": ["*"]}}) as srv:
+        with Store(srv.url, token="tok", cache=False) as s:
+            s.push([_tree(tmp_path, "a", {"f": b"f"})], "cdc://a/")
+            s.push([_tree(tmp_path, "b", {"g": b"g"})], "cdc://a/")
+        for command, body in (("forget", '{"repo": "a", "keep_within": NaN}'),
+                              ("forget", '{"repo": "a", "keep_within": -5}'),
+                              ("check", '{"subset": -1}'), ("gc", '{"grace": NaN}')):
+            req = urllib.request.Request(f"{srv.url}/v1/admin/{command}", data=body.encode(), method="POST",
+                                         headers={"Authorization": "Bearer tok", "Content-Type": "application/json"})
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=30)
+            assert e.value.code == 400, (command, body, e.value.read())
+        assert not LocalStore(srv.store).forgotten("a")
+
+
+def test_ls_log_and_diff_escape_terminal_sequences_in_names(local, tmp_path):
+    evil = "red\x1b[31m\x07\rfake.bin"
+    d = tmp_path / "evil"
+    d.mkdir()
+    (d / evil).write_bytes(b"x")
+    with Store(local) as s:
+        s.push([str(d)], "cdc://a/", message="msg\x1b]0;title\x07")
+    for args in (["ls", "cdc://a/"], ["log", "cdc://a/"], ["diff", "cdc://a@main/", "cdc://a@main/"],
+                 ["push", str(d), "cdc://a/e2/"]):
+        code, out = run(*args, "--store", local)
+        assert code == 0 and "\x1b" not in out and "\x07" not in out and "\r" not in out, (args, out)
+    code, out = run("ls", "cdc://a/", "--store", local)
+    assert "red\\x1b[31m\\x07\\x0dfake.bin" in out

@@ -14,7 +14,7 @@ import sqlite3
 
 from ..core import ids, treeobj
 from ..core.address import check_name
-from ..core.errors import CdcError, CorruptionError
+from ..core.errors import CdcError, CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
 from .repository import Repository
@@ -133,6 +133,9 @@ def check(store: Repository, read_data: bool = False, subset: float | None = Non
     chunk whose stored copy fails verification loses its index row, so the next
     push of its file stores it again. Each problem names the files it affects.
     Durable packs that a killed push left unindexed are indexed first (`recover`)."""
+    if subset is not None and not (isinstance(subset, (int, float)) and not isinstance(subset, bool)
+                                   and 0 <= subset <= 1):
+        raise InvalidAddressError(f"check's subset is the share of packs to read, 0 to 1 (0.1 = 10%), not {subset!r}")
     found: list[tuple[str, set[bytes]]] = []  # (problem, chunk ids it affects)
     recovered = store.recover(forget_gone=False)  # durable packs a killed push left unindexed: not damage
     rows = store.index.rows()

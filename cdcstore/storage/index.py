@@ -6,6 +6,7 @@ it at once; connections are per thread and per process (rebuilt after a fork).
 """
 from __future__ import annotations
 
+import os
 import sqlite3
 from typing import Iterable
 
@@ -42,6 +43,10 @@ def _entry(cid, off, slen, rlen, codec, xsum) -> PackEntry:
 class ChunkIndex:
     def __init__(self, path: str):
         self.path = path
+        if os.path.lexists(path) and not os.path.isfile(path):
+            raise CorruptionError(f"the chunk index {path} is not a file (a folder or another kind of file is in "
+                                  f"its place): run `cdcstore rebuild-index` (it moves it aside to "
+                                  f"{os.path.basename(path)}.damaged and builds the index again)")
         self._conns = Connections(path)
         try:
             self._ensure_schema()

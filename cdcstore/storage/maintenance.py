@@ -456,8 +456,12 @@ def forget(repo: Repository, name: str, keep_last: int | None = None, keep_withi
     """Apply a retention policy to a repo's history; `gc` then frees what only forgotten commits used."""
     if keep_last is None and keep_within is None:
         raise InvalidAddressError("forget needs a policy: --keep-last N and/or --keep-within DURATION")
-    if keep_last is not None and keep_last < 1:
+    if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
         raise InvalidAddressError(f"--keep-last must be 1 or more (a branch head is always kept), not {keep_last}")
+    if keep_within is not None and not (isinstance(keep_within, (int, float)) and not isinstance(keep_within, bool)
+                                        and 0 <= keep_within < float("inf")):
+        raise InvalidAddressError(f"--keep-within is a duration in seconds, 0 or more (e.g. 30d = 2592000), "
+                                  f"not {keep_within!r}")
     history = {b: [(cid, c.time) for cid, c in repo.log(name, head)] for b, head in repo.branches(name).items()}
     doomed = [c for c in forget_plan(history, repo.tags(name), keep_last, keep_within, keep_tags)
               if c not in repo.forgotten(name)]
