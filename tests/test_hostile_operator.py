@@ -285,3 +285,41 @@ def test_ls_log_and_diff_escape_terminal_sequences_in_names(local, tmp_path):
         assert code == 0 and "\x1b" not in out and "\x07" not in out and "\r" not in out, (args, out)
     code, out = run("ls", "cdc://a/", "--store", local)
     assert "red\\x1b[31m\\x07\\x0dfake.bin" in out
+
+
+# -- what killed processes leave --------------------------------------------------------------------
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_killed_pulls_part_file_is_removed_by_the_next_pull(local, tmp_path):
+    dest = tmp_path / "out"
+    dest.mkdir()
+    stale = dest / f"f.bin.cdcstore-{_dead_pid()}.part"
+    stale.write_bytes(b"x" * 100_000)  # what a SIGKILLed pull leaves
+    live = dest / f"f.bin.cdcstore-{os.getppid()}.part"  # a pull in flight (a live process) is left alone
+    live.write_bytes(b"y")
+    code, out = run("pull", "cdc://a/", str(dest), "--store", local)
+    assert code == 0, out
+    assert not stale.exists() and live.exists() and (dest / "f.bin").exists()
+
+
+def test_a_killed_push_to_a_bucket_leaves_no_temp_pack(s3_env, tmp_path, monkeypatch):
+    """A push killed while building a pack under the machine's cache folder: the next push
+    (any process) removes it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine"))
+    url = f"s3://{S3_BUCKET}/store-{secrets.token_hex(4)}"
+    Store.init(url).close()
+    from cdcstore.storage.repository import open_repository
+    tmpdir = os.path.join(os.path.dirname(open_repository(url).index_path), "tmp")
+    os.makedirs(tmpdir, exist_ok=True)
+    stale = os.path.join(tmpdir, f"{_dead_pid()}-abcdef.tmp")
+    with open(stale, "wb") as f:
+        f.write(b"x" * 100_000)
+    with Store(url) as s:
+        s.push([_tree(tmp_path, "a", {"f": b"f"})], "cdc://a/")
+    assert not os.path.exists(stale)

@@ -46,6 +46,23 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def clean_dead_temps(folder: str, pid_of=lambda name: name.split("-", 1)[0]) -> int:
+    """Remove the files of `folder` whose name says (`pid_of`) they belong to a process of
+    this host that is gone (killed mid-write); returns how many."""
+    n = 0
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    for fn in names:
+        pid = pid_of(fn) or ""
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.unlink(os.path.join(folder, fn))
+                n += 1
+    return n
+
+
 def open_regular(path: str) -> int:
     """A read descriptor of a regular file; CorruptionError for a FIFO, a device (also through
     a symlink, e.g. to /dev/zero) or a socket in an object's place: never a read that hangs
@@ -133,14 +150,7 @@ class LocalObjects(ObjectStore):
 
     def clean_tmp(self) -> int:
         """Remove temp files of processes that are gone; returns how many."""
-        n = 0
-        for fn in os.listdir(self._tmpdir):
-            pid = fn.split("-", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self._tmpdir, fn))
-                    n += 1
-        return n
+        return clean_dead_temps(self._tmpdir)
 
     # -- writes -----------------------------------------------------------------------------
     def put(self, name: str, data, *, exist_ok: bool = False) -> bool:

@@ -53,7 +53,7 @@ from ..core.ranges import plan_ranges, slices
 from .backend import Backend, BackendCapabilities
 from .index import ChunkIndex
 from . import open_objects
-from .local import LocalObjects, open_regular
+from .local import LocalObjects, clean_dead_temps, open_regular
 from .objects import Conflict, NotFound, ObjectStore
 
 STORE_FORMAT = "cdcstore"
@@ -232,8 +232,12 @@ class Repository(Backend):
         return path
 
     def clean_tmp(self) -> None:
-        """Remove temp files left by processes that died mid-write (directory stores)."""
+        """Remove temp files left by processes that died mid-write: the store's own (a
+        directory store) and, for a bucket, the packs being built under this machine's cache
+        folder (a push killed before its upload)."""
         self.objects.clean_tmp()
+        if not self.objects.capabilities.local_path:
+            clean_dead_temps(os.path.join(os.path.dirname(self.index_path), "tmp"))
 
     # -- packs and chunks -------------------------------------------------------------------
     def present(self, chunk_ids: list[bytes]) -> set[bytes]:
