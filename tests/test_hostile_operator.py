@@ -323,3 +323,31 @@ def test_a_killed_push_to_a_bucket_leaves_no_temp_pack(s3_env, tmp_path, monkeyp
     with Store(url) as s:
         s.push([_tree(tmp_path, "a", {"f": b"f"})], "cdc://a/")
     assert not os.path.exists(stale)
+
+
+def test_a_write_file_dropped_without_close_commits_nothing(local):
+    """fs.open(..., "wb") used without `with`, dropped after an exception: garbage collection
+    must not commit the rows written so far."""
+    import gc
+    import warnings
+    from cdcstore.fs import CdcFileSystem
+    fs = CdcFileSystem(store=local)
+
+    def export():
+        f = fs.open("a/half.csv", "wb")
+        f.write(b"row 1\n")
+        raise RuntimeError("the exporter failed half way")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            export()
+        except RuntimeError:
+            pass
+        gc.collect()
+    with Store(local) as s:
+        assert [e["name"] for e in s.ls("cdc://a/")] == ["f.bin"]
+    assert any("not closed" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    with fs.open("a/whole.csv", "wb") as f:  # close (here through `with`) still commits
+        f.write(b"row 1\n")
+    with Store(local) as s:
+        assert s.cat("cdc://a/whole.csv") == b"row 1\n"
