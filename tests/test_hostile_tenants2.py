@@ -145,3 +145,40 @@ def test_another_replica_drops_a_deleted_repos_reach(s3_env, tmp_path):
     assert two.drop_deleted_grants() == ["a"]
     assert not two.index.reached(old_ids, ["a"], None)
     assert two.drop_deleted_grants() == []  # a tombstone is acted on once
+
+
+def test_what_remains_visible_and_what_a_token_is_refused(tenants, tmp_path):
+    """Learn: GET /v1/repos lists only the token's repos; another repo's refs are 403; a read
+    token cannot query presence; HEAD of a pack name (a hash of the pack's bytes) answers for
+    any write token, as the trust model says."""
+    with Store(tenants.url, token="tok-b", cache=False) as sb:
+        sb.push([_tree(tmp_path, "b", {"s.bin": os.urandom(20_000)})], "cdc://b/")
+    with Store(tenants.url, token="tok-a", cache=False) as sa:
+        sa.push([_tree(tmp_path, "a", {"x.bin": b"x"})], "cdc://a/")
+    api = tenants.url + "/v1"
+    status, body = _call(api + "/repos", "tok-a")
+    assert status == 200 and "b" not in json.loads(body)["repos"] and "a" in json.loads(body)["repos"]
+    assert _call(api + "/repos/b/branches", "tok-a")[0] == 403
+    assert _call(api + "/repos/b/branches", "tok-a-read")[0] == 403
+    assert _call(api + "/chunks/query", "tok-a-read", "POST", bytes(32), ID32)[0] == 403
+    srv = LocalStore(tenants.store)
+    b_pack = {p for p, _ in srv.locate(srv.get_manifest(
+        srv.get_commit("b", srv.resolve("b", "main")).files["s.bin"].manifest).chunk_ids).values()}.pop()
+    assert _call(f"{api}/packs/{b_pack}", "tok-a", "HEAD")[0] == 200
+    assert _call(f"{api}/packs/{'0' * 64}", "tok-a", "HEAD")[0] == 404
+
+
+def test_every_rule_of_the_trust_model_names_a_test_that_exists():
+    """docs/protocol.md's trust model: each rule names its test; each named test exists."""
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    doc = open(os.path.join(root, "docs", "protocol.md")).read()
+    section = doc[doc.index("### Trust model"):doc.index("## Endpoints")]
+    files = {"T2": "test_hostile_tenants2.py", "T": "test_tenants.py", "R": "test_replicas.py",
+             "G": "test_gc_remote.py", "H": "test_hostile.py"}
+    named = re.findall(r"`(T2|T|R|G|H)::(test_\w+)`", section)
+    assert len(named) >= 15
+    for key, name in named:
+        assert f"def {name}(" in open(os.path.join(root, "tests", files[key])).read(), (key, name)
+    for heading in ("**learn**", "**read**", "**write**", "**hold up**"):
+        assert heading in section
