@@ -643,10 +643,12 @@ class Repository(Backend):
                "objects": len(names), "dry_run": dry_run}
         if not dry_run:
             # a tombstone first: every replica drops the repo's reach when it sees it
-            self.objects.put(f"{DELETED}{repo}/{time.time_ns()}-{secrets.token_hex(4)}", b"", exist_ok=True)
+            tombstone = f"{DELETED}{repo}/{time.time_ns()}-{secrets.token_hex(4)}"
+            self.objects.put(tombstone, b"", exist_ok=True)
             for n in refs + [n for n in names if n not in refs]:
                 self.objects.delete(n)
             self.drop_grants(repo)
+            self.index.add_tombstones([tombstone])  # acted on here: a reused name's new grants stay
         return out
 
     def drop_grants(self, repo: str) -> None:
