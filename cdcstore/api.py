@@ -30,6 +30,7 @@ from .storage.check import check as check_store, rebuild_index
 from .storage import staging
 from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD, PushSession, forget, gc
 from .storage.repository import LocalStore, Repository, is_object_url, manifest_name, no_such_path, open_repository
+from .storage.local import clean_dead_temps
 from .engine.push import Ingest, IngestOptions
 from .storage import statcache
 from .storage.statcache import Seen, StatCache
@@ -879,6 +880,8 @@ class Store:
         targets = [(path, local if parts is None else _safe_target(root, parts, path)) for path, parts in plan]
         for _, target in targets:
             _check_replaceable(target)
+        for folder in {os.path.dirname(os.path.abspath(t)) for _, t in targets}:  # a killed pull's .part files
+            clean_dead_temps(folder, _part_pid)
         manifests = self._manifests(a.repo, [found[p].manifest for p, _ in plan])
         located: dict = {}  # a server locates the chunks of all the files together
         if len(plan) > 1 and not self.backend.capabilities.local_reads:
@@ -1049,3 +1052,10 @@ def _pairs(history):
         nxt = next(it, None)
         yield prev, nxt
         prev = nxt
+
+
+def _part_pid(name: str) -> str | None:
+    """The pid in the name of a pull's temp file (`<file>.cdcstore-<pid>.part`), else None."""
+    if not name.endswith(".part") or ".cdcstore-" not in name:
+        return None
+    return name[:-len(".part")].rsplit(".cdcstore-", 1)[1]

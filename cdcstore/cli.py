@@ -24,12 +24,21 @@ def _as_json() -> bool:
     return bool(ctx and ctx.params.get("as_json"))
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7f, 0xa0)]}
+
+
+def shown(text: str) -> str:
+    """Text from a store (file names, messages) as printed: control characters (terminal
+    escape sequences, newlines) as \\xNN, so a name cannot move the cursor or fake a line."""
+    return text.translate(_CONTROL)
+
+
 def _fail(message: str, exc: BaseException | None = None) -> None:
     """One error line on stderr; with --json, one JSON object on stdout instead."""
     if _as_json():
         click.echo(json.dumps({"error": message, "type": type(exc).__name__ if exc else "Error"}))
     else:
-        click.echo(f"cdcstore: error: {message}", err=True)
+        click.echo(f"cdcstore: error: {shown(message)}", err=True)
     sys.exit(EXIT_ERROR)
 
 
@@ -217,7 +226,7 @@ def push(sources, dest, message, delete, detail, no_stat_cache, include, exclude
         click.echo(f"  sent {_human(r.sent_bytes)}, received {_human(r.received_bytes)} in {r.requests} requests")
     top = list(r.new_bytes_by_file.items())
     for path, n in top[:10]:
-        click.echo(f"  new {_human(n):>10}  {path}")
+        click.echo(f"  new {_human(n):>10}  {shown(path)}")
     if len(top) > 10:
         click.echo(f"  ... and {len(top) - 10} more files with new bytes (see --json)")
 
@@ -227,7 +236,7 @@ def _warn_skipped(skipped: list[str], show: int = 5) -> None:
     if not skipped:
         return
     for line in skipped[:show]:
-        click.echo(f"cdcstore: warning: skipped {line}", err=True)
+        click.echo(f"cdcstore: warning: skipped {shown(line)}", err=True)
     click.echo(f"cdcstore: warning: skipped {len(skipped)} files that are not regular files "
                f"(FIFOs, sockets, devices, folder symlinks)", err=True)
 
@@ -268,7 +277,7 @@ def ls_cmd(addr, recursive, human, store_path, token, as_json):
     for e in entries:
         name = e["name"] + ("/" if e["type"] == "directory" else "")
         size = _human(e["size"]) if human else e["size"]
-        click.echo(f"{size:>14}  {name}")
+        click.echo(f"{size:>14}  {shown(name)}")
 
 
 @cli.command()
@@ -305,7 +314,7 @@ def diff(old, new, human, store_path, token, as_json):
     mark = {"added": "+", "removed": "-", "changed": "M"}
     size = _human if human else str
     for e in entries:
-        click.echo(f"{mark[e['change']]} {size(e['bytes']):>12} {size(e['new_bytes']):>12} new  {e['path']}")
+        click.echo(f"{mark[e['change']]} {size(e['bytes']):>12} {size(e['new_bytes']):>12} new  {shown(e['path'])}")
     total = sum(e["new_bytes"] for e in entries)
     click.echo(f"{len(entries)} files differ; {size(total)} new")
 
@@ -340,7 +349,7 @@ def log(repo, limit, store_path, token, as_json):
         return
     for e in entries:
         when = datetime.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
-        click.echo(f"{e['commit'][:12]}  {when}  {e['files']:>6} files {_human(e['bytes']):>10}  {e['message']}")
+        click.echo(f"{e['commit'][:12]}  {when}  {e['files']:>6} files {_human(e['bytes']):>10}  {shown(e['message'])}")
 
 
 def _refs_command(kind: str, repo: str, name: str | None, rev: str | None, delete: bool,
@@ -469,7 +478,7 @@ def _duration(value: str, option: str = "--grace") -> float:
         n = float(text[:-1] if unit else text)
     except ValueError:
         n = -1.0
-    if n < 0:
+    if not 0 <= n < float("inf"):  # NaN and infinity too
         raise CdcError(f"{option} wants a duration like 90s, 30m, 12h or 7d, not {value!r}")
     return n * (unit or 1)
 

@@ -22,6 +22,7 @@ import io
 import os
 import tempfile
 import time
+import warnings
 
 from fsspec import AbstractFileSystem
 from fsspec.transaction import Transaction
@@ -98,6 +99,21 @@ class CdcWriteFile(io.RawIOBase):
 
     def commit(self) -> None:
         self.fs._commit_writes([self])
+
+    def __del__(self) -> None:
+        """Dropped without `close` (e.g. after an exception, outside `with`): nothing is
+        committed, whatever was written; only `close` or `with` commits."""
+        if getattr(self, "_f", None) is None or self.closed:
+            return
+        self.autocommit = False
+        try:
+            self.fs._forget_pending(self)
+            self._f.close()
+            super().close()
+        finally:
+            self.discard()
+        warnings.warn(f"{SCHEME}{self.path} was not closed: its writes were discarded (close it, or use "
+                      f"`with`, to commit)", ResourceWarning, stacklevel=2)
 
     def discard(self) -> None:
         try:

@@ -493,8 +493,8 @@ class RemoteStore(Backend):
 
     def present_or_prove(self, chunks: dict[bytes, bytes | None], firsts=()) -> set[bytes]:
         """Presence, with proof of possession when the chunks' bytes are given: chunks
-        the server holds but this token cannot see yet (another tenant's) are proved by a
-        keyed hash of their bytes instead of being sent again (docs/protocol.md)."""
+        this token cannot see (flagged 2, held or not) are proved by a keyed hash of their
+        bytes; those the server holds (another tenant's) are not sent again (docs/protocol.md)."""
         out: set[bytes] = set()
         can_prove = all(v is not None for v in chunks.values())
         step = wire.MAX_IDS_PER_REQUEST

@@ -363,7 +363,9 @@ class Server:
         if scope is not None:
             present = await self._io(self._visible, scope, held)
             if wire.PROVE_HEADER in request.headers:  # a client that can prove possession
-                provable, nonce = held - present, self._nonce(scope.owner)
+                # every id it may not see is "prove it", stored or not: the answer says nothing
+                # of other tenants' chunks (only a proof from the bytes does)
+                provable, nonce = set(wanted) - present, self._nonce(scope.owner)
         return web.Response(body=wire.encode_presence(wanted, present, provable, nonce),
                             content_type="application/octet-stream")
 
@@ -814,6 +816,7 @@ class Server:
         if self.store.index.reach_stale():  # indexed before chunk-level reach: grant from the commits once
             log.warning("rebuilding the index once: this store predates chunk-level access records")
             rebuild_index(self.store)
+        self.store.drop_deleted_grants()  # a repo deleted through another replica: its name's reach is reset
         added = self.store.recover()
         if added:
             log.warning("recovered %d packs that were durable but not indexed", added)

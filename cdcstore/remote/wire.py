@@ -75,7 +75,8 @@ def by_width(chunk_ids) -> dict[int, list[bytes]]:
 
 def encode_presence(ids: list[bytes], present: set[bytes], provable: set[bytes] = frozenset(),
                     nonce: bytes = b"") -> bytes:
-    """N flags (1 held, 2 held but prove it, 0 absent), then the 16-byte nonce for proofs if any flag is 2."""
+    """N flags (1 held, 2 prove it: a scoped token may not see it, held or not; 0 absent), then the 16-byte
+    nonce for proofs if any flag is 2."""
     return bytes(1 if i in present else 2 if i in provable else 0 for i in ids) + (nonce if provable else b"")
 
 
@@ -101,7 +102,7 @@ def _flags(ids: list[bytes], body: bytes) -> bytes:
     return body[:len(ids)]
 
 
-PROVE_HEADER = "X-Cdc-Prove"  # a query that sends it may get 2 = "held: prove you hold it" (protocol 1.1)
+PROVE_HEADER = "X-Cdc-Prove"  # a query that sends it may get 2 = "prove you hold it" (protocol 1.1)
 MAX_PROOFS_PER_REQUEST = 4096
 PROOF = 16  # bytes of blake2b(raw chunk, key=nonce)
 

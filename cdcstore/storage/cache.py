@@ -178,7 +178,8 @@ class ChunkCache:
             batch = wanted[i:i + _BATCH]
             q = f"SELECT id, codec, raw_len, size FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
             for cid, codec, raw_len, size in self.conn.execute(q, batch):
-                out[cid] = PackEntry(cid, 0, size, raw_len, codec)
+                if _ints(codec, raw_len, size):  # a row of the wrong types is a miss (`get` drops it)
+                    out[cid] = PackEntry(cid, 0, size, raw_len, codec)
         return out
 
     def get(self, chunk_ids: Iterable[bytes]) -> dict[bytes, bytes]:
@@ -200,6 +201,8 @@ class ChunkCache:
             q = f"SELECT id, codec, raw_len, used, hot, data FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
             for cid, codec, raw_len, used, hot, data in self.conn.execute(q, batch):
                 try:
+                    if not (_ints(codec, raw_len, hot) and isinstance(used, (int, float)) and isinstance(data, bytes)):
+                        raise CorruptionError("a cache row of the wrong types")
                     out[cid] = decode_chunk(data, codec, raw_len, cid)
                     if not hot:
                         promote.append(cid)
@@ -352,7 +355,7 @@ class ChunkCache:
         row = self.conn.execute("SELECT data FROM objects WHERE kind = ? AND name = ?", (kind, name)).fetchone()
         if row is None:
             return None
-        if not ids.matches(row[0], name):
+        if not isinstance(row[0], bytes) or not ids.matches(row[0], name):
             with self.conn:
                 self.conn.execute("DELETE FROM objects WHERE kind = ? AND name = ?", (kind, name))
             return None
@@ -364,9 +367,10 @@ class ChunkCache:
 
     # -- branch heads, briefly ----------------------------------------------------------------
     def get_head(self, repo: str, rev: str, ttl: float = HEAD_TTL) -> str | None:
-        row = self.conn.execute("SELECT revcommit FROM heads WHERE repo = ? AND rev = ? AND at > ?",
+        row = self.conn.execute("SELECT revcommit FROM heads WHERE repo = ? AND rev = ? AND typeof(at) = 'real'"
+                                " AND at > ?",
                                 (repo, rev, time.time() - ttl)).fetchone()
-        return row[0] if row else None
+        return row[0] if row and isinstance(row[0], str) and ids.is_hex_id(row[0]) else None
 
     def put_head(self, repo: str, rev: str, commit_id: str) -> None:
         with self._txn():
@@ -393,6 +397,10 @@ class ChunkCache:
 
 
 _EMPTY_ANSWER = {"has": dict, "get": dict, "reading": contextlib.nullcontext}  # a broken cache's answers; else None
+
+
+def _ints(*values) -> bool:
+    return all(type(v) is int for v in values)
 
 
 def _warn_cache(path: str, err: Exception) -> None:

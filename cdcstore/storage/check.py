@@ -13,7 +13,8 @@ import collections
 import sqlite3
 
 from ..core import ids, treeobj
-from ..core.errors import CdcError, CorruptionError
+from ..core.address import check_name
+from ..core.errors import CdcError, CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
 from .repository import Repository
@@ -71,7 +72,8 @@ def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[
     for repo in store.repos():
         seen: set[str] = set()
         trees: set[str] = set()  # walked for this repo: a shared subtree is walked once
-        for head in set(store.refs(repo).values()):
+        damaged: list = []
+        for head in set(store.refs(repo, damaged).values()):
             cid: str | None = head
             while cid and cid not in seen:
                 seen.add(cid)
@@ -93,6 +95,7 @@ def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[
                         out.add((repo, "manifest", fe.manifest))
                         chunks.update((repo, c) for c in (m.chunk_ids if m else ()))
                 cid = commit.parent
+        bad.extend(str(e) for e in damaged)
         out.update((repo, "tree", t) for t in trees if ids.is_hex_id(t))
     return sorted(out), chunks
 
@@ -130,6 +133,9 @@ def check(store: Repository, read_data: bool = False, subset: float | None = Non
     chunk whose stored copy fails verification loses its index row, so the next
     push of its file stores it again. Each problem names the files it affects.
     Durable packs that a killed push left unindexed are indexed first (`recover`)."""
+    if subset is not None and not (isinstance(subset, (int, float)) and not isinstance(subset, bool)
+                                   and 0 <= subset <= 1):
+        raise InvalidAddressError(f"check's subset is the share of packs to read, 0 to 1 (0.1 = 10%), not {subset!r}")
     found: list[tuple[str, set[bytes]]] = []  # (problem, chunk ids it affects)
     recovered = store.recover(forget_gone=False)  # durable packs a killed push left unindexed: not damage
     rows = store.index.rows()
@@ -150,6 +156,10 @@ def check(store: Repository, read_data: bool = False, subset: float | None = Non
         store.index.drop_chunks(pack, cids)
         found.append((f"pack {pack} is missing: {len(cids)} indexed chunks are lost "
                       f"(push the original files again, or restore the pack)", cids))
+    for obj in store.foreign_objects():
+        found.append((f"object {obj} is named like no pack of this store (a stray or foreign object; "
+                      f"it is ignored): remove it", set()))
+    _check_repo_folders(store, found)
     users = _check_reachable(store, found)
     problems, details = [], []
     for text, cids in found:
@@ -183,8 +193,13 @@ def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict,
                           f"(dropped): run `cdcstore rebuild-index`", wrong))
     if not read:
         return len(entries or ())
-    if store.pack_hash(name) != name:
-        found.append((f"pack {name} does not match its name (damaged)", set()))
+    try:
+        if store.pack_hash(name) != name:
+            found.append((f"pack {name} does not match its name (damaged)", set()))
+    except CorruptionError as e:
+        if entries is not None:  # else reported above
+            found.append((f"pack {name}: {e}", set(indexed)))
+        return len(indexed)
     bad = {e.chunk_id for e in (entries if entries is not None else indexed.values())
            if not _verifies(store, name, e)}
     bad &= set(indexed)  # a damaged copy that another pack's copy replaced is harmless
@@ -201,6 +216,25 @@ def _verifies(store: Repository, pack: str, e: PackEntry) -> bool:
     except CorruptionError:
         return False
 
+def _check_repo_folders(store: Repository, found: list) -> None:
+    """Folders under repos/ that are no repo: a name no repo can have (a stray object), or
+    a repo whose refs remain but whose commit files are all gone (`ls` says "no repo")."""
+    for folder in store.objects.folders("repos/"):
+        try:
+            check_name("repo", folder)
+        except CdcError:
+            found.append((f"folder repos/{folder}/ is not a repo (no repo may be named {folder!r}; it is "
+                          f"ignored): remove it", set()))
+            continue
+        if store.has_repo(folder):
+            continue
+        refs = store.ref_names(folder)
+        if refs:
+            found.append((f"repo {folder!r} has {len(refs)} branches or tags but no commit files (deleted?): "
+                          f"it reads as no repo; restore repos/{folder}/commits/ from a copy, or delete the repo",
+                          {f"cdc://{folder}@{r}" for r in refs}))
+
+
 def _check_reachable(store: Repository, found: list) -> dict[bytes, set[str]]:
     """Walk every commit that a branch or tag reaches; returns chunk id -> the files
     (cdc://repo@ref/path) that use it, and adds problems for what does not parse or
@@ -211,7 +245,10 @@ def _check_reachable(store: Repository, found: list) -> dict[bytes, set[str]]:
     for repo in store.repos():
         forgotten = store.forgotten(repo)
         walked: dict[str, set] = {}  # ref -> (tree id, path) walked: the same files, the same labels
-        for ref, head in store.refs(repo).items():
+        damaged: list = []
+        refs = store.refs(repo, damaged)
+        found.extend((str(e), set()) for e in damaged)
+        for ref, head in refs.items():
             cid = head
             while cid and (repo, cid) not in seen_commits:
                 seen_commits.add((repo, cid))

@@ -6,6 +6,7 @@ it at once; connections are per thread and per process (rebuilt after a fork).
 """
 from __future__ import annotations
 
+import os
 import sqlite3
 from typing import Iterable
 
@@ -42,6 +43,10 @@ def _entry(cid, off, slen, rlen, codec, xsum) -> PackEntry:
 class ChunkIndex:
     def __init__(self, path: str):
         self.path = path
+        if os.path.lexists(path) and not os.path.isfile(path):
+            raise CorruptionError(f"the chunk index {path} is not a file (a folder or another kind of file is in "
+                                  f"its place): run `cdcstore rebuild-index` (it moves it aside to "
+                                  f"{os.path.basename(path)}.damaged and builds the index again)")
         self._conns = Connections(path)
         try:
             self._ensure_schema()
@@ -274,6 +279,42 @@ class ChunkIndex:
             conn.execute("BEGIN IMMEDIATE")
             conn.executemany("INSERT OR IGNORE INTO repo_objects (repo, kind, name) VALUES (?, ?, ?)",
                              [(repo, kind, n) for n in names])
+
+    def drop_repo(self, repo: str) -> None:
+        """Forget what `repo` reaches (a deleted repo: a new repo of that name starts with nothing)."""
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("DELETE FROM repo_objects WHERE repo = ?", (repo,))
+            conn.execute("DELETE FROM repo_chunks WHERE repo = ?", (repo,))
+
+    def bad_packs(self) -> dict[str, int]:
+        """Packs found unreadable (name -> the size they had then): skipped until they change."""
+        return {row[0][len("badpack:"):]: int(row[1]) for row in self.conn.execute(
+            "SELECT key, value FROM meta WHERE key >= 'badpack:' AND key < 'badpack;'")}
+
+    def mark_bad_pack(self, name: str, size: int) -> None:
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", ("badpack:" + name, str(size)))
+
+    def tombstones(self) -> set[str]:
+        """The delete-repo tombstones whose repos' records this index has dropped."""
+        return {row[0][len("deleted:"):] for row in self.conn.execute(
+            "SELECT key FROM meta WHERE key >= 'deleted:' AND key < 'deleted;'")}
+
+    def add_tombstones(self, names: Iterable[str]) -> None:
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, '')",
+                             [("deleted:" + n,) for n in names])
+
+    def granted_repos(self) -> set[str]:
+        """The repos that this index records any reach for."""
+        return {row[0] for row in self.conn.execute(
+            "SELECT DISTINCT repo FROM repo_objects UNION SELECT DISTINCT repo FROM repo_chunks")}
 
     def grant_chunks(self, table: str, who: str, chunk_ids: Iterable[bytes]) -> None:
         """Record that repo `who` reaches (table "repo_chunks") or token owner `who`

@@ -14,12 +14,14 @@ import errno
 import fcntl
 import os
 import secrets
+import stat
 from typing import Iterator
 
 from ..core import ids
+from ..core.errors import CorruptionError
 from .objects import (AlreadyExists, Capabilities, Conflict, InvalidName, NotFound, ObjectInfo,
                       ObjectStore, StorageError, StorageFull, check_folder_prefix, check_object_name,
-                      check_prefix, check_range)
+                      check_prefix, check_range, _COMPONENT)
 
 TMP = "tmp"
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -42,6 +44,38 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def clean_dead_temps(folder: str, pid_of=lambda name: name.split("-", 1)[0]) -> int:
+    """Remove the files of `folder` whose name says (`pid_of`) they belong to a process of
+    this host that is gone (killed mid-write); returns how many."""
+    n = 0
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    for fn in names:
+        pid = pid_of(fn) or ""
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.unlink(os.path.join(folder, fn))
+                n += 1
+    return n
+
+
+def open_regular(path: str) -> int:
+    """A read descriptor of a regular file; CorruptionError for a FIFO, a device (also through
+    a symlink, e.g. to /dev/zero) or a socket in an object's place: never a read that hangs
+    or never ends. O_NONBLOCK: opening a FIFO does not wait for a writer."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):  # a folder in an object's place: no such object
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        raise CorruptionError(f"{path} is not a regular file (a FIFO, device or socket named like an object): "
+                              f"remove it")
+    return fd
 
 
 @contextlib.contextmanager
@@ -116,14 +150,7 @@ class LocalObjects(ObjectStore):
 
     def clean_tmp(self) -> int:
         """Remove temp files of processes that are gone; returns how many."""
-        n = 0
-        for fn in os.listdir(self._tmpdir):
-            pid = fn.split("-", 1)[0]
-            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(self._tmpdir, fn))
-                    n += 1
-        return n
+        return clean_dead_temps(self._tmpdir)
 
     # -- writes -----------------------------------------------------------------------------
     def put(self, name: str, data, *, exist_ok: bool = False) -> bool:
@@ -221,7 +248,7 @@ class LocalObjects(ObjectStore):
     # -- reads ------------------------------------------------------------------------------
     @staticmethod
     def _read(path: str) -> bytes:
-        with open(path, "rb") as f:
+        with open(open_regular(path), "rb") as f:
             return f.read()
 
     def get(self, name: str):
@@ -237,7 +264,7 @@ class LocalObjects(ObjectStore):
         check_range(offset, length)
         path = self._path(name)
         with _os_errors(f"object {name!r} in {self.root}", reading=True):
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_regular(path)
             try:
                 parts, got = [], 0
                 while got < length:  # pread may return less than asked before the end
@@ -259,7 +286,7 @@ class LocalObjects(ObjectStore):
         with _os_errors(f"object {name!r} in {self.root}", reading=True):
             h = ids.weak_hasher()
             size = 0
-            with open(path, "rb") as f:
+            with open(open_regular(path), "rb") as f:
                 for block in iter(lambda: f.read(_BLOCK), b""):
                     h.update(block)
                     size += len(block)
@@ -281,7 +308,8 @@ class LocalObjects(ObjectStore):
         except (FileNotFoundError, NotADirectoryError):
             return []
         return [n for n in sorted(entries) if not n.startswith(".") and not (not prefix and n == TMP)
-                and next(self.list(f"{prefix}{n}/"), None) is not None]
+                and (next(self.list(f"{prefix}{n}/"), None) is not None if _COMPONENT.fullmatch(n)
+                     else _holds_files(os.path.join(base, n)))]  # a stray folder: listed, as S3 would
 
     def _walk(self, folder: str, prefix: str) -> Iterator[ObjectInfo]:
         base = os.path.join(self.root, *folder.split("/")) if folder else self.root
@@ -305,3 +333,8 @@ class LocalObjects(ObjectStore):
                 with contextlib.suppress(FileNotFoundError):
                     st = e.stat(follow_symlinks=False)
                     yield ObjectInfo(name, st.st_size, None, st.st_mtime)
+
+
+def _holds_files(path: str) -> bool:
+    """Whether a folder holds a file at any depth (a stray folder whose name no object has)."""
+    return any(files for _, _, files in os.walk(path))

@@ -43,7 +43,7 @@ from ..core.pack import ENTRY, HEADER, LEGACY_ENTRY, LEGACY_PACK_VERSION, PACK_V
     PackWriter, decode_chunk
 from . import staging
 from .objects import StorageError
-from .repository import Repository, commit_name, locations_name, manifest_name, pack_name, tree_name
+from .repository import Repository, commit_name, locations_name, manifest_name, pack_name, pack_of, tree_name
 
 DEFAULT_GRACE = 24 * 3600.0  # seconds an object is spared after it was written
 DEFAULT_REPACK_DEAD = 0.5  # a pack more than half dead (by bytes) is rewritten with its live chunks
@@ -207,10 +207,9 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
             live_in.setdefault(pack, []).append(e)
     packs, repack, kept = [], [], []
     for info in repo.objects.list("packs/"):
-        base = info.name.rsplit("/", 1)[-1]
-        if not (base.endswith(".pack") and ids.is_hex_id(base[:-5])):
+        name = pack_of(info.name)
+        if name is None:  # not named as a pack is: not ours to delete (check reports it)
             continue
-        name = base[:-5]
         live = sorted(live_in.get(name, []), key=lambda e: e.offset)
         if not live:
             if old(info):
@@ -222,7 +221,7 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
     if max_unused is not None:
         repack += _repack_until(kept, max_unused, old)
     commits = []
-    for name in repo.objects.folders("repos/"):
+    for name in repo.repos():  # a folder no repo may be named is not ours (check reports it)
         for info in repo.objects.list(f"repos/{name}/commits/"):
             cid = info.name.rsplit("/", 1)[-1].removesuffix(".json")
             if (name, cid) not in live_commits and old(info):
@@ -460,8 +459,12 @@ def forget(repo: Repository, name: str, keep_last: int | None = None, keep_withi
     """Apply a retention policy to a repo's history; `gc` then frees what only forgotten commits used."""
     if keep_last is None and keep_within is None:
         raise InvalidAddressError("forget needs a policy: --keep-last N and/or --keep-within DURATION")
-    if keep_last is not None and keep_last < 1:
+    if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
         raise InvalidAddressError(f"--keep-last must be 1 or more (a branch head is always kept), not {keep_last}")
+    if keep_within is not None and not (isinstance(keep_within, (int, float)) and not isinstance(keep_within, bool)
+                                        and 0 <= keep_within < float("inf")):
+        raise InvalidAddressError(f"--keep-within is a duration in seconds, 0 or more (e.g. 30d = 2592000), "
+                                  f"not {keep_within!r}")
     history = {b: [(cid, c.time) for cid, c in repo.log(name, head)] for b, head in repo.branches(name).items()}
     doomed = [c for c in forget_plan(history, repo.tags(name), keep_last, keep_within, keep_tags)
               if c not in repo.forgotten(name)]

@@ -33,6 +33,7 @@ import json
 import os
 import secrets
 import tempfile
+import time
 from typing import Iterable, Iterator
 
 import platformdirs
@@ -52,7 +53,7 @@ from ..core.ranges import plan_ranges, slices
 from .backend import Backend, BackendCapabilities
 from .index import ChunkIndex
 from . import open_objects
-from .local import LocalObjects
+from .local import LocalObjects, clean_dead_temps, open_regular
 from .objects import Conflict, NotFound, ObjectStore
 
 STORE_FORMAT = "cdcstore"
@@ -65,8 +66,28 @@ HINTS_MAX = 4_000_000  # chunk locations kept from location records per process 
 TREE_MEMO = 4096  # trees kept decoded per process (immutable: named by their bytes)
 
 
+DELETED = "deleted/"  # deleted/<repo>/<time>-<random>: tombstones of delete-repo (replicas drop its reach)
+
+
+def valid_name(kind: str, name: str) -> bool:
+    try:
+        check_name(kind, name)
+        return True
+    except InvalidAddressError:
+        return False
+
+
 def pack_name(name: str) -> str:
     return f"packs/{name[:2]}/{name}.pack"
+
+
+def pack_of(object_name: str) -> str | None:
+    """The pack an object name holds (v2: 64 hex, v1: 32), or None for anything else."""
+    base = object_name.rsplit("/", 1)[-1]
+    name = base[:-5]
+    if base.endswith(".pack") and ids.is_hex_id(name) and object_name == pack_name(name):
+        return name
+    return None
 
 
 def manifest_name(name: str) -> str:
@@ -217,8 +238,12 @@ class Repository(Backend):
         return path
 
     def clean_tmp(self) -> None:
-        """Remove temp files left by processes that died mid-write (directory stores)."""
+        """Remove temp files left by processes that died mid-write: the store's own (a
+        directory store) and, for a bucket, the packs being built under this machine's cache
+        folder (a push killed before its upload)."""
         self.objects.clean_tmp()
+        if not self.objects.capabilities.local_path:
+            clean_dead_temps(os.path.join(os.path.dirname(self.index_path), "tmp"))
 
     # -- packs and chunks -------------------------------------------------------------------
     def present(self, chunk_ids: list[bytes]) -> set[bytes]:
@@ -345,13 +370,23 @@ class Repository(Backend):
         self.index.add_pack(name, size, entries)
 
     def pack_sizes(self) -> dict[str, int]:
-        """Every pack in the store: name -> size."""
+        """Every pack in the store: name -> size (objects under packs/ that are not named as
+        a pack is, e.g. in another folder, are not packs: `foreign_objects` lists them)."""
         out = {}
         for info in self.objects.list("packs/"):
-            base = info.name.rsplit("/", 1)[-1]
-            if base.endswith(".pack") and ids.is_hex_id(base[:-5]):  # v2 (64 hex) or v1 (32)
-                out[base[:-5]] = info.size
+            name = pack_of(info.name)
+            if name is not None:
+                out[name] = info.size
         return out
+
+    def foreign_objects(self) -> list[str]:
+        """Objects under packs/ named like a pack but in another pack's folder (a co-tenant's
+        or an operator's stray object): `check` reports them, every other command skips them
+        (other stray files, e.g. a README, are ignored)."""
+        def pack_like(name: str) -> bool:
+            base = name.rsplit("/", 1)[-1]
+            return base.endswith(".pack") and ids.is_hex_id(base[:-5])
+        return [i.name for i in self.objects.list("packs/") if pack_of(i.name) is None and pack_like(i.name)]
 
     def iter_pack_names(self) -> Iterator[str]:
         yield from sorted(self.pack_sizes())
@@ -392,12 +427,14 @@ class Repository(Backend):
             if forget_gone and gone:
                 self.index.drop_packs(gone)
             added = 0
+            bad = self.index.bad_packs()  # read once and found unreadable: not read again at each push
             for name, size in listed.items():
-                if name not in known:
+                if name not in known and bad.get(name) != size:
                     try:
                         entries = self.read_pack_index(name, size)
                     except CorruptionError:
-                        continue  # reported by `check`; never indexed
+                        self.index.mark_bad_pack(name, size)  # reported by `check`; never indexed
+                        continue
                     self.index.add_pack(name, size, entries)
                     added += 1
             return added
@@ -651,8 +688,17 @@ class Repository(Backend):
 
     # -- repos, commits, refs ---------------------------------------------------------------------
     def repos(self) -> list[str]:
-        """Repos that hold a commit (one delimiter listing, then one per repo)."""
-        return [r for r in self.objects.folders("repos/") if self.has_repo(r)]
+        """Repos that hold a commit (one delimiter listing, then one per repo); a folder whose
+        name no repo may have (a stray object) is none (`check` reports it)."""
+        return [r for r in self.objects.folders("repos/") if valid_name("repo", r) and self.has_repo(r)]
+
+    def ref_names(self, repo: str) -> list[str]:
+        """Names of a folder's branches and tags (tags as "tag:NAME"), read or not."""
+        out = []
+        for kind, prefix in (("branch", ""), ("tag", "tag:")):
+            folder = ref_name(repo, kind, "")
+            out += [prefix + i.name[len(folder):] for i in self.objects.list(folder)]
+        return out
 
     def has_repo(self, repo: str) -> bool:
         check_name("repo", repo)
@@ -697,8 +743,9 @@ class Repository(Backend):
             found = pick_commit(repo, rev, matches), "commit"
         else:
             check_name("revision", rev)
-            branches = self.branches(repo)
-            found = resolve_name(repo, rev, branches.get(rev), self.tags(repo).get(rev), branches)
+            branch, tag = (self._read_ref(repo, kind, rev)[0] if valid_name(kind, rev) else None
+                           for kind in ("branch", "tag"))  # two reads, whatever the number of refs
+            found = resolve_name(repo, rev, branch, tag, lambda: self.ref_names(repo))
         if found[1] != "branch" and self.objects.exists(forgotten_name(repo, found[0])):  # heads never are
             raise RevisionNotFoundError(f"commit {found[0]} of repo {repo!r} was forgotten (`cdcstore forget`): "
                                         f"its files are gone; see `cdcstore log {repo}` for what is kept")
@@ -713,9 +760,38 @@ class Repository(Backend):
         out = {"repo": repo, "refs": len(refs), "commits": sum(1 for n in names if n.split("/")[2] == "commits"),
                "objects": len(names), "dry_run": dry_run}
         if not dry_run:
+            # a tombstone first: every replica drops the repo's reach when it sees it
+            tombstone = f"{DELETED}{repo}/{time.time_ns()}-{secrets.token_hex(4)}"
+            self.objects.put(tombstone, b"", exist_ok=True)
             for n in refs + [n for n in names if n not in refs]:
                 self.objects.delete(n)
+            self.drop_grants(repo)
+            self.index.add_tombstones([tombstone])  # acted on here: a reused name's new grants stay
         return out
+
+    def drop_grants(self, repo: str) -> None:
+        """Forget what a deleted repo reached: a new repo of that name (and its tokens) starts
+        with nothing, neither the old totals nor the old chunks."""
+        with self._grant_lock:
+            self._granted.pop(repo, None)
+            self.index.drop_repo(repo)
+
+    def drop_deleted_grants(self) -> list[str]:
+        """Drop the records of repos deleted since (through another replica or machine): a
+        tombstone `deleted/<repo>/<time>-<random>` this index has not seen, or a recorded repo
+        that no longer exists. Returns the repos whose records were dropped."""
+        seen = self.index.tombstones()
+        fresh = [i.name for i in self.objects.list(DELETED) if i.name not in seen]
+        gone = {n.split("/")[1] for n in fresh if n.count("/") == 2}
+        for r in self.index.granted_repos() - gone:
+            with contextlib.suppress(InvalidAddressError):
+                if self.has_repo(r):
+                    continue
+            gone.add(r)
+        for r in sorted(gone):
+            self.drop_grants(r)
+        self.index.add_tombstones(fresh)
+        return sorted(gone)
 
     def forgotten(self, repo: str) -> set[str]:
         """Commits of `repo` that `forget` dropped: kept as history, their files are not."""
@@ -738,16 +814,28 @@ class Repository(Backend):
             data, token = self.objects.get_with_token(ref_name(repo, kind, name))
         except NotFound:
             return None, None
-        return bytes(data).decode().strip(), token
+        cid = bytes(data[:200]).decode("utf-8", "replace").strip()
+        if not ids.is_hex_id(cid):
+            raise CorruptionError(f"{kind} {name!r} of repo {repo!r} is damaged (it holds no commit id): "
+                                  f"delete it or write the right commit id into {ref_name(repo, kind, name)}")
+        return cid, token
 
-    def _read_refs(self, repo: str, kind: str) -> dict[str, str]:
+    def _read_refs(self, repo: str, kind: str, damaged: list | None = None) -> dict[str, str]:
+        """Every branch (or tag) of a repo. A damaged one raises CorruptionError, or with
+        `damaged` is skipped and its error appended; names no ref may have are skipped."""
         out = {}
         folder = ref_name(repo, kind, "")
         for info in self.objects.list(folder):
             name = info.name[len(folder):]
-            if "/" in name or name.startswith("."):
+            if "/" in name or not valid_name(kind, name):
                 continue
-            cid, _ = self._read_ref(repo, kind, name)
+            try:
+                cid, _ = self._read_ref(repo, kind, name)
+            except CorruptionError as e:
+                if damaged is None:
+                    raise
+                damaged.append(e)
+                continue
             if cid is not None:
                 out[name] = cid
         return out
@@ -760,9 +848,12 @@ class Repository(Backend):
         self._require_repo(repo)
         return self._read_refs(repo, "tag")
 
-    def refs(self, repo: str) -> dict[str, str]:
-        """Branches and tags of a repo (name -> commit id); tags as "tag:NAME"."""
-        return {**self.branches(repo), **{f"tag:{n}": c for n, c in self.tags(repo).items()}}
+    def refs(self, repo: str, damaged: list | None = None) -> dict[str, str]:
+        """Branches and tags of a repo (name -> commit id); tags as "tag:NAME". A damaged
+        ref raises CorruptionError, or with `damaged` is skipped and its error appended."""
+        self._require_repo(repo)
+        return {**self._read_refs(repo, "branch", damaged),
+                **{f"tag:{n}": c for n, c in self._read_refs(repo, "tag", damaged).items()}}
 
     def create_ref(self, repo: str, kind: str, name: str, commit_id: str) -> None:
         """Create branch or tag `name` at `commit_id` (a conditional create); refuses a
@@ -970,7 +1061,8 @@ class Repository(Backend):
                       commit: Commit | None = None, landed=None) -> str:
         """Move `branch` from `expected` (None: must not exist) to `new` by a conditional
         put; returns the commit the branch now points at. `landed(commit)` runs once the
-        commit that lands is known, before the branch moves.
+        branch has moved to the commit that lands (never for a refused put: a reader that
+        sees the branch first and misses a grant re-derives it from the refs).
 
         If another writer moved the branch first and `commit` (the commit named `new`)
         touches no path that the branch's new history touched, a rebased copy of it
@@ -995,21 +1087,23 @@ class Repository(Backend):
                 target, fresh = self._rebase(commit, branch, current)
                 if not fresh:  # this very commit landed before (a retried request)
                     return target
-            if landed is not None:
-                landed(self.get_commit(repo, target))
             data = (target + "\n").encode()
             try:
                 if token is None:
                     self.objects.put_if_absent(ref_name(repo, "branch", branch), data)
                 else:
                     self.objects.put_if_match(ref_name(repo, "branch", branch), data, token)
-                return target
             except Conflict:  # another writer moved it between our read and our put
                 if commit is None:
                     raise ConflictError(f"branch {branch!r} of repo {repo!r} moved while it was being "
                                         f"updated: run the command again") from None
-                if self._read_ref(repo, "branch", branch)[0] == target:
-                    return target  # our own put landed and its answer was lost (a retry)
+                if self._read_ref(repo, "branch", branch)[0] != target:
+                    continue  # a refused put grants nothing: read the branch again
+            # landed (or our own put landed and its answer was lost, a retry): only now is it
+            # granted, so a compare-and-swap that fails never gives the repo any reach
+            if landed is not None:
+                landed(self.get_commit(repo, target))
+            return target
 
     def _applied(self, repo: str, original: str) -> set[str]:
         """The ids under which `original` was rebased before (by any attempt)."""
@@ -1140,7 +1234,7 @@ class LocalStore(Repository):
             fd = self._fds.get(pack)
             if fd is None:
                 try:
-                    fd = os.open(self.pack_path(pack), os.O_RDONLY)
+                    fd = open_regular(self.pack_path(pack))
                 except FileNotFoundError:
                     raise self.pack_gone(pack) from None
                 self._fds[pack] = fd
@@ -1234,7 +1328,8 @@ def resolve_name(repo: str, rev: str, branch: str | None, tag: str | None,
                                     f"and a tag; delete one of them")
     if branch or tag:
         return (branch, "branch") if branch else (tag, "tag")
-    names = ", ".join(branches) or "none"
+    names = [n for n in (branches() if callable(branches) else branches) if not n.startswith("tag:")]
+    names = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "") or "none"
     raise RevisionNotFoundError(f"no branch or tag {rev!r} in repo {repo!r} (branches: {names}); "
                                 f"a commit id prefix needs at least 4 hex digits")
 
