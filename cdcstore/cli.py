@@ -632,13 +632,12 @@ def cache_clear(cache_path):
 def serve(store_path, host, port, tokens_file, allow_no_auth, max_heavy, body_timeout, min_body_rate,
           maintenance_interval, min_gc_grace, limit_items):
     """Serve a store over HTTP (protocol v1, docs/protocol.md)."""
-    from .remote.limits import ServerLimits
     from .remote.server import serve as run_server
 
     run_server(_local(store_path, "serve").location, host, port, tokens_file, allow_no_auth, max_heavy,
                body_idle_timeout=body_timeout, min_body_rate=min_body_rate,
                maintenance_interval=maintenance_interval,
-               min_gc_grace=_duration(min_gc_grace, "--min-gc-grace"), limits=ServerLimits.parse(limit_items))
+               min_gc_grace=_duration(min_gc_grace, "--min-gc-grace"), limit_items=limit_items)
 
 
 @cli.command()

@@ -150,3 +150,4 @@ def tree_groups(path: str, limits):
             group_bytes += n
         if group:
             yield group
+

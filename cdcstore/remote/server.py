@@ -35,12 +35,12 @@ from ..core.commit import Commit
 from ..core.errors import (BusyError, CdcError, ConflictError, CorruptionError, InvalidAddressError, PackMissingError,
                      RefExistsError,
                      RepoNotFoundError, RevisionNotFoundError)
-from ..core.manifest import ENTRIES as MANIFEST_ENTRIES, HEADER as MANIFEST_HEADER, MAGIC as MANIFEST_MAGIC, \
-    MANIFEST_VERSION, Manifest
+from ..core.manifest import MANIFEST_VERSION, Manifest
 from ..core.pack import PACK_VERSION, WRITE_BUFFER, pack_version, read_verified
 from ..storage.check import rebuild_index
+from ..storage.manifest_file import ManifestFile
 from ..storage.objects import NotFound
-from ..storage.repository import Repository, manifest_name, open_repository, pack_name
+from ..storage.repository import Repository, open_repository, pack_name
 
 log = logging.getLogger("cdcstore.server")
 
@@ -256,64 +256,21 @@ class LocatedBody:
     """The answer to `GET manifests/{name}?locations=1` for a large manifest, read from the
     store in blocks: prefix, the manifest's bytes, then the located chunks' records."""
 
-    def __init__(self, read, size: int, head: bytes, entry):
-        self.read, self.manifest_size, self.head, self.entry = read, size, head, entry
-        self.prefix = self.tail = b""
-        self.size = 0
-
-    @classmethod
-    def open(cls, store: Repository, name: str, small: int) -> "LocatedBody | None":
-        """None when the manifest is at most `small` bytes (answered from memory)."""
-        path = store.manifest_file(name)
-        if path is not None:
-            size = os.path.getsize(path)
-
-            def read(lo: int, n: int) -> bytes:
-                with open(path, "rb") as f:
-                    return os.pread(f.fileno(), n, lo)
-        else:
-            size = store.objects.stat(manifest_name(name)).size
-
-            def read(lo: int, n: int) -> bytes:
-                return bytes(store.objects.get_range(manifest_name(name), lo, n))
-        if size <= small:
-            return None
-        head = read(0, MANIFEST_HEADER.size)
-        what = f"manifest {name}"
-        if len(head) < MANIFEST_HEADER.size or head[:8] != MANIFEST_MAGIC:
-            raise CorruptionError(f"{what} is not a cdcstore manifest: run `cdcstore check` on the server")
-        magic, version, count, _, _ = MANIFEST_HEADER.unpack(head)
-        entry = MANIFEST_ENTRIES.get(version)
-        if entry is None or size != MANIFEST_HEADER.size + count * entry.size:
-            raise CorruptionError(f"{what} is damaged (version {version}, {count} chunks, {size} bytes): "
-                                  f"run `cdcstore check` on the server")
-        return cls(read, size, head, entry)
-
-    def picked(self) -> list[bytes]:
-        """The ids of the first and last `LOCATED_ENDS` chunks."""
-        count = (self.manifest_size - MANIFEST_HEADER.size) // self.entry.size
-        ends = min(wire.LOCATED_ENDS, count)
-        out = []
-        for first in (0, count - ends):
-            part = self.read(MANIFEST_HEADER.size + first * self.entry.size, ends * self.entry.size)
-            out += [bytes(e[0]) for e in self.entry.iter_unpack(part)]
-        return out
-
-    def finish(self, found: dict) -> "LocatedBody":
-        self.prefix = wire.located_prefix(self.manifest_size)
-        self.tail = wire.encode_locations(found, self.entry.size - 4)
-        self.size = len(self.prefix) + self.manifest_size + len(self.tail)
-        return self
+    def __init__(self, manifest: ManifestFile, found: dict):
+        self.manifest = manifest
+        self.prefix = wire.located_prefix(manifest.bytes)
+        self.tail = wire.encode_locations(found, manifest.entry.size - 4)
+        self.size = len(self.prefix) + manifest.bytes + len(self.tail)
 
     def block(self, lo: int, hi: int) -> bytes:
         """Bytes [lo, hi) of the answer."""
         out = bytearray()
-        m0, m1 = len(self.prefix), len(self.prefix) + self.manifest_size
+        m0, m1 = len(self.prefix), len(self.prefix) + self.manifest.bytes
         if lo < m0:
             out += self.prefix[lo:min(hi, m0)]
         if lo < m1 and hi > m0:
             a, b = max(lo, m0), min(hi, m1)
-            data = self.read(a - m0, b - a)
+            data = self.manifest.read(a - m0, b - a)
             if len(data) != b - a:
                 raise CorruptionError("a manifest changed or went while it was sent")
             out += data
@@ -767,15 +724,20 @@ class Server:
             if not ids.is_hex_id(f.manifest):
                 raise HTTPError(400, f"invalid manifest name {f.manifest!r}")
             sizes.setdefault(f.manifest, set()).add(f.size)
-        for name, wanted in sizes.items():
+        for name, wanted in sizes.items():  # each manifest read in slices: a huge one is no memory bomb
             try:
-                m = self.store.get_manifest(name)
+                m = ManifestFile(self.store, name)
             except CorruptionError:
                 raise HTTPError(409, f"manifest {name} is not on the server: upload it first") from None
             if wanted != {m.size}:
                 raise HTTPError(400, f"a file size in the commit does not match manifest {name} ({m.size} bytes)")
-            if scope is not None and not self.store.index.reaches(repo, "manifest", name):
-                new_chunks.update(m.chunk_ids)  # what the repo reaches already needs no new proof
+            prove = scope is not None and not self.store.index.reaches(repo, "manifest", name)
+            for chunk_ids in m.scan(self.limits.slice_chunks):  # checks its bytes against its name
+                if prove:  # what the repo reaches already needs no new proof
+                    new_chunks.update(chunk_ids)
+                    if len(new_chunks) >= self.limits.slice_chunks:
+                        self._require_visible(scope, new_chunks, "the commit")
+                        new_chunks.clear()
         self._require_visible(scope, new_chunks, "the commit")  # manifest names can be guessed or learned
         return self.store.commit(commit, branch, expected)
 
@@ -811,10 +773,13 @@ class Server:
         that `repo` may see (what `locate` would answer): one round trip instead of two for
         a small file, and for where reads of a large one start (a scan, a Parquet footer).
         A manifest over `limits.decode_bytes` is never read whole: a `LocatedBody` to stream."""
-        located = LocatedBody.open(self.store, name, self.limits.decode_bytes)
-        if located is not None:
-            found = self._locate_reached(repo, list(dict.fromkeys(located.picked())), scope)
-            return located.finish(found)
+        try:
+            large = ManifestFile(self.store, name)
+        except CorruptionError:
+            raise NotFound(name) from None
+        if large.bytes > self.limits.decode_bytes:  # never decoded whole: streamed
+            return LocatedBody(large, self._locate_reached(repo, list(dict.fromkeys(large.ends(wire.LOCATED_ENDS))),
+                                                           scope))
         path = self.store.manifest_file(name)
         if path is not None:
             with open(path, "rb") as f:
@@ -1085,9 +1050,10 @@ def _uploaded_commit(text) -> Commit:
 
 
 def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
-          allow_open: bool = False, max_heavy: int | None = None, **limits) -> None:
+          allow_open: bool = False, max_heavy: int | None = None, limit_items=(), **limits) -> None:
     """Run the server until interrupted. Without tokens it only binds loopback,
-    unless `allow_open` says otherwise explicitly."""
+    unless `allow_open` says otherwise explicitly. `limit_items`: NAME=VALUE overrides
+    of `ServerLimits` (`cdcstore serve --limit`)."""
     tokens = load_tokens(tokens_file) if tokens_file else None
     if tokens is None:
         if host not in LOOPBACK and not allow_open:
@@ -1097,7 +1063,8 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
     store = open_repository(store_path)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("aiohttp.server").addFilter(OneLineErrors())
-    app = make_app(store, ServerConfig(tokens=tokens, max_heavy=max_heavy, **limits))
+    config = ServerConfig(tokens=tokens, max_heavy=max_heavy, limits=ServerLimits.parse(limit_items), **limits)
+    app = make_app(store, config)
 
     def announce(_msg: str) -> None:  # run_app calls this only once it listens: bind first, announce after
         if tokens is None:

@@ -1,0 +1,74 @@
+"""A stored manifest read in ranges, never whole (bounded memory for a manifest of any size):
+its header's facts, its first and last chunk ids, and a scan of all of them in slices that
+checks the bytes against the name (what `Repository.get_manifest` checks, without decoding)."""
+from __future__ import annotations
+
+import os
+
+from ..core import ids
+from ..core.errors import CorruptionError
+from ..core.manifest import ENTRIES, HEADER, MAGIC
+from .objects import NotFound
+
+SLICE = 65536  # chunk ids a scan yields at once (~6 MB of Python objects)
+
+
+class ManifestFile:
+    """A stored manifest read in ranges, never whole: its header's facts, its first and last
+    chunk ids, and a scan of all of them in slices that checks the bytes against the name."""
+
+    def __init__(self, store, name: str):
+        from .repository import manifest_name
+
+        self.name, self.what = name, f"manifest {name}"
+        path = store.manifest_file(name)
+        try:
+            if path is not None:
+                self.bytes = os.path.getsize(path)
+
+                def read(lo: int, n: int) -> bytes:
+                    with open(path, "rb") as f:
+                        return os.pread(f.fileno(), n, lo)
+            else:
+                self.bytes = store.objects.stat(manifest_name(name)).size
+
+                def read(lo: int, n: int) -> bytes:
+                    return bytes(store.objects.get_range(manifest_name(name), lo, n))
+        except (OSError, NotFound):
+            raise CorruptionError(f"manifest {name} is missing from {store.location}") from None
+        self.read = read
+        self.head = read(0, HEADER.size)
+        if len(self.head) < HEADER.size or self.head[:8] != MAGIC:
+            raise CorruptionError(f"{self.what} is not a cdcstore manifest: run `cdcstore check` on the server")
+        _, self.version, self.count, self.size, _ = HEADER.unpack(self.head)
+        self.entry = ENTRIES.get(self.version)
+        if self.entry is None or self.bytes != HEADER.size + self.count * self.entry.size:
+            raise CorruptionError(f"{self.what} is damaged (version {self.version}, {self.count} chunks, "
+                                  f"{self.bytes} bytes): run `cdcstore check` on the server")
+
+    def ids(self, first: int, count: int) -> list[bytes]:
+        part = self.read(HEADER.size + first * self.entry.size, count * self.entry.size)
+        return [bytes(e[0]) for e in self.entry.iter_unpack(part)]
+
+    def ends(self, n: int) -> list[bytes]:
+        """The ids of the first and last `n` chunks."""
+        n = min(n, self.count)
+        return self.ids(0, n) + self.ids(self.count - n, n)
+
+    def scan(self, step: int = SLICE):
+        """The chunk ids, `step` at a time (a set per slice); CorruptionError if the bytes do
+        not match the name or the lengths do not add up to the size (after the last slice)."""
+        h = ids.hasher_for(self.name)
+        h.update(self.head)
+        total = 0
+        for first in range(0, self.count, step):
+            k = min(step, self.count - first)
+            part = self.read(HEADER.size + first * self.entry.size, k * self.entry.size)
+            if len(part) != k * self.entry.size:
+                raise CorruptionError(f"{self.what} changed while it was read: try again")
+            h.update(part)
+            entries = list(self.entry.iter_unpack(part))
+            total += sum(e[1] for e in entries)
+            yield {bytes(e[0]) for e in entries}
+        if h.hexdigest() != self.name or total != self.size:
+            raise CorruptionError(f"{self.what} does not match its name (damaged): run `cdcstore check` on the server")
