@@ -393,3 +393,47 @@ def test_push_sessions_are_capped_per_token_and_in_all_and_their_life_is_bounded
         assert status == 409 and b"older than" in body, body
     assert len(os.listdir(sessions)) == 1  # the one w-all opened last, not refreshed yet
     assert s.call("w-a", "POST", "/sessions", b"{}")[0] == 200  # places are free again
+
+
+# -- the pieces, without a server ----------------------------------------------------------------
+def test_limits_are_named_and_checked():
+    from cdcstore.core.errors import InvalidAddressError
+    from cdcstore.remote.limits import ServerLimits
+    lim = ServerLimits.parse(["send_block=4096", "send-timeout=2.5"])
+    assert (lim.send_block, lim.send_timeout, lim.write_slots) == (4096, 2.5, 8)
+    for bad, why in [("nope=1", "NAME one of"), ("send_block", "NAME=VALUE"), ("read_slots=x", "not a number"),
+                     ("read_slots=0", "above 0")]:
+        with pytest.raises(InvalidAddressError, match=why):
+            ServerLimits.parse([bad])
+
+
+@pytest.mark.parametrize("count", [3, 200_000])  # one read, then ranges
+def test_a_manifest_file_is_read_in_slices_and_checked_against_its_name(tmp_path, count):
+    from cdcstore.core.errors import CorruptionError
+    from cdcstore.storage.manifest_file import ManifestFile, ManifestMissing
+    from cdcstore.storage.repository import manifest_name
+    store = LocalStore.init(str(tmp_path / "s"))
+    chunk_ids = [ids.digest(b"%d" % i) for i in range(count)]
+    m = Manifest(chunk_ids, [10] * count, 10 * count, bytes(16))
+    data = m.encode()
+    (name,) = store.put_manifests([m])
+    f = ManifestFile(store, name)
+    assert (f.count, f.size, f.bytes) == (count, 10 * count, len(data))
+    assert (f.data is None) == (len(data) > 256 * 1024)
+    assert [c for part in f.scan(1000) for c in sorted(part)] == [c for i in range(0, count, 1000)
+                                                                  for c in sorted(chunk_ids[i:i + 1000])]
+    n = min(512, count)
+    assert f.ends(512) == chunk_ids[:n] + chunk_ids[-n:]
+    path = store.objects.local_path(manifest_name(name))
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as out:  # one chunk id damaged: the scan says so at its end
+        out.seek(len(data) - 10)
+        out.write(b"\xff")
+    with pytest.raises(CorruptionError, match="does not match its name"):
+        list(ManifestFile(store, name).scan(1000))
+    with open(path, "ab") as out:
+        out.write(b"x")
+    with pytest.raises(CorruptionError, match="damaged"):
+        ManifestFile(store, name)
+    with pytest.raises(ManifestMissing):
+        ManifestFile(store, "ab" * 32)

@@ -38,7 +38,7 @@ from ..core.errors import (BusyError, CdcError, ConflictError, CorruptionError, 
 from ..core.manifest import MANIFEST_VERSION, Manifest
 from ..core.pack import PACK_VERSION, WRITE_BUFFER, pack_version, read_verified
 from ..storage.check import rebuild_index
-from ..storage.manifest_file import ManifestFile
+from ..storage.manifest_file import ManifestFile, ManifestMissing
 from ..storage.objects import NotFound
 from ..storage.repository import Repository, open_repository, pack_name
 
@@ -775,17 +775,19 @@ class Server:
         A manifest over `limits.decode_bytes` is never read whole: a `LocatedBody` to stream."""
         try:
             large = ManifestFile(self.store, name)
-        except CorruptionError:
+        except ManifestMissing:
             raise NotFound(name) from None
         if large.bytes > self.limits.decode_bytes:  # never decoded whole: streamed
             return LocatedBody(large, self._locate_reached(repo, list(dict.fromkeys(large.ends(wire.LOCATED_ENDS))),
                                                            scope))
-        path = self.store.manifest_file(name)
-        if path is not None:
-            with open(path, "rb") as f:
-                data = f.read()
-        else:
-            data = self.store.manifest_bytes(name)
+        data = large.data  # a small manifest came whole with its first read
+        if data is None:
+            path = self.store.manifest_file(name)
+            if path is not None:
+                with open(path, "rb") as f:
+                    data = f.read()
+            else:
+                data = self.store.manifest_bytes(name)
         manifest = Manifest.decode(data, f"manifest {name}")
         self.store.load_locations(name, manifest)  # a new replica: no listing, no footers for this file
         chunks, ends = manifest.chunk_ids, wire.LOCATED_ENDS

@@ -11,40 +11,54 @@ from ..core.manifest import ENTRIES, HEADER, MAGIC
 from .objects import NotFound
 
 SLICE = 65536  # chunk ids a scan yields at once (~6 MB of Python objects)
+FIRST_READ = 256 * 1024  # bytes of the first read: a manifest this small is read in one request
+
+
+class ManifestMissing(CorruptionError):
+    """No such manifest in the store."""
 
 
 class ManifestFile:
     """A stored manifest read in ranges, never whole: its header's facts, its first and last
-    chunk ids, and a scan of all of them in slices that checks the bytes against the name."""
+    chunk ids, and a scan of all of them in slices that checks the bytes against the name.
+    A small manifest (most) costs one read, as `get_manifest` does."""
 
     def __init__(self, store, name: str):
         from .repository import manifest_name
 
         self.name, self.what = name, f"manifest {name}"
-        path = store.manifest_file(name)
-        try:
+        path, obj = store.manifest_file(name), manifest_name(name)
+
+        def read(lo: int, n: int) -> bytes:
             if path is not None:
-                self.bytes = os.path.getsize(path)
+                with open(path, "rb") as f:
+                    return os.pread(f.fileno(), n, lo)
+            return bytes(store.objects.get_range(obj, lo, n))
 
-                def read(lo: int, n: int) -> bytes:
-                    with open(path, "rb") as f:
-                        return os.pread(f.fileno(), n, lo)
-            else:
-                self.bytes = store.objects.stat(manifest_name(name)).size
-
-                def read(lo: int, n: int) -> bytes:
-                    return bytes(store.objects.get_range(manifest_name(name), lo, n))
-        except (OSError, NotFound):
-            raise CorruptionError(f"manifest {name} is missing from {store.location}") from None
-        self.read = read
-        self.head = read(0, HEADER.size)
+        try:
+            first = read(0, FIRST_READ)
+        except (FileNotFoundError, NotFound):
+            raise ManifestMissing(f"manifest {name} is missing from {store.location}") from None
+        self.head = first[:HEADER.size]
         if len(self.head) < HEADER.size or self.head[:8] != MAGIC:
             raise CorruptionError(f"{self.what} is not a cdcstore manifest: run `cdcstore check` on the server")
         _, self.version, self.count, self.size, _ = HEADER.unpack(self.head)
         self.entry = ENTRIES.get(self.version)
-        if self.entry is None or self.bytes != HEADER.size + self.count * self.entry.size:
+        self.bytes = HEADER.size + self.count * self.entry.size if self.entry else -1
+        self.data = None  # the bytes, when they came whole with the first read
+        if len(first) < FIRST_READ:  # all of it: kept
+            self.data = first
+            self.read = lambda lo, n: first[lo:lo + n]
+            actual = len(first)
+        else:
+            self.read = read
+            try:
+                actual = os.path.getsize(path) if path is not None else store.objects.stat(obj).size
+            except (FileNotFoundError, NotFound):
+                raise ManifestMissing(f"manifest {name} is missing from {store.location}") from None
+        if self.entry is None or self.bytes != actual:
             raise CorruptionError(f"{self.what} is damaged (version {self.version}, {self.count} chunks, "
-                                  f"{self.bytes} bytes): run `cdcstore check` on the server")
+                                  f"{actual} bytes): run `cdcstore check` on the server")
 
     def ids(self, first: int, count: int) -> list[bytes]:
         part = self.read(HEADER.size + first * self.entry.size, count * self.entry.size)
