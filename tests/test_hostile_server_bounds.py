@@ -179,6 +179,19 @@ def test_batches_over_the_limit_are_refused_before_being_held(served):
     assert status == 413 and b"tree of" in err
 
 
+def test_a_pack_of_too_many_chunks_is_refused_before_its_index_is_parsed(served):
+    """An uploaded pack's index is parsed whole (a 128 MiB pack of 1-byte chunks would be two
+    million entries): over `max_pack_chunks` it is a 413, nothing stored; under it, stored."""
+    s = served("max_pack_chunks=1000")
+    name, pack, _ = real_pack([b"%d" % i for i in range(1001)], CODEC_RAW)
+    status, err = s.call("w-a", "PUT", f"/packs/{name}", pack)
+    assert status == 413 and b"1001 chunks" in err and b"limit is 1000" in err
+    assert not os.listdir(os.path.join(s.srv.store, "packs")) or not any(
+        files for _, _, files in os.walk(os.path.join(s.srv.store, "packs")))
+    name, pack, _ = real_pack([b"%d" % i for i in range(1000)], CODEC_RAW)
+    assert s.call("w-a", "PUT", f"/packs/{name}", pack)[0] == 201
+
+
 def _commit_large_file(s, tmp_path, count: int) -> tuple[str, bytes, bytes]:
     cid = _store_chunk(s, "w-a", b"block" * 100)
     blob = big_manifest(cid, 500, count)

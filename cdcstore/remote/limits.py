@@ -28,6 +28,7 @@ MiB = 1024 * 1024
 class ServerLimits:
     # request bodies
     max_pack_bytes: int = wire.MAX_PACK_BYTES  # one pack upload (streamed to a temp file)
+    max_pack_chunks: int = 65536  # chunks of one uploaded pack (its index is parsed whole; clients write 8,192)
     max_batch_bytes: int = wire.MAX_MANIFEST_BATCH_BYTES  # one manifest or tree batch (spooled to a temp file)
     max_json_bytes: int = wire.MAX_JSON_BYTES  # one JSON body (parsed in memory)
     max_tree_bytes: int = 16 * MiB  # one tree of a batch (JSON, parsed in memory)
@@ -39,7 +40,7 @@ class ServerLimits:
     send_block: int = 1 * MiB  # an answer built from the store is sent in pieces of this size
     send_timeout: float = 30.0  # seconds one piece may wait for a client that does not read before it is cut off
     # concurrency
-    parse_slots: int = 2  # manifest and tree batches parsed at once (the others wait, spooled on disk)
+    parse_slots: int = 2  # batches parsed and packs verified at once (the others wait, spooled on disk)
     write_slots: int = 8  # pack uploads, manifest and tree batches at once (429 past it)
     write_slots_per_token: int = 4  # of which one token may hold
     read_slots: int = 8  # masked or bucket pack ranges, located manifests and proof checks at once

@@ -36,7 +36,8 @@ from ..core.errors import (BusyError, CdcError, ConflictError, CorruptionError, 
                      RefExistsError,
                      RepoNotFoundError, RevisionNotFoundError)
 from ..core.manifest import MANIFEST_VERSION, Manifest
-from ..core.pack import PACK_VERSION, WRITE_BUFFER, pack_version, read_verified
+from ..core.chunker import MAX_CHUNK_BYTES
+from ..core.pack import PACK_VERSION, TRAILER as PACK_TRAILER, WRITE_BUFFER, decode_chunk, pack_version, read_index
 from ..storage.check import rebuild_index
 from ..storage.manifest_file import ManifestFile, ManifestMissing
 from ..storage.objects import NotFound
@@ -279,6 +280,9 @@ class LocatedBody:
         return bytes(out)
 
 
+MAX_STORED_BYTES = MAX_CHUNK_BYTES + MAX_CHUNK_BYTES // 128 + 4096  # a chunk's stored record (zstd's worst case)
+
+
 class Server:
     def __init__(self, store: Repository, config: ServerConfig):
         self.store = store
@@ -512,7 +516,8 @@ class Server:
                         f.write(block)
                 if h.hexdigest() != name:
                     raise HTTPError(422, f"pack bytes do not match the name {name} (truncated or damaged upload)")
-                entries = await self._io(self._verify_and_add, tmp, name, scope)
+                async with self._parsing:  # verification holds chunks and the index: a few at once
+                    entries = await self._io(self._verify_and_add, tmp, name, scope)
                 count = len(entries)
             finally:
                 if os.path.exists(tmp):
@@ -531,7 +536,20 @@ class Server:
         with open(tmp, "rb") as f:
             if (version := pack_version(f)) != PACK_VERSION:  # v1 ids are xxh3 ones, which can be collided
                 raise HTTPError(400, f"uploaded pack {name} is format v{version}: {ids.LEGACY_REFUSED}")
-            entries = read_verified(f, os.fstat(f.fileno()).st_size, f"uploaded pack {name}")  # BLAKE3 each chunk
+            size = os.fstat(f.fileno()).st_size
+            if size >= PACK_TRAILER.size:  # the index is parsed whole: its size is bounded first
+                f.seek(size - PACK_TRAILER.size)
+                count = PACK_TRAILER.unpack(f.read(PACK_TRAILER.size))[0]
+                if count > self.limits.max_pack_chunks:
+                    raise HTTPError(413, f"uploaded pack {name} holds {count} chunks; this server's limit is "
+                                         f"{self.limits.max_pack_chunks} per pack: push with smaller packs")
+            entries = read_index(f, size, f"uploaded pack {name}")
+            for e in entries:  # BLAKE3 each chunk; a record never larger than a chunk can be stored
+                if e.stored_len > MAX_STORED_BYTES:
+                    raise HTTPError(422, f"uploaded pack {name} has a record of {e.stored_len} bytes, over the "
+                                         f"format's maximum of {MAX_STORED_BYTES}")
+                f.seek(e.offset)
+                decode_chunk(f.read(e.stored_len), e.codec, e.raw_len, e.chunk_id, e.check)
         if scope is not None:
             self._record_upload(scope, name, entries)
         self.store.add_pack(tmp, name, entries)
