@@ -4,7 +4,8 @@ A batch body (length-prefixed blobs, `wire.encode_blobs`) is first spooled to a 
 never held in memory. Its manifests are then decoded a few at a time (`decode_bytes` of
 them); a larger manifest is checked in slices of `slice_chunks` chunk ids read from the
 file, and stored from a temp copy: a 64 MiB batch costs a few MiB of memory, not a GiB.
-Trees are decoded one at a time, each at most `max_tree_bytes`.
+Trees are decoded one at a time, each at most `max_tree_bytes`. `LocatedBody` is the answer
+to `GET manifests/{name}?locations=1` for a large manifest, streamed from the store.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..core.errors import CorruptionError
 from ..core.manifest import ENTRY, HEADER, MAGIC, MANIFEST_VERSION
 from ..core.pack import WRITE_BUFFER
 from ..storage.repository import manifest_name
+from ..storage.manifest_file import ManifestFile
 from . import wire
 
 _LEN = struct.Struct("<I")
@@ -151,3 +153,29 @@ def tree_groups(path: str, limits):
         if group:
             yield group
 
+
+class LocatedBody:
+    """The answer to `GET manifests/{name}?locations=1` for a large manifest, read from the
+    store in blocks: prefix, the manifest's bytes, then the located chunks' records."""
+
+    def __init__(self, manifest: ManifestFile, found: dict):
+        self.manifest = manifest
+        self.prefix = wire.located_prefix(manifest.bytes)
+        self.tail = wire.encode_locations(found, manifest.entry.size - 4)
+        self.size = len(self.prefix) + manifest.bytes + len(self.tail)
+
+    def block(self, lo: int, hi: int) -> bytes:
+        """Bytes [lo, hi) of the answer."""
+        out = bytearray()
+        m0, m1 = len(self.prefix), len(self.prefix) + self.manifest.bytes
+        if lo < m0:
+            out += self.prefix[lo:min(hi, m0)]
+        if lo < m1 and hi > m0:
+            a, b = max(lo, m0), min(hi, m1)
+            data = self.manifest.read(a - m0, b - a)
+            if len(data) != b - a:
+                raise CorruptionError("a manifest changed or went while it was sent")
+            out += data
+        if hi > m1:
+            out += self.tail[max(lo, m1) - m1:hi - m1]
+        return bytes(out)

@@ -3,8 +3,10 @@
 The server trusts nothing it receives: it re-hashes every chunk of every pack,
 checks manifests against the chunks it holds and commits against the manifests,
 caps counts and body sizes, and answers bad input with a 4xx and a JSON error.
-Heavy requests (pack uploads, manifest batches, range reads) are capped; past
-the cap the answer is 429 with Retry-After. CPU work runs off the event loop.
+Every bound on what a client can make it hold is in `limits.ServerLimits`: bodies are
+streamed to disk or parsed in slices, answers built from the store are streamed, and
+uploads and reads take slots of separate pools, of which no token holds all; past them
+the answer is 429 with Retry-After. CPU work runs off the event loop.
 """
 from __future__ import annotations
 
@@ -251,33 +253,6 @@ class Auth:
     def visible(self, request: web.Request, repos: list[str]) -> list[str]:
         g = self.grant(request)
         return repos if "*" in g["repos"] else [r for r in repos if r in g["repos"]]
-
-
-class LocatedBody:
-    """The answer to `GET manifests/{name}?locations=1` for a large manifest, read from the
-    store in blocks: prefix, the manifest's bytes, then the located chunks' records."""
-
-    def __init__(self, manifest: ManifestFile, found: dict):
-        self.manifest = manifest
-        self.prefix = wire.located_prefix(manifest.bytes)
-        self.tail = wire.encode_locations(found, manifest.entry.size - 4)
-        self.size = len(self.prefix) + manifest.bytes + len(self.tail)
-
-    def block(self, lo: int, hi: int) -> bytes:
-        """Bytes [lo, hi) of the answer."""
-        out = bytearray()
-        m0, m1 = len(self.prefix), len(self.prefix) + self.manifest.bytes
-        if lo < m0:
-            out += self.prefix[lo:min(hi, m0)]
-        if lo < m1 and hi > m0:
-            a, b = max(lo, m0), min(hi, m1)
-            data = self.manifest.read(a - m0, b - a)
-            if len(data) != b - a:
-                raise CorruptionError("a manifest changed or went while it was sent")
-            out += data
-        if hi > m1:
-            out += self.tail[max(lo, m1) - m1:hi - m1]
-        return bytes(out)
 
 
 MAX_STORED_BYTES = MAX_CHUNK_BYTES + MAX_CHUNK_BYTES // 128 + 4096  # a chunk's stored record (zstd's worst case)
@@ -790,14 +765,14 @@ class Server:
         """A manifest's bytes and the locations of its first and last `LOCATED_ENDS` chunks
         that `repo` may see (what `locate` would answer): one round trip instead of two for
         a small file, and for where reads of a large one start (a scan, a Parquet footer).
-        A manifest over `limits.decode_bytes` is never read whole: a `LocatedBody` to stream."""
+        A manifest over `limits.decode_bytes` is never read whole: a `batches.LocatedBody` to stream."""
         try:
             large = ManifestFile(self.store, name)
         except ManifestMissing:
             raise NotFound(name) from None
         if large.bytes > self.limits.decode_bytes:  # never decoded whole: streamed
-            return LocatedBody(large, self._locate_reached(repo, list(dict.fromkeys(large.ends(wire.LOCATED_ENDS))),
-                                                           scope))
+            found = self._locate_reached(repo, list(dict.fromkeys(large.ends(wire.LOCATED_ENDS))), scope)
+            return batches.LocatedBody(large, found)
         data = large.data  # a small manifest came whole with its first read
         if data is None:
             path = self.store.manifest_file(name)
