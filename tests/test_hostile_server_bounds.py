@@ -3,6 +3,7 @@ every path that decompresses, parses or buffers has one bound (remote/limits.py 
 each pinned here with small limits (`serve --limit`), so no test allocates more than a few
 tens of MiB. Each test measures the server's peak RSS (VmHWM) and counts its hostile requests;
 the module prints the totals (peak RSS, requests, 5xx) at the end."""
+import io
 import json
 import os
 import socket
@@ -19,8 +20,6 @@ from cdcstore.remote import wire
 from cdcstore.storage.repository import LocalStore
 from server_util import ServerProcess
 from test_hostile import Probe, peak_rss_mb
-
-import io
 
 TOKENS = {"w-a": {"scope": "write", "repos": ["a"]}, "w-b": {"scope": "write", "repos": ["b"]},
           "r-a": {"scope": "read", "repos": ["a"]}, "w-all": {"scope": "write", "repos": ["*"]},
@@ -108,9 +107,9 @@ def test_prove_decompresses_a_bounded_amount_at_once(served):
     status, flags = s.call("w-b", "POST", "/chunks/query", body, {wire.PROVE_HEADER: "1", **ID32})
     assert status == 200 and wire.decode_to_prove(cids, flags) == cids
     nonce = wire.presence_nonce(cids, flags)
+    forged = wire.encode_proofs(nonce, [(c, bytes(16)) for c in cids])
     for _ in range(2):
-        status, answer = s.call("w-b", "POST", "/chunks/prove", wire.encode_proofs(nonce, [(c, bytes(16)) for c in cids]),
-                                ID32)
+        status, answer = s.call("w-b", "POST", "/chunks/prove", forged, ID32)
         assert (status, answer) == (200, bytes(len(cids)))
     good = [(c, wire.chunk_proof(bytes([i]) * (2 * MiB), nonce)) for i, c in enumerate(cids)]
     assert s.call("w-b", "POST", "/chunks/prove", wire.encode_proofs(nonce, good), ID32) == (200, b"\x01" * len(cids))
