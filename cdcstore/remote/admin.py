@@ -119,7 +119,7 @@ class Lifecycle:
             s.__exit__(None, None, None)
             self._open.pop(sid, None)
             raise ConflictError(f"push session {sid} is older than this server's limit of {life:g} s: it is "
-                                f"closed (gc may run); a push still running opens a new one")
+                                f"closed: gc may run, and a push that still runs may have its commit refused (push again)")
         s.refresh()
 
     async def close_session(self, request):
