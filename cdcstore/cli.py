@@ -622,8 +622,9 @@ def cache_clear(cache_path):
               help='JSON file: {"TOKEN": {"scope": "read"|"write"|"admin", "repos": ["*"] or [names]}} '
                    '(admin: gc, check, forget, delete-repo; repos ["*"]).')
 @click.option("--allow-no-auth", is_flag=True, help="Serve a non-loopback address without --tokens.")
-@click.option("--max-heavy", default=8, show_default=True,
-              help="Concurrent uploads before the server answers 429 with Retry-After.")
+@click.option("--max-heavy", default=None, type=int,
+              help="Concurrent uploads, and concurrent pack-range reads, before the server answers 429 "
+                   "with Retry-After  [default: 8].")
 @click.option("--body-timeout", default=30.0, show_default=True, type=float,
               help="Seconds without a request body byte before the server answers 408.")
 @click.option("--min-body-rate", default=16384.0, show_default=True, type=float,
@@ -633,16 +634,19 @@ def cache_clear(cache_path):
 @click.option("--min-gc-grace", default="1h", show_default=True, metavar="DURATION",
               help="The shortest --grace an admin's remote gc may ask for (uploads of other clients may be "
                    "in flight).")
+@click.option("--limit", "limit_items", multiple=True, metavar="NAME=VALUE",
+              help="Override one of the server's limits (remote/limits.py ServerLimits; bytes, seconds), "
+                   "e.g. --limit max_sessions_per_token=4. Repeatable.")
 @handle_errors
 def serve(store_path, host, port, tokens_file, allow_no_auth, max_heavy, body_timeout, min_body_rate,
-          maintenance_interval, min_gc_grace):
+          maintenance_interval, min_gc_grace, limit_items):
     """Serve a store over HTTP (protocol v1, docs/protocol.md)."""
     from .remote.server import serve as run_server
 
     run_server(_local(store_path, "serve").location, host, port, tokens_file, allow_no_auth, max_heavy,
                body_idle_timeout=body_timeout, min_body_rate=min_body_rate,
                maintenance_interval=maintenance_interval,
-               min_gc_grace=_duration(min_gc_grace, "--min-gc-grace"))
+               min_gc_grace=_duration(min_gc_grace, "--min-gc-grace"), limit_items=limit_items)
 
 
 @cli.command()

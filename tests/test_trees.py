@@ -237,9 +237,10 @@ def test_through_a_server_with_scoped_tokens(tenants, tmp_path):
         assert not sb.backend.has_repo("b") or not sb.ls("cdc://b/")
 
 
-def test_server_checks_only_the_new_entries_of_a_commit(tmp_path):
+def test_server_checks_only_the_new_entries_of_a_commit(tmp_path, monkeypatch):
     """The server's commit check reads the manifests of what changed, not of every file."""
     from cdcstore.remote.server import Server, ServerConfig
+    from cdcstore.storage.manifest_file import ManifestFile
     s = Store.init(str(tmp_path / "srv"))
     big_repo(s, tmp_path)
     repo = LocalStore(str(tmp_path / "srv"))
@@ -252,6 +253,8 @@ def test_server_checks_only_the_new_entries_of_a_commit(tmp_path):
     c = repo.make_commit("ds", head, "one file", time.time(), {"data/d01/new.bin": entry})
     read, real = [], repo.get_manifest
     repo.get_manifest = lambda name, r=None: (read.append(name), real(name))[1]
+    real_open = ManifestFile.__init__  # the commit's checks read manifests in slices
+    monkeypatch.setattr(ManifestFile, "__init__", lambda f, store, name: (read.append(name), real_open(f, store, name))[1])
     trees_read, real_tree = [], repo.get_tree
     repo.get_tree = lambda name, r=None: (trees_read.append(name), real_tree(name))[1]
     assert server._commit("ds", c, "main", head) == c.id

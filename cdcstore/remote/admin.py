@@ -4,6 +4,9 @@ token): gc, check, forget, delete-repo run on the server's own store.
 - `POST /sessions` opens a push session (the marker gc counts before it marks; it waits a moment
   while a gc runs, then answers 503 busy); `PUT /sessions/{id}` refreshes it, `DELETE` closes it.
   A session is an object of the store, named by its id, so any replica refreshes or closes it.
+  A replica keeps at most `ServerLimits.max_sessions` open sessions, `max_sessions_per_token` of
+  them for one token (429 past it); a session older than `max_session_life` is refused a refresh
+  and removed (409): no client holds gc off forever.
 - `POST /admin/{command}` with a JSON object of the command's options. gc's grace window has a
   floor (`ServerConfig.min_gc_grace`): a client cannot know of other clients' uploads in flight
   the way a local gc knows of its own machine's. One gc at a time per server process.
@@ -11,14 +14,17 @@ token): gc, check, forget, delete-repo run on the server's own store.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import secrets
+import time
 
 from aiohttp import web
 
 from ..core.address import check_name
-from ..core.errors import BusyError, InvalidAddressError
+from ..core.errors import BusyError, ConflictError, InvalidAddressError
 from ..storage import check, maintenance
+from ..storage.objects import NotFound, StorageError
 
 SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 SESSION_WAIT = 20.0  # seconds a session request waits for a running gc before 503
@@ -54,6 +60,20 @@ class Lifecycle:
     def __init__(self, server):
         self.server = server
         self._gc = asyncio.Lock()
+        self._open: dict[str, tuple[str, float]] = {}  # session id -> (owner, last open or refresh), this replica
+
+    def _admit(self, owner: str) -> None:
+        """Refuse a new session past the limits (sessions not refreshed for a lease are dead)."""
+        limits, now = self.server.limits, time.monotonic()
+        for sid, (_, seen) in list(self._open.items()):
+            if now - seen >= maintenance.SERVER_LEASE:
+                del self._open[sid]
+        mine = sum(1 for o, _ in self._open.values() if o == owner)
+        if len(self._open) >= limits.max_sessions or mine >= limits.max_sessions_per_token:
+            raise web.HTTPTooManyRequests(
+                reason=f"too many open push sessions ({mine} of this token, {len(self._open)} in all; the limits "
+                       f"are {limits.max_sessions_per_token} and {limits.max_sessions}): finish or close a push first",
+                headers={"Retry-After": str(int(maintenance.SERVER_REFRESH))})
 
     # -- push sessions (write scope) ---------------------------------------------------------
     def _session(self, request: web.Request, sid: str | None = None) -> maintenance.PushSession:
@@ -65,19 +85,47 @@ class Lifecycle:
 
     async def open_session(self, request):
         sid = secrets.token_hex(16)
-        await self.server._io(self._session(request, sid).__enter__)  # BusyError: 503, Retry-After
+        session = self._session(request, sid)
+        owner = self.server.auth.owner(request)  # each session its own on an open server: the total caps them
+        self._admit(owner)
+        self._open[sid] = (owner, time.monotonic())
+        try:
+            await self.server._io(session.__enter__)  # BusyError: 503, Retry-After
+        except BaseException:
+            self._open.pop(sid, None)
+            raise
         if not self.server.store.objects.capabilities.local_path:  # a bucket: gc or repack through another replica
             await self.server._io(self.server.store.recover)  # what this push is told is present is there now
         return web.json_response({"session": sid, "refresh": maintenance.SERVER_REFRESH})
 
     async def refresh_session(self, request):
         s = self._session(request)
-        await self.server._io(s.refresh)
+        sid = request.match_info["id"]
+        await self.server._io(self._refresh, s, sid)
+        if sid in self._open:
+            self._open[sid] = (self._open[sid][0], time.monotonic())
         return web.json_response({"ok": True})
+
+    def _refresh(self, s: maintenance.PushSession, sid: str) -> None:
+        """Touch a session, unless it is older than `max_session_life` (then it is removed)."""
+        try:
+            started = json.loads(bytes(self.server.store.objects.get(s.name)))["started"]
+        except NotFound:
+            raise ConflictError(f"push session {sid} is over (expired or closed): open a new one") from None
+        except (StorageError, ValueError, KeyError, TypeError):
+            started = None
+        life = self.server.limits.max_session_life
+        if isinstance(started, (int, float)) and time.time() - started > life:
+            s.__exit__(None, None, None)
+            self._open.pop(sid, None)
+            raise ConflictError(f"push session {sid} is older than this server's limit of {life:g} s: it is "
+                                f"closed: gc may run, and a push that still runs may have its commit refused (push again)")
+        s.refresh()
 
     async def close_session(self, request):
         s = self._session(request)
         await self.server._io(s.__exit__, None, None, None)
+        self._open.pop(request.match_info["id"], None)
         return web.json_response({"ok": True})
 
     # -- administration (admin scope) --------------------------------------------------------

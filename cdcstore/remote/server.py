@@ -3,13 +3,14 @@
 The server trusts nothing it receives: it re-hashes every chunk of every pack,
 checks manifests against the chunks it holds and commits against the manifests,
 caps counts and body sizes, and answers bad input with a 4xx and a JSON error.
-Heavy requests (pack uploads, manifest batches, range reads) are capped; past
-the cap the answer is 429 with Retry-After. CPU work runs off the event loop.
+Every bound on what a client can make it hold is in `limits.ServerLimits`: bodies are
+streamed to disk or parsed in slices, answers built from the store are streamed, and
+uploads and reads take slots of separate pools, of which no token holds all; past them
+the answer is 429 with Retry-After. CPU work runs off the event loop.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import errno
 import hashlib
@@ -20,15 +21,16 @@ import os
 import re
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
 from ..core import ids, treeobj
-from . import wire
+from . import batches, wire
 from .admin import Lifecycle
+from .limits import Busy, ServerLimits, Slots
 from .staging import StagingRoutes
 from ..core.address import check_name, check_ref_name, check_write_target
 from ..core.commit import Commit
@@ -36,8 +38,10 @@ from ..core.errors import (BusyError, CdcError, ConflictError, CorruptionError, 
                      RefExistsError,
                      RepoNotFoundError, RevisionNotFoundError)
 from ..core.manifest import MANIFEST_VERSION, Manifest
-from ..core.pack import PACK_VERSION, WRITE_BUFFER, pack_version, read_verified
+from ..core.chunker import MAX_CHUNK_BYTES
+from ..core.pack import PACK_VERSION, TRAILER as PACK_TRAILER, WRITE_BUFFER, decode_chunk, pack_version, read_index
 from ..storage.check import rebuild_index
+from ..storage.manifest_file import ManifestFile, ManifestMissing
 from ..storage.objects import NotFound
 from ..storage.repository import Repository, open_repository, pack_name
 
@@ -70,14 +74,18 @@ class HTTPError(Exception):
 @dataclass
 class ServerConfig:
     tokens: dict | None = None  # token -> {"scope": "read"|"write", "repos": [...]}; None: open
-    max_heavy: int = 8  # concurrent heavy requests before 429
-    read_wait: float = 10.0  # seconds a masked pack range waits in line for a heavy slot before 429
+    max_heavy: int | None = None  # sets limits.write_slots and limits.read_slots (cdcstore serve --max-heavy)
     retry_after: int = 1
     body_idle_timeout: float = 30.0  # seconds without a body byte before 408
     min_body_rate: float = 16 * 1024  # bytes/s a body must average once past the idle timeout
     maintenance_interval: float = 600.0  # seconds between temp cleanups and recoveries
     presence_refresh: float = 2.0  # seconds between bucket listings that a chunks/query miss may start
     min_gc_grace: float = 3600.0  # the shortest grace window an admin's gc may ask for (remote/admin.py)
+    limits: ServerLimits = field(default_factory=ServerLimits)  # every bound on what a client can take
+
+    def __post_init__(self) -> None:
+        if self.max_heavy is not None:
+            self.limits.write_slots = self.limits.read_slots = self.max_heavy
 
 
 class ClientGone(Exception):
@@ -235,12 +243,19 @@ class Auth:
         token = request.headers.get("Authorization", "").strip().partition(" ")[2].strip()
         return Scope(tuple(g["repos"]), hashlib.blake2b(token.encode(), digest_size=16).hexdigest())
 
+    def owner(self, request: web.Request) -> str:
+        """Who holds a slot or a session: a hash of the token (each request on an open server)."""
+        if self.tokens is None:
+            return f"request-{id(request)}"
+        token = request.headers.get("Authorization", "").strip().partition(" ")[2].strip()
+        return hashlib.blake2b(token.encode(), digest_size=16).hexdigest()
+
     def visible(self, request: web.Request, repos: list[str]) -> list[str]:
         g = self.grant(request)
         return repos if "*" in g["repos"] else [r for r in repos if r in g["repos"]]
 
 
-MAX_SCOPED_RANGE = 64 * 1024 * 1024  # bytes of one masked pack range (clients ask for <= 32 MiB)
+MAX_STORED_BYTES = MAX_CHUNK_BYTES + MAX_CHUNK_BYTES // 128 + 4096  # a chunk's stored record (zstd's worst case)
 
 
 class Server:
@@ -248,8 +263,10 @@ class Server:
         self.store = store
         self.config = config
         self.auth = Auth(config.tokens)
-        self._heavy = 0
-        self._waiters: collections.deque[asyncio.Future] = collections.deque()  # reads in line for a slot
+        self.limits = lim = config.limits
+        self.writes = Slots("uploads", lim.write_slots, lim.write_slots_per_token)
+        self.reads = Slots("reads", lim.read_slots, lim.read_slots_per_token)
+        self._parsing = asyncio.Semaphore(lim.parse_slots)  # batches parsed at once (their bodies wait on disk)
         self._secret = store.nonce_key()  # keys proof nonces (shared by the replicas of a bucket)
         self._maintenance: asyncio.Future | None = None
         self._listed = float("-inf")  # when a presence miss last listed the bucket's packs
@@ -298,7 +315,7 @@ class Server:
     async def _json(self, request: web.Request) -> dict:
         """A JSON object body; anything else (bad JSON, nesting too deep, huge numbers) is a 400."""
         try:
-            doc = json.loads(await self._body(request, wire.MAX_JSON_BYTES))
+            doc = json.loads(await self._body(request, self.limits.max_json_bytes))
         except (ValueError, RecursionError) as e:
             raise HTTPError(400, f"body is not valid JSON: {str(e)[:200]}") from None
         if not isinstance(doc, dict):
@@ -306,43 +323,23 @@ class Server:
         return doc
 
     @contextlib.contextmanager
-    def heavy(self):
-        """A slot for a heavy request, or 429 with Retry-After when all are taken."""
-        if self._heavy >= self.config.max_heavy:
-            raise HTTPError(429, "server busy: retry later", {"Retry-After": str(self.config.retry_after)})
-        self._heavy += 1
+    def slot(self, pool: Slots, request: web.Request):
+        """A slot of `pool` (self.writes or self.reads) for the request's token, or 429 with
+        Retry-After when all are taken or the token holds its share."""
+        held = pool.take(self.auth.owner(request))
+        try:
+            held.__enter__()
+        except Busy as e:
+            raise HTTPError(429, str(e), {"Retry-After": str(self.config.retry_after)}) from None
         try:
             yield
         finally:
-            self._heavy -= 1
-            self._wake_one()
+            held.__exit__(None, None, None)
 
-    def _wake_one(self) -> None:
-        """Hand a freed heavy slot to the first read still waiting in line."""
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                return
-
-    async def wait_slot(self, seconds: float) -> None:
-        """Wait in line, up to `seconds`, until a heavy slot is free (then heavy() takes it
-        without a 429). Reads are short and bounded, so a crowd of readers queues here
-        instead of retrying blindly; uploads, which a slow client can hold, do not wait."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + seconds
-        while self._heavy >= self.config.max_heavy and loop.time() < deadline:
-            fut = loop.create_future()
-            self._waiters.append(fut)
-            try:
-                await asyncio.wait([fut], timeout=deadline - loop.time())
-            except asyncio.CancelledError:
-                if fut.done() and not fut.cancelled():
-                    self._wake_one()  # woken, then cancelled: the slot goes to the next in line
-                raise
-            finally:
-                if not fut.done():
-                    fut.cancel()  # skipped by _wake_one()
+    async def wait_read(self, request: web.Request) -> None:
+        """Wait in line (up to `limits.read_wait` s) for a read slot: reads are short and
+        bounded, so a crowd of readers queues here instead of retrying blindly."""
+        await self.reads.wait(self.auth.owner(request), self.limits.read_wait)
 
     def _repo(self, request: web.Request, write: bool = False) -> str:
         repo = check_name("repo", request.match_info["repo"])
@@ -432,14 +429,28 @@ class Server:
             return web.Response(body=bytes(c in held for c, _ in proofs), content_type="application/octet-stream")
         if not any(hmac.compare_digest(nonce, self._nonce(scope.owner, age)) for age in (0, 1)):
             raise HTTPError(400, "unknown or expired proof nonce: ask chunks/query again")
-        with self.heavy():
+        await self.wait_read(request)
+        with self.slot(self.reads, request):  # decompresses: at most `prove_raw_bytes` held at once
             ok = await self._io(self._check_proofs, scope, nonce, proofs)
         return web.Response(body=bytes(c in ok for c, _ in proofs), content_type="application/octet-stream")
 
     def _check_proofs(self, scope: Scope, nonce: bytes, proofs: list[tuple[bytes, bytes]]) -> set[bytes]:
-        found = self.store.locate([c for c, _ in proofs])
-        raw = self.store.read_chunks(list(found.values())) if found else {}
-        ok = {c for c, proof in proofs if c in raw and hmac.compare_digest(wire.chunk_proof(raw[c], nonce), proof)}
+        """The proofs that hold, checked with at most `limits.prove_raw_bytes` of decompressed
+        chunks in memory at once (a small pack of compressible chunks is no memory bomb)."""
+        wanted = dict(proofs)  # one proof per chunk: the last one sent
+        found = self.store.locate(list(wanted))
+        ok: set[bytes] = set()
+        batch, raw_bytes = [], 0
+        for item in [*found.values(), None]:
+            if item is None or (batch and raw_bytes + item[1].raw_len > self.limits.prove_raw_bytes):
+                raw = self.store.read_chunks(batch) if batch else {}
+                ok.update(c for c, data in raw.items()
+                          if hmac.compare_digest(wire.chunk_proof(data, nonce), wanted[c]))
+                del raw
+                batch, raw_bytes = [], 0
+            if item is not None:
+                batch.append(item)
+                raw_bytes += item[1].raw_len
         self.store.record_token_grant(scope.owner, ok)
         return ok
 
@@ -450,16 +461,23 @@ class Server:
             if ids.is_hex_id(name):
                 raise HTTPError(400, f"pack {name}: {ids.LEGACY_REFUSED}")
             raise HTTPError(400, f"invalid pack name {name!r}: 64 lowercase hex digits (BLAKE3-256 of its bytes)")
-        if request.content_length is not None and request.content_length > wire.MAX_PACK_BYTES:
-            raise HTTPError(413, f"pack of {request.content_length} bytes is over the limit "
-                                 f"of {wire.MAX_PACK_BYTES}")
+        limit = self.limits.max_pack_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise HTTPError(413, f"pack of {request.content_length} bytes is over the limit of {limit}")
         scope = self.auth.scope(request)
-        with self.heavy():
-            if await self._io(self.store.index_found_pack, name):
-                h = ids.hasher()
-                async for block in self._blocks(request):  # already stored (a retried upload): drain
+        with self.slot(self.writes, request):
+            if await self._io(self.store.index_found_pack, name):  # already stored (a retried upload)
+                if scope is None:  # nothing to prove: answered without reading the body
+                    resp = web.json_response({"pack": name, "stored": False})
+                    resp.force_close()  # the body left unread is not taken for the next request
+                    return resp
+                h, size = ids.hasher(), 0
+                async for block in self._blocks(request):  # the token may show it holds every byte
+                    size += len(block)
+                    if size > limit:
+                        raise HTTPError(413, f"pack is over the limit of {limit} bytes", {"Connection": "close"})
                     h.update(block)
-                if scope is not None and h.hexdigest() == name:  # the token holds every byte of it
+                if h.hexdigest() == name:
                     await self._io(self._record_upload, scope, name, None)
                 return web.json_response({"pack": name, "stored": False})
             tmp = self.store.tmp_path()
@@ -469,13 +487,14 @@ class Server:
                 with open(tmp, "wb", buffering=WRITE_BUFFER) as f:  # large folios: cheap to serve
                     async for block in self._blocks(request):
                         size += len(block)
-                        if size > wire.MAX_PACK_BYTES:
-                            raise HTTPError(413, f"pack is over the limit of {wire.MAX_PACK_BYTES} bytes")
+                        if size > limit:
+                            raise HTTPError(413, f"pack is over the limit of {limit} bytes", {"Connection": "close"})
                         h.update(block)
                         f.write(block)
                 if h.hexdigest() != name:
                     raise HTTPError(422, f"pack bytes do not match the name {name} (truncated or damaged upload)")
-                entries = await self._io(self._verify_and_add, tmp, name, scope)
+                async with self._parsing:  # verification holds chunks and the index: a few at once
+                    entries = await self._io(self._verify_and_add, tmp, name, scope)
                 count = len(entries)
             finally:
                 if os.path.exists(tmp):
@@ -494,7 +513,20 @@ class Server:
         with open(tmp, "rb") as f:
             if (version := pack_version(f)) != PACK_VERSION:  # v1 ids are xxh3 ones, which can be collided
                 raise HTTPError(400, f"uploaded pack {name} is format v{version}: {ids.LEGACY_REFUSED}")
-            entries = read_verified(f, os.fstat(f.fileno()).st_size, f"uploaded pack {name}")  # BLAKE3 each chunk
+            size = os.fstat(f.fileno()).st_size
+            if size >= PACK_TRAILER.size:  # the index is parsed whole: its size is bounded first
+                f.seek(size - PACK_TRAILER.size)
+                count = PACK_TRAILER.unpack(f.read(PACK_TRAILER.size))[0]
+                if count > self.limits.max_pack_chunks:
+                    raise HTTPError(413, f"uploaded pack {name} holds {count} chunks; this server's limit is "
+                                         f"{self.limits.max_pack_chunks} per pack: push with smaller packs")
+            entries = read_index(f, size, f"uploaded pack {name}")
+            for e in entries:  # BLAKE3 each chunk; a record never larger than a chunk can be stored
+                if e.stored_len > MAX_STORED_BYTES:
+                    raise HTTPError(422, f"uploaded pack {name} has a record of {e.stored_len} bytes, over the "
+                                         f"format's maximum of {MAX_STORED_BYTES}")
+                f.seek(e.offset)
+                decode_chunk(f.read(e.stored_len), e.codec, e.raw_len, e.chunk_id, e.check)
         if scope is not None:
             self._record_upload(scope, name, entries)
         self.store.add_pack(tmp, name, entries)
@@ -506,14 +538,37 @@ class Server:
         exists = ids.is_hex_id(name) and await self._io(self.store.index_found_pack, name)
         return web.Response(status=200 if exists else 404)
 
+    @contextlib.asynccontextmanager
+    async def _spooled(self, request: web.Request):
+        """The request body (at most `limits.max_batch_bytes`) in a temp file, removed after;
+        then one of the `limits.parse_slots` that parse batches (waited for in line)."""
+        limit = self.limits.max_batch_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise HTTPError(413, f"body of {request.content_length} bytes is over the limit of {limit}")
+        tmp = self.store.tmp_path()
+        try:
+            size = 0
+            with open(tmp, "wb", buffering=WRITE_BUFFER) as f:
+                async for block in self._blocks(request):
+                    size += len(block)
+                    if size > limit:
+                        raise HTTPError(413, f"body is over the limit of {limit} bytes")
+                    f.write(block)
+            async with self._parsing:
+                try:
+                    yield tmp
+                except batches.TooLarge as e:
+                    raise HTTPError(413, str(e)) from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+
     async def put_manifests(self, request):
         self.auth.check(request, None, write=True)
-        with self.heavy():
-            blobs = wire.decode_blobs(await self._body(request, wire.MAX_MANIFEST_BATCH_BYTES))
-            if len(blobs) > wire.MAX_MANIFESTS_PER_REQUEST:
-                raise HTTPError(413, f"{len(blobs)} manifests in one request; the limit is "
-                                     f"{wire.MAX_MANIFESTS_PER_REQUEST}: send smaller batches")
-            names = await self._io(self._add_manifests, blobs, self.auth.scope(request))
+        with self.slot(self.writes, request):
+            async with self._spooled(request) as path:
+                batch = batches.ManifestBatch(self, path, self.auth.scope(request))
+                names = await self._io(batch.run)
         return web.json_response({"manifests": names})
 
     def _add_manifests(self, blobs: list[bytes], scope: Scope | None = None) -> list[str]:
@@ -533,19 +588,23 @@ class Server:
     async def put_trees(self, request):
         """Trees (protocol 1.5), checked for their format; a commit naming them checks the rest."""
         self.auth.check(request, None, write=True)
-        with self.heavy():
-            blobs = wire.decode_blobs(await self._body(request, wire.MAX_MANIFEST_BATCH_BYTES))
-            if len(blobs) > wire.MAX_MANIFESTS_PER_REQUEST:
-                raise HTTPError(413, f"{len(blobs)} trees in one request; the limit is "
-                                     f"{wire.MAX_MANIFESTS_PER_REQUEST}: send smaller batches")
+        with self.slot(self.writes, request):
+            async with self._spooled(request) as path:
+                names = await self._io(self._add_trees, path)
+        return web.json_response({"trees": names})
+
+    def _add_trees(self, path: str) -> list[str]:
+        names = []
+        for group in batches.tree_groups(path, self.limits):
             trees = {}
-            for b in blobs:
+            for b in group:
                 try:
                     trees[ids.hexdigest(b)] = treeobj.Tree.decode(b, "uploaded tree")
                 except CorruptionError as e:
                     raise HTTPError(400, str(e)) from None
-            await self._io(self.store.put_trees, trees)
-        return web.json_response({"trees": [ids.hexdigest(b) for b in blobs]})
+                names.append(ids.hexdigest(b))
+            self.store.put_trees(trees)
+        return names
 
     async def get_tree(self, request):
         repo = self._repo(request)
@@ -660,15 +719,20 @@ class Server:
             if not ids.is_hex_id(f.manifest):
                 raise HTTPError(400, f"invalid manifest name {f.manifest!r}")
             sizes.setdefault(f.manifest, set()).add(f.size)
-        for name, wanted in sizes.items():
+        for name, wanted in sizes.items():  # each manifest read in slices: a huge one is no memory bomb
             try:
-                m = self.store.get_manifest(name)
+                m = ManifestFile(self.store, name)
             except CorruptionError:
                 raise HTTPError(409, f"manifest {name} is not on the server: upload it first") from None
             if wanted != {m.size}:
                 raise HTTPError(400, f"a file size in the commit does not match manifest {name} ({m.size} bytes)")
-            if scope is not None and not self.store.index.reaches(repo, "manifest", name):
-                new_chunks.update(m.chunk_ids)  # what the repo reaches already needs no new proof
+            prove = scope is not None and not self.store.index.reaches(repo, "manifest", name)
+            for chunk_ids in m.scan(self.limits.slice_chunks):  # checks its bytes against its name
+                if prove:  # what the repo reaches already needs no new proof
+                    new_chunks.update(chunk_ids)
+                    if len(new_chunks) >= self.limits.slice_chunks:
+                        self._require_visible(scope, new_chunks, "the commit")
+                        new_chunks.clear()
         self._require_visible(scope, new_chunks, "the commit")  # manifest names can be guessed or learned
         return self.store.commit(commit, branch, expected)
 
@@ -679,11 +743,15 @@ class Server:
             raise HTTPError(404, f"no manifest {name} in repo {repo!r}")
         missing = HTTPError(404, f"manifest {name} is missing on the server: run `cdcstore check` there")
         if request.query.get("locations") == "1":  # protocol 1.3: the manifest and where its chunks are
-            try:
-                body = await self._io(self._manifest_located, repo, name, self.auth.scope(request))
-            except (NotFound, FileNotFoundError):
-                raise missing from None
-            return web.Response(body=body, content_type="application/octet-stream")
+            await self.wait_read(request)
+            with self.slot(self.reads, request):
+                try:
+                    body = await self._io(self._manifest_located, repo, name, self.auth.scope(request))
+                except (NotFound, FileNotFoundError):
+                    raise missing from None
+                if isinstance(body, bytes):
+                    return web.Response(body=body, content_type="application/octet-stream")
+                return await self._send(request, 0, body.size, body.block, status=200)
         path = self.store.manifest_file(name)
         if path is not None:
             if not os.path.isfile(path):
@@ -695,16 +763,26 @@ class Server:
             raise missing from None
         return web.Response(body=body, content_type="application/octet-stream")
 
-    def _manifest_located(self, repo: str, name: str, scope: Scope | None) -> bytes:
+    def _manifest_located(self, repo: str, name: str, scope: Scope | None):
         """A manifest's bytes and the locations of its first and last `LOCATED_ENDS` chunks
         that `repo` may see (what `locate` would answer): one round trip instead of two for
-        a small file, and for where reads of a large one start (a scan, a Parquet footer)."""
-        path = self.store.manifest_file(name)
-        if path is not None:
-            with open(path, "rb") as f:
-                data = f.read()
-        else:
-            data = self.store.manifest_bytes(name)
+        a small file, and for where reads of a large one start (a scan, a Parquet footer).
+        A manifest over `limits.decode_bytes` is never read whole: a `batches.LocatedBody` to stream."""
+        try:
+            large = ManifestFile(self.store, name)
+        except ManifestMissing:
+            raise NotFound(name) from None
+        if large.bytes > self.limits.decode_bytes:  # never decoded whole: streamed
+            found = self._locate_reached(repo, list(dict.fromkeys(large.ends(wire.LOCATED_ENDS))), scope)
+            return batches.LocatedBody(large, found)
+        data = large.data  # a small manifest came whole with its first read
+        if data is None:
+            path = self.store.manifest_file(name)
+            if path is not None:
+                with open(path, "rb") as f:
+                    data = f.read()
+            else:
+                data = self.store.manifest_bytes(name)
         manifest = Manifest.decode(data, f"manifest {name}")
         self.store.load_locations(name, manifest)  # a new replica: no listing, no footers for this file
         chunks, ends = manifest.chunk_ids, wire.LOCATED_ENDS
@@ -760,37 +838,83 @@ class Server:
         except ValueError:
             rng = None
         start, stop = (rng.start, rng.stop) if rng is not None else (None, None)
-        if scope is None:  # an object store: the range is read from it and sent
-            return await self._object_range(name, start, stop)
-        if start is None or stop is None or start < 0 or stop <= start or stop - start > MAX_SCOPED_RANGE:
-            raise HTTPError(416, f"a token limited to some repos reads packs by one byte range "
-                                 f"(Range: bytes=a-b, at most {MAX_SCOPED_RANGE} bytes)")
-        await self.wait_slot(self.config.read_wait)
-        with self.heavy():  # a masked range is built in memory: bounded by the heavy slots
-            body = await self._io(self._masked_range, repo, scope, name, start, stop)
-        return web.Response(status=206, body=body, content_type="application/octet-stream",
-                            headers={"Content-Range": f"bytes {start}-{start + len(body) - 1}/*"})
+        limit = self.limits.max_range_bytes
+        if start is None or stop is None or start < 0 or stop <= start or stop - start > limit:
+            raise HTTPError(416, f"packs of this server are read by one byte range "
+                                 f"(Range: bytes=a-b, at most {limit} bytes)" if scope is None else
+                                 f"a token limited to some repos reads packs by one byte range "
+                                 f"(Range: bytes=a-b, at most {limit} bytes)")
+        await self.wait_read(request)
+        with self.slot(self.reads, request):  # built block by block: `send_block` bytes held per read
+            if scope is None:  # an object store: the range is read from it and sent
+                stop = await self._io(self._range_stop, name, start, stop)
+                return await self._send(request, start, stop, lambda lo, hi: self._object_block(name, lo, hi))
+            spans, stop = await self._io(self._masked_spans, repo, scope, name, start, stop)
+            return await self._send(request, start, stop, lambda lo, hi: self._masked_block(name, spans, lo, hi))
 
     def _has_pack(self, name: str) -> bool:
         """Whether pack `name` is indexed, after a recovery on a miss (stored through another replica)."""
         return self.store.knows_pack(name) or (self.store.recover() > 0 and self.store.index.has_pack(name))
 
-    async def _object_range(self, name: str, start: int | None, stop: int | None):
-        """One range of a pack kept in an object store (at most MAX_SCOPED_RANGE bytes)."""
-        if start is None or stop is None or start < 0 or stop <= start or stop - start > MAX_SCOPED_RANGE:
-            raise HTTPError(416, f"packs of this server are read by one byte range "
-                                 f"(Range: bytes=a-b, at most {MAX_SCOPED_RANGE} bytes)")
-        with self.heavy():
-            try:
-                body = await self._io(self.store.objects.get_range, pack_name(name), start, stop - start)
-            except NotFound:
-                raise self.store.pack_gone(name) from None
-        if not body:
-            raise HTTPError(416, f"range starts past the end of pack {name}")
-        return web.Response(status=206, body=bytes(body), content_type="application/octet-stream",
-                            headers={"Content-Range": f"bytes {start}-{start + len(body) - 1}/*"})
+    async def _send(self, request: web.Request, start: int, stop: int, block, status: int = 206) -> web.StreamResponse:
+        """Answer bytes [start, stop) (of a pack: a 206) `limits.send_block` bytes at a time
+        (`block(lo, hi)` builds each, off the event loop). A client that takes no piece for
+        `send_timeout` s, or reads slower than `min_body_rate` once past it, is cut off."""
+        headers = {"Content-Type": "application/octet-stream"}
+        if status == 206:
+            headers["Content-Range"] = f"bytes {start}-{stop - 1}/*"
+        resp = web.StreamResponse(status=status, headers=headers)
+        resp.content_length = stop - start
+        first = await self._io(block, start, min(stop, start + self.limits.send_block))
+        await resp.prepare(request)
+        loop = asyncio.get_running_loop()
+        began, timeout, rate = loop.time(), self.limits.send_timeout, self.config.min_body_rate
+        lo = start
+        try:
+            while lo < stop:
+                hi = min(stop, lo + self.limits.send_block)
+                data = first if lo == start else await self._io(block, lo, hi)
+                first = None
+                async with asyncio.timeout(timeout):
+                    await resp.write(data)
+                lo = hi
+                elapsed = loop.time() - began
+                if elapsed > timeout and lo - start < rate * elapsed:
+                    raise TimeoutError
+            await resp.write_eof()
+        except TimeoutError:
+            log.info("%s %s: the client read %d of %d bytes too slowly: cut off", request.method, request.path,
+                     lo - start, stop - start)
+            if request.transport is not None:
+                request.transport.abort()
+        except ConnectionError:
+            pass
+        except Exception as e:  # the status line is sent: the client sees a short body, never a wrong one
+            log.warning("%s %s: stopped after %d bytes: %s: %s", request.method, request.path, lo - start,
+                        type(e).__name__, e)
+            if request.transport is not None:
+                request.transport.abort()
+        return resp
 
-    def _masked_range(self, repo: str, scope: Scope, name: str, start: int, stop: int) -> bytes:
+    def _range_stop(self, name: str, start: int, stop: int) -> int:
+        """`stop`, clamped to the end of a pack kept in an object store."""
+        try:
+            size = self.store.objects.stat(pack_name(name)).size
+        except NotFound:
+            raise self.store.pack_gone(name) from None
+        if start >= size:
+            raise HTTPError(416, f"range starts past the end of pack {name}")
+        return min(stop, size)
+
+    def _object_block(self, name: str, lo: int, hi: int) -> bytes:
+        try:
+            return bytes(self.store.objects.get_range(pack_name(name), lo, hi - lo))
+        except NotFound:
+            raise self.store.pack_gone(name) from None
+
+    def _masked_spans(self, repo: str, scope: Scope, name: str, start: int, stop: int):
+        """The byte spans of [start, stop) that `repo` may read (chunks it reaches or the token
+        uploaded), and `stop` clamped to the pack's end."""
         entries = self.store.pack_chunks(name, start, stop)
         keep = self.store.index.reached([e.chunk_id for e in entries], [repo], scope.owner)
         if not keep and entries:  # maybe landed or uploaded through another replica
@@ -803,9 +927,15 @@ class Server:
             stop = min(stop, self.store.pack_size(name))
         except NotFound:
             raise self.store.pack_gone(name) from None
-        out = bytearray(stop - start)
-        for lo, hi in spans:
-            out[lo - start:hi - start] = self.store.read_stored(name, lo, hi - lo)
+        return spans, stop
+
+    def _masked_block(self, name: str, spans: list, lo: int, hi: int) -> bytes:
+        """Bytes [lo, hi) of a masked range: zeros but for `spans` (sorted by offset)."""
+        out = bytearray(hi - lo)
+        for a, b in spans:
+            a, b = max(a, lo), min(b, hi)
+            if a < b:
+                out[a - lo:b - lo] = self.store.read_stored(name, a, b - a)
         return bytes(out)
 
     # -- maintenance -------------------------------------------------------------------------
@@ -859,7 +989,7 @@ class Server:
 def make_app(store: Repository, config: ServerConfig | None = None) -> web.Application:
     config = config or ServerConfig()
     s = Server(store, config)
-    app = web.Application(middlewares=[errors_middleware], client_max_size=wire.MAX_JSON_BYTES)
+    app = web.Application(middlewares=[errors_middleware], client_max_size=config.limits.max_json_bytes)
     app.on_startup.append(s.on_startup)
     app.on_cleanup.append(s.on_cleanup)
     roots = {store.location} | ({os.path.realpath(store.location)} if os.path.isdir(store.location) else set())
@@ -918,9 +1048,10 @@ def _uploaded_commit(text) -> Commit:
 
 
 def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
-          allow_open: bool = False, max_heavy: int = 8, **limits) -> None:
+          allow_open: bool = False, max_heavy: int | None = None, limit_items=(), **limits) -> None:
     """Run the server until interrupted. Without tokens it only binds loopback,
-    unless `allow_open` says otherwise explicitly."""
+    unless `allow_open` says otherwise explicitly. `limit_items`: NAME=VALUE overrides
+    of `ServerLimits` (`cdcstore serve --limit`)."""
     tokens = load_tokens(tokens_file) if tokens_file else None
     if tokens is None:
         if host not in LOOPBACK and not allow_open:
@@ -930,7 +1061,8 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
     store = open_repository(store_path)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("aiohttp.server").addFilter(OneLineErrors())
-    app = make_app(store, ServerConfig(tokens=tokens, max_heavy=max_heavy, **limits))
+    config = ServerConfig(tokens=tokens, max_heavy=max_heavy, limits=ServerLimits.parse(limit_items), **limits)
+    app = make_app(store, config)
 
     def announce(_msg: str) -> None:  # run_app calls this only once it listens: bind first, announce after
         if tokens is None:

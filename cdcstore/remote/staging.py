@@ -25,7 +25,6 @@ from ..core import ids
 from ..core.errors import ConflictError, InvalidAddressError, NotFoundError
 from ..storage import staging
 from ..storage.repository import manifest_name
-from . import wire
 
 MAX_PRESENCE_NAMES = 65536
 
@@ -47,7 +46,7 @@ class StagingRoutes:
 
     async def add_entries(self, request):
         repo, job = self._job(request)
-        data = await self.server._body(request, wire.MAX_JSON_BYTES)
+        data = await self.server._body(request, self.server.limits.max_json_bytes)
         rows = staging.decode(data, "the uploaded journal entry")
         entries = dict(rows)
         if len(entries) != len(rows):

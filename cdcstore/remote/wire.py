@@ -159,7 +159,12 @@ def _manifest_id_width(manifest: bytes) -> int:
 def encode_located(manifest: bytes, found: dict[bytes, tuple[str, PackEntry]]) -> bytes:
     """A manifest and locations of its chunks in one body: magic, u32 manifest length,
     the manifest's bytes, then `encode_locations` (ids as wide as the manifest's)."""
-    return LOCATED_MAGIC + _LEN.pack(len(manifest)) + manifest + encode_locations(found, _manifest_id_width(manifest))
+    return located_prefix(len(manifest)) + manifest + encode_locations(found, _manifest_id_width(manifest))
+
+
+def located_prefix(manifest_size: int) -> bytes:
+    """What comes before the manifest's bytes in `encode_located` (a server streams the rest)."""
+    return LOCATED_MAGIC + _LEN.pack(manifest_size)
 
 
 def decode_located(body: bytes) -> tuple[bytes, dict[bytes, tuple[str, PackEntry]]]:

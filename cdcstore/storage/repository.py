@@ -54,6 +54,7 @@ from .backend import Backend, BackendCapabilities
 from .index import ChunkIndex
 from . import open_objects
 from .local import LocalObjects, clean_dead_temps, open_regular
+from .manifest_file import ManifestFile
 from .objects import Conflict, NotFound, ObjectStore
 
 STORE_FORMAT = "cdcstore"
@@ -1045,8 +1046,9 @@ class Repository(Backend):
         changed, _ = treeobj.changes(parent, view, trees)
         names = {f.manifest for f in changed.values()}
         chunk_ids: set[bytes] = set()
-        for n in names:
-            chunk_ids.update(self.get_manifest(n).chunk_ids)
+        for n in names:  # in slices: memory follows the new distinct chunks, not the manifests' sizes
+            for part in ManifestFile(self, n).scan():
+                chunk_ids.update(part)
         return trees - set(view.unstored), names, chunk_ids
 
     def _grant(self, commit: Commit, reach: tuple[set[str], set[str], set[bytes]] | None = None) -> None:

@@ -1,0 +1,130 @@
+"""Every bound the server puts on what one client can make it hold, in one place.
+
+A server's memory is bounded by these numbers, whatever clients send (docs/protocol.md,
+"Limits"): request bodies are streamed to disk or parsed in slices, answers built from
+the store are streamed in `send_block` pieces, and every request that decompresses,
+parses or reads much takes a slot of a bounded pool. `cdcstore serve --limit NAME=VALUE`
+overrides one (tests set small ones to stay fast).
+
+`Slots` is such a pool: `total` requests at once, at most `per_owner` of them for one
+token, so no token can take every slot (a slow upload holds its slot until its body rate
+falls under the minimum).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+from dataclasses import dataclass
+
+from ..core.errors import InvalidAddressError
+from . import wire
+
+MiB = 1024 * 1024
+
+
+@dataclass
+class ServerLimits:
+    # request bodies
+    max_pack_bytes: int = wire.MAX_PACK_BYTES  # one pack upload (streamed to a temp file)
+    max_pack_chunks: int = 65536  # chunks of one uploaded pack (its index is parsed whole; clients write 8,192)
+    max_batch_bytes: int = wire.MAX_MANIFEST_BATCH_BYTES  # one manifest or tree batch (spooled to a temp file)
+    max_json_bytes: int = wire.MAX_JSON_BYTES  # one JSON body (parsed in memory)
+    max_tree_bytes: int = 16 * MiB  # one tree of a batch (JSON, parsed in memory)
+    decode_bytes: int = 2 * MiB  # manifests of a batch decoded at once; a larger manifest is checked in slices
+    slice_chunks: int = 65536  # chunk ids checked at once when a manifest is checked in slices
+    prove_raw_bytes: int = 32 * MiB  # decompressed chunk bytes held at once while checking proofs
+    # answers
+    max_range_bytes: int = 64 * MiB  # one pack range a client may ask for
+    send_block: int = 1 * MiB  # an answer built from the store is sent in pieces of this size
+    send_timeout: float = 30.0  # seconds one piece may wait for a client that does not read before it is cut off
+    # concurrency
+    parse_slots: int = 2  # batches parsed and packs verified at once (the others wait, spooled on disk)
+    write_slots: int = 8  # pack uploads, manifest and tree batches at once (429 past it)
+    write_slots_per_token: int = 4  # of which one token may hold
+    read_slots: int = 8  # masked or bucket pack ranges, located manifests and proof checks at once
+    read_slots_per_token: int = 6  # of which one token may hold
+    read_wait: float = 10.0  # seconds a read waits in line for a read slot before its 429
+    # push sessions
+    max_sessions: int = 256  # open push sessions kept by this server
+    max_sessions_per_token: int = 16  # of which one token may hold
+    max_session_life: float = 24 * 3600.0  # seconds after which a session is refused a refresh (gc proceeds)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise InvalidAddressError(f"server limit {f.name} must be a number above 0, not {v!r}")
+
+    @classmethod
+    def parse(cls, items) -> "ServerLimits":
+        """Limits from `NAME=VALUE` strings (sizes in bytes, times in seconds)."""
+        names = {f.name: f.type for f in dataclasses.fields(cls)}
+        out = {}
+        for item in items or ():
+            name, sep, value = item.partition("=")
+            name = name.strip().replace("-", "_")
+            if not sep or name not in names:
+                raise InvalidAddressError(f"--limit {item!r}: expected NAME=VALUE, NAME one of {', '.join(names)}")
+            try:
+                out[name] = int(value) if names[name] in ("int", int) else float(value)
+            except ValueError:
+                raise InvalidAddressError(f"--limit {item!r}: {value!r} is not a number") from None
+        return cls(**out)
+
+
+class Busy(Exception):
+    """No slot: the request gets a 429 with Retry-After."""
+
+
+class Slots:
+    """A pool of `total` slots, at most `per_owner` for one owner (a token). Reads may wait in
+    line for a slot (first come, first served); uploads, which a slow client can hold, do not."""
+
+    def __init__(self, what: str, total: int, per_owner: int):
+        self.what, self.total, self.per_owner = what, total, min(per_owner, total)
+        self.used = 0
+        self.by_owner: collections.Counter[str] = collections.Counter()
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+
+    def _free_for(self, owner: str) -> bool:
+        return self.used < self.total and self.by_owner[owner] < self.per_owner
+
+    @contextlib.contextmanager
+    def take(self, owner: str):
+        """A slot for `owner`, or Busy."""
+        if self.used >= self.total:
+            raise Busy(f"server busy ({self.total} {self.what} at once): retry later")
+        if self.by_owner[owner] >= self.per_owner:
+            raise Busy(f"this token already runs {self.per_owner} {self.what} at once: retry later")
+        self.used += 1
+        self.by_owner[owner] += 1
+        try:
+            yield
+        finally:
+            self.used -= 1
+            self.by_owner[owner] -= 1
+            if not self.by_owner[owner]:
+                del self.by_owner[owner]
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        """Wake the waiters in line: each looks again whether a slot is free for its owner."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    async def wait(self, owner: str, seconds: float) -> None:
+        """Wait in line, up to `seconds`, until a slot is free for `owner` (then `take` it at once)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while not self._free_for(owner) and loop.time() < deadline:
+            fut = loop.create_future()
+            self._waiters.append(fut)
+            try:
+                await asyncio.wait([fut], timeout=deadline - loop.time())
+            finally:
+                if not fut.done():
+                    fut.cancel()
