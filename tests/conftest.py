@@ -3,6 +3,8 @@ import contextlib
 import json
 import os
 import sys
+import urllib.error
+import urllib.request
 
 import pytest
 import xxhash
@@ -98,3 +100,14 @@ def served_store(tmp_path, tokens: dict):
         yield srv
     finally:
         srv.stop()
+
+
+def raw_call(url, token, method="GET", data=None, headers=None):
+    """(status, body) of one raw HTTP request with a bearer token (hostile and tenant tests)."""
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Authorization": f"Bearer {token}", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()

@@ -2,8 +2,6 @@
 on a shared server (docs/protocol.md "Trust model"); each sentence there has a test here."""
 import json
 import os
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -11,7 +9,7 @@ from cdcstore import ConflictError, Store
 from cdcstore.core.commit import Commit
 from cdcstore.remote import wire
 from cdcstore.storage.repository import LocalStore
-from conftest import served_store
+from conftest import raw_call as _call, served_store
 
 ID32 = {"X-Cdc-Id-Bytes": "32"}
 TOKENS = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-b": {"scope": "write", "repos": ["b"]},
@@ -19,15 +17,6 @@ TOKENS = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-b": {"scope": "write
           "tok-admin": {"scope": "admin", "repos": ["*"]}}
 
 
-def _call(url, token, method="GET", data=None, headers=None):
-    """(status, body) of one raw request."""
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Authorization": f"Bearer {token}", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 @pytest.fixture

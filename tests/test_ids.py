@@ -4,8 +4,6 @@ import io
 import json
 import os
 import shutil
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -14,7 +12,7 @@ from cdcstore.core import ids
 from cdcstore.core.manifest import Manifest
 from cdcstore.core.pack import CODEC_RAW, PackWriter, decode_chunk, read_verified
 from cdcstore.storage.repository import LocalStore
-from conftest import golden_input, served_store
+from conftest import golden_input, raw_call as _call, served_store
 from server_util import ServerProcess
 
 TOKENS = {"tok-evil": {"scope": "write", "repos": ["evil"]}, "tok-prod": {"scope": "write", "repos": ["prod"]}}
@@ -22,14 +20,6 @@ V1_STORE = os.path.join(os.path.dirname(__file__), "data", "v1store")
 ID32 = {"X-Cdc-Id-Bytes": "32"}
 
 
-def _call(url, token, method="GET", data=None, headers=None):
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Authorization": f"Bearer {token}", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 def _pack(chunks, version=2, ids_for=None):

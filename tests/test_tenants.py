@@ -85,27 +85,16 @@ def test_locate_through_another_repo_reveals_nothing(server, tmp_path):
 # -- the attack of issue 8 against a real server with tokens ------------------------------------
 import json  # noqa: E402
 import os  # noqa: E402
-import urllib.error  # noqa: E402
-import urllib.request  # noqa: E402
 
 from cdcstore import Store  # noqa: E402
 from cdcstore.storage.repository import LocalStore  # noqa: E402
-from conftest import served_store  # noqa: E402
+from conftest import raw_call as _call, served_store  # noqa: E402
 from server_util import ServerProcess  # noqa: E402
 
 TOKENS = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-b": {"scope": "write", "repos": ["b"]},
           "tok-admin": {"scope": "write", "repos": ["*"]}}
 
 
-def _call(url, token, method="GET", data=None, headers=None):
-    """(status, body) of one raw request."""
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Authorization": f"Bearer {token}", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 @pytest.fixture
