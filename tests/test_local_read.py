@@ -121,7 +121,7 @@ READS = {
     "large pread around it": lambda f, at: f.pread(max(0, at - MiB), 2 * MiB + 5),
     "small read inside it": lambda f, at: f.pread(at + 10, 100),
     "sequential 1 MiB reads": lambda f, at: _read_all(f, MiB),
-    "sequential 64 KiB reads (read-ahead)": lambda f, at: _read_all(f, 64 * 1024),
+    "sequential 64 KiB reads (the window)": lambda f, at: _read_all(f, 64 * 1024),
     "sequential 16 MiB reads": lambda f, at: _read_all(f, 16 * MiB),
 }
 
