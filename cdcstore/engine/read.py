@@ -539,7 +539,8 @@ class FileReader(io.RawIOBase):
             ends = m.ends
             target = ends[span.stop - 1] + min(self._readahead, 4 * self._streak)
             stop = min(len(ends), bisect.bisect_left(ends, target, span.stop) + 1)
-            ahead = list(range(max(span.stop, self._ahead_end), stop))
+            # (with nothing pending, nothing ahead is scheduled: a direct read may have come between)
+            ahead = list(range(max(span.stop, self._ahead_end) if self._pending else span.stop, stop))
             self._ahead_end = max(self._ahead_end, stop)
         else:  # random access: drop read-ahead that this read does not use
             self._ahead_end = 0
