@@ -328,14 +328,16 @@ class FileReader(io.RawIOBase):
             wanted = [i for i in span if ids[i] in places]
             self._locate(wanted)
             self._check_lengths(span)
-            try:
-                self._src.read_chunks_into([self._location(cid) for cid in places], places, out, self._repo,
-                                           keep=memoryview(result))
-            except PackMissingError:  # a gc moved them since they were located: locate again, once
-                self._relocate(wanted)
-                self._check_lengths(span)
-                self._src.read_chunks_into([self._location(cid) for cid in places], places, out, self._repo,
-                                           keep=memoryview(result))
+            for attempt in (1, 2):
+                try:
+                    self._src.read_chunks_into([self._location(cid) for cid in places], places, out, self._repo,
+                                               keep=memoryview(result))
+                    break
+                except PackMissingError:  # a gc moved them since they were located: locate again, once
+                    if attempt == 2:
+                        raise
+                    self._relocate(wanted)
+                    self._check_lengths(span)
         del out
         return bytes(result) if isinstance(result, bytearray) else result
 

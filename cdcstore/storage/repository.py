@@ -286,7 +286,8 @@ class Repository(Backend):
             return 0
 
         def look(cid: bytes) -> list[str]:
-            return [p for i in self.objects.list(anchors.prefix(cid)) if (p := (anchors.parse(i.name) or (b"", ""))[1])]
+            found = (anchors.parse(i.name) for i in self.objects.list(anchors.prefix(cid)))
+            return [a[1] for a in found if a is not None]
 
         named: dict[str, list[bytes]] = {}
         for cid, packs in zip(wanted, runtime.pool("io", 8).map(look, wanted)):
