@@ -32,13 +32,15 @@ from .core import order as _order
 from .core import tree
 from .core import shards as _shards
 from .core.address import Address, parse
+from . import decoded as _decoded
 from .api import Store
+from .decoded import DecodedUnits
 from .core import pages as _pages
 from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNotFoundError
 from .core.thrift import ThriftError
 
 FORMATS = ("numpy", "arrow", "python")
-SUMMED = ("samples", "batches", "bytes_read", "row_groups", "wait_seconds", "read_seconds", "requests",
+SUMMED = ("samples", "batches", "bytes_read", "row_groups", "decodes", "wait_seconds", "read_seconds", "requests",
           "received_bytes", "cache_hits", "cache_misses")
 STORE_FIGURES = ("requests", "received_bytes", "cache_hits", "cache_misses")
 FIGURES = SUMMED + ("max_rows_held", "started")
@@ -273,8 +275,9 @@ class StreamingDataset:
                           for fi, md in enumerate(self._meta) for rg in range(md.num_row_groups)]
         self._limit: tuple[int, int | None] = (0, None)  # skip, take
         self._shared = _Shared()
+        self._decoded: DecodedUnits | None = None  # row groups shared by DataLoader workers (as_torch)
         self._consumed = 0
-        self._metrics = {"samples": 0, "batches": 0, "bytes_read": 0, "row_groups": 0,
+        self._metrics = {"samples": 0, "batches": 0, "bytes_read": 0, "row_groups": 0, "decodes": 0,
                          "wait_seconds": 0.0, "read_seconds": 0.0, "max_rows_held": 0}
         self._t0: float | None = None
         self._slot = 0  # where this process writes its figures when they are shared
@@ -334,8 +337,12 @@ class StreamingDataset:
                                           f"stream Parquet files only") from None
 
     def __getstate__(self):
+        from multiprocessing.context import get_spawning_popen
+
         state = dict(self.__dict__)
         state["_store"] = None
+        if get_spawning_popen() is None:  # the decoded row groups go to DataLoader workers only
+            state["_decoded"] = None
         return state
 
     # -- epochs and state --------------------------------------------------------------------
@@ -358,14 +365,32 @@ class StreamingDataset:
     def state_dict(self, consumed: int | None = None) -> dict:
         """Where the stream is: the count of samples of the epoch's global order consumed so far.
 
-        Without `consumed`, the count is what this object yielded in-process (exact with one
-        consumer). With DataLoader workers or ranks pass it from the training loop:
-        `consumed = steps * world_size * batch_size` (see docs/streaming.md)."""
+        Without `consumed`, the count is what this object yielded in-process, which is the stream's
+        position only with one consumer: with ranks or DataLoader workers this raises, and the
+        state comes from the loader (`ds.loader(...).state_dict()`), which counts the training
+        loop's steps (or pass `consumed = steps * world_size * batch_size`; docs/streaming.md)."""
         epoch, start = self._shared.get()
+        if consumed is None and (self.world_size > 1 or self._served_by_workers()):
+            who = f"{self.world_size} ranks" if self.world_size > 1 else "DataLoader workers"
+            raise ValueError(f"state_dict() without consumed= counts only what this process yielded, which is not "
+                             f"the stream's position with {who}: take the state from the loader "
+                             f"(loader = ds.loader(...); loader.state_dict()), or pass "
+                             f"consumed=steps * world_size * batch_size")
         done = start + self._consumed if consumed is None else int(consumed)
         return {"epoch": epoch, "seed": self.seed, "consumed": min(done, self._order_total()),
                 "commits": dict(self.commits), "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
                 "limit": list(self._limit), "files": [f.address for f in self.files]}
+
+    def _served_by_workers(self) -> bool:
+        return self._shared.shared and any(self._shared.read(i)["samples"] for i in range(1, SLOTS))
+
+    def epoch_bounds(self, num_workers: int = 0) -> tuple[int, int]:
+        """(start, end) positions of the current epoch's global order for this many DataLoader workers
+        per rank (`end` is short of the total only with drop_last)."""
+        _, start = self._shared.get()
+        total = self._order_total()
+        n = self.world_size * max(num_workers, 1)
+        return min(start, total), _order.epoch_end(total, min(start, total), self.block, n, self.drop_last)
 
     def load_state_dict(self, state: dict) -> None:
         """Resume where `state` was taken, with any number of ranks or workers."""
@@ -423,7 +448,8 @@ class StreamingDataset:
                                   self.shuffle_buffer)
         end = _order.epoch_end(total, min(start, total), self.block, n, self.drop_last)
         steps = _order.consumer_steps(min(start, total), end, self.block, k, n,
-                                      span=order.window if order.window > 1 else 1024)
+                                      span=order.window if order.window > 1 else 1024,
+                                      ranks=1 if self.drop_last else self.world_size)
         self._consumed = 0
         if self._t0 is None:
             self._t0 = time.perf_counter()
@@ -431,19 +457,33 @@ class StreamingDataset:
         if self._flushed is None or self._flushed[0] != os.getpid():  # first iteration in this process
             carried = self._shared.read(self._slot) if self._shared.shared else {}
             self._flushed = (os.getpid(), self._figures_now(), carried)
-        produce = self._produce_tar if self.tar else self._produce
-        return self._run(lambda: produce(order, steps, skip))
+        if self.tar:
+            return self._run(lambda: self._produce_tar(order, steps, skip))
+        share = self._decoded if num_workers > 1 and self._slot else None
+        progress = None
+        if share is not None:  # this worker's progress, and the decoded row groups no worker needs now
+            slots = range(1, min(num_workers, SLOTS - 1) + 1)
 
-    def _run(self, produce):
+            def progress(past: int) -> None:
+                share.report(self._slot, epoch, past)
+                share.release(slots, epoch, lambda u: _order.release_bound(order, u) - skip)
+            share.report(self._slot, epoch, min(start, total))
+        return self._run(lambda: self._produce(order, steps, skip, share, epoch), progress)
+
+    def _run(self, produce, progress=None):
         pre = _Prefetcher(produce, self.prefetch_bytes, self.prefetch_row_groups)
         try:
-            yield from self._consume(pre)
+            yield from self._consume(pre, progress)
+            if progress is not None:
+                progress(_decoded.DONE)
         finally:
             pre.close()
 
-    def _produce(self, order: _order.EpochOrder, steps, skip: int):
+    def _produce(self, order: _order.EpochOrder, steps, skip: int, share: "DecodedUnits | None" = None,
+                 epoch: int = 0):
         """In the prefetch thread: each needed row group once, in order of first need, then each step
-        (whole blocks of this consumer's positions)."""
+        (whole blocks of this consumer's positions). With `share`, a row group another worker
+        decoded is mapped from the shared folder, and one decoded here is put there."""
         loaded: set[int] = set()
         files: dict[int, tuple[pq.ParquetFile, object]] = {}
         try:
@@ -452,7 +492,11 @@ class StreamingDataset:
                 for u in dict.fromkeys(units.tolist()):
                     if u not in loaded:
                         loaded.add(u)
-                        table = self._read_unit(u, files)
+                        if share is None:
+                            table = self._read_unit(u, files)
+                        else:
+                            table = share.load(epoch, u, lambda: self._read_unit(u, files))
+                        self._metrics["row_groups"] += 1
                         yield ("unit", u, table, _order.release_bound(order, u) - skip), table.nbytes or 1
                 yield ("step", int(pos[-1]) + 1, units, rows), 0
         finally:
@@ -539,7 +583,7 @@ class StreamingDataset:
             raise _lying_rows(self.files[fi], rg, self.units[u][2], f"pyarrow read {table.num_rows}")
         self._metrics["read_seconds"] += time.perf_counter() - t0
         self._metrics["bytes_read"] += self._column_bytes(fi, rg)
-        self._metrics["row_groups"] += 1
+        self._metrics["decodes"] += 1
         return table
 
     def _check_rows(self, fi: int, rg: int, reader) -> None:
@@ -576,7 +620,7 @@ class StreamingDataset:
         return sum(g.column(j).total_compressed_size for j in range(g.num_columns)
                    if want is None or g.column(j).path_in_schema.split(".")[0] in want)
 
-    def _consume(self, pre: _Prefetcher):
+    def _consume(self, pre: _Prefetcher, progress=None):
         held: dict[int, tuple[pa.Table, int]] = {}
         m = self._metrics
         while True:
@@ -599,6 +643,8 @@ class StreamingDataset:
             table = self._gather(held, units, rows)
             for u in [u for u, (_, bound) in held.items() if bound <= past]:
                 del held[u]
+            if progress is not None:
+                progress(past)
             yield from self._emit(table)
             self._flush()
 
@@ -723,6 +769,8 @@ class StreamingDataset:
         """This dataset as a torch IterableDataset (torch must be installed). Shares epoch and
         resume position with DataLoader workers, persistent ones included."""
         self._shared.share()
+        if self._decoded is None and not self.tar:
+            self._decoded = DecodedUnits(SLOTS)
         return __getattr__("TorchStreamingDataset")(self)
 
 
@@ -774,20 +822,57 @@ def _to_tensors(batch):
 class Loader:
     """A torch DataLoader over a StreamingDataset whose workers hand batches over as numpy arrays;
     numeric arrays become tensors in the main process (`tensors=True`), as the default collate
-    would give, without its per-tensor shared-memory hand-over. `.dataloader` is the DataLoader."""
+    would give, without its per-tensor shared-memory hand-over. `.dataloader` is the DataLoader.
+
+    `state_dict()` is the stream's exact resume point, on every rank, with any number of workers:
+    it counts the steps the training loop took from this loader (every rank takes the same steps,
+    and a step is one block of the global order on each rank); `load_state_dict()` resumes on any
+    number of ranks and workers."""
 
     def __init__(self, ds: "StreamingDataset", tensors: bool = True, **kwargs):
         from torch.utils.data import DataLoader
 
         kwargs.setdefault("batch_size", None)
         kwargs.setdefault("collate_fn", _keep)
+        rows = kwargs["batch_size"]
+        if ds.batch_size is not None and rows is not None:
+            raise ValueError(f"the dataset already batches (batch_size={ds.batch_size}): leave the loader's "
+                             f"batch_size out")
+        if ds.batch_size is None and (rows or 1) != ds.block:
+            raise ValueError(f"a loader batching rows by {rows} needs the dataset's block_size={rows}, so that "
+                             f"a step is one block of the global order (an exact resume point)")
+        self.ds = ds
         self.dataloader = DataLoader(ds.as_torch(), **kwargs)
         self.tensors = tensors
+        self._steps: int | None = None  # steps taken from the current iteration (None: not begun)
+        self._start = 0
 
     def __iter__(self):
-        if not self.tensors:
-            return iter(self.dataloader)
-        return map(_to_tensors, self.dataloader)
+        self._start, _ = self.ds.epoch_bounds()
+        self._steps = 0
+        for batch in self.dataloader:
+            self._steps += 1
+            yield _to_tensors(batch) if self.tensors else batch
+
+    def __len__(self) -> int:
+        """Steps of the current epoch on this rank (the same on every rank)."""
+        start, end = self.ds.epoch_bounds(self.dataloader.num_workers)
+        return -(-(end - start) // (self.ds.block * self.ds.world_size))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.ds.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        """`ds.state_dict(consumed=...)` at what the training loop took: the epoch's start plus
+        steps x world_size x block, at most the epoch's end."""
+        if self._steps is None:
+            return self.ds.state_dict(consumed=self.ds.epoch_bounds()[0])
+        _, end = self.ds.epoch_bounds(self.dataloader.num_workers)
+        return self.ds.state_dict(consumed=min(self._start + self._steps * self.ds.world_size * self.ds.block, end))
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ds.load_state_dict(state)
+        self._steps = None
 
 
 class Interleave:

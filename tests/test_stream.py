@@ -1,4 +1,5 @@
 """cdcstore.stream: exactly once per epoch on any split, exact elastic resume, bounded memory."""
+import os
 import pickle
 import random
 import threading
@@ -233,6 +234,10 @@ def test_torch_dataloader_with_two_persistent_workers(ds_store):
         assert got == flat(loader_order(ds_store, 1, 1, epoch=epoch))
     m = ds.metrics()  # figures add up the workers
     assert m["samples"] == 2 * TOTAL and m["batches"] == 2 * -(-TOTAL // BATCH) and m["row_groups"] >= 2 * 14
+    # both workers drew rows from most row groups, yet each was fetched and decoded once per epoch
+    # (the other worker mapped it from the shared folder), and the folder is empty after each epoch
+    assert m["decodes"] == 2 * len(ds.units) < m["row_groups"], m
+    assert os.listdir(ds._decoded.path) == []
     assert m["bytes_read"] > 0 and m["samples_per_s"] > 0 and m["store"]["requests"] == 0
     # resume recipe: count steps in the loop, then state_dict(consumed=steps * world_size * batch)
     ds.set_epoch(2)
@@ -319,15 +324,18 @@ def test_figures_cache_hit_ratio_cold_then_warm(server, tmp_path, monkeypatch):
     cold = pickle.loads(pickle.dumps(built))  # rebuilds its store with the fresh default cache
     assert sum(len(b["v"]) for b in cold) == 600_000
     m = cold.metrics()
-    assert m["cache_hits"] == 0 and m["cache_misses"] > 10 and m["cache_hit_ratio"] == 0.0
+    assert m["cache_misses"] > 10 and m["cache_hit_ratio"] < 0.8
     assert m["requests"] > 0 and m["samples_per_s"] > 0 and m["mb_per_s"] > 0 and m["wait_seconds"] >= 0
     cold.store.backend.cache.wait()
+    fetched = cold.store.backend.cache.stats()["chunks"]  # distinct chunks the cold pass fetched
+    # each chunk is fetched once, though the footer check, the row group read and read-ahead all
+    # touch some chunks (they find it cached, or wait for the read in flight that fetches it)
+    assert m["cache_misses"] == fetched > 10, (m, fetched)
+    assert m["received_bytes"] < 1.15 * sum(f.stat().st_size for f in folder.iterdir()), m
     warm = pickle.loads(pickle.dumps(built))
     assert sum(len(b["v"]) for b in warm) == 600_000
     w = warm.metrics()
-    # a cold pass may miss a chunk twice (the footer check reads a column chunk's page headers before
-    # the row group is read, and the cache writes what it fetched only once fetches pause)
-    assert w["cache_hit_ratio"] > 0.9 and w["cache_hits"] >= 0.9 * m["cache_misses"] and w["requests"] < m["requests"], (m, w)
+    assert w["cache_misses"] == 0 and w["cache_hits"] >= fetched and w["requests"] < m["requests"], (m, w, fetched)
 
 
 def test_loader_hands_numpy_over_and_gives_tensors(ds_store):

@@ -8,7 +8,9 @@ Units are Parquet row groups, numbered in file order, each with a row count. For
    inside each window, seeded by (seed, epoch, window index); position p of the global order holds
    sequence row `window_start + perm[p - window_start]`;
 3. consumers (ranks x DataLoader workers) split the global order, from a resume position `start`,
-   into blocks of `block` positions dealt round robin: block b goes to consumer b mod C.
+   into blocks of `block` positions dealt round robin: block b goes to consumer b mod C; with more
+   than one rank, the tail that would leave ranks with unequal numbers of steps is cut into one
+   near-equal run per rank instead (`even_tail`), so every rank takes the same steps.
 
 Everything depends on (row counts, seed, epoch) only, so a count of positions consumed is a resume
 point that holds for any number of consumers. See docs/streaming.md.
@@ -44,18 +46,35 @@ def epoch_end(total: int, start: int, block: int, consumers: int, drop_last: boo
 
 
 def consumer_steps(start: int, end: int, block: int, consumer: int, consumers: int, rows: int = 1024,
-                   span: int = 1024):
+                   span: int = 1024, ranks: int = 1):
     """The positions of one consumer in arrays of whole blocks, in order: about `rows` positions
-    each, spread over at most max(`span`, one round of blocks) positions of the global order."""
+    each, spread over at most max(`span`, one round of blocks) positions of the global order.
+
+    With `ranks` > 1 every rank takes the same number of steps: the blocks are dealt while a whole
+    round of `ranks` blocks remains, and the tail (fewer rows than `ranks` blocks) is cut into
+    `ranks` near-equal runs, one more step for each rank (`even_tail`)."""
     stride = block * consumers
+    cut = start + (end - start) // (block * ranks) * block * ranks if ranks > 1 else end
     per = max(1, min(rows // block, span // stride))
     first = start + consumer * block
-    count = max(0, -(-(end - first) // stride))
+    count = max(0, -(-(cut - first) // stride))
     offsets = np.arange(block, dtype=np.int64)
     for i in range(0, count, per):
         starts = first + stride * np.arange(i, min(i + per, count), dtype=np.int64)
         pos = (starts[:, None] + offsets).ravel()
-        yield pos[pos < end]
+        yield pos[pos < cut]
+    if cut < end:
+        round_ = (cut - start) // (block * ranks)  # the tail's round: rank r's run goes where its block would
+        if (round_ * ranks + consumer % ranks) % consumers == consumer:
+            yield even_tail(cut, end, consumer % ranks, ranks)
+
+
+def even_tail(cut: int, end: int, rank: int, ranks: int) -> np.ndarray:
+    """Rank `rank`'s run of the tail [cut, end): the tail in `ranks` contiguous runs whose lengths
+    differ by at most one. A rank left without a row (fewer rows than ranks) repeats the tail's
+    first row, so that it still takes its step."""
+    lo, hi = cut + (end - cut) * rank // ranks, cut + (end - cut) * (rank + 1) // ranks
+    return np.arange(lo, hi, dtype=np.int64) if hi > lo else np.array([cut], dtype=np.int64)
 
 
 @dataclass

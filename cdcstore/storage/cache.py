@@ -54,6 +54,7 @@ PENDING_BYTES = 256 * 1024 * 1024  # background cache writes waiting at most (th
 WRITE_AFTER_QUIET = 0.05  # seconds without a fetch in flight before queued cache writes start
 WRITE_ANYWAY_BYTES = PENDING_BYTES // 2  # ... or once this much waits (a read that never pauses)
 TAG_PREFIX = "tag/"  # heads rows of tags (kept without a time limit: tags never move)
+FLIGHT_WAIT = 120.0  # seconds a read waits for another thread's fetch of the same chunk before its own
 HEAD_TTL = 10.0  # seconds a branch head resolved by one process serves the others
 CACHED = "cache"  # the pseudo pack name of a cached chunk
 _BATCH = 500
@@ -462,6 +463,7 @@ class CachedBackend(Backend):
         self._scope = ids.weak_hexdigest(f"{backend.identity}\n{token or ''}".encode())[:16]
         self._hits = self._misses = 0  # chunks read from the cache / not found there
         self._count_lock = runtime.Lock()
+        self._flights: tuple[int, dict] = (os.getpid(), {})  # see `_claim`
 
     @property
     def capabilities(self) -> BackendCapabilities:
@@ -488,49 +490,125 @@ class CachedBackend(Backend):
         return out
 
     def read_chunks(self, items: list[tuple[str, PackEntry]], repo=None) -> dict[bytes, bytes]:
-        out = self.cache.get([e.chunk_id for p, e in items if p == CACHED])  # the rest were misses at locate
-        missing = [(p, e) for p, e in items if e.chunk_id not in out]
-        with self._count_lock:
-            self._hits += len(out)
-            self._misses += len(missing)
-        if any(p == CACHED for p, _ in missing):  # evicted or corrupt since located: locate again
-            again = self.inner.locate([e.chunk_id for p, e in missing if p == CACHED], repo)
-            missing = [again[e.chunk_id] if p == CACHED else (p, e) for p, e in missing]
-        if missing:
+        out = self.cache.get([e.chunk_id for p, e in items])  # also those located in a pack: cached since?
+        missing = self._relocate([(p, e) for p, e in items if e.chunk_id not in out], repo)
+        mine, theirs = self._claim(missing)
+        try:
+            if mine:
+                with self.cache.reading():
+                    fetched, stored = self._fetch(mine, repo)
+                out.update(fetched)
+                self.cache.put_later(stored)
+        finally:
+            self._land(mine)
+        late, rest = self._await(theirs)
+        if rest:
             with self.cache.reading():
-                fetched, stored = self._fetch(missing, repo)
-            out.update(fetched)
+                fetched, stored = self._fetch(rest, repo)
+            late.update(fetched)
             self.cache.put_later(stored)
+        out.update(late)
+        self._count(len(items) - len(mine) - len(rest), len(mine) + len(rest))
         return out
 
     def read_chunks_into(self, items: list[tuple[str, PackEntry]], places: dict, out: memoryview,
                          repo=None, keep: memoryview | None = None) -> None:
         """`read_chunks` written into `out` (see `RemoteStore.read_chunks_into`)."""
-        cached = self.cache.get([e.chunk_id for p, e in items if p == CACHED])
-        for cid, raw in cached.items():
-            for dest, lo, hi in places[cid]:
-                out[dest:dest + hi - lo] = raw[lo:hi]
-        missing = [(p, e) for p, e in items if e.chunk_id not in cached]
-        with self._count_lock:
-            self._hits += len(cached)
-            self._misses += len(missing)
-        if any(p == CACHED for p, _ in missing):  # evicted or corrupt since located: locate again
-            again = self.inner.locate([e.chunk_id for p, e in missing if p == CACHED], repo)
-            missing = [again[e.chunk_id] if p == CACHED else (p, e) for p, e in missing]
-        if not missing:
+        def place(raws: dict) -> None:
+            for cid, raw in raws.items():
+                for dest, lo, hi in places[cid]:
+                    out[dest:dest + hi - lo] = raw[lo:hi]
+
+        cached = self.cache.get([e.chunk_id for p, e in items])
+        place(cached)
+        missing = self._relocate([(p, e) for p, e in items if e.chunk_id not in cached], repo)
+        mine, theirs = self._claim(missing)
+        try:
+            self._fetch_into(mine, places, out, repo, keep, place)
+        finally:
+            self._land(mine)
+        late, rest = self._await(theirs)
+        place(late)
+        self._fetch_into(rest, places, out, repo, keep, place)
+        self._count(len(items) - len(mine) - len(rest), len(mine) + len(rest))
+
+    def _fetch_into(self, items, places, out, repo, keep, place) -> None:
+        if not items:
             return
         if self.inner.capabilities.local_reads:  # a bucket read directly: decoded chunks, then placed
             with self.cache.reading():
-                fetched, entries = self._fetch(missing, repo)
-            for cid, raw in fetched.items():
-                for dest, lo, hi in places[cid]:
-                    out[dest:dest + hi - lo] = raw[lo:hi]
+                fetched, entries = self._fetch(items, repo)
+            place(fetched)
             self.cache.put_later(entries)
             return
         stored: dict[bytes, bytes] = {}
         with self.cache.reading():
-            self.inner.read_chunks_into(missing, places, out, repo, stored=stored, keep=keep)
-        self.cache.put_later([(e.chunk_id, e.codec, e.raw_len, stored[e.chunk_id]) for _, e in missing])
+            self.inner.read_chunks_into(items, places, out, repo, stored=stored, keep=keep)
+        self.cache.put_later([(e.chunk_id, e.codec, e.raw_len, stored[e.chunk_id]) for _, e in items])
+
+    def _relocate(self, missing, repo):
+        """Chunks located in the cache but gone since (evicted or corrupt) are located again."""
+        if not any(p == CACHED for p, _ in missing):
+            return missing
+        again = self.inner.locate([e.chunk_id for p, e in missing if p == CACHED], repo)
+        return [again[e.chunk_id] if p == CACHED else (p, e) for p, e in missing]
+
+    def _count(self, hits: int, misses: int) -> None:
+        with self._count_lock:
+            self._hits += hits
+            self._misses += misses
+
+    def _in_flight(self) -> dict:
+        """Chunk id -> Event of the fetches this process has in flight (new after a fork: the
+        parent's fetching threads do not exist in the child)."""
+        if self._flights[0] != os.getpid():
+            self._flights = (os.getpid(), {})
+        return self._flights[1]
+
+    def _claim(self, missing):
+        """Single flight: split `missing` into the chunks this thread fetches and the (item, event)
+        of those another thread of this process is fetching now. Two reads in flight that share
+        chunks (a stream's row groups read ahead, a footer check) then fetch each chunk once."""
+        mine, theirs, seen = [], [], set()
+        with self._count_lock:
+            flights = self._in_flight()
+            for p, e in missing:
+                if e.chunk_id in seen:
+                    continue
+                seen.add(e.chunk_id)
+                ev = flights.get(e.chunk_id)
+                if ev is None:
+                    flights[e.chunk_id] = threading.Event()
+                    mine.append((p, e))
+                else:
+                    theirs.append(((p, e), ev))
+        raced = self.cache.has([e.chunk_id for _, e in mine]) if mine else {}
+        if raced:  # another thread's fetch landed between this read's cache lookup and its claim
+            done = threading.Event()
+            done.set()
+            self._land([(p, e) for p, e in mine if e.chunk_id in raced])
+            theirs += [((p, e), done) for p, e in mine if e.chunk_id in raced]
+            mine = [(p, e) for p, e in mine if e.chunk_id not in raced]
+        return mine, theirs
+
+    def _land(self, mine) -> None:
+        """End this thread's claims (after its fetch was queued for the cache, or failed)."""
+        with self._count_lock:
+            flights = self._in_flight()
+            for _, e in mine:
+                ev = flights.pop(e.chunk_id, None)
+                if ev is not None:
+                    ev.set()
+
+    def _await(self, theirs):
+        """The raw bytes of chunks other threads fetched, from the cache, and the items to fetch
+        here after all (their fetch failed, or the cache could not keep them)."""
+        if not theirs:
+            return {}, []
+        for _, ev in theirs:
+            ev.wait(FLIGHT_WAIT)
+        got = self.cache.get([e.chunk_id for (_, e), _ in theirs])
+        return got, [(p, e) for (p, e), _ in theirs if e.chunk_id not in got]
 
     def _fetch(self, items, repo):
         """Fetch from the inner backend; keep each chunk's stored (compressed) form."""

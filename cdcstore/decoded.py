@@ -1,0 +1,152 @@
+"""Row groups decoded once per DataLoader, shared by its workers.
+
+Every DataLoader worker of a shuffled stream draws rows from every row group (its blocks of the
+global order are spread over all of them), so without sharing each worker fetches, verifies and
+decodes each row group. `DecodedUnits` is a folder (under /dev/shm when it has room, else the temp
+dir) that the main process makes before the workers start: the first worker to need a row group
+decodes it and writes it there as an uncompressed Arrow IPC file; the others map that file
+(`pa.memory_map`, no copy), so the decoded bytes are in memory once for the whole process tree.
+
+A file is deleted once no worker can need it again: each worker publishes how far it has consumed
+(epoch and position in the global order, in a shared array), and a row group's rows are all before
+its release bound (`core.order.release_bound`). A worker that has not reported yet counts as not
+started, so nothing it needs goes early. Files hold `e<epoch>-u<unit>.arrow`; a crashed run's folder
+is removed by the next one made on the machine (its owner pid is in the name).
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import tempfile
+import weakref
+
+import pyarrow as pa
+
+SHM = "/dev/shm"
+SHM_MIN_FREE = 1 << 30  # /dev/shm is used only with this much free (a container's is often 64 MiB)
+POS_BITS = 40  # progress = epoch << POS_BITS | position (positions below 2**40 rows)
+DONE = (1 << POS_BITS) - 1  # the position of a worker whose epoch is over
+_NAME = re.compile(r"e(\d+)-u(\d+)\.arrow$")
+_FOLDER = re.compile(r"cdcstore-units-(\d+)-")
+
+
+def _root() -> str:
+    try:
+        st = os.statvfs(SHM)
+        if st.f_bavail * st.f_frsize >= SHM_MIN_FREE and os.access(SHM, os.W_OK):
+            return SHM
+    except OSError:
+        pass
+    return tempfile.gettempdir()
+
+
+def _sweep_stale(root: str) -> None:
+    """Remove folders left by runs whose main process is gone."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            m = _FOLDER.match(entry.name)
+            if m and not _alive(int(m.group(1))):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_if_owner(path: str, owner: int) -> None:
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class DecodedUnits:
+    """The shared folder of decoded row groups and the workers' progress (see the module)."""
+
+    def __init__(self, slots: int):
+        import multiprocessing
+
+        root = _root()
+        _sweep_stale(root)
+        self.path = tempfile.mkdtemp(prefix=f"cdcstore-units-{os.getpid()}-", dir=root)
+        self._progress = multiprocessing.get_context().Array("q", slots, lock=False)
+        self._finalizer = weakref.finalize(self, _remove_if_owner, self.path, os.getpid())
+        self.decodes = 0  # row groups this process decoded
+
+    def __getstate__(self):
+        from multiprocessing.context import get_spawning_popen
+
+        if get_spawning_popen() is None:
+            raise TypeError("DecodedUnits goes only to DataLoader workers (their spawn or fork)")
+        return {"path": self.path, "_progress": self._progress, "decodes": 0}
+
+    # -- progress ---------------------------------------------------------------------------
+    def report(self, slot: int, epoch: int, position: int) -> None:
+        """Worker `slot` has consumed every position of `epoch` before `position`."""
+        self._progress[slot] = epoch << POS_BITS | min(position, DONE)
+
+    def _slowest(self, slots: range) -> tuple[int, int]:
+        low = min(self._progress[s] for s in slots)
+        return low >> POS_BITS, low & DONE
+
+    def release(self, slots: range, epoch: int, bound) -> int:
+        """Delete the files no worker of `slots` can need again; `bound(unit)` is a unit's release
+        bound in `epoch`. Returns how many went."""
+        low_epoch, low_pos = self._slowest(slots)
+        gone = 0
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.path):
+                m = _NAME.match(entry.name)
+                if not m:
+                    continue
+                e, u = int(m.group(1)), int(m.group(2))
+                if e < low_epoch or (e == low_epoch == epoch and bound(u) <= low_pos) or \
+                        (e == low_epoch and low_pos == DONE):
+                    for name in (entry.path, entry.path + ".lock"):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(name)
+                    gone += 1
+        return gone
+
+    # -- row groups ---------------------------------------------------------------------------
+    def load(self, epoch: int, unit: int, decode) -> pa.Table:
+        """Row group `unit` of `epoch`: mapped from the folder, or `decode()`d here (by one worker
+        at a time) and written there first. If the folder cannot take it (full), the table
+        decoded here is returned as it is."""
+        path = os.path.join(self.path, f"e{epoch}-u{unit}.arrow")
+        table = self._open(path)
+        if table is not None:
+            return table
+        with open(path + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            table = self._open(path)
+            if table is not None:
+                return table
+            table = decode()
+            self.decodes += 1
+            tmp = path + f".{os.getpid()}.tmp"
+            try:
+                with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                    writer.write_table(table)
+                os.rename(tmp, path)
+            except OSError:  # no room: this worker keeps its own copy; another decodes its own
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                return table
+        return self._open(path) or table
+
+    @staticmethod
+    def _open(path: str) -> pa.Table | None:
+        try:
+            source = pa.memory_map(path)
+        except FileNotFoundError:
+            return None
+        with source:
+            return pa.ipc.open_file(source).read_all()
