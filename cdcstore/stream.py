@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .core import decoders as _decoders
 from .core import order as _order
 from .core import tree
 from .core import shards as _shards
@@ -240,13 +241,16 @@ class StreamingDataset:
     row mode `block_size` (default 1) sets the block: make it the DataLoader's batch size when the
     DataLoader batches rows, so that a count of steps stays an exact resume point.
     `rank`/`world_size` default to torch.distributed, then $RANK/$WORLD_SIZE, then (0, 1).
+    `decode` (TAR shards): members decoded by extension as WebDataset's `.decode()` does (txt, json,
+    cls, npy; images through Pillow when installed; `core/decoders.py`); the default for every format
+    but "arrow", which carries bytes. False keeps bytes; a dict adds or replaces decoders.
     """
 
     def __init__(self, source, *, columns=None, batch_size: int | None = None, format: str = "numpy",
                  shuffle: bool = False, seed: int = 0, shuffle_buffer: int = 10_000,
                  rank: int | None = None, world_size: int | None = None, store=None,
                  token: str | None = None, prefetch_bytes: int = 256 << 20, prefetch_row_groups: int = 8,
-                 drop_last: bool = False, block_size: int | None = None):
+                 drop_last: bool = False, block_size: int | None = None, decode: "bool | dict | None" = None):
         if format not in FORMATS:
             raise ValueError(f"format {format!r} is not one of {', '.join(FORMATS)}")
         if batch_size is not None and batch_size < 1:
@@ -264,6 +268,10 @@ class StreamingDataset:
         self._store: tuple[int, Store] | None = self._own_store(store)
         self.files, self.commits = self._resolve([source] if isinstance(source, str) else list(source))
         self.tar = self._kind(self.files)
+        if decode and format == "arrow":
+            raise ValueError("format='arrow' carries TAR members as bytes: leave decode out, or pick format='numpy' "
+                             "or 'python' to decode them")
+        self._decoders = _decoders.table(format != "arrow" if decode is None else decode) if self.tar else {}
         if self.tar:  # work unit: the shard; each sample's byte ranges come from its table
             self._meta = [self._index(f) for f in self.files]
             self.units = [(fi, 0, len(table)) for fi, table in enumerate(self._meta) if table]
@@ -362,20 +370,24 @@ class StreamingDataset:
         if int(epoch) != cur:
             self._consumed = 0
 
-    def state_dict(self, consumed: int | None = None) -> dict:
+    def state_dict(self, consumed: int | None = None, *, steps: int | None = None) -> dict:
         """Where the stream is: the count of samples of the epoch's global order consumed so far.
 
-        Without `consumed`, the count is what this object yielded in-process, which is the stream's
-        position only with one consumer: with ranks or DataLoader workers this raises, and the
-        state comes from the loader (`ds.loader(...).state_dict()`), which counts the training
-        loop's steps (or pass `consumed = steps * world_size * batch_size`; docs/streaming.md)."""
+        `steps`: the steps every rank took from its DataLoader since this epoch's start (or resume);
+        the count follows (`ds.loader()`'s `state_dict()` does this for you). `consumed`: the count
+        itself. With neither, the count is what this object yielded in-process, which is the
+        stream's position only with one consumer: with ranks or DataLoader workers this raises."""
         epoch, start = self._shared.get()
+        if steps is not None:
+            first, end = self.epoch_bounds()
+            consumed = _order.position_after(first, end, self.block, self._even_ranks, int(steps)) \
+                if self._even_ranks > 1 else min(first + int(steps) * self.world_size * self.block, end)
         if consumed is None and (self.world_size > 1 or self._served_by_workers()):
             who = f"{self.world_size} ranks" if self.world_size > 1 else "DataLoader workers"
             raise ValueError(f"state_dict() without consumed= counts only what this process yielded, which is not "
                              f"the stream's position with {who}: take the state from the loader "
-                             f"(loader = ds.loader(...); loader.state_dict()), or pass "
-                             f"consumed=steps * world_size * batch_size")
+                             f"(loader = ds.loader(...); loader.state_dict()), or pass steps= (the steps each "
+                             f"rank took)")
         done = start + self._consumed if consumed is None else int(consumed)
         return {"epoch": epoch, "seed": self.seed, "consumed": min(done, self._order_total()),
                 "commits": dict(self.commits), "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
@@ -383,6 +395,11 @@ class StreamingDataset:
 
     def _served_by_workers(self) -> bool:
         return self._shared.shared and any(self._shared.read(i)["samples"] for i in range(1, SLOTS))
+
+    @property
+    def _even_ranks(self) -> int:
+        """The ranks the even tail is shared by (drop_last makes the epoch even by itself)."""
+        return 1 if self.drop_last else self.world_size
 
     def epoch_bounds(self, num_workers: int = 0) -> tuple[int, int]:
         """(start, end) positions of the current epoch's global order for this many DataLoader workers
@@ -449,7 +466,7 @@ class StreamingDataset:
         end = _order.epoch_end(total, min(start, total), self.block, n, self.drop_last)
         steps = _order.consumer_steps(min(start, total), end, self.block, k, n,
                                       span=order.window if order.window > 1 else 1024,
-                                      ranks=1 if self.drop_last else self.world_size)
+                                      ranks=self._even_ranks)
         self._consumed = 0
         if self._t0 is None:
             self._t0 = time.perf_counter()
@@ -511,7 +528,10 @@ class StreamingDataset:
                 units, rows = order.locate(order.sequence_index(pos + skip))
                 for lo, hi in self._tar_pieces(units, rows):
                     got = self._read_samples(units[lo:hi], rows[lo:hi], readers)
-                    yield ("samples", got), sum(len(v) for s in got for v in s.values()) or 1
+                    nbytes = sum(len(v) for s in got for v in s.values()) or 1
+                    if self._decoders:
+                        got = [_decoders.decode_sample(s, self._decoders) for s in got]
+                    yield ("samples", got), nbytes
         finally:
             for reader in readers.values():
                 reader.close()
@@ -845,10 +865,8 @@ class Loader:
         self.dataloader = DataLoader(ds.as_torch(), **kwargs)
         self.tensors = tensors
         self._steps: int | None = None  # steps taken from the current iteration (None: not begun)
-        self._start = 0
 
     def __iter__(self):
-        self._start, _ = self.ds.epoch_bounds()
         self._steps = 0
         for batch in self.dataloader:
             self._steps += 1
@@ -857,18 +875,20 @@ class Loader:
     def __len__(self) -> int:
         """Steps of the current epoch on this rank (the same on every rank)."""
         start, end = self.ds.epoch_bounds(self.dataloader.num_workers)
-        return -(-(end - start) // (self.ds.block * self.ds.world_size))
+        if self.ds._even_ranks == 1:  # one rank, or drop_last: this rank's blocks
+            blocks = -(-(end - start) // self.ds.block)
+            return max(0, -(-(blocks - self.ds.rank) // self.ds.world_size))
+        return _order.rank_steps(start, end, self.ds.block, self.ds.world_size)
 
     def set_epoch(self, epoch: int) -> None:
         self.ds.set_epoch(epoch)
 
     def state_dict(self) -> dict:
-        """`ds.state_dict(consumed=...)` at what the training loop took: the epoch's start plus
-        steps x world_size x block, at most the epoch's end."""
+        """`ds.state_dict(consumed=...)` at what the training loop took: every rank took as many steps
+        as this one, so the global order was consumed up to `core.order.position_after`."""
         if self._steps is None:
             return self.ds.state_dict(consumed=self.ds.epoch_bounds()[0])
-        _, end = self.ds.epoch_bounds(self.dataloader.num_workers)
-        return self.ds.state_dict(consumed=min(self._start + self._steps * self.ds.world_size * self.ds.block, end))
+        return self.ds.state_dict(steps=self._steps)
 
     def load_state_dict(self, state: dict) -> None:
         self.ds.load_state_dict(state)

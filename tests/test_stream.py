@@ -66,6 +66,14 @@ def loader_order(store, world_size, num_workers, epoch=0, state=None, steps=None
     return out if steps is None else out[:steps]
 
 
+def without_tail_repeats(seen, ranks):
+    """`seen` without the rows the even tail repeats (when fewer rows than ranks remain, a rank left
+    without one repeats the tail's first row): at most ranks - 1 of them, each an earlier row."""
+    out = list(dict.fromkeys(seen))
+    assert len(seen) - len(out) <= ranks - 1, (len(seen), len(out))
+    return out
+
+
 def _round_robin(workers):
     """torch's in-order DataLoader: batch j from worker j mod W, skipping workers that are done."""
     out, its = [], [iter(w) for w in workers]
@@ -106,12 +114,11 @@ def test_kill_at_20_points_and_resume_on_another_split(ds_store):
         full = loader_order(ds_store, r1, w1, epoch=epoch)
         steps = rnd.randrange(len(full) + 1)
         before = flat(full[:steps])
-        consumed = steps * r1 * BATCH  # the recipe: steps x world_size x batch size
-        state = make(ds_store, rank=0, world_size=r1).state_dict(consumed=consumed)
+        state = make(ds_store, rank=0, world_size=r1).state_dict(steps=steps)  # the steps each rank took
         state["epoch"] = epoch
         after = flat(loader_order(ds_store, r2, w2, epoch=epoch, state=state))
-        assert sorted(before + after) == list(range(TOTAL)), (r1, w1, steps, r2, w2)
-        assert before + after == flat(loader_order(ds_store, 1, 1, epoch=epoch))
+        assert without_tail_repeats(before + after, r2) == flat(loader_order(ds_store, 1, 1, epoch=epoch)), \
+            (r1, w1, steps, r2, w2)
 
 
 def test_state_dict_counts_in_process_and_resumes_mid_batch(ds_store):

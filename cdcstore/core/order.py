@@ -50,11 +50,10 @@ def consumer_steps(start: int, end: int, block: int, consumer: int, consumers: i
     """The positions of one consumer in arrays of whole blocks, in order: about `rows` positions
     each, spread over at most max(`span`, one round of blocks) positions of the global order.
 
-    With `ranks` > 1 every rank takes the same number of steps: the blocks are dealt while a whole
-    round of `ranks` blocks remains, and the tail (fewer rows than `ranks` blocks) is cut into
-    `ranks` near-equal runs, one more step for each rank (`even_tail`)."""
+    With `ranks` > 1 every rank takes the same number of steps: blocks are dealt while whole rounds
+    of `ranks` blocks remain, and the tail is shared by the ranks (`even_cut`, `even_run`)."""
     stride = block * consumers
-    cut = start + (end - start) // (block * ranks) * block * ranks if ranks > 1 else end
+    cut, parts = even_cut(start, end, block, ranks)
     per = max(1, min(rows // block, span // stride))
     first = start + consumer * block
     count = max(0, -(-(cut - first) // stride))
@@ -63,18 +62,53 @@ def consumer_steps(start: int, end: int, block: int, consumer: int, consumers: i
         starts = first + stride * np.arange(i, min(i + per, count), dtype=np.int64)
         pos = (starts[:, None] + offsets).ravel()
         yield pos[pos < cut]
-    if cut < end:
-        round_ = (cut - start) // (block * ranks)  # the tail's round: rank r's run goes where its block would
-        if (round_ * ranks + consumer % ranks) % consumers == consumer:
-            yield even_tail(cut, end, consumer % ranks, ranks)
+    round_ = (cut - start) // (block * ranks)  # the tail's first round: a rank's steps go where its blocks would
+    rank = consumer % ranks
+    for j in range(parts):
+        if ((round_ + j) * ranks + rank) % consumers == consumer:
+            yield even_run(cut, end, parts, j, rank, ranks)
 
 
-def even_tail(cut: int, end: int, rank: int, ranks: int) -> np.ndarray:
-    """Rank `rank`'s run of the tail [cut, end): the tail in `ranks` contiguous runs whose lengths
-    differ by at most one. A rank left without a row (fewer rows than ranks) repeats the tail's
-    first row, so that it still takes its step."""
-    lo, hi = cut + (end - cut) * rank // ranks, cut + (end - cut) * (rank + 1) // ranks
-    return np.arange(lo, hi, dtype=np.int64) if hi > lo else np.array([cut], dtype=np.int64)
+def even_cut(start: int, end: int, block: int, ranks: int) -> tuple[int, int]:
+    """Where the even tail of [start, end) begins, and the steps it takes on every rank. The tail is
+    what follows the last whole round of `ranks` blocks, one step; when it has fewer rows than
+    ranks (some rank would get none), the last whole round joins it and it takes two steps, each
+    a contiguous part of the tail (possible when block >= 2). One rank: no tail."""
+    if ranks <= 1:
+        return end, 0
+    rnd = block * ranks
+    cut = start + (end - start) // rnd * rnd
+    if cut == end:
+        return end, 0
+    if end - cut < ranks and block >= 2 and cut - start >= rnd:
+        return cut - rnd, 2
+    return cut, 1
+
+
+def even_run(cut: int, end: int, parts: int, part: int, rank: int, ranks: int) -> np.ndarray:
+    """Rank `rank`'s step in part `part` of the tail [cut, end): the tail cut into `parts`
+    contiguous parts, each cut into `ranks` runs whose lengths differ by at most one. A rank left
+    without a row (fewer rows than ranks, with block 1 or no whole round to join) repeats the
+    part's first row, so that it still takes its step."""
+    lo, hi = cut + (end - cut) * part // parts, cut + (end - cut) * (part + 1) // parts
+    a, b = lo + (hi - lo) * rank // ranks, lo + (hi - lo) * (rank + 1) // ranks
+    return np.arange(a, b, dtype=np.int64) if b > a else np.array([lo], dtype=np.int64)
+
+
+def rank_steps(start: int, end: int, block: int, ranks: int) -> int:
+    """Steps each rank takes over [start, end) (the same on every rank when ranks > 1)."""
+    cut, parts = even_cut(start, end, block, ranks)
+    return -(-(cut - start) // (block * ranks)) + parts
+
+
+def position_after(start: int, end: int, block: int, ranks: int, steps: int) -> int:
+    """The position of the global order before which everything was consumed once every rank
+    took `steps` steps from `start`: a resume point."""
+    cut, parts = even_cut(start, end, block, ranks)
+    full = -(-(cut - start) // (block * ranks))
+    if steps <= full:
+        return min(start + steps * block * ranks, cut)
+    return cut + (end - cut) * min(steps - full, parts) // parts
 
 
 @dataclass
