@@ -70,4 +70,4 @@ def test_exit_wait_ends_when_pyarrow_lets_go_and_is_bounded_when_objects_live(tm
     gc.collect()
     start = time.monotonic()
     reader.arrow_settled()
-    assert freed() is None and time.monotonic() - start < 2  # pyarrow let go of the reader
+    assert freed() is None and time.monotonic() - start < 5  # pyarrow let go of the reader (within its timeout)
