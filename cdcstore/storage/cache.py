@@ -183,10 +183,12 @@ class ChunkCache:
                     out[cid] = PackEntry(cid, 0, size, raw_len, codec)
         return out
 
-    def get(self, chunk_ids: Iterable[bytes]) -> dict[bytes, bytes]:
+    def get(self, chunk_ids: Iterable[bytes], touch: bool = True) -> dict[bytes, bytes]:
         """Verified raw bytes of the cached chunks among `chunk_ids`; corrupt entries
         are deleted and left out (so the caller fetches them again). A hit writes only
-        when its recency is over a minute old, so warm reads stay read-only."""
+        when its recency is over a minute old, so warm reads stay read-only. `touch=False`:
+        the hit is not a use (a reader reading again what it fetched itself moments ago:
+        no promotion, no recency write)."""
         wanted = list(dict.fromkeys(chunk_ids))
         out, bad, stale, promote = {}, [], [], []
         self._here()
@@ -205,6 +207,8 @@ class ChunkCache:
                     if not (_ints(codec, raw_len, hot) and isinstance(used, (int, float)) and isinstance(data, bytes)):
                         raise CorruptionError("a cache row of the wrong types")
                     out[cid] = decode_chunk(data, codec, raw_len, cid)
+                    if not touch:
+                        continue
                     if not hot:
                         promote.append(cid)
                     elif used < now - TOUCH_EVERY:
@@ -490,7 +494,7 @@ class CachedBackend(Backend):
         return out
 
     def read_chunks(self, items: list[tuple[str, PackEntry]], repo=None) -> dict[bytes, bytes]:
-        out = self.cache.get([e.chunk_id for p, e in items])  # also those located in a pack: cached since?
+        out = self._cached(items)
         missing = self._relocate([(p, e) for p, e in items if e.chunk_id not in out], repo)
         mine, theirs = self._claim(missing)
         try:
@@ -519,7 +523,7 @@ class CachedBackend(Backend):
                 for dest, lo, hi in places[cid]:
                     out[dest:dest + hi - lo] = raw[lo:hi]
 
-        cached = self.cache.get([e.chunk_id for p, e in items])
+        cached = self._cached(items)
         place(cached)
         missing = self._relocate([(p, e) for p, e in items if e.chunk_id not in cached], repo)
         mine, theirs = self._claim(missing)
@@ -545,6 +549,16 @@ class CachedBackend(Backend):
         with self.cache.reading():
             self.inner.read_chunks_into(items, places, out, repo, stored=stored, keep=keep)
         self.cache.put_later([(e.chunk_id, e.codec, e.raw_len, stored[e.chunk_id]) for _, e in items])
+
+    def _cached(self, items) -> dict[bytes, bytes]:
+        """The cache's answer for chunks located in it, and for those located in a pack that this
+        process fetched since (a reader locates once, then reads a chunk again: a stream's footer
+        check, its row group, read-ahead); a re-read of the reader's own fetch is not a second use."""
+        out = self.cache.get([e.chunk_id for p, e in items if p == CACHED])
+        rest = [e.chunk_id for p, e in items if p != CACHED]
+        if rest:
+            out.update(self.cache.get(rest, touch=False))
+        return out
 
     def _relocate(self, missing, repo):
         """Chunks located in the cache but gone since (evicted or corrupt) are located again."""
