@@ -13,7 +13,7 @@ import sys
 import click
 
 from .core.address import DEFAULT_BRANCH, parse
-from .api import ChunkCache, Store, default_store_path, is_url, parse_size, plan_sources
+from .api import ENV_STORE, ChunkCache, Store, default_store_path, is_url, parse_size, plan_sources
 from .core.errors import CdcError, InvalidAddressError, damaged_message
 
 EXIT_ERROR = 1
@@ -141,20 +141,38 @@ json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print one JSON object (an error too: {\"error\", \"type\"} on stdout).")
 
 
-def _store(path: str | None, token: str | None = None) -> Store:
+def _store(path: str | None, token: str | None = None, announce: bool = True) -> Store:
     s = Store(path, token=token)
     click.get_current_context().call_on_close(s.close)
+    if announce:
+        _announce(s, path)
     return s
+
+
+def _announce(s: Store, path: str | None) -> None:
+    """One line on stderr naming the store a command uses and where that choice came from
+    (never on stdout: --json output stays one object). Creating the default store is always
+    said, -q or not: data should never land somewhere nobody named."""
+    if getattr(s, "created", False):
+        click.echo(f"cdcstore: created the default store {s.location} (no --store given and $CDCSTORE_STORE "
+                   f"is not set); to use another, pass --store DIR|s3://BUCKET/PREFIX|URL or "
+                   f"export CDCSTORE_STORE", err=True)
+    elif not _quiet():
+        why = "--store" if path else "$CDCSTORE_STORE" if os.environ.get(ENV_STORE) else \
+            "the default: no --store, no $CDCSTORE_STORE"
+        click.echo(f"cdcstore: store {shown(s.location)} ({why})", err=True)
 
 
 def _local(path: str | None, command: str = "this command") -> Store:
     """The store directory at `path` (a server's store is administered on the server)."""
-    path = path or default_store_path()
+    given, path = path, path or default_store_path()
     if is_url(path):
         raise CdcError(f"`cdcstore {command}` works on a store directory or bucket, not {path}: "
                        f"run `cdcstore {command} --store DIR` on the server")
     s = Store(path, create=False)
     click.get_current_context().call_on_close(s.close)
+    if command != "serve":  # serve announces what it serves on stdout
+        _announce(s, given)
     return s
 
 
@@ -326,7 +344,10 @@ def diff(old, new, human, store_path, token, as_json):
 def cat(addr, store_path, token):
     """Write a file of a revision to stdout."""
     out = sys.stdout.buffer
-    with _store(store_path, token).open(addr) as f:
+    s = _store(store_path, token, announce=False)  # stdout is the file: the store is named only if made
+    if s.created:
+        _announce(s, store_path)
+    with s.open(addr) as f:
         while pieces := f.read_pieces(8 * 1024 * 1024):
             for p in pieces:
                 out.write(p)
@@ -349,7 +370,11 @@ def log(repo, limit, store_path, token, as_json):
         return
     for e in entries:
         when = datetime.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
-        click.echo(f"{e['commit'][:12]}  {when}  {e['files']:>6} files {_human(e['bytes']):>10}  {shown(e['message'])}")
+        if e.get("forgotten"):  # history only: `forget` dropped its files
+            click.echo(f"{e['commit'][:12]}  {when}  {'(forgotten)':>23}  {shown(e['message'])}")
+        else:
+            click.echo(f"{e['commit'][:12]}  {when}  {e['files']:>6} files {_human(e['bytes']):>10}  "
+                       f"{shown(e['message'])}")
 
 
 def _refs_command(kind: str, repo: str, name: str | None, rev: str | None, delete: bool,
@@ -424,10 +449,15 @@ def stats(addr, store_path, token, as_json):
                    f"{_human(st['unique_bytes'])}; new over parent {_human(st['new_bytes'])}, "
                    f"stored {_human(st['stored_bytes'])}")
     else:
+        kept = (f"stored {_human(st['stored_bytes'])}" if st.get("hidden") else
+                f"in {st['packs']} packs {_human(st['pack_bytes'])}")
         click.echo(f"store {st['store']}: {st['repos']} repos, branch heads {st['files']} files "
                    f"{_human(st['bytes'])}; {st['versions']} versions {_human(st['history_bytes'])} in all, "
-                   f"kept as {st['chunks']} unique chunks {_human(st['chunk_raw_bytes'])} in {st['packs']} packs "
-                   f"{_human(st['pack_bytes'])} (x{st['dedup_ratio']:.2f} against full copies)")
+                   f"kept as {st['chunks']} unique chunks {_human(st['chunk_raw_bytes'])} {kept} "
+                   f"(x{st['dedup_ratio']:.2f} against full copies)")
+        if st.get("hidden"):
+            click.echo(f"  (your token reaches only some repos: these figures count what they reach; "
+                       f"{' and '.join(st['hidden'])} of the whole store are not shown to it)")
 
 
 def _percent(value: str | None, option: str = "--read-data-subset", zero: bool = False) -> float | None:
@@ -506,22 +536,31 @@ def delete_repo(repo, dry_run, store_path, token, as_json):
 @click.option("--keep-within", default=None, metavar="DURATION", help="Keep commits younger than this (30d, 12h).")
 @click.option("--keep-tags", is_flag=True, help="Keep every tagged commit.")
 @click.option("--dry-run", is_flag=True, help="Print what would be forgotten; change nothing.")
+@click.option("--prune", is_flag=True, help="Then run gc: free the data only forgotten commits used (restic's "
+                                            "forget --prune).")
 @store_option
 @json_option
 @handle_errors
-def forget(repo, keep_last, keep_within, keep_tags, dry_run, store_path, token, as_json):
-    """Retention: forget old commits of REPO (branch heads are always kept); `gc` then frees
-    the data only they used. Forgotten commits stay in the log; reading one is an error."""
+def forget(repo, keep_last, keep_within, keep_tags, dry_run, prune, store_path, token, as_json):
+    """Retention: forget old commits of REPO (branch heads are always kept); `gc` (or --prune)
+    then frees the data only they used, at once: the grace window spares uploads in flight, and
+    what a landed commit reached is none. Forgotten commits stay in the log, marked; reading one
+    is an error."""
     within = _duration(keep_within, "--keep-within") if keep_within is not None else None
-    r = _store(store_path, token).forget(repo, keep_last, within, keep_tags, dry_run)
+    s = _store(store_path, token)
+    r = s.forget(repo, keep_last, within, keep_tags, dry_run)
+    g = s.gc(dry_run=dry_run) if prune else None
     if as_json:
-        _print_json(r)
+        _print_json({**r, "gc": g} if prune else r)
         return
     verb = "would forget" if dry_run else "forgot"
     click.echo(f"{verb} {len(r['forget'])} commits of {repo}; {r['kept']} kept"
-               + ("; run `cdcstore gc` to free their data" if r["forget"] and not dry_run else ""))
+               + ("; run `cdcstore gc` (or `forget --prune`) to free their data"
+                  if r["forget"] and not dry_run and not prune else ""))
     for cid in r["forget"][:20]:
         click.echo(f"  {cid[:12]}")
+    if g is not None:
+        _gc_report(g, dry_run)
 
 
 @cli.command()
@@ -546,11 +585,21 @@ def gc(store_path, token, grace, dry_run, repack_dead, max_unused, as_json):
     if as_json:
         _print_json(r)
         return
+    _gc_report(r, dry_run)
+
+
+def _gc_report(r: dict, dry_run: bool) -> None:
     verb = "would free" if dry_run or not r["deleted"] else "freed"
     click.echo(f"{verb} {_human(r['bytes_freed'])}: {r['delete_packs']} packs ({r['repack_packs']} rewritten), "
                f"{r['delete_manifests']} manifests, {r.get('delete_trees', 0)} trees, "
                f"{r['delete_commits']} commits; kept {r['live_packs']} packs with {r['live_chunks']} live chunks; "
                f"{r['spared_young']} younger objects spared")
+    if r["spared_young"]:
+        until = r.get("spared_until")
+        when = (f"; a gc after {datetime.datetime.fromtimestamp(until).strftime('%Y-%m-%d %H:%M')} frees them if "
+                f"nothing names them by then" if until else "")
+        click.echo(f"  spared ({_human(r.get('spared_bytes', 0))} of packs): written within the grace window and "
+                   f"reached by no commit, so an upload in flight may be about to name them{when}")
     if r["open_sessions"] and not dry_run:
         click.echo(f"{r['open_sessions']} pushes are in flight: nothing was deleted; run gc again later")
 

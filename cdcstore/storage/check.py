@@ -73,6 +73,7 @@ def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[
         seen: set[str] = set()
         trees: set[str] = set()  # walked for this repo: a shared subtree is walked once
         damaged: list = []
+        forgotten = store.forgotten(repo)  # history only: their files grant nothing (gc frees them)
         for head in set(store.refs(repo, damaged).values()):
             cid: str | None = head
             while cid and cid not in seen:
@@ -82,6 +83,9 @@ def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[
                 except CdcError as e:
                     bad.append(str(e))
                     break
+                if cid in forgotten:
+                    cid = commit.parent
+                    continue
                 view = store.view(repo, commit)
                 for _, fe in _walk(view, trees, "", lambda path, e: bad.append(str(e))):
                     if fe.manifest not in manifests:
