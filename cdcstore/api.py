@@ -281,11 +281,18 @@ class Store:
         return store
 
     @classmethod
-    def init(cls, location: str | None = None) -> "Store":
+    def init(cls, location: str | None = None, create_bucket: bool = False) -> "Store":
+        """Create an empty store; `create_bucket`: an `s3://` store's bucket too (if absent)."""
         location = location or default_store_path()  # $CDCSTORE_STORE may name a server too
         if is_url(location):
             raise InvalidAddressError(f"{location} is a server: a server's store is created on the server "
                                       f"(run `cdcstore init --store DIR` there, then `cdcstore serve`)")
+        if create_bucket:
+            if not location.startswith("s3://"):
+                raise InvalidAddressError(f"--create-bucket is for an s3://BUCKET/PREFIX store, not {location}")
+            from .storage.s3 import S3Objects
+
+            S3Objects(location).create_bucket()
         if is_object_url(location):
             open_repository(location, create=True).close()
         else:
@@ -315,9 +322,10 @@ class Store:
         return self._admin("check", lambda r: check_store(r, read_data=read_data, subset=subset),
                            read_data=read_data, subset=subset)
 
-    def rebuild_index(self) -> dict:
-        """Recreate the chunk index from the packs alone."""
-        return rebuild_index(self._local("rebuild-index"))
+    def rebuild_index(self, read_data: bool = False) -> dict:
+        """Recreate the chunk index from the packs alone; copies known damaged stay out unless
+        they verify now (`read_data`: verify every chunk first)."""
+        return rebuild_index(self._local("rebuild-index"), read_data=read_data)
 
     def recover(self) -> int:
         """Index packs that are durable but were never indexed (a killed push); their count."""
@@ -412,6 +420,14 @@ class Store:
                     continue
             out.append(entry)
         return out
+
+    def replaced_paths(self, repo: str, commit: str, paths: list[str]) -> set[str]:
+        """Which of `paths` the parent of `commit` already held (files a push replaced)."""
+        c = self.backend.get_commit(repo, commit)
+        if not c.parent:
+            return set()
+        view = self.backend.view(repo, self.backend.get_commit(repo, c.parent))
+        return {p for p in paths if isinstance(view.entry(p), FileEntry)}
 
     def _forgotten(self, repo: str) -> set[str] | None:
         """The forgotten commits of `repo` (`forget`), or None where the backend cannot list

@@ -203,10 +203,13 @@ def cli() -> None:
 
 @cli.command()
 @local_store_option
+@click.option("--create-bucket", is_flag=True,
+              help="For s3://BUCKET/PREFIX: create the bucket first (in $AWS_REGION) if it does not exist.")
 @handle_errors
-def init(store_path):
-    """Create an empty store."""
-    s = Store.init(store_path)
+def init(store_path, create_bucket):
+    """Create an empty store (a directory, or a prefix of an S3 bucket)."""
+    s = Store.init(store_path, create_bucket=create_bucket)
+    click.get_current_context().call_on_close(s.close)
     click.echo(f"created store at {s.location}")
 
 
@@ -232,6 +235,7 @@ def push(sources, dest, message, delete, detail, no_stat_cache, include, exclude
                    on_skip=lambda path, why: skipped.append(f"{path} ({why})"), include=include, exclude=exclude,
                    stat_cache=not no_stat_cache)
     _warn_skipped(skipped)
+    _hint_parquet(s, r, sources, dest)
     if as_json:
         _print_json(r.to_dict(detail=detail))
         return
@@ -247,6 +251,50 @@ def push(sources, dest, message, delete, detail, no_stat_cache, include, exclude
         click.echo(f"  new {_human(n):>10}  {shown(path)}")
     if len(top) > 10:
         click.echo(f"  ... and {len(top) - 10} more files with new bytes (see --json)")
+
+
+HINT_MIN_BYTES = 256 * 1024  # a Parquet file smaller than this is not worth a hint
+HINT_NEW_SHARE = 0.5  # a replaced Parquet file that stored more than this share of its bytes anew
+
+
+def _hint_parquet(s: Store, r, sources, dest: str) -> None:
+    """A hint on stderr when a push replaced a Parquet file and stored more than half of it
+    anew, unless our writer wrote it. A new version of a table written at the same path
+    usually differs little; a plain writer's pages and row groups shift with any insert or
+    delete, so most of the file looks new. cdcstore.parquet.write_table keeps them in place."""
+    if _quiet() or not r.changed or not r.commit or not r.files_detail:
+        return
+    bad = {p: d for p, d in r.files_detail.items() if d.get("chunking") == "parquet-pages"
+           and d["bytes"] >= HINT_MIN_BYTES and d["new_bytes"] > HINT_NEW_SHARE * d["bytes"]}
+    if not bad:
+        return
+    a = parse(dest)
+    replaced = s.replaced_paths(a.repo, r.commit, list(bad)[:50])
+    local = {p: f for f, p in plan_sources(sources, a.path, dest.endswith("/"), lambda *_: None)}
+    hinted = [p for p in sorted(replaced) if not _our_writer(local.get(p))]
+    if not hinted:
+        return
+    worst = max(hinted, key=lambda p: bad[p]["new_bytes"] / bad[p]["bytes"])
+    share = bad[worst]["new_bytes"] / bad[worst]["bytes"]
+    more = f" and {len(hinted) - 1} more Parquet files" if len(hinted) > 1 else ""
+    click.echo(f"cdcstore: hint: {shown(worst)}{more} stored {share:.0%} of its bytes anew although it replaces a "
+               f"stored version: a plain Parquet writer moves every page after an edit. Files written with "
+               f"cdcstore.parquet.write_table (or write_dataset) store about what changed (docs/parquet.md)",
+               err=True)
+
+
+def _our_writer(path: str | None) -> bool:
+    """Whether cdcstore.parquet wrote this local Parquet file (its schema metadata key)."""
+    if path is None:
+        return False
+    try:
+        import pyarrow.parquet as pq
+
+        from .parquet import WRITER_METADATA_KEY
+
+        return WRITER_METADATA_KEY in (pq.read_metadata(path).metadata or {})
+    except Exception:  # unreadable here (changed since, not Parquet after all): hint anyway
+        return False
 
 
 def _warn_skipped(skipped: list[str], show: int = 5) -> None:
@@ -307,7 +355,11 @@ def ls_cmd(addr, recursive, human, store_path, token, as_json):
 @handle_errors
 def rm(addr, recursive, message, store_path, token, as_json):
     """Remove a file (or, with -r, a folder) from a branch: one commit."""
-    r = _store(store_path, token).remove(addr, recursive=recursive, message=message)
+    try:
+        r = _store(store_path, token).remove(addr, recursive=recursive, message=message)
+    except IsADirectoryError as e:
+        raise InvalidAddressError(f"{addr} is a folder: remove it and everything in it with "
+                                  f"`cdcstore rm -r {addr}`") from e
     if as_json:
         _print_json(r.to_dict())
         return
@@ -598,7 +650,8 @@ def _gc_report(r: dict, dry_run: bool) -> None:
         until = r.get("spared_until")
         when = (f"; a gc after {datetime.datetime.fromtimestamp(until).strftime('%Y-%m-%d %H:%M')} frees them if "
                 f"nothing names them by then" if until else "")
-        click.echo(f"  spared ({_human(r.get('spared_bytes', 0))} of packs): written within the grace window and "
+        held = f", {_human(r['spared_bytes'])} of packs" if r.get("spared_bytes") else ""
+        click.echo(f"  spared{held}: written within the grace window and "
                    f"reached by no commit, so an upload in flight may be about to name them{when}")
     if r["open_sessions"] and not dry_run:
         click.echo(f"{r['open_sessions']} pushes are in flight: nothing was deleted; run gc again later")
@@ -606,16 +659,24 @@ def _gc_report(r: dict, dry_run: bool) -> None:
 
 @cli.command(name="rebuild-index")
 @local_store_option
+@click.option("--read-data", is_flag=True, help="Verify every chunk before indexing it (reads all data).")
 @json_option
 @handle_errors
-def rebuild_index(store_path, as_json):
-    """Recreate the chunk index from the packs alone."""
-    r = _local(store_path, "rebuild-index").rebuild_index()
+def rebuild_index(store_path, read_data, as_json):
+    """Recreate the chunk index from the pack footers. Chunks a read or `check` found damaged
+    stay out unless they verify now, so the index never makes damage readable again."""
+    r = _local(store_path, "rebuild-index").rebuild_index(read_data=read_data)
     if as_json:
         _print_json(r)
     else:
         click.echo(f"indexed {r['chunks']} chunks from {r['packs']} packs"
-                   + (f"; skipped {len(r['bad_packs'])} damaged packs" if r["bad_packs"] else ""))
+                   + (f"; {len(r['bad_packs'])} problems (damaged packs, commits or manifests)"
+                      if r["bad_packs"] else ""))
+        for line in r["bad_packs"][:10]:
+            click.echo(f"  problem: {shown(line)}")
+        if r["damaged_chunks"]:
+            click.echo(f"left out {r['damaged_chunks']} damaged chunks (they fail verification): run `cdcstore "
+                       f"check` for the files they affect, then push those files again to repair them")
 
 
 @cli.group()
