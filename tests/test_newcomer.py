@@ -12,7 +12,9 @@ import pytest
 from cdcstore import CorruptionError, Store
 from conftest import S3_BUCKET, golden_input, served_store
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import cdcstore
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cdcstore.__file__)))  # subprocesses run the tree under test
 
 
 def cdc(*args, env: dict | None = None, cwd=None):
