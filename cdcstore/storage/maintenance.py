@@ -5,7 +5,10 @@
   chunk those manifests name. That is what stays.
 - plan (over the listing and the index): packs none of whose chunks are live, trees, manifests and
   commits nothing reaches, rebase records of gone commits. Objects younger than the grace window
-  are never in the plan: a push in flight may be about to name them. A young manifest is a root
+  are never in the plan: a push in flight may be about to name them; except what forgotten commits
+  reach and nothing wrote since those commits landed (`forgotten_reach`): it was committed, so it is
+  no upload in flight (a push deduplicating against it now is covered as for old garbage: sessions,
+  and `require_stored` at its commit). A young manifest is a root
   (its chunks stay): an `upload` committed later, or a push, may name chunks of old garbage; a
   manifest stored again is made young again (`ObjectStore.touch`). A young tree is a root too
   (its subtrees and manifests stay): a commit about to land names it. The manifests a live job
