@@ -58,7 +58,13 @@ def handle_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            try:
+                out = fn(*args, **kwargs)
+            except SystemExit:  # a result that exits non-zero (check found problems): not an error line
+                _say_store()
+                raise
+            _say_store()
+            return out
         except CdcError as e:
             _fail(str(e), e)
         except BrokenPipeError:
@@ -150,9 +156,10 @@ def _store(path: str | None, token: str | None = None, announce: bool = True) ->
 
 
 def _announce(s: Store, path: str | None) -> None:
-    """One line on stderr naming the store a command uses and where that choice came from
-    (never on stdout: --json output stays one object). Creating the default store is always
-    said, -q or not: data should never land somewhere nobody named."""
+    """Name the store a command uses, and where that choice came from, in one line on stderr
+    (never on stdout: --json output stays one object) once the command has succeeded (an
+    error stays one line; errors about a store name it). Creating the default store is said
+    at once, -q or not: data should never land somewhere nobody named."""
     if getattr(s, "created", False):
         click.echo(f"cdcstore: created the default store {s.location} (no --store given and $CDCSTORE_STORE "
                    f"is not set); to use another, pass --store DIR|s3://BUCKET/PREFIX|URL or "
@@ -160,7 +167,15 @@ def _announce(s: Store, path: str | None) -> None:
     elif not _quiet():
         why = "--store" if path else "$CDCSTORE_STORE" if os.environ.get(ENV_STORE) else \
             "the default: no --store, no $CDCSTORE_STORE"
-        click.echo(f"cdcstore: store {shown(s.location)} ({why})", err=True)
+        click.get_current_context().find_root().meta["cdcstore.store_line"] = \
+            f"cdcstore: store {shown(s.location)} ({why})"
+
+
+def _say_store() -> None:
+    ctx = click.get_current_context(silent=True)
+    line = ctx.find_root().meta.pop("cdcstore.store_line", None) if ctx else None
+    if line:
+        click.echo(line, err=True)
 
 
 def _local(path: str | None, command: str = "this command") -> Store:
