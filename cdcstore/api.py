@@ -431,9 +431,9 @@ class Store:
 
     def _forgotten(self, repo: str) -> set[str] | None:
         """The forgotten commits of `repo` (`forget`), or None where the backend cannot list
-        them (a server: a commit is then known forgotten once its files are gone)."""
-        inner = self.backend.uncached()
-        return inner.forgotten(repo) if isinstance(inner, Repository) else None
+        them (a server before the route: a commit is then known forgotten once its files are gone)."""
+        look = getattr(self.backend.uncached(), "forgotten", None)
+        return look(repo) if look is not None else None
 
     def _was_forgotten(self, repo: str, cid: str) -> bool:
         try:

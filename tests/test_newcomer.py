@@ -255,3 +255,18 @@ def test_a_badly_deduped_parquet_push_points_at_the_writer(tmp_path):
     write_table(edited, path)
     p = cdc("push", path, "cdc://ds/", "--store", root2)
     assert p.returncode == 0 and "hint" not in p.stderr  # our writer's files dedup: no hint
+
+
+def test_forget_prune_and_log_through_a_server(tmp_path):
+    tokens = {"tok-admin": {"scope": "admin", "repos": ["*"]}}
+    with served_store(tmp_path, tokens) as srv:
+        opts = ["--store", srv.url, "--token", "tok-admin"]
+        for i in range(3):
+            src = _file(tmp_path / f"v{i}", "d.bin", os.urandom(200_000))
+            assert cdc("push", "-q", src, "cdc://ds/d.bin", "-m", f"v{i}", *opts).returncode == 0
+        p = cdc("forget", "ds", "--keep-last", "1", "--prune", "--json", *opts)
+        r = json.loads(p.stdout)
+        assert len(r["forget"]) == 2 and r["gc"]["delete_packs"] == 2, r  # the server's gc: at once
+        entries = json.loads(cdc("log", "ds", "--json", *opts).stdout)["commits"]
+        assert [e["forgotten"] for e in entries] == [False, True, True]
+        assert json.loads(cdc("stats", "--json", *opts).stdout)["versions"] == 1
