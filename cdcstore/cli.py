@@ -284,8 +284,11 @@ def _hint_parquet(s: Store, r, sources, dest: str) -> None:
     if not bad:
         return
     a = parse(dest)
-    replaced = s.replaced_paths(a.repo, r.commit, list(bad)[:50])
-    local = {p: f for f, p in plan_sources(sources, a.path, dest.endswith("/"), lambda *_: None)}
+    try:  # a hint never fails a push that landed
+        replaced = s.replaced_paths(a.repo, r.commit, list(bad)[:50])
+        local = {p: f for f, p in plan_sources(sources, a.path, dest.endswith("/"), lambda *_: None)}
+    except (CdcError, OSError):
+        return
     hinted = [p for p in sorted(replaced) if not _our_writer(local.get(p))]
     if not hinted:
         return
