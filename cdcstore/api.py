@@ -245,6 +245,7 @@ class Store:
                  cache: ChunkCache | str | bool = True, **transport):
         path = location or default_store_path()
         self._cache = None
+        self.created = False  # this call made the store (the default one, on first use)
         from .storage.cache import CachedBackend, open_cache
 
         if is_url(path):
@@ -268,6 +269,7 @@ class Store:
             else:
                 if create and not os.path.exists(os.path.join(path, "cdcstore.json")):
                     LocalStore.init(path, exist_ok=True)
+                    self.created = True
                 self.backend = LocalStore(path)
         self.location = self.backend.location
 
@@ -279,11 +281,18 @@ class Store:
         return store
 
     @classmethod
-    def init(cls, location: str | None = None) -> "Store":
+    def init(cls, location: str | None = None, create_bucket: bool = False) -> "Store":
+        """Create an empty store; `create_bucket`: an `s3://` store's bucket too (if absent)."""
         location = location or default_store_path()  # $CDCSTORE_STORE may name a server too
         if is_url(location):
             raise InvalidAddressError(f"{location} is a server: a server's store is created on the server "
                                       f"(run `cdcstore init --store DIR` there, then `cdcstore serve`)")
+        if create_bucket:
+            if not location.startswith("s3://"):
+                raise InvalidAddressError(f"--create-bucket is for an s3://BUCKET/PREFIX store, not {location}")
+            from .storage.s3 import S3Objects
+
+            S3Objects(location).create_bucket()
         if is_object_url(location):
             open_repository(location, create=True).close()
         else:
@@ -313,9 +322,10 @@ class Store:
         return self._admin("check", lambda r: check_store(r, read_data=read_data, subset=subset),
                            read_data=read_data, subset=subset)
 
-    def rebuild_index(self) -> dict:
-        """Recreate the chunk index from the packs alone."""
-        return rebuild_index(self._local("rebuild-index"))
+    def rebuild_index(self, read_data: bool = False) -> dict:
+        """Recreate the chunk index from the packs alone; copies known damaged stay out unless
+        they verify now (`read_data`: verify every chunk first)."""
+        return rebuild_index(self._local("rebuild-index"), read_data=read_data)
 
     def recover(self) -> int:
         """Index packs that are durable but were never indexed (a killed push); their count."""
@@ -383,17 +393,54 @@ class Store:
         path = normalize_path(path) if path else None
         out = []
         history = self.backend.log(check_name("repo", repo), rev)
+        forgotten = self._forgotten(repo)
         for (cid, c), older in _pairs(history):
             if limit is not None and len(out) >= limit:
                 break
+            gone = forgotten is not None and cid in forgotten
             view = self.backend.view(repo, c)
-            if path is not None:  # the same file or folder has the same entry (a folder: its tree's id)
-                before = self.backend.view(repo, older[1]).entry(path) if older else None
-                if view.entry(path) == before:
+            entry = {"commit": cid, "parent": c.parent, "message": c.message, "time": c.time,
+                     "files": None, "bytes": None, "forgotten": gone}
+            if gone:  # its files are freed (or about to be): history only
+                if path is None:
+                    out.append(entry)
+                continue
+            try:
+                if path is not None:  # the same file or folder has the same entry (a folder: its tree's id)
+                    before = self.backend.view(repo, older[1]).entry(path) if older and older[0] not in (
+                        forgotten or ()) else None
+                    if view.entry(path) == before:
+                        continue
+                entry.update(files=view.file_count(), bytes=view.size())
+            except CdcError:
+                if forgotten is not None or not self._was_forgotten(repo, cid):
+                    raise
+                entry["forgotten"] = True  # a server's store: found when its files are gone
+                if path is not None:
                     continue
-            out.append({"commit": cid, "parent": c.parent, "message": c.message, "time": c.time,
-                        "files": view.file_count(), "bytes": view.size()})
+            out.append(entry)
         return out
+
+    def replaced_paths(self, repo: str, commit: str, paths: list[str]) -> set[str]:
+        """Which of `paths` the parent of `commit` already held (files a push replaced)."""
+        c = self.backend.get_commit(repo, commit)
+        if not c.parent:
+            return set()
+        view = self.backend.view(repo, self.backend.get_commit(repo, c.parent))
+        return {p for p in paths if isinstance(view.entry(p), FileEntry)}
+
+    def _forgotten(self, repo: str) -> set[str] | None:
+        """The forgotten commits of `repo` (`forget`), or None where the backend cannot list
+        them (a server before the route: a commit is then known forgotten once its files are gone)."""
+        look = getattr(self.backend.uncached(), "forgotten", None)
+        return look(repo) if look is not None else None
+
+    def _was_forgotten(self, repo: str, cid: str) -> bool:
+        try:
+            self.backend.resolve_ref(repo, cid)
+            return False
+        except CdcError as e:
+            return "was forgotten" in str(e)
 
     def diff(self, old: str | Address, new: str | Address) -> list[dict]:
         """Files added, removed and changed from revision `old` to `new` (addresses; a path
@@ -955,6 +1002,9 @@ class Store:
         every unique chunk kept and `stored_bytes` the bytes of all packs; `history_bytes`
         sums every version branches and tags reach (`versions` of them), and `dedup_ratio`
         is that over the pack bytes: what keeping all of history costs against full copies.
+        A server token limited to some repos sees only what they reach: the chunks' totals
+        (`stored_bytes` is then their stored size), and `hidden` names what it may not see
+        (`packs`, `pack_bytes`: packs are shared with other repos).
         """
         be = self.backend
         t0 = time.perf_counter()
@@ -983,17 +1033,30 @@ class Store:
             versions = history = 0
             for r in be.repos():  # every version the store keeps: what storing each in full would take
                 seen: set[str] = set()
+                forgotten = self._forgotten(r) or set()
                 for head in set(be.branches(r).values()) | set(be.tags(r).values()):
                     for cid, c in be.log(r, head):
                         if cid in seen:
                             break
                         seen.add(cid)
-                        history += be.view(r, c).size()
-                versions += len(seen)
+                        if cid in forgotten:
+                            continue  # history only: its files are not kept
+                        try:
+                            history += be.view(r, c).size()
+                        except CdcError:
+                            if not self._was_forgotten(r, cid):
+                                raise
+                            forgotten.add(cid)
+                versions += len(seen - forgotten)
+            # a token limited to some repos sees the chunks they reach, not the store's packs
+            hidden = [k for k in ("packs", "pack_bytes") if k not in totals]
+            stored = totals["chunk_stored_bytes"] if hidden else totals["pack_bytes"]
             out.update({"commit": None, "files": files, "bytes": bytes_,
-                        "new_bytes": totals["chunk_raw_bytes"], "stored_bytes": totals["pack_bytes"],
+                        "new_bytes": totals["chunk_raw_bytes"], "stored_bytes": stored,
                         "versions": versions, "history_bytes": history,
-                        "dedup_ratio": history / totals["pack_bytes"] if totals["pack_bytes"] else 0.0})
+                        "dedup_ratio": history / stored if stored else 0.0})
+            if hidden:
+                out["hidden"] = hidden
         out["seconds"] = time.perf_counter() - t0
         return out
 

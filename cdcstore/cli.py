@@ -13,7 +13,7 @@ import sys
 import click
 
 from .core.address import DEFAULT_BRANCH, parse
-from .api import ChunkCache, Store, default_store_path, is_url, parse_size, plan_sources
+from .api import ENV_STORE, ChunkCache, Store, default_store_path, is_url, parse_size, plan_sources
 from .core.errors import CdcError, InvalidAddressError, damaged_message
 
 EXIT_ERROR = 1
@@ -58,7 +58,13 @@ def handle_errors(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            try:
+                out = fn(*args, **kwargs)
+            except SystemExit:  # a result that exits non-zero (check found problems): not an error line
+                _say_store()
+                raise
+            _say_store()
+            return out
         except CdcError as e:
             _fail(str(e), e)
         except BrokenPipeError:
@@ -141,20 +147,47 @@ json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print one JSON object (an error too: {\"error\", \"type\"} on stdout).")
 
 
-def _store(path: str | None, token: str | None = None) -> Store:
+def _store(path: str | None, token: str | None = None, announce: bool = True) -> Store:
     s = Store(path, token=token)
     click.get_current_context().call_on_close(s.close)
+    if announce:
+        _announce(s, path)
     return s
+
+
+def _announce(s: Store, path: str | None) -> None:
+    """Name the store a command uses, and where that choice came from, in one line on stderr
+    (never on stdout: --json output stays one object) once the command has succeeded (an
+    error stays one line; errors about a store name it). Creating the default store is said
+    at once, -q or not: data should never land somewhere nobody named."""
+    if getattr(s, "created", False):
+        click.echo(f"cdcstore: created the default store {s.location} (no --store given and $CDCSTORE_STORE "
+                   f"is not set); to use another, pass --store DIR|s3://BUCKET/PREFIX|URL or "
+                   f"export CDCSTORE_STORE", err=True)
+    elif not _quiet():
+        why = "--store" if path else "$CDCSTORE_STORE" if os.environ.get(ENV_STORE) else \
+            "the default: no --store, no $CDCSTORE_STORE"
+        click.get_current_context().find_root().meta["cdcstore.store_line"] = \
+            f"cdcstore: store {shown(s.location)} ({why})"
+
+
+def _say_store() -> None:
+    ctx = click.get_current_context(silent=True)
+    line = ctx.find_root().meta.pop("cdcstore.store_line", None) if ctx else None
+    if line:
+        click.echo(line, err=True)
 
 
 def _local(path: str | None, command: str = "this command") -> Store:
     """The store directory at `path` (a server's store is administered on the server)."""
-    path = path or default_store_path()
+    given, path = path, path or default_store_path()
     if is_url(path):
         raise CdcError(f"`cdcstore {command}` works on a store directory or bucket, not {path}: "
                        f"run `cdcstore {command} --store DIR` on the server")
     s = Store(path, create=False)
     click.get_current_context().call_on_close(s.close)
+    if command != "serve":  # serve announces what it serves on stdout
+        _announce(s, given)
     return s
 
 
@@ -185,10 +218,13 @@ def cli() -> None:
 
 @cli.command()
 @local_store_option
+@click.option("--create-bucket", is_flag=True,
+              help="For s3://BUCKET/PREFIX: create the bucket first (in $AWS_REGION) if it does not exist.")
 @handle_errors
-def init(store_path):
-    """Create an empty store."""
-    s = Store.init(store_path)
+def init(store_path, create_bucket):
+    """Create an empty store (a directory, or a prefix of an S3 bucket)."""
+    s = Store.init(store_path, create_bucket=create_bucket)
+    click.get_current_context().call_on_close(s.close)
     click.echo(f"created store at {s.location}")
 
 
@@ -214,6 +250,7 @@ def push(sources, dest, message, delete, detail, no_stat_cache, include, exclude
                    on_skip=lambda path, why: skipped.append(f"{path} ({why})"), include=include, exclude=exclude,
                    stat_cache=not no_stat_cache)
     _warn_skipped(skipped)
+    _hint_parquet(s, r, sources, dest)
     if as_json:
         _print_json(r.to_dict(detail=detail))
         return
@@ -229,6 +266,53 @@ def push(sources, dest, message, delete, detail, no_stat_cache, include, exclude
         click.echo(f"  new {_human(n):>10}  {shown(path)}")
     if len(top) > 10:
         click.echo(f"  ... and {len(top) - 10} more files with new bytes (see --json)")
+
+
+HINT_MIN_BYTES = 256 * 1024  # a Parquet file smaller than this is not worth a hint
+HINT_NEW_SHARE = 0.5  # a replaced Parquet file that stored more than this share of its bytes anew
+
+
+def _hint_parquet(s: Store, r, sources, dest: str) -> None:
+    """A hint on stderr when a push replaced a Parquet file and stored more than half of it
+    anew, unless our writer wrote it. A new version of a table written at the same path
+    usually differs little; a plain writer's pages and row groups shift with any insert or
+    delete, so most of the file looks new. cdcstore.parquet.write_table keeps them in place."""
+    if _quiet() or not r.changed or not r.commit or not r.files_detail:
+        return
+    bad = {p: d for p, d in r.files_detail.items() if d.get("chunking") == "parquet-pages"
+           and d["bytes"] >= HINT_MIN_BYTES and d["new_bytes"] > HINT_NEW_SHARE * d["bytes"]}
+    if not bad:
+        return
+    a = parse(dest)
+    try:  # a hint never fails a push that landed
+        replaced = s.replaced_paths(a.repo, r.commit, list(bad)[:50])
+        local = {p: f for f, p in plan_sources(sources, a.path, dest.endswith("/"), lambda *_: None)}
+    except (CdcError, OSError):
+        return
+    hinted = [p for p in sorted(replaced) if not _our_writer(local.get(p))]
+    if not hinted:
+        return
+    worst = max(hinted, key=lambda p: bad[p]["new_bytes"] / bad[p]["bytes"])
+    share = bad[worst]["new_bytes"] / bad[worst]["bytes"]
+    more = f" and {len(hinted) - 1} more Parquet files" if len(hinted) > 1 else ""
+    click.echo(f"cdcstore: hint: {shown(worst)}{more} stored {share:.0%} of its bytes anew although it replaces a "
+               f"stored version: a plain Parquet writer moves every page after an edit. Files written with "
+               f"cdcstore.parquet.write_table (or write_dataset) store about what changed (docs/parquet.md)",
+               err=True)
+
+
+def _our_writer(path: str | None) -> bool:
+    """Whether cdcstore.parquet wrote this local Parquet file (its schema metadata key)."""
+    if path is None:
+        return False
+    try:
+        import pyarrow.parquet as pq
+
+        from .parquet import WRITER_METADATA_KEY
+
+        return WRITER_METADATA_KEY in (pq.read_metadata(path).metadata or {})
+    except Exception:  # unreadable here (changed since, not Parquet after all): hint anyway
+        return False
 
 
 def _warn_skipped(skipped: list[str], show: int = 5) -> None:
@@ -289,7 +373,11 @@ def ls_cmd(addr, recursive, human, store_path, token, as_json):
 @handle_errors
 def rm(addr, recursive, message, store_path, token, as_json):
     """Remove a file (or, with -r, a folder) from a branch: one commit."""
-    r = _store(store_path, token).remove(addr, recursive=recursive, message=message)
+    try:
+        r = _store(store_path, token).remove(addr, recursive=recursive, message=message)
+    except IsADirectoryError as e:
+        raise InvalidAddressError(f"{addr} is a folder: remove it and everything in it with "
+                                  f"`cdcstore rm -r {addr}`") from e
     if as_json:
         _print_json(r.to_dict())
         return
@@ -326,7 +414,10 @@ def diff(old, new, human, store_path, token, as_json):
 def cat(addr, store_path, token):
     """Write a file of a revision to stdout."""
     out = sys.stdout.buffer
-    with _store(store_path, token).open(addr) as f:
+    s = _store(store_path, token, announce=False)  # stdout is the file: the store is named only if made
+    if s.created:
+        _announce(s, store_path)
+    with s.open(addr) as f:
         while pieces := f.read_pieces(8 * 1024 * 1024):
             for p in pieces:
                 out.write(p)
@@ -349,7 +440,11 @@ def log(repo, limit, store_path, token, as_json):
         return
     for e in entries:
         when = datetime.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
-        click.echo(f"{e['commit'][:12]}  {when}  {e['files']:>6} files {_human(e['bytes']):>10}  {shown(e['message'])}")
+        if e.get("forgotten"):  # history only: `forget` dropped its files
+            click.echo(f"{e['commit'][:12]}  {when}  {'(forgotten)':>23}  {shown(e['message'])}")
+        else:
+            click.echo(f"{e['commit'][:12]}  {when}  {e['files']:>6} files {_human(e['bytes']):>10}  "
+                       f"{shown(e['message'])}")
 
 
 def _refs_command(kind: str, repo: str, name: str | None, rev: str | None, delete: bool,
@@ -424,10 +519,15 @@ def stats(addr, store_path, token, as_json):
                    f"{_human(st['unique_bytes'])}; new over parent {_human(st['new_bytes'])}, "
                    f"stored {_human(st['stored_bytes'])}")
     else:
+        kept = (f"stored {_human(st['stored_bytes'])}" if st.get("hidden") else
+                f"in {st['packs']} packs {_human(st['pack_bytes'])}")
         click.echo(f"store {st['store']}: {st['repos']} repos, branch heads {st['files']} files "
                    f"{_human(st['bytes'])}; {st['versions']} versions {_human(st['history_bytes'])} in all, "
-                   f"kept as {st['chunks']} unique chunks {_human(st['chunk_raw_bytes'])} in {st['packs']} packs "
-                   f"{_human(st['pack_bytes'])} (x{st['dedup_ratio']:.2f} against full copies)")
+                   f"kept as {st['chunks']} unique chunks {_human(st['chunk_raw_bytes'])} {kept} "
+                   f"(x{st['dedup_ratio']:.2f} against full copies)")
+        if st.get("hidden"):
+            click.echo(f"  (your token reaches only some repos: these figures count what they reach; "
+                       f"{' and '.join(st['hidden'])} of the whole store are not shown to it)")
 
 
 def _percent(value: str | None, option: str = "--read-data-subset", zero: bool = False) -> float | None:
@@ -506,22 +606,31 @@ def delete_repo(repo, dry_run, store_path, token, as_json):
 @click.option("--keep-within", default=None, metavar="DURATION", help="Keep commits younger than this (30d, 12h).")
 @click.option("--keep-tags", is_flag=True, help="Keep every tagged commit.")
 @click.option("--dry-run", is_flag=True, help="Print what would be forgotten; change nothing.")
+@click.option("--prune", is_flag=True, help="Then run gc: free the data only forgotten commits used (restic's "
+                                            "forget --prune).")
 @store_option
 @json_option
 @handle_errors
-def forget(repo, keep_last, keep_within, keep_tags, dry_run, store_path, token, as_json):
-    """Retention: forget old commits of REPO (branch heads are always kept); `gc` then frees
-    the data only they used. Forgotten commits stay in the log; reading one is an error."""
+def forget(repo, keep_last, keep_within, keep_tags, dry_run, prune, store_path, token, as_json):
+    """Retention: forget old commits of REPO (branch heads are always kept); `gc` (or --prune)
+    then frees the data only they used, at once: the grace window spares uploads in flight, and
+    what a landed commit reached is none. Forgotten commits stay in the log, marked; reading one
+    is an error."""
     within = _duration(keep_within, "--keep-within") if keep_within is not None else None
-    r = _store(store_path, token).forget(repo, keep_last, within, keep_tags, dry_run)
+    s = _store(store_path, token)
+    r = s.forget(repo, keep_last, within, keep_tags, dry_run)
+    g = s.gc(dry_run=dry_run) if prune else None
     if as_json:
-        _print_json(r)
+        _print_json({**r, "gc": g} if prune else r)
         return
     verb = "would forget" if dry_run else "forgot"
     click.echo(f"{verb} {len(r['forget'])} commits of {repo}; {r['kept']} kept"
-               + ("; run `cdcstore gc` to free their data" if r["forget"] and not dry_run else ""))
+               + ("; run `cdcstore gc` (or `forget --prune`) to free their data"
+                  if r["forget"] and not dry_run and not prune else ""))
     for cid in r["forget"][:20]:
         click.echo(f"  {cid[:12]}")
+    if g is not None:
+        _gc_report(g, dry_run)
 
 
 @cli.command()
@@ -546,27 +655,46 @@ def gc(store_path, token, grace, dry_run, repack_dead, max_unused, as_json):
     if as_json:
         _print_json(r)
         return
+    _gc_report(r, dry_run)
+
+
+def _gc_report(r: dict, dry_run: bool) -> None:
     verb = "would free" if dry_run or not r["deleted"] else "freed"
     click.echo(f"{verb} {_human(r['bytes_freed'])}: {r['delete_packs']} packs ({r['repack_packs']} rewritten), "
                f"{r['delete_manifests']} manifests, {r.get('delete_trees', 0)} trees, "
                f"{r['delete_commits']} commits; kept {r['live_packs']} packs with {r['live_chunks']} live chunks; "
                f"{r['spared_young']} younger objects spared")
+    if r["spared_young"]:
+        until = r.get("spared_until")
+        when = (f"; a gc after {datetime.datetime.fromtimestamp(until).strftime('%Y-%m-%d %H:%M')} frees them if "
+                f"nothing names them by then" if until else "")
+        held = f", {_human(r['spared_bytes'])} of packs" if r.get("spared_bytes") else ""
+        click.echo(f"  spared{held}: written within the grace window and "
+                   f"reached by no commit, so an upload in flight may be about to name them{when}")
     if r["open_sessions"] and not dry_run:
         click.echo(f"{r['open_sessions']} pushes are in flight: nothing was deleted; run gc again later")
 
 
 @cli.command(name="rebuild-index")
 @local_store_option
+@click.option("--read-data", is_flag=True, help="Verify every chunk before indexing it (reads all data).")
 @json_option
 @handle_errors
-def rebuild_index(store_path, as_json):
-    """Recreate the chunk index from the packs alone."""
-    r = _local(store_path, "rebuild-index").rebuild_index()
+def rebuild_index(store_path, read_data, as_json):
+    """Recreate the chunk index from the pack footers. Chunks a read or `check` found damaged
+    stay out unless they verify now, so the index never makes damage readable again."""
+    r = _local(store_path, "rebuild-index").rebuild_index(read_data=read_data)
     if as_json:
         _print_json(r)
     else:
         click.echo(f"indexed {r['chunks']} chunks from {r['packs']} packs"
-                   + (f"; skipped {len(r['bad_packs'])} damaged packs" if r["bad_packs"] else ""))
+                   + (f"; {len(r['bad_packs'])} problems (damaged packs, commits or manifests)"
+                      if r["bad_packs"] else ""))
+        for line in r["bad_packs"][:10]:
+            click.echo(f"  problem: {shown(line)}")
+        if r["damaged_chunks"]:
+            click.echo(f"left out {r['damaged_chunks']} damaged chunks (they fail verification): run `cdcstore "
+                       f"check` for the files they affect, then push those files again to repair them")
 
 
 @cli.group()

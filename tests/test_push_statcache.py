@@ -137,7 +137,7 @@ def test_cli_no_stat_cache_reads_every_file(tmp_path, store, reads):
     _edit(src / "f0001.bin")
     reads.clear()
     out = run(cli, ["push", str(src), "cdc://ds/", "--store", store.location, "--json"])
-    assert out.exit_code == 0 and json.loads(out.output)["unread_files"] == 2 and reads == ["f0001.bin"]
+    assert out.exit_code == 0 and json.loads(out.stdout)["unread_files"] == 2 and reads == ["f0001.bin"]
     reads.clear()
     out = run(cli, ["push", str(src), "cdc://ds/", "--store", store.location, "--no-stat-cache"])
     assert out.exit_code == 0 and sorted(reads) == ["f0000.bin", "f0001.bin", "f0002.bin"]

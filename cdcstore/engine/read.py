@@ -500,8 +500,9 @@ class FileReader(io.RawIOBase):
         return loc
 
     def _not_in_store(self, cid: bytes) -> CorruptionError:
-        return CorruptionError(f"chunk {cid.hex()} of {self.name or 'file'} is not in the store "
-                               f"(index damaged?): run `cdcstore rebuild-index`")
+        return CorruptionError(f"chunk {cid.hex()} of {self.name or 'file'} is not in the store (a damaged "
+                               f"copy was dropped, or the index lacks it): run `cdcstore check`, which names "
+                               f"the files affected and the fix")
 
     def pieces(self, offset: int, length: int) -> list:
         """The bytes [offset, offset+length) as a list of bytes-like pieces (views of

@@ -773,6 +773,18 @@ class RemoteStore(Backend):
     def branches(self, repo: str) -> dict[str, str]:
         return self._json("GET", f"/repos/{_repo(repo)}/branches")["branches"]
 
+    def forgotten(self, repo: str) -> set[str] | None:
+        """The repo's forgotten commits; None from a server without the route (before it)."""
+        try:
+            doc = self._json("GET", f"/repos/{_repo(repo)}/forgotten")
+        except RepoNotFoundError:
+            raise
+        except NotFoundError as e:
+            if "no repo" in str(e) or getattr(e, "code", "") == "repo_not_found":
+                raise
+            return None
+        return {c for c in doc.get("forgotten", []) if isinstance(c, str)}
+
     def tags(self, repo: str) -> dict[str, str]:
         return self._json("GET", f"/repos/{_repo(repo)}/tags")["tags"]
 

@@ -625,6 +625,11 @@ class Server:
         repo = self._repo(request)
         return web.json_response({"branches": await self._io(self.store.branches, repo)})
 
+    async def forgotten(self, request):
+        """The repo's forgotten commits (`forget`): history whose files are not kept."""
+        repo = self._repo(request)
+        return web.json_response({"forgotten": sorted(await self._io(self.store.forgotten, repo))})
+
     async def resolve(self, request):
         repo = self._repo(request)
         rev = check_name("revision", request.match_info["rev"])
@@ -1007,6 +1012,7 @@ def make_app(store: Repository, config: ServerConfig | None = None) -> web.Appli
         web.get(f"{api}/repos", s.list_repos),
         web.get(f"{api}/repos/{{repo}}/branches", s.branches),
         web.get(f"{api}/repos/{{repo}}/resolve/{{rev}}", s.resolve),
+        web.get(f"{api}/repos/{{repo}}/forgotten", s.forgotten),
         web.get(f"{api}/repos/{{repo}}/tags", s.tags),
         web.post(f"{api}/repos/{{repo}}/{{kind:tags|branches}}", s.create_ref),
         web.delete(f"{api}/repos/{{repo}}/{{kind:tags|branches}}/{{name}}", s.delete_ref),

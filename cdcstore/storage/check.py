@@ -5,7 +5,8 @@
   packs) each pack's hash and every chunk. A damaged chunk loses its index row (the next push of
   its file stores it again). Each problem names the files it affects.
 - rebuild_index: the chunk index again from the pack footers and the landed commits, in one
-  transaction; rows of a damaged pack that still verify are kept.
+  transaction; rows of a damaged pack that still verify are kept, and copies known damaged
+  (recorded by the read or check that found them) stay out unless they verify now.
 """
 from __future__ import annotations
 
@@ -28,30 +29,46 @@ def _sample(names: list[str], fraction: float) -> set[str]:
     return set(sorted(names, key=lambda n: ids.weak_hexdigest(n.encode()))[:k])
 
 
-def rebuild_index(store: Repository) -> dict:
+def rebuild_index(store: Repository, read_data: bool = False) -> dict:
     """Recreate the chunk index from the packs and commits, in one transaction (a
     served store's readers see the old index until the new one is complete).
 
     A damaged pack is reported and skipped, but its old index rows that still
-    verify are kept, so nothing readable becomes unreadable. A garbage index file
-    is moved aside to <index>.damaged and a new one is built."""
+    verify are kept, so nothing readable becomes unreadable. A copy known damaged (a
+    read or `check` found it failing verification) is admitted only if it verifies
+    now: a footer lists a damaged chunk as well as a sound one, so the footers alone
+    would make damage readable again. `read_data` verifies every chunk before it is
+    admitted (all data is read: for an index lost with its damage record). A garbage
+    index file is moved aside to <index>.damaged and a new one is built."""
     try:
         old_rows = _safe_rows(store)
+        known = _safe_damaged(store)
     except CorruptionError:
-        old_rows = {}
+        old_rows, known = {}, set()
         store.replace_damaged_index()
     bad: list[str] = []
     packs = []
+    damaged: set[tuple[str, bytes]] = set()
     for name, size in sorted(store.pack_sizes().items()):
         try:
             entries = store.read_pack_index(name, size)
         except CorruptionError as e:
             entries = [en for en in old_rows.get(name, ()) if _verifies(store, name, en)]
             bad.append(f"{e}; kept {len(entries)} chunks whose old index rows still verify")
-        packs.append((name, size, entries))
+        suspect = [en for en in entries if read_data or (name, en.chunk_id) in known]
+        failed = {en.chunk_id for en in suspect if not _verifies(store, name, en)}
+        damaged.update((name, c) for c in failed)
+        packs.append((name, size, [en for en in entries if en.chunk_id not in failed]))
     grants, chunk_grants = _grants_from_commits(store, bad)
-    store.index.replace_all(packs, grants, chunk_grants)
-    return {"packs": len(packs), "bad_packs": bad, **store.index.totals()}
+    store.index.replace_all(packs, grants, chunk_grants, damaged)
+    return {"packs": len(packs), "bad_packs": bad, "damaged_chunks": len(damaged), **store.index.totals()}
+
+
+def _safe_damaged(store: Repository) -> set[tuple[str, bytes]]:
+    try:
+        return store.index.damaged()
+    except sqlite3.DatabaseError:
+        return set()
 
 def _safe_rows(store: Repository) -> dict[str, list[PackEntry]]:
     """The current index rows by pack ({} if sqlite cannot read them)."""
@@ -73,6 +90,7 @@ def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[
         seen: set[str] = set()
         trees: set[str] = set()  # walked for this repo: a shared subtree is walked once
         damaged: list = []
+        forgotten = store.forgotten(repo)  # history only: their files grant nothing (gc frees them)
         for head in set(store.refs(repo, damaged).values()):
             cid: str | None = head
             while cid and cid not in seen:
@@ -82,6 +100,9 @@ def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[
                 except CdcError as e:
                     bad.append(str(e))
                     break
+                if cid in forgotten:
+                    cid = commit.parent
+                    continue
                 view = store.view(repo, commit)
                 for _, fe in _walk(view, trees, "", lambda path, e: bad.append(str(e))):
                     if fe.manifest not in manifests:
@@ -204,7 +225,7 @@ def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict,
            if not _verifies(store, name, e)}
     bad &= set(indexed)  # a damaged copy that another pack's copy replaced is harmless
     if bad:
-        store.index.drop_chunks(name, bad)
+        store.index.drop_chunks(name, bad, damaged=True)
         found.append((f"{len(bad)} chunks of pack {name} fail verification (their index rows are "
                       f"dropped: push the original files again to repair them)", bad))
     return len(entries or indexed)
@@ -277,9 +298,15 @@ def _check_reachable(store: Repository, found: list) -> dict[bytes, set[str]]:
                 cid = commit.parent
     needed = set(users)
     absent = needed - store.index.present(needed)
-    if absent:
-        found.append((f"{len(absent)} chunks that commits use are not in the index "
-                      f"(push the original files again to repair them)", absent))
+    hurt = {c for _, c in store.index.damaged()} & absent
+    if hurt:  # a read or an earlier check found these copies damaged (rebuild-index leaves them out)
+        found.append((f"{len(hurt)} chunks that commits use failed verification earlier (a read or "
+                      f"`check` found their stored copies damaged): push the original files again to "
+                      f"repair them", hurt))
+    if absent - hurt:
+        found.append((f"{len(absent - hurt)} chunks that commits use are not in the index: run "
+                      f"`cdcstore rebuild-index` (it reads the pack footers); if they stay missing, push "
+                      f"the original files again", absent - hurt))
     return users
 
 def _check_manifest(store: Repository, name: str, label: str, cache: dict, found: list) -> Manifest | None:

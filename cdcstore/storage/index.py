@@ -14,7 +14,7 @@ from ..core.errors import CdcError, CorruptionError, damaged_message
 from ..core.pack import PackEntry
 from .sqlite import Connections
 
-SCHEMA_VERSION = 3  # 2: repo_chunks, token_chunks, chunks_by_pack (and chunks.xsum, added in place); 3: dup_chunks, store_id
+SCHEMA_VERSION = 4  # 2: repo_chunks, token_chunks, chunks_by_pack (and chunks.xsum, added in place); 3: dup_chunks, store_id; 4: damaged_chunks
 _ROW = "id, pack, offset, stored_len, raw_len, codec, xsum"
 _BATCH = 500  # ids per IN (...) query, below sqlite's variable limit
 _PRESENT_BATCH = 8192  # ids per presence query where sqlite allows that many variables (3.32+)
@@ -71,6 +71,24 @@ class ChunkIndex:
         self._ensure_reach_tables()
         self._ensure_checksums()
         self._ensure_dup_table()
+        self._ensure_damage_table()
+
+    def _ensure_damage_table(self) -> None:
+        """Schema 4: the stored copies known damaged (a read or `check` found them failing
+        verification), so that `rebuild-index`, which reads only footers, does not make them
+        readable again. A copy stays recorded until its pack is gone (gc) or it verifies again."""
+        conn = self.conn
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='damaged_chunks'").fetchone():
+            return
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("CREATE TABLE IF NOT EXISTS damaged_chunks (id BLOB NOT NULL, pack TEXT NOT NULL,"
+                         " PRIMARY KEY (id, pack)) WITHOUT ROWID")
+            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+
+    def damaged(self) -> set[tuple[str, bytes]]:
+        """(pack, chunk id) of every stored copy known damaged."""
+        return {(p, c) for c, p in self.conn.execute("SELECT id, pack FROM damaged_chunks")}
 
     def _ensure_checksums(self) -> None:
         """`chunks.xsum`: a v2 pack entry's xxh3-64 checksum (NULL for v1 chunks, and for rows
@@ -219,14 +237,18 @@ class ChunkIndex:
             for cid, pack, off, slen, rlen, codec, xsum in self.conn.execute(f"SELECT {_ROW} FROM {table}"):
                 yield pack, _entry(cid, off, slen, rlen, codec, xsum)
 
-    def drop_chunks(self, pack: str, chunk_ids: Iterable[bytes]) -> None:
+    def drop_chunks(self, pack: str, chunk_ids: Iterable[bytes], damaged: bool = False) -> None:
         """Forget these chunks' rows in `pack` (a stored copy that failed verification
         counts as absent, so the next push stores the chunk again; another pack's copy, if
-        the index knows one, takes its place)."""
+        the index knows one, takes its place). `damaged`: the copies failed verification;
+        they are recorded so that `rebuild-index` leaves them out."""
         conn = self.conn
         chunk_ids = list(chunk_ids)
         with conn:
             conn.execute("BEGIN IMMEDIATE")
+            if damaged:
+                conn.executemany("INSERT OR IGNORE INTO damaged_chunks (id, pack) VALUES (?, ?)",
+                                 [(c, pack) for c in chunk_ids])
             conn.executemany("DELETE FROM dup_chunks WHERE id=? AND pack=?", [(c, pack) for c in chunk_ids])
             gone = [c for c in chunk_ids
                     if conn.execute("DELETE FROM chunks WHERE id=? AND pack=?", (c, pack)).rowcount]
@@ -248,6 +270,7 @@ class ChunkIndex:
         gone = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE pack=?", (pack,))]
         conn.execute("DELETE FROM chunks WHERE pack=?", (pack,))
         conn.execute("DELETE FROM dup_chunks WHERE pack=?", (pack,))
+        conn.execute("DELETE FROM damaged_chunks WHERE pack=?", (pack,))
         conn.execute("DELETE FROM packs WHERE name=?", (pack,))
         cls._promote(conn, gone)
 
@@ -371,14 +394,18 @@ class ChunkIndex:
         return {row[0] for row in self.conn.execute("SELECT name FROM packs")}
 
     def replace_all(self, packs: list[tuple[str, int, list[PackEntry]]],
-                    grants: list[tuple[str, str, str]], chunk_grants: Iterable[tuple[str, bytes]] = ()) -> None:
+                    grants: list[tuple[str, str, str]], chunk_grants: Iterable[tuple[str, bytes]] = (),
+                    damaged: Iterable[tuple[str, bytes]] = ()) -> None:
         """Swap in a whole new index in one transaction (first pack wins a chunk).
-        Uploads recorded per token are kept (they cannot be rebuilt from the packs)."""
+        Uploads recorded per token are kept (they cannot be rebuilt from the packs);
+        `damaged` (pack, chunk id) replaces the record of damaged copies."""
         conn = self.conn
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            for table in ("chunks", "packs", "repo_objects", "repo_chunks"):
+            for table in ("chunks", "packs", "repo_objects", "repo_chunks", "damaged_chunks"):
                 conn.execute(f"DELETE FROM {table}")
+            conn.executemany("INSERT OR IGNORE INTO damaged_chunks (id, pack) VALUES (?, ?)",
+                             [(c, p) for p, c in damaged])
             conn.execute("DELETE FROM meta WHERE key = 'reach_stale'")
             conn.executemany("INSERT OR IGNORE INTO repo_chunks (repo, id) VALUES (?, ?)", chunk_grants)
             conn.execute("DELETE FROM dup_chunks")
@@ -394,7 +421,8 @@ class ChunkIndex:
 
     @staticmethod
     def _clear(conn, tokens: bool = False) -> None:
-        for table in ("chunks", "dup_chunks", "packs", "repo_objects", "repo_chunks") + (("token_chunks",) if tokens else ()):
+        for table in ("chunks", "dup_chunks", "packs", "repo_objects", "repo_chunks", "damaged_chunks") + (
+                ("token_chunks",) if tokens else ()):
             conn.execute(f"DELETE FROM {table}")
 
     def totals(self) -> dict:

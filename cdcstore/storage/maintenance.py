@@ -5,7 +5,10 @@
   chunk those manifests name. That is what stays.
 - plan (over the listing and the index): packs none of whose chunks are live, trees, manifests and
   commits nothing reaches, rebase records of gone commits. Objects younger than the grace window
-  are never in the plan: a push in flight may be about to name them. A young manifest is a root
+  are never in the plan: a push in flight may be about to name them; except what forgotten commits
+  reach and nothing wrote since those commits landed (`forgotten_reach`): it was committed, so it is
+  no upload in flight (a push deduplicating against it now is covered as for old garbage: sessions,
+  and `require_stored` at its commit). A young manifest is a root
   (its chunks stay): an `upload` committed later, or a push, may name chunks of old garbage; a
   manifest stored again is made young again (`ObjectStore.touch`). A young tree is a root too
   (its subtrees and manifests stay): a commit about to land names it. The manifests a live job
@@ -68,6 +71,8 @@ class GcPlan:
     live_chunks: int = 0
     live_packs: int = 0
     spared_young: int = 0  # unreachable objects inside the grace window
+    spared_bytes: int = 0  # bytes of the packs among them
+    spared_until: float | None = None  # when the last of them leaves the grace window (epoch seconds)
     open_sessions: int = 0  # pushes in flight: nothing is deleted while any is open
     staging: list[str] = dataclasses.field(default_factory=list)  # journal objects of dead jobs (staging.py)
 
@@ -81,7 +86,8 @@ class GcPlan:
                 "delete_manifests": len(self.manifests), "delete_trees": len(self.trees),
                 "delete_commits": len(self.commits),
                 "live_chunks": self.live_chunks, "live_packs": self.live_packs,
-                "spared_young": self.spared_young, "open_sessions": self.open_sessions,
+                "spared_young": self.spared_young, "spared_bytes": self.spared_bytes,
+                "spared_until": self.spared_until, "open_sessions": self.open_sessions,
                 "delete_staging": len(self.staging)}
 
 
@@ -152,6 +158,59 @@ def _mark_history(repo: Repository, name: str, heads: set[str], live: Live) -> N
             cid = c.parent
 
 
+@dataclasses.dataclass
+class Forgotten:
+    """What forgotten commits reach, each object with the latest landing time (the commit
+    object's mtime, on the store's own clock) of a forgotten commit that reaches it."""
+
+    trees: dict = dataclasses.field(default_factory=dict)
+    manifests: dict = dataclasses.field(default_factory=dict)
+    chunks: dict = dataclasses.field(default_factory=dict)
+
+
+def forgotten_reach(repo: Repository, live: Live) -> Forgotten:
+    """The trees, manifests and chunks that forgotten commits (still in a ref's history)
+    reach and the live set does not. Such an object was uploaded and committed: it is no
+    upload in flight, so gc need not wait out the grace window for it, unless it was written
+    again after that commit landed (a manifest stored again is touched: a new upload)."""
+    out = Forgotten()
+    for name in repo.repos():
+        gone = repo.forgotten(name)
+        if not gone:
+            continue
+        landed = {i.name.rsplit("/", 1)[-1].removesuffix(".json"): i.mtime
+                  for i in repo.objects.list(f"repos/{name}/commits/")}
+        # newest landing first: an object shared by several forgotten commits gets the latest time
+        todo = sorted(((landed[c], c) for c in gone if (name, c) in live.commits and landed.get(c) is not None),
+                      reverse=True)
+        for when, cid in todo:
+            with contextlib.suppress(CdcError, StorageError, OSError):
+                view = repo.view(name, repo.get_commit(name, cid))
+                stack = [view.root]
+                while stack:
+                    tid = stack.pop()
+                    if tid in live.trees or tid in out.trees:
+                        continue
+                    out.trees[tid] = when
+                    try:
+                        node = view.node(tid)
+                    except (CdcError, StorageError, OSError):  # freed by an earlier gc
+                        continue
+                    for e in node.entries.values():
+                        if isinstance(e, treeobj.Folder):
+                            stack.append(e.tree)
+                        elif e.manifest not in live.manifests and e.manifest not in out.manifests:
+                            out.manifests[e.manifest] = when
+                            try:
+                                chunk_ids = repo.get_manifest(e.manifest).chunk_ids
+                            except (CdcError, StorageError, OSError):
+                                continue
+                            for c in chunk_ids:
+                                if c not in live.chunks:
+                                    out.chunks.setdefault(c, when)
+    return out
+
+
 def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = None,
          repack_dead: float = DEFAULT_REPACK_DEAD, max_unused: float | None = DEFAULT_MAX_UNUSED) -> GcPlan:
     """What gc would delete now (nothing is changed). A pack more than `repack_dead` dead (by
@@ -160,6 +219,7 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
     now = time.time() if now is None else now
     repo.recover()  # durable packs a killed push left unindexed are counted as what they are
     live = mark(repo)
+    forgotten = forgotten_reach(repo, live)  # before young roots add to `live`: what only they reach
     live_commits, live_manifests, live_chunks = live.commits, live.manifests, live.chunks
     # the manifests of jobs still running (a deferred commit's journal) are roots; dead jobs' journals go
     staged, doomed_staging = staging.gc_plan(repo, now, grace, SESSION_STALE)
@@ -170,12 +230,19 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
             continue  # never stored, or already gone: nothing of it to keep
         live_manifests.add(m)
     young = 0
+    spared = {"bytes": 0, "latest": None}
 
-    def old(info) -> bool:
+    def old(info, reached: float | None = None) -> bool:
+        """Past the grace window, or reached by a forgotten commit that landed after it
+        was last written (`reached`: that commit's mtime): either way no upload in flight."""
         nonlocal young
-        if info.mtime is not None and now - info.mtime >= grace:
+        if info.mtime is not None and (now - info.mtime >= grace or reached is not None and info.mtime <= reached):
             return True
         young += 1
+        if info.name.startswith("packs/"):
+            spared["bytes"] += info.size or 0
+        if info.mtime is not None:
+            spared["latest"] = max(spared["latest"] or info.mtime, info.mtime)
         return False
 
     trees = []
@@ -184,7 +251,7 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
         t = info.name.rsplit("/", 1)[-1]
         if t in live.trees:
             continue
-        if old(info):
+        if old(info, forgotten.trees.get(t)):
             trees.append(t)
         else:  # a young tree is a root: the commit that names it may land after this mark
             young_trees.append(t)
@@ -197,27 +264,32 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
         m = info.name.rsplit("/", 1)[-1]
         if m in live_manifests:
             continue
-        if old(info):
+        if old(info, forgotten.manifests.get(m)):
             manifests.append(m)
         else:  # a young manifest is a root: an upload whose commit comes later (or a push in flight)
             live_chunks.update(repo.get_manifest(m).chunk_ids)
     live_in: dict[str, list] = {}
+    reached_at: dict[str, float | None] = {}  # pack -> when a forgotten commit last vouched for all its dead chunks
     for pack, e in repo.index.all_rows():  # every copy: a pack holding a live chunk's other copy is live too
         if e.chunk_id in live_chunks:
             live_in.setdefault(pack, []).append(e)
+        else:
+            t = forgotten.chunks.get(e.chunk_id)
+            reached_at[pack] = None if t is None or reached_at.get(pack, t) is None else min(t, reached_at.get(pack, t))
     packs, repack, kept = [], [], []
     for info in repo.objects.list("packs/"):
         name = pack_of(info.name)
         if name is None:  # not named as a pack is: not ours to delete (check reports it)
             continue
         live = sorted(live_in.get(name, []), key=lambda e: e.offset)
+        reached = reached_at.get(name)
         if not live:
-            if old(info):
+            if old(info, reached):
                 packs.append((name, info.size))
-        elif _repacked_size(live) < (1 - repack_dead) * info.size and old(info):
+        elif _repacked_size(live) < (1 - repack_dead) * info.size and old(info, reached):
             repack.append((name, info.size, live))
         else:
-            kept.append((name, info.size, live, info))
+            kept.append((name, info.size, live, info, reached))
     if max_unused is not None:
         repack += _repack_until(kept, max_unused, old)
     commits = []
@@ -227,21 +299,22 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
             if (name, cid) not in live_commits and old(info):
                 commits.append((name, cid))
     return GcPlan(packs, manifests, commits, trees, repack, live_chunks=len(live_chunks), live_packs=len(live_in),
-                  spared_young=young, staging=doomed_staging)
+                  spared_young=young, staging=doomed_staging, spared_bytes=spared["bytes"],
+                  spared_until=None if spared["latest"] is None else spared["latest"] + grace)
 
 
 def _repack_until(kept: list, max_unused: float, old) -> list:
     """More packs to rewrite, most dead first, until the dead bytes left in kept packs are at
     most `max_unused` of their live bytes (thin garbage spread over many packs adds up; each
     byte rewritten buys the most space this way). Young packs are never taken."""
-    dead = {name: size - _repacked_size(live) for name, size, live, _ in kept}
+    dead = {name: size - _repacked_size(live) for name, size, live, _, _ in kept}
     unused = sum(dead.values())
-    budget = max_unused * sum(_repacked_size(live) for _, _, live, _ in kept)
+    budget = max_unused * sum(_repacked_size(live) for _, _, live, _, _ in kept)
     more = []
-    for name, size, live, info in sorted(kept, key=lambda k: dead[k[0]] / k[1], reverse=True):
+    for name, size, live, info, reached in sorted(kept, key=lambda k: dead[k[0]] / k[1], reverse=True):
         if unused <= budget or dead[name] <= 0:
             break
-        if old(info):
+        if old(info, reached):
             more.append((name, size, live))
             unused -= dead[name]
     return more

@@ -593,7 +593,7 @@ class Repository(Backend):
     def _damaged(self, pack: str, chunk_id: bytes, err) -> CorruptionError:
         """The error for a stored chunk that failed verification; its index row is dropped
         first (absent now: the next push stores it again)."""
-        self.index.drop_chunks(pack, [chunk_id])
+        self.index.drop_chunks(pack, [chunk_id], damaged=True)
         return CorruptionError(f"{err} in pack {pack}: the store is damaged; run `cdcstore check`,"
                                f" or push the original files again to repair it")
 
@@ -1331,9 +1331,14 @@ def resolve_name(repo: str, rev: str, branch: str | None, tag: str | None,
                                     f"and a tag; delete one of them")
     if branch or tag:
         return (branch, "branch") if branch else (tag, "tag")
-    names = [n for n in (branches() if callable(branches) else branches) if not n.startswith("tag:")]
-    names = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "") or "none"
-    raise RevisionNotFoundError(f"no branch or tag {rev!r} in repo {repo!r} (branches: {names}); "
+    refs = list(branches() if callable(branches) else branches)
+
+    def listed(names: list[str]) -> str:
+        return ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "") or "none"
+
+    heads = listed([n for n in refs if not n.startswith("tag:")])
+    tags = listed([n[4:] for n in refs if n.startswith("tag:")])
+    raise RevisionNotFoundError(f"no branch or tag {rev!r} in repo {repo!r} (branches: {heads}; tags: {tags}); "
                                 f"a commit id prefix needs at least 4 hex digits")
 
 

@@ -316,7 +316,25 @@ class S3Objects(ObjectStore):
             return self._do(f"object {name!r}", "put", check_object_name(name), data, True, None)
         except NotFound:  # a PUT finds no key: the bucket is missing
             raise NotFound(f"bucket {self.bucket!r} does not exist at {self._settings['endpoint'] or 'AWS'}: "
-                           f"create it first, or check AWS_ENDPOINT_URL") from None
+                           f"create it first (`cdcstore init --create-bucket --store {self.url}`), or check "
+                           f"AWS_ENDPOINT_URL") from None
+
+    def create_bucket(self) -> bool:
+        """Create the bucket (in $AWS_REGION); False if this account already owns it."""
+        s = self._settings
+        fs = _S3fs(self.bucket, self.prefix, s)
+        region = s["region"]
+        conf = {"CreateBucketConfiguration": {"LocationConstraint": region}} if region and region != "us-east-1" else {}
+        try:
+            fs.call("create_bucket", **conf)
+            return True
+        except Exception as e:
+            if _code(e) == "BucketAlreadyOwnedByYou":
+                return False
+            if _code(e) == "BucketAlreadyExists":
+                raise AlreadyExists(f"bucket {self.bucket!r} belongs to another account (bucket names are global): "
+                                    f"pick another name") from None
+            raise fs.error(e, f"creating bucket {self.bucket!r} at {s['endpoint'] or 'AWS'}") from None
 
     def put(self, name: str, data, *, exist_ok: bool = False) -> bool:
         try:
