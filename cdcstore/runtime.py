@@ -37,6 +37,13 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
+def around_fork(before: Callable[[], None], after: Callable[[], None]) -> None:
+    """Run `before` in the parent just before each fork and `after` in both processes just after.
+    For work inside a C library (sqlite) on a background thread: a fork in the middle of it would
+    leave the library's own mutexes locked in the child, whose first call then hangs."""
+    os.register_at_fork(before=before, after_in_parent=after, after_in_child=after)
+
+
 def _check_pid() -> None:
     if _pid != os.getpid():  # a fork that bypassed register_at_fork (e.g. os.fork from C)
         _reset_after_fork()

@@ -258,3 +258,36 @@ def test_runtime_locks_are_fresh_in_a_forked_child():
         q = multiprocessing.get_context("fork").Queue()
         assert _fork_while_another_thread_holds(lock, _take, (lock, q)) == 0
         assert q.get(timeout=5) == "took it"
+
+
+def test_a_fork_waits_for_the_cache_writer_to_leave_sqlite(tmp_path):
+    """A DataLoader forks right after the dataset's reads queued cache writes: a child forked while
+    the background writer is inside sqlite would inherit sqlite's mutexes held and hang on its first
+    call (a worker hung 12 minutes in `sqlite3.connect`). The fork waits for the writer instead."""
+    import multiprocessing
+    import threading
+    import time
+
+    cache = ChunkCache(str(tmp_path / "c.sqlite"))
+    cache.put_later(_entries(b"w", 3, 1000))  # starts this process's writer
+    cache.wait()
+    entered = threading.Event()
+
+    def writer_busy():
+        with cache._busy:  # what the writer holds around its sqlite work
+            entered.set()
+            time.sleep(0.6)
+
+    t = threading.Thread(target=writer_busy)
+    t.start()
+    entered.wait()
+    start = time.monotonic()
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=lambda: q.put(len(ChunkCache(cache.path).get([e[0] for e in _entries(b"w", 3, 1000)]))))
+    p.start()
+    waited = time.monotonic() - start
+    assert q.get(timeout=30) == 3  # the child uses sqlite
+    p.join(30)
+    t.join()
+    assert waited >= 0.4, waited  # the fork waited for the writer to leave sqlite

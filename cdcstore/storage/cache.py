@@ -29,6 +29,7 @@ import re
 import sqlite3
 import threading
 import time
+import weakref
 from typing import Iterable
 
 import platformdirs
@@ -133,6 +134,7 @@ class ChunkCache:
         self._reads = 0  # fetches in flight in this process (cache writes wait for them)
         self._last_read = 0.0  # when the last one ended (time.monotonic)
         self._flushing = 0  # callers of wait(): write now
+        self._busy = threading.Lock()  # held by the background writer while it is in sqlite
         self._pid = os.getpid()
 
     def _add_segments(self) -> None:
@@ -252,6 +254,7 @@ class ChunkCache:
                 self._queued = {}
                 threading.Thread(target=self._write_loop, args=(self._queue,), daemon=True,
                                  name="cdcstore-cache-writer").start()
+                _WRITERS.add(self)
             self._idle.wait_for(lambda: self._pending + size <= PENDING_BYTES or not self._pending, 60)
             self._pending += size
             for e in entries:
@@ -291,7 +294,8 @@ class ChunkCache:
             entries, size = q.get()
             self._quiet_wait()
             try:
-                self.put(entries)
+                with self._busy:  # a fork waits for this (`_hold_writers`)
+                    self.put(entries)
             except sqlite3.Error:
                 pass  # a cache write that fails only costs a later fetch
             finally:
@@ -400,6 +404,27 @@ class ChunkCache:
             self.conn.execute("DELETE FROM heads")
         self.conn.execute("VACUUM")
 
+
+_WRITERS: "weakref.WeakSet[ChunkCache]" = weakref.WeakSet()  # caches whose background writer runs here
+_HELD: list = []  # the writers' locks a fork in progress holds
+
+
+def _hold_writers() -> None:
+    """Before a fork: wait (up to 30 s each) until no background cache writer is inside sqlite. A
+    DataLoader forks its workers right after the dataset read its footers, while the writer stores
+    them: a child forked mid-transaction inherits sqlite's mutexes held and hangs on its first call."""
+    for cache in list(_WRITERS):
+        lock = getattr(cache, "_busy", None)
+        if cache._pid == os.getpid() and lock is not None and lock.acquire(timeout=30):
+            _HELD.append(lock)
+
+
+def _release_writers() -> None:
+    while _HELD:
+        _HELD.pop().release()
+
+
+runtime.around_fork(_hold_writers, _release_writers)
 
 _EMPTY_ANSWER = {"has": dict, "get": dict, "reading": contextlib.nullcontext}  # a broken cache's answers; else None
 
