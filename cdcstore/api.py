@@ -52,10 +52,11 @@ class TransferResult:
     files: int
     bytes: int
     new_bytes: int
-    stored_bytes: int
+    stored_bytes: int  # chunk records written into packs (compressed chunks), as `stats` counts them
     seconds: float
     commit: str | None
     chunks: int = 0
+    pack_bytes: int = 0  # the pack files written: stored_bytes plus each pack's header, index and trailer
     new_chunks: int = 0
     changed: bool = True
     sent_bytes: int = 0  # on the wire, bodies and headers (remote stores)
@@ -600,7 +601,8 @@ class Store:
                 commit_id = be.commit(commit, branch, expected)
         result = TransferResult(
             files=len(pairs), bytes=ingest.bytes + sum(e.size for e in unread.values()), new_bytes=ingest.new_bytes,
-            stored_bytes=ingest.stored_bytes, seconds=time.perf_counter() - t0, commit=commit_id,
+            stored_bytes=ingest.stored_bytes, pack_bytes=ingest.pack_bytes, seconds=time.perf_counter() - t0,
+            commit=commit_id,
             chunks=ingest.chunks, new_chunks=ingest.new_chunks, changed=changed,
             files_detail=per_file, unread_files=len(unread), **self._wire(c0))
         result._read = read  # what was read, for the stat cache
@@ -950,9 +952,11 @@ class Store:
         """Store totals, or what one revision holds and what it added over its parent.
 
         For a revision: `bytes` is its logical size, `new_bytes` the raw bytes of
-        chunks it has that its parent lacks, `stored_bytes` their size in packs.
+        chunks it has that its parent lacks, `stored_bytes` their records' size in packs
+        (compressed, without pack framing: what a push of them reports as `stored_bytes`).
         For the store: `bytes` sums the branch heads, `new_bytes` is the raw size of
-        every unique chunk kept and `stored_bytes` the bytes of all packs; `history_bytes`
+        every unique chunk kept, `stored_bytes` the size of their records and `pack_bytes`
+        the bytes of all pack files (records, headers, indexes, trailers); `history_bytes`
         sums every version branches and tags reach (`versions` of them), and `dedup_ratio`
         is that over the pack bytes: what keeping all of history costs against full copies.
         """
@@ -991,7 +995,7 @@ class Store:
                         history += be.view(r, c).size()
                 versions += len(seen)
             out.update({"commit": None, "files": files, "bytes": bytes_,
-                        "new_bytes": totals["chunk_raw_bytes"], "stored_bytes": totals["pack_bytes"],
+                        "new_bytes": totals["chunk_raw_bytes"], "stored_bytes": totals["chunk_stored_bytes"],
                         "versions": versions, "history_bytes": history,
                         "dedup_ratio": history / totals["pack_bytes"] if totals["pack_bytes"] else 0.0})
         out["seconds"] = time.perf_counter() - t0
