@@ -8,9 +8,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import getpass
 import os
 import re
+import shutil
 import stat
+import subprocess
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
@@ -20,7 +24,7 @@ import platformdirs
 from . import runtime
 from .core import ids, tree, treeobj
 from .core.address import DEFAULT_BRANCH, Address, check_name, check_ref_name, check_write_target, normalize_path, parse
-from .core.commit import Commit, FileEntry
+from .core.commit import MAX_AUTHOR, Commit, FileEntry, check_author as _check_author
 from .core.manifest import Manifest
 from .core.errors import CdcError, CorruptionError, InvalidAddressError, MissingChunksError, PathNotFoundError
 from .engine.read import FileReader, LocalSeed
@@ -38,6 +42,40 @@ from .storage.statcache import Seen, StatCache
 
 ENV_STORE = "CDCSTORE_STORE"
 PULL_LOCATE_CHUNKS = 262144  # chunks a folder pull locates up front (~16 GiB of 64 KiB chunks, ~10 MB of answer)
+
+
+def check_author(author) -> str:
+    """`author` as given, or InvalidAddressError saying what an author may be."""
+    try:
+        return _check_author(author)
+    except ValueError as e:
+        raise InvalidAddressError(str(e)) from None
+
+
+# -- who a commit is by, when nobody says (a push to a server with tokens: the token's name) --
+def _git(key: str) -> str:
+    try:
+        out = subprocess.run(["git", "config", "--get", key], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return " ".join(out.stdout.split()) if out.returncode == 0 else ""
+
+
+@functools.lru_cache(maxsize=1)
+def default_author() -> str:
+    """"Name <email>" from git's settings (either alone when only one is set), else the OS
+    user's login name, else "unknown"; read once per process."""
+    if shutil.which("git"):
+        name, email = _git("user.name"), _git("user.email")
+        who = f"{name} <{email}>" if name and email else name or (f"<{email}>" if email else "")
+        if who:
+            return who[:MAX_AUTHOR]
+    try:
+        user = getpass.getuser()
+    except Exception:  # no login name and no passwd entry (a bare container)
+        user = ""
+    user = "".join(c for c in user if c.isprintable()).strip()
+    return user[:MAX_AUTHOR] or "unknown"
 
 
 def default_store_path() -> str:
@@ -235,6 +273,8 @@ def is_url(location: str) -> bool:
 class Store:
     """A cdcstore store: a local directory, or a server's http(s):// URL.
 
+    `author` is who the commits it makes are by (default: git's user.name and user.email,
+    else the OS user; a server with tokens records the token's name instead).
     `token` (default $CDCSTORE_TOKEN) authenticates to a server; `transport`
     options (timeout, retries, ...) go to `client.Transport`. Reads from a server
     go through the local dedup cache (`cache.ChunkCache`; default location under the
@@ -243,9 +283,10 @@ class Store:
     """
 
     def __init__(self, location: str | None = None, *, token: str | None = None, create: bool | None = None,
-                 cache: ChunkCache | str | bool = True, **transport):
+                 cache: ChunkCache | str | bool = True, author: str | None = None, **transport):
         path = location or default_store_path()
         self._cache = None
+        self.author = check_author(author) if author is not None else None
         from .storage.cache import CachedBackend, open_cache
 
         if is_url(path):
@@ -392,7 +433,7 @@ class Store:
                 before = self.backend.view(repo, older[1]).entry(path) if older else None
                 if view.entry(path) == before:
                     continue
-            out.append({"commit": cid, "parent": c.parent, "message": c.message, "time": c.time,
+            out.append({"commit": cid, "parent": c.parent, "message": c.message, "time": c.time, "author": c.author,
                         "files": view.file_count(), "bytes": view.size()})
         return out
 
@@ -458,7 +499,7 @@ class Store:
              progress: Callable[[int], None] | None = None,
              on_skip: Callable[[str, str], None] | None = None,
              include: Iterable[str] = (), exclude: Iterable[str] = (),
-             stat_cache: bool = True) -> TransferResult:
+             stat_cache: bool = True, author: str | None = None) -> TransferResult:
         """Publish local files and folders as one new commit on DEST's branch.
 
         Files already in the branch and not pushed stay; with `delete=True`, files
@@ -467,7 +508,8 @@ class Store:
         and folder symlinks are skipped and reported to `on_skip(path, why)`.
         A file whose size, mtime, inode and ctime match the last push of it from this
         machine to this store is not read again when the store still holds its manifest
-        (`storage/statcache.py`); `stat_cache=False` reads every file.
+        (`storage/statcache.py`); `stat_cache=False` reads every file. `author`: who the
+        commit is by (default: the Store's `author`; see `Store`).
         """
         a = _as_address(dest)
         if isinstance(sources, str):
@@ -486,7 +528,7 @@ class Store:
         known = {p: hits[os.path.abspath(f)] for f, p in pairs if os.path.abspath(f) in hits}
         try:
             result = self.commit_files(a.repo, a.ref, pairs, message, remove_under=under, options=options,
-                                       progress=progress, remove_filter=keep, known=known)
+                                       progress=progress, remove_filter=keep, known=known, author=author)
             if cache is not None:
                 read = getattr(result, "_read", {})
                 cache.record(identity, [(os.path.abspath(f), seen[os.path.abspath(f)], read[p]) for f, p in pairs
@@ -544,7 +586,7 @@ class Store:
                       entries: dict[str, FileEntry] | None = None, options: IngestOptions | None = None,
                       progress: Callable[[int], None] | None = None, parent: str | None = None,
                       remove_filter: Callable[[str], bool] | None = None,
-                      known: dict[str, FileEntry] | None = None) -> TransferResult:
+                      known: dict[str, FileEntry] | None = None, author: str | None = None) -> TransferResult:
         t0, c0 = time.perf_counter(), self.counters()
         check_name("repo", repo)
         check_write_target(branch)
@@ -595,7 +637,9 @@ class Store:
             commit_id = parent
             if changed:
                 try:
-                    commit = be.make_commit(repo, parent, message, time.time(), updates, removed, base=base)
+                    who = author or getattr(self, "author", None) or default_author()
+                    commit = be.make_commit(repo, parent, message, time.time(), updates, removed, base=base,
+                                            author=check_author(who))
                 except treeobj.Clash as e:
                     raise _clash(e.paths) from None
                 commit_id = be.commit(commit, branch, expected)

@@ -1159,7 +1159,8 @@ class Repository(Backend):
         overlap = sorted((set(ours[0]) | ours[1]) & theirs)
         if not overlap:
             try:
-                landed_commit = self.make_commit(repo, head, commit.message, commit.time, *ours)
+                landed_commit = self.make_commit(repo, head, commit.message, commit.time, *ours,
+                                                 author=commit.author)
             except treeobj.Clash as e:
                 overlap = e.paths
         if overlap:
