@@ -590,6 +590,7 @@ class Store:
         t0, c0 = time.perf_counter(), self.counters()
         check_name("repo", repo)
         check_write_target(branch)
+        author = check_author(author or getattr(self, "author", None) or default_author())  # before any work
         be = self.backend
         branches = be.branches(repo) if be.has_repo(repo) else {}
         if branches and branch not in branches and branch in be.tags(repo):
@@ -637,9 +638,8 @@ class Store:
             commit_id = parent
             if changed:
                 try:
-                    who = author or getattr(self, "author", None) or default_author()
                     commit = be.make_commit(repo, parent, message, time.time(), updates, removed, base=base,
-                                            author=check_author(who))
+                                            author=author)
                 except treeobj.Clash as e:
                     raise _clash(e.paths) from None
                 commit_id = be.commit(commit, branch, expected)

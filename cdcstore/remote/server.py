@@ -272,6 +272,7 @@ class Server:
         self._parsing = asyncio.Semaphore(lim.parse_slots)  # batches parsed at once (their bodies wait on disk)
         self._secret = store.nonce_key()  # keys proof nonces (shared by the replicas of a bucket)
         self._maintenance: asyncio.Future | None = None
+        self._token_watch: asyncio.Future | None = None
         self._listed = float("-inf")  # when a presence miss last listed the bucket's packs
 
     # -- helpers -----------------------------------------------------------------------------
@@ -975,6 +976,7 @@ class Server:
         if hasattr(signal, "SIGHUP"):  # reload the tokens, never stop
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
                 asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.auth.reload)
+        self._token_watch = asyncio.ensure_future(self._watch_tokens())
         bucket = not self.store.objects.capabilities.local_path
         if not bucket:
             await self._maintain_once()  # a directory: before the first request is served
@@ -982,7 +984,14 @@ class Server:
         # session); the listing of every pack runs in the background
         self._maintenance = asyncio.ensure_future(self._maintenance_loop(now=bucket))
 
+    async def _watch_tokens(self) -> None:
+        """Look at the tokens file every second with no request too: a bad edit is logged at once."""
+        while self.auth.tokens is not None:
+            await asyncio.sleep(1.0)
+
     async def on_cleanup(self, app: web.Application) -> None:
+        if self._token_watch is not None:
+            self._token_watch.cancel()
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):

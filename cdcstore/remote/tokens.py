@@ -105,8 +105,8 @@ class TokenFile:
         try:
             tokens = load_tokens(self.path)
         except (OSError, InvalidAddressError) as e:
-            log.error("tokens file %s NOT reloaded, the %d tokens loaded before stay in force: %s: fix the "
-                      "file (it is read again when it changes, or on SIGHUP)", self.path, len(self.tokens), e)
+            log.error("tokens NOT reloaded: %s; the %d tokens loaded before stay in force until the file is "
+                      "fixed (it is read again when it changes, or on SIGHUP)", e, len(self.tokens))
             return False
         gone = len(set(self.tokens) - set(tokens))
         self.tokens = tokens
