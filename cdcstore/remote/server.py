@@ -992,6 +992,9 @@ class Server:
     async def on_cleanup(self, app: web.Application) -> None:
         if self._token_watch is not None:
             self._token_watch.cancel()
+        if hasattr(signal, "SIGHUP"):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
