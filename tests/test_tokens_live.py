@@ -97,8 +97,11 @@ def test_sighup_reloads_the_tokens_and_the_server_lives_on(tmp_path):
     """Before: SIGHUP killed the server."""
     with served_store(tmp_path, {"tok-aaaa": WRITE}) as srv:
         path = tmp_path / "tokens.json"
+        srv.proc.send_signal(signal.SIGHUP)  # the file did not change: read again all the same
+        _within(3, lambda: "reloaded: 1 tokens (0 taken out)" in srv.log_text())
+        assert srv.proc.poll() is None and _status(srv, "tok-aaaa") == 200
         before = os.stat(path)
-        with open(path, "r+") as f:  # the same size, in place, its mtime put back: only SIGHUP tells
+        with open(path, "r+") as f:  # the same size, in place, its mtime put back: still seen
             text = f.read()
             f.seek(0)
             f.write(text.replace("tok-aaaa", "tok-bbbb"))

@@ -72,7 +72,7 @@ def _signature(path: str):
         st = os.stat(path)
     except OSError:
         return None
-    return st.st_mtime_ns, st.st_size, st.st_ino
+    return st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino  # ctime: an edit that put mtime back
 
 
 class TokenFile:
