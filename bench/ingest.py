@@ -38,7 +38,7 @@ of the files / seconds) for v1, v2 and both together, and ours/hf_xet ratios
 (goal >= 2.0), and push v1 against the floor: floor seconds / push seconds
 (goal >= 0.7); new bytes of v2 (raw bytes of chunks the target lacked:
 TransferResult.new_bytes vs DeduplicationMetrics.new_bytes) and their ratio;
-stored bytes (ours: TransferResult.stored_bytes, the pack bytes; hf_xet: growth
+stored bytes (ours: TransferResult.pack_bytes, the pack files; hf_xet: growth
 of its local:// directory, apparent size summed over files like `du -sb`, with
 our directory's growth quoted too for an apples-to-apples view); peak RSS of
 each child: VmHWM from /proc/self/status read by the child at its end (its own
@@ -126,7 +126,7 @@ def _work(side: str, src: str, target: str) -> dict:
         store.close()
         dt = time.perf_counter() - t0
         return {"seconds": dt, "open_seconds": t_open, "bytes": r.bytes, "files": r.files, "new_bytes": r.new_bytes,
-                "stored_bytes": r.stored_bytes, "chunks": r.chunks, "new_chunks": r.new_chunks,
+                "stored_bytes": r.pack_bytes, "chunks": r.chunks, "new_chunks": r.new_chunks,
                 "api_seconds": r.seconds, "rss_before_push": rss_start}
     import hf_xet
     files = list_files(src)

@@ -8,9 +8,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import getpass
 import os
 import re
+import shutil
 import stat
+import subprocess
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
@@ -20,7 +24,7 @@ import platformdirs
 from . import runtime
 from .core import ids, tree, treeobj
 from .core.address import DEFAULT_BRANCH, Address, check_name, check_ref_name, check_write_target, normalize_path, parse
-from .core.commit import Commit, FileEntry
+from .core.commit import MAX_AUTHOR, Commit, FileEntry, check_author as _check_author
 from .core.manifest import Manifest
 from .core.errors import CdcError, CorruptionError, InvalidAddressError, MissingChunksError, PathNotFoundError
 from .engine.read import FileReader, LocalSeed
@@ -40,6 +44,40 @@ ENV_STORE = "CDCSTORE_STORE"
 PULL_LOCATE_CHUNKS = 262144  # chunks a folder pull locates up front (~16 GiB of 64 KiB chunks, ~10 MB of answer)
 
 
+def check_author(author) -> str:
+    """`author` as given, or InvalidAddressError saying what an author may be."""
+    try:
+        return _check_author(author)
+    except ValueError as e:
+        raise InvalidAddressError(str(e)) from None
+
+
+# -- who a commit is by, when nobody says (a push to a server with tokens: the token's name) --
+def _git(key: str) -> str:
+    try:
+        out = subprocess.run(["git", "config", "--get", key], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return " ".join(out.stdout.split()) if out.returncode == 0 else ""
+
+
+@functools.lru_cache(maxsize=1)
+def default_author() -> str:
+    """"Name <email>" from git's settings (either alone when only one is set), else the OS
+    user's login name, else "unknown"; read once per process."""
+    if shutil.which("git"):
+        name, email = _git("user.name"), _git("user.email")
+        who = f"{name} <{email}>" if name and email else name or (f"<{email}>" if email else "")
+        if who:
+            return who[:MAX_AUTHOR]
+    try:
+        user = getpass.getuser()
+    except Exception:  # no login name and no passwd entry (a bare container)
+        user = ""
+    user = "".join(c for c in user if c.isprintable()).strip()
+    return user[:MAX_AUTHOR] or "unknown"
+
+
 def default_store_path() -> str:
     """$CDCSTORE_STORE, else a directory under the user's data dir (XDG)."""
     return os.environ.get(ENV_STORE) or os.path.join(platformdirs.user_data_dir("cdcstore"), "store")
@@ -52,10 +90,11 @@ class TransferResult:
     files: int
     bytes: int
     new_bytes: int
-    stored_bytes: int
+    stored_bytes: int  # chunk records written into packs (compressed chunks), as `stats` counts them
     seconds: float
     commit: str | None
     chunks: int = 0
+    pack_bytes: int = 0  # the pack files written: stored_bytes plus each pack's header, index and trailer
     new_chunks: int = 0
     changed: bool = True
     sent_bytes: int = 0  # on the wire, bodies and headers (remote stores)
@@ -234,6 +273,8 @@ def is_url(location: str) -> bool:
 class Store:
     """A cdcstore store: a local directory, or a server's http(s):// URL.
 
+    `author` is who the commits it makes are by (default: git's user.name and user.email,
+    else the OS user; a server with tokens records the token's name instead).
     `token` (default $CDCSTORE_TOKEN) authenticates to a server; `transport`
     options (timeout, retries, ...) go to `client.Transport`. Reads from a server
     go through the local dedup cache (`cache.ChunkCache`; default location under the
@@ -242,10 +283,11 @@ class Store:
     """
 
     def __init__(self, location: str | None = None, *, token: str | None = None, create: bool | None = None,
-                 cache: ChunkCache | str | bool = True, **transport):
+                 cache: ChunkCache | str | bool = True, author: str | None = None, **transport):
         path = location or default_store_path()
         self._cache = None
         self.created = False  # this call made the store (the default one, on first use)
+        self.author = check_author(author) if author is not None else None
         from .storage.cache import CachedBackend, open_cache
 
         if is_url(path):
@@ -399,7 +441,7 @@ class Store:
                 break
             gone = forgotten is not None and cid in forgotten
             view = self.backend.view(repo, c)
-            entry = {"commit": cid, "parent": c.parent, "message": c.message, "time": c.time,
+            entry = {"commit": cid, "parent": c.parent, "message": c.message, "time": c.time, "author": c.author,
                      "files": None, "bytes": None, "forgotten": gone}
             if gone:  # its files are freed (or about to be): history only
                 if path is None:
@@ -504,7 +546,7 @@ class Store:
              progress: Callable[[int], None] | None = None,
              on_skip: Callable[[str, str], None] | None = None,
              include: Iterable[str] = (), exclude: Iterable[str] = (),
-             stat_cache: bool = True) -> TransferResult:
+             stat_cache: bool = True, author: str | None = None) -> TransferResult:
         """Publish local files and folders as one new commit on DEST's branch.
 
         Files already in the branch and not pushed stay; with `delete=True`, files
@@ -513,7 +555,8 @@ class Store:
         and folder symlinks are skipped and reported to `on_skip(path, why)`.
         A file whose size, mtime, inode and ctime match the last push of it from this
         machine to this store is not read again when the store still holds its manifest
-        (`storage/statcache.py`); `stat_cache=False` reads every file.
+        (`storage/statcache.py`); `stat_cache=False` reads every file. `author`: who the
+        commit is by (default: the Store's `author`; see `Store`).
         """
         a = _as_address(dest)
         if isinstance(sources, str):
@@ -532,7 +575,7 @@ class Store:
         known = {p: hits[os.path.abspath(f)] for f, p in pairs if os.path.abspath(f) in hits}
         try:
             result = self.commit_files(a.repo, a.ref, pairs, message, remove_under=under, options=options,
-                                       progress=progress, remove_filter=keep, known=known)
+                                       progress=progress, remove_filter=keep, known=known, author=author)
             if cache is not None:
                 read = getattr(result, "_read", {})
                 cache.record(identity, [(os.path.abspath(f), seen[os.path.abspath(f)], read[p]) for f, p in pairs
@@ -590,10 +633,11 @@ class Store:
                       entries: dict[str, FileEntry] | None = None, options: IngestOptions | None = None,
                       progress: Callable[[int], None] | None = None, parent: str | None = None,
                       remove_filter: Callable[[str], bool] | None = None,
-                      known: dict[str, FileEntry] | None = None) -> TransferResult:
+                      known: dict[str, FileEntry] | None = None, author: str | None = None) -> TransferResult:
         t0, c0 = time.perf_counter(), self.counters()
         check_name("repo", repo)
         check_write_target(branch)
+        author = check_author(author or getattr(self, "author", None) or default_author())  # before any work
         be = self.backend
         branches = be.branches(repo) if be.has_repo(repo) else {}
         if branches and branch not in branches and branch in be.tags(repo):
@@ -641,13 +685,15 @@ class Store:
             commit_id = parent
             if changed:
                 try:
-                    commit = be.make_commit(repo, parent, message, time.time(), updates, removed, base=base)
+                    commit = be.make_commit(repo, parent, message, time.time(), updates, removed, base=base,
+                                            author=author)
                 except treeobj.Clash as e:
                     raise _clash(e.paths) from None
                 commit_id = be.commit(commit, branch, expected)
         result = TransferResult(
             files=len(pairs), bytes=ingest.bytes + sum(e.size for e in unread.values()), new_bytes=ingest.new_bytes,
-            stored_bytes=ingest.stored_bytes, seconds=time.perf_counter() - t0, commit=commit_id,
+            stored_bytes=ingest.stored_bytes, pack_bytes=ingest.pack_bytes, seconds=time.perf_counter() - t0,
+            commit=commit_id,
             chunks=ingest.chunks, new_chunks=ingest.new_chunks, changed=changed,
             files_detail=per_file, unread_files=len(unread), **self._wire(c0))
         result._read = read  # what was read, for the stat cache
@@ -997,9 +1043,11 @@ class Store:
         """Store totals, or what one revision holds and what it added over its parent.
 
         For a revision: `bytes` is its logical size, `new_bytes` the raw bytes of
-        chunks it has that its parent lacks, `stored_bytes` their size in packs.
+        chunks it has that its parent lacks, `stored_bytes` their records' size in packs
+        (compressed, without pack framing: what a push of them reports as `stored_bytes`).
         For the store: `bytes` sums the branch heads, `new_bytes` is the raw size of
-        every unique chunk kept and `stored_bytes` the bytes of all packs; `history_bytes`
+        every unique chunk kept, `stored_bytes` the size of their records and `pack_bytes`
+        the bytes of all pack files (records, headers, indexes, trailers); `history_bytes`
         sums every version branches and tags reach (`versions` of them), and `dedup_ratio`
         is that over the pack bytes: what keeping all of history costs against full copies.
         A server token limited to some repos sees only what they reach: the chunks' totals
@@ -1052,7 +1100,7 @@ class Store:
             hidden = [k for k in ("packs", "pack_bytes") if k not in totals]
             stored = totals["chunk_stored_bytes"] if hidden else totals["pack_bytes"]
             out.update({"commit": None, "files": files, "bytes": bytes_,
-                        "new_bytes": totals["chunk_raw_bytes"], "stored_bytes": stored,
+                        "new_bytes": totals["chunk_raw_bytes"], "stored_bytes": totals["chunk_stored_bytes"],
                         "versions": versions, "history_bytes": history,
                         "dedup_ratio": history / stored if stored else 0.0})
             if hidden:

@@ -236,11 +236,15 @@ def init(store_path, create_bucket):
 @click.option("--detail", is_flag=True, help="With --json, add bytes, new bytes and chunking per file.")
 @click.option("--no-stat-cache", "no_stat_cache", is_flag=True,
               help="Read every file, even those whose size, mtime, inode and ctime match their last push.")
+@click.option("--author", default=None, metavar="'NAME <EMAIL>'",
+              help="Who the commit is by [default: git's user.name and user.email, else the OS user; "
+                   "a server with tokens records the token's name].")
 @filter_options
 @store_option
 @json_option
 @handle_errors
-def push(sources, dest, message, delete, detail, no_stat_cache, include, exclude, store_path, token, as_json):
+def push(sources, dest, message, delete, detail, no_stat_cache, author, include, exclude, store_path, token,
+         as_json):
     """Publish local files and folders as one commit."""
     s = _store(store_path, token)
     skipped: list[str] = []
@@ -248,7 +252,7 @@ def push(sources, dest, message, delete, detail, no_stat_cache, include, exclude
     with _progress(total, "push", as_json) as bar:
         r = s.push(list(sources), dest, message, delete=delete, progress=bar.update,
                    on_skip=lambda path, why: skipped.append(f"{path} ({why})"), include=include, exclude=exclude,
-                   stat_cache=not no_stat_cache)
+                   stat_cache=not no_stat_cache, author=author)
     _warn_skipped(skipped)
     _hint_parquet(s, r, sources, dest)
     if as_json:
@@ -440,11 +444,12 @@ def log(repo, limit, store_path, token, as_json):
         return
     for e in entries:
         when = datetime.datetime.fromtimestamp(e["time"]).strftime("%Y-%m-%d %H:%M:%S")
+        by = f"  ({shown(e['author'])})" if e.get("author") else ""
         if e.get("forgotten"):  # history only: `forget` dropped its files
-            click.echo(f"{e['commit'][:12]}  {when}  {'(forgotten)':>23}  {shown(e['message'])}")
+            click.echo(f"{e['commit'][:12]}  {when}  {'(forgotten)':>23}  {shown(e['message'])}{by}")
         else:
             click.echo(f"{e['commit'][:12]}  {when}  {e['files']:>6} files {_human(e['bytes']):>10}  "
-                       f"{shown(e['message'])}")
+                       f"{shown(e['message'])}{by}")
 
 
 def _refs_command(kind: str, repo: str, name: str | None, rev: str | None, delete: bool,
@@ -775,6 +780,36 @@ def serve(store_path, host, port, tokens_file, allow_no_auth, max_heavy, body_ti
                body_idle_timeout=body_timeout, min_body_rate=min_body_rate,
                maintenance_interval=maintenance_interval,
                min_gc_grace=_duration(min_gc_grace, "--min-gc-grace"), limit_items=limit_items)
+
+
+@cli.group()
+def token():
+    """Add or revoke a token of a server's --tokens file (the server sees the edit within a second)."""
+
+
+@token.command("revoke")
+@click.argument("who", metavar="NAME_OR_TOKEN")
+@click.option("--tokens", "tokens_file", required=True, metavar="FILE", help="The server's --tokens file.")
+@handle_errors
+def token_revoke(who, tokens_file):
+    """Take the tokens named NAME (or the token itself) out of FILE: refused from their next request."""
+    from .remote.server import revoke_token
+
+    names = revoke_token(tokens_file, who)
+    click.echo(f"revoked {len(names)} token(s) named {', '.join(sorted(set(names)))} in {tokens_file}")
+
+
+@token.command("add")
+@click.argument("name")
+@click.option("--tokens", "tokens_file", required=True, metavar="FILE", help="The server's --tokens file.")
+@click.option("--scope", type=click.Choice(["read", "write", "admin"]), default="read", show_default=True)
+@click.option("--repo", "repos", multiple=True, metavar="REPO", help="A repo it may use (repeatable) [default: all].")
+@handle_errors
+def token_add(name, tokens_file, scope, repos):
+    """Add a new random token named NAME to FILE and print it (NAME: the author of its pushes)."""
+    from .remote.server import add_token
+
+    click.echo(add_token(tokens_file, name, scope, list(repos)))
 
 
 @cli.command()

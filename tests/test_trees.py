@@ -64,7 +64,7 @@ def test_a_one_file_edit_writes_only_the_trees_on_its_path(store, tmp_path):
     assert store.cat("cdc://ds/data/d07/f0351.bin") == b"an edited file"
     assert store.ls("cdc://ds/data/d08")[0]["name"] == "data/d08/f0400.bin"
     doc = json.loads(open(next(iter(new_commits)), "rb").read())
-    assert doc["format"] == 2 and "files" not in doc and doc["tree"] and r.changed
+    assert doc["format"] == 3 and doc["author"] and "files" not in doc and doc["tree"] and r.changed
 
 
 def test_listing_a_folder_reads_only_the_trees_on_its_path(store, tmp_path):

@@ -1,8 +1,15 @@
 """Commits: a repo revision as JSON, named by the hash of its bytes (`ids.hexdigest`:
 BLAKE3-256; commits written before id format v2 keep their xxh3-128 names).
 
-Format 2 (written by this cdcstore) names the root tree of the revision's files
-(`treeobj.Tree`, one object per folder):
+Format 3 (written by this cdcstore) is format 2 plus who committed it:
+
+    {"author": ..., "format": 3, "repo": ..., "parent": id | null, "message": ...,
+     "time": epoch seconds, "tree": root tree id}
+
+`author` is one line of at most 256 characters: a server's token name on a push to a server
+with tokens (the server sets it), else what the writer says (`--author`, git's user, the OS
+user). Format 2 (still read, and written for a commit without an author) names the root tree
+of the revision's files (`treeobj.Tree`, one object per folder):
 
     {"format": 2, "repo": ..., "parent": id | null, "message": ..., "time": epoch seconds,
      "tree": root tree id}
@@ -12,7 +19,7 @@ Format 1 (still read everywhere) holds the whole flat file map:
     {"format": 1, "repo": ..., "parent": id | null, "message": ..., "time": epoch seconds,
      "files": {path: {"manifest": id, "size": n}, ...}}
 
-A `Commit` has `tree` set (format 2) or `files` (format 1), never both; read its files
+A `Commit` has `tree` set (formats 2 and 3) or `files` (format 1), never both; read its files
 through `Backend.view` (one API for both formats).
 
 Encoded as compact JSON with sorted keys so that the same commit always has the
@@ -30,8 +37,9 @@ from . import ids
 from .address import check_name, normalize_path
 from .errors import CdcError, CorruptionError
 
-COMMIT_VERSION = 2  # what new commits are written as
-READ_VERSIONS = (1, 2)
+COMMIT_VERSION = 3  # what new commits are written as (2 when the commit has no author)
+READ_VERSIONS = (1, 2, 3)
+MAX_AUTHOR = 256  # characters
 MAX_MESSAGE = 64 * 1024  # characters
 MAX_TIME = 32503680000.0  # 3000-01-01 UTC, in epoch seconds
 MAX_SIZE = 2 ** 53  # file sizes stay exact in every JSON reader
@@ -50,7 +58,8 @@ class Commit:
     message: str
     time: float
     flat: dict[str, FileEntry] | None = None  # format 1: the whole file map
-    tree: str | None = None  # format 2: the root tree's id
+    tree: str | None = None  # formats 2 and 3: the root tree's id
+    author: str | None = None  # format 3: who committed (see the module docstring)
 
     def __post_init__(self):
         if self.flat is None and self.tree is None:
@@ -83,7 +92,11 @@ class Commit:
 
     @property
     def format(self) -> int:
-        return 1 if self.tree is None else 2
+        return 1 if self.tree is None else 2 if self.author is None else 3
+
+    def with_author(self, author: str) -> "Commit":
+        """This commit (formats 2 and 3) with `author` instead (a new id)."""
+        return Commit(self.repo, self.parent, self.message, self.time, None, self.tree, author).validate()
 
     def validate(self) -> "Commit":
         """Check every field; raises ValueError naming the first bad one."""
@@ -96,6 +109,10 @@ class Commit:
         if (not isinstance(self.time, (int, float)) or isinstance(self.time, bool)
                 or not math.isfinite(self.time) or not 0 <= self.time <= MAX_TIME):
             raise ValueError(f"time {self.time!r} is not epoch seconds between 0 and {MAX_TIME:.0f} (year 3000)")
+        if self.author is not None:
+            check_author(self.author)
+            if self.tree is None:
+                raise ValueError("a commit with an author names a tree (format 3), not files")
         if self.tree is not None:
             if self.flat is not None:
                 raise ValueError("a commit names a tree (format 2) or holds files (format 1), not both")
@@ -114,6 +131,8 @@ class Commit:
         self.validate()
         doc = {"format": self.format, "repo": self.repo, "parent": self.parent,
                "message": self.message, "time": self.time}
+        if self.author is not None:
+            doc["author"] = self.author
         if self.tree is not None:
             doc["tree"] = self.tree
         else:
@@ -132,11 +151,16 @@ class Commit:
                 raise ValueError("not a JSON object")
             if doc.get("format") not in READ_VERSIONS or isinstance(doc.get("format"), bool):
                 raise CorruptionError(f"{name} has commit format {doc.get('format')!r}; "
-                                      f"this cdcstore reads formats 1 and 2: upgrade cdcstore")
-            if doc["format"] == 2:
+                                      f"this cdcstore reads formats 1 to 3: upgrade cdcstore")
+            if doc["format"] == 1 and "author" in doc:
+                raise ValueError("a format 1 commit has no author")
+            if doc["format"] in (2, 3):
                 if "files" in doc:
-                    raise ValueError("a format 2 commit names a tree, not files")
-                return cls(doc["repo"], doc["parent"], doc["message"], doc["time"], None, doc["tree"]).validate()
+                    raise ValueError(f"a format {doc['format']} commit names a tree, not files")
+                if (doc["format"] == 3) != ("author" in doc):
+                    raise ValueError("a format 3 commit has an author, and only format 3 has one")
+                return cls(doc["repo"], doc["parent"], doc["message"], doc["time"], None, doc["tree"],
+                           doc.get("author")).validate()
             if not isinstance(doc["files"], dict):
                 raise ValueError("files must be an object of path -> {manifest, size}")
             files = {p: FileEntry(f["manifest"], f["size"]) for p, f in doc["files"].items()}
@@ -146,6 +170,15 @@ class Commit:
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError, CdcError) as e:
             raise CorruptionError(f"{name} is not a valid commit: {e}") from None
 
+
+
+def check_author(author) -> str:
+    """An author is one line of 1 to MAX_AUTHOR characters, without control characters."""
+    if (not isinstance(author, str) or not author.strip() or len(author) > MAX_AUTHOR
+            or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in author)):
+        raise ValueError(f"author {str(author)[:80]!r} must be one line of 1 to {MAX_AUTHOR} characters "
+                         f"without control characters, e.g. 'Ada Lovelace <ada@example.org>'")
+    return author
 
 
 def _check_path(path) -> None:

@@ -78,7 +78,8 @@ class PackSink:
     def __init__(self, store: Backend, opts: IngestOptions):
         self.store = store
         self.opts = opts
-        self.stored_bytes = 0
+        self.stored_bytes = 0  # chunk records written (compressed chunks), as `stats` counts them
+        self.pack_bytes = 0  # whole pack files: the records plus each pack's header, index and trailer
         self._file = None
         self._tmp = ""
         self._writer: PackWriter | None = None
@@ -102,7 +103,8 @@ class PackSink:
             return
         name = self._writer.finish()
         self._file.close()
-        self.stored_bytes += self._writer.size
+        self.pack_bytes += self._writer.size
+        self.stored_bytes += sum(e.stored_len for e in self._writer.entries)
         self._published.append(self._publisher.submit(self.store.add_pack, self._tmp, name, self._writer.entries))
         self._writer = self._file = None
 
@@ -286,4 +288,10 @@ class Ingest:
 
     @property
     def stored_bytes(self) -> int:
+        """Bytes of the chunk records written (compressed chunks, no pack framing)."""
         return self.sink.stored_bytes
+
+    @property
+    def pack_bytes(self) -> int:
+        """Bytes of the pack files written (records, headers, indexes and trailers)."""
+        return self.sink.pack_bytes

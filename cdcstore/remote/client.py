@@ -726,16 +726,33 @@ class RemoteStore(Backend):
         return treeobj.Tree.decode(data, f"tree {name}")
 
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
-        sent = commit  # stored as given: `make_commit` makes format 2 commits
+        """Send `commit`. A server with tokens records the token's name as its author (the
+        answer's "author"): the commit it stores is ours with that author, rebased or not."""
+        sent = commit  # stored as given: `make_commit` makes format 2 and 3 commits
         if self._legacy_trees and commit.tree is not None:  # a server before protocol 1.5 takes format 1 only
             sent = Commit(commit.repo, commit.parent, commit.message, commit.time,
                           self.view(commit.repo, commit).files())
-        doc = {"commit": sent.encode().decode(), "branch": branch, "expected": expected}
-        cid = self._json("POST", f"/repos/{_repo(commit.repo)}/commits", body=json.dumps(doc).encode(),
-                         headers={"Content-Type": "application/json"})["commit"]
+        try:
+            answer = self._post_commit(sent, branch, expected)
+        except CdcError as e:
+            if sent.author is None or "commit format 3" not in str(e):
+                raise
+            sent = Commit(sent.repo, sent.parent, sent.message, sent.time, None, sent.tree)  # a server
+            answer = self._post_commit(sent, branch, expected)  # before authors: format 2, no author
+        cid, author = answer["commit"], answer.get("author")
+        if isinstance(author, str) and sent.tree is not None and author != sent.author:
+            try:
+                sent = sent.with_author(author)
+            except ValueError as e:
+                raise CorruptionError(f"server answered an invalid author: {e}") from None
         if cid != sent.id:
-            self._check_rebased(commit, cid)
+            self._check_rebased(sent, cid)
         return cid
+
+    def _post_commit(self, sent: Commit, branch: str, expected: str | None) -> dict:
+        doc = {"commit": sent.encode().decode(), "branch": branch, "expected": expected}
+        return self._json("POST", f"/repos/{_repo(sent.repo)}/commits", body=json.dumps(doc).encode(),
+                          headers={"Content-Type": "application/json"})
 
     def _check_rebased(self, commit: Commit, landed: str) -> None:
         """The server rebased `commit` onto a moved head: the landed commit must hold
@@ -746,7 +763,8 @@ class RemoteStore(Backend):
         base = self.view(commit.repo, self.get_commit(commit.repo, commit.parent)) if commit.parent else None
         changed, removed = treeobj.changes(base, self.view(commit.repo, commit))
         view = self.view(commit.repo, got)
-        if (got.message != commit.message or any(view.get(p) != f for p, f in changed.items())
+        if (got.message != commit.message or got.author != commit.author
+                or any(view.get(p) != f for p, f in changed.items())
                 or any(view.get(p) is not None for p in removed)):
             raise CorruptionError(f"server landed commit {landed} that does not hold this commit's changes")
 

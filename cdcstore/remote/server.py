@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,8 @@ from . import batches, wire
 from .admin import Lifecycle
 from .limits import Busy, ServerLimits, Slots
 from .staging import StagingRoutes
+from .tokens import TokenFile, default_name, owner_id
+from .tokens import add as add_token, revoke as revoke_token  # noqa: F401 (`cdcstore token`)
 from ..core.address import check_name, check_ref_name, check_write_target
 from ..core.commit import Commit
 from ..core.errors import (BusyError, CdcError, ConflictError, CorruptionError, InvalidAddressError, PackMissingError,
@@ -73,7 +76,7 @@ class HTTPError(Exception):
 
 @dataclass
 class ServerConfig:
-    tokens: dict | None = None  # token -> {"scope": "read"|"write", "repos": [...]}; None: open
+    tokens: dict | TokenFile | None = None  # token -> {"scope", "repos", "name"}; a file: reloaded; None: open
     max_heavy: int | None = None  # sets limits.write_slots and limits.read_slots (cdcstore serve --max-heavy)
     retry_after: int = 1
     body_idle_timeout: float = 30.0  # seconds without a body byte before 408
@@ -99,28 +102,6 @@ def _disk_full(e: BaseException) -> bool:
     if isinstance(e, OSError):
         return e.errno in DISK_FULL
     return isinstance(e, sqlite3.OperationalError) and "full" in str(e)
-
-
-def load_tokens(path: str) -> dict:
-    """Read and check a tokens file: {"TOKEN": {"scope": "read"|"write"|"admin", "repos": ["*"] | [names]}}
-    (admin: write, plus gc, check, forget and delete-repo on the server's store; repos ["*"])."""
-    with open(path) as f:
-        try:
-            doc = json.load(f)
-        except ValueError as e:
-            raise InvalidAddressError(f"tokens file {path} is not JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise InvalidAddressError(f"tokens file {path} must hold a JSON object of token -> grant")
-    for grant in doc.values():
-        if (not isinstance(grant, dict) or grant.get("scope") not in ("read", "write", "admin")
-                or not isinstance(grant.get("repos"), list)):
-            raise InvalidAddressError(
-                f"tokens file {path}: the grant of a token must look like "
-                f'{{"scope": "read", "write" or "admin", "repos": ["*"] or a list of repo names}}')
-        if grant["scope"] == "admin" and grant["repos"] != ["*"]:
-            raise InvalidAddressError(f'tokens file {path}: an admin token runs gc over the whole store: '
-                                      f'its repos must be ["*"]')
-    return doc
 
 
 # the code of an error raised without a CdcError behind it (a CdcError sends its class's code)
@@ -206,17 +187,39 @@ class Scope:
 
 
 class Auth:
-    """Bearer-token checks; `None` tokens means an open (loopback) server."""
+    """Bearer-token checks; `None` tokens means an open (loopback) server. A `TokenFile`'s
+    tokens are looked up at each request: an edit of the file (a revoked token) counts
+    from the next request on."""
 
-    def __init__(self, tokens: dict | None):
-        self.tokens = tokens
+    def __init__(self, tokens: dict | TokenFile | None):
+        self._file = tokens if isinstance(tokens, TokenFile) else None
+        self._tokens = None if self._file is not None else tokens
+
+    @property
+    def tokens(self) -> dict | None:
+        return self._file.current() if self._file is not None else self._tokens
+
+    def reload(self) -> None:
+        """SIGHUP: read the tokens file again (a bad one keeps the tokens in force)."""
+        if self._file is None:
+            log.warning("SIGHUP: this server has no --tokens file to reload; it goes on serving")
+        else:
+            self._file.reload()
+
+    def author(self, request: web.Request) -> str | None:
+        """Who a push is by: the token's name (None on an open server: the client says)."""
+        if self.tokens is None:
+            return None
+        token = request.headers.get("Authorization", "").strip().partition(" ")[2].strip()
+        return self.grant(request).get("name") or default_name(token)
 
     def grant(self, request: web.Request) -> dict | None:
-        if self.tokens is None:
+        tokens = self.tokens
+        if tokens is None:
             return {"scope": "write", "repos": ["*"]}
         scheme, _, token = request.headers.get("Authorization", "").strip().partition(" ")
         token = token.strip() if scheme.lower() == "bearer" else ""
-        grant = self.tokens.get(token) if token else None
+        grant = tokens.get(token) if token else None
         if grant is None:
             raise HTTPError(401, "missing or unknown token: pass --token or set CDCSTORE_TOKEN",
                             {"WWW-Authenticate": "Bearer"})
@@ -241,14 +244,14 @@ class Auth:
         if "*" in g["repos"]:
             return None
         token = request.headers.get("Authorization", "").strip().partition(" ")[2].strip()
-        return Scope(tuple(g["repos"]), hashlib.blake2b(token.encode(), digest_size=16).hexdigest())
+        return Scope(tuple(g["repos"]), owner_id(token))
 
     def owner(self, request: web.Request) -> str:
         """Who holds a slot or a session: a hash of the token (each request on an open server)."""
         if self.tokens is None:
             return f"request-{id(request)}"
         token = request.headers.get("Authorization", "").strip().partition(" ")[2].strip()
-        return hashlib.blake2b(token.encode(), digest_size=16).hexdigest()
+        return owner_id(token)
 
     def visible(self, request: web.Request, repos: list[str]) -> list[str]:
         g = self.grant(request)
@@ -269,6 +272,7 @@ class Server:
         self._parsing = asyncio.Semaphore(lim.parse_slots)  # batches parsed at once (their bodies wait on disk)
         self._secret = store.nonce_key()  # keys proof nonces (shared by the replicas of a bucket)
         self._maintenance: asyncio.Future | None = None
+        self._token_watch: asyncio.Future | None = None
         self._listed = float("-inf")  # when a presence miss last listed the bucket's packs
 
     # -- helpers -----------------------------------------------------------------------------
@@ -681,8 +685,12 @@ class Server:
             raise HTTPError(400, '"expected" must be null or a commit id (64 lowercase hex digits, 32 for format v1)')
         if commit.repo != repo:
             raise HTTPError(400, f"commit names repo {commit.repo!r} but was sent to {repo!r}")
+        author = self.auth.author(request)  # a token push is by the token, whatever the client says
+        if author is not None and commit.tree is not None and commit.author != author:
+            commit = commit.with_author(author)
         cid = await self._io(self._commit, repo, commit, branch, expected, self.auth.scope(request))
-        return web.json_response({"commit": cid, "rebased": cid != commit.id}, status=201)
+        return web.json_response({"commit": cid, "rebased": cid != commit.id, "author": commit.author},
+                                 status=201)
 
     def _parent(self, repo: str, parent) -> Commit | None:
         """The parent commit: a commit id of this repo, never a path (no file-existence oracle)."""
@@ -970,6 +978,10 @@ class Server:
             await self._maintain_once()
 
     async def on_startup(self, app: web.Application) -> None:
+        if hasattr(signal, "SIGHUP"):  # reload the tokens, never stop
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.auth.reload)
+        self._token_watch = asyncio.ensure_future(self._watch_tokens())
         bucket = not self.store.objects.capabilities.local_path
         if not bucket:
             await self._maintain_once()  # a directory: before the first request is served
@@ -977,7 +989,17 @@ class Server:
         # session); the listing of every pack runs in the background
         self._maintenance = asyncio.ensure_future(self._maintenance_loop(now=bucket))
 
+    async def _watch_tokens(self) -> None:
+        """Look at the tokens file every second with no request too: a bad edit is logged at once."""
+        while self.auth.tokens is not None:
+            await asyncio.sleep(1.0)
+
     async def on_cleanup(self, app: web.Application) -> None:
+        if self._token_watch is not None:
+            self._token_watch.cancel()
+        if hasattr(signal, "SIGHUP"):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         if self._maintenance is not None:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -1058,7 +1080,7 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
     """Run the server until interrupted. Without tokens it only binds loopback,
     unless `allow_open` says otherwise explicitly. `limit_items`: NAME=VALUE overrides
     of `ServerLimits` (`cdcstore serve --limit`)."""
-    tokens = load_tokens(tokens_file) if tokens_file else None
+    tokens = TokenFile(tokens_file) if tokens_file else None
     if tokens is None:
         if host not in LOOPBACK and not allow_open:
             raise InvalidAddressError(

@@ -139,15 +139,17 @@ class Backend(abc.ABC):
         return treeobj.View(load, commit.tree)
 
     def make_commit(self, repo: str, parent: str | None, message: str, time: float,
-                    changed: dict[str, FileEntry], removed=(), base: Commit | None = None) -> Commit:
-        """A format 2 commit of `parent` (whose commit is `base`, read if not given) with
-        `changed` set and `removed` taken out; stores the new trees (only those on changed
-        paths, and a format 1 parent's once). Raises treeobj.Clash for a file/folder clash."""
+                    changed: dict[str, FileEntry], removed=(), base: Commit | None = None,
+                    author: str | None = None) -> Commit:
+        """A commit of `parent` (whose commit is `base`, read if not given) with `changed` set
+        and `removed` taken out, by `author` (format 3; format 2 without one); stores the new
+        trees (only those on changed paths, and a format 1 parent's once). Raises
+        treeobj.Clash for a file/folder clash."""
         if base is None and parent is not None:
             base = self.get_commit(repo, parent)
         root, nodes = treeobj.apply(self.view(repo, base) if base else None, changed, removed)
         self.put_trees(nodes)
-        return Commit(repo, parent, message, time, None, root)
+        return Commit(repo, parent, message, time, None, root, author)
 
     def as_format2(self, commit: Commit) -> Commit:
         """`commit` as format 2: a format 1 commit's trees are built and stored (all of them:

@@ -206,6 +206,11 @@ class ObjectStore(abc.ABC):
         """Replace `name` if it still has `token`; Conflict if it changed or is gone
         (the same note on retried requests as put_if_absent). Returns the new token."""
 
+    def counters(self) -> dict | None:
+        """{"requests", "sent_bytes", "received_bytes"} this process exchanged with the
+        service (bodies only), or None for a store with no wire (a directory, memory)."""
+        return None
+
     def clean_tmp(self) -> int:
         """Remove temp files that dead processes left (a directory store); how many."""
         return 0

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -177,6 +178,8 @@ class Repository(Backend):
         self.objects = objects
         self.location = location or objects.url
         self.index_path = index_path
+        if objects.counters() is not None:  # a bucket counts its requests and bytes
+            self.capabilities = dataclasses.replace(self.capabilities, counts_requests=True)
         try:
             marker = bytes(objects.get(MARKER))
         except NotFound:
@@ -359,6 +362,10 @@ class Repository(Backend):
 
     def totals(self) -> dict:
         return self.index.totals()
+
+    def counters(self) -> dict:
+        """Requests and body bytes to and from a bucket, this process (zeros for a directory)."""
+        return self.objects.counters() or super().counters()
 
     def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None:
         """Make a finished pack durable, then index its chunks (invariant 2)."""
@@ -1152,7 +1159,8 @@ class Repository(Backend):
         overlap = sorted((set(ours[0]) | ours[1]) & theirs)
         if not overlap:
             try:
-                landed_commit = self.make_commit(repo, head, commit.message, commit.time, *ours)
+                landed_commit = self.make_commit(repo, head, commit.message, commit.time, *ours,
+                                                 author=commit.author)
             except treeobj.Clash as e:
                 overlap = e.paths
         if overlap:

@@ -286,6 +286,19 @@ class S3Objects(ObjectStore):
         self._cached = (None, None)  # (pid, client)
         self.url = f"s3://{self.bucket}/{self.prefix}"
         self._settings = {**env_settings(), "retries": retries, "connect_timeout": connect_timeout}
+        self._counts = {"requests": 0, "sent_bytes": 0, "received_bytes": 0}
+        self._count_lock = threading.Lock()
+
+    def counters(self) -> dict:
+        with self._count_lock:
+            return dict(self._counts)
+
+    def _count(self, sent: int = 0, received: int = 0) -> None:
+        with self._count_lock:
+            c = self._counts
+            c["requests"] += 1
+            c["sent_bytes"] += sent
+            c["received_bytes"] += received
 
     @property
     def identity(self) -> str:
@@ -301,14 +314,22 @@ class S3Objects(ObjectStore):
         return client
 
     def __getstate__(self):
-        return {**self.__dict__, "_cached": (None, None)}
+        return {k: v for k, v in self.__dict__.items() if k != "_count_lock"} | {"_cached": (None, None)}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, _count_lock=threading.Lock())
 
     def _do(self, what: str, op: str, *args):
+        """One request; its body bytes are counted (a put's data, a get's answer)."""
         client = self.client
+        sent = memoryview(args[1]).nbytes if op == "put" else 0
         try:
-            return getattr(client, op)(*args)
+            out = getattr(client, op)(*args)
         except Exception as e:
+            self._count(sent)
             raise client.error(e, f"{what} in {self.url}") from None
+        self._count(sent, memoryview(out[0]).nbytes if op == "get" else 0)
+        return out
 
     # -- writes -----------------------------------------------------------------------------------
     def _create(self, name: str, data) -> str:
