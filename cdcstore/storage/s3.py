@@ -11,8 +11,8 @@ partial is ever visible.
 
 A peer that stalls costs seconds, not minutes: a request that waits `$CDCSTORE_TIMEOUT` seconds
 (30 by default; the same knob as a server's client) on an endpoint that sends nothing, all its
-attempts together, plus the time its body takes at 1 MiB/s (`MIN_RATE`), fails with one
-`Unavailable` line naming the endpoint, saying it stalled and naming the knob (`S3Objects._do`).
+attempts together, plus the time its body takes at 1 MiB/s (`MIN_RATE`), fails with one `Stalled`
+line (an `Unavailable`) naming the endpoint, saying it stalled and naming the knob (`S3Objects._do`).
 Each client bounds its requests its own way (`_Obstore`, `_S3fs`).
 
 Two clients, chosen per process (docs/architecture.md, "Object storage", has the figures):
@@ -76,6 +76,10 @@ def env_settings() -> dict:
             "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
             "key": env.get("AWS_ACCESS_KEY_ID"), "secret": env.get("AWS_SECRET_ACCESS_KEY"),
             "token": env.get("AWS_SESSION_TOKEN")}
+
+
+class Stalled(Unavailable):
+    """A request that waited its budget on an endpoint that sent nothing (on the wire: unavailable)."""
 
 
 def stall_timeout(timeout: float | None = None) -> float:
@@ -417,7 +421,7 @@ class S3Objects(ObjectStore):
         timeout = self._settings["timeout"]
         if isinstance(err, Unavailable) and (isinstance(e, asyncio.TimeoutError) or took >= 0.9 * timeout):
             endpoint = self._settings["endpoint"] or "AWS S3"
-            return Unavailable(f"{where}: the S3 endpoint {endpoint} stalled: no answer within {took:.1f} s "
+            return Stalled(f"{where}: the S3 endpoint {endpoint} stalled: no answer within {took:.1f} s "
                                f"(hung, overloaded or unreachable); set {ENV_TIMEOUT}=SECONDS to wait longer "
                                f"(now {timeout:g})")
         return err
@@ -466,6 +470,8 @@ class S3Objects(ObjectStore):
             return b""
         try:
             return self._do(f"object {name!r}", "get", name, offset, length)[0]
+        except Stalled:
+            raise  # asking the endpoint again would only wait as long once more
         except Unavailable:
             if self.stat(name).size <= offset:  # obstore: 416, the range starts past the end
                 return b""
