@@ -9,6 +9,12 @@ real conditional writes, atomic in the service, so two writers on two machines c
 both win. Every put is one PUT (never multipart), and a single PUT is atomic: nothing
 partial is ever visible.
 
+A peer that stalls costs seconds, not minutes: a request that waits `$CDCSTORE_TIMEOUT` seconds
+(30 by default; the same knob as a server's client) on an endpoint that sends nothing, all its
+attempts together, plus the time its body takes at 1 MiB/s (`MIN_RATE`), fails with one `Stalled`
+line (an `Unavailable`) naming the endpoint, saying it stalled and naming the knob (`S3Objects._do`).
+Each client bounds its requests its own way (`_Obstore`, `_S3fs`).
+
 Two clients, chosen per process (docs/architecture.md, "Object storage", has the figures):
 obstore (Rust, 2-6x faster per request here) where it is safe, and s3fs/aiobotocore in
 a process forked from one that has started obstore, whose tokio runtime then hangs
@@ -17,19 +23,32 @@ errors by their kind or S3 error code, never by message text.
 """
 from __future__ import annotations
 
+import asyncio
 import datetime
 import functools
 import importlib.util
+import math
 import os
 import threading
+import time
 from typing import Iterator
 
+from ..core.errors import InvalidAddressError
 from .objects import (AccessDenied, AlreadyExists, Capabilities, Conflict, InvalidName, NotFound,
                       ObjectInfo, ObjectStore, StorageError, StorageFull, Unavailable,
                       check_folder_prefix, check_object_name, check_prefix, check_range)
 
 PAGE = 1000  # keys per listing request with s3fs (S3's maximum; obstore always asks 1000)
 CLIENT_ENV = "CDCSTORE_S3_CLIENT"
+#: Seconds a request may wait on an endpoint that sends nothing, all its attempts together (plus the
+#: time its body takes at MIN_RATE): the server client's knob and default (remote/client.py), one
+#: for every peer a store talks to.
+ENV_TIMEOUT = "CDCSTORE_TIMEOUT"
+DEFAULT_TIMEOUT = 30.0
+MIN_RATE = 1024 * 1024  # bytes/s: a body moving slower than this counts as stalled
+LARGEST_BODY = 128 * 1024 * 1024  # the most one request moves (a pack: wire.MAX_PACK_BYTES)
+STEP = 1024 * 1024  # s3fs reads a body this much at a time (each read within the stall timeout)
+SMALLEST_CLASS = 256 * 1024  # obstore's write clients: one per power of two from here (a few in use)
 
 _NOT_FOUND = {"NoSuchKey", "404", "NotFound"}
 _PRECONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
@@ -57,6 +76,36 @@ def env_settings() -> dict:
             "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
             "key": env.get("AWS_ACCESS_KEY_ID"), "secret": env.get("AWS_SECRET_ACCESS_KEY"),
             "token": env.get("AWS_SESSION_TOKEN")}
+
+
+class Stalled(Unavailable):
+    """A request that waited its budget on an endpoint that sent nothing (on the wire: unavailable)."""
+
+
+def stall_timeout(timeout: float | None = None) -> float:
+    """`timeout`, else $CDCSTORE_TIMEOUT, else DEFAULT_TIMEOUT: seconds, positive and finite."""
+    raw = None
+    if timeout is None:
+        raw = os.environ.get(ENV_TIMEOUT, "").strip()
+        try:
+            timeout = float(raw) if raw else DEFAULT_TIMEOUT
+        except ValueError:
+            timeout = math.nan
+    if not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
+        given = f"{ENV_TIMEOUT}={raw!r}" if raw is not None else f"timeout={timeout!r}"
+        raise InvalidAddressError(f"{given}: give the seconds a bucket request may wait on a stalled "
+                                  f"endpoint, a positive number (e.g. {ENV_TIMEOUT}=30)")
+    return float(timeout)
+
+
+def budget(timeout: float, nbytes: int = 0) -> float:
+    """Seconds a request moving `nbytes` may take in all: the stall timeout plus the body at MIN_RATE."""
+    return timeout + nbytes / MIN_RATE
+
+
+def _size_class(nbytes: int) -> int:
+    """`nbytes` rounded up to a power of two, SMALLEST_CLASS at least: obstore's write clients."""
+    return max(SMALLEST_CLASS, 1 << max(0, nbytes - 1).bit_length())
 
 
 # -- which client ---------------------------------------------------------------------------------
@@ -110,16 +159,41 @@ class _Obstore:
         import obstore
         import obstore.exceptions as ox
         from obstore.store import S3Store
-        self.ob, self.ox = obstore, ox
+        self.ob, self.ox, self.S3Store = obstore, ox, S3Store
+        self.bucket, self.prefix, self.s = bucket, prefix, s
+        self.timeout = s["timeout"]
+        # reads, heads, listings, deletes: no byte for `timeout` s (the answer's headers, then
+        # between two reads of the body) is a stall; no retry starts after `timeout` s
+        self.store = self._store(self.timeout, budget(self.timeout, LARGEST_BODY), self.timeout)
+        self._writers: dict[int, object] = {}
+        self._lock = threading.Lock()
+
+    def _store(self, idle: float, whole: float, retry: float):
+        """An obstore client whose attempts wait `idle` s for a byte (its read timeout runs from the
+        request's start to the answer's headers, then between reads), last `whole` s at most, and
+        are retried (errors, or timeouts of reads) only within `retry` s of the first."""
+        s = self.s
         config = {k: v for k, v in {"endpoint": s["endpoint"], "region": s["region"] or "us-east-1",
                                     "access_key_id": s["key"], "secret_access_key": s["secret"],
                                     "session_token": s["token"]}.items() if v}
         http = bool(s["endpoint"] and s["endpoint"].startswith("http://"))
-        self.store = S3Store(bucket, prefix=prefix.rstrip("/") or None, config=config, client_options={
-            "allow_http": http, "connect_timeout": f"{s['connect_timeout']}s", "timeout": "300s"},
-            retry_config={"max_retries": s["retries"], "retry_timeout": datetime.timedelta(seconds=120),
+        return self.S3Store(self.bucket, prefix=self.prefix.rstrip("/") or None, config=config, client_options={
+            "allow_http": http, "connect_timeout": datetime.timedelta(seconds=min(s["connect_timeout"], idle)),
+            "read_timeout": datetime.timedelta(seconds=idle), "timeout": datetime.timedelta(seconds=whole)},
+            retry_config={"max_retries": s["retries"], "retry_timeout": datetime.timedelta(seconds=retry),
                           "backoff": {"init_backoff": datetime.timedelta(milliseconds=100),
                                       "max_backoff": datetime.timedelta(seconds=10), "base": 2}})
+
+    def _writer(self, nbytes: int):
+        """The client for a put of `nbytes`: its read timeout also runs while the body goes up, so
+        it is the whole budget of the body's size class (a few clients: 256 KiB, 512 KiB ... 128 MiB)."""
+        size = _size_class(nbytes)
+        with self._lock:
+            store = self._writers.get(size)
+            if store is None:
+                whole = budget(self.timeout, size)
+                store = self._writers[size] = self._store(whole, whole, whole)
+            return store
 
     def error(self, e: Exception, where: str) -> Exception:
         ox = self.ox
@@ -140,7 +214,8 @@ class _Obstore:
 
     def put(self, key: str, data, create: bool, match: str | None) -> str:
         mode = "create" if create else {"e_tag": match} if match else "overwrite"
-        return self.ob.put(self.store, key, data, mode=mode, use_multipart=False)["e_tag"]
+        store = self._writer(memoryview(data).nbytes)
+        return self.ob.put(store, key, data, mode=mode, use_multipart=False)["e_tag"]
 
     def get(self, key: str, offset: int | None = None, length: int | None = None):
         if offset is None:
@@ -192,11 +267,15 @@ class _S3fs:
     def __init__(self, bucket: str, prefix: str, s: dict):
         import s3fs
         self.bucket, self.prefix = bucket, prefix
+        self.timeout = t = s["timeout"]
+        # botocore's read timeout also runs while a body goes up (after 100-continue): it is only a
+        # backstop here; each request is bounded below, by its budget, on the event loop
         self.fs = s3fs.S3FileSystem(
             skip_instance_cache=True, endpoint_url=s["endpoint"], key=s["key"], secret=s["secret"],
             token=s["token"], client_kwargs={"region_name": s["region"]} if s["region"] else {},
             config_kwargs={"retries": {"max_attempts": s["retries"], "mode": "standard"},
-                           "connect_timeout": s["connect_timeout"]})
+                           "connect_timeout": min(s["connect_timeout"], t),
+                           "read_timeout": budget(t, LARGEST_BODY)})
         self.fs.retries = 1  # botocore's standard mode retries; s3fs would multiply them
 
     def error(self, e: Exception, where: str) -> Exception:
@@ -220,27 +299,49 @@ class _S3fs:
                                f"({type(e).__name__}: {e}); check AWS_ENDPOINT_URL and try again")
         return StorageError(f"{where}: S3 error {code}: {e}") if code else e  # else a bug: shown as it is
 
-    def call(self, method: str, **kw):
-        return self.fs.call_s3(method, Bucket=self.bucket, **kw)
+    def _sync(self, coro_fn, *args):
+        import fsspec.asyn
+        return fsspec.asyn.sync(self.fs.loop, coro_fn, *args)
+
+    async def _acall(self, method: str, seconds: float, kw: dict):
+        await self.fs.set_session()  # once: botocore's models load here (~0.5 s), not a stall
+        return await asyncio.wait_for(self.fs._call_s3(method, Bucket=self.bucket, **kw), seconds)
+
+    def call(self, method: str, nbytes: int = 0, **kw):
+        """One request, all its attempts within its budget (asyncio.TimeoutError past it)."""
+        return self._sync(self._acall, method, budget(self.timeout, nbytes), kw)
 
     def put(self, key: str, data, create: bool, match: str | None) -> str:
         cond = {"IfNoneMatch": "*"} if create else {"IfMatch": match} if match else {}
-        return self.call("put_object", Key=self.prefix + key, Body=bytes(data), **cond)["ETag"]
+        body = bytes(data)
+        return self.call("put_object", len(body), Key=self.prefix + key, Body=body, **cond)["ETag"]
 
-    @staticmethod
-    async def _aget(fs, bucket: str, key: str, rng: str | None):
-        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **({"Range": rng} if rng else {}))
+    async def _aget(self, key: str, rng: str | None):
+        """The answer's headers within the stall timeout, then its body with no
+        `timeout` s between two reads and within the budget of its length."""
+        loop = asyncio.get_running_loop()
+        resp = await self._acall("get_object", self.timeout, {"Key": key, **({"Range": rng} if rng else {})})
         body = resp["Body"]
         try:
-            return await body.read(), resp["ETag"]
+            size = resp.get("ContentLength")
+            size = size if isinstance(size, int) and size >= 0 else LARGEST_BODY
+            deadline = loop.time() + budget(self.timeout, size)
+            parts = []
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise asyncio.TimeoutError()
+                part = await asyncio.wait_for(body.read(STEP), min(self.timeout, left))
+                if not part:
+                    return b"".join(parts), resp["ETag"]
+                parts.append(part)
         finally:
             body.close()
 
     def get(self, key: str, offset: int | None = None, length: int | None = None):
-        import fsspec.asyn
         rng = None if offset is None else f"bytes={offset}-{offset + length - 1}"
         try:
-            return fsspec.asyn.sync(self.fs.loop, self._aget, self.fs, self.bucket, self.prefix + key, rng)
+            return self._sync(self._aget, self.prefix + key, rng)
         except Exception as e:
             if rng and _code(e) in ("InvalidRange", "416"):
                 return b"", None  # the range starts at or past the end
@@ -280,12 +381,14 @@ class S3Objects(ObjectStore):
 
     capabilities = Capabilities(supports_ranges=True, atomic_conditional_put=True, local_path=False)
 
-    def __init__(self, url: str, retries: int = 5, connect_timeout: float = 10, client: str | None = None):
+    def __init__(self, url: str, retries: int = 5, connect_timeout: float = 10, client: str | None = None,
+                 timeout: float | None = None):
         self.bucket, self.prefix = parse_url(url)
         self._forced = client
         self._cached = (None, None)  # (pid, client)
         self.url = f"s3://{self.bucket}/{self.prefix}"
-        self._settings = {**env_settings(), "retries": retries, "connect_timeout": connect_timeout}
+        self._settings = {**env_settings(), "retries": retries, "connect_timeout": connect_timeout,
+                          "timeout": stall_timeout(timeout)}
         self._counts = {"requests": 0, "sent_bytes": 0, "received_bytes": 0}
         self._count_lock = threading.Lock()
 
@@ -323,13 +426,26 @@ class S3Objects(ObjectStore):
         """One request; its body bytes are counted (a put's data, a get's answer)."""
         client = self.client
         sent = memoryview(args[1]).nbytes if op == "put" else 0
+        began = time.monotonic()
         try:
             out = getattr(client, op)(*args)
         except Exception as e:
             self._count(sent)
-            raise client.error(e, f"{what} in {self.url}") from None
+            raise self._error(client, e, f"{what} in {self.url}", time.monotonic() - began) from None
         self._count(sent, memoryview(out[0]).nbytes if op == "get" else 0)
         return out
+
+    def _error(self, client, e: Exception, where: str, took: float) -> Exception:
+        """The client's typed error; a request that could not be served and waited the stall
+        timeout (or more) without an answer is said to have stalled, with the knob to turn."""
+        err = client.error(e, where)
+        timeout = self._settings["timeout"]
+        if isinstance(err, Unavailable) and (isinstance(e, asyncio.TimeoutError) or took >= 0.9 * timeout):
+            endpoint = self._settings["endpoint"] or "AWS S3"
+            return Stalled(f"{where}: the S3 endpoint {endpoint} stalled: no answer within {took:.1f} s "
+                           f"(hung, overloaded or unreachable); set {ENV_TIMEOUT}=SECONDS to wait longer "
+                           f"(now {timeout:g})")
+        return err
 
     # -- writes -----------------------------------------------------------------------------------
     def _create(self, name: str, data) -> str:
@@ -393,6 +509,8 @@ class S3Objects(ObjectStore):
             return b""
         try:
             return self._do(f"object {name!r}", "get", name, offset, length)[0]
+        except Stalled:
+            raise  # asking the endpoint again would only wait as long once more
         except Unavailable:
             if self.stat(name).size <= offset:  # obstore: 416, the range starts past the end
                 return b""
@@ -411,10 +529,11 @@ class S3Objects(ObjectStore):
         client = self.client
         it = client.list(prefix)
         while True:
+            began = time.monotonic()
             try:
                 item = next(it)
             except StopIteration:
                 return
             except Exception as e:
-                raise client.error(e, f"listing {prefix!r} in {self.url}") from None
+                raise self._error(client, e, f"listing {prefix!r} in {self.url}", time.monotonic() - began) from None
             yield ObjectInfo(*item)
