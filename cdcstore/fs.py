@@ -363,18 +363,21 @@ class CdcFileSystem(AbstractFileSystem):
     def get_file(self, rpath, lpath, callback=None, outfile=None, **kwargs):
         """Like fsspec's, but the store path is validated (no '..'), an existing symlink,
         FIFO or device at `lpath` is refused, never written through, and in a recursive
-        `get` the target's folder must resolve inside the destination."""
+        `get` a path below the destination must resolve inside it (its folder, and itself
+        when it is a symlink: a symlinked folder leading out is named as such)."""
         if outfile is None and not isinstance(lpath, io.IOBase):
             self._address(rpath)  # raises on '..' and NUL
             target = os.fspath(lpath)
-            _check_replaceable(target)
             if self._get_root is not None and os.path.abspath(target) != self._get_root[0]:
-                # a path below the destination (not the destination itself, which the caller named)
-                root = self._get_root[1]
+                # below the destination (the destination itself is what the caller named)
+                root = self._get_root[1].rstrip(os.sep) + os.sep
                 parent = os.path.realpath(os.path.dirname(os.path.abspath(target)))
-                if parent != root and not parent.startswith(root.rstrip(os.sep) + os.sep):
+                real = os.path.realpath(target) if os.path.islink(target) else parent + os.sep
+                if not (parent + os.sep).startswith(root) or not (real + os.sep).startswith(root):
                     raise InvalidAddressError(f"{target!r} would be written through a symlink out of "
-                                              f"{root!r}: refusing; remove that symlink or get elsewhere")
+                                              f"{self._get_root[1]!r}: refusing; remove that symlink or get "
+                                              f"elsewhere")
+            _check_replaceable(target)
         return super().get_file(rpath, lpath, callback=callback, outfile=outfile, **kwargs)
 
     def _check_absent(self, repo: str, branch: str, paths: list[str]) -> None:
