@@ -116,7 +116,15 @@ def commits(store_path: str, repo: str) -> int:
         return len(s.log(repo, limit=1000)) if repo in s.repos() else 0
 
 
-def test_pyarrow_write_dataset_lands_one_commit_as_documented(tmp_path):
+def test_fsspec_writers_land_one_commit_as_documented(tmp_path):
+    """docs/fsspec.md's recipe, run as written: pyarrow's write_dataset inside `fs.transaction`
+    is one commit (alone, one a file); so is dask's threaded scheduler, which finds the same
+    filesystem instance (same `storage_options`)."""
+    import dask
+    import dask.dataframe as dd
+    import fsspec
+    import pandas as pd
+
     LocalStore.init(str(tmp_path / "s"))
     fs = CdcFileSystem(store=str(tmp_path / "s"))
     table = pa.table({"label": np.arange(1000) % 4, "v": np.arange(1000)})
@@ -131,3 +139,15 @@ def test_pyarrow_write_dataset_lands_one_commit_as_documented(tmp_path):
     ds.write_dataset(table, "cdc://imagenet@main/v5/", filesystem=fs, format="parquet",
                      partitioning=["label"], partitioning_flavor="hive")
     assert commits(str(tmp_path / "s"), "imagenet") == 1 + 4
+
+    opts = {"store": str(tmp_path / "s")}
+    ddf = dd.from_pandas(pd.DataFrame({"v": range(600)}), npartitions=6)
+    fs = fsspec.filesystem("cdc", **opts)
+    with dask.config.set(scheduler="threads"):
+        with fs.transaction:
+            ddf.to_parquet("cdc://r@main/one/", storage_options=opts, write_metadata_file=False)
+        assert commits(str(tmp_path / "s"), "r") == 1
+        ddf.to_parquet("cdc://r@main/many/", storage_options=opts, write_metadata_file=False)
+    assert commits(str(tmp_path / "s"), "r") == 1 + 6
+    assert sorted(dd.read_parquet("cdc://r/one/", storage_options=opts).compute()["v"]) == list(range(600))
+
