@@ -149,7 +149,7 @@ class CdcFileSystem(AbstractFileSystem):
         self.head_ttl = head_ttl
         self._resolved_at: dict[tuple[str, str], float] = {}
         self._pinned: set[tuple[str, str]] = set()  # (repo, rev) that name a commit or a tag: never refreshed
-        self._get_root: str | None = None  # the destination of a recursive get in progress
+        self._get_root: tuple[str, str] | None = None  # a recursive get's destination: (absolute, real)
         self._store: Store | None = None
         self._pid = None
         self._heads: dict[tuple[str, str], str] = dict(resolved or {})  # (repo, rev) -> commit id
@@ -180,6 +180,27 @@ class CdcFileSystem(AbstractFileSystem):
         elif path.startswith("cdc:"):
             path = path[4:]
         return path.strip("/")
+
+    @staticmethod
+    def _form(path) -> str:
+        """What the caller wrote before `REPO`: "cdc://" (or "cdc:"), a leading "/", or nothing.
+        Listings (`ls`, `find`, `glob`, `walk`, `info`) name paths in the form they were asked
+        in, so a tool that checks results against its base (pyarrow's "outside base dir") works
+        with either form; every method accepts both."""
+        if not isinstance(path, str):
+            return ""
+        head = SCHEME if path.startswith(SCHEME) else "cdc:" if path.startswith("cdc:") else ""
+        rest = path[len(head):]
+        return head + rest[:len(rest) - len(rest.lstrip("/"))]
+
+    @staticmethod
+    def _in_form(form: str, out):
+        """Names (a list, or a {name: info} dict) of a stripped listing, in the caller's form."""
+        if not form:
+            return out
+        if isinstance(out, dict):
+            return {form + k: dict(v, name=form + v["name"]) if "name" in v else v for k, v in out.items()}
+        return [form + n for n in out]
 
     def _address(self, path: str) -> Address:
         return parse(self._strip_protocol(path))
@@ -225,29 +246,46 @@ class CdcFileSystem(AbstractFileSystem):
 
     # -- reading ----------------------------------------------------------------------------
     def ls(self, path, detail=True, **kwargs):
-        path = self._strip_protocol(path)
+        form, path = self._form(path), self._strip_protocol(path)
         if not path:
             repos = self.store.repos()
-            out = [{"name": r, "size": 0, "type": "directory"} for r in repos]
+            out = [{"name": form + r, "size": 0, "type": "directory"} for r in repos]
             return out if detail else [e["name"] for e in out]
         a = parse(path)
         commit, view = self._view_of(a)
         if view.kind(a.path) is None:
             raise FileNotFoundError(f"{SCHEME}{path}")
-        out = [dict(e, name=self._name(a, e["name"]), mtime=commit.time) for e in view.listing(a.path)]
+        out = [dict(e, name=form + self._name(a, e["name"]), mtime=commit.time) for e in view.listing(a.path)]
         return out if detail else [e["name"] for e in out]
 
     def info(self, path, **kwargs):
-        path = self._strip_protocol(path)
+        form, path = self._form(path), self._strip_protocol(path)
         if not path:
-            return {"name": "", "size": 0, "type": "directory"}
+            return {"name": form, "size": 0, "type": "directory"}
         a = parse(path)
         commit, view = self._view_of(a)
         kind = view.kind(a.path)
         if kind is None:
             raise FileNotFoundError(f"{SCHEME}{path}")
-        return {"name": self._name(a, a.path), "size": view.size(a.path), "type": kind,
+        return {"name": form + self._name(a, a.path), "size": view.size(a.path), "type": kind,
                 "mtime": commit.time}
+
+    def find(self, path, maxdepth=None, withdirs=False, detail=False, **kwargs):
+        out = super().find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)
+        return self._in_form(self._form(path), out)
+
+    def glob(self, path, maxdepth=None, **kwargs):
+        out = super().glob(path, maxdepth=maxdepth, **kwargs)
+        return self._in_form(self._form(path), out)
+
+    def walk(self, path, maxdepth=None, topdown=True, on_error="omit", **kwargs):
+        form = self._form(path)
+        for root, dirs, files in super().walk(path, maxdepth=maxdepth, topdown=topdown, on_error=on_error,
+                                              **kwargs):
+            if form and isinstance(dirs, dict):  # detail=True: the infos' names too
+                dirs = {k: dict(v, name=form + v["name"]) for k, v in dirs.items()}
+                files = {k: dict(v, name=form + v["name"]) for k, v in files.items()}
+            yield form + root, dirs, files
 
     def modified(self, path):
         import datetime
@@ -316,7 +354,7 @@ class CdcFileSystem(AbstractFileSystem):
         """Like fsspec's; a recursive get never writes through a symlinked folder that
         leads out of `lpath` (see `get_file`)."""
         root = os.fspath(lpath) if isinstance(lpath, (str, os.PathLike)) else None
-        self._get_root = os.path.realpath(root) if root and recursive else None
+        self._get_root = (os.path.abspath(root), os.path.realpath(root)) if root and recursive else None
         try:
             return super().get(rpath, lpath, recursive=recursive, **kwargs)
         finally:
@@ -325,16 +363,21 @@ class CdcFileSystem(AbstractFileSystem):
     def get_file(self, rpath, lpath, callback=None, outfile=None, **kwargs):
         """Like fsspec's, but the store path is validated (no '..'), an existing symlink,
         FIFO or device at `lpath` is refused, never written through, and in a recursive
-        `get` the target's folder must resolve inside the destination."""
+        `get` a path below the destination must resolve inside it (its folder, and itself
+        when it is a symlink: a symlinked folder leading out is named as such)."""
         if outfile is None and not isinstance(lpath, io.IOBase):
             self._address(rpath)  # raises on '..' and NUL
             target = os.fspath(lpath)
+            if self._get_root is not None and os.path.abspath(target) != self._get_root[0]:
+                # below the destination (the destination itself is what the caller named)
+                root = self._get_root[1].rstrip(os.sep) + os.sep
+                parent = os.path.realpath(os.path.dirname(os.path.abspath(target)))
+                real = os.path.realpath(target) if os.path.islink(target) else parent + os.sep
+                if not (parent + os.sep).startswith(root) or not (real + os.sep).startswith(root):
+                    raise InvalidAddressError(f"{target!r} would be written through a symlink out of "
+                                              f"{self._get_root[1]!r}: refusing; remove that symlink or get "
+                                              f"elsewhere")
             _check_replaceable(target)
-            root = self._get_root
-            parent = os.path.realpath(os.path.dirname(os.path.abspath(target)))
-            if root and parent != root and not parent.startswith(root.rstrip(os.sep) + os.sep):
-                raise InvalidAddressError(f"{target!r} would be written through a symlink out of {root!r}: "
-                                          f"refusing; remove that symlink or get elsewhere")
         return super().get_file(rpath, lpath, callback=callback, outfile=outfile, **kwargs)
 
     def _check_absent(self, repo: str, branch: str, paths: list[str]) -> None:

@@ -1,0 +1,51 @@
+"""pyproject.toml installs on a stock machine: what it asks for exists on a public index, and the
+build backend it names understands the table it reads. (The README's commands themselves run in
+CI from a fresh clone: .ci/run.)"""
+import os
+import tomllib
+
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+def pyproject() -> dict:
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def requirements(p: dict) -> list[Requirement]:
+    reqs = [Requirement(r) for r in p["project"]["dependencies"]]
+    for extra in p["project"]["optional-dependencies"].values():
+        reqs += [Requirement(r) for r in extra]
+    return reqs + [Requirement(r) for r in p["build-system"]["requires"]]
+
+
+def test_no_requirement_names_a_local_version():
+    """`torch==2.13.0+cpu` failed on a stock machine: public indexes serve no local versions
+    (`+label`). `torch==2.13.0` still takes a local 2.13.0+cpu build where an index has one."""
+    local = [str(r) for r in requirements(pyproject()) for s in r.specifier if "+" in s.version]
+    assert local == [], f"requirements pinned to a local version label: {local}"
+
+
+def test_build_backend_is_new_enough_for_ext_modules():
+    """`ext-modules` in [tool.setuptools] is read by setuptools 74.1 and newer; an older one
+    (allowed by `setuptools>=68`) builds the package without its C extension or fails."""
+    p = pyproject()
+    assert p["tool"]["setuptools"].get("ext-modules")
+    setuptools = [r for r in (Requirement(x) for x in p["build-system"]["requires"]) if r.name == "setuptools"]
+    assert setuptools, "build-system.requires names no setuptools"
+    floor = [Version(s.version) for s in setuptools[0].specifier if s.operator in (">=", "==", "~=")]
+    assert floor and min(floor) >= Version("74.1"), setuptools[0]
+    assert not setuptools[0].specifier.contains("74.0")
+
+
+def test_the_test_extra_has_what_the_tests_import():
+    names = {Requirement(r).name for r in pyproject()["project"]["optional-dependencies"]["test"]}
+    assert {"torch", "polars", "duckdb"} <= names
+    torch = next(Requirement(r) for r in pyproject()["project"]["optional-dependencies"]["test"]
+                 if Requirement(r).name == "torch")
+    assert torch.marker is None  # the torch tests fail, never skip, without it: every platform gets it
+    assert torch.specifier.contains("2.13.0+cpu") and torch.specifier.contains("2.13.0")
+
