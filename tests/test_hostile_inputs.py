@@ -234,7 +234,7 @@ def test_tar_streaming_holds_about_prefetch_bytes(store, tmp_path):
                 info.size = len(data)
                 t.addfile(info, io.BytesIO(data))
     store.push([str(src)], "cdc://t/")
-    ds = StreamingDataset("cdc://t/", store=store, prefetch_bytes=1 << 20, batch_size=4)
+    ds = StreamingDataset("cdc://t/", store=store, prefetch_bytes=1 << 20, batch_size=4, decode=False)
     tracemalloc.start()
     try:
         seen = 0
