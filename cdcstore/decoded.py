@@ -25,6 +25,8 @@ import weakref
 
 import pyarrow as pa
 
+from .runtime import pid_alive
+
 SHM = "/dev/shm"
 SHM_MIN_FREE = 1 << 30  # /dev/shm is used only with this much free (a container's is often 64 MiB)
 POS_BITS = 40  # progress = epoch << POS_BITS | position (positions below 2**40 rows)
@@ -48,18 +50,8 @@ def _sweep_stale(root: str) -> None:
     with contextlib.suppress(OSError):
         for entry in os.scandir(root):
             m = _FOLDER.match(entry.name)
-            if m and not _alive(int(m.group(1))):
+            if m and not pid_alive(int(m.group(1))):
                 shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove_if_owner(path: str, owner: int) -> None:

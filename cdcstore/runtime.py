@@ -44,6 +44,17 @@ def around_fork(before: Callable[[], None], after: Callable[[], None]) -> None:
     os.register_at_fork(before=before, after_in_parent=after, after_in_child=after)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists (the owner of a leftover temp file or shared folder)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _check_pid() -> None:
     if _pid != os.getpid():  # a fork that bypassed register_at_fork (e.g. os.fork from C)
         _reset_after_fork()

@@ -35,7 +35,7 @@ from ..core.manifest import MAX_MANIFEST_BYTES, Manifest
 from ..core.pack import PackEntry, decode_chunk
 from ..core.ranges import ByteRange, landing as _landing, plan_ranges, slices
 from ..storage.backend import Backend, BackendCapabilities
-from ..storage.local import pid_alive
+from ..runtime import pid_alive
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so

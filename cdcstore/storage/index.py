@@ -77,13 +77,18 @@ class ChunkIndex:
         """Schema 4: the stored copies known damaged (a read or `check` found them failing
         verification), so that `rebuild-index`, which reads only footers, does not make them
         readable again. A copy stays recorded until its pack is gone (gc) or it verifies again."""
+        self._ensure_table("damaged_chunks", "CREATE TABLE IF NOT EXISTS damaged_chunks (id BLOB NOT NULL,"
+                           " pack TEXT NOT NULL, PRIMARY KEY (id, pack)) WITHOUT ROWID")
+
+    def _ensure_table(self, name: str, *ddl: str) -> None:
+        """Run `ddl` once, when table `name` is missing, and record the schema version."""
         conn = self.conn
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='damaged_chunks'").fetchone():
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone():
             return
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            conn.execute("CREATE TABLE IF NOT EXISTS damaged_chunks (id BLOB NOT NULL, pack TEXT NOT NULL,"
-                         " PRIMARY KEY (id, pack)) WITHOUT ROWID")
+            for statement in ddl:
+                conn.execute(statement)
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
 
     def damaged(self) -> set[tuple[str, bytes]]:
@@ -108,16 +113,11 @@ class ChunkIndex:
         its place and gc sees every pack that holds a live chunk. An index made before
         schema 3 lacks the duplicates it ignored until `rebuild-index` (a dedup miss at worst:
         gc counts the duplicate's pack as dead only if it marks from this index alone)."""
-        conn = self.conn
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='dup_chunks'").fetchone():
-            return
-        with conn:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("CREATE TABLE IF NOT EXISTS dup_chunks (id BLOB NOT NULL, pack TEXT NOT NULL,"
-                         " offset INTEGER NOT NULL, stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL,"
-                         " codec INTEGER NOT NULL, xsum INTEGER, PRIMARY KEY (id, pack)) WITHOUT ROWID")
-            conn.execute("CREATE INDEX IF NOT EXISTS dup_chunks_by_pack ON dup_chunks (pack)")
-            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        self._ensure_table("dup_chunks",
+                           "CREATE TABLE IF NOT EXISTS dup_chunks (id BLOB NOT NULL, pack TEXT NOT NULL,"
+                           " offset INTEGER NOT NULL, stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL,"
+                           " codec INTEGER NOT NULL, xsum INTEGER, PRIMARY KEY (id, pack)) WITHOUT ROWID",
+                           "CREATE INDEX IF NOT EXISTS dup_chunks_by_pack ON dup_chunks (pack)")
 
     # -- whose index this is ------------------------------------------------------------------
     def store_id(self) -> str | None:

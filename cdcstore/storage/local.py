@@ -17,6 +17,8 @@ import secrets
 import stat
 from typing import Iterator
 
+from ..runtime import pid_alive
+
 from ..core import ids
 from ..core.errors import CorruptionError
 from .objects import (AlreadyExists, Capabilities, Conflict, InvalidName, NotFound, ObjectInfo,
@@ -34,16 +36,6 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def clean_dead_temps(folder: str, pid_of=lambda name: name.split("-", 1)[0]) -> int:
