@@ -19,6 +19,7 @@ rarely write (a promotion is one write per entry).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import fcntl
@@ -55,6 +56,7 @@ PENDING_BYTES = 256 * 1024 * 1024  # background cache writes waiting at most (th
 WRITE_AFTER_QUIET = 0.05  # seconds without a fetch in flight before queued cache writes start
 WRITE_ANYWAY_BYTES = PENDING_BYTES // 2  # ... or once this much waits (a read that never pauses)
 TAG_PREFIX = "tag/"  # heads rows of tags (kept without a time limit: tags never move)
+RECENT_IDS = 1 << 16  # ids of chunks this process wrote to the cache that `fetched_here` remembers
 FLIGHT_WAIT = 120.0  # seconds a read waits for another thread's fetch of the same chunk before its own
 HEAD_TTL = 10.0  # seconds a branch head resolved by one process serves the others
 CACHED = "cache"  # the pseudo pack name of a cached chunk
@@ -131,6 +133,7 @@ class ChunkCache:
         self._writer_pid = None
         self._queue = None
         self._queued: dict[bytes, tuple] = {}  # id -> entry waiting for the background writer
+        self._recent: collections.OrderedDict = collections.OrderedDict()  # ids it wrote lately (`fetched_here`)
         self._reads = 0  # fetches in flight in this process (cache writes wait for them)
         self._last_read = 0.0  # when the last one ended (time.monotonic)
         self._flushing = 0  # callers of wait(): write now
@@ -225,6 +228,29 @@ class ChunkCache:
                                       [(now, c) for c in promote])
         return out
 
+    def fetched_here(self, chunk_ids: Iterable[bytes]) -> dict[bytes, bytes]:
+        """Verified raw bytes of the chunks among `chunk_ids` that this process fetched lately (still
+        queued for the writer, or among the last `RECENT_IDS` it wrote): a reader reading again what
+        it fetched, without a sqlite query for the rest. Not a use (`get(touch=False)`)."""
+        self._here()
+        queued, recent = self._queued, self._recent
+        out = {}
+        written = []
+        for cid in chunk_ids:
+            e = queued.get(cid)
+            if e is not None:
+                out[cid] = decode_chunk(e[3], e[1], e[2], cid)
+            elif cid in recent:
+                written.append(cid)
+        if written:
+            out.update(self.get(written, touch=False))
+        return out
+
+    def queued(self, chunk_ids: Iterable[bytes]) -> set[bytes]:
+        """Which of these chunks wait in this process's queue for the writer (no sqlite)."""
+        self._here()
+        return {c for c in chunk_ids if c in self._queued}
+
     def put(self, entries: list[tuple[bytes, int, int, bytes]]) -> None:
         """Store (id, codec, raw length, stored bytes) entries on probation, then evict if
         over budget. An entry already cached is left as it is."""
@@ -303,6 +329,9 @@ class ChunkCache:
                     self._pending -= size
                     for e in entries:
                         self._queued.pop(e[0], None)
+                        self._recent[e[0]] = None
+                    while len(self._recent) > RECENT_IDS:
+                        self._recent.popitem(last=False)
                     self._idle.notify_all()
 
     def wait(self, timeout: float = 60.0) -> None:
@@ -426,7 +455,8 @@ def _release_writers() -> None:
 
 runtime.around_fork(_hold_writers, _release_writers)
 
-_EMPTY_ANSWER = {"has": dict, "get": dict, "reading": contextlib.nullcontext}  # a broken cache's answers; else None
+_EMPTY_ANSWER = {"has": dict, "get": dict, "fetched_here": dict, "queued": set,  # a broken cache's answers
+                 "reading": contextlib.nullcontext}  # (else None)
 
 
 def _ints(*values) -> bool:
@@ -582,7 +612,7 @@ class CachedBackend(Backend):
         out = self.cache.get([e.chunk_id for p, e in items if p == CACHED])
         rest = [e.chunk_id for p, e in items if p != CACHED]
         if rest:
-            out.update(self.cache.get(rest, touch=False))
+            out.update(self.cache.fetched_here(rest))
         return out
 
     def _relocate(self, missing, repo):
@@ -621,7 +651,7 @@ class CachedBackend(Backend):
                     mine.append((p, e))
                 else:
                     theirs.append(((p, e), ev))
-        raced = self.cache.has([e.chunk_id for _, e in mine]) if mine else {}
+        raced = self.cache.queued([e.chunk_id for _, e in mine]) if mine else set()
         if raced:  # another thread's fetch landed between this read's cache lookup and its claim
             done = threading.Event()
             done.set()
