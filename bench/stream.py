@@ -299,7 +299,7 @@ def side_main(a: dict) -> dict:
     out.update(samples=samples, batches=batches)
     if side.startswith("ours"):
         m = ds.metrics()
-        out["metrics"] = {k: m[k] for k in ("bytes_read", "row_groups", "wait_seconds", "read_seconds",
+        out["metrics"] = {k: m[k] for k in ("bytes_read", "row_groups", "decodes", "wait_seconds", "read_seconds",
                                             "max_rows_held", "store")}
     return out
 
