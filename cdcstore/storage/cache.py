@@ -549,25 +549,14 @@ class CachedBackend(Backend):
         return out
 
     def read_chunks(self, items: list[tuple[str, PackEntry]], repo=None) -> dict[bytes, bytes]:
-        out = self._cached(items)
-        missing = self._relocate([(p, e) for p, e in items if e.chunk_id not in out], repo)
-        mine, theirs = self._claim(missing)
-        try:
-            if mine:
-                with self.cache.reading():
-                    fetched, stored = self._fetch(mine, repo)
-                out.update(fetched)
-                self.cache.put_later(stored)
-        finally:
-            self._land(mine)
-        late, rest = self._await(theirs)
-        if rest:
+        out: dict[bytes, bytes] = {}
+
+        def fetch(some) -> None:
             with self.cache.reading():
-                fetched, stored = self._fetch(rest, repo)
-            late.update(fetched)
+                fetched, stored = self._fetch(some, repo)
+            out.update(fetched)
             self.cache.put_later(stored)
-        out.update(late)
-        self._count(len(items) - len(mine) - len(rest), len(mine) + len(rest))
+        self._serve(items, repo, out.update, fetch)
         return out
 
     def read_chunks_into(self, items: list[tuple[str, PackEntry]], places: dict, out: memoryview,
@@ -577,23 +566,28 @@ class CachedBackend(Backend):
             for cid, raw in raws.items():
                 for dest, lo, hi in places[cid]:
                     out[dest:dest + hi - lo] = raw[lo:hi]
+        self._serve(items, repo, place, lambda some: self._fetch_into(some, places, out, repo, keep, place))
 
+    def _serve(self, items, repo, take, fetch) -> None:
+        """The read: `take(raws)` what the cache answers, then `fetch(items)` what this thread
+        claimed, then take what other threads fetched meanwhile (`_claim`), fetching here what
+        they could not."""
         cached = self._cached(items)
-        place(cached)
+        take(cached)
         missing = self._relocate([(p, e) for p, e in items if e.chunk_id not in cached], repo)
         mine, theirs = self._claim(missing)
         try:
-            self._fetch_into(mine, places, out, repo, keep, place)
+            if mine:
+                fetch(mine)
         finally:
             self._land(mine)
         late, rest = self._await(theirs)
-        place(late)
-        self._fetch_into(rest, places, out, repo, keep, place)
+        take(late)
+        if rest:
+            fetch(rest)
         self._count(len(items) - len(mine) - len(rest), len(mine) + len(rest))
 
     def _fetch_into(self, items, places, out, repo, keep, place) -> None:
-        if not items:
-            return
         if self.inner.capabilities.local_reads:  # a bucket read directly: decoded chunks, then placed
             with self.cache.reading():
                 fetched, entries = self._fetch(items, repo)
