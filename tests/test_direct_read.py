@@ -9,9 +9,8 @@ import pytest
 from cdcstore import CorruptionError, Store
 from cdcstore.core.chunker import ChunkParams
 from cdcstore.core.pack import CODEC_RAW, CODEC_ZSTD, PackEntry
-from cdcstore.core.ranges import ByteRange
+from cdcstore.core.ranges import ByteRange, scatter
 from cdcstore.engine.push import IngestOptions
-from cdcstore.remote.client import _landing
 from cdcstore.storage.cache import ChunkCache
 from conftest import golden_input
 
@@ -75,14 +74,23 @@ def test_a_damaged_chunk_in_a_landed_range_is_an_error(server, pushed, tmp_path)
     assert len(ChunkCache(str(tmp_path / "c.sqlite")).get(ids)) == len(ids)  # no damaged chunk cached
 
 
-def test_landing_needs_raw_chunks_back_to_back_in_pack_and_output():
+def test_scatter_lands_raw_chunks_wanted_whole_and_spares_the_rest():
     a = PackEntry(b"a" * 16, 100, 10, 10, CODEC_RAW)
     b = PackEntry(b"b" * 16, 110, 5, 5, CODEC_RAW)
     r = ByteRange("p", 100, 115, (a, b))
-    assert _landing(r, {a.chunk_id: [(40, 0, 10)], b.chunk_id: [(50, 0, 5), (0, 0, 5)]}) == 40
-    assert _landing(r, {a.chunk_id: [(40, 0, 10)], b.chunk_id: [(51, 0, 5)]}) is None  # not adjacent in output
-    assert _landing(r, {a.chunk_id: [(40, 2, 10)], b.chunk_id: [(48, 0, 5)]}) is None  # partial chunk
-    z = PackEntry(b"b" * 16, 110, 5, 9, CODEC_ZSTD)
-    assert _landing(ByteRange("p", 100, 115, (a, z)), {a.chunk_id: [(0, 0, 10)], z.chunk_id: [(10, 0, 9)]}) is None
-    gap = PackEntry(b"b" * 16, 112, 3, 3, CODEC_RAW)
-    assert _landing(ByteRange("p", 100, 115, (a, gap)), {a.chunk_id: [(0, 0, 10)], gap.chunk_id: [(10, 0, 3)]}) is None
+    # back to back in the pack and in the output: one segment (a second place is copied later)
+    assert scatter(r, {a.chunk_id: [(40, 0, 10)], b.chunk_id: [(50, 0, 5), (0, 0, 5)]}) == ([(True, 40, 15)], 0)
+    # not adjacent in the output: two segments, both landed
+    assert scatter(r, {a.chunk_id: [(40, 0, 10)], b.chunk_id: [(51, 0, 5)]}) == ([(True, 40, 10), (True, 51, 5)], 0)
+    # a chunk wanted in part goes to the spare buffer
+    assert scatter(r, {a.chunk_id: [(40, 2, 10)], b.chunk_id: [(48, 0, 5)]}) == ([(False, 0, 10), (True, 48, 5)], 10)
+    z = PackEntry(b"z" * 16, 110, 5, 9, CODEC_ZSTD)  # compressed: spare
+    assert scatter(ByteRange("p", 100, 115, (a, z)), {a.chunk_id: [(0, 0, 10)], z.chunk_id: [(10, 0, 9)]}) == \
+        ([(True, 0, 10), (False, 0, 5)], 5)
+    gap = PackEntry(b"g" * 16, 112, 3, 3, CODEC_RAW)  # a hole of 2 bytes before it: spare, never used
+    assert scatter(ByteRange("p", 100, 115, (a, gap)), {a.chunk_id: [(0, 0, 10)], gap.chunk_id: [(10, 0, 3)]}) == \
+        ([(True, 0, 10), (False, 0, 2), (True, 10, 3)], 2)
+    c = PackEntry(b"c" * 16, 115, 4, 8, CODEC_ZSTD)  # two spared pieces in a row merge
+    assert scatter(ByteRange("p", 100, 119, (a, z, c)),
+                   {a.chunk_id: [(0, 0, 10)], z.chunk_id: [(10, 0, 9)], c.chunk_id: [(19, 0, 8)]}) == \
+        ([(True, 0, 10), (False, 0, 9)], 9)

@@ -56,23 +56,47 @@ def slices(r: ByteRange, data) -> Iterator[tuple[PackEntry, memoryview]]:
         yield e, view[lo:lo + e.stored_len]
 
 
-def landing(r: ByteRange, places: dict) -> int | None:
-    """Where range `r` can land in the output as it is: its chunks raw, back to back in
-    the pack and, whole, back to back in the output; else None."""
-    dest = None
+def lands(e: PackEntry, places: dict) -> int | None:
+    """Where chunk `e` can be received as it is: its first place's offset in the output when
+    the chunk is stored raw and that place is the whole chunk; else None."""
+    if e.codec != CODEC_RAW or e.stored_len != e.raw_len:
+        return None
+    dest, lo, hi = places[e.chunk_id][0]
+    return dest if lo == 0 and hi == e.raw_len else None
+
+
+def scatter(r: ByteRange, places: dict) -> tuple[list[tuple[bool, int, int]], int]:
+    """Where the bytes of range `r` go as they arrive (pure): a list of segments
+    (in_output, at, length) in range order, and the size of the spare buffer. A raw chunk
+    whose first place is the whole chunk is received straight into the output at its
+    place; a compressed or partly wanted chunk, and a hole between chunks, into the spare
+    buffer. Adjacent segments with adjacent targets are merged: a range of raw chunks
+    back to back in the pack and in the output is one segment."""
+    segs: list[list] = []
+    spare = 0
     pos = r.start
+
+    def add(in_output: bool, at: int, n: int) -> None:
+        if n <= 0:
+            return
+        last = segs[-1] if segs else None
+        if last is not None and last[0] == in_output and last[1] + last[2] == at:
+            last[2] += n
+        else:
+            segs.append([in_output, at, n])
+
     for e in r.entries:
-        if e.codec != CODEC_RAW or e.offset != pos or e.stored_len != e.raw_len:
-            return None
-        first = places[e.chunk_id][0]
-        if first[1] != 0 or first[2] != e.raw_len:
-            return None
+        if e.offset > pos:  # a hole: read, never used
+            add(False, spare, e.offset - pos)
+            spare += e.offset - pos
+        dest = lands(e, places)
         if dest is None:
-            dest = first[0]
-        elif first[0] != dest + (pos - r.start):
-            return None
-        pos += e.stored_len
-    return dest if pos == r.end else None
+            add(False, spare, e.stored_len)
+            spare += e.stored_len
+        else:
+            add(True, dest, e.stored_len)
+        pos = e.offset + e.stored_len
+    return [tuple(x) for x in segs], spare
 
 
 @dataclass(frozen=True, slots=True)

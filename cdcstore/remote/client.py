@@ -33,7 +33,7 @@ from ..core.errors import (AccessDeniedError, CdcError, ConflictError, Corruptio
                           RefExistsError, RemoteError, RepoNotFoundError, RevisionNotFoundError, error_class)
 from ..core.manifest import MAX_MANIFEST_BYTES, Manifest
 from ..core.pack import PackEntry, decode_chunk
-from ..core.ranges import ByteRange, landing as _landing, plan_ranges, slices
+from ..core.ranges import ByteRange, lands, plan_ranges, scatter, slices
 from ..storage.backend import Backend, BackendCapabilities
 from ..runtime import pid_alive
 
@@ -155,20 +155,38 @@ async def _read_body(resp: aiohttp.ClientResponse, limit: int, what: str, base: 
     return bytes(out)
 
 
-async def _read_into(resp: aiohttp.ClientResponse, into: memoryview) -> int:
-    """A response body written into `into` as it arrives; it must fill `into` exactly."""
-    if resp.content_length is not None and resp.content_length != len(into):
-        raise CorruptionError(f"range answer of {resp.content_length} bytes: wanted {len(into)}")
-    n = 0
+async def _read_into(resp: aiohttp.ClientResponse, into: list[memoryview]) -> int:
+    """A response body written as it arrives into the views of `into`, one after another
+    (a scatter list); it must fill them exactly."""
+    total = sum(len(v) for v in into)
+    if resp.content_length is not None and resp.content_length != total:
+        raise CorruptionError(f"range answer of {resp.content_length} bytes: wanted {total}")
+    n = k = pos = 0  # bytes so far; the view being filled and the position in it
     async for piece in resp.content.iter_any():
-        if n + len(piece) > len(into):
+        if n + len(piece) > total:
             resp.close()
-            raise CorruptionError(f"long range answer: wanted {len(into)} bytes, got more")
-        into[n:n + len(piece)] = piece
+            raise CorruptionError(f"long range answer: wanted {total} bytes, got more")
         n += len(piece)
-    if n != len(into):
-        raise CorruptionError(f"short range read: wanted {len(into)} bytes, got {n}")
+        piece = memoryview(piece)
+        while piece:
+            view = into[k]
+            take = min(len(view) - pos, len(piece))
+            view[pos:pos + take] = piece[:take]
+            piece = piece[take:]
+            pos += take
+            if pos == len(view):
+                k, pos = k + 1, 0
+    if n != total:
+        raise CorruptionError(f"short range read: wanted {total} bytes, got {n}")
     return n
+
+
+def _scatter_copy(data, into: list[memoryview]) -> None:
+    """`data` written across the views of `into`, in order."""
+    at = 0
+    for view in into:
+        view[:] = data[at:at + len(view)]
+        at += len(view)
 
 
 class Transport:
@@ -351,19 +369,24 @@ class Transport:
             if not flight[1]:  # nobody waits for it any more (a reader gave up): stop it
                 flight[0].cancel()
 
-    async def get_range_into(self, path: str, start: int, end: int, into: memoryview) -> None:
-        """Bytes [start, end) of a resource written into `into` (exactly that long)."""
+    async def get_range_into(self, path: str, start: int, end: int, into: list[memoryview]) -> None:
+        """Bytes [start, end) of a resource written across the views of `into` (a scatter
+        list whose lengths add up to end - start), as they arrive."""
         status, data = await self.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}"}, into=into,
                                           expect=end)
         if status == 200:  # server ignored the range
             data = data[start:end]
             if len(data) != end - start:
                 raise CorruptionError(f"short range read from {path}: wanted {end - start} bytes, got {len(data)}")
-            into[:] = data
+            _scatter_copy(data, into)
 
-    async def _fetch_range(self, path: str, start: int, end: int) -> bytes:
+    async def _fetch_range(self, path: str, start: int, end: int):
+        """Bytes [start, end) of a resource, received into one buffer of that size."""
+        buf = bytearray(end - start)
         status, data = await self.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}"},
-                                          expect=end - start)
+                                          into=[memoryview(buf)] if buf else None, expect=end - start)
+        if status == 206 and buf:
+            return buf
         if status == 200:  # server ignored the range
             data = data[start:end]
         if len(data) != end - start:
@@ -408,16 +431,30 @@ def _batches(blobs):
         yield batch
 
 
-def _place_range(r: ByteRange, data, places: dict, out: memoryview, stored: dict | None, landed: bool) -> None:
-    """Verify each chunk of a fetched range and copy it to its places in `out` (a landed
-    range already sits at its first place)."""
-    for e, stored_bytes in slices(r, data):
-        raw = decode_chunk(stored_bytes, e.codec, e.raw_len, e.chunk_id)
-        for k, (dest, lo, hi) in enumerate(places[e.chunk_id]):
-            if not (landed and k == 0):
-                out[dest:dest + hi - lo] = raw[lo:hi]
-        if stored is not None:
-            stored[e.chunk_id] = stored_bytes
+def _place_range(r: ByteRange, places: dict, out: memoryview, spare, stored: dict | None, keep) -> None:
+    """Verify each chunk of a range received by `scatter` (a chunk that lands already sits at
+    its first place in `out`; the others, and the holes, in `spare`) and copy it to its other
+    places. `stored` gets each chunk's stored bytes: a landed chunk's as a view of `keep` (or
+    a copy when there is none), the others' as views of `spare`."""
+    pos, at = r.start, 0
+    for e in r.entries:
+        at += e.offset - pos  # a hole
+        dest = lands(e, places)
+        if dest is not None:
+            raw = decode_chunk(out[dest:dest + e.raw_len], e.codec, e.raw_len, e.chunk_id)
+            if stored is not None:
+                stored[e.chunk_id] = keep[dest:dest + e.raw_len] if keep is not None else bytes(raw)
+            rest = places[e.chunk_id][1:]
+        else:
+            stored_bytes = spare[at:at + e.stored_len]
+            at += e.stored_len
+            raw = decode_chunk(stored_bytes, e.codec, e.raw_len, e.chunk_id)
+            if stored is not None:
+                stored[e.chunk_id] = stored_bytes
+            rest = places[e.chunk_id]
+        for d, lo, hi in rest:
+            out[d:d + hi - lo] = raw[lo:hi]
+        pos = e.offset + e.stored_len
 
 
 class _Answer(dict):
@@ -611,30 +648,24 @@ class RemoteStore(Backend):
     def read_chunks_into(self, items: list[tuple[str, PackEntry]], places: dict, out: memoryview,
                          repo: str | None = None, stored: dict | None = None, keep: memoryview | None = None) -> None:
         """Verified chunks written into `out`: `places[chunk_id]` lists (dest, lo, hi),
-        meaning out[dest:dest + hi - lo] = chunk[lo:hi]. A range of raw chunks that sit
-        back to back both in the pack and in `out` is received straight into `out` (one
-        copy, from the socket) and verified there; other ranges are decoded and copied.
+        meaning out[dest:dest + hi - lo] = chunk[lo:hi]. Each range is one request whose
+        bytes go where they belong as they arrive (`core.ranges.scatter`): a raw chunk wanted
+        whole lands at its place in `out` (one copy, from the socket) and is verified there;
+        compressed and partly wanted chunks go to a spare buffer, then are decoded and copied.
         `stored` receives each chunk's stored bytes (for a cache): for a landed chunk a
         view of `keep` (a read-only view of the same memory that keeps it alive), else a copy."""
-        ranges = plan_ranges(items, max_range=self.range_bytes)
         futures = {}
-        for r in ranges:
+        for r in plan_ranges(items, max_range=self.range_bytes):
+            segments, spare_len = scatter(r, places)
+            spare = memoryview(bytearray(spare_len))
+            views = [out[at:at + n] if in_output else spare[at:at + n] for in_output, at, n in segments]
             path = f"{self._api}/repos/{repo}/packs/{r.pack}"
-            dest = _landing(r, places)
-            if dest is None:
-                fut = self.t.submit(self.t.get_range(path, r.start, r.end))
-            else:
-                fut = self.t.submit(self.t.get_range_into(path, r.start, r.end, out[dest:dest + r.end - r.start]))
-            futures[fut] = (r, dest)
+            futures[self.t.submit(self.t.get_range_into(path, r.start, r.end, views))] = (r, spare)
         try:
             for fut in concurrent.futures.as_completed(futures):  # verify each range while the rest arrive
-                r, dest = futures[fut]
-                data = fut.result()
-                if dest is not None:
-                    data = (keep if keep is not None else out)[dest:dest + r.end - r.start]
-                    if keep is None and stored is not None:
-                        data = bytes(data)
-                _place_range(r, data, places, out, stored, landed=dest is not None)
+                fut.result()
+                r, spare = futures[fut]
+                _place_range(r, places, out, spare, stored, keep)
         finally:
             for fut in futures:
                 fut.cancel()
