@@ -18,6 +18,7 @@ import copy
 import fnmatch
 import os
 import collections
+import concurrent.futures
 import sys
 import threading
 import time
@@ -41,10 +42,11 @@ from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNot
 from .core.thrift import ThriftError
 
 FORMATS = ("numpy", "arrow", "python")
-SUMMED = ("samples", "batches", "bytes_read", "row_groups", "decodes", "wait_seconds", "read_seconds", "requests",
-          "received_bytes", "cache_hits", "cache_misses")
+SUMMED = ("samples", "batches", "bytes_read", "row_groups", "decodes", "warmed", "wait_seconds", "read_seconds",
+          "requests", "received_bytes", "cache_hits", "cache_misses")
 STORE_FIGURES = ("requests", "received_bytes", "cache_hits", "cache_misses")
 FIGURES = SUMMED + ("max_rows_held", "started")
+LOOK_AHEAD_STEPS = 256  # steps a stream looks ahead for the next row group to fetch while one decodes
 SLOTS = 65  # figure slots: this process, then DataLoader workers 0..63 (worker w uses slot w % 64 + 1)
 _GLOB = set("*?[")
 
@@ -231,6 +233,48 @@ class _Prefetcher:
         self._thread.join(timeout=30)
 
 
+class _Warmer:
+    """Fetches the bytes of the row group a stream will read next into the chunk cache, on a
+    thread of its own, while the stream's thread decodes the one before: the fetch and the
+    decode overlap. The stream's own read of those bytes then finds them fetched (or waits for
+    the fetch in flight: the cache's single flight), so nothing is fetched twice. One warm-up
+    at a time; a failed one only leaves the read to fetch. Used when the store has a cache
+    (a read from it costs a request), not for a local directory."""
+
+    def __init__(self, ds: "StreamingDataset"):
+        self._ds = ds
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cdcstore-warm")
+        self._busy: concurrent.futures.Future | None = None
+        self._done: set[int] = set()
+        self._readers: dict = {}  # file index -> FileReader (this thread's)
+
+    def ahead(self, u: int) -> None:
+        if u in self._done or (self._busy is not None and not self._busy.done()):
+            return
+        self._done.add(u)
+        self._busy = self._pool.submit(self._fetch, u)
+
+    def _fetch(self, u: int) -> None:
+        ds = self._ds
+        fi = ds.units[u][0]
+        try:
+            reader = self._readers.get(fi)
+            if reader is None:
+                if len(self._readers) >= 8:
+                    self._readers.pop(next(iter(self._readers))).close()
+                reader = self._readers[fi] = ds.store.open(ds.files[fi].address)
+            for lo, n in ds._unit_spans(u):
+                reader.pread(lo, n)
+            ds._metrics["warmed"] += 1
+        except Exception:  # noqa: BLE001 - the stream's own read fetches and reports
+            pass
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for reader in self._readers.values():
+            reader.close()
+
+
 class StreamingDataset:
     """Parquet row groups of one snapshot of `cdc://` sources, as batches or rows.
 
@@ -285,7 +329,7 @@ class StreamingDataset:
         self._shared = _Shared()
         self._decoded: DecodedUnits | None = None  # row groups shared by DataLoader workers (as_torch)
         self._consumed = 0
-        self._metrics = {"samples": 0, "batches": 0, "bytes_read": 0, "row_groups": 0, "decodes": 0,
+        self._metrics = {"samples": 0, "batches": 0, "bytes_read": 0, "row_groups": 0, "decodes": 0, "warmed": 0,
                          "wait_seconds": 0.0, "read_seconds": 0.0, "max_rows_held": 0}
         self._t0: float | None = None
         self._slot = 0  # where this process writes its figures when they are shared
@@ -503,22 +547,70 @@ class StreamingDataset:
         decoded is mapped from the shared folder, and one decoded here is put there."""
         loaded: set[int] = set()
         files: dict[int, tuple[pq.ParquetFile, object]] = {}
+        warm = _Warmer(self) if share is None and self.store.cache is not None else None
+        located: collections.deque = collections.deque()  # steps located ahead: (pos, units, rows)
+        steps = iter(steps)
+
+        def pull() -> bool:
+            pos = next(steps, None)
+            if pos is not None:
+                located.append((pos, *order.locate(order.sequence_index(pos + skip))))
+            return pos is not None
+
+        def next_new(after: int) -> int | None:
+            """The first row group needed after `after` that is not loaded (looking ahead at most
+            `LOOK_AHEAD_STEPS` steps)."""
+            k = 0
+            while True:
+                while k >= len(located):
+                    if k >= LOOK_AHEAD_STEPS or not pull():
+                        return None
+                for v in located[k][1].tolist():
+                    if v not in loaded and v != after:
+                        return v
+                k += 1
+
         try:
-            for pos in steps:
-                units, rows = order.locate(order.sequence_index(pos + skip))
+            while located or pull():
+                pos, units, rows = located[0]  # stays first while it loads: `next_new` looks from it
                 for u in dict.fromkeys(units.tolist()):
-                    if u not in loaded:
-                        loaded.add(u)
-                        if share is None:
-                            table = self._read_unit(u, files)
-                        else:
-                            table = share.load(epoch, u, lambda: self._read_unit(u, files))
-                        self._metrics["row_groups"] += 1
-                        yield ("unit", u, table, _order.release_bound(order, u) - skip), table.nbytes or 1
+                    if u in loaded:
+                        continue
+                    loaded.add(u)
+                    if warm is not None:  # the next row group's bytes arrive while this one decodes
+                        v = next_new(u)
+                        if v is not None:
+                            warm.ahead(v)
+                    if share is None:
+                        table = self._read_unit(u, files)
+                    else:
+                        table = share.load(epoch, u, lambda: self._read_unit(u, files))
+                    self._metrics["row_groups"] += 1
+                    yield ("unit", u, table, _order.release_bound(order, u) - skip), table.nbytes or 1
+                located.popleft()
                 yield ("step", int(pos[-1]) + 1, units, rows), 0
         finally:
+            if warm is not None:
+                warm.close()
             for _, reader in files.values():
                 reader.close()
+
+    def _unit_spans(self, u: int) -> list[tuple[int, int]]:
+        """The byte ranges (offset, length) of a row group's column chunks asked for, merged
+        where they are less than 1 MiB apart."""
+        fi, rg, _ = self.units[u]
+        g = self._meta[fi].row_group(rg)
+        want = None if self.columns is None else set(self.columns)
+        spans = []
+        for j in range(g.num_columns):
+            c = g.column(j)
+            if want is not None and c.path_in_schema.split(".")[0] not in want:
+                continue
+            start = c.data_page_offset
+            if c.has_dictionary_page and c.dictionary_page_offset:
+                start = min(start, c.dictionary_page_offset)
+            spans.append((start, start + c.total_compressed_size))
+        return [(lo, hi - lo) for lo, hi in _shards.coalesce(spans, 1 << 20)]
 
     def _produce_tar(self, order: _order.EpochOrder, steps, skip: int):
         """In the prefetch thread: the samples of each step, their byte ranges read in few reads."""

@@ -261,7 +261,7 @@ class ChunkCache:
             with self._txn():
                 self.conn.executemany(
                     "INSERT OR IGNORE INTO chunks (id, codec, raw_len, size, used, data) VALUES (?, ?, ?, ?, ?, ?)",
-                    [(cid, codec, raw_len, len(data), now, bytes(data)) for cid, codec, raw_len, data in part])
+                    [(cid, codec, raw_len, len(data), now, data) for cid, codec, raw_len, data in part])  # a buffer binds as a BLOB: no copy
             time.sleep(0)  # let a waiting writer of this process have the lock
         if self.bytes() > self.max_bytes:
             self.prune()
