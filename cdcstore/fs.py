@@ -27,6 +27,7 @@ import warnings
 from fsspec import AbstractFileSystem
 from fsspec.transaction import Transaction
 
+from . import runtime
 from .core import tree
 from .core.address import SCHEME, Address, check_write_target, parse
 from .api import Store, _check_replaceable
@@ -150,8 +151,7 @@ class CdcFileSystem(AbstractFileSystem):
         self._resolved_at: dict[tuple[str, str], float] = {}
         self._pinned: set[tuple[str, str]] = set()  # (repo, rev) that name a commit or a tag: never refreshed
         self._get_root: tuple[str, str] | None = None  # a recursive get's destination: (absolute, real)
-        self._store: Store | None = None
-        self._pid = None
+        self._store = runtime.Local()  # this process's Store (nothing network-bound survives a fork)
         self._heads: dict[tuple[str, str], str] = dict(resolved or {})  # (repo, rev) -> commit id
         self._commits: dict[tuple[str, str], Commit] = {}
         self._views: dict = {}  # (repo, commit id) -> treeobj.View
@@ -160,10 +160,7 @@ class CdcFileSystem(AbstractFileSystem):
     # -- plumbing ---------------------------------------------------------------------------
     @property
     def store(self) -> Store:
-        if self._store is None or self._pid != os.getpid():  # nothing network-bound survives a fork
-            self._store = Store(**self._args)
-            self._pid = os.getpid()
-        return self._store
+        return self._store.get(lambda: Store(**self._args))
 
     def __reduce__(self):
         """Pickle with the commits resolved so far, so workers need not resolve again."""

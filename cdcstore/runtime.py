@@ -4,7 +4,9 @@ Storage, remote and engine code asks for a pool by name (`pool("encode", 4)`) or
 (`loop()`), and never starts its own. Everything here belongs to one process: a forked child
 (a DataLoader worker, a dask process) starts with none of its parent's threads, so the state is
 dropped in the child (`os.register_at_fork`) and rebuilt on first use. `per_process(key, make)`
-gives the same guarantee to other per-process values (a connection, a client).
+gives the same guarantee to other per-process values, `Local` to an object's own (its sqlite
+connections, its HTTP session, its open descriptors), and `Lock` to its locks: no other module
+compares process ids (tests/test_layers.py checks).
 
 This module sits under the I/O layers (storage, remote, engine import it); it imports nothing
 of cdcstore's.
@@ -53,6 +55,53 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def dead_elsewhere(pid: int) -> bool:
+    """Whether `pid` (from a leftover temp file's name) is another process that is gone."""
+    return pid != os.getpid() and not pid_alive(pid)
+
+
+def is_this_process(pid: int | None) -> bool:
+    """Whether `pid` is this process (the owner check of a finalizer that a fork inherits)."""
+    return pid == os.getpid()
+
+
+_UNSET = object()
+
+
+class Local:
+    """One object's value that belongs to the process that made it: `get(make)` gives it, calling
+    `make()` first in a process that has none yet (a forked child starts with none: the parent's
+    threads, locks, sockets, sqlite connections and event loops are no use there). A pickled
+    `Local` arrives empty. `stale(value)`, when given to `get`, receives the parent's value as it is
+    dropped in a child (sqlite asks that an inherited connection be kept, never used or closed).
+    The one place, with `Lock` and the pools, where code asks which process it is in."""
+
+    __slots__ = ("_pid", "_value")
+
+    def __init__(self, value=_UNSET):
+        self._pid, self._value = (None, None) if value is _UNSET else (os.getpid(), value)
+
+    def get(self, make: Callable[[], T], stale: Callable[[object], None] | None = None) -> T:
+        if self._pid != os.getpid():
+            if self._pid is not None and stale is not None:
+                stale(self._value)
+            self._value, self._pid = make(), os.getpid()
+        return self._value  # type: ignore[return-value]
+
+    def here(self):
+        """The value made in this process, or None."""
+        return self._value if self._pid == os.getpid() else None
+
+    def set(self, value) -> None:
+        self._value, self._pid = value, os.getpid()
+
+    def clear(self) -> None:
+        self._value, self._pid = None, None
+
+    def __reduce__(self):
+        return Local, ()
 
 
 def _check_pid() -> None:

@@ -35,7 +35,6 @@ from ..core.manifest import MAX_MANIFEST_BYTES, Manifest
 from ..core.pack import PackEntry, decode_chunk
 from ..core.ranges import ByteRange, lands, plan_ranges, scatter, slices
 from ..storage.backend import Backend, BackendCapabilities
-from ..runtime import pid_alive
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
@@ -68,7 +67,7 @@ def clean_upload_temps(tmpdir: str | None = None) -> int:
     with contextlib.suppress(OSError):
         for name in os.listdir(tmpdir):
             pid = name[len(UPLOAD_PREFIX):].split("-", 1)[0] if name.startswith(UPLOAD_PREFIX) else ""
-            if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            if pid.isdigit() and runtime.dead_elsewhere(int(pid)):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(tmpdir, name))
                     removed += 1
@@ -203,18 +202,20 @@ class Transport:
         self.connections = connections
         self.min_rate = min_rate  # bytes/s below which a transfer counts as stalled
         self.requests = self.sent_bytes = self.received_bytes = 0
-        self._pid = None
+        self._here = runtime.Local()  # this process's loop (its session and flights are per process too)
         self._lock = runtime.Lock()
 
     # -- loop thread, per process --------------------------------------------------------------
     def _ensure(self) -> asyncio.AbstractEventLoop:
         with self._lock:
-            if self._pid != os.getpid():  # the runtime's loop of this process (a fork gets its own)
-                self._loop, self._pid = runtime.loop(), os.getpid()
-                atexit.register(self.close)
-                self._session: aiohttp.ClientSession | None = None
-                self._flights: dict = {}
-            return self._loop
+            return self._here.get(self._start)  # the runtime's loop of this process (a fork gets its own)
+
+    def _start(self) -> asyncio.AbstractEventLoop:
+        self._loop = runtime.loop()
+        atexit.register(self.close)
+        self._session: aiohttp.ClientSession | None = None
+        self._flights: dict = {}
+        return self._loop
 
     def submit(self, coro) -> concurrent.futures.Future:
         return asyncio.run_coroutine_threadsafe(coro, self._ensure())
@@ -224,9 +225,9 @@ class Transport:
 
     def close(self) -> None:
         with self._lock:
-            if self._pid != os.getpid():
+            if self._here.here() is None:
                 return
-            self._pid = None
+            self._here.clear()
         if self._session is not None:  # the loop is the runtime's: it keeps running
             asyncio.run_coroutine_threadsafe(self._session.close(), self._loop).result(timeout=10)
             self._session = None
@@ -471,7 +472,8 @@ class _Answer(dict):
 class RemoteStore(Backend):
     """A store behind `cdcstore serve`, used exactly like a local one."""
 
-    capabilities = BackendCapabilities(counts_requests=True, proves_possession=True, remote_admin=True)
+    capabilities = BackendCapabilities(counts_requests=True, proves_possession=True, remote_admin=True,
+                                       reads_into=True)
 
     def __init__(self, url: str, token: str | None = None, *, upload_concurrency: int = 4,
                  range_bytes: int = RANGE_BYTES, **transport):

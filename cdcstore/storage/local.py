@@ -17,7 +17,7 @@ import secrets
 import stat
 from typing import Iterator
 
-from ..runtime import pid_alive
+from .. import runtime
 
 from ..core import ids
 from ..core.errors import CorruptionError
@@ -48,7 +48,7 @@ def clean_dead_temps(folder: str, pid_of=lambda name: name.split("-", 1)[0]) -> 
         return 0
     for fn in names:
         pid = pid_of(fn) or ""
-        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+        if pid.isdigit() and runtime.dead_elsewhere(int(pid)):
             with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                 os.unlink(os.path.join(folder, fn))
                 n += 1

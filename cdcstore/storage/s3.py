@@ -33,6 +33,7 @@ import threading
 import time
 from typing import Iterator
 
+from .. import runtime
 from ..core.errors import InvalidAddressError
 from .objects import (AccessDenied, AlreadyExists, Capabilities, Conflict, InvalidName, NotFound,
                       ObjectInfo, ObjectStore, StorageError, StorageFull, Unavailable,
@@ -109,7 +110,8 @@ def _size_class(nbytes: int) -> int:
 
 
 # -- which client ---------------------------------------------------------------------------------
-_OBSTORE_PID: int | None = None  # the process that started obstore's runtime (inherited by fork)
+_OBSTORE_STARTED = False  # some process of this line started obstore's runtime (inherited by fork)
+_OBSTORE_HERE = runtime.Local()  # ... and it was this process
 
 
 def choose_client(forced: str | None = None) -> str:
@@ -119,10 +121,15 @@ def choose_client(forced: str | None = None) -> str:
     if forced:
         if forced not in ("obstore", "s3fs"):
             raise InvalidName(f"S3 client {forced!r} is unknown: use obstore or s3fs")
-        if forced == "obstore" and _OBSTORE_PID not in (None, os.getpid()):
+        if forced == "obstore" and not _obstore_usable():
             return "s3fs"  # never hang a forked child, even when asked
         return forced
-    return "obstore" if _obstore_installed() and _OBSTORE_PID in (None, os.getpid()) else "s3fs"
+    return "obstore" if _obstore_installed() and _obstore_usable() else "s3fs"
+
+
+def _obstore_usable() -> bool:
+    """obstore's runtime does not survive a fork: a child of a process that started it uses s3fs."""
+    return not _OBSTORE_STARTED or bool(_OBSTORE_HERE.here())
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,24 +138,24 @@ def _obstore_installed() -> bool:
 
 
 _CLIENTS: dict = {}
-_CLIENTS_LOCK = threading.Lock()
+_CLIENTS_LOCK = runtime.Lock()  # a fork mid-call gets a free one
 
 
 def _client(kind: str, bucket: str, prefix: str, settings: dict):
     """One client per process, kind and settings (an s3fs session costs ~0.5 s to set up;
     a client's connection pool serves many threads)."""
-    global _OBSTORE_PID
     key = (kind, bucket, prefix, repr(sorted(settings.items())))
+
+    def make():
+        global _OBSTORE_STARTED
+        if kind == "obstore":
+            _OBSTORE_STARTED = True
+            _OBSTORE_HERE.set(True)
+            return _Obstore(bucket, prefix, settings)
+        return _S3fs(bucket, prefix, settings)
+
     with _CLIENTS_LOCK:
-        pid, client = _CLIENTS.get(key, (None, None))
-        if pid != os.getpid():
-            if kind == "obstore":
-                _OBSTORE_PID = os.getpid()
-                client = _Obstore(bucket, prefix, settings)
-            else:
-                client = _S3fs(bucket, prefix, settings)
-            _CLIENTS[key] = (os.getpid(), client)
-        return client
+        return _CLIENTS.setdefault(key, runtime.Local()).get(make)
 
 
 # -- the two clients: put / get / head / list / delete of full keys, typed errors -------------------
@@ -385,7 +392,7 @@ class S3Objects(ObjectStore):
                  timeout: float | None = None):
         self.bucket, self.prefix = parse_url(url)
         self._forced = client
-        self._cached = (None, None)  # (pid, client)
+        self._cached = runtime.Local()  # this process's client
         self.url = f"s3://{self.bucket}/{self.prefix}"
         self._settings = {**env_settings(), "retries": retries, "connect_timeout": connect_timeout,
                           "timeout": stall_timeout(timeout)}
@@ -410,14 +417,10 @@ class S3Objects(ObjectStore):
     @property
     def client(self):
         """This process's client (a forked child picks and builds its own)."""
-        pid, client = self._cached
-        if pid != os.getpid():
-            client = _client(choose_client(self._forced), self.bucket, self.prefix, self._settings)
-            self._cached = (os.getpid(), client)
-        return client
+        return self._cached.get(lambda: _client(choose_client(self._forced), self.bucket, self.prefix, self._settings))
 
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k != "_count_lock"} | {"_cached": (None, None)}
+        return {k: v for k, v in self.__dict__.items() if k != "_count_lock"} | {"_cached": runtime.Local()}
 
     def __setstate__(self, state):
         self.__dict__.update(state, _count_lock=threading.Lock())

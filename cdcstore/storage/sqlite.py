@@ -11,6 +11,8 @@ import sqlite3
 import threading
 import time
 
+from .. import runtime
+
 _INHERITED: list = []  # connections inherited across fork: kept, never used or closed
 
 
@@ -43,8 +45,7 @@ class Connections:
     @property
     def conn(self) -> sqlite3.Connection:
         local = self._local
-        if getattr(local, "pid", None) != os.getpid():
-            if getattr(local, "conn", None) is not None:
-                _INHERITED.append(local.conn)
-            local.conn, local.pid = connect(self.path, **self.options), os.getpid()
-        return local.conn
+        held = getattr(local, "held", None)
+        if held is None:
+            held = local.held = runtime.Local()
+        return held.get(lambda: connect(self.path, **self.options), _INHERITED.append)
