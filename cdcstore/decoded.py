@@ -25,10 +25,11 @@ import weakref
 
 import pyarrow as pa
 
-from .runtime import pid_alive
+from . import runtime
 
 SHM = "/dev/shm"
 SHM_MIN_FREE = 1 << 30  # /dev/shm is used only with this much free (a container's is often 64 MiB)
+RESCAN_EVERY = 16  # `release` calls (steps) between two scans of the folder at most
 POS_BITS = 40  # progress = epoch << POS_BITS | position (positions below 2**40 rows)
 DONE = (1 << POS_BITS) - 1  # the position of a worker whose epoch is over
 _NAME = re.compile(r"e(\d+)-u(\d+)\.arrow$")
@@ -50,12 +51,12 @@ def _sweep_stale(root: str) -> None:
     with contextlib.suppress(OSError):
         for entry in os.scandir(root):
             m = _FOLDER.match(entry.name)
-            if m and not pid_alive(int(m.group(1))):
+            if m and not runtime.pid_alive(int(m.group(1))):
                 shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def _remove_if_owner(path: str, owner: int) -> None:
-    if os.getpid() == owner:
+    if runtime.is_this_process(owner):
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -71,13 +72,14 @@ class DecodedUnits:
         self._progress = multiprocessing.get_context().Array("q", slots, lock=False)
         self._finalizer = weakref.finalize(self, _remove_if_owner, self.path, os.getpid())
         self.decodes = 0  # row groups this process decoded
+        self._scanned = (None, None, 0)  # (slowest position at the last scan, earliest release left, calls since)
 
     def __getstate__(self):
         from multiprocessing.context import get_spawning_popen
 
         if get_spawning_popen() is None:
             raise TypeError("DecodedUnits goes only to DataLoader workers (their spawn or fork)")
-        return {"path": self.path, "_progress": self._progress, "decodes": 0}
+        return {"path": self.path, "_progress": self._progress, "decodes": 0, "_scanned": (None, None, 0)}
 
     # -- progress ---------------------------------------------------------------------------
     def report(self, slot: int, epoch: int, position: int) -> None:
@@ -91,8 +93,15 @@ class DecodedUnits:
     def release(self, slots: range, epoch: int, bound) -> int:
         """Delete the files no worker of `slots` can need again; `bound(unit)` is a unit's release
         bound in `epoch`. Returns how many went."""
-        low_epoch, low_pos = self._slowest(slots)
-        gone = 0
+        low = low_epoch, low_pos = self._slowest(slots)
+        seen, earliest, calls = self._scanned
+        # the folder is scanned when the slowest worker moved and has reached the earliest release
+        # bound seen at the last scan, at the end of an epoch, or every `RESCAN_EVERY` calls (row
+        # groups other workers added): not at every step (a scan per step cost 6% of a worker's CPU)
+        if low == seen or (low_pos != DONE and calls + 1 < RESCAN_EVERY and (earliest is None or low < earliest)):
+            self._scanned = seen, earliest, calls + 1
+            return 0
+        gone, left = 0, []
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(self.path):
                 m = _NAME.match(entry.name)
@@ -105,6 +114,9 @@ class DecodedUnits:
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(name)
                     gone += 1
+                else:
+                    left.append((e, bound(u)) if e == low_epoch else (e, 0))
+        self._scanned = low, min(left, default=None), 0
         return gone
 
     # -- row groups ---------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from .core import tree
 from .core import shards as _shards
 from .core.address import Address, parse
 from . import decoded as _decoded
+from . import runtime
 from .api import Store
 from .decoded import DecodedUnits
 from .core import pages as _pages
@@ -243,7 +244,7 @@ class _Warmer:
 
     def __init__(self, ds: "StreamingDataset"):
         self._ds = ds
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cdcstore-warm")
+        self._pool = runtime.pool("warm", 2)  # the process's: streams of this process share it
         self._busy: concurrent.futures.Future | None = None
         self._done: set[int] = set()
         self._readers: dict = {}  # file index -> FileReader (this thread's)
@@ -270,7 +271,8 @@ class _Warmer:
             pass
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._busy is not None and not self._busy.cancel():
+            concurrent.futures.wait([self._busy])  # its readers are closed next
         for reader in self._readers.values():
             reader.close()
 
@@ -309,7 +311,7 @@ class StreamingDataset:
         self.prefetch_bytes, self.prefetch_row_groups = int(prefetch_bytes), int(prefetch_row_groups)
         self.drop_last = drop_last
         self._store_args = {"location": getattr(store, "location", store), "token": token}
-        self._store: tuple[int, Store] | None = self._own_store(store)
+        self._store = runtime.Local(store) if isinstance(store, Store) else runtime.Local()  # this process's
         self.files, self.commits = self._resolve([source] if isinstance(source, str) else list(source))
         self.tar = self._kind(self.files)
         if decode and format == "arrow":
@@ -333,18 +335,13 @@ class StreamingDataset:
                          "wait_seconds": 0.0, "read_seconds": 0.0, "max_rows_held": 0}
         self._t0: float | None = None
         self._slot = 0  # where this process writes its figures when they are shared
-        self._flushed: tuple[int, dict, dict] | None = None  # (pid, figures at start, slot at start)
+        self._flushed = runtime.Local()  # (figures at start, slot at start) of this process's first iteration
 
     # -- construction ----------------------------------------------------------------------
-    def _own_store(self, store) -> tuple[int, Store] | None:
-        return (os.getpid(), store) if isinstance(store, Store) else None
-
     @property
     def store(self) -> Store:
         """This process's Store (nothing network-bound survives a fork or a pickle)."""
-        if self._store is None or self._store[0] != os.getpid():
-            self._store = (os.getpid(), Store(self._store_args["location"], token=self._store_args["token"]))
-        return self._store[1]
+        return self._store.get(lambda: Store(self._store_args["location"], token=self._store_args["token"]))
 
     def _resolve(self, sources: list[str]) -> tuple[list[SourceFile], dict[str, str]]:
         if not sources:
@@ -392,7 +389,7 @@ class StreamingDataset:
         from multiprocessing.context import get_spawning_popen
 
         state = dict(self.__dict__)
-        state["_store"] = None
+        state["_store"] = runtime.Local()
         if get_spawning_popen() is None:  # the decoded row groups go to DataLoader workers only
             state["_decoded"] = None
         return state
@@ -481,7 +478,7 @@ class StreamingDataset:
         out._limit = (skip, take)
         out._shared = _Shared(*self._shared.get())
         out._metrics = {k: 0 for k in self._metrics}
-        out._t0 = out._flushed = None
+        out._t0, out._flushed = None, runtime.Local()
         return out
 
     def _order_total(self) -> int:
@@ -515,9 +512,8 @@ class StreamingDataset:
         if self._t0 is None:
             self._t0 = time.perf_counter()
             self._started = time.time()
-        if self._flushed is None or self._flushed[0] != os.getpid():  # first iteration in this process
-            carried = self._shared.read(self._slot) if self._shared.shared else {}
-            self._flushed = (os.getpid(), self._figures_now(), carried)
+        self._flushed.get(lambda: (self._figures_now(),  # first iteration in this process
+                                   self._shared.read(self._slot) if self._shared.shared else {}))
         if self.tar:
             return self._run(lambda: self._produce_tar(order, steps, skip))
         share = self._decoded if num_workers > 1 and self._slot else None
@@ -840,7 +836,7 @@ class StreamingDataset:
         if not self._shared.shared:
             return
         now = self._figures_now()
-        _, base, carried = self._flushed
+        base, carried = self._flushed.here()
         values = {k: carried[k] + now[k] - base[k] for k in SUMMED}
         values["max_rows_held"] = max(carried["max_rows_held"], now["max_rows_held"])
         values["started"] = carried["started"] or now["started"]
@@ -862,7 +858,8 @@ class StreamingDataset:
             m = dict(self._metrics)
             elapsed = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
             m["store"] = {**self.store.counters(), **self.store.cache_counters()}
-            base = self._flushed[1] if self._flushed else self._figures_now()
+            first = self._flushed.here()
+            base = first[0] if first else self._figures_now()
             m.update({k: m["store"].get(k, 0) - base[k] for k in STORE_FIGURES})
         looked = m["cache_hits"] + m["cache_misses"]
         m["cache_hit_ratio"] = m["cache_hits"] / looked if looked else 0.0
@@ -881,6 +878,7 @@ class StreamingDataset:
         """This dataset as a torch IterableDataset (torch must be installed). Shares epoch and
         resume position with DataLoader workers, persistent ones included."""
         self._shared.share()
+        import pyarrow.compute  # noqa: F401 - imported once here, not by each forked worker at its first take
         if self._decoded is None and not self.tar:
             self._decoded = DecodedUnits(SLOTS)
         return __getattr__("TorchStreamingDataset")(self)

@@ -2,7 +2,8 @@
 
 core (pure formats, no I/O) < runtime (pools, loop, fork) < storage < remote, engine < the faces
 (api, fs, cli, stream, ...).
-The faces other than `api` reach the store only through `api` (and the formats in core).
+The faces other than `api` reach the store only through `api` (and the formats in core); any
+module may use the runtime. Only the runtime asks which process it is in.
 """
 import ast
 import os
@@ -15,7 +16,6 @@ FACE = 3
 # a face may import api, other faces and core; these are the named exceptions, each with its reason
 FACE_EXCEPTIONS = {
     ("cli", "remote.server"),  # `cdcstore serve` starts the server in this process
-    ("decoded", "runtime"),  # a DataLoader's shared folder is swept by its owner's liveness (runtime.pid_alive)
 }
 # imports that stdlib-only purity forbids in core (I/O and concurrency live above it)
 CORE_FORBIDDEN = {"sqlite3", "aiohttp", "socket", "concurrent", "asyncio", "fcntl", "sqlite_utils"}
@@ -73,7 +73,7 @@ def test_imports_only_go_down():
                 continue
             if rank < FACE and t_rank >= rank and t_name != name:
                 wrong.append(f"{mod} imports {target_mod} (same or higher layer)")
-            if rank == FACE and mod not in ("api", "__init__") and 0 < t_rank < FACE \
+            if rank == FACE and mod not in ("api", "__init__") and 0 < t_rank < FACE and t_name != "runtime" \
                     and (mod, target_mod) not in FACE_EXCEPTIONS:
                 wrong.append(f"face {mod} imports {target_mod} (faces use api and core)")
     assert wrong == [], "\n".join(wrong)
@@ -86,8 +86,36 @@ def test_every_module_sits_in_a_layer_or_is_a_face():
 
 
 def test_no_module_starts_its_own_pool_or_loop():
-    """Pools, the event loop thread and fork handling belong to runtime.py alone."""
-    starters = ("ThreadPoolExecutor(", "new_event_loop(", "register_at_fork(")
+    """Pools (the server's blocking work too: no asyncio default executor), the event loop thread
+    and fork handling belong to runtime.py alone."""
+    starters = ("ThreadPoolExecutor(", "new_event_loop(", "register_at_fork(", "run_in_executor(None")
     found = [f"{mod}: {s}" for mod, path in modules() if mod != "runtime"
              for s in starters if s in open(path).read()]
     assert found == [], found
+
+
+def _compares_pid(node) -> bool:
+    """A comparison with `os.getpid()` on either side (or inside a tuple or call there)."""
+    if not isinstance(node, ast.Compare):
+        return False
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "getpid"
+               for side in [node.left, *node.comparators] for n in ast.walk(side))
+
+
+def test_only_the_runtime_asks_which_process_it_is_in():
+    """Fork handling lives in runtime.py (`Local`, `Lock`, `per_process`, the pools and the loop):
+    a module that keeps its own pid to notice a fork is one more place where a forked child can
+    inherit a parent's thread, lock or socket. Naming files by pid is fine; comparing pids is not.
+    Pids kept in a field are caught by name (`_pid`, `*_pid`)."""
+    wrong = []
+    for mod, path in modules():
+        if mod == "runtime":
+            continue
+        tree = ast.parse(open(path).read())
+        for node in ast.walk(tree):
+            if _compares_pid(node):
+                wrong.append(f"{mod}:{node.lineno} compares os.getpid()")
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                    (node.attr == "_pid" or node.attr.endswith("_pid")):
+                wrong.append(f"{mod}:{node.lineno} keeps a pid in .{node.attr}")
+    assert wrong == [], "use runtime.Local / runtime.Lock instead:\n" + "\n".join(wrong)

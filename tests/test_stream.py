@@ -1,4 +1,5 @@
 """cdcstore.stream: exactly once per epoch on any split, exact elastic resume, bounded memory."""
+import gc
 import os
 import pickle
 import random
@@ -166,7 +167,7 @@ def test_pinned_snapshot_and_pickling(ds_store, tmp_path):
     blob = pickle.dumps(ds)
     assert b"sqlite" not in blob.lower()
     copy = pickle.loads(blob)
-    assert copy._store is None and copy.commits == ds.commits
+    assert copy._store.here() is None and copy.commits == ds.commits  # no store crosses a pickle
     assert ids_of(copy) == expected, "the revision was resolved once, at construction"
     assert make(ds_store).num_rows == TOTAL + 20
 
@@ -226,7 +227,7 @@ def test_over_a_real_server(server, tmp_path):
         assert sorted(got) == list(range(TOTAL))
         assert ds.metrics()["store"]["requests"] > 0
         remote = pickle.loads(pickle.dumps(make(server.url)))
-        assert remote._store is None and sorted(ids_of(remote)) == list(range(TOTAL))
+        assert remote._store.here() is None and sorted(ids_of(remote)) == list(range(TOTAL))
 
 
 def test_torch_dataloader_with_two_persistent_workers(ds_store):
@@ -259,6 +260,10 @@ def test_torch_dataloader_with_two_persistent_workers(ds_store):
     fresh.load_state_dict(state)
     rest = [int(v) for b in torch_data.DataLoader(fresh.as_torch(), batch_size=None, num_workers=1) for v in b["id"]]
     assert sorted(seen + rest) == list(range(TOTAL))
+    folder = ds._decoded.path
+    del loader, ds, copy
+    gc.collect()
+    assert not os.path.exists(folder)  # the shared folder goes with the main process's dataset
 
 
 def test_interleave_mixes_by_seed_and_resumes(ds_store):

@@ -199,7 +199,7 @@ class FileReader(io.RawIOBase):
         self._last_end = 0 if sequential else -1  # a sequential reader prefetches from its first read
         self._streak = readahead_bytes if sequential else 0  # bytes read back to back so far
         self._handed = False  # pyarrow reads through this file (`read_buffer`)
-        self._by_runs = hasattr(source, "read_run_into")  # a local store: see `_pread_runs`
+        self._by_runs = source.capabilities.reads_runs  # a local store: see `_pread_runs`
         self._plan: tuple[list[Run], list[int]] | None = None  # this file's runs and their first chunks
 
     # -- io.RawIOBase ---------------------------------------------------------------
@@ -303,7 +303,7 @@ class FileReader(io.RawIOBase):
         """A large read lands straight in its result when the source can, nothing is
         being read ahead, and it would start no read-ahead (it reaches the end, or is
         not sequential)."""
-        if self._pending or not hasattr(self._src, "read_chunks_into") or offset >= self._m.size:
+        if self._pending or not self._src.capabilities.reads_into or offset >= self._m.size:
             return False
         return offset + length >= self._m.size or offset != self._last_end
 

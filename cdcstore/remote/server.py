@@ -28,6 +28,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
+from .. import runtime
 from ..core import ids, treeobj
 from . import batches, wire
 from .admin import Lifecycle
@@ -51,6 +52,7 @@ from ..storage.repository import Repository, open_repository, pack_name
 log = logging.getLogger("cdcstore.server")
 
 
+SERVER_THREADS = min(32, (os.cpu_count() or 1) + 4)  # blocking store work at once (asyncio's default executor size)
 REF_KINDS = {"tags": "tag", "branches": "branch"}  # URL segment -> kind of name
 
 
@@ -277,7 +279,9 @@ class Server:
 
     # -- helpers -----------------------------------------------------------------------------
     async def _io(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        """Blocking store work on the runtime's `server` pool (as many threads as asyncio's default
+        executor would have; a forked server gets its own, like every pool)."""
+        return await asyncio.get_running_loop().run_in_executor(runtime.pool("server", SERVER_THREADS), fn, *args)
 
     async def _blocks(self, request: web.Request):
         """The request body, block by block. A client that sends nothing for

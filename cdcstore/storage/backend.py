@@ -31,12 +31,19 @@ class BackendCapabilities:
     proves_possession: `present_or_prove` may prove held bytes instead of sending them.
     remote_admin: the store's side runs gc, check, forget and delete-repo (`admin`) and
       keeps push sessions (`push_session`): a server.
+    reads_into: `read_chunks_into` writes chunks straight into a caller's buffer (ranges
+      received where their bytes go): a server, or the chunk cache in front of a store.
+    reads_runs: `read_run_into` reads a run of raw chunks from a pack on this machine's disk
+      into a caller's buffer (one pread) and checks them there: a directory store.
+    The reader (engine/read.py) picks its read strategy from these two.
     """
 
     local_reads: bool = False
     counts_requests: bool = False
     proves_possession: bool = False
     remote_admin: bool = False
+    reads_into: bool = False
+    reads_runs: bool = False
 
 
 class Backend(abc.ABC):

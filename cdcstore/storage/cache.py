@@ -102,7 +102,8 @@ class ChunkCache:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         # a cache needs no durability (every read is verified): no fsyncs; 16 KiB pages for 64 KiB blobs
         self._conns = Connections(self.path, synchronous="OFF", page_size=16384)
-        self._pid = None
+        self._proc = runtime.Local()  # set once this process's in-memory state is made (`_here`)
+        self._wlock = runtime.Lock()  # this process's cache writers queue on it (`_txn`)
         self._here()
         with self.conn:
             self.conn.executescript("""
@@ -126,11 +127,12 @@ class ChunkCache:
         """This process's in-memory state (the writer queue and the condition guarding it). A
         forked child starts afresh: the parent's condition may be held by the parent's writer
         thread, which does not exist in the child (a DataLoader worker hung on it)."""
-        if self._pid == os.getpid():
-            return
+        self._proc.get(self._fresh)
+
+    def _fresh(self) -> bool:
         self._idle = threading.Condition()
         self._pending = 0
-        self._writer_pid = None
+        self._writer = False  # the background writer runs in this process
         self._queue = None
         self._queued: dict[bytes, tuple] = {}  # id -> entry waiting for the background writer
         self._recent: collections.OrderedDict = collections.OrderedDict()  # ids it wrote lately (`fetched_here`)
@@ -138,7 +140,7 @@ class ChunkCache:
         self._last_read = 0.0  # when the last one ended (time.monotonic)
         self._flushing = 0  # callers of wait(): write now
         self._busy = threading.Lock()  # held by the background writer while it is in sqlite
-        self._pid = os.getpid()
+        return True
 
     def _add_segments(self) -> None:
         """The `hot` column (0 probation, 1 hot) and its eviction index; a cache made by an
@@ -166,8 +168,6 @@ class ChunkCache:
         """A write transaction. Writers of this process queue on a lock, so that a small
         write (a manifest, a head) waits for one short background transaction rather than
         in sqlite's busy handler, which sleeps up to 100 ms a round."""
-        if getattr(self, "_lock_pid", None) != os.getpid():
-            self._wlock, self._lock_pid = threading.Lock(), os.getpid()
         with self._wlock, self.conn:
             self.conn.execute("BEGIN IMMEDIATE")
             yield self.conn
@@ -275,8 +275,8 @@ class ChunkCache:
         size = sum(len(e[3]) for e in entries)
         self._here()
         with self._idle:
-            if self._writer_pid != os.getpid():
-                self._queue, self._pending, self._writer_pid = queue.SimpleQueue(), 0, os.getpid()
+            if not self._writer:
+                self._queue, self._pending, self._writer = queue.SimpleQueue(), 0, True
                 self._queued = {}
                 threading.Thread(target=self._write_loop, args=(self._queue,), daemon=True,
                                  name="cdcstore-cache-writer").start()
@@ -338,7 +338,7 @@ class ChunkCache:
         """Block until this process's background writes are done."""
         self._here()
         with self._idle:
-            if self._writer_pid == os.getpid():
+            if self._writer:
                 self._flushing += 1
                 self._idle.notify_all()
                 try:
@@ -444,7 +444,7 @@ def _hold_writers() -> None:
     them: a child forked mid-transaction inherits sqlite's mutexes held and hangs on its first call."""
     for cache in list(_WRITERS):
         lock = getattr(cache, "_busy", None)
-        if cache._pid == os.getpid() and lock is not None and lock.acquire(timeout=30):
+        if cache._proc.here() and lock is not None and lock.acquire(timeout=30):
             _HELD.append(lock)
 
 
@@ -522,12 +522,13 @@ class CachedBackend(Backend):
         self._scope = ids.weak_hexdigest(f"{backend.identity}\n{token or ''}".encode())[:16]
         self._hits = self._misses = 0  # chunks read from the cache / not found there
         self._count_lock = runtime.Lock()
-        self._flights: tuple[int, dict] = (os.getpid(), {})  # see `_claim`
+        self._flights = runtime.Local()  # chunk id -> Event of this process's fetches (see `_claim`)
 
     @property
     def capabilities(self) -> BackendCapabilities:
-        """The inner backend's, except that locating goes by blocks (misses go to the inner one)."""
-        return dataclasses.replace(self.inner.capabilities, local_reads=False)
+        """The inner backend's, except that locating goes by blocks (misses go to the inner one) and
+        chunks are read into a buffer (`read_chunks_into`), whatever the inner one reads."""
+        return dataclasses.replace(self.inner.capabilities, local_reads=False, reads_into=True, reads_runs=False)
 
     def counters(self) -> dict:
         return self.inner.counters()
@@ -624,9 +625,7 @@ class CachedBackend(Backend):
     def _in_flight(self) -> dict:
         """Chunk id -> Event of the fetches this process has in flight (new after a fork: the
         parent's fetching threads do not exist in the child)."""
-        if self._flights[0] != os.getpid():
-            self._flights = (os.getpid(), {})
-        return self._flights[1]
+        return self._flights.get(dict)
 
     def _claim(self, missing):
         """Single flight: split `missing` into the chunks this thread fetches and the (item, event)

@@ -1193,6 +1193,8 @@ class LocalStore(Repository):
     Reads use os.pread on descriptors kept open per process, never mmap: a pack truncated
     under a reader gives a short read (a CorruptionError), not a SIGBUS."""
 
+    capabilities = BackendCapabilities(local_reads=True, reads_runs=True)
+
     _run = LOCAL_RUN
 
     def __init__(self, root: str):
@@ -1202,8 +1204,7 @@ class LocalStore(Repository):
         if not os.path.exists(os.path.join(self.root, MARKER)):
             check_marker(None, self.root)
         super().__init__(LocalObjects(self.root), os.path.join(self.root, "index.sqlite"), self.root)
-        self._fds: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._fd_pid = os.getpid()
+        self._fds = runtime.Local()  # pack name -> open descriptor, this process's (the parent's stay theirs)
         self._fd_lock = runtime.Lock()
 
     @classmethod
@@ -1239,20 +1240,18 @@ class LocalStore(Repository):
     def _fd(self, pack: str) -> int:
         """An open descriptor of a pack (per process; at most MAX_OPEN kept open)."""
         with self._fd_lock:
-            if self._fd_pid != os.getpid():
-                self._fds = collections.OrderedDict()  # the parent's descriptors stay theirs
-                self._fd_pid = os.getpid()
-            fd = self._fds.get(pack)
+            fds = self._fds.get(collections.OrderedDict)
+            fd = fds.get(pack)
             if fd is None:
                 try:
                     fd = open_regular(self.pack_path(pack))
                 except FileNotFoundError:
                     raise self.pack_gone(pack) from None
-                self._fds[pack] = fd
-                while len(self._fds) > MAX_OPEN:
-                    os.close(self._fds.popitem(last=False)[1])
+                fds[pack] = fd
+                while len(fds) > MAX_OPEN:
+                    os.close(fds.popitem(last=False)[1])
             else:
-                self._fds.move_to_end(pack)
+                fds.move_to_end(pack)
             return fd
 
     def read_stored(self, pack: str, offset: int, length: int):
@@ -1299,10 +1298,9 @@ class LocalStore(Repository):
 
     def close(self) -> None:
         with self._fd_lock:
-            if self._fd_pid == os.getpid():
-                for fd in self._fds.values():
-                    os.close(fd)
-            self._fds = collections.OrderedDict()
+            for fd in (self._fds.here() or {}).values():
+                os.close(fd)
+            self._fds.clear()
 
 
 def is_object_url(location: str) -> bool:
