@@ -450,6 +450,8 @@ def render(name: str, doc: dict, chart: str | None = None) -> str:
 CHART_TITLES = {"dedup": "New bytes per edit scenario, cdcstore against hf_xet",
                 "ingest": "Push throughput against hf_xet and the floor (cp -r + sync)",
                 "read": "Read throughput and latency against hf_xet and a plain file",
+                "read-sizes": "Sequential read throughput by read size against a plain read of the page cache",
+                "stream": "Samples/s of each stream side, in process and with 2 DataLoader workers",
                 "scale": "Requests of each operation against the versions in the store, per dataset size"}
 COLORS = {"ours": "#1f77b4", "peer": "#ff7f0e", "floor": "#7f7f7f", "b": "#aec7e8", "d": "#2ca02c"}
 
@@ -519,6 +521,46 @@ def chart_read(plt, doc: dict):
     return fig
 
 
+def chart_read_sizes(plt, doc: dict):
+    """Sequential reads of one file by read size: ours against a plain read of the page cache."""
+    sizes = sorted(doc["by_size"], key=int, reverse=True)
+    labels = [f"{int(k) >> 20} MiB" if int(k) >= 1 << 20 else f"{int(k) >> 10} KiB" for k in sizes] + ["whole file"]
+    ours = [doc["by_size"][k]["ours_mb_s"] for k in sizes] + [doc["sides"]["ours"]["full_mb_s"]]
+    plain = [doc["by_size"][k]["plain_mb_s"] for k in sizes] + [doc["sides"]["plain"]["full_mb_s"]]
+    fig, ax = plt.subplots(figsize=(6.5, 2.6))
+    _bars(ax, labels, [("cdcstore", ours, COLORS["ours"]), ("plain read", plain, COLORS["floor"])],
+          "MB/s, sequential reads of that size (more is better)")
+    ax.legend(fontsize=7, frameon=False, loc="lower right")
+    fig.suptitle(f"Reads of a {doc['file_bytes'] / 1e6:,.0f} MB Parquet file from the page cache, by read size, "
+                 f"medians of {doc['repeat']}", fontsize=9)
+    return fig
+
+
+STREAM_GROUPS = [("in process", ["ours", "ours_arrow", "hf", "local"]),
+                 ("DataLoader, 2 workers", ["ours_dl", "ours_arrow_dl", "ours_shuf_dl", "hf_dl", "mds_dl", "litdata_dl"])]
+
+
+def chart_stream(plt, doc: dict):
+    """Samples/s of each side, in process and with 2 DataLoader workers."""
+    s = doc.get("sides") or {}
+    names = [n for _, group in STREAM_GROUPS for n in group if (s.get(n) or {}).get("samples_per_s")]
+    vals = [s[n]["samples_per_s"] / 1e6 for n in names]
+    colors = [COLORS["ours"] if n.startswith("ours") else COLORS["floor"] if n == "local" else COLORS["peer"]
+              for n in names]
+    fig, ax = plt.subplots(figsize=(6.5, 0.3 * len(names) + 1.0))
+    for i, (v, c) in enumerate(zip(vals, colors)):
+        ax.barh(i, v, color=c, height=0.7)
+        ax.text(v, i, f" {v:.2f}", va="center", fontsize=7)
+    workers = {n: "DataLoader(2)" if n.endswith("_dl") else "in process" for n in names}
+    ax.set_yticks(range(len(names)), [f"{n} ({workers[n]})" for n in names], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("M samples/s, cold through a server (local: pyarrow from disk) - more is better")
+    ax.margins(x=0.2)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return fig
+
+
 def chart_scale(plt, doc: dict):
     """Bucket requests of each op (and the index sizes) against the versions in the store, a line a dataset."""
     from matplotlib import ticker
@@ -567,7 +609,8 @@ def chart_scale(plt, doc: dict):
     return fig
 
 
-CHARTS = {"dedup": chart_dedup, "ingest": chart_ingest, "read": chart_read, "scale": chart_scale}
+CHARTS = {"dedup": chart_dedup, "ingest": chart_ingest, "read": chart_read, "read-sizes": chart_read_sizes,
+          "scale": chart_scale, "stream": chart_stream}
 
 
 def draw(name: str, doc: dict) -> bytes:
