@@ -551,10 +551,11 @@ def chart_stream(plt, doc: dict):
     for i, (v, c) in enumerate(zip(vals, colors)):
         ax.barh(i, v, color=c, height=0.7)
         ax.text(v, i, f" {v:.2f}", va="center", fontsize=7)
-    workers = {n: "DataLoader(2)" if n.endswith("_dl") else "in process" for n in names}
+    workers = {n: "DataLoader(2)" if n.endswith("_dl") else "pyarrow, local disk" if n == "local" else "in process"
+               for n in names}
     ax.set_yticks(range(len(names)), [f"{n} ({workers[n]})" for n in names], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("M samples/s, cold through a server (local: pyarrow from disk) - more is better")
+    ax.set_xlabel("M samples/s, cold through a server (more is better)")
     ax.margins(x=0.2)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
