@@ -115,7 +115,8 @@ class DecodedUnits:
                             os.unlink(name)
                     gone += 1
                 else:
-                    left.append((e, bound(u)) if e == low_epoch else (e, 0))
+                    # when it can go: at its bound (this epoch's order), at the end of its epoch, or after
+                    left.append((e, bound(u)) if e == low_epoch == epoch else (e, DONE) if e == low_epoch else (e, 0))
         self._scanned = low, min(left, default=None), 0
         return gone
 
