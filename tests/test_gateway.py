@@ -205,8 +205,12 @@ def test_boto3_credentials_map_to_tokens(gw):
     with pytest.raises(ClientError) as e:
         client(gw, config=Config(signature_version=UNSIGNED)).get_object(Bucket="imagenet", Key="main/one.parquet")
     assert _code(e) == "AccessDenied"
-    url = client(gw).generate_presigned_url("get_object", Params={"Bucket": "imagenet", "Key": "main/many/f01.txt"},
-                                            ExpiresIn=60)
+    params = {"Bucket": "imagenet", "Key": "main/many/f01.txt"}
+    with pytest.raises(urllib.error.HTTPError) as e:  # botocore presigns with SigV2 unless told: named
+        urllib.request.urlopen(client(gw).generate_presigned_url("get_object", Params=params, ExpiresIn=60))
+    assert e.value.code == 400 and b"SigV2" in e.value.read()
+    url = client(gw, config=Config(signature_version="s3v4")).generate_presigned_url("get_object", Params=params,
+                                                                                      ExpiresIn=60)
     with urllib.request.urlopen(url) as r:
         assert r.read() == b"file f01.txt\n"
     with pytest.raises(urllib.error.HTTPError) as e:

@@ -205,6 +205,9 @@ class Gateway:
                 signed = sigv4.parse_header(header, request.headers.get("X-Amz-Date"))
             elif "X-Amz-Algorithm" in query:
                 signed = sigv4.parse_query(query)
+            elif "AWSAccessKeyId" in query:
+                raise sigv4.SignatureError("this URL is signed with SigV2 (AWSAccessKeyId=...): presign with SigV4 "
+                                           "(boto3: Config(signature_version='s3v4'))")
             else:
                 signed = None
         except sigv4.SignatureError as e:
