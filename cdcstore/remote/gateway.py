@@ -372,7 +372,9 @@ class Gateway:
                 yield kind, key, entry, mtime
 
     def _page(self, repo: str, prefix: str, delimiter: str, after: str, limit: int) -> tuple[list, bool]:
-        items = []
+        items: list = []
+        if limit == 0:  # max-keys=0: nothing asked, nothing truncated (as S3)
+            return items, False
         for item in self._keys(repo, prefix, delimiter, after):
             if len(items) == limit:
                 return items, True
