@@ -31,6 +31,7 @@ from xml.sax.saxutils import escape
 
 from aiohttp import web
 
+from .. import runtime
 from ..core import sigv4
 from ..core.errors import (BusyError, CdcError, CorruptionError, InvalidAddressError, PackMissingError,
                            RepoNotFoundError, RevisionNotFoundError)
@@ -142,14 +143,30 @@ def decode_token(token: str) -> str:
 
 # -- bytes ----------------------------------------------------------------------------------------
 class FileBody:
-    """A file's bytes [lo, hi) built from verified chunks (`block`, called off the event loop
-    one piece at a time); the last chunk of a piece is kept for the next one."""
+    """A file's bytes [start, stop) built from verified chunks, `piece` bytes per `block(lo, hi)`
+    call (off the event loop, one call at a time). While one piece is sent the next is built on
+    the runtime's `gateway` pool: at most two pieces held per read. The last chunk of a piece is
+    kept for the next one."""
 
-    def __init__(self, store, manifest: Manifest, name: str):
-        self.store, self.m, self.name = store, manifest, name
+    def __init__(self, store, manifest: Manifest, name: str, stop: int, piece: int):
+        self.store, self.m, self.name, self.stop, self.piece = store, manifest, name, stop, piece
         self._last: tuple[int, bytes] | None = None
+        self._ahead = None  # ((lo, hi), future) of the piece being built ahead
 
     def block(self, lo: int, hi: int) -> bytes:
+        ahead, self._ahead = self._ahead, None
+        data = None
+        if ahead is not None:
+            built = ahead[1].result()  # waited for even when unused: two builds never run at once
+            data = built if ahead[0] == (lo, hi) else None
+        if data is None:
+            data = self._build(lo, hi)
+        if hi < self.stop:
+            nxt = (hi, min(self.stop, hi + self.piece))
+            self._ahead = (nxt, runtime.pool("gateway", 4).submit(self._build, *nxt))
+        return data
+
+    def _build(self, lo: int, hi: int) -> bytes:
         span = self.m.span(lo, hi)
         if not span:
             return b""
@@ -331,7 +348,7 @@ class Gateway:
             await resp.write_eof()
             return resp
         manifest = await self._io(self._manifest, entry.manifest)
-        body = FileBody(self.store, manifest, f"{bucket}/{key}")
+        body = FileBody(self.store, manifest, f"{bucket}/{key}", stop, self.server.limits.send_block)
         reads, wait = self.server.reads, self.server.limits.read_wait
         await reads.wait(owner, wait)
         try:
