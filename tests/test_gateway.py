@@ -32,6 +32,7 @@ READER, OTHER = "reader-token-" + "r" * 20, "other-token-" + "o" * 20
 TOKENS = {READER: {"scope": "read", "repos": ["*"], "name": "reader"},
           OTHER: {"scope": "read", "repos": ["elsewhere"], "name": "other"}}
 MANY = [f"f{i:02d}.txt" for i in range(23)]  # with 3 folders: 26 entries under many/
+ODD = "a b+c=d&é~(1)%41.txt"  # what each client must encode, and sign, its own way
 
 
 def _table(n: int, seed: int) -> pa.Table:
@@ -64,6 +65,8 @@ def gw(tmp_path_factory):
         (data / "many" / d).mkdir()
         (data / "many" / d / "x.txt").write_text(d)
     (data / "many" / "f05.txt-b").write_text("sorts between f05.txt and f06.txt")
+    (data / "odd").mkdir()
+    (data / "odd" / ODD).write_text("odd name")
     LocalStore.init(str(root / "srv"))
     with Store(str(root / "srv")) as s:
         s.push([str(p) for p in sorted(data.iterdir())], "cdc://imagenet/", message="data")
@@ -183,6 +186,19 @@ def test_boto3_list_v2_pages_with_delimiter(gw):
     assert s3.list_objects_v2(Bucket="imagenet", Prefix="nosuch/")["KeyCount"] == 0
     v1 = s3.list_objects(Bucket="imagenet", Prefix="main/train/")
     assert [c["Key"] for c in v1["Contents"]] == [f"main/train/part-{i}.parquet" for i in range(3)]
+
+
+def test_keys_that_need_encoding_sign_and_list(gw):
+    from pyarrow import fs as pafs
+    s3 = client(gw)
+    key = f"main/odd/{ODD}"
+    assert s3.get_object(Bucket="imagenet", Key=key)["Body"].read() == b"odd name"
+    assert [c["Key"] for c in s3.list_objects_v2(Bucket="imagenet", Prefix="main/odd/")["Contents"]] == [key]
+    pa_s3 = pafs.S3FileSystem(access_key="reader", secret_key=READER, endpoint_override=gw.s3.split("//")[1],
+                              scheme="http", region="us-east-1")
+    with pa_s3.open_input_stream(f"imagenet/{key}") as f:
+        assert f.read() == b"odd name"
+    assert [i.path for i in pa_s3.get_file_info(pafs.FileSelector("imagenet/main/odd"))] == [f"imagenet/{key}"]
 
 
 def test_boto3_credentials_map_to_tokens(gw):
