@@ -285,18 +285,18 @@ def test_s3fs_lists_and_reads(gw):
 
 
 @pytest.mark.skipif(shutil.which("aws") is None, reason="the AWS CLI is not installed")
-def test_aws_cli_lists_and_copies(gw, tmp_path):
+def test_aws_cli_syncs_a_folder(gw, tmp_path):
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "reader", "AWS_SECRET_ACCESS_KEY": READER,
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
     env.pop("AWS_ENDPOINT_URL", None)
     run = lambda *a: subprocess.run(["aws", "--endpoint-url", gw.s3, "s3", *a], env=env, capture_output=True,  # noqa
                                     text=True, timeout=60)
-    ls = run("ls", "s3://imagenet/main/train/")
-    assert ls.returncode == 0, ls.stderr
-    assert [line.split()[-1] for line in ls.stdout.splitlines()] == [f"part-{i}.parquet" for i in range(3)]
-    cp = run("cp", "s3://imagenet/main/one.parquet", str(tmp_path / "one.parquet"))
-    assert cp.returncode == 0, cp.stderr
-    assert (tmp_path / "one.parquet").read_bytes() == (gw.data / "one.parquet").read_bytes()
+    sync = run("sync", "s3://imagenet/main/train/", str(tmp_path / "train"))  # a listing, then a GET per file
+    assert sync.returncode == 0, sync.stderr
+    assert sorted(os.listdir(tmp_path / "train")) == [f"part-{i}.parquet" for i in range(3)]
+    for i in range(3):
+        name = f"part-{i}.parquet"
+        assert (tmp_path / "train" / name).read_bytes() == (gw.data / "train" / name).read_bytes()
 
 
 def _signed_get(url: str, key: str, secret: str, amz_date: str) -> tuple[int, bytes]:
