@@ -40,7 +40,7 @@ from ..core.treeobj import Folder, Tree
 from ..core.commit import FileEntry
 from .limits import Busy
 from .server import SERVER, STORE_ROOTS, sanitize
-from .tokens import owner_id
+from .tokens import default_name, owner_id
 
 log = logging.getLogger("cdcstore.gateway")
 
@@ -235,7 +235,7 @@ class Gateway:
         if signed is None:
             raise S3Error(403, "AccessDenied", "anonymous requests are refused: sign them with a token "
                                                "(access key id: the token's name, secret access key: the token)")
-        candidates = [t for t, g in tokens.items() if g.get("name") == signed.access_key]
+        candidates = [t for t, g in tokens.items() if (g.get("name") or default_name(t)) == signed.access_key]
         if not candidates:
             raise S3Error(403, "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our "
                                                      "records: use a token's name (`cdcstore token add NAME`)")
@@ -243,6 +243,7 @@ class Gateway:
         if problem:
             raise S3Error(403, "AccessDenied" if signed.presigned else "RequestTimeTooSkewed", problem)
         headers = {k.lower(): ",".join(request.headers.getall(k)) for k in set(request.headers.keys())}
+        # the payload hash is taken as the client signed it: no body is ever read (writes are refused)
         payload = None if signed.presigned else request.headers.get("X-Amz-Content-Sha256")
         for token in candidates:
             if sigv4.matches(token, signed, request.method, raw_path, raw_query, headers, payload):
