@@ -127,8 +127,16 @@ def test_boto3_get_ranges_and_head(gw):
     assert part["Body"].read() == src[100:300100]  # across several chunks
     tail = s3.get_object(Bucket="imagenet", Key="main/one.parquet", Range="bytes=-8")["Body"].read()
     assert tail == src[-8:] and tail.endswith(b"PAR1")
+    over = s3.get_object(Bucket="imagenet", Key="main/one.parquet", Range=f"bytes={len(src) - 5}-{len(src) + 99}")
+    assert over["ContentRange"] == f"bytes {len(src) - 5}-{len(src) - 1}/{len(src)}"  # clamped to the end
+    assert over["Body"].read() == src[-5:]
     head = s3.head_object(Bucket="imagenet", Key="main/one.parquet")
     assert head["ContentLength"] == len(src)
+    with pytest.raises(ClientError) as e:  # the ETag is what a conditional read compares
+        s3.get_object(Bucket="imagenet", Key="main/one.parquet", IfMatch='"' + "0" * 64 + '"')
+    assert _code(e) == "PreconditionFailed"
+    assert s3.get_object(Bucket="imagenet", Key="main/one.parquet", IfMatch=head["ETag"], Range="bytes=0-3")[
+        "Body"].read() == b"PAR1"
     # the ETag is the content's: the same through a tag, another through another file
     assert s3.head_object(Bucket="imagenet", Key="v1/one.parquet")["ETag"] == head["ETag"] == whole["ETag"]
     assert s3.head_object(Bucket="imagenet", Key="main/train/part-0.parquet")["ETag"] != head["ETag"]
