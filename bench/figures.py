@@ -109,6 +109,21 @@ def view_read(doc: dict) -> list[str]:
             + table(["side", "full read, MB/s", "random read, median µs", "random read, p90 µs"], rows))
 
 
+def view_gateway(doc: dict) -> list[str]:
+    s = doc["sides"]
+    rows = []
+    for engine, label in (("pyarrow_file", "pyarrow, one file"), ("pyarrow_dataset", "pyarrow, a dataset folder"),
+                          ("polars_file", "polars, one file"), ("polars_dataset", "polars, a glob of files")):
+        local, gw = s[f"{engine}_local"], s[f"{engine}_gateway"]
+        rows.append([label, f"{local['rows_per_s']:,.0f}", f"{gw['rows_per_s']:,.0f}",
+                     _x(gw["rows_per_s"], local["rows_per_s"]), f"{gw['requests_per_file']:.1f}"])
+    big = doc["big"]
+    return ([f"Full reads of a {big['bytes'] / 1e6:,.0f} MB Parquet file ({big['row_groups']} row groups) and of a "
+             f"folder of {s['pyarrow_dataset_local']['files']} files ({s['pyarrow_dataset_local']['bytes'] / 1e6:,.0f} "
+             f"MB), SigV4-signed, over loopback, all in the page cache; medians:", ""]
+            + table(["engine, read", "local rows/s", "gateway rows/s", "gateway / local", "requests per file"], rows))
+
+
 DEDUP_LABELS = {"a": "hf_xet (a)", "b": "byte CDC (b)", "c": "page-aligned (c)", "d": "our writer (d)"}
 
 
@@ -400,7 +415,7 @@ def view_scale(doc: dict) -> list[str]:
 
 VIEWS = {"fs": view_fs, "link": view_link, "ingest": view_ingest, "read": view_read, "dedup": view_dedup, "chunker": view_chunker,
          "objects": view_objects, "cold-profile": view_cold_profile, "cold_profile": view_cold_profile,
-         "transfer": view_transfer, "scale": view_scale}
+         "transfer": view_transfer, "scale": view_scale, "gateway": view_gateway}
 
 
 def goal_rows(doc: dict) -> dict:

@@ -119,6 +119,7 @@ def _error(status: int, message: str, headers: dict | None = None, code: str | N
 
 
 STORE_ROOTS = web.AppKey("store_roots", tuple)
+SERVER = web.AppKey("server", object)  # the app's Server (the S3 gateway, remote/gateway.py, serves over it)
 _REPO_LIST = re.compile(r" \(repos: [^)]*\)")
 
 
@@ -873,13 +874,13 @@ class Server:
         """Whether pack `name` is indexed, after a recovery on a miss (stored through another replica)."""
         return self.store.knows_pack(name) or (self.store.recover() > 0 and self.store.index.has_pack(name))
 
-    async def _send(self, request: web.Request, start: int, stop: int, block, status: int = 206) -> web.StreamResponse:
+    async def _send(self, request: web.Request, start: int, stop: int, block, status: int = 206,
+                    headers: dict | None = None) -> web.StreamResponse:
         """Answer bytes [start, stop) (of a pack: a 206) `limits.send_block` bytes at a time
         (`block(lo, hi)` builds each, off the event loop). A client that takes no piece for
         `send_timeout` s, or reads slower than `min_body_rate` once past it, is cut off."""
-        headers = {"Content-Type": "application/octet-stream"}
-        if status == 206:
-            headers["Content-Range"] = f"bytes {start}-{stop - 1}/*"
+        headers = {"Content-Type": "application/octet-stream",
+                   **({"Content-Range": f"bytes {start}-{stop - 1}/*"} if status == 206 else {}), **(headers or {})}
         resp = web.StreamResponse(status=status, headers=headers)
         resp.content_length = stop - start
         first = await self._io(block, start, min(stop, start + self.limits.send_block))
@@ -1025,6 +1026,7 @@ def make_app(store: Repository, config: ServerConfig | None = None) -> web.Appli
     app.on_cleanup.append(s.on_cleanup)
     roots = {store.location} | ({os.path.realpath(store.location)} if os.path.isdir(store.location) else set())
     app[STORE_ROOTS] = tuple(sorted(roots, key=len, reverse=True))
+    app[SERVER] = s
     api = wire.API
     app.add_routes([
         web.get(f"{api}/health", s.health),
@@ -1080,10 +1082,12 @@ def _uploaded_commit(text) -> Commit:
 
 
 def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
-          allow_open: bool = False, max_heavy: int | None = None, limit_items=(), **limits) -> None:
+          allow_open: bool = False, max_heavy: int | None = None, limit_items=(), s3_port: int | None = None,
+          **limits) -> None:
     """Run the server until interrupted. Without tokens it only binds loopback,
     unless `allow_open` says otherwise explicitly. `limit_items`: NAME=VALUE overrides
-    of `ServerLimits` (`cdcstore serve --limit`)."""
+    of `ServerLimits` (`cdcstore serve --limit`). `s3_port`: also serve the S3 read
+    gateway (remote/gateway.py) on that port of `host`."""
     tokens = TokenFile(tokens_file) if tokens_file else None
     if tokens is None:
         if host not in LOOPBACK and not allow_open:
@@ -1095,6 +1099,9 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
     logging.getLogger("aiohttp.server").addFilter(OneLineErrors())
     config = ServerConfig(tokens=tokens, max_heavy=max_heavy, limits=ServerLimits.parse(limit_items), **limits)
     app = make_app(store, config)
+    if s3_port is not None:
+        from .gateway import listen
+        listen(app, host, s3_port)
 
     def announce(_msg: str) -> None:  # run_app calls this only once it listens: bind first, announce after
         if tokens is None:

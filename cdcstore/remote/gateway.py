@@ -1,0 +1,517 @@
+"""The S3-compatible read gateway of `cdcstore serve --s3-port PORT` (docs/gateway.md).
+
+Any S3 client reads a store: the bucket is a REPO, the key is REV/PATH (REV a branch, a tag
+or a commit id), addressed path-style (`http://HOST:PORT/REPO/REV/PATH`). GetObject (one
+Range), HeadObject, ListObjectsV2 (and v1), ListBuckets, HeadBucket and GetBucketLocation are
+served; every write answers 501 NotImplemented (writes come later). Bytes come from the
+server's repository chunk by chunk, each chunk verified against its BLAKE3 id, and are streamed
+in `ServerLimits.send_block` pieces under a read slot, as the native API's pack ranges are.
+
+Credentials: the access key id is a token's name (`cdcstore token add NAME`), the secret
+access key is the token; the signature (SigV4, header or presigned URL, core/sigv4.py) is
+checked with the token, and the token's grant applies as on the native API. A server without
+tokens serves anonymous and signed requests alike.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import collections
+import email.utils
+import logging
+import mimetypes
+import re
+import secrets
+import threading
+import time
+from typing import Iterator
+from urllib.parse import quote, unquote
+from xml.sax.saxutils import escape
+
+from aiohttp import web
+
+from .. import runtime
+from ..core import sigv4
+from ..core.errors import (BusyError, CdcError, CorruptionError, InvalidAddressError, PackMissingError,
+                           RepoNotFoundError, RevisionNotFoundError)
+from ..core.manifest import Manifest
+from ..core.treeobj import Folder, Tree
+from ..core.commit import FileEntry
+from .limits import Busy
+from .server import SERVER, STORE_ROOTS, sanitize
+from .tokens import default_name, owner_id
+
+log = logging.getLogger("cdcstore.gateway")
+
+NS = "http://s3.amazonaws.com/doc/2006-03-01/"
+MAX_KEYS = 1000  # the most keys one listing answers (as S3)
+MANIFESTS_KEPT = 64  # decoded manifests kept for the next range of the same file (a Parquet reader's)
+REGION = "us-east-1"
+WRITES_LATER = ("this S3 gateway serves reads only; writes come later: push with `cdcstore push` or write "
+                "through cdc:// (docs/gateway.md)")
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+class S3Error(Exception):
+    def __init__(self, status: int, code: str, message: str, **extra):
+        super().__init__(message)
+        self.status, self.code, self.extra = status, code, extra
+
+
+# -- XML ----------------------------------------------------------------------------------------
+def _el(name: str, value) -> str:
+    return f"<{name}>{escape(str(value))}</{name}>"
+
+
+def _xml(root: str, body: str, ns: bool = True) -> web.Response:
+    xmlns = f' xmlns="{NS}"' if ns else ""
+    text = f'<?xml version="1.0" encoding="UTF-8"?>\n<{root}{xmlns}>{body}</{root}>'
+    return web.Response(text=text, content_type="application/xml")
+
+
+def iso_time(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(t))
+
+
+def http_time(t: float) -> str:
+    return email.utils.formatdate(t, usegmt=True)
+
+
+def etag(entry: FileEntry) -> str:
+    """Stable per file content: the file's manifest id (the same bytes, the same manifest)."""
+    return f'"{entry.manifest}"'
+
+
+def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
+    """[start, stop) of one `Range: bytes=...`; None for no range or one S3 ignores (malformed,
+    several ranges): the whole object. S3Error 416 when no byte of it is in the object."""
+    m = _RANGE.match(value.strip()) if value else None
+    if m is None or not (m[1] or m[2]):
+        return None
+    if m[1]:
+        start = int(m[1])
+        if m[2] and int(m[2]) < start:
+            return None
+        if start >= size:
+            raise S3Error(416, "InvalidRange", "The requested range is not satisfiable", ActualObjectSize=size)
+        return start, min(size, int(m[2]) + 1) if m[2] else size
+    n = int(m[2])
+    if n == 0 or size == 0:
+        raise S3Error(416, "InvalidRange", "The requested range is not satisfiable", ActualObjectSize=size)
+    return max(0, size - n), size
+
+
+# -- keys -----------------------------------------------------------------------------------------
+def _sorted_entries(tree: Tree) -> list[tuple[str, str, object]]:
+    """(key part, name, entry) in S3 key order: a folder's keys go on with '/'."""
+    return sorted((name + ("/" if isinstance(e, Folder) else ""), name, e) for name, e in tree.entries.items())
+
+
+def _before(key_prefix: str, after: str) -> bool:
+    """Whether every key that starts with `key_prefix` sorts at or before `after`."""
+    return key_prefix <= after and not after.startswith(key_prefix)
+
+
+def tree_keys(view, tree: Tree, base: str, name_prefix: str, recurse: bool, after: str) -> Iterator[tuple]:
+    """("file", key, entry) and ("prefix", key, None) under a folder, in key order, after `after`."""
+    for part, name, e in _sorted_entries(tree):
+        if not name.startswith(name_prefix):
+            continue
+        key = base + part
+        if isinstance(e, Folder):
+            if _before(key, after):
+                continue
+            if recurse:
+                yield from tree_keys(view, view.node(e.tree), key, "", True, after)
+            elif key > after:
+                yield "prefix", key, None
+        elif key > after:
+            yield "file", key, e
+
+
+def encode_token(key: str) -> str:
+    return base64.urlsafe_b64encode(key.encode()).decode()
+
+
+def decode_token(token: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode()
+    except (binascii.Error, UnicodeError, ValueError):
+        raise S3Error(400, "InvalidArgument", "The continuation token provided is incorrect") from None
+
+
+# -- bytes ----------------------------------------------------------------------------------------
+class FileBody:
+    """A file's bytes [start, stop) built from verified chunks, `piece` bytes per `block(lo, hi)`
+    call (off the event loop, one call at a time). While one piece is sent the next is built on
+    the runtime's `gateway` pool: at most two pieces held per read. The last chunk of a piece is
+    kept for the next one."""
+
+    def __init__(self, store, manifest: Manifest, name: str, stop: int, piece: int):
+        self.store, self.m, self.name, self.stop, self.piece = store, manifest, name, stop, piece
+        self._last: tuple[int, bytes] | None = None
+        self._ahead = None  # ((lo, hi), future) of the piece being built ahead
+
+    def block(self, lo: int, hi: int) -> bytes:
+        ahead, self._ahead = self._ahead, None
+        data = None
+        if ahead is not None:
+            built = ahead[1].result()  # waited for even when unused: two builds never run at once
+            data = built if ahead[0] == (lo, hi) else None
+        if data is None:
+            data = self._build(lo, hi)
+        if hi < self.stop:
+            nxt = (hi, min(self.stop, hi + self.piece))
+            self._ahead = (nxt, runtime.pool("gateway", 4).submit(self._build, *nxt))
+        return data
+
+    def _build(self, lo: int, hi: int) -> bytes:
+        span = self.m.span(lo, hi)
+        if not span:
+            return b""
+        kept = self._last if self._last is not None and self._last[0] in span else None
+        wanted = list(dict.fromkeys(self.m.chunk_ids[i] for i in span if kept is None or i != kept[0]))
+        data = self._read(wanted) if wanted else {}
+        pieces = []
+        for i in span:
+            chunk = kept[1] if kept is not None and i == kept[0] else data[self.m.chunk_ids[i]]
+            start = self.m.chunk_start(i)
+            pieces.append(memoryview(chunk)[max(lo, start) - start:min(hi, start + len(chunk)) - start])
+        last = span[-1]
+        self._last = (last, kept[1] if kept is not None and kept[0] == last else data[self.m.chunk_ids[last]])
+        return b"".join(pieces)
+
+    def _read(self, wanted: list[bytes]) -> dict[bytes, bytes]:
+        for attempt in (0, 1):
+            found = self.store.locate(wanted)
+            missing = [c for c in wanted if c not in found]
+            if missing:
+                raise CorruptionError(f"{len(missing)} chunks of {self.name} are not in the store (e.g. "
+                                      f"{missing[0].hex()}): run `cdcstore check` on the server")
+            try:
+                return self.store.read_chunks([found[c] for c in wanted])  # each chunk verified
+            except PackMissingError:  # a gc or repack moved them: located again, once
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
+
+
+# -- the gateway ----------------------------------------------------------------------------------
+class Gateway:
+    """The S3 routes over one `server.Server` (its store, tokens, read slots and limits)."""
+
+    def __init__(self, server):
+        self.server = server
+        self.store = server.store
+        self._manifests: collections.OrderedDict[str, Manifest] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    async def _io(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    # -- authentication ----------------------------------------------------------------------
+    def authenticate(self, request: web.Request) -> tuple[dict, str]:
+        """(grant, owner) of a request: its SigV4 signature checked with the token its access key
+        names. An open server (no tokens) takes every request, signed or not."""
+        raw_path, _, raw_query = request.raw_path.partition("?")
+        query = dict(sigv4.split_query(raw_query))
+        header = request.headers.get("Authorization")
+        try:
+            if header:
+                signed = sigv4.parse_header(header, request.headers.get("X-Amz-Date"))
+            elif "X-Amz-Algorithm" in query:
+                signed = sigv4.parse_query(query)
+            elif "AWSAccessKeyId" in query:
+                raise sigv4.SignatureError("this URL is signed with SigV2 (AWSAccessKeyId=...): presign with SigV4 "
+                                           "(boto3: Config(signature_version='s3v4'))")
+            else:
+                signed = None
+        except sigv4.SignatureError as e:
+            raise S3Error(400, "AuthorizationHeaderMalformed", str(e)) from None
+        tokens = self.server.auth.tokens
+        if tokens is None:
+            return {"scope": "write", "repos": ["*"]}, f"request-{id(request)}"
+        if signed is None:
+            raise S3Error(403, "AccessDenied", "anonymous requests are refused: sign them with a token "
+                                               "(access key id: the token's name, secret access key: the token)")
+        candidates = [t for t, g in tokens.items() if (g.get("name") or default_name(t)) == signed.access_key]
+        if not candidates:
+            raise S3Error(403, "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our "
+                                                     "records: use a token's name (`cdcstore token add NAME`)")
+        problem = sigv4.time_problem(signed, time.time())
+        if problem:
+            raise S3Error(403, "AccessDenied" if signed.presigned else "RequestTimeTooSkewed", problem)
+        headers = {k.lower(): ",".join(request.headers.getall(k)) for k in set(request.headers.keys())}
+        # the payload hash is taken as the client signed it: no body is ever read (writes are refused)
+        payload = None if signed.presigned else request.headers.get("X-Amz-Content-Sha256")
+        for token in candidates:
+            if sigv4.matches(token, signed, request.method, raw_path, raw_query, headers, payload):
+                return tokens[token], owner_id(token)
+        raise S3Error(403, "SignatureDoesNotMatch", "The request signature we calculated does not match the "
+                                                    "signature you provided: the secret access key is the token")
+
+    @staticmethod
+    def _may_read(grant: dict, repo: str) -> None:
+        if "*" not in grant["repos"] and repo not in grant["repos"]:
+            raise S3Error(403, "AccessDenied", f"this token has no access to repo {repo!r}", BucketName=repo)
+
+    # -- dispatch ----------------------------------------------------------------------------
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        grant, owner = self.authenticate(request)
+        raw_path, _, raw_query = request.raw_path.partition("?")
+        path = unquote(raw_path).lstrip("/")
+        bucket, _, key = path.partition("/")
+        query = dict(sigv4.split_query(raw_query))
+        if request.method not in ("GET", "HEAD"):
+            raise S3Error(501, "NotImplemented", WRITES_LATER)
+        if not bucket:
+            return await self.list_buckets(grant)
+        self._may_read(grant, bucket)
+        if not await self._io(self._has_repo, bucket):
+            raise S3Error(404, "NoSuchBucket", "The specified bucket does not exist", BucketName=bucket)
+        if key:
+            return await self.get_object(request, owner, bucket, key)
+        if request.method == "HEAD":
+            return web.Response(headers={"x-amz-bucket-region": REGION})
+        if "location" in query:
+            return _xml("LocationConstraint", "")  # us-east-1 is said by an empty constraint (as S3)
+        unsupported = [k for k in query if k in ("acl", "policy", "versioning", "tagging", "uploads", "versions",
+                                                   "lifecycle", "cors", "website", "logging", "notification")]
+        if unsupported:
+            raise S3Error(501, "NotImplemented", f"?{unsupported[0]} is not served by this gateway")
+        return await self.list_objects(bucket, query)
+
+    def _has_repo(self, repo: str) -> bool:
+        try:
+            return self.store.has_repo(repo)
+        except InvalidAddressError:
+            return False
+
+    async def list_buckets(self, grant: dict) -> web.Response:
+        repos = await self._io(self.store.repos)
+        visible = repos if "*" in grant["repos"] else [r for r in repos if r in grant["repos"]]
+        buckets = "".join(f"<Bucket>{_el('Name', r)}{_el('CreationDate', iso_time(0))}</Bucket>"
+                          for r in sorted(visible))
+        owner = f"<Owner>{_el('ID', 'cdcstore')}{_el('DisplayName', grant.get('name') or 'cdcstore')}</Owner>"
+        return _xml("ListAllMyBucketsResult", f"{owner}<Buckets>{buckets}</Buckets>")
+
+    # -- objects -----------------------------------------------------------------------------
+    def _revision(self, repo: str, rev: str):
+        """(view, commit time) of a revision, None when it is no revision of the repo."""
+        try:
+            cid, _ = self.store.resolve_ref(repo, rev)
+            commit = self.store.get_commit(repo, cid)
+        except (RevisionNotFoundError, RepoNotFoundError, InvalidAddressError):
+            return None
+        return self.store.view(repo, commit), commit.time
+
+    def _lookup(self, repo: str, key: str) -> tuple[FileEntry, float]:
+        rev, _, path = key.partition("/")
+        found = self._revision(repo, rev) if path else None
+        entry = found[0].get(path) if found is not None and "\x00" not in path else None
+        if entry is None:
+            raise S3Error(404, "NoSuchKey", "The specified key does not exist.", Key=key)
+        return entry, found[1]
+
+    def _manifest(self, name: str) -> Manifest:
+        with self._lock:
+            m = self._manifests.get(name)
+            if m is not None:
+                self._manifests.move_to_end(name)
+                return m
+        m = self.store.get_manifest(name)  # checked against its name
+        with self._lock:
+            self._manifests[name] = m
+            while len(self._manifests) > MANIFESTS_KEPT:
+                self._manifests.popitem(last=False)
+        return m
+
+    async def get_object(self, request: web.Request, owner: str, bucket: str, key: str) -> web.StreamResponse:
+        entry, mtime = await self._io(self._lookup, bucket, key)
+        tag = etag(entry)
+        headers = {"ETag": tag, "Last-Modified": http_time(mtime), "Accept-Ranges": "bytes",
+                   "Content-Type": mimetypes.guess_type(key)[0] or "application/octet-stream"}
+        match, none_match = request.headers.get("If-Match"), request.headers.get("If-None-Match")
+        if match and match.strip() not in (tag, "*"):
+            raise S3Error(412, "PreconditionFailed", "At least one of the pre-conditions you specified did not hold")
+        if none_match and none_match.strip() in (tag, "*"):
+            return web.Response(status=304, headers={"ETag": tag, "Last-Modified": headers["Last-Modified"]})
+        rng = parse_range(request.headers.get("Range"), entry.size)
+        start, stop = rng if rng is not None else (0, entry.size)
+        status = 206 if rng is not None else 200
+        if rng is not None:
+            headers["Content-Range"] = f"bytes {start}-{stop - 1}/{entry.size}"
+        if request.method == "HEAD":
+            resp = web.StreamResponse(status=status, headers=headers)
+            resp.content_length = stop - start
+            await resp.prepare(request)
+            await resp.write_eof()
+            return resp
+        manifest = await self._io(self._manifest, entry.manifest)
+        body = FileBody(self.store, manifest, f"{bucket}/{key}", stop, self.server.limits.send_block)
+        reads, wait = self.server.reads, self.server.limits.read_wait
+        await reads.wait(owner, wait)
+        try:
+            with reads.take(owner):  # the file is built `send_block` bytes at a time, as pack ranges are
+                return await self.server._send(request, start, stop, body.block, status=status, headers=headers)
+        except Busy as e:
+            raise S3Error(503, "SlowDown", str(e)) from None
+
+    # -- listings ----------------------------------------------------------------------------
+    def _keys(self, repo: str, prefix: str, delimiter: str, after: str) -> Iterator[tuple]:
+        """(kind, key, entry, time) of the bucket's keys that start with `prefix`, after `after`,
+        in key order. With no '/' in the prefix the revisions are the repo's branches and tags."""
+        if "/" in prefix:
+            rev, _, rest = prefix.partition("/")
+            revs = [rev]
+        else:
+            rest = None
+            refs = {**self.store.tags(repo), **self.store.branches(repo)}
+            revs = [r for r in refs if r.startswith(prefix)]
+        for rev in sorted(revs, key=lambda r: r + "/"):
+            top = rev + "/"
+            if _before(top, after):
+                continue
+            if rest is None and delimiter:
+                if top > after:
+                    yield "prefix", top, None, 0.0
+                continue
+            found = self._revision(repo, rev)
+            if found is None:
+                continue
+            view, mtime = found
+            folder, _, name_prefix = (rest or "").rpartition("/")
+            tree = view.folder(folder)
+            if tree is None:
+                continue
+            base = top + (folder + "/" if folder else "")
+            for kind, key, entry in tree_keys(view, tree, base, name_prefix, not delimiter, after):
+                yield kind, key, entry, mtime
+
+    def _page(self, repo: str, prefix: str, delimiter: str, after: str, limit: int) -> tuple[list, bool]:
+        items: list = []
+        if limit == 0:  # max-keys=0: nothing asked, nothing truncated (as S3)
+            return items, False
+        for item in self._keys(repo, prefix, delimiter, after):
+            if len(items) == limit:
+                return items, True
+            items.append(item)
+        return items, False
+
+    async def list_objects(self, bucket: str, query: dict) -> web.Response:
+        v2 = query.get("list-type") == "2"
+        prefix, delimiter = query.get("prefix", ""), query.get("delimiter", "")
+        if delimiter not in ("", "/"):
+            raise S3Error(501, "NotImplemented", f"delimiter {delimiter!r}: this gateway lists with '/' or none")
+        try:
+            limit = min(MAX_KEYS, int(query.get("max-keys", MAX_KEYS)))
+        except ValueError:
+            raise S3Error(400, "InvalidArgument", "max-keys must be a number") from None
+        if limit < 0:
+            raise S3Error(400, "InvalidArgument", "max-keys must not be negative")
+        token = query.get("continuation-token") if v2 else None
+        start_after = query.get("start-after", "") if v2 else query.get("marker", "")
+        after = max(start_after, decode_token(token) if token else "")
+        items, truncated = await self._io(self._page, bucket, prefix, delimiter, after, limit)
+        url = query.get("encoding-type") == "url"
+        enc = (lambda s: quote(s, safe="/")) if url else (lambda s: s)
+        parts = [_el("Name", bucket), _el("Prefix", enc(prefix))]
+        if v2:
+            parts.append(_el("KeyCount", len(items)))
+            if token:
+                parts.append(_el("ContinuationToken", token))
+            if start_after:
+                parts.append(_el("StartAfter", enc(start_after)))
+        else:
+            parts.append(_el("Marker", enc(start_after)))
+        parts.append(_el("MaxKeys", limit))
+        if delimiter:
+            parts.append(_el("Delimiter", enc(delimiter)))
+        if url:
+            parts.append(_el("EncodingType", "url"))
+        parts.append(_el("IsTruncated", "true" if truncated else "false"))
+        if truncated and items:
+            parts.append(_el("NextContinuationToken", encode_token(items[-1][1])) if v2
+                         else _el("NextMarker", enc(items[-1][1])))
+        for kind, key, entry, mtime in items:
+            if kind == "prefix":
+                parts.append(f"<CommonPrefixes>{_el('Prefix', enc(key))}</CommonPrefixes>")
+            else:
+                parts.append(f"<Contents>{_el('Key', enc(key))}{_el('LastModified', iso_time(mtime))}"
+                             f"{_el('ETag', etag(entry))}{_el('Size', entry.size)}"
+                             f"{_el('StorageClass', 'STANDARD')}</Contents>")
+        return _xml("ListBucketResult", "".join(parts))
+
+
+# -- the app ----------------------------------------------------------------------------------------
+def _error_response(request: web.Request, e: S3Error) -> web.Response:
+    rid = secrets.token_hex(8)
+    headers = {"x-amz-request-id": rid}
+    if request.method == "HEAD":  # no body: the status says it (as S3)
+        return web.Response(status=e.status, headers=headers)
+    message = sanitize(str(e), request.app[STORE_ROOTS])
+    extra = "".join(_el(k, v) for k, v in e.extra.items())
+    body = (f"{_el('Code', e.code)}{_el('Message', message)}{extra}"
+            f"{_el('Resource', unquote(request.raw_path.partition('?')[0]))}{_el('RequestId', rid)}")
+    resp = _xml("Error", body, ns=False)
+    resp.set_status(e.status)
+    resp.headers.update(headers)
+    return resp
+
+
+@web.middleware
+async def s3_errors(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except S3Error as e:
+        return _error_response(request, e)
+    except RepoNotFoundError as e:
+        return _error_response(request, S3Error(404, "NoSuchBucket", str(e)))
+    except RevisionNotFoundError as e:
+        return _error_response(request, S3Error(404, "NoSuchKey", str(e)))
+    except BusyError as e:
+        return _error_response(request, S3Error(503, "SlowDown", str(e)))
+    except CorruptionError as e:  # never a wrong byte: the request fails, naming the damage
+        log.error("%s %s: %s", request.method, request.path, e)
+        return _error_response(request, S3Error(500, "InternalError", str(e)))
+    except (CdcError, ValueError) as e:
+        return _error_response(request, S3Error(400, "InvalidArgument", str(e)))
+    except asyncio.CancelledError:
+        raise
+    except web.HTTPException as e:
+        return _error_response(request, S3Error(e.status, "InvalidRequest", e.reason or "error"))
+    except Exception as e:
+        log.exception("internal error on %s %s", request.method, request.path)
+        return _error_response(request, S3Error(500, "InternalError", f"internal error: {type(e).__name__}"))
+
+
+def make_gateway_app(server, roots: tuple = ()) -> web.Application:
+    """The gateway's app over a `server.Server`; `roots`: the store paths its errors never name."""
+    gateway = Gateway(server)
+    app = web.Application(middlewares=[s3_errors])
+    app[STORE_ROOTS] = roots
+    app.router.add_route("*", "/{tail:.*}", gateway.handle)
+    return app
+
+
+def listen(app: web.Application, host: str, port: int) -> None:
+    """Serve the gateway on `host:port` while `app` (the native API's, `server.make_app`) runs,
+    in its process, over its `Server`."""
+    runner = web.AppRunner(make_gateway_app(app[SERVER], app[STORE_ROOTS]), access_log=logging.getLogger("cdcstore.access"),
+                           access_log_format='%a "%r" %s %b %Tfs')
+
+    async def start(_app: web.Application) -> None:
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as e:
+            raise InvalidAddressError(f"S3 gateway port {port} cannot be bound ({e.strerror or e}): "
+                                      f"pick another with --s3-port") from None
+        print(f"cdcstore S3 gateway (reads) on http://{host}:{port}", flush=True)
+
+    async def stop(_app: web.Application) -> None:
+        await runner.cleanup()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
