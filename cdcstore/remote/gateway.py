@@ -23,7 +23,6 @@ import logging
 import mimetypes
 import re
 import secrets
-import threading
 import time
 from typing import Iterator
 from urllib.parse import quote, unquote
@@ -205,10 +204,10 @@ class Gateway:
         self.server = server
         self.store = server.store
         self._manifests: collections.OrderedDict[str, Manifest] = collections.OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()
 
     async def _io(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        return await self.server._io(fn, *args)  # the server's blocking-work pool
 
     # -- authentication ----------------------------------------------------------------------
     def authenticate(self, request: web.Request) -> tuple[dict, str]:
