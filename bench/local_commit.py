@@ -2,7 +2,7 @@
 move the branch, and before issue 22 record a server's access grants): seconds and bucket
 requests of a commit of N new files, on a directory store and on a bucket store (moto's S3).
 
-    PYTHONPATH=. python3 bench/local_commit.py [--files 1000] [--reps 5]
+    PYTHONPATH=. python3 bench/local_commit.py [--files 1000] [--reps 5] [--stores directory,bucket]
 Run it with another tree first on PYTHONPATH to measure that tree (it wraps only
 `Repository.commit` and reads the bucket's request counter)."""
 from __future__ import annotations
@@ -54,12 +54,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=1000)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--stores", default="directory,bucket", help="which of directory,bucket to measure")
     args = ap.parse_args()
     wrap_commit()
     out = {"tree": os.path.dirname(os.path.dirname(os.path.abspath(repository.__file__)))}
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")
-        out["directory"] = run(os.path.join(tmp, "store"), args.files, args.reps, tmp)
+        if "directory" in args.stores:
+            out["directory"] = run(os.path.join(tmp, "store"), args.files, args.reps, tmp)
+        if "bucket" not in args.stores:
+            json.dump(out, sys.stdout)
+            print()
+            return
         from moto import server as moto_server
         import boto3
         srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
