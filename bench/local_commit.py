@@ -8,13 +8,11 @@ Run it with another tree first on PYTHONPATH to measure that tree (it wraps only
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import sys
 import tempfile
 import time
 
+import harness
 from cdcstore import Store
 from cdcstore.storage import repository
 
@@ -46,7 +44,7 @@ def run(location: str, files: int, reps: int, tmp: str) -> dict:
                     f.write(os.urandom(2048))
             s.push([d], "cdc://bench/")
     runs = SPENT[1:]
-    return {"files": files, "reps": len(runs), "median_s": round(statistics.median(t for t, _ in runs), 4),
+    return {"files": files, "reps": len(runs), "median_s": round(harness.med(t for t, _ in runs), 4),
             "requests": sorted({n for _, n in runs})}
 
 
@@ -57,15 +55,14 @@ def main() -> None:
     ap.add_argument("--stores", default="directory,bucket", help="which of directory,bucket to measure")
     args = ap.parse_args()
     wrap_commit()
-    out = {"tree": os.path.dirname(os.path.dirname(os.path.abspath(repository.__file__)))}
+    out = harness.start("local_commit")
+    out["tree"] = os.path.dirname(os.path.dirname(os.path.abspath(repository.__file__)))
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")
         if "directory" in args.stores:
             out["directory"] = run(os.path.join(tmp, "store"), args.files, args.reps, tmp)
         if "bucket" not in args.stores:
-            json.dump(out, sys.stdout)
-            print()
-            return
+            return harness.finish(out)
         from moto import server as moto_server
         import boto3
         srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -80,8 +77,7 @@ def main() -> None:
             out["bucket"] = run("s3://bench/store", args.files, args.reps, tmp)
         finally:
             srv.stop()
-    json.dump(out, sys.stdout, indent=1)
-    print()
+    harness.finish(out)
 
 
 if __name__ == "__main__":
