@@ -8,6 +8,7 @@ import pytest
 from cdcstore import ConflictError, Store
 from cdcstore.core.commit import Commit
 from cdcstore.remote import wire
+from cdcstore.storage.access import AccessRecords
 from cdcstore.storage.repository import LocalStore
 from conftest import raw_call as _call, served_store
 
@@ -52,7 +53,7 @@ def test_a_commit_that_loses_the_compare_and_swap_race_grants_nothing(store, tmp
         return real(name, data, token)
     monkeypatch.setattr(be.objects, "put_if_match", racing)
     with pytest.raises(ConflictError):
-        be.commit(hostile, "main", head_a)
+        AccessRecords(be).commit(hostile, "main", head_a)  # the server's commit, with its grants
     assert not be.index.reached(secret_ids, ["a"], None)
     assert not be.index.reaches("a", "manifest", head_b.files["secret.bin"].manifest)
 
@@ -124,16 +125,17 @@ def test_another_replica_drops_a_deleted_repos_reach(s3_env, tmp_path):
         s.push([_tree(tmp_path, "old", {"old.bin": os.urandom(30_000)})], "cdc://a/")
     one = open_repository(url)
     two = Repository(one.objects, str(tmp_path / "replica-two.sqlite"), url)
-    two.refresh_grants("a")
+    access = AccessRecords(two)
+    access.refresh("a")
     head = two.get_commit("a", two.resolve("a", "main"))
     old_ids = set(two.get_manifest(head.files["old.bin"].manifest).chunk_ids)
     assert two.index.reached(old_ids, ["a"], None) == old_ids
     one.delete_repo("a")
     with Store(url) as s:
         s.push([_tree(tmp_path, "new", {"new.bin": b"the new a"})], "cdc://a/")  # the name is taken again
-    assert two.drop_deleted_grants() == ["a"]
+    assert access.drop_deleted() == ["a"]
     assert not two.index.reached(old_ids, ["a"], None)
-    assert two.drop_deleted_grants() == []  # a tombstone is acted on once
+    assert access.drop_deleted() == []  # a tombstone is acted on once
 
 
 def test_what_remains_visible_and_what_a_token_is_refused(tenants, tmp_path):

@@ -3,6 +3,7 @@ import pytest
 
 from cdcstore import ConflictError
 from cdcstore.core.commit import Commit
+from cdcstore.storage.access import AccessRecords
 
 ID32 = {"X-Cdc-Id-Bytes": "32"}  # requests about 32-byte (BLAKE3) chunk ids
 
@@ -17,9 +18,11 @@ def test_refused_commit_grants_nothing(store, tmp_path):
     commit_b = be.get_commit("b", be.resolve("b", "main"))
     names = {f.manifest for f in commit_b.files.values()}
     be.ensure_repo("a")
+    access = AccessRecords(be)  # the server's records: a local commit keeps none
+    access.refresh("b")
     hostile = Commit("a", None, "", 0.0, commit_b.files)
     with pytest.raises(ConflictError):
-        be.commit(hostile, "main", "0" * 32)
+        access.commit(hostile, "main", "0" * 32)
     assert not any(be.index.reaches("a", "manifest", n) for n in names)
     packs = {p for p, _ in be.index.locate(
         {c for n in names for c in be.get_manifest(n).chunk_ids}).values()}

@@ -150,7 +150,7 @@ class Lifecycle:
         repo = check_name("repo", opts.pop("repo", ""))
         if command == "forget":
             return web.json_response(await self.server._io(lambda: maintenance.forget(store, repo, **opts)))
-        return web.json_response(await self.server._io(lambda: store.delete_repo(repo, **opts)))
+        return web.json_response(await self.server._io(lambda: self.server.access.delete_repo(repo, **opts)))
 
     def routes(self, api: str) -> list:
         return [

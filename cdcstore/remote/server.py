@@ -44,6 +44,7 @@ from ..core.errors import (BusyError, CdcError, ConflictError, CorruptionError, 
 from ..core.manifest import MANIFEST_VERSION, Manifest
 from ..core.chunker import MAX_CHUNK_BYTES
 from ..core.pack import PACK_VERSION, TRAILER as PACK_TRAILER, WRITE_BUFFER, decode_chunk, pack_version, read_index
+from ..storage.access import AccessRecords
 from ..storage.check import rebuild_index
 from ..storage.manifest_file import ManifestFile, ManifestMissing
 from ..storage.objects import NotFound
@@ -273,7 +274,8 @@ class Server:
         self.writes = Slots("uploads", lim.write_slots, lim.write_slots_per_token)
         self.reads = Slots("reads", lim.read_slots, lim.read_slots_per_token)
         self._parsing = asyncio.Semaphore(lim.parse_slots)  # batches parsed at once (their bodies wait on disk)
-        self._secret = store.nonce_key()  # keys proof nonces (shared by the replicas of a bucket)
+        self.access = AccessRecords(store)  # what each token may read: only a server keeps it
+        self._secret = self.access.nonce_key()  # keys proof nonces (shared by the replicas of a bucket)
         self._maintenance: asyncio.Future | None = None
         self._token_watch: asyncio.Future | None = None
         self._listed = float("-inf")  # when a presence miss last listed the bucket's packs
@@ -395,7 +397,7 @@ class Server:
         (its repos, or `repos`, reach them, or it uploaded them): nothing leaks through dedup."""
         if scope is None:
             return self.store.present(list(chunk_ids))
-        return self.store.index.visible(chunk_ids, list(scope.repos if repos is None else repos), scope.owner)
+        return self.access.visible(chunk_ids, list(scope.repos if repos is None else repos), scope.owner)
 
     def _refresh(self, repos, scope: Scope | None, packs: bool = True) -> None:
         """After a reach miss: learn what other replicas recorded in the bucket (packs they
@@ -404,9 +406,9 @@ class Server:
         if packs:
             self.store.recover()
         for repo in repos:
-            self.store.refresh_grants(repo)
+            self.access.refresh(repo)
         if scope is not None:
-            self.store.refresh_token_grants(scope.owner)
+            self.access.refresh_uploads(scope.owner)
 
     def _require_visible(self, scope: Scope | None, chunk_ids: set[bytes], what: str) -> None:
         if scope is None or not chunk_ids:
@@ -460,7 +462,7 @@ class Server:
             if item is not None:
                 batch.append(item)
                 raw_bytes += item[1].raw_len
-        self.store.record_token_grant(scope.owner, ok)
+        self.access.record_upload(scope.owner, ok)
         return ok
 
     async def put_pack(self, request):
@@ -513,7 +515,7 @@ class Server:
     def _record_upload(self, scope: Scope, name: str, entries) -> None:
         if entries is None:
             entries = self.store.read_pack_index(name)
-        self.store.record_token_grant(scope.owner, [e.chunk_id for e in entries])
+        self.access.record_upload(scope.owner, [e.chunk_id for e in entries])
 
     def _verify_and_add(self, tmp: str, name: str, scope: Scope | None = None) -> list:
         """Verify an uploaded pack, record the token's upload, then make the pack durable:
@@ -744,7 +746,7 @@ class Server:
                 raise HTTPError(409, f"manifest {name} is not on the server: upload it first") from None
             if wanted != {m.size}:
                 raise HTTPError(400, f"a file size in the commit does not match manifest {name} ({m.size} bytes)")
-            prove = scope is not None and not self.store.index.reaches(repo, "manifest", name)
+            prove = scope is not None and not self.access.reaches(repo, "manifest", name)
             for chunk_ids in m.scan(self.limits.slice_chunks):  # checks its bytes against its name
                 if prove:  # what the repo reaches already needs no new proof
                     new_chunks.update(chunk_ids)
@@ -752,7 +754,7 @@ class Server:
                         self._require_visible(scope, new_chunks, "the commit")
                         new_chunks.clear()
         self._require_visible(scope, new_chunks, "the commit")  # manifest names can be guessed or learned
-        return self.store.commit(commit, branch, expected)
+        return self.access.commit(commit, branch, expected)
 
     async def get_manifest(self, request):
         repo = self._repo(request)
@@ -810,12 +812,12 @@ class Server:
     def _reaches(self, repo: str, name: str, kind: str = "manifest") -> bool:
         """Whether `repo` reaches manifest (or tree) `name`, asking the bucket on a miss (a
         commit landed through another replica)."""
-        if self.store.index.reaches(repo, kind, name):
+        if self.access.reaches(repo, kind, name):
             return True
-        if self.store.grant_if_headed(repo, name, kind):  # in a branch or tag now: no walk of the history
+        if self.access.grant_if_headed(repo, name, kind):  # in a branch or tag now: no walk of the history
             return True
-        self.store.refresh_grants(repo)  # 0 when a request that ran first granted it: ask the index again
-        return self.store.index.reaches(repo, kind, name)
+        self.access.refresh(repo)  # 0 when a request that ran first granted it: ask the index again
+        return self.access.reaches(repo, kind, name)
 
     async def locate(self, request):
         repo = self._repo(request)  # checks the token's access to the repo
@@ -831,10 +833,10 @@ class Server:
         """Locations of the chunks that `repo` reaches or the token uploaded: locate never
         reveals other repos' chunks."""
         found = self.store.locate(wanted)
-        keep = self.store.index.reached(found, [repo], scope.owner if scope else None)
+        keep = self.access.reached(found, [repo], scope.owner if scope else None)
         if len(keep) < len(found):  # maybe landed or uploaded through another replica
             self._refresh([repo], scope, packs=False)  # store.locate listed the packs on a miss already
-            keep = self.store.index.reached(found, [repo], scope.owner if scope else None)
+            keep = self.access.reached(found, [repo], scope.owner if scope else None)
         return {c: loc for c, loc in found.items() if c in keep}
 
     async def get_pack(self, request):
@@ -934,10 +936,10 @@ class Server:
         """The byte spans of [start, stop) that `repo` may read (chunks it reaches or the token
         uploaded), and `stop` clamped to the pack's end."""
         entries = self.store.pack_chunks(name, start, stop)
-        keep = self.store.index.reached([e.chunk_id for e in entries], [repo], scope.owner)
+        keep = self.access.reached([e.chunk_id for e in entries], [repo], scope.owner)
         if not keep and entries:  # maybe landed or uploaded through another replica
             self._refresh([repo], scope)
-            keep = self.store.index.reached([e.chunk_id for e in entries], [repo], scope.owner)
+            keep = self.access.reached([e.chunk_id for e in entries], [repo], scope.owner)
         spans = [(max(e.offset, start), min(e.offset + e.stored_len, stop)) for e in entries if e.chunk_id in keep]
         if not spans:
             raise HTTPError(404, f"no chunk of repo {repo!r} in that range of pack {name}")
@@ -964,7 +966,7 @@ class Server:
         if self.store.index.reach_stale():  # indexed before chunk-level reach: grant from the commits once
             log.warning("rebuilding the index once: this store predates chunk-level access records")
             rebuild_index(self.store)
-        self.store.drop_deleted_grants()  # a repo deleted through another replica: its name's reach is reset
+        self.access.drop_deleted()  # a repo deleted through another replica: its name's reach is reset
         added = self.store.recover()
         if added:
             log.warning("recovered %d packs that were durable but not indexed", added)
@@ -1015,7 +1017,7 @@ class Server:
         scope = self.auth.scope(request)
         if scope is None:
             return web.json_response(await self._io(self.store.totals))
-        return web.json_response(await self._io(self.store.index.reach_totals, list(scope.repos)))
+        return web.json_response(await self._io(self.access.totals, list(scope.repos)))
 
 
 def make_app(store: Repository, config: ServerConfig | None = None) -> web.Application:

@@ -92,9 +92,10 @@ class StagingRoutes:
         held = [n for n in dict.fromkeys(names) if store.objects.exists(manifest_name(n))]
         if scope is None:
             return held
-        seen = [n for n in held if store.index.reaches(repo, "manifest", n)]
-        if len(seen) < len(held) and store.refresh_grants(repo):  # landed through another replica
-            seen = [n for n in held if store.index.reaches(repo, "manifest", n)]
+        access = self.server.access
+        seen = [n for n in held if access.reaches(repo, "manifest", n)]
+        if len(seen) < len(held) and access.refresh(repo):  # landed through another replica
+            seen = [n for n in held if access.reaches(repo, "manifest", n)]
         return seen
 
     def routes(self, api: str) -> list:

@@ -18,6 +18,7 @@ from ..core.address import check_name
 from ..core.errors import CdcError, CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
+from . import reach
 from .repository import Repository
 
 def _sample(names: list[str], fraction: float) -> set[str]:
@@ -81,68 +82,42 @@ def _safe_rows(store: Repository) -> dict[str, list[PackEntry]]:
     return out
 
 def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[str, str, str]], set[tuple[str, bytes]]]:
-    """What each repo reaches through the commits its branches and tags name (commits
-    that never landed grant nothing): (repo, "manifest" or "tree", name) and (repo, chunk id)."""
+    """What each repo reaches through the commits its branches and tags name (`reach.walk`;
+    commits that never landed grant nothing): (repo, "manifest" or "tree", name) and (repo, chunk id)."""
     out: set[tuple[str, str, str]] = set()
     chunks: set[tuple[str, bytes]] = set()
     manifests: dict[str, Manifest | None] = {}
     for repo in store.repos():
-        seen: set[str] = set()
-        trees: set[str] = set()  # walked for this repo: a shared subtree is walked once
         damaged: list = []
-        forgotten = store.forgotten(repo)  # history only: their files grant nothing (gc frees them)
-        for head in set(store.refs(repo, damaged).values()):
-            cid: str | None = head
-            while cid and cid not in seen:
-                seen.add(cid)
-                try:
-                    commit = store.get_commit(repo, cid)
-                except CdcError as e:
-                    bad.append(str(e))
-                    break
-                if cid in forgotten:
-                    cid = commit.parent
-                    continue
-                view = store.view(repo, commit)
-                for _, fe in _walk(view, trees, "", lambda path, e: bad.append(str(e))):
-                    if fe.manifest not in manifests:
-                        try:
-                            manifests[fe.manifest] = store.get_manifest(fe.manifest)
-                        except CdcError as e:
-                            manifests[fe.manifest] = None
-                            bad.append(str(e))
-                    m = manifests[fe.manifest]
-                    if (repo, "manifest", fe.manifest) not in out:
-                        out.add((repo, "manifest", fe.manifest))
-                        chunks.update((repo, c) for c in (m.chunk_ids if m else ()))
-                cid = commit.parent
+        for f in reach.walk(store, repo, store.refs(repo, damaged), problem=lambda k, r, w, e: bad.append(str(e))):
+            if f.kind == "tree":
+                out.add((repo, "tree", f.name))
+            elif f.kind == "file" and (repo, "manifest", f.name) not in out:
+                if f.name not in manifests:
+                    try:
+                        manifests[f.name] = store.get_manifest(f.name)
+                    except CdcError as e:
+                        manifests[f.name] = None
+                        bad.append(str(e))
+                m = manifests[f.name]
+                out.add((repo, "manifest", f.name))
+                chunks.update((repo, c) for c in (m.chunk_ids if m else ()))
         bad.extend(str(e) for e in damaged)
-        out.update((repo, "tree", t) for t in trees if ids.is_hex_id(t))
     return sorted(out), chunks
 
 
-def _walk(view: treeobj.View, seen: set, label: str, problem):
-    """(path, file entry) of a commit's files, skipping trees in `seen` (walked before; the
-    key is the tree id, with `label` when labels differ by path); a tree that is missing or
-    damaged goes to `problem(path, error)` and its files are skipped."""
-    stack = [(view.root, "")]
-    while stack:
-        tid, prefix = stack.pop()
-        key = (tid, prefix) if label else tid
-        if key in seen:
-            continue
-        seen.add(key)
-        try:
-            tree = view.node(tid)
-        except CdcError as e:
-            problem(prefix, e)
-            continue
-        for name, e in tree.entries.items():
-            path = f"{prefix}/{name}" if prefix else name
-            if isinstance(e, treeobj.Folder):
-                stack.append((e.tree, path))
-            else:
-                yield path, e
+class _Stored:
+    """The store as `check` walks it: trees read from the store, never a memo (a gone tree is found)."""
+
+    def __init__(self, store: Repository):
+        self.store = store
+        self.forgotten, self.get_commit = store.forgotten, store.get_commit
+
+    def view(self, repo: str, commit) -> treeobj.View:
+        if commit.tree is None:
+            return self.store.view(repo, commit)
+        return treeobj.View(self.store.read_tree, commit.tree)
+
 
 def check(store: Repository, read_data: bool = False, subset: float | None = None) -> dict:
     """Verify the store; returns {"packs", "chunks", "problems", "details"}.
@@ -257,45 +232,27 @@ def _check_repo_folders(store: Repository, found: list) -> None:
 
 
 def _check_reachable(store: Repository, found: list) -> dict[bytes, set[str]]:
-    """Walk every commit that a branch or tag reaches; returns chunk id -> the files
-    (cdc://repo@ref/path) that use it, and adds problems for what does not parse or
+    """Walk every commit that a branch or tag reaches (`reach.walk`); returns chunk id -> the
+    files (cdc://repo@ref/path) that use it, and adds problems for what does not parse or
     is not indexed."""
     users: dict[bytes, set[str]] = collections.defaultdict(set)
     manifests: dict[str, Manifest | None] = {}
-    seen_commits: set[tuple[str, str]] = set()
+    graph = _Stored(store)
     for repo in store.repos():
-        forgotten = store.forgotten(repo)
-        walked: dict[str, set] = {}  # ref -> (tree id, path) walked: the same files, the same labels
         damaged: list = []
         refs = store.refs(repo, damaged)
         found.extend((str(e), set()) for e in damaged)
-        for ref, head in refs.items():
-            cid = head
-            while cid and (repo, cid) not in seen_commits:
-                seen_commits.add((repo, cid))
-                try:
-                    commit = store.get_commit(repo, cid)
-                except CdcError as e:
-                    found.append((f"{e}: restore it from a copy",
-                                  {f"cdc://{repo}@{ref.removeprefix('tag:')}"}))
-                    break
-                if cid in forgotten:
-                    cid = commit.parent
-                    continue
-                at = f"cdc://{repo}@{ref.removeprefix('tag:')}"
-                view = store.view(repo, commit)
-                if commit.tree is not None:  # read from the store, never a memo: a gone tree is found
-                    view = treeobj.View(store.read_tree, commit.tree)
 
-                def problem(path, e, at=at):
-                    found.append((f"{e}: restore it from a copy", {f"{at}/{path}" if path else at}))
+        def problem(kind, ref, where, e, repo=repo):
+            at = f"cdc://{repo}@{ref.removeprefix('tag:')}"
+            found.append((f"{e}: restore it from a copy", {at if kind == "commit" or not where else f"{at}/{where}"}))
 
-                for path, fe in _walk(view, walked.setdefault(ref, set()), "path", problem):
-                    label = f"{at}/{path}"
-                    m = _check_manifest(store, fe.manifest, label, manifests, found)
-                    for c in m.chunk_ids if m else ():
-                        users[c].add(label)
-                cid = commit.parent
+        for f in reach.walk(graph, repo, refs, by_path=True, problem=problem):
+            if f.kind == "file":
+                label = f"cdc://{repo}@{f.ref.removeprefix('tag:')}/{f.path}"
+                m = _check_manifest(store, f.name, label, manifests, found)
+                for c in m.chunk_ids if m else ():
+                    users[c].add(label)
     needed = set(users)
     absent = needed - store.index.present(needed)
     hurt = {c for _, c in store.index.damaged()} & absent

@@ -44,7 +44,7 @@ from ..core.errors import BusyError, CdcError, CorruptionError, InvalidAddressEr
 from ..core import ids
 from ..core.pack import ENTRY, HEADER, LEGACY_ENTRY, LEGACY_PACK_VERSION, PACK_VERSION, TRAILER, WRITE_BUFFER, \
     PackWriter, decode_chunk
-from . import staging
+from . import reach, staging
 from .objects import StorageError
 from .repository import Repository, commit_name, locations_name, manifest_name, pack_name, pack_of, tree_name
 
@@ -108,28 +108,25 @@ class Live:
 
     def add_tree(self, repo: Repository, view: treeobj.View, root: str) -> None:
         """A tree and everything below it (a subtree marked before is not walked again)."""
-        stack = [root]
-        while stack:
-            tid = stack.pop()
-            if tid in self.trees:
-                continue
-            self.trees.add(tid)
-            for e in view.node(tid).entries.values():  # a missing or damaged live tree stops gc
-                if isinstance(e, treeobj.Folder):
-                    stack.append(e.tree)
-                elif e.manifest not in self.manifests:
-                    self.manifests.add(e.manifest)
-                    self.chunks.update(repo.get_manifest(e.manifest).chunk_ids)
+        self.add(repo, reach.subtree(view, root, trees=self.trees))  # a missing or damaged live tree stops gc
+
+    def add(self, repo: Repository, found) -> None:
+        """What a walk (`reach.walk`, `reach.subtree`) found: files' manifests with their chunks."""
+        for f in found:
+            if f.kind == "file" and f.name not in self.manifests:
+                self.manifests.add(f.name)
+                self.chunks.update(repo.get_manifest(f.name).chunk_ids)
 
 
 def mark(repo: Repository) -> Live:
-    """What every branch and tag reaches: commits, trees, manifests, chunks."""
+    """What every branch and tag reaches (`reach.walk`): commits, trees, manifests, chunks."""
     live = Live()
     for name in repo.repos():
         heads = _heads(repo, name)
+        walked: set[str] = set()
         while heads:
             try:
-                _mark_history(repo, name, heads, live)
+                _mark_history(repo, name, heads, live, walked)
                 break
             except NotFoundError:  # a delete (repo, branch) under the mark, or a missing commit
                 now = _heads(repo, name)
@@ -145,17 +142,15 @@ def _heads(repo: Repository, name: str) -> set[str]:
     return {c for kind in ("branch", "tag") for c in repo._read_refs(name, kind).values()}
 
 
-def _mark_history(repo: Repository, name: str, heads: set[str], live: Live) -> None:
-    forgotten = repo.forgotten(name)
-    for head in heads:
-        cid: str | None = head
-        while cid and (name, cid) not in live.commits:
-            c = repo.get_commit(name, cid)  # a damaged reachable commit stops gc (CorruptionError)
-            live.commits.add((name, cid))  # forgotten commits stay as history; their files go
-            if cid not in forgotten:
-                view = repo.view(name, c)
-                live.add_tree(repo, view, view.root)
-            cid = c.parent
+def _mark_history(repo: Repository, name: str, heads: set[str], live: Live, walked: set[str]) -> None:
+    """Forgotten commits stay as history (their commit objects are live); their files go."""
+    def found():
+        for f in reach.walk(repo, name, {h: h for h in heads}, stop=walked, trees=live.trees):
+            if f.kind == "commit":  # a damaged reachable commit stops gc (CorruptionError)
+                live.commits.add((name, f.name))
+                walked.add(f.name)
+            yield f
+    live.add(repo, found())
 
 
 @dataclasses.dataclass

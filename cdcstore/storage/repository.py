@@ -11,7 +11,7 @@ memory). Object names (store format v1, docs/format.md):
     repos/<repo>/branches/<branch>         the commit id a branch points at
     repos/<repo>/tags/<tag>                the commit id a tag names (never rewritten)
     repos/<repo>/applied/<id>.<landed>     a rebased commit's copy (empty; see update_branch)
-    grants/<owner>/<hash>                  chunk ids a server token uploaded (record_token_grant)
+    grants/<owner>/<hash>                  chunk ids a server token uploaded (access.AccessRecords)
     server/nonce-key                       the key of proof nonces, shared by replicas (nonce_key)
 
 Names made by format v1 (xxh3-128: 32 hex digits; chunk ids of 16 bytes) stay readable:
@@ -194,9 +194,6 @@ class Repository(Backend):
         if not objects.capabilities.local_path and self._index_error is None:
             self._index.adopt_store(self.store_id())  # an index of another store by that name is emptied
         self._recover_lock = runtime.Lock()
-        self._grant_lock = runtime.Lock(reentrant=True)
-        self._granted: dict[str, set[str]] = {}  # repo -> commits whose whole history's reach is recorded
-        self._token_grants: dict[str, set[str]] = {}  # owner -> grant objects this process read
         self._hints: dict[bytes, tuple[str, PackEntry]] = {}  # chunk locations from location records
         self._hint_packs: set[str] = set()  # the packs they name
         self._shared = not objects.capabilities.local_path  # a bucket: other machines write it too
@@ -774,33 +771,9 @@ class Repository(Backend):
             self.objects.put(tombstone, b"", exist_ok=True)
             for n in refs + [n for n in names if n not in refs]:
                 self.objects.delete(n)
-            self.drop_grants(repo)
+            self.index.drop_repo(repo)  # the access records of a server on this index (access.py)
             self.index.add_tombstones([tombstone])  # acted on here: a reused name's new grants stay
         return out
-
-    def drop_grants(self, repo: str) -> None:
-        """Forget what a deleted repo reached: a new repo of that name (and its tokens) starts
-        with nothing, neither the old totals nor the old chunks."""
-        with self._grant_lock:
-            self._granted.pop(repo, None)
-            self.index.drop_repo(repo)
-
-    def drop_deleted_grants(self) -> list[str]:
-        """Drop the records of repos deleted since (through another replica or machine): a
-        tombstone `deleted/<repo>/<time>-<random>` this index has not seen, or a recorded repo
-        that no longer exists. Returns the repos whose records were dropped."""
-        seen = self.index.tombstones()
-        fresh = [i.name for i in self.objects.list(DELETED) if i.name not in seen]
-        gone = {n.split("/")[1] for n in fresh if n.count("/") == 2}
-        for r in self.index.granted_repos() - gone:
-            with contextlib.suppress(InvalidAddressError):
-                if self.has_repo(r):
-                    continue
-            gone.add(r)
-        for r in sorted(gone):
-            self.drop_grants(r)
-        self.index.add_tombstones(fresh)
-        return sorted(gone)
 
     def forgotten(self, repo: str) -> set[str]:
         """Commits of `repo` that `forget` dropped: kept as history, their files are not."""
@@ -908,16 +881,19 @@ class Repository(Backend):
     def delete_branch(self, repo: str, name: str) -> str:
         return self.delete_ref(repo, "branch", name)
 
-    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
+    def commit(self, commit: Commit, branch: str, expected: str | None, landed=None) -> str:
+        """Store `commit` and move `branch` to it (`update_branch`). `landed(commit, added)`, if
+        given, runs once the branch has moved, with what the commit adds to its parent (trees,
+        manifests, chunk ids): a server's access records (access.py); a local commit has none."""
         check_name("repo", commit.repo)
         if commit.parent is not None and not self.objects.exists(commit_name(commit.repo, commit.parent)):
             raise InvalidAddressError(f"commit parent {commit.parent} is not a commit of repo {commit.repo!r}: "
                                       f"base the commit on the branch head")
-        reach = self._new_reach(commit)
-        self.require_stored(reach[2])  # the truth, not this machine's index, acknowledges a commit
+        added = self._new_reach(commit)
+        self.require_stored(added[2])  # the truth, not this machine's index, acknowledges a commit
         cid = self.put_commit(commit)
         return self.update_branch(commit.repo, branch, expected, cid, commit,
-                                  landed=lambda c: self._grant(c, reach))
+                                  landed=None if landed is None else lambda c: landed(c, added))
 
     def require_stored(self, chunk_ids: Iterable[bytes]) -> None:
         """Raise `MissingChunksError` unless every chunk is in a pack the store holds now.
@@ -950,93 +926,6 @@ class Repository(Backend):
                 + (f"; pack {lost[0]} is gone: a gc on another machine deleted it" if lost else "")
                 + "): nothing was committed; push again (the chunks are uploaded again)")
 
-    # -- access records shared through the bucket (replicas, docs/architecture.md "Replicas") ---------
-    def nonce_key(self) -> bytes:
-        """The key of a server's proof nonces. A directory store: fresh per process (a
-        restart invalidates nonces). A bucket: one key in the object `server/nonce-key`,
-        created once, so a nonce one replica gave is good at every other."""
-        if self.objects.capabilities.local_path:
-            return secrets.token_bytes(32)
-        with contextlib.suppress(Conflict):
-            self.objects.put_if_absent("server/nonce-key", secrets.token_bytes(32))
-        return bytes(self.objects.get("server/nonce-key"))
-
-    def refresh_grants(self, repo: str) -> int:
-        """Grant what `repo`'s landed commits reach, for commits this process has not
-        granted yet: another replica (or a writer on another machine) may have landed
-        them. Walks each branch and tag back to a commit seen before; returns how many
-        commits it granted. Called on a reach miss, never on the hot path."""
-        check_name("repo", repo)
-        if not self.has_repo(repo):
-            return 0
-        granted = 0
-        with self._grant_lock:
-            done = self._granted.setdefault(repo, set())
-            for head in set(self.refs(repo).values()):
-                walked, cid = [], head
-                while cid and cid not in done:  # each commit grants what is new since its parent
-                    commit = self.get_commit(repo, cid)
-                    self._grant(commit)
-                    walked.append(cid)
-                    cid = commit.parent
-                done.update(walked)  # only now is each walked commit's whole history granted
-                granted += len(walked)
-        return granted
-
-    def grant_if_headed(self, repo: str, name: str, kind: str = "manifest") -> bool:
-        """Grant `repo` one manifest (and its chunks) or one tree if a commit that a branch or
-        tag of `repo` names now reaches it: what a first read of a current file or folder
-        needs, at the cost of the refs and their trees, not of the whole history
-        (`refresh_grants`)."""
-        check_name("repo", repo)
-        if not self.has_repo(repo):
-            return False
-        for head in set(self.refs(repo).values()):
-            view = self.view(repo, self.get_commit(repo, head))
-            if kind == "tree" and name in set(view.tree_ids()) - set(view.unstored):
-                self.index.grant(repo, "tree", [name])
-                return True
-            if kind == "manifest" and any(f.manifest == name for _, f in view.walk()):
-                self.index.grant(repo, "manifest", [name])
-                self.index.grant_chunks("repo_chunks", repo, self.get_manifest(name).chunk_ids)
-                return True
-        return False
-
-    def record_token_grant(self, owner: str, chunk_ids: Iterable[bytes]) -> None:
-        """Record that token `owner` (a hash of the token) may use these chunks, locally and
-        in a content-named object `grants/<owner>/<hash of the ids>` that every replica can
-        read (written before the upload or proof is acknowledged)."""
-        wanted = sorted(set(chunk_ids))
-        if not wanted:
-            return
-        if any(len(c) != ids.ID_BYTES for c in wanted):  # a grant's name says its ids' width
-            raise ValueError(f"token grants hold {ids.ID_BYTES}-byte chunk ids only")
-        body = b"".join(wanted)
-        check_name("owner", owner)
-        self.objects.put(f"grants/{owner}/{ids.hexdigest(body)}", body, exist_ok=True)
-        self.index.grant_chunks("token_chunks", owner, wanted)
-
-    def refresh_token_grants(self, owner: str) -> int:
-        """Import the grant objects of token `owner` that this process has not read yet
-        (uploads and proofs made through another replica); returns how many."""
-        check_name("owner", owner)
-        added = 0
-        with self._grant_lock:
-            seen = self._token_grants.setdefault(owner, set())
-            for info in self.objects.list(f"grants/{owner}/"):
-                if info.name in seen:
-                    continue
-                with _suppress_not_found():
-                    body = bytes(self.objects.get(info.name))
-                    name = info.name.rsplit("/", 1)[-1]
-                    width = ids.LEGACY_ID_BYTES if ids.is_legacy(name) else ids.ID_BYTES  # v1 grants: 16
-                    if ids.is_hex_id(name) and ids.matches(body, name) and len(body) % width == 0:
-                        self.index.grant_chunks("token_chunks", owner,
-                                                [body[i:i + width] for i in range(0, len(body), width)])
-                        added += 1
-                seen.add(info.name)
-        return added
-
     def _new_reach(self, commit: Commit) -> tuple[set[str], set[str], set[bytes]]:
         """The trees and manifests a commit names that its parent does not, and their chunks.
         Only what is new since the parent is walked: the trees whose ids differ, and the
@@ -1058,14 +947,6 @@ class Repository(Backend):
             for part in ManifestFile(self, n).scan():
                 chunk_ids.update(part)
         return trees - set(view.unstored), names, chunk_ids
-
-    def _grant(self, commit: Commit, reach: tuple[set[str], set[str], set[bytes]] | None = None) -> None:
-        """Record which trees, manifests and chunks the commit's repo reaches (what a server
-        lets a repo's tokens read)."""
-        trees, names, chunk_ids = reach or self._new_reach(commit)
-        self.index.grant(commit.repo, "tree", trees)
-        self.index.grant(commit.repo, "manifest", names)
-        self.index.grant_chunks("repo_chunks", commit.repo, chunk_ids)
 
     def update_branch(self, repo: str, branch: str, expected: str | None, new: str,
                       commit: Commit | None = None, landed=None) -> str:
