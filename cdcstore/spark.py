@@ -144,7 +144,13 @@ class CdcDataSource(DataSource):
 
     def schema(self) -> StructType:
         fs, files = self._files()
-        return spark_schema(pq.read_schema(files[0], filesystem=fs))
+        schema = spark_schema(pq.read_schema(files[0], filesystem=fs))
+        wanted = [c.strip() for c in (self.options.get("columns") or "").split(",") if c.strip()]
+        missing = [c for c in wanted if c not in schema.fieldNames()]
+        if missing:
+            raise InvalidAddressError(f"option columns names {missing}, not in the files' columns "
+                                      f"{schema.fieldNames()}")
+        return StructType([schema[c] for c in wanted]) if wanted else schema
 
     def reader(self, schema: StructType) -> "CdcReader":
         return CdcReader(self.options, schema, *self._files())
@@ -157,14 +163,6 @@ class CdcReader(DataSourceReader):
     def __init__(self, options, schema: StructType, fs: CdcFileSystem, files: list[str]):
         self.fs = fs  # pickles with its resolved commits
         self.files = files
-        wanted = options.get("columns")
-        if wanted:
-            names = [c.strip() for c in wanted.split(",") if c.strip()]
-            missing = [c for c in names if c not in schema.fieldNames()]
-            if missing:
-                raise InvalidAddressError(f"option columns names {missing}, not in the files' columns "
-                                          f"{schema.fieldNames()}")
-            schema = StructType([schema[c] for c in names])
         file_schema = pq.read_schema(files[0], filesystem=fs)
         missing = [c for c in schema.fieldNames() if c not in file_schema.names]
         if missing:
