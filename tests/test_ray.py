@@ -3,6 +3,7 @@ extra argument `filesystem=CdcFileSystem(...)` (pyarrow, which Ray asks to resol
 `cdc` scheme), exact rows and content against the source files, a projection read from the
 chunk cache the workers share, and `write_parquet` inside `deferred_commit`: ONE commit for
 every block's file, none for a failed job. One ray.init for the module."""
+import functools
 import os
 
 import numpy as np
@@ -24,6 +25,7 @@ FILES, ROWS, GROUP = 3, 20_000, 5_000
 URL = "cdc://ds/data/"
 
 
+@functools.lru_cache(maxsize=None)
 def source_table(i: int) -> pa.Table:
     rng = np.random.default_rng(i)
     ids = np.arange(i * ROWS, (i + 1) * ROWS)

@@ -2,6 +2,7 @@
 exact rows and content against the source files, the files' schema with no cast, one partition
 per row group, projection read from the chunk cache the executors share, and writes that land
 ONE commit per job (none for a failed job). One SparkSession for the module (local[2], UI off)."""
+import functools
 import os
 import shutil
 
@@ -22,6 +23,7 @@ if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
 FILES, ROWS, GROUP = 3, 20_000, 5_000  # 3 files x 4 row groups
 
 
+@functools.lru_cache(maxsize=None)
 def source_table(i: int) -> pa.Table:
     rng = np.random.default_rng(i)
     ids = np.arange(i * ROWS, (i + 1) * ROWS)
