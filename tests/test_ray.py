@@ -21,7 +21,7 @@ from server_util import ServerProcess
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
-FILES, ROWS, GROUP = 3, 20_000, 5_000
+FILES, ROWS, GROUP = 3, 20_000, 10_000
 URL = "cdc://ds/data/"
 
 

@@ -20,7 +20,7 @@ pyspark = pytest.importorskip("pyspark")
 if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
     pytest.skip("Spark needs a Java runtime", allow_module_level=True)
 
-FILES, ROWS, GROUP = 3, 20_000, 5_000  # 3 files x 4 row groups
+FILES, ROWS, GROUP = 3, 20_000, 10_000  # 3 files x 2 row groups
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,7 +114,7 @@ def test_projection_reads_only_its_columns(served, spark, tmp_path):
     by_option = (spark.read.format("cdc").option("store", server.url).option("columns", "label,id")
                  .load("cdc://ds/data/"))
     assert by_option.columns == ["label", "id"]
-    assert by_option.groupBy().sum("id").collect()[0][0] == sum(range(FILES * ROWS))
+    assert by_option.toArrow().select(["id", "label"]).sort_by("id").equals(got.sort_by("id"))
 
 
 def test_a_schema_naming_a_missing_column_is_refused(served, spark):
