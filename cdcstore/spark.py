@@ -8,7 +8,7 @@
 Reading: the revision is resolved once, on the driver, to a commit id that every task reads
 (a push during the job changes nothing). The schema is the files' Parquet schema mapped to
 Spark's types; each batch is cast to what Spark expects (Arrow `large_string` to `string`,
-nanoseconds to microseconds), so no cast is needed by the caller. One partition per row
+nanoseconds to microseconds, which Spark's own Parquet reader refuses), so no cast is needed by the caller. One partition per row
 group (option `rowGroupsPerPartition` groups more). Each task reads only its row groups'
 column chunks of the columns in the schema: Spark 4 does not push a projection down to a
 Python data source, so name the columns in the schema to prune (`.schema("id long, score
@@ -195,7 +195,7 @@ def _conform(batch: pa.RecordBatch, target: pa.Schema) -> pa.RecordBatch:
     for f in target:
         col = batch.column(f.name)
         if col.type != f.type:
-            col = col.cast(f.type, safe=not pa.types.is_timestamp(f.type))  # ns -> us truncates, as Spark's reader
+            col = col.cast(f.type, safe=not pa.types.is_timestamp(f.type))  # ns -> us truncates
         columns.append(col)
     return pa.RecordBatch.from_arrays(columns, schema=target)
 
