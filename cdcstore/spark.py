@@ -24,9 +24,9 @@ lands nothing: uploaded but uncommitted data is invisible and gc deletes it afte
 window. `mode("overwrite")` replaces every file under the path in that same commit.
 
 Options (all strings): `store` (default $CDCSTORE_STORE), `token` (default $CDCSTORE_TOKEN),
-`cache` (a chunk cache path, "true" for the default one, "false" for none; default false on
-executors, whose cache would be one per machine anyway), `columns`, `rowGroupsPerPartition`,
-`message` (the commit message), `compression` (Parquet codec for writes, default zstd).
+`cache` (a chunk cache path shared by the tasks of a machine, "true" for the default one;
+default none), `columns`, `rowGroupsPerPartition`, `message` (the commit message), `compression`
+(the Parquet codec of written files, default zstd). Modes: `append` and `overwrite`.
 """
 from __future__ import annotations
 
