@@ -16,7 +16,7 @@ A figure block in a doc is
     <!-- /figures -->
 
 and holds the run's own table where the bench has one (VIEWS: ingest, read, dedup, chunker,
-objects, cold-profile, transfer), a table of its goals (value, goal, met: `goal_results`, or the
+objects, cold-profile, transfer, engines), a table of its goals (value, goal, met: `goal_results`, or the
 older `goals`), a table of per-side figures when the JSON has `sides` with them, and a chart
 where a reader would rather look than read (CHARTS: docs/figures/NAME.svg, drawn with
 matplotlib from the same JSON; deterministic SVG: fixed fonts and sizes, text kept as text, a
@@ -208,6 +208,18 @@ def view_fs(doc: dict) -> list[str]:
     return ([f"`pq.read_table` of a {p2['file_bytes'] / 1e6:,.0f} MB file through `cdc://` (PyFileSystem over "
              f"`CdcFileSystem`) and its peers; medians of {doc.get('args', {}).get('repeat', '?')}:", ""]
             + table(["full scan", "MB/s"], rows))
+
+
+def view_engines(doc: dict) -> list[str]:
+    rows = []
+    for name, e in doc.get("engines", {}).items():
+        if "error" in e:
+            rows.append([name, "", "", "failed: " + e["error"].splitlines()[-1][:120]])
+        else:
+            rows.append([name, f"{e['local_rows_per_s']:,}", f"{e['cdc_rows_per_s']:,}", f"{e['cdc_over_local']:.2f}"])
+    return ([f"{doc['rows']:,} rows in {doc['files']} Parquet files ({doc['bytes'] / 1e6:,.1f} MB), every column; "
+             f"medians of {doc['repeat']}:", ""]
+            + table(["engine", "local files, rows/s", "`cdc://`, rows/s", "cdc / local"], rows))
 
 
 # scale.py: the measured points, constants fitted from them, and the on-paper extrapolation
@@ -415,7 +427,7 @@ def view_scale(doc: dict) -> list[str]:
 
 VIEWS = {"fs": view_fs, "link": view_link, "ingest": view_ingest, "read": view_read, "dedup": view_dedup, "chunker": view_chunker,
          "objects": view_objects, "cold-profile": view_cold_profile, "cold_profile": view_cold_profile,
-         "transfer": view_transfer, "scale": view_scale, "gateway": view_gateway}
+         "transfer": view_transfer, "scale": view_scale, "gateway": view_gateway, "engines": view_engines}
 
 
 def goal_rows(doc: dict) -> dict:

@@ -1,0 +1,189 @@
+"""Engines through `cdc://` against the same engine on the same files on local disk (docs/engines.md).
+
+    python bench/engines.py [--rows 400000] [--files 4] [--repeat 2] [--data-dir /tmp/cdcbench-engines]
+                            [--engines pyarrow,pandas,dask,duckdb,polars,datasets,spark,ray]
+
+Data: --files Parquet files of bench/data.py's make_table (id, ts, user_id, value, price, category,
+uuid, text), --rows in all, row groups of 50,000 rows (zstd), written to the run folder and pushed
+once to a real `cdcstore serve` on loopback (cdc://bench/data/).
+
+Each engine reads every row and every column of the folder twice per repetition, once from the
+local folder and once through `cdc://` (sides rotated each repetition), by the lines docs/engines.md
+gives; a read is timed from the engine's call to the last row materialized (or, for Spark,
+consumed by the `noop` sink; for Ray, materialized in its object store). The `cdc://` side uses
+a new filesystem with no chunk cache every time (every byte over the wire, verified); the local
+side reads from the page cache (one untimed local read first pays for imports, worker starts and
+the page cache). HF datasets converts to its Arrow
+cache on load: each of its reads gets a new cache folder. Figures: median rows/s of each side and
+cdc/local. Spark (local[2]) and Ray (2 CPUs) start once each, outside the timings.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import sys
+import time
+
+import harness
+from data import make_table
+
+ENGINES = ["pyarrow", "pandas", "dask", "duckdb", "polars", "datasets", "spark", "ray"]
+URL = "cdc://bench/data/"
+
+
+def reader(engine: str, url: str, local: str, ctx: dict):
+    """(read local, read cdc): each returns the rows it read."""
+    from cdcstore.fs import CdcFileSystem
+
+    opts = {"store": url, "cache": False}
+
+    def fs():
+        return CdcFileSystem(store=url, cache=False, skip_instance_cache=True)
+
+    if engine == "pyarrow":
+        import pyarrow.dataset as ds
+        return (lambda: ds.dataset(local, format="parquet").to_table().num_rows,
+                lambda: ds.dataset(URL, filesystem=fs(), format="parquet").to_table().num_rows)
+    if engine == "pandas":
+        import pandas as pd
+        return (lambda: len(pd.read_parquet(local)),
+                lambda: len(pd.read_parquet(URL, storage_options=opts)))
+    if engine == "dask":
+        import dask.dataframe as dd
+        return (lambda: len(dd.read_parquet(local).compute()),
+                lambda: len(dd.read_parquet(URL, storage_options=opts).compute()))
+    if engine == "duckdb":
+        import duckdb
+
+        def con():  # one thread: duckdb reads one file handle from many threads, which a
+            c = duckdb.connect()  # cdcstore reader does not take yet (docs/engines.md); both sides alike
+            c.sql("SET threads TO 1")
+            return c
+
+        def cdc():
+            c = con()
+            c.register_filesystem(fs())
+            return c.sql(f"SELECT * FROM read_parquet('{URL}*.parquet')").to_arrow_table().num_rows
+        return (lambda: con().sql(f"SELECT * FROM read_parquet('{local}/*.parquet')").to_arrow_table().num_rows,
+                cdc)
+    if engine == "polars":
+        import polars as pl
+        import pyarrow.dataset as ds
+        return (lambda: pl.scan_parquet(f"{local}/*.parquet").collect().height,
+                lambda: pl.scan_pyarrow_dataset(ds.dataset(URL, filesystem=fs(), format="parquet")).collect().height)
+    if engine == "datasets":
+        from datasets import load_dataset
+
+        def load(files, **kw):
+            cache = harness.run_dir(ctx["dir"], "hf")
+            try:
+                return load_dataset("parquet", data_files=files, split="train", cache_dir=cache, **kw).num_rows
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
+        return (lambda: load(sorted(glob.glob(f"{local}/*.parquet"))),
+                lambda: load(URL + "*.parquet", storage_options=opts))
+    if engine == "spark":
+        spark = ctx["spark"]
+
+        def run(df):
+            df.write.format("noop").mode("overwrite").save()
+            return ctx["rows"]  # noop consumed every row; counted once after the timings
+        return (lambda: run(spark.read.parquet(local)),
+                lambda: run(spark.read.format("cdc").option("store", url).load(URL)))
+    if engine == "ray":
+        import ray
+        return (lambda: ray.data.read_parquet(local).materialize().count(),
+                lambda: ray.data.read_parquet(URL, filesystem=fs()).materialize().count())
+    raise SystemExit(f"unknown engine {engine!r}; choose from {','.join(ENGINES)}")
+
+
+def start_engine(engine: str, ctx: dict) -> None:
+    if engine == "spark" and "spark" not in ctx:
+        from pyspark.sql import SparkSession
+
+        import cdcstore.spark
+        ctx["spark"] = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+                        .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+        ctx["spark"].sparkContext.setLogLevel("ERROR")
+        cdcstore.spark.register(ctx["spark"])
+    if engine == "ray":
+        import ray
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=400_000)
+    p.add_argument("--files", type=int, default=4)
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--data-dir", default="/tmp/cdcbench-engines")
+    p.add_argument("--engines", default=",".join(ENGINES))
+    a = p.parse_args(argv)
+    engines = [e.strip() for e in a.engines.split(",") if e.strip()]
+    for e in engines:
+        if e not in ENGINES:
+            p.error(f"unknown engine {e!r}; choose from {','.join(ENGINES)}")
+
+    import pyarrow.parquet as pq
+
+    from cdcstore import Store
+    from cdcstore.storage.repository import LocalStore
+    from servers import ServerProcess
+
+    fig = harness.start("engines")
+    fig.update(code=harness.code_version(), rows=a.rows, files=a.files, repeat=a.repeat, engines={})
+    run = harness.run_dir(a.data_dir, "engines")
+    local = os.path.join(run, "data")
+    os.makedirs(local)
+    per = a.rows // a.files
+    for i in range(a.files):
+        pq.write_table(make_table(700 + i, per, i * per), os.path.join(local, f"part-{i:03d}.parquet"),
+                       row_group_size=50_000, compression="zstd")
+    fig["bytes"] = sum(os.path.getsize(f) for f in glob.glob(f"{local}/*.parquet"))
+    LocalStore.init(os.path.join(run, "srv"))
+    server = ServerProcess(os.path.join(run, "srv")).start()
+    ctx = {"dir": run, "rows": per * a.files}
+    try:
+        with Store(server.url, cache=False) as s:
+            s.push([local], URL)
+        for engine in engines:
+            try:
+                start_engine(engine, ctx)
+                sides = dict(zip(("local", "cdc"), reader(engine, server.url, local, ctx)))
+                times = {"local": [], "cdc": []}
+                sides["local"]()  # a warm-up outside the timings: imports, JIT, worker start, page cache
+                for _, side in harness.rounds(list(sides), a.repeat):
+                    t0 = time.perf_counter()
+                    rows = sides[side]()
+                    times[side].append(time.perf_counter() - t0)
+                    if rows != ctx["rows"]:
+                        raise AssertionError(f"{engine} {side} read {rows} rows, not {ctx['rows']}")
+                if engine == "spark":  # noop consumed the rows: count them once, outside the timings
+                    n = ctx["spark"].read.format("cdc").option("store", server.url).load(URL).count()
+                    if n != ctx["rows"]:
+                        raise AssertionError(f"spark cdc read {n} rows, not {ctx['rows']}")
+                rate = {s: ctx["rows"] / harness.med(t) for s, t in times.items()}
+                out = {"local_rows_per_s": round(rate["local"]), "cdc_rows_per_s": round(rate["cdc"]),
+                       "cdc_over_local": round(rate["cdc"] / rate["local"], 3),
+                       "seconds": {s: [round(x, 3) for x in t] for s, t in times.items()}}
+            except Exception as e:  # noqa: BLE001 - one engine's failure is a figure too
+                out = {"error": f"{type(e).__name__}: {str(e)[-600:]}"}
+            fig["engines"][engine] = out
+            if "error" in out:
+                print(f"{engine:9s} failed: {out['error']}", flush=True)
+            else:
+                print(f"{engine:9s} local {out['local_rows_per_s']:>12,} rows/s   cdc:// {out['cdc_rows_per_s']:>12,} "
+                      f"rows/s   cdc/local {out['cdc_over_local']:.2f}", flush=True)
+    finally:
+        server.stop()
+        if "spark" in ctx:
+            ctx["spark"].stop()
+        shutil.rmtree(run, ignore_errors=True)
+    harness.finish(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
