@@ -23,7 +23,7 @@ from cdcstore.storage.repository import LocalStore
 from cdcstore.testing import free_port
 from server_util import ServerProcess
 
-boto3 = pytest.importorskip("boto3")
+import boto3  # noqa: E402 - in the test extra
 from botocore import UNSIGNED  # noqa: E402
 from botocore.config import Config  # noqa: E402
 from botocore.exceptions import ClientError  # noqa: E402
@@ -269,7 +269,7 @@ def test_pyarrow_s3filesystem_reads_a_file_and_a_dataset(gw):
 
 
 def test_polars_scan_parquet_natively(gw):
-    pl = pytest.importorskip("polars")
+    import polars as pl
     opts = {"aws_access_key_id": "reader", "aws_secret_access_key": READER, "aws_endpoint_url": gw.s3,
             "aws_region": "us-east-1", "aws_allow_http": "true"}
     one = pl.scan_parquet("s3://imagenet/main/one.parquet", storage_options=opts).collect()
@@ -280,7 +280,7 @@ def test_polars_scan_parquet_natively(gw):
 
 
 def test_s3fs_lists_and_reads(gw):
-    s3fs = pytest.importorskip("s3fs")
+    import s3fs
     fs = s3fs.S3FileSystem(key="reader", secret=READER, endpoint_url=gw.s3, client_kwargs={"region_name": "us-east-1"},
                            skip_instance_cache=True)
     assert sorted(fs.ls("imagenet/main/train")) == [f"imagenet/main/train/part-{i}.parquet" for i in range(3)]

@@ -177,7 +177,9 @@ atexit.register(arrow_settled)
 
 
 class FileReader(io.RawIOBase):
-    """File object for one file of one revision. Thread-compatible, not thread-safe."""
+    """File object for one file of one revision. Thread-safe: reads from several threads at once
+    (duckdb reads one handle from its worker threads) take turns on the reader's lock, so the
+    read-ahead table, the LRU and the window stay consistent."""
 
     def __init__(self, source: Backend, manifest: Manifest, name: str = "", repo: str | None = None,
                  readahead_bytes: int = 32 * 1024 * 1024, cache_chunks: int = 64,
@@ -201,6 +203,7 @@ class FileReader(io.RawIOBase):
         self._handed = False  # pyarrow reads through this file (`read_buffer`)
         self._by_runs = source.capabilities.reads_runs  # a local store: see `_pread_runs`
         self._plan: tuple[list[Run], list[int]] | None = None  # this file's runs and their first chunks
+        self._lock = runtime.Lock(reentrant=True)  # one read at a time (`pread`, `read`, `close`)
 
     # -- io.RawIOBase ---------------------------------------------------------------
     def readable(self) -> bool:
@@ -251,6 +254,8 @@ class FileReader(io.RawIOBase):
 
     def read(self, size: int | None = -1) -> bytes:
         self._checkClosed()
+        # the position is taken before anything can let another thread run (the lock in `pread`):
+        # duckdb calls seek() then read() under the GIL and counts on nothing moving between them
         start = self._pos
         end = self._m.size if size is None or size < 0 else min(self._m.size, start + size)
         if start >= end:
@@ -260,16 +265,21 @@ class FileReader(io.RawIOBase):
         return data
 
     def close(self) -> None:
-        for fut in self._pending.values():
-            fut.cancel()
-        self._pending.clear()
-        self._lru.clear()
-        self._win = b""
+        with self._lock:
+            for fut in self._pending.values():
+                fut.cancel()
+            self._pending.clear()
+            self._lru.clear()
+            self._win = b""
         super().close()
 
     # -- ranges ----------------------------------------------------------------------
     def pread(self, offset: int, length: int) -> bytes:
         """Bytes [offset, offset+length) without moving the file position."""
+        with self._lock:
+            return self._pread(offset, length)
+
+    def _pread(self, offset: int, length: int) -> bytes:
         if self._by_runs and offset < self._m.size:
             if 0 < length <= WINDOW // 4 and (offset == self._last_end or self._in_window(offset, length)):
                 return self._pread_window(offset, length)
@@ -380,8 +390,9 @@ class FileReader(io.RawIOBase):
         ends, lens = self._m.ends, self._m.lengths
         need = [i for i in edges if i not in self._lru]
         got = self._fetch(need) if need else {}
+        got.update((i, self._lru[i]) for i in edges if i not in got)  # all before any is remembered (evicts)
         for i in edges:
-            data = got[i] if i in got else self._lru[i]
+            data = got[i]
             cs = ends[i] - lens[i]
             lo, hi = max(offset, cs) - cs, min(end, ends[i]) - cs
             out[cs + lo - offset:cs + hi - offset] = memoryview(data)[lo:hi]
