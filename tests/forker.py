@@ -50,6 +50,8 @@ for line in commands:
     sys.stderr = open(2, "w", closefd=False, buffering=1)
     if cmd.get("cwd"):
         os.chdir(cmd["cwd"])
+    if cmd.get("env"):
+        os.environ.update(cmd["env"])
     del commands, replies, line
     if cmd.get("module"):
         sys.argv = [cmd["module"], *cmd["argv"]]
@@ -103,13 +105,15 @@ class Forker:
             raise RuntimeError(f"the forker exited ({self.proc.wait()})")
         return json.loads(line)
 
-    def run(self, argv: list[str], code: str | None = None, module: str | None = None, cwd=None) -> Child:
-        """Start a child running `code` (as `python -c code *argv`) or `module` (`python -m`)."""
+    def run(self, argv: list[str], code: str | None = None, module: str | None = None, cwd=None,
+            env: dict | None = None) -> Child:
+        """Start a child running `code` (as `python -c code *argv`) or `module` (`python -m`), with
+        `env` added to its environment (read by what runs; the preloaded modules are imported already)."""
         assert (code is None) != (module is None)
         self.n += 1
         out, err = (os.path.join(self.folder, f"child-{self.n}.{k}") for k in ("out", "err"))
         reply = self._ask({"argv": [str(a) for a in argv], "code": code, "module": module, "out": out,
-                           "err": err, "cwd": str(cwd) if cwd else None})
+                           "err": err, "cwd": str(cwd) if cwd else None, "env": env})
         child = Child(self, reply["pid"], out, err)
         self.children.append(child)
         return child
