@@ -94,7 +94,7 @@ def forked_ranks(fk, tmp_path, name, ranks, store, state, stop_at, deadline=240.
     end = time.monotonic() + deadline
     while any(p.returncode is None for p in procs):  # as torchrun: one rank failing ends the others
         for p in procs:
-            if p.returncode is None and _exited(p.pid):
+            if p.returncode is None and p.exited():
                 if p.wait() != 0:
                     for q in procs:
                         q.send_signal(9)
@@ -105,12 +105,6 @@ def forked_ranks(fk, tmp_path, name, ranks, store, state, stop_at, deadline=240.
             raise AssertionError(f"ranks still running after {deadline:.0f} s: {[p.stderr()[-500:] for p in procs]}")
         time.sleep(0.02)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)], out
-
-
-def _exited(pid: int) -> bool:
-    """Whether a child of the forker has exited (a zombie until the forker reaps it)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 @pytest.fixture
