@@ -37,15 +37,18 @@ for line in commands:
         replies.write(json.dumps({"code": code}) + "\n")
         replies.flush()
         continue
+    # made before the fork: a child killed at once still leaves its (empty) output files
+    out = os.open(cmd["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    err = os.open(cmd["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     pid = os.fork()
     if pid:
+        os.close(out)
+        os.close(err)
         replies.write(json.dumps({"pid": pid}) + "\n")
         replies.flush()
         continue
     # the child: what `python -c CODE ARGS` or `python -m MODULE ARGS` would be
     null = os.open(os.devnull, os.O_RDONLY)
-    out = os.open(cmd["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    err = os.open(cmd["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     for fd, to in ((null, 0), (out, 1), (err, 2)):
         os.dup2(fd, to)
         os.close(fd)
