@@ -24,10 +24,16 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 ZYGOTE = r"""
-import json, os, runpy, sys, threading
-for name in sys.argv[1:]:
+import gc, json, os, runpy, sys, threading
+freeze, preload = sys.argv[1] == "freeze", sys.argv[2:]
+for name in preload:
     __import__(name)
 assert threading.active_count() == 1, "a preload started a thread: children would inherit a broken copy"
+if freeze:
+    # the collector leaves what the preload made alone: a child's exit no longer walks (and so
+    # copies, page by page) the whole inherited heap, ~0.5-2 s of each child's exit under load
+    gc.collect()
+    gc.freeze()
 commands, replies = sys.stdin, sys.stdout
 for line in commands:
     cmd = json.loads(line)
@@ -119,10 +125,13 @@ class Child:
 
 class Forker:
     def __init__(self, folder, preload=("cdcstore", "cdcstore.cli", "cdcstore.remote.client", "tqdm"),
-                 env: dict | None = None):
+                 env: dict | None = None, freeze: bool = True):
+        """`freeze`: the preloaded objects are out of the collector's sight in the children
+        (`gc.freeze`); False when a test is about the interpreter's own teardown."""
         self.folder, self.n = str(folder), 0
         env = {**os.environ, **(env or {}), "PYTHONPATH": ROOT}
-        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE, *preload], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", ZYGOTE, "freeze" if freeze else "-", *preload],
+                                     stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=env, text=True)
         self.children: list[Child] = []
         self.lock = threading.Lock()
@@ -167,6 +176,10 @@ class Forker:
 
 _shared: Forker | None = None
 _shared_lock = threading.Lock()
+# what commands import late, at a cost each: sqlite_utils (a new index's schema) imports pandas,
+# ~1 s of CPU for every `init`; the S3 clients; pyarrow for Parquet pushes. None starts a thread.
+CLI_PRELOAD = ("cdcstore", "cdcstore.cli", "cdcstore.remote.client", "tqdm", "sqlite_utils",
+               "cdcstore.storage.s3", "s3fs", "obstore", "pyarrow.parquet")
 
 
 def cli(args, env: dict | None = None, cwd=None, text: bool = False, timeout: float = 120,
@@ -179,7 +192,7 @@ def cli(args, env: dict | None = None, cwd=None, text: bool = False, timeout: fl
     with _shared_lock:
         if _shared is None or _shared.proc.poll() is not None:
             folder = tempfile.mkdtemp(prefix="cdcstore-cli-forker-")
-            _shared = Forker(folder)
+            _shared = Forker(folder, preload=CLI_PRELOAD)
             import atexit
             atexit.register(_close_shared, _shared, folder)
         fk = _shared
