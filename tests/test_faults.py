@@ -1,7 +1,8 @@
 """Fault injection: a store whose Nth write fails, for every N along a push, a commit and a gc.
 
 After each fault: `check --read-data` is clean, every acknowledged commit reads back byte for
-byte, and the next push succeeds (reusing what the failed one stored)."""
+byte, and the next push succeeds (reusing what the failed one stored). Workers are SIGKILLed at
+30 random points of push, commit, gc and repack; CDCSTORE_LONG_FAULTS=1 makes it 50."""
 import os
 
 import pytest
