@@ -12,6 +12,7 @@ import pytest
 from cdcstore import CorruptionError, Store
 from cdcstore.storage.repository import LocalStore
 from conftest import golden_input
+import forker
 
 
 def write(path, data):
@@ -34,8 +35,7 @@ def flip(path, at):
 
 def cli(*args, check=False):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    r = subprocess.run([sys.executable, "-m", "cdcstore", *args], capture_output=True, text=True, errors="replace",
-                       env=env, timeout=60)
+    r = forker.cli(args, text=True, env=env, timeout=60)  # `python -m cdcstore`, forked preloaded
     assert "Traceback" not in r.stderr, r.stderr
     if check:
         assert r.returncode == 0, r.stderr

@@ -2,21 +2,19 @@
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from conftest import golden_input
+import forker
 
 
 def run(*args, store=None, ok=True, env_store=None):
     env = dict(os.environ)
     if env_store:
         env["CDCSTORE_STORE"] = env_store
-    cmd = [sys.executable, "-m", "cdcstore.cli", *args]
-    if store:
-        cmd += ["--store", store]
-    p = subprocess.run(cmd, capture_output=True, env=env, timeout=120)
+    cmd = [*args, "--store", store] if store else list(args)
+    p = forker.cli(cmd, env=env, timeout=120)  # `python -m cdcstore`, forked preloaded
     if ok:
         assert p.returncode == 0, p.stderr.decode()
     return p

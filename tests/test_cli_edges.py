@@ -12,10 +12,13 @@ from cdcstore import Store
 from cdcstore.core import ids
 from cdcstore.core.errors import CdcError
 from server_util import ServerProcess, free_port
+import forker
 
 
 def cdc(*args, stdin=None, timeout=60, **popen):
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if stdin is None and set(popen) <= {"cwd"}:  # forked from a preloaded Python (stdin: /dev/null)
+        return forker.cli(args, env=env, timeout=timeout, cwd=popen.get("cwd"))
     return subprocess.run([sys.executable, "-m", "cdcstore", *args], capture_output=True, env=env,
                           timeout=timeout, input=stdin, **popen)
 

@@ -1,15 +1,14 @@
 """Everyday commands: rm, diff (with new bytes), log of a path, human sizes."""
 import json
 import os
-import subprocess
-import sys
+
+import forker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cdc(store, *args):
-    p = subprocess.run([sys.executable, "-m", "cdcstore", *args, "--store", store], capture_output=True,
-                       text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
+    p = forker.cli([*args, "--store", store], text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=120)
     assert p.returncode == 0, p.stderr
     return p.stdout
 

@@ -47,7 +47,8 @@ def test_short_reads_exit_cleanly(tmp_path):
     # interpreter start and those imports were ~1 s of each child); the abort is at the child's
     # own interpreter shutdown, which a forked child runs in full: with the exit hook removed,
     # forked children aborted 3 of 50 (fresh ones 0 of 30 in the same hour)
-    with Forker(tmp_path, preload=("cdcstore", "cdcstore.fs", "fsspec", "pyarrow.parquet", "pandas")) as fk:
+    with Forker(tmp_path, preload=("cdcstore", "cdcstore.fs", "fsspec", "pyarrow.parquet", "pandas"),
+                freeze=False) as fk:  # the teardown as a script's: what aborted is in it
         for i in range(0, RUNS, 2):  # in pairs: the two cores stay busy, as under a CI's load
             procs = [fk.run([str(tmp_path / "store"), how], code=CHILD) for how in HOWS[i // 2 % len(HOWS)]]
             for p in procs:

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from cdcstore import Store
 from cdcstore.core.errors import CorruptionError, RemoteError
+import forker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -96,8 +97,7 @@ def _text(n: int, seed: int = 1) -> bytes:
 
 
 def _cli(*args, env=None, timeout=60):
-    return subprocess.run([sys.executable, "-m", "cdcstore", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+    return forker.cli(args, text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
 
 
 def test_a_range_answer_longer_than_asked_is_refused_without_reading_it(server, tmp_path):

@@ -3,14 +3,13 @@
 import glob
 import json
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 
 from cdcstore import CorruptionError, Store
 from conftest import S3_BUCKET, golden_input, served_store
+import forker
 
 import cdcstore
 
@@ -21,8 +20,7 @@ def cdc(*args, env: dict | None = None, cwd=None):
     """One `cdcstore` command in a subprocess; a traceback fails the test."""
     e = {k: v for k, v in os.environ.items() if k not in ("CDCSTORE_STORE", "CDCSTORE_TOKEN")}
     e.update(PYTHONPATH=ROOT, **(env or {}))
-    p = subprocess.run([sys.executable, "-m", "cdcstore", *args], capture_output=True, text=True, env=e,
-                       timeout=60, cwd=cwd)
+    p = forker.cli(args, text=True, env=e, timeout=60, cwd=cwd)  # `python -m cdcstore`, forked preloaded
     assert "Traceback" not in p.stderr, p.stderr
     return p
 

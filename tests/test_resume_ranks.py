@@ -1,10 +1,17 @@
 """Resume without arithmetic: `ds.loader().state_dict()` under torchrun, with 2 ranks x 2 DataLoader
 workers, killed mid-epoch and resumed on 1 and on 3 ranks; every row exactly once, and every rank
-takes the same number of steps."""
+takes the same number of steps.
+
+The killed run starts under `torchrun`; the resumed runs' ranks are forked from a Python that has
+imported torch (tests/forker.py), with the variables torchrun gives its ranks (RANK, WORLD_SIZE,
+MASTER_ADDR, ...): each torchrun was a launcher and its ranks importing torch one after the other,
+~2/3 of the test's minute (2-3 s of CPU per import)."""
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -73,6 +80,33 @@ def torchrun(tmp_path, name, ranks, store, state, stop_at):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)], out
 
 
+def forked_ranks(fk, tmp_path, name, ranks, store, state, stop_at, deadline=240.0):
+    """What `torchrun` does for TRAIN, with ranks forked by `fk` (a Forker that imported torch)."""
+    out = tmp_path / name
+    out.mkdir()
+    with socket.socket() as s:  # a free port for the ranks' rendezvous (torchrun's --master_port=0)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE":
+           str(ranks), "GROUP_RANK": "0", "CDCSTORE_CACHE": str(tmp_path / f"cache-{name}")}
+    procs = [fk.run([store, str(out), state, str(stop_at)], code=TRAIN,
+                    env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(ranks)]
+    end = time.monotonic() + deadline
+    while any(p.returncode is None for p in procs):  # as torchrun: one rank failing ends the others
+        for p in procs:
+            if p.returncode is None and p.exited():
+                if p.wait() != 0:
+                    for q in procs:
+                        q.send_signal(9)
+                    raise AssertionError(f"rank {procs.index(p)} exited {p.returncode}: {p.stderr()[-3000:]}")
+        if time.monotonic() > end:
+            for q in procs:
+                q.send_signal(9)
+            raise AssertionError(f"ranks still running after {deadline:.0f} s: {[p.stderr()[-500:] for p in procs]}")
+        time.sleep(0.02)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)], out
+
+
 @pytest.fixture
 def store_dir(tmp_path):
     write_data(tmp_path / "data")
@@ -84,12 +118,18 @@ def store_dir(tmp_path):
 
 
 def test_killed_two_rank_run_resumes_on_one_and_on_three_ranks_exactly_once(tmp_path, store_dir):
-    first, out = torchrun(tmp_path, "first", 2, store_dir, "-", stop_at=9)
-    assert [r["steps"] for r in first] == [9, 9]
-    state = json.loads((out / "state.json").read_text())
-    assert state["consumed"] == 9 * 2 * BATCH  # no arithmetic in the loop: the loader counted
-    for ranks in (1, 3):
-        rest, _ = torchrun(tmp_path, f"rest{ranks}", ranks, store_dir, str(out / "state.json"), stop_at=-1)
+    from forker import Forker
+
+    # the forker imports torch while torchrun runs
+    with Forker(tmp_path, preload=("torch", "torch.distributed", "torch.utils.data", "cdcstore.stream"),
+                env={"OMP_NUM_THREADS": "1"}) as fk:
+        first, out = torchrun(tmp_path, "first", 2, store_dir, "-", stop_at=9)
+        assert [r["steps"] for r in first] == [9, 9]
+        state = json.loads((out / "state.json").read_text())
+        assert state["consumed"] == 9 * 2 * BATCH  # no arithmetic in the loop: the loader counted
+        rests = {ranks: forked_ranks(fk, tmp_path, f"rest{ranks}", ranks, store_dir, str(out / "state.json"), -1)[0]
+                 for ranks in (1, 3)}
+    for ranks, rest in rests.items():
         steps = {r["steps"] for r in rest}
         assert len(steps) == 1 and steps == {r["len"] for r in rest}, rest  # equal steps, as len() said
         got = sorted(i for r in first + rest for i in r["seen"])

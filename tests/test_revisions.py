@@ -3,8 +3,6 @@ commit ids, an ambiguous revision is an error; locally and over a real server.""
 import http.client
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +12,7 @@ from cdcstore.core.errors import CdcError, RefExistsError
 from cdcstore.fs import CdcFileSystem
 from cdcstore.storage.repository import LocalStore
 from server_util import ServerProcess
+import forker
 
 IMMUTABLE = "a commit is immutable: push to a branch"
 
@@ -268,8 +267,7 @@ def test_garbage_ref_requests_get_a_json_4xx(server, tmp_path, body):
 # -- the command line -----------------------------------------------------------------------------
 
 def _cli(*args, store, ok=True):
-    p = subprocess.run([sys.executable, "-m", "cdcstore", *args, "--store", store], capture_output=True,
-                       timeout=120)
+    p = forker.cli([*args, "--store", store], timeout=120)  # `python -m cdcstore`, forked preloaded
     if ok:
         assert p.returncode == 0, p.stderr.decode()
     else:
