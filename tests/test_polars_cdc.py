@@ -16,6 +16,7 @@ from cdcstore.fs import CdcFileSystem
 from conftest import served_parquet
 
 import polars as pl  # noqa: E402 - in the test extra
+
 FILES, ROWS, GROUP = 3, 20_000, 5_000
 URL = "cdc://ds/data/"
 
