@@ -57,8 +57,8 @@ def reader(engine: str, url: str, local: str, ctx: dict):
     if engine == "duckdb":
         import duckdb
 
-        def con():  # one thread: duckdb reads one file handle from many threads, which a
-            c = duckdb.connect()  # cdcstore reader does not take yet (docs/engines.md); both sides alike
+        def con():  # one thread on both sides, as bench/results/engines.json was measured (docs/engines.md)
+            c = duckdb.connect()
             c.sql("SET threads TO 1")
             return c
 
