@@ -249,6 +249,8 @@ class CdcWriter(DataSourceArrowWriter):
                 entries = s.upload(tmp, dest)
             return Uploaded(entries, rows)
         finally:
+            if writer is not None:
+                writer.close()  # a task that failed mid-write closes its file too (closing twice is a no-op)
             os.unlink(tmp)
 
     def commit(self, messages) -> None:
