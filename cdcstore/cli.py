@@ -722,7 +722,8 @@ def cache_stats(cache_path, as_json):
         _print_json(st)
     else:
         click.echo(f"{st['path']}: {st['chunks']} chunks, {_human(st['bytes'])} stored "
-                   f"({_human(st['raw_bytes'])} raw), {st['objects']} manifests and commits; "
+                   f"({_human(st['raw_bytes'])} raw) in {st['segments']} segment files of "
+                   f"{_human(st['segment_bytes'])}, {st['objects']} manifests and commits; "
                    f"limit {_human(st['max_bytes'])}")
 
 

@@ -1,4 +1,5 @@
 """The local dedup cache, in front of a real server."""
+import os
 import sqlite3
 import subprocess
 import sys
@@ -66,13 +67,14 @@ def test_a_corrupt_cache_entry_is_fetched_again(server, published, tmp_path):
     with Store(server.url, cache=ChunkCache(path)) as s:
         s.cat(f"cdc://r@{v1.commit}/f.bin")
     db = sqlite3.connect(path)
-    rows = db.execute("SELECT id, data FROM chunks").fetchall()
-    for cid, data in rows[:5]:
-        bad = bytearray(data)
-        bad[len(bad) // 2] ^= 0xFF
-        db.execute("UPDATE chunks SET data = ? WHERE id = ?", (bytes(bad), cid))
-    db.commit()
+    rows = db.execute("SELECT seg, off, size FROM chunks").fetchall()
     db.close()
+    for seg, off, size in rows[:5]:  # flip a byte of each entry in its segment file
+        with open(os.path.join(path + "-chunks", f"{seg}.seg"), "r+b") as f:
+            f.seek(off + size // 2)
+            byte = f.read(1)
+            f.seek(off + size // 2)
+            f.write(bytes([byte[0] ^ 0xFF]))
     with Store(server.url, cache=ChunkCache(path)) as s:
         assert s.cat(f"cdc://r@{v1.commit}/f.bin") == golden_input(3_000_000)
         assert s.counters()["received_bytes"] > 0  # the damaged entries came from the server

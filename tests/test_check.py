@@ -270,7 +270,7 @@ def test_broken_cache_warns_once_and_reads_go_on(server, tmp_path, monkeypatch):
     conn = sqlite3.connect(str(cache))
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
-    assert os.path.getsize(cache) > 1_000_000
+    assert os.path.getsize(cache) > 100_000  # pages to lose (the chunk bytes are in cache.sqlite-chunks/)
     os.truncate(cache, os.path.getsize(cache) // 3)  # truncated: header fine, pages gone
     (tmp_path / "folder").mkdir()
     write(str(tmp_path / "garbage"), os.urandom(20_000))

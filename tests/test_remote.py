@@ -358,7 +358,8 @@ def test_a_damaged_range_among_many_is_an_error_and_never_cached(server, tmp_pat
         with pytest.raises(CorruptionError):
             s.cat("cdc://r/f.bin")
     cache.wait()
-    rows = cache.conn.execute("SELECT id, codec, data FROM chunks").fetchall()
+    rows = [(cid, codec, open(f"{cache.path}-chunks/{seg}.seg", "rb").read()[off:off + size])
+            for cid, codec, seg, off, size in cache.conn.execute("SELECT id, codec, seg, off, size FROM chunks")]
     assert all(codec == CODEC_RAW and ids.digest(d) == cid for cid, codec, d in rows)  # random data: stored raw
     assert sum(len(d) for _, _, d in rows) < len(data)  # not the damaged chunk, at least
 

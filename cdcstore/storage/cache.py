@@ -2,9 +2,13 @@
 
 One sqlite file (WAL mode, busy timeout) shared by every file, version, repo and
 process on the machine: a chunk fetched for v1 serves v2, and DataLoader workers
-share it. Entries keep their stored (compressed) form and are checked against
-their id on every read; a corrupt entry is dropped and fetched again. The cache is
-bounded: past `max_bytes`, entries go until it is at 90%, least recently used first.
+share it. sqlite says where each chunk is and in what order to evict; the chunk bytes
+are in append-only segment files beside it (`segments.py`: written once, not twice as
+a WAL blob is). Entries keep their stored (compressed) form and are checked against
+their id on every read; a corrupt or lost entry is dropped and fetched again. The cache is
+bounded: past `max_bytes`, entries go until it is at 90%, least recently used first,
+and segments that eviction emptied (or mostly emptied: their live entries are copied
+forward first) are deleted, so the folder stays within the budget too.
 
 Admission is scan resistant (a segmented LRU): a chunk enters on probation and is
 promoted ("hot") when it is read from the cache once more. Eviction takes probation
@@ -43,6 +47,7 @@ from ..core.commit import Commit
 from ..core.errors import CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
+from .segments import SEGMENT_BYTES, Segments
 from .sqlite import Connections
 from .backend import Backend, BackendCapabilities
 
@@ -58,6 +63,7 @@ WRITE_ANYWAY_BYTES = PENDING_BYTES // 2  # ... or once this much waits (a read t
 TAG_PREFIX = "tag/"  # heads rows of tags (kept without a time limit: tags never move)
 RECENT_IDS = 1 << 16  # ids of chunks this process wrote to the cache that `fetched_here` remembers
 FLIGHT_WAIT = 120.0  # seconds a read waits for another thread's fetch of the same chunk before its own
+ABANDONED = 600.0  # seconds after its last write that another process may reclaim an unsealed segment
 HEAD_TTL = 10.0  # seconds a branch head resolved by one process serves the others
 CACHED = "cache"  # the pseudo pack name of a cached chunk
 _BATCH = 500
@@ -122,6 +128,9 @@ class ChunkCache:
                     BEGIN UPDATE meta SET value = value - OLD.size WHERE key = 'bytes'; END;
             """)
         self._add_segments()
+        self._files = Segments(self.path + "-chunks")
+        self._writing = runtime.Local()  # [segment, fd, end]: the segment this process appends to
+        self._add_files()
 
     def _here(self) -> None:
         """This process's in-memory state (the writer queue and the condition guarding it). A
@@ -157,6 +166,35 @@ class ChunkCache:
                 raise
         with self.conn:
             self.conn.execute("CREATE INDEX IF NOT EXISTS chunks_evict ON chunks(hot, used)")
+
+    def _add_files(self) -> None:
+        """Where each chunk's bytes are (`seg`, `off`: NULL for an entry of an older version, whose
+        bytes are in its `data` column) and the segments table, whose `live` bytes triggers keep."""
+        cols = [r[1] for r in self.conn.execute("PRAGMA table_info(chunks)")]
+        if "seg" not in cols:
+            try:
+                with self.conn:
+                    self.conn.execute("BEGIN IMMEDIATE")
+                    if "seg" not in [r[1] for r in self.conn.execute("PRAGMA table_info(chunks)")]:
+                        self.conn.execute("ALTER TABLE chunks ADD COLUMN seg INTEGER")
+                        self.conn.execute("ALTER TABLE chunks ADD COLUMN off INTEGER")
+            except sqlite3.OperationalError as e:  # another process added them first
+                if "duplicate column" not in str(e):
+                    raise
+        with self.conn:
+            self.conn.executescript("""
+                CREATE TABLE IF NOT EXISTS segments (seg INTEGER PRIMARY KEY AUTOINCREMENT,
+                    size INTEGER NOT NULL DEFAULT 0, live INTEGER NOT NULL DEFAULT 0,
+                    sealed INTEGER NOT NULL DEFAULT 0, owner INTEGER NOT NULL DEFAULT 0, at REAL NOT NULL DEFAULT 0);
+                CREATE INDEX IF NOT EXISTS chunks_seg ON chunks(seg);
+                CREATE TRIGGER IF NOT EXISTS seg_add AFTER INSERT ON chunks WHEN NEW.seg IS NOT NULL
+                    BEGIN UPDATE segments SET live = live + NEW.size WHERE seg = NEW.seg; END;
+                CREATE TRIGGER IF NOT EXISTS seg_del AFTER DELETE ON chunks WHEN OLD.seg IS NOT NULL
+                    BEGIN UPDATE segments SET live = live - OLD.size WHERE seg = OLD.seg; END;
+                CREATE TRIGGER IF NOT EXISTS seg_move AFTER UPDATE OF seg ON chunks
+                    BEGIN UPDATE segments SET live = live - OLD.size WHERE seg = OLD.seg;
+                          UPDATE segments SET live = live + NEW.size WHERE seg = NEW.seg; END;
+            """)
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -206,11 +244,18 @@ class ChunkCache:
         now = time.time()
         for i in range(0, len(wanted), _BATCH):
             batch = wanted[i:i + _BATCH]
-            q = f"SELECT id, codec, raw_len, used, hot, data FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
-            for cid, codec, raw_len, used, hot, data in self.conn.execute(q, batch):
+            q = (f"SELECT id, codec, raw_len, used, hot, data, seg, off, size FROM chunks "
+                 f"WHERE id IN ({','.join('?' * len(batch))}) ORDER BY seg, off")
+            for cid, codec, raw_len, used, hot, data, seg, off, size in self.conn.execute(q, batch).fetchall():
                 try:
                     if not (_ints(codec, raw_len, hot) and isinstance(used, (int, float)) and isinstance(data, bytes)):
                         raise CorruptionError("a cache row of the wrong types")
+                    if seg is not None:
+                        if not _ints(seg, off, size):
+                            raise CorruptionError("a cache row of the wrong types")
+                        data = self._files.read(seg, off, size)
+                        if data is None:
+                            raise CorruptionError("its segment is gone")
                     out[cid] = decode_chunk(data, codec, raw_len, cid)
                     if not touch:
                         continue
@@ -219,10 +264,10 @@ class ChunkCache:
                     elif used < now - TOUCH_EVERY:
                         stale.append(cid)
                 except CorruptionError:
-                    bad.append(cid)
+                    bad.append((cid, seg))
         if bad or stale or promote:
-            with self._txn():
-                self.conn.executemany("DELETE FROM chunks WHERE id = ?", [(b,) for b in bad])
+            with self._txn():  # a bad row goes only if it still names what was read (not moved since)
+                self.conn.executemany("DELETE FROM chunks WHERE id = ? AND seg IS ?", bad)
                 self.conn.executemany("UPDATE chunks SET used = ? WHERE id = ?", [(now, c) for c in stale])
                 self.conn.executemany("UPDATE chunks SET used = ?, hot = 1 WHERE id = ?",
                                       [(now, c) for c in promote])
@@ -259,12 +304,55 @@ class ChunkCache:
         now = time.time()
         for part in _parts(entries, PUT_TXN_BYTES):
             with self._txn():
-                self.conn.executemany(
-                    "INSERT OR IGNORE INTO chunks (id, codec, raw_len, size, used, data) VALUES (?, ?, ?, ?, ?, ?)",
-                    [(cid, codec, raw_len, len(data), now, data) for cid, codec, raw_len, data in part])  # a buffer binds as a BLOB: no copy
+                self._put_part(part, now)
             time.sleep(0)  # let a waiting writer of this process have the lock
         if self.bytes() > self.max_bytes:
             self.prune()
+
+    def _put_part(self, part: list, now: float) -> None:
+        """Inside a write transaction: append the bytes of the entries not cached yet to this
+        process's segment, then add their rows (bytes first: a row never names unwritten bytes)."""
+        wanted = list(dict.fromkeys(e[0] for e in part))
+        q = f"SELECT id FROM chunks WHERE id IN ({','.join('?' * len(wanted))})"
+        have = {r[0] for r in self.conn.execute(q, wanted)}
+        new = []
+        for e in part:
+            if e[0] not in have:
+                have.add(e[0])
+                new.append(e)
+        if not new:
+            return
+        seg, offsets = self._append([e[3] for e in new], now)
+        self.conn.executemany(
+            "INSERT INTO chunks (id, codec, raw_len, size, used, data, seg, off) VALUES (?, ?, ?, ?, ?, x'', ?, ?)",
+            [(cid, codec, raw_len, len(data), now, seg, off) for (cid, codec, raw_len, data), off in zip(new, offsets)])
+
+    def _append(self, buffers: list, now: float) -> tuple[int, list[int]]:
+        """Inside a write transaction: write `buffers` to this process's segment (a new one when
+        it is full, or when another process reclaimed it or its file was deleted); (segment, offsets)."""
+        size = sum(len(b) for b in buffers)
+        w = self._writing.here()
+        if w is not None and (w[2] + size > SEGMENT_BYTES and w[2] or os.fstat(w[1]).st_nlink == 0
+                              or self.conn.execute("SELECT 1 FROM segments WHERE seg = ?", (w[0],)).fetchone() is None):
+            self._seal()
+            w = None
+        if w is None:
+            seg = self.conn.execute("INSERT INTO segments (owner, at) VALUES (?, ?)", (os.getpid(), now)).lastrowid
+            w = [seg, self._files.create(seg), 0]
+            self._writing.set(w)
+        offsets = self._files.append(w[1], w[2], buffers)
+        w[2] += size
+        self.conn.execute("UPDATE segments SET size = ?, at = ? WHERE seg = ?", (w[2], now, w[0]))
+        return w[0], offsets
+
+    def _seal(self) -> None:
+        """This process writes no more to its segment (inside a write transaction)."""
+        w = self._writing.here()
+        if w is None:
+            return
+        self._writing.clear()
+        os.close(w[1])
+        self.conn.execute("UPDATE segments SET sealed = 1 WHERE seg = ?", (w[0],))
 
     def put_later(self, entries: list[tuple[bytes, int, int, bytes]]) -> None:
         """`put` on a background thread, so that a read does not wait for sqlite.
@@ -351,10 +439,16 @@ class ChunkCache:
 
     def prune(self, max_bytes: int | None = None) -> int:
         """Evict chunks until at most 90% of `max_bytes` remain, probation before hot,
-        least recently used first (hot entries past `HOT_SHARE` are demoted first);
-        returns the bytes freed."""
+        least recently used first (hot entries past `HOT_SHARE` are demoted first), then
+        delete the segments that leaves empty and copy forward the live entries of the
+        emptiest others until the folder fits `max_bytes`; returns the bytes evicted."""
         limit = self.max_bytes if max_bytes is None else max_bytes
-        target = int(limit * 0.9) if self.bytes() > limit or max_bytes is not None else limit
+        freed = self._evict(limit, max_bytes is not None)
+        self._reclaim(limit)
+        return freed
+
+    def _evict(self, limit: int, asked: bool) -> int:
+        target = int(limit * 0.9) if self.bytes() > limit or asked else limit
         freed = 0
         self._demote(int(target * HOT_SHARE))
         while True:
@@ -373,6 +467,52 @@ class ChunkCache:
                         break
                 self.conn.executemany("DELETE FROM chunks WHERE id = ?", drop)
                 freed += total
+
+    def _reclaim(self, limit: int) -> None:
+        """Delete the segments no live entry is in, and while the folder holds more than `limit`
+        bytes, move the live entries of the emptiest segments to this process's segment and
+        delete those too. Only closed segments: sealed, or their writer gone or idle for
+        `ABANDONED` s (a writer finds its segment gone and starts another). Files are deleted
+        after the rows stop naming them; a reader that looked before finds none: a miss."""
+        now = time.time()
+        gone: list[int] = []
+        with self._txn():
+            own = (self._writing.here() or [None])[0]
+            rows = self.conn.execute("SELECT seg, size, live, sealed, owner, at FROM segments").fetchall()
+            closed = [r for r in rows if r[0] != own and
+                      (r[3] or r[5] < now - ABANDONED or runtime.dead_elsewhere(r[4]))]
+            gone = [r[0] for r in closed if r[2] <= 0]
+            disk = sum(r[1] for r in rows) - sum(r[1] for r in closed if r[2] <= 0)
+            for seg, size, live, *_ in sorted((r for r in closed if r[2] > 0), key=lambda r: r[2] / max(r[1], 1)):
+                if disk <= limit:
+                    break
+                self._move_out(seg, now)
+                gone.append(seg)
+                disk += live - size
+            self.conn.executemany("DELETE FROM segments WHERE seg = ?", [(g,) for g in gone])
+            known = {r[0] for r in self.conn.execute("SELECT seg FROM segments")}
+        for seg in gone:
+            self._files.remove(seg)
+        for seg in self._files.numbers() - known:  # left by a lost database or an aborted write
+            try:
+                if os.path.getmtime(self._files.path(seg)) < now - 60:
+                    self._files.remove(seg)
+            except FileNotFoundError:
+                pass
+
+    def _move_out(self, seg: int, now: float) -> None:
+        """Inside a write transaction: copy the live entries of segment `seg` to this process's
+        segment (entries whose bytes are lost or short are dropped)."""
+        rows = self.conn.execute("SELECT id, off, size FROM chunks WHERE seg = ?", (seg,)).fetchall()
+        keep, lost = [], []
+        for cid, off, size in rows:
+            data = self._files.read(seg, off, size) if _ints(off, size) else None
+            (keep if data is not None and len(data) == size else lost).append((cid, data))
+        self.conn.executemany("DELETE FROM chunks WHERE id = ? AND seg = ?", [(c, seg) for c, _ in lost])
+        if keep:
+            to, offsets = self._append([d for _, d in keep], now)
+            self.conn.executemany("UPDATE chunks SET seg = ?, off = ? WHERE id = ? AND seg = ?",
+                                  [(to, off, cid, seg) for (cid, _), off in zip(keep, offsets)])
 
     def _demote(self, cap: int) -> None:
         """Move the oldest hot entries to probation until hot ones hold at most `cap` bytes."""
@@ -422,15 +562,17 @@ class ChunkCache:
     def stats(self) -> dict:
         n, raw = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(raw_len), 0) FROM chunks").fetchone()
         objects = self.conn.execute("SELECT COUNT(*) FROM objects").fetchone()[0]
+        segs, disk = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM segments").fetchone()
         return {"path": self.path, "chunks": n, "bytes": self.bytes(), "raw_bytes": raw,
-                "objects": objects, "max_bytes": self.max_bytes}
+                "objects": objects, "max_bytes": self.max_bytes, "segments": segs, "segment_bytes": disk}
 
     def clear(self) -> None:
-        with self.conn:
-            self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.execute("DELETE FROM chunks")
-            self.conn.execute("DELETE FROM objects")
-            self.conn.execute("DELETE FROM heads")
+        with self._txn():
+            self._seal()
+            for table in ("chunks", "objects", "heads", "segments"):
+                self.conn.execute(f"DELETE FROM {table}")
+        for seg in self._files.numbers():
+            self._files.remove(seg)
         self.conn.execute("VACUUM")
 
 
