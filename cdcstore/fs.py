@@ -53,6 +53,16 @@ class CdcTransaction(Transaction):
             self.fs = None
 
 
+WRITE_PREFIX = "cdcstore-write-"  # + "<pid>-": a file being written, removable once that pid is gone
+_SWEPT = runtime.Local()
+
+
+def _sweep_write_temps() -> bool:
+    runtime.clean_dead_temps(tempfile.gettempdir(),
+                     lambda n: n[len(WRITE_PREFIX):].split("-", 1)[0] if n.startswith(WRITE_PREFIX) else "")
+    return True
+
+
 class CdcWriteFile(io.RawIOBase):
     """A file being written: bytes go to a local temp file; `close` commits it
     (or hands it to the open transaction)."""
@@ -67,7 +77,8 @@ class CdcWriteFile(io.RawIOBase):
         if not self.address.path:
             raise IsADirectoryError(f"{SCHEME}{path} names a repo, not a file")
         check_write_target(self.address.ref)  # before any byte is written
-        fd, self.tmp = tempfile.mkstemp(prefix="cdcstore-write-")
+        _SWEPT.get(_sweep_write_temps)  # once per process: temp files of writers that were killed
+        fd, self.tmp = tempfile.mkstemp(prefix=f"{WRITE_PREFIX}{os.getpid()}-")
         self._f = os.fdopen(fd, "wb")
 
     def writable(self) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import concurrent.futures
 import os
 import threading
@@ -65,6 +66,24 @@ def dead_elsewhere(pid: int) -> bool:
 def is_this_process(pid: int | None) -> bool:
     """Whether `pid` is this process (the owner check of a finalizer that a fork inherits)."""
     return pid == os.getpid()
+
+
+def clean_dead_temps(folder: str, pid_of=lambda name: name.split("-", 1)[0]) -> int:
+    """Remove the files of `folder` whose name says (`pid_of`) they belong to a process of
+    this host that is gone (killed mid-write); returns how many."""
+    n = 0
+    try:
+        names = os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    for fn in names:
+        pid = pid_of(fn) or ""
+        if pid.isdigit() and dead_elsewhere(int(pid)):
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                os.unlink(os.path.join(folder, fn))
+                n += 1
+    return n
+
 
 
 _UNSET = object()

@@ -18,6 +18,7 @@ import stat
 from typing import Iterator
 
 from .. import runtime
+from ..runtime import clean_dead_temps  # noqa: F401 (its callers here import it from this module)
 
 from ..core import ids
 from ..core.errors import CorruptionError
@@ -36,23 +37,6 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def clean_dead_temps(folder: str, pid_of=lambda name: name.split("-", 1)[0]) -> int:
-    """Remove the files of `folder` whose name says (`pid_of`) they belong to a process of
-    this host that is gone (killed mid-write); returns how many."""
-    n = 0
-    try:
-        names = os.listdir(folder)
-    except (FileNotFoundError, NotADirectoryError):
-        return 0
-    for fn in names:
-        pid = pid_of(fn) or ""
-        if pid.isdigit() and runtime.dead_elsewhere(int(pid)):
-            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-                os.unlink(os.path.join(folder, fn))
-                n += 1
-    return n
 
 
 def open_regular(path: str) -> int:
