@@ -66,6 +66,7 @@ LOCAL_RUN = 4 << 20  # bytes per pread: larger buffers are fresh pages each time
 REMOTE_RUN = 16 << 20  # bytes per ranged GET on an object store
 HINTS_MAX = 4_000_000  # chunk locations kept from location records per process (~1 GB at most)
 TREE_MEMO = 4096  # trees kept decoded per process (immutable: named by their bytes)
+PUT_IDS_MEMO = 1 << 18  # chunk ids of just-stored manifests kept for their commit (about 25 MB at most)
 
 
 DELETED = "deleted/"  # deleted/<repo>/<time>-<random>: tombstones of delete-repo (replicas drop its reach)
@@ -200,6 +201,9 @@ class Repository(Backend):
         self._trees: dict[str, treeobj.Tree] = {}  # decoded trees (immutable), at most TREE_MEMO
         self._anchor_misses: set[bytes] = set()  # anchors looked up in this push and not found
         self._anchored: bool | None = None
+        self._put_ids: collections.OrderedDict[str, list[bytes]] = collections.OrderedDict()  # see `_written_ids`
+        self._put_ids_count = 0
+        self._put_ids_lock = runtime.Lock()
 
     @classmethod
     def create(cls, objects: ObjectStore, index_path: str, location: str | None = None,
@@ -626,7 +630,28 @@ class Repository(Backend):
         else:
             list(runtime.pool("io", 8).map(put, todo.items()))
         self._put_locations(list(dict(zip(names, manifests)).items()))
+        self._remember_ids(zip(names, manifests))
         return names
+
+    def _remember_ids(self, pairs) -> None:
+        """Keep the chunk ids of manifests this process just stored (at most `PUT_IDS_MEMO` ids, the
+        latest), so that the commit naming them need not read them back (one request each on a
+        bucket). Sound whoever stored them: a manifest's name is the hash of the bytes they came from."""
+        with self._put_ids_lock:
+            for name, m in pairs:
+                if name not in self._put_ids:
+                    self._put_ids[name] = m.chunk_ids
+                    self._put_ids_count += len(m.chunk_ids)
+            while self._put_ids_count > PUT_IDS_MEMO and self._put_ids:
+                self._put_ids_count -= len(self._put_ids.popitem(last=False)[1])
+
+    def _written_ids(self, name: str) -> list[bytes] | None:
+        """The chunk ids of a manifest this process stored lately (taken: a commit uses them once)."""
+        with self._put_ids_lock:
+            got = self._put_ids.pop(name, None)
+            if got is not None:
+                self._put_ids_count -= len(got)
+            return got
 
     def _get_named(self, name: str, object_name: str, what: str, missing: Exception) -> bytes:
         """The bytes of an object, checked against the hash that names it."""
@@ -944,6 +969,10 @@ class Repository(Backend):
         names = {f.manifest for f in changed.values()}
         chunk_ids: set[bytes] = set()
         for n in names:  # in slices: memory follows the new distinct chunks, not the manifests' sizes
+            known = self._written_ids(n)
+            if known is not None:  # stored by this process moments ago: not read back
+                chunk_ids.update(known)
+                continue
             for part in ManifestFile(self, n).scan():
                 chunk_ids.update(part)
         return trees - set(view.unstored), names, chunk_ids
