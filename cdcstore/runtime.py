@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import concurrent.futures
+import contextlib
+import importlib
 import os
+import sys
 import threading
 from typing import Callable, TypeVar
 
@@ -35,6 +37,7 @@ def _reset_after_fork() -> None:
     global _lock, _pid, _pools, _loop, _values
     _lock = threading.RLock()  # the parent's lock may have been held by a thread that is gone
     _pid, _pools, _loop, _values = os.getpid(), {}, None, {}
+    _preloads.clear()  # finished before the fork (`_finish_preloads`)
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -45,6 +48,34 @@ def around_fork(before: Callable[[], None], after: Callable[[], None]) -> None:
     For work inside a C library (sqlite) on a background thread: a fork in the middle of it would
     leave the library's own mutexes locked in the child, whose first call then hangs."""
     os.register_at_fork(before=before, after_in_parent=after, after_in_child=after)
+
+
+_preloads: dict[str, threading.Thread] = {}  # module -> the thread importing it (this process)
+
+
+def preload(*modules: str) -> None:
+    """Import `modules` on a background thread, once per process, so that their first use later
+    finds them loaded (pyarrow imports pandas, about 1 s, at a process's first `to_numpy`). A fork
+    waits for these imports to finish: a child forked mid-import would inherit a half-made module."""
+    with _lock:
+        names = [m for m in modules if m not in sys.modules and m not in _preloads]
+        for name in names:
+            thread = threading.Thread(target=_import_quietly, args=(name,), daemon=True, name=f"cdcstore-import-{name}")
+            _preloads[name] = thread
+            thread.start()
+
+
+def _import_quietly(name: str) -> None:
+    with contextlib.suppress(Exception):  # absent or broken: its first real use says so
+        importlib.import_module(name)
+
+
+def _finish_preloads() -> None:
+    for thread in list(_preloads.values()):
+        thread.join(60)
+
+
+os.register_at_fork(before=_finish_preloads)
 
 
 def pid_alive(pid: int) -> bool:

@@ -310,6 +310,8 @@ class StreamingDataset:
         self.block = int(batch_size or block_size or 1)
         self.prefetch_bytes, self.prefetch_row_groups = int(prefetch_bytes), int(prefetch_row_groups)
         self.drop_last = drop_last
+        # pyarrow imports pandas (about 1 s) at a process's first to_numpy or array of numpy: meanwhile
+        runtime.preload("pyarrow.compute", "pandas")
         self._store_args = {"location": getattr(store, "location", store), "token": token}
         self._store = runtime.Local(store) if isinstance(store, Store) else runtime.Local()  # this process's
         self.files, self.commits = self._resolve([source] if isinstance(source, str) else list(source))
