@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import getpass
 import os
@@ -30,10 +29,9 @@ from .core.errors import CdcError, CorruptionError, InvalidAddressError, Missing
 from .engine.read import FileReader, LocalSeed
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
-from .storage.check import check as check_store, rebuild_index
 from .storage import staging
-from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD, PushSession, forget, gc
-from .storage.repository import LocalStore, Repository, is_object_url, manifest_name, no_such_path, open_repository
+from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD
+from .storage.repository import LocalStore, is_object_url, no_such_path, open_repository
 from .storage.local import clean_dead_temps
 from .engine.push import Ingest, IngestOptions
 from .storage import statcache
@@ -282,6 +280,10 @@ class Store:
     another, or `cache=False` to read without one.
     """
 
+    backend: Backend
+    author: str | None = None  # who commits are by; None: `default_author()` (a server with tokens: the token's)
+    created = False  # this Store made its store (the default one, on first use)
+
     def __init__(self, location: str | None = None, *, token: str | None = None, create: bool | None = None,
                  cache: ChunkCache | str | bool = True, author: str | None = None, **transport):
         path = location or default_store_path()
@@ -342,36 +344,36 @@ class Store:
         return cls(location)
 
     # -- administration: on this machine for a directory or bucket, on a server's side for a URL --
-    def _admin(self, command: str, run_here: Callable[[Repository], object], **options):
-        """Run a maintenance command where the store is: `run_here(repository)` for a directory
-        or a bucket, the server's admin route for a URL (an admin token)."""
+    def _admin(self, command: str, **options):
+        """Run a maintenance command where the store is (`roles.Upkeep.admin`): in this process
+        for a directory or a bucket (`runs_here`), by the server's admin route for a URL
+        (`remote_admin`: an admin token)."""
         inner = self.backend.uncached()
-        if isinstance(inner, Repository):
-            return run_here(inner)
-        if inner.capabilities.remote_admin:
-            return inner.admin(command, **options)
-        raise InvalidAddressError(f"{command} works on a store directory, a bucket or a server, not {self.location}")
+        if not (inner.capabilities.runs_here or inner.capabilities.remote_admin):
+            raise InvalidAddressError(f"{command} works on a store directory, a bucket or a server, "
+                                      f"not {self.location}")
+        return inner.admin(command, **options)
 
-    def _local(self, command: str) -> Repository:
+    def _local(self, command: str, **options):
+        """Run a command that works only where the store's objects are (`runs_here`)."""
         inner = self.backend.uncached()
-        if not isinstance(inner, Repository):
+        if not inner.capabilities.runs_here:
             raise InvalidAddressError(f"{command} works on a store directory or a bucket, not {self.location}: "
                                       f"run `cdcstore {command} --store DIR` on the server")
-        return inner
+        return inner.admin(command, **options)
 
     def check(self, read_data: bool = False, subset: float | None = None) -> dict:
         """Verify the store (see `cdcstore check`): {"problems": [...], "packs", "chunks", ...}."""
-        return self._admin("check", lambda r: check_store(r, read_data=read_data, subset=subset),
-                           read_data=read_data, subset=subset)
+        return self._admin("check", read_data=read_data, subset=subset)
 
     def rebuild_index(self, read_data: bool = False) -> dict:
         """Recreate the chunk index from the packs alone; copies known damaged stay out unless
         they verify now (`read_data`: verify every chunk first)."""
-        return rebuild_index(self._local("rebuild-index"), read_data=read_data)
+        return self._local("rebuild-index", read_data=read_data)
 
     def recover(self) -> int:
         """Index packs that are durable but were never indexed (a killed push); their count."""
-        return self._local("recover").recover()
+        return self._local("recover")
 
     @property
     def cache(self) -> "ChunkCache | None":
@@ -474,8 +476,7 @@ class Store:
     def _forgotten(self, repo: str) -> set[str] | None:
         """The forgotten commits of `repo` (`forget`), or None where the backend cannot list
         them (a server before the route: a commit is then known forgotten once its files are gone)."""
-        look = getattr(self.backend.uncached(), "forgotten", None)
-        return look(repo) if look is not None else None
+        return self.backend.uncached().forgotten(repo)
 
     def _was_forgotten(self, repo: str, cid: str) -> bool:
         try:
@@ -596,17 +597,7 @@ class Store:
         """Which of these manifests the store holds, in one request to a server (protocol 1.5;
         an older server: none, so the files are read) or a look at each object here."""
         names = list(dict.fromkeys(names))
-        if not names:
-            return set()
-        inner = self.backend.uncached()
-        if isinstance(inner, Repository):
-            found = runtime.pool("io", 8).map(lambda n: inner.objects.exists(manifest_name(n)), names)
-            return {n for n, ok in zip(names, list(found)) if ok}
-        if inner.capabilities.remote_admin:
-            from .remote.staging import manifests_present
-
-            return manifests_present(inner, repo, names) or set()
-        return set()
+        return self.backend.uncached().manifests_present(repo, names) if names else set()
 
     def commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "",
                      **kw) -> TransferResult:
@@ -637,7 +628,7 @@ class Store:
         t0, c0 = time.perf_counter(), self.counters()
         check_name("repo", repo)
         check_write_target(branch)
-        author = check_author(author or getattr(self, "author", None) or default_author())  # before any work
+        author = check_author(author or self.author or default_author())  # before any work
         be = self.backend
         branches = be.branches(repo) if be.has_repo(repo) else {}
         if branches and branch not in branches and branch in be.tags(repo):
@@ -712,12 +703,7 @@ class Store:
     def _push_session(self):
         """The marker of a push in flight, where the store is (a directory, a bucket, or a
         server's side): a gc deletes nothing while it is open."""
-        inner = self.backend.uncached()
-        if isinstance(inner, Repository):
-            return PushSession(inner)
-        if inner.capabilities.remote_admin:
-            return inner.push_session()
-        return contextlib.nullcontext()
+        return self.backend.uncached().push_session()
 
     def forget(self, repo: str, keep_last: int | None = None, keep_within: float | None = None,
                keep_tags: bool = False, dry_run: bool = False) -> dict:
@@ -725,14 +711,13 @@ class Store:
         each branch, those younger than `keep_within` seconds, tagged ones with `keep_tags`,
         and every branch head). Forgotten commits stay in the log; `gc` frees their files."""
         repo = check_name("repo", repo)
-        return self._admin("forget", lambda r: forget(r, repo, keep_last, keep_within, keep_tags, dry_run),
-                           repo=repo, keep_last=keep_last, keep_within=keep_within, keep_tags=keep_tags,
+        return self._admin("forget", repo=repo, keep_last=keep_last, keep_within=keep_within, keep_tags=keep_tags,
                            dry_run=dry_run)
 
     def delete_repo(self, repo: str, dry_run: bool = False) -> dict:
         """Remove a repo and its history (gc then frees the data only it used)."""
         repo = check_name("repo", repo)
-        return self._admin("delete-repo", lambda r: r.delete_repo(repo, dry_run=dry_run), repo=repo, dry_run=dry_run)
+        return self._admin("delete-repo", repo=repo, dry_run=dry_run)
 
     def gc(self, grace: float = DEFAULT_GRACE, dry_run: bool = False, repack_dead: float = DEFAULT_REPACK_DEAD,
            max_unused: float | None = DEFAULT_MAX_UNUSED) -> dict:
@@ -740,9 +725,7 @@ class Store:
         packs more than `repack_dead` dead, then the most dead ones until the dead bytes left are
         at most `max_unused` of the live ones (see `storage.maintenance`); with `dry_run`, only
         report the plan. On a server, its admin route runs it (an admin token)."""
-        return self._admin("gc", lambda r: gc(r, grace=grace, dry_run=dry_run, repack_dead=repack_dead,
-                                              max_unused=max_unused),
-                           grace=grace, dry_run=dry_run, repack_dead=repack_dead, max_unused=max_unused)
+        return self._admin("gc", grace=grace, dry_run=dry_run, repack_dead=repack_dead, max_unused=max_unused)
 
     def _ingest(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
                 progress: Callable[[int], None] | None,
@@ -803,14 +786,7 @@ class Store:
     def journal(self):
         """The journal role where the store is: its objects (a directory, a bucket) or a server's
         job routes (protocol 1.5). Methods: open, add, batches, close (repo, job id)."""
-        inner = self.backend.uncached()
-        if isinstance(inner, Repository):
-            return staging.Journal(inner)
-        if inner.capabilities.remote_admin:
-            from .remote.staging import RemoteJournal
-
-            return RemoteJournal(inner)
-        raise InvalidAddressError(f"{self.location} keeps no job journals: use a directory, a bucket or a server")
+        return self.backend.uncached().journal()
 
     def stage(self, repo: str, job: str, pairs: list[tuple[str, str]] = (), *,
               entries: dict[str, FileEntry] | None = None, remove: Iterable[str] = (),
@@ -861,7 +837,7 @@ class Store:
         checks this itself when it receives the commit (uncommitted manifests are not
         readable through a repo), so only local and object stores are read here."""
         inner = self.backend.uncached()
-        if not isinstance(inner, Repository):
+        if not inner.capabilities.runs_here:
             return
         sizes: dict[str, set[int]] = {}
         for path, e in entries.items():
@@ -937,10 +913,7 @@ class Store:
             if view.kind(a.path) == "directory":
                 raise IsADirectoryError(f"{a} is a folder: open a file in it (see `cdcstore ls {a}`)")
             raise no_such_path(a.repo, a.ref, a.path)
-        located = getattr(self.backend, "get_manifest_located", None)  # a server: one round trip for both
-        if located is None:
-            return FileReader(self.backend, self.backend.get_manifest(entry.manifest, a.repo), str(a), a.repo)
-        m, locations = located(entry.manifest, a.repo)
+        m, locations = self.backend.get_manifest_located(entry.manifest, a.repo)  # a server: one round trip
         return FileReader(self.backend, m, str(a), a.repo, locations=locations)
 
     def cat(self, addr: str | Address) -> bytes:
@@ -1015,7 +988,7 @@ class Store:
         h = ids.weak_hasher()  # compared with the manifest's whole-file xxh3-128
         try:
             source = self.backend
-            if os.path.isfile(target) and not isinstance(self.backend, LocalStore):  # reuse what the old copy has
+            if os.path.isfile(target) and not self.backend.capabilities.reads_runs:  # reuse what the old copy has
                 source, located = LocalSeed(self.backend, target), None
             with FileReader(source, m, path, repo, sequential=True, readahead_bytes=64 << 20,
                             batch_bytes=8 << 20, locations=located) as src, open(tmp, "wb") as out:
