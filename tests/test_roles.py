@@ -255,3 +255,18 @@ def test_defaults_of_the_roles(tmp_path):
     with pytest.raises(InvalidAddressError, match="gc works on"):
         Backend.admin(be, "gc")
     be.close()
+
+
+def test_a_cache_in_front_passes_upkeep_through(tmp_path):
+    """A CachedBackend declares the inner store's runs_here, and does what it declares."""
+    from cdcstore.storage.cache import CachedBackend, ChunkCache
+
+    LocalStore.init(str(tmp_path / "s"))
+    inner = Recorded(str(tmp_path / "s"))
+    cached = CachedBackend(inner, ChunkCache(str(tmp_path / "c.sqlite")))
+    assert cached.capabilities.runs_here
+    assert cached.admin("recover") == 0 and inner.calls == [("recover", {})]
+    assert cached.forgotten("ds") == set()  # the inner store's answer, not the default None
+    with cached.push_session():
+        assert cached.journal() is not None
+    inner.close()
