@@ -22,10 +22,11 @@ import platformdirs
 
 from . import runtime
 from .core import ids, tree, treeobj
-from .core.address import DEFAULT_BRANCH, Address, check_name, check_ref_name, check_write_target, normalize_path, parse
+from .core.address import DEFAULT_BRANCH, Address, check_name, check_write_target, normalize_path
 from .core.commit import MAX_AUTHOR, Commit, FileEntry, check_author as _check_author
 from .core.manifest import Manifest
 from .core.errors import CdcError, CorruptionError, InvalidAddressError, MissingChunksError, PathNotFoundError
+from .engine.history import History, as_address as _as_address
 from .engine.read import FileReader, LocalSeed
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
@@ -176,10 +177,6 @@ def _check_replaceable(target: str) -> None:
         "a device or socket"
     raise InvalidAddressError(f"{target!r} is {kind}: pull never replaces or writes through it; "
                               f"pull to a regular path (or use `cdcstore cat` to write to stdout or a pipe)")
-
-
-def _as_address(addr: str | Address) -> Address:
-    return addr if isinstance(addr, Address) else parse(addr)
 
 
 def _special(path: str) -> str | None:
@@ -422,124 +419,51 @@ class Store:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- revisions ---------------------------------------------------------------------
+    # -- revisions and refs (engine/history.py) -------------------------------------------
+    @property
+    def history(self) -> History:
+        """Revisions and refs of this store (`engine.history.History`)."""
+        return History(self.backend)
+
     def resolve(self, addr: str | Address) -> tuple[str, Commit]:
-        a = _as_address(addr)
-        cid = self.backend.resolve(a.repo, a.ref)
-        return cid, self.backend.get_commit(a.repo, cid)
+        """(commit id, commit) that an address's revision names."""
+        return self.history.resolve(addr)
 
     def log(self, repo: str, rev: str = DEFAULT_BRANCH, limit: int | None = None,
             path: str | None = None) -> list[dict]:
         """Commits from `rev` back to the first, newest first; at most `limit`. With `path`,
         only the commits that changed the file or folder at `path`."""
-        if limit is not None and limit < 0:
-            raise InvalidAddressError(f"log limit must be 0 or more, not {limit}")
-        path = normalize_path(path) if path else None
-        out = []
-        history = self.backend.log(check_name("repo", repo), rev)
-        forgotten = self._forgotten(repo)
-        for (cid, c), older in _pairs(history):
-            if limit is not None and len(out) >= limit:
-                break
-            gone = forgotten is not None and cid in forgotten
-            view = self.backend.view(repo, c)
-            entry = {"commit": cid, "parent": c.parent, "message": c.message, "time": c.time, "author": c.author,
-                     "files": None, "bytes": None, "forgotten": gone}
-            if gone:  # its files are freed (or about to be): history only
-                if path is None:
-                    out.append(entry)
-                continue
-            try:
-                if path is not None:  # the same file or folder has the same entry (a folder: its tree's id)
-                    before = self.backend.view(repo, older[1]).entry(path) if older and older[0] not in (
-                        forgotten or ()) else None
-                    if view.entry(path) == before:
-                        continue
-                entry.update(files=view.file_count(), bytes=view.size())
-            except CdcError:
-                if forgotten is not None or not self._was_forgotten(repo, cid):
-                    raise
-                entry["forgotten"] = True  # a server's store: found when its files are gone
-                if path is not None:
-                    continue
-            out.append(entry)
-        return out
+        return self.history.log(repo, rev, limit, path)
 
     def replaced_paths(self, repo: str, commit: str, paths: list[str]) -> set[str]:
         """Which of `paths` the parent of `commit` already held (files a push replaced)."""
-        c = self.backend.get_commit(repo, commit)
-        if not c.parent:
-            return set()
-        view = self.backend.view(repo, self.backend.get_commit(repo, c.parent))
-        return {p for p in paths if isinstance(view.entry(p), FileEntry)}
-
-    def _forgotten(self, repo: str) -> set[str] | None:
-        """The forgotten commits of `repo` (`forget`), or None where the backend cannot list
-        them (a server before the route: a commit is then known forgotten once its files are gone)."""
-        return self.backend.uncached().forgotten(repo)
-
-    def _was_forgotten(self, repo: str, cid: str) -> bool:
-        try:
-            self.backend.resolve_ref(repo, cid)
-            return False
-        except CdcError as e:
-            return "was forgotten" in str(e)
+        return self.history.replaced_paths(repo, commit, paths)
 
     def diff(self, old: str | Address, new: str | Address) -> list[dict]:
         """Files added, removed and changed from revision `old` to `new` (addresses; a path
         narrows both), each with its bytes and `new_bytes`: the bytes of its chunks that `old`
         does not hold anywhere (what storing `new` after `old` costs for that file)."""
-        a, b = _as_address(old), _as_address(new)
-        _, ca = self.resolve(a)
-        _, cb = self.resolve(b)
-        before = self.backend.view(a.repo, ca).under(a.path)
-        after = self.backend.view(b.repo, cb).under(b.path)
-        added, removed, changed = tree.diff(before, after)
-        held: set[bytes] = set()
-        for f in before.values():
-            held.update(self.backend.get_manifest(f.manifest, a.repo).chunk_ids)
-        out = [{"path": p, "change": "removed", "bytes": before[p].size, "new_bytes": 0} for p in removed]
-        for kind, paths in (("added", added), ("changed", changed)):
-            for p in paths:
-                m = self.backend.get_manifest(after[p].manifest, b.repo)
-                seen: set[bytes] = set()
-                new_bytes = 0
-                for i, c in enumerate(m.chunk_ids):
-                    if c not in held and c not in seen:
-                        seen.add(c)
-                        new_bytes += m.lengths[i]
-                out.append({"path": p, "change": kind, "bytes": m.size, "new_bytes": new_bytes})
-        return sorted(out, key=lambda e: e["path"])
+        return self.history.diff(old, new)
 
     def branches(self, repo: str) -> dict[str, str]:
-        return self.backend.branches(check_name("repo", repo))
+        return self.history.branches(repo)
 
     def tags(self, repo: str) -> dict[str, str]:
-        return self.backend.tags(check_name("repo", repo))
-
-    def _resolve_now(self, repo: str, rev: str) -> str:
-        """The commit `rev` names on the store now (never a cached branch head)."""
-        return self.backend.uncached().resolve(check_name("repo", repo), rev)
+        return self.history.tags(repo)
 
     def tag(self, repo: str, name: str, rev: str = DEFAULT_BRANCH) -> str:
         """Name the commit `rev` resolves to with a new tag, forever; returns the commit id."""
-        return self._create_ref("tag", repo, name, rev)
-
-    def _create_ref(self, kind: str, repo: str, name: str, rev: str) -> str:
-        check_ref_name(kind, name)
-        cid = self._resolve_now(repo, rev)
-        (self.backend.create_tag if kind == "tag" else self.backend.create_branch)(repo, name, cid)
-        return cid
+        return self.history.create_ref("tag", repo, name, rev)
 
     def delete_tag(self, repo: str, name: str) -> str:
-        return self.backend.delete_tag(check_name("repo", repo), check_name("tag", name))
+        return self.history.delete_tag(repo, name)
 
     def create_branch(self, repo: str, name: str, rev: str = DEFAULT_BRANCH) -> str:
         """A new branch at the commit `rev` resolves to; returns the commit id."""
-        return self._create_ref("branch", repo, name, rev)
+        return self.history.create_ref("branch", repo, name, rev)
 
     def delete_branch(self, repo: str, name: str) -> str:
-        return self.backend.delete_branch(check_name("repo", repo), check_name("branch", name))
+        return self.history.delete_branch(repo, name)
 
     # -- writing -------------------------------------------------------------------------
     def push(self, sources: Iterable[str] | str, dest: str | Address, message: str = "",
@@ -638,7 +562,7 @@ class Store:
             if expected is None:
                 raise InvalidAddressError(f"branch {branch!r} of repo {repo!r} does not exist: "
                                           f"commit without parent= to create it")
-            parent = expected = self._resolve_now(repo, parent)
+            parent = expected = self.history.resolve_now(repo, parent)
         else:
             parent = expected or branches.get(DEFAULT_BRANCH)
         base = be.get_commit(repo, parent) if parent else None
@@ -1054,7 +978,7 @@ class Store:
             versions = history = 0
             for r in be.repos():  # every version the store keeps: what storing each in full would take
                 seen: set[str] = set()
-                forgotten = self._forgotten(r) or set()
+                forgotten = self.history.forgotten(r) or set()
                 for head in set(be.branches(r).values()) | set(be.tags(r).values()):
                     for cid, c in be.log(r, head):
                         if cid in seen:
@@ -1065,7 +989,7 @@ class Store:
                         try:
                             history += be.view(r, c).size()
                         except CdcError:
-                            if not self._was_forgotten(r, cid):
+                            if not self.history.was_forgotten(r, cid):
                                 raise
                             forgotten.add(cid)
                 versions += len(seen - forgotten)
@@ -1126,16 +1050,6 @@ def _same_content(path: str, m) -> bool:
         for block in iter(lambda: f.read(1 << 22), b""):
             h.update(block)
     return h.digest() == m.file_hash
-
-
-def _pairs(history):
-    """Each item of an iterator with the one after it (None after the last)."""
-    it = iter(history)
-    prev = next(it, None)
-    while prev is not None:
-        nxt = next(it, None)
-        yield prev, nxt
-        prev = nxt
 
 
 def _part_pid(name: str) -> str | None:
