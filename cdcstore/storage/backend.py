@@ -83,15 +83,7 @@ class Backend(ChunkSource, ChunkSink, MetadataStore, RefStore, Upkeep, abc.ABC):
     @abc.abstractmethod
     def get_commit(self, repo: str, commit_id: str) -> Commit: ...
 
-    # trees (format 2 commits name a root tree; docs/format.md)
-    def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
-        """A stored tree, verified against its name (a server: one `repo` reaches)."""
-        raise NotImplementedError(f"{type(self).__name__} does not store trees")
-
-    def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
-        """Store trees (id -> Tree) durably, each written once; before a commit names them."""
-        raise NotImplementedError(f"{type(self).__name__} does not store trees")
-
+    # trees (format 2 commits name a root tree; docs/format.md): get_tree, put_trees in MetadataStore
     def bound(self, repo: str, commit: Commit) -> Commit:
         """`commit` whose `files` (the whole map, for callers that want it) reads its trees here."""
         if commit.tree is not None:

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 from typing import ContextManager, Iterable, Protocol
 
+from ..core import treeobj
 from ..core.commit import Commit
 from ..core.errors import InvalidAddressError
 from ..core.manifest import Manifest
@@ -149,6 +150,14 @@ class MetadataStore(Protocol):
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         ...
 
+    def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
+        """A stored tree, verified against its name (a server: one `repo` reaches)."""
+        raise NotImplementedError(f"{type(self).__name__} does not store trees")
+
+    def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
+        """Store trees (id -> Tree) durably, each written once; before a commit names them."""
+        raise NotImplementedError(f"{type(self).__name__} does not store trees")
+
 
 class RefStore(Protocol):
     """Repos, branches and tags; `commit` moves a branch by compare-and-swap."""
@@ -163,6 +172,20 @@ class RefStore(Protocol):
         ...
 
     def tags(self, repo: str) -> dict[str, str]:
+        ...
+
+    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
+        """A new tag; RefExistsError if the name is taken by a tag or a branch."""
+        ...
+
+    def delete_tag(self, repo: str, name: str) -> str:
+        ...
+
+    def create_branch(self, repo: str, name: str, commit_id: str) -> None:
+        ...
+
+    def delete_branch(self, repo: str, name: str) -> str:
+        """Remove a branch (never the last one of a repo); returns the commit it named."""
         ...
 
     def has_repo(self, repo: str) -> bool:
