@@ -109,7 +109,7 @@ class Lifecycle:
     def _refresh(self, s: maintenance.PushSession, sid: str) -> None:
         """Touch a session, unless it is older than `max_session_life` (then it is removed)."""
         try:
-            started = json.loads(self.server.store.get_object(s.name))["started"]
+            started = json.loads(self.server.store.session_marker(s.name))["started"]
         except NotFound:
             raise ConflictError(f"push session {sid} is over (expired or closed): open a new one") from None
         except (StorageError, ValueError, KeyError, TypeError):

@@ -267,8 +267,8 @@ class Repository(Backend):
         if not self.objects.put_file(manifest_name(name), path, exist_ok=True):
             self.objects.touch(manifest_name(name))
 
-    def get_object(self, name: str) -> bytes:
-        """A small object's bytes by its object name (a push session's marker); NotFound if absent."""
+    def session_marker(self, name: str) -> bytes:
+        """A push session's marker object (`maintenance.PushSession.name`); NotFound if absent."""
         return bytes(self.objects.get(name))
 
     def pack_range(self, name: str, offset: int, length: int) -> bytes:
