@@ -270,3 +270,27 @@ def test_a_cache_in_front_passes_upkeep_through(tmp_path):
     with cached.push_session():
         assert cached.journal() is not None
     inner.close()
+
+
+def reaches(source: str) -> list[tuple[int, str]]:
+    """(line, text) of each reach into a store's chunk index or objects (`store.index`, `x.store.objects`)."""
+    lines = source.splitlines()
+    return [(n.lineno, lines[n.lineno - 1].strip()) for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Attribute) and n.attr in ("index", "objects")
+            and any(_is_store_word(w) for w in _names(n.value))]
+
+
+def reaches_under(root: str) -> list[str]:
+    out = []
+    for path in scoped_files(root):
+        with open(path) as f:
+            out += [f"{os.path.relpath(path, root)}:{line}: {text}" for line, text in reaches(f.read())]
+    return out
+
+
+def test_the_server_asks_its_repository_by_name():
+    found = reaches_under(ROOT)
+    assert not found, "give Repository a named method for what is needed:\n" + "\n".join(found)
+    assert reaches("size = self.store.objects.stat(pack_name(name)).size")
+    assert reaches("if self.server.store.index.reach_stale(): pass")
+    assert not reaches("i = entries.index(x)")
