@@ -27,20 +27,19 @@ from .core.commit import MAX_AUTHOR, Commit, FileEntry, check_author as _check_a
 from .core.manifest import Manifest
 from .core.errors import CdcError, CorruptionError, InvalidAddressError, MissingChunksError, PathNotFoundError
 from .engine.history import History, as_address as _as_address
-from .engine.read import FileReader, LocalSeed
+from .engine.pull import PULL_LOCATE_CHUNKS, check_replaceable as _check_replaceable, pull_files  # noqa: F401
+from .engine.read import FileReader
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
 from .storage import staging
 from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD
 from .storage.repository import LocalStore, is_object_url, no_such_path, open_repository
-from .storage.local import clean_dead_temps
 from .engine.push import Ingest, IngestOptions
 from .storage import statcache
 from .storage.statcache import Seen, StatCache
 
 
 ENV_STORE = "CDCSTORE_STORE"
-PULL_LOCATE_CHUNKS = 262144  # chunks a folder pull locates up front (~16 GiB of 64 KiB chunks, ~10 MB of answer)
 
 
 def check_author(author) -> str:
@@ -135,48 +134,6 @@ class PullResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _commit_parts(rel: str, path: str) -> list[str]:
-    """The '/'-separated parts of a path read from a commit, refusing any that could
-    leave the destination ('..', '.', empty, absolute, backslashes, NUL)."""
-    parts = rel.split("/")
-    if any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
-        raise CorruptionError(f"the commit holds an unsafe path {path!r} that would write outside "
-                              f"the destination: refusing to pull it (the store or server is damaged or hostile)")
-    return parts
-
-
-def _safe_target(root: str, parts: list[str], path: str) -> str:
-    """root/parts..., refused when an existing folder on the way resolves outside root
-    (a symlinked parent); folders still missing are created inside it later."""
-    real_root = os.path.realpath(root)
-    d = root
-    for part in parts[:-1]:
-        d = os.path.join(d, part)
-        if not os.path.lexists(d):
-            break  # the rest is created inside root
-        real = os.path.realpath(d)
-        if not real.startswith(real_root.rstrip(os.sep) + os.sep):
-            raise InvalidAddressError(f"{path!r} would be written through {d!r}, a symlink out of {root!r}: "
-                                      f"refusing; remove that symlink or pull elsewhere")
-    return os.path.join(root, *parts)
-
-
-def _check_replaceable(target: str) -> None:
-    """Refuse to replace a symlink, FIFO, device or socket with a regular file."""
-    try:
-        st = os.lstat(target)
-    except FileNotFoundError:
-        return
-    except NotADirectoryError:
-        raise InvalidAddressError(f"{target!r}: a parent of it is a file: pull elsewhere") from None
-    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
-        return
-    kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
-        "a device or socket"
-    raise InvalidAddressError(f"{target!r} is {kind}: pull never replaces or writes through it; "
-                              f"pull to a regular path (or use `cdcstore cat` to write to stdout or a pipe)")
 
 
 def _special(path: str) -> str | None:
@@ -858,78 +815,9 @@ class Store:
         t0, c0 = time.perf_counter(), self.counters()
         a = _as_address(addr)
         cid, view, found = self._entries(a)
-        if view.get(a.path) is not None:
-            name = _commit_parts(a.path, a.path)[-1]
-            into = local.endswith(("/", os.sep)) or os.path.isdir(local)
-            root, plan = (local, [(a.path, [name])]) if into else (os.path.dirname(local) or ".", [(a.path, None)])
-        else:
-            cut = len(tree.prefix_of(a.path))
-            root, plan = local, [(p, _commit_parts(p[cut:], p)) for p in found
-                                 if tree.selected(p[cut:], include, exclude)]
-        total = written = written_files = 0
-        targets = [(path, local if parts is None else _safe_target(root, parts, path)) for path, parts in plan]
-        for _, target in targets:
-            _check_replaceable(target)
-        for folder in {os.path.dirname(os.path.abspath(t)) for _, t in targets}:  # a killed pull's .part files
-            clean_dead_temps(folder, _part_pid)
-        manifests = self._manifests(a.repo, [found[p].manifest for p, _ in plan])
-        located: dict = {}  # a server locates the chunks of all the files together
-        if len(plan) > 1 and not self.backend.capabilities.local_reads:
-            located = self._locate_all(a.repo, list(manifests.values()))
-        for path, target in targets:
-            m = manifests[found[path].manifest]
-            total += m.size
-            if _same_content(target, m):
-                if progress:
-                    progress(m.size)
-                continue
-            written += m.size
-            written_files += 1
-            os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
-            self._write_file(a.repo, path, m, target, progress, located)
-        return PullResult(files=len(plan), bytes=total, written_files=written_files,
-                          written_bytes=written, seconds=time.perf_counter() - t0, commit=cid,
-                          **self._wire(c0))
-
-    def _manifests(self, repo: str, names: list[str]) -> dict[str, Manifest]:
-        """Manifests by name, fetched several at once (each verified against its name)."""
-        names = list(dict.fromkeys(names))
-        if len(names) < 2 or self.backend.capabilities.local_reads:
-            return {n: self.backend.get_manifest(n, repo) for n in names}
-        return dict(zip(names, runtime.pool("io", 8).map(lambda n: self.backend.get_manifest(n, repo), names)))
-
-    def _locate_all(self, repo: str, manifests: list[Manifest]) -> dict:
-        """Where the chunks of all these files live, in as few requests as the wire allows
-        (up to `PULL_LOCATE_CHUNKS` chunks; a larger pull locates file by file)."""
-        wanted = list(dict.fromkeys(c for m in manifests for c in m.chunk_ids))
-        if len(wanted) > PULL_LOCATE_CHUNKS:
-            return {}
-        return self.backend.locate(wanted, repo)
-
-    def _write_file(self, repo: str, path: str, m, target: str, progress, located: dict | None = None) -> None:
-        """Reassemble one file into a temp file beside `target`, verify, rename."""
-        tmp = f"{target}.cdcstore-{os.getpid()}.part"
-        h = ids.weak_hasher()  # compared with the manifest's whole-file xxh3-128
-        try:
-            source = self.backend
-            if os.path.isfile(target) and not self.backend.capabilities.reads_runs:  # reuse what the old copy has
-                source, located = LocalSeed(self.backend, target), None
-            with FileReader(source, m, path, repo, sequential=True, readahead_bytes=64 << 20,
-                            batch_bytes=8 << 20, locations=located) as src, open(tmp, "wb") as out:
-                while pieces := src.read_pieces(16 * 1024 * 1024):
-                    for p in pieces:  # chunk-sized writes: this kernel is slow on writes over ~4 MiB
-                        h.update(p)
-                        out.write(p)
-                    if progress:
-                        progress(sum(len(p) for p in pieces))
-            if h.digest() != m.file_hash:
-                raise CorruptionError(f"{path}: reassembled file does not match its hash; "
-                                      f"run `cdcstore check`")
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        done = pull_files(self.backend, a.repo, a.path, found, view.get(a.path) is not None, local, progress,
+                          include, exclude)
+        return PullResult(**done, seconds=time.perf_counter() - t0, commit=cid, **self._wire(c0))
 
     def _wire(self, before: dict) -> dict:
         now = self.counters()
@@ -1037,23 +925,3 @@ def _merge_entries(entries) -> dict[str, FileEntry]:
     if not merged:
         raise InvalidAddressError("no entries to commit: upload files first (Store.upload)")
     return merged
-
-
-def _same_content(path: str, m) -> bool:
-    try:
-        if os.path.getsize(path) != m.size:
-            return False
-    except OSError:
-        return False
-    h = ids.weak_hasher()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.digest() == m.file_hash
-
-
-def _part_pid(name: str) -> str | None:
-    """The pid in the name of a pull's temp file (`<file>.cdcstore-<pid>.part`), else None."""
-    if not name.endswith(".part") or ".cdcstore-" not in name:
-        return None
-    return name[:-len(".part")].rsplit(".cdcstore-", 1)[1]
