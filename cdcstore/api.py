@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import getpass
 import os
@@ -23,25 +22,24 @@ import platformdirs
 
 from . import runtime
 from .core import ids, tree, treeobj
-from .core.address import DEFAULT_BRANCH, Address, check_name, check_ref_name, check_write_target, normalize_path, parse
+from .core.address import DEFAULT_BRANCH, Address, check_name, check_write_target, normalize_path
 from .core.commit import MAX_AUTHOR, Commit, FileEntry, check_author as _check_author
 from .core.manifest import Manifest
 from .core.errors import CdcError, CorruptionError, InvalidAddressError, MissingChunksError, PathNotFoundError
-from .engine.read import FileReader, LocalSeed
+from .engine.history import History, as_address as _as_address
+from .engine.pull import PULL_LOCATE_CHUNKS, check_replaceable as _check_replaceable, pull_files  # noqa: F401
+from .engine.read import FileReader
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
-from .storage.check import check as check_store, rebuild_index
 from .storage import staging
-from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD, PushSession, forget, gc
-from .storage.repository import LocalStore, Repository, is_object_url, manifest_name, no_such_path, open_repository
-from .storage.local import clean_dead_temps
+from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD
+from .storage.repository import LocalStore, is_object_url, no_such_path, open_repository
 from .engine.push import Ingest, IngestOptions
 from .storage import statcache
 from .storage.statcache import Seen, StatCache
 
 
 ENV_STORE = "CDCSTORE_STORE"
-PULL_LOCATE_CHUNKS = 262144  # chunks a folder pull locates up front (~16 GiB of 64 KiB chunks, ~10 MB of answer)
 
 
 def check_author(author) -> str:
@@ -136,52 +134,6 @@ class PullResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _commit_parts(rel: str, path: str) -> list[str]:
-    """The '/'-separated parts of a path read from a commit, refusing any that could
-    leave the destination ('..', '.', empty, absolute, backslashes, NUL)."""
-    parts = rel.split("/")
-    if any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
-        raise CorruptionError(f"the commit holds an unsafe path {path!r} that would write outside "
-                              f"the destination: refusing to pull it (the store or server is damaged or hostile)")
-    return parts
-
-
-def _safe_target(root: str, parts: list[str], path: str) -> str:
-    """root/parts..., refused when an existing folder on the way resolves outside root
-    (a symlinked parent); folders still missing are created inside it later."""
-    real_root = os.path.realpath(root)
-    d = root
-    for part in parts[:-1]:
-        d = os.path.join(d, part)
-        if not os.path.lexists(d):
-            break  # the rest is created inside root
-        real = os.path.realpath(d)
-        if not real.startswith(real_root.rstrip(os.sep) + os.sep):
-            raise InvalidAddressError(f"{path!r} would be written through {d!r}, a symlink out of {root!r}: "
-                                      f"refusing; remove that symlink or pull elsewhere")
-    return os.path.join(root, *parts)
-
-
-def _check_replaceable(target: str) -> None:
-    """Refuse to replace a symlink, FIFO, device or socket with a regular file."""
-    try:
-        st = os.lstat(target)
-    except FileNotFoundError:
-        return
-    except NotADirectoryError:
-        raise InvalidAddressError(f"{target!r}: a parent of it is a file: pull elsewhere") from None
-    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
-        return
-    kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
-        "a device or socket"
-    raise InvalidAddressError(f"{target!r} is {kind}: pull never replaces or writes through it; "
-                              f"pull to a regular path (or use `cdcstore cat` to write to stdout or a pipe)")
-
-
-def _as_address(addr: str | Address) -> Address:
-    return addr if isinstance(addr, Address) else parse(addr)
 
 
 def _special(path: str) -> str | None:
@@ -282,6 +234,10 @@ class Store:
     another, or `cache=False` to read without one.
     """
 
+    backend: Backend
+    author: str | None = None  # who commits are by; None: `default_author()` (a server with tokens: the token's)
+    created = False  # this Store made its store (the default one, on first use)
+
     def __init__(self, location: str | None = None, *, token: str | None = None, create: bool | None = None,
                  cache: ChunkCache | str | bool = True, author: str | None = None, **transport):
         path = location or default_store_path()
@@ -342,36 +298,36 @@ class Store:
         return cls(location)
 
     # -- administration: on this machine for a directory or bucket, on a server's side for a URL --
-    def _admin(self, command: str, run_here: Callable[[Repository], object], **options):
-        """Run a maintenance command where the store is: `run_here(repository)` for a directory
-        or a bucket, the server's admin route for a URL (an admin token)."""
+    def _admin(self, command: str, **options):
+        """Run a maintenance command where the store is (`roles.Upkeep.admin`): in this process
+        for a directory or a bucket (`runs_here`), by the server's admin route for a URL
+        (`remote_admin`: an admin token)."""
         inner = self.backend.uncached()
-        if isinstance(inner, Repository):
-            return run_here(inner)
-        if inner.capabilities.remote_admin:
-            return inner.admin(command, **options)
-        raise InvalidAddressError(f"{command} works on a store directory, a bucket or a server, not {self.location}")
+        if not (inner.capabilities.runs_here or inner.capabilities.remote_admin):
+            raise InvalidAddressError(f"{command} works on a store directory, a bucket or a server, "
+                                      f"not {self.location}")
+        return inner.admin(command, **options)
 
-    def _local(self, command: str) -> Repository:
+    def _local(self, command: str, **options):
+        """Run a command that works only where the store's objects are (`runs_here`)."""
         inner = self.backend.uncached()
-        if not isinstance(inner, Repository):
+        if not inner.capabilities.runs_here:
             raise InvalidAddressError(f"{command} works on a store directory or a bucket, not {self.location}: "
                                       f"run `cdcstore {command} --store DIR` on the server")
-        return inner
+        return inner.admin(command, **options)
 
     def check(self, read_data: bool = False, subset: float | None = None) -> dict:
         """Verify the store (see `cdcstore check`): {"problems": [...], "packs", "chunks", ...}."""
-        return self._admin("check", lambda r: check_store(r, read_data=read_data, subset=subset),
-                           read_data=read_data, subset=subset)
+        return self._admin("check", read_data=read_data, subset=subset)
 
     def rebuild_index(self, read_data: bool = False) -> dict:
         """Recreate the chunk index from the packs alone; copies known damaged stay out unless
         they verify now (`read_data`: verify every chunk first)."""
-        return rebuild_index(self._local("rebuild-index"), read_data=read_data)
+        return self._local("rebuild-index", read_data=read_data)
 
     def recover(self) -> int:
         """Index packs that are durable but were never indexed (a killed push); their count."""
-        return self._local("recover").recover()
+        return self._local("recover")
 
     @property
     def cache(self) -> "ChunkCache | None":
@@ -420,125 +376,51 @@ class Store:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- revisions ---------------------------------------------------------------------
+    # -- revisions and refs (engine/history.py) -------------------------------------------
+    @property
+    def history(self) -> History:
+        """Revisions and refs of this store (`engine.history.History`)."""
+        return History(self.backend)
+
     def resolve(self, addr: str | Address) -> tuple[str, Commit]:
-        a = _as_address(addr)
-        cid = self.backend.resolve(a.repo, a.ref)
-        return cid, self.backend.get_commit(a.repo, cid)
+        """(commit id, commit) that an address's revision names."""
+        return self.history.resolve(addr)
 
     def log(self, repo: str, rev: str = DEFAULT_BRANCH, limit: int | None = None,
             path: str | None = None) -> list[dict]:
         """Commits from `rev` back to the first, newest first; at most `limit`. With `path`,
         only the commits that changed the file or folder at `path`."""
-        if limit is not None and limit < 0:
-            raise InvalidAddressError(f"log limit must be 0 or more, not {limit}")
-        path = normalize_path(path) if path else None
-        out = []
-        history = self.backend.log(check_name("repo", repo), rev)
-        forgotten = self._forgotten(repo)
-        for (cid, c), older in _pairs(history):
-            if limit is not None and len(out) >= limit:
-                break
-            gone = forgotten is not None and cid in forgotten
-            view = self.backend.view(repo, c)
-            entry = {"commit": cid, "parent": c.parent, "message": c.message, "time": c.time, "author": c.author,
-                     "files": None, "bytes": None, "forgotten": gone}
-            if gone:  # its files are freed (or about to be): history only
-                if path is None:
-                    out.append(entry)
-                continue
-            try:
-                if path is not None:  # the same file or folder has the same entry (a folder: its tree's id)
-                    before = self.backend.view(repo, older[1]).entry(path) if older and older[0] not in (
-                        forgotten or ()) else None
-                    if view.entry(path) == before:
-                        continue
-                entry.update(files=view.file_count(), bytes=view.size())
-            except CdcError:
-                if forgotten is not None or not self._was_forgotten(repo, cid):
-                    raise
-                entry["forgotten"] = True  # a server's store: found when its files are gone
-                if path is not None:
-                    continue
-            out.append(entry)
-        return out
+        return self.history.log(repo, rev, limit, path)
 
     def replaced_paths(self, repo: str, commit: str, paths: list[str]) -> set[str]:
         """Which of `paths` the parent of `commit` already held (files a push replaced)."""
-        c = self.backend.get_commit(repo, commit)
-        if not c.parent:
-            return set()
-        view = self.backend.view(repo, self.backend.get_commit(repo, c.parent))
-        return {p for p in paths if isinstance(view.entry(p), FileEntry)}
-
-    def _forgotten(self, repo: str) -> set[str] | None:
-        """The forgotten commits of `repo` (`forget`), or None where the backend cannot list
-        them (a server before the route: a commit is then known forgotten once its files are gone)."""
-        look = getattr(self.backend.uncached(), "forgotten", None)
-        return look(repo) if look is not None else None
-
-    def _was_forgotten(self, repo: str, cid: str) -> bool:
-        try:
-            self.backend.resolve_ref(repo, cid)
-            return False
-        except CdcError as e:
-            return "was forgotten" in str(e)
+        return self.history.replaced_paths(repo, commit, paths)
 
     def diff(self, old: str | Address, new: str | Address) -> list[dict]:
         """Files added, removed and changed from revision `old` to `new` (addresses; a path
         narrows both), each with its bytes and `new_bytes`: the bytes of its chunks that `old`
         does not hold anywhere (what storing `new` after `old` costs for that file)."""
-        a, b = _as_address(old), _as_address(new)
-        _, ca = self.resolve(a)
-        _, cb = self.resolve(b)
-        before = self.backend.view(a.repo, ca).under(a.path)
-        after = self.backend.view(b.repo, cb).under(b.path)
-        added, removed, changed = tree.diff(before, after)
-        held: set[bytes] = set()
-        for f in before.values():
-            held.update(self.backend.get_manifest(f.manifest, a.repo).chunk_ids)
-        out = [{"path": p, "change": "removed", "bytes": before[p].size, "new_bytes": 0} for p in removed]
-        for kind, paths in (("added", added), ("changed", changed)):
-            for p in paths:
-                m = self.backend.get_manifest(after[p].manifest, b.repo)
-                seen: set[bytes] = set()
-                new_bytes = 0
-                for i, c in enumerate(m.chunk_ids):
-                    if c not in held and c not in seen:
-                        seen.add(c)
-                        new_bytes += m.lengths[i]
-                out.append({"path": p, "change": kind, "bytes": m.size, "new_bytes": new_bytes})
-        return sorted(out, key=lambda e: e["path"])
+        return self.history.diff(old, new)
 
     def branches(self, repo: str) -> dict[str, str]:
-        return self.backend.branches(check_name("repo", repo))
+        return self.history.branches(repo)
 
     def tags(self, repo: str) -> dict[str, str]:
-        return self.backend.tags(check_name("repo", repo))
-
-    def _resolve_now(self, repo: str, rev: str) -> str:
-        """The commit `rev` names on the store now (never a cached branch head)."""
-        return self.backend.uncached().resolve(check_name("repo", repo), rev)
+        return self.history.tags(repo)
 
     def tag(self, repo: str, name: str, rev: str = DEFAULT_BRANCH) -> str:
         """Name the commit `rev` resolves to with a new tag, forever; returns the commit id."""
-        return self._create_ref("tag", repo, name, rev)
-
-    def _create_ref(self, kind: str, repo: str, name: str, rev: str) -> str:
-        check_ref_name(kind, name)
-        cid = self._resolve_now(repo, rev)
-        (self.backend.create_tag if kind == "tag" else self.backend.create_branch)(repo, name, cid)
-        return cid
+        return self.history.create_ref("tag", repo, name, rev)
 
     def delete_tag(self, repo: str, name: str) -> str:
-        return self.backend.delete_tag(check_name("repo", repo), check_name("tag", name))
+        return self.history.delete_tag(repo, name)
 
     def create_branch(self, repo: str, name: str, rev: str = DEFAULT_BRANCH) -> str:
         """A new branch at the commit `rev` resolves to; returns the commit id."""
-        return self._create_ref("branch", repo, name, rev)
+        return self.history.create_ref("branch", repo, name, rev)
 
     def delete_branch(self, repo: str, name: str) -> str:
-        return self.backend.delete_branch(check_name("repo", repo), check_name("branch", name))
+        return self.history.delete_branch(repo, name)
 
     # -- writing -------------------------------------------------------------------------
     def push(self, sources: Iterable[str] | str, dest: str | Address, message: str = "",
@@ -596,17 +478,7 @@ class Store:
         """Which of these manifests the store holds, in one request to a server (protocol 1.5;
         an older server: none, so the files are read) or a look at each object here."""
         names = list(dict.fromkeys(names))
-        if not names:
-            return set()
-        inner = self.backend.uncached()
-        if isinstance(inner, Repository):
-            found = runtime.pool("io", 8).map(lambda n: inner.objects.exists(manifest_name(n)), names)
-            return {n for n, ok in zip(names, list(found)) if ok}
-        if inner.capabilities.remote_admin:
-            from .remote.staging import manifests_present
-
-            return manifests_present(inner, repo, names) or set()
-        return set()
+        return self.backend.uncached().manifests_present(repo, names) if names else set()
 
     def commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "",
                      **kw) -> TransferResult:
@@ -637,7 +509,7 @@ class Store:
         t0, c0 = time.perf_counter(), self.counters()
         check_name("repo", repo)
         check_write_target(branch)
-        author = check_author(author or getattr(self, "author", None) or default_author())  # before any work
+        author = check_author(author or self.author or default_author())  # before any work
         be = self.backend
         branches = be.branches(repo) if be.has_repo(repo) else {}
         if branches and branch not in branches and branch in be.tags(repo):
@@ -647,7 +519,7 @@ class Store:
             if expected is None:
                 raise InvalidAddressError(f"branch {branch!r} of repo {repo!r} does not exist: "
                                           f"commit without parent= to create it")
-            parent = expected = self._resolve_now(repo, parent)
+            parent = expected = self.history.resolve_now(repo, parent)
         else:
             parent = expected or branches.get(DEFAULT_BRANCH)
         base = be.get_commit(repo, parent) if parent else None
@@ -712,12 +584,7 @@ class Store:
     def _push_session(self):
         """The marker of a push in flight, where the store is (a directory, a bucket, or a
         server's side): a gc deletes nothing while it is open."""
-        inner = self.backend.uncached()
-        if isinstance(inner, Repository):
-            return PushSession(inner)
-        if inner.capabilities.remote_admin:
-            return inner.push_session()
-        return contextlib.nullcontext()
+        return self.backend.uncached().push_session()
 
     def forget(self, repo: str, keep_last: int | None = None, keep_within: float | None = None,
                keep_tags: bool = False, dry_run: bool = False) -> dict:
@@ -725,14 +592,13 @@ class Store:
         each branch, those younger than `keep_within` seconds, tagged ones with `keep_tags`,
         and every branch head). Forgotten commits stay in the log; `gc` frees their files."""
         repo = check_name("repo", repo)
-        return self._admin("forget", lambda r: forget(r, repo, keep_last, keep_within, keep_tags, dry_run),
-                           repo=repo, keep_last=keep_last, keep_within=keep_within, keep_tags=keep_tags,
+        return self._admin("forget", repo=repo, keep_last=keep_last, keep_within=keep_within, keep_tags=keep_tags,
                            dry_run=dry_run)
 
     def delete_repo(self, repo: str, dry_run: bool = False) -> dict:
         """Remove a repo and its history (gc then frees the data only it used)."""
         repo = check_name("repo", repo)
-        return self._admin("delete-repo", lambda r: r.delete_repo(repo, dry_run=dry_run), repo=repo, dry_run=dry_run)
+        return self._admin("delete-repo", repo=repo, dry_run=dry_run)
 
     def gc(self, grace: float = DEFAULT_GRACE, dry_run: bool = False, repack_dead: float = DEFAULT_REPACK_DEAD,
            max_unused: float | None = DEFAULT_MAX_UNUSED) -> dict:
@@ -740,9 +606,7 @@ class Store:
         packs more than `repack_dead` dead, then the most dead ones until the dead bytes left are
         at most `max_unused` of the live ones (see `storage.maintenance`); with `dry_run`, only
         report the plan. On a server, its admin route runs it (an admin token)."""
-        return self._admin("gc", lambda r: gc(r, grace=grace, dry_run=dry_run, repack_dead=repack_dead,
-                                              max_unused=max_unused),
-                           grace=grace, dry_run=dry_run, repack_dead=repack_dead, max_unused=max_unused)
+        return self._admin("gc", grace=grace, dry_run=dry_run, repack_dead=repack_dead, max_unused=max_unused)
 
     def _ingest(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
                 progress: Callable[[int], None] | None,
@@ -803,14 +667,7 @@ class Store:
     def journal(self):
         """The journal role where the store is: its objects (a directory, a bucket) or a server's
         job routes (protocol 1.5). Methods: open, add, batches, close (repo, job id)."""
-        inner = self.backend.uncached()
-        if isinstance(inner, Repository):
-            return staging.Journal(inner)
-        if inner.capabilities.remote_admin:
-            from .remote.staging import RemoteJournal
-
-            return RemoteJournal(inner)
-        raise InvalidAddressError(f"{self.location} keeps no job journals: use a directory, a bucket or a server")
+        return self.backend.uncached().journal()
 
     def stage(self, repo: str, job: str, pairs: list[tuple[str, str]] = (), *,
               entries: dict[str, FileEntry] | None = None, remove: Iterable[str] = (),
@@ -861,7 +718,7 @@ class Store:
         checks this itself when it receives the commit (uncommitted manifests are not
         readable through a repo), so only local and object stores are read here."""
         inner = self.backend.uncached()
-        if not isinstance(inner, Repository):
+        if not inner.capabilities.runs_here:
             return
         sizes: dict[str, set[int]] = {}
         for path, e in entries.items():
@@ -937,10 +794,7 @@ class Store:
             if view.kind(a.path) == "directory":
                 raise IsADirectoryError(f"{a} is a folder: open a file in it (see `cdcstore ls {a}`)")
             raise no_such_path(a.repo, a.ref, a.path)
-        located = getattr(self.backend, "get_manifest_located", None)  # a server: one round trip for both
-        if located is None:
-            return FileReader(self.backend, self.backend.get_manifest(entry.manifest, a.repo), str(a), a.repo)
-        m, locations = located(entry.manifest, a.repo)
+        m, locations = self.backend.get_manifest_located(entry.manifest, a.repo)  # a server: one round trip
         return FileReader(self.backend, m, str(a), a.repo, locations=locations)
 
     def cat(self, addr: str | Address) -> bytes:
@@ -961,78 +815,9 @@ class Store:
         t0, c0 = time.perf_counter(), self.counters()
         a = _as_address(addr)
         cid, view, found = self._entries(a)
-        if view.get(a.path) is not None:
-            name = _commit_parts(a.path, a.path)[-1]
-            into = local.endswith(("/", os.sep)) or os.path.isdir(local)
-            root, plan = (local, [(a.path, [name])]) if into else (os.path.dirname(local) or ".", [(a.path, None)])
-        else:
-            cut = len(tree.prefix_of(a.path))
-            root, plan = local, [(p, _commit_parts(p[cut:], p)) for p in found
-                                 if tree.selected(p[cut:], include, exclude)]
-        total = written = written_files = 0
-        targets = [(path, local if parts is None else _safe_target(root, parts, path)) for path, parts in plan]
-        for _, target in targets:
-            _check_replaceable(target)
-        for folder in {os.path.dirname(os.path.abspath(t)) for _, t in targets}:  # a killed pull's .part files
-            clean_dead_temps(folder, _part_pid)
-        manifests = self._manifests(a.repo, [found[p].manifest for p, _ in plan])
-        located: dict = {}  # a server locates the chunks of all the files together
-        if len(plan) > 1 and not self.backend.capabilities.local_reads:
-            located = self._locate_all(a.repo, list(manifests.values()))
-        for path, target in targets:
-            m = manifests[found[path].manifest]
-            total += m.size
-            if _same_content(target, m):
-                if progress:
-                    progress(m.size)
-                continue
-            written += m.size
-            written_files += 1
-            os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
-            self._write_file(a.repo, path, m, target, progress, located)
-        return PullResult(files=len(plan), bytes=total, written_files=written_files,
-                          written_bytes=written, seconds=time.perf_counter() - t0, commit=cid,
-                          **self._wire(c0))
-
-    def _manifests(self, repo: str, names: list[str]) -> dict[str, Manifest]:
-        """Manifests by name, fetched several at once (each verified against its name)."""
-        names = list(dict.fromkeys(names))
-        if len(names) < 2 or self.backend.capabilities.local_reads:
-            return {n: self.backend.get_manifest(n, repo) for n in names}
-        return dict(zip(names, runtime.pool("io", 8).map(lambda n: self.backend.get_manifest(n, repo), names)))
-
-    def _locate_all(self, repo: str, manifests: list[Manifest]) -> dict:
-        """Where the chunks of all these files live, in as few requests as the wire allows
-        (up to `PULL_LOCATE_CHUNKS` chunks; a larger pull locates file by file)."""
-        wanted = list(dict.fromkeys(c for m in manifests for c in m.chunk_ids))
-        if len(wanted) > PULL_LOCATE_CHUNKS:
-            return {}
-        return self.backend.locate(wanted, repo)
-
-    def _write_file(self, repo: str, path: str, m, target: str, progress, located: dict | None = None) -> None:
-        """Reassemble one file into a temp file beside `target`, verify, rename."""
-        tmp = f"{target}.cdcstore-{os.getpid()}.part"
-        h = ids.weak_hasher()  # compared with the manifest's whole-file xxh3-128
-        try:
-            source = self.backend
-            if os.path.isfile(target) and not isinstance(self.backend, LocalStore):  # reuse what the old copy has
-                source, located = LocalSeed(self.backend, target), None
-            with FileReader(source, m, path, repo, sequential=True, readahead_bytes=64 << 20,
-                            batch_bytes=8 << 20, locations=located) as src, open(tmp, "wb") as out:
-                while pieces := src.read_pieces(16 * 1024 * 1024):
-                    for p in pieces:  # chunk-sized writes: this kernel is slow on writes over ~4 MiB
-                        h.update(p)
-                        out.write(p)
-                    if progress:
-                        progress(sum(len(p) for p in pieces))
-            if h.digest() != m.file_hash:
-                raise CorruptionError(f"{path}: reassembled file does not match its hash; "
-                                      f"run `cdcstore check`")
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        done = pull_files(self.backend, a.repo, a.path, found, view.get(a.path) is not None, local, progress,
+                          include, exclude)
+        return PullResult(**done, seconds=time.perf_counter() - t0, commit=cid, **self._wire(c0))
 
     def _wire(self, before: dict) -> dict:
         now = self.counters()
@@ -1081,7 +866,7 @@ class Store:
             versions = history = 0
             for r in be.repos():  # every version the store keeps: what storing each in full would take
                 seen: set[str] = set()
-                forgotten = self._forgotten(r) or set()
+                forgotten = self.history.forgotten(r) or set()
                 for head in set(be.branches(r).values()) | set(be.tags(r).values()):
                     for cid, c in be.log(r, head):
                         if cid in seen:
@@ -1092,7 +877,7 @@ class Store:
                         try:
                             history += be.view(r, c).size()
                         except CdcError:
-                            if not self._was_forgotten(r, cid):
+                            if not self.history.was_forgotten(r, cid):
                                 raise
                             forgotten.add(cid)
                 versions += len(seen - forgotten)
@@ -1140,33 +925,3 @@ def _merge_entries(entries) -> dict[str, FileEntry]:
     if not merged:
         raise InvalidAddressError("no entries to commit: upload files first (Store.upload)")
     return merged
-
-
-def _same_content(path: str, m) -> bool:
-    try:
-        if os.path.getsize(path) != m.size:
-            return False
-    except OSError:
-        return False
-    h = ids.weak_hasher()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.digest() == m.file_hash
-
-
-def _pairs(history):
-    """Each item of an iterator with the one after it (None after the last)."""
-    it = iter(history)
-    prev = next(it, None)
-    while prev is not None:
-        nxt = next(it, None)
-        yield prev, nxt
-        prev = nxt
-
-
-def _part_pid(name: str) -> str | None:
-    """The pid in the name of a pull's temp file (`<file>.cdcstore-<pid>.part`), else None."""
-    if not name.endswith(".part") or ".cdcstore-" not in name:
-        return None
-    return name[:-len(".part")].rsplit(".cdcstore-", 1)[1]

@@ -160,7 +160,7 @@ def _announce(s: Store, path: str | None) -> None:
     (never on stdout: --json output stays one object) once the command has succeeded (an
     error stays one line; errors about a store name it). Creating the default store is said
     at once, -q or not: data should never land somewhere nobody named."""
-    if getattr(s, "created", False):
+    if s.created:
         click.echo(f"cdcstore: created the default store {s.location} (no --store given and $CDCSTORE_STORE "
                    f"is not set); to use another, pass --store DIR|s3://BUCKET/PREFIX|URL or "
                    f"export CDCSTORE_STORE", err=True)

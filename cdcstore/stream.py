@@ -312,8 +312,9 @@ class StreamingDataset:
         self.drop_last = drop_last
         # pyarrow imports pandas (about 1 s) at a process's first to_numpy or array of numpy: meanwhile
         runtime.preload("pyarrow.compute", "pandas")
-        self._store_args = {"location": getattr(store, "location", store), "token": token}
-        self._store = runtime.Local(store) if isinstance(store, Store) else runtime.Local()  # this process's
+        given = None if store is None or isinstance(store, str) else store  # a Store, else a location or None
+        self._store_args = {"location": store if given is None else given.location, "token": token}
+        self._store = runtime.Local(given) if given is not None else runtime.Local()  # this process's
         self.files, self.commits = self._resolve([source] if isinstance(source, str) else list(source))
         self.tar = self._kind(self.files)
         if decode and format == "arrow":

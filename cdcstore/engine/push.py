@@ -24,7 +24,7 @@ from ..core.errors import InvalidAddressError
 from ..core.manifest import MAX_FILE_BYTES, MAX_MANIFEST_BYTES, Manifest, max_entries
 from ..core.pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, PackWriter, WRITE_BUFFER,
                    encode_chunk)
-from ..storage.backend import Backend
+from ..storage.roles import ChunkSink
 
 
 @dataclass
@@ -75,7 +75,7 @@ class PackSink:
     handed to one background thread that makes it durable and indexes it (fsync
     releases the GIL), so chunking goes on meanwhile."""
 
-    def __init__(self, store: Backend, opts: IngestOptions):
+    def __init__(self, store: ChunkSink, opts: IngestOptions):
         self.store = store
         self.opts = opts
         self.stored_bytes = 0  # chunk records written (compressed chunks), as `stats` counts them
@@ -133,7 +133,7 @@ class PackSink:
 class Ingest:
     """One push session: add files, then `finish` to make every new chunk durable."""
 
-    def __init__(self, store: Backend, opts: IngestOptions | None = None,
+    def __init__(self, store: ChunkSink, opts: IngestOptions | None = None,
                  progress: Callable[[int], None] | None = None):
         self.store = store
         self.opts = opts or IngestOptions()

@@ -37,6 +37,7 @@ from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
 from ..core.ranges import Run, file_runs
 from ..storage.backend import Backend, BackendCapabilities
+from ..storage.roles import ChunkSource
 from .push import FileChunks
 
 
@@ -181,7 +182,7 @@ class FileReader(io.RawIOBase):
     (duckdb reads one handle from its worker threads) take turns on the reader's lock, so the
     read-ahead table, the LRU and the window stay consistent."""
 
-    def __init__(self, source: Backend, manifest: Manifest, name: str = "", repo: str | None = None,
+    def __init__(self, source: ChunkSource, manifest: Manifest, name: str = "", repo: str | None = None,
                  readahead_bytes: int = 32 * 1024 * 1024, cache_chunks: int = 64,
                  batch_bytes: int = 8 * 1024 * 1024, sequential: bool = False, locations: dict | None = None):
         super().__init__()

@@ -94,7 +94,7 @@ class Lifecycle:
         except BaseException:
             self._open.pop(sid, None)
             raise
-        if not self.server.store.objects.capabilities.local_path:  # a bucket: gc or repack through another replica
+        if self.server.store.shared:  # a bucket: gc or repack through another replica
             await self.server._io(self.server.store.recover)  # what this push is told is present is there now
         return web.json_response({"session": sid, "refresh": maintenance.SERVER_REFRESH})
 
@@ -109,7 +109,7 @@ class Lifecycle:
     def _refresh(self, s: maintenance.PushSession, sid: str) -> None:
         """Touch a session, unless it is older than `max_session_life` (then it is removed)."""
         try:
-            started = json.loads(bytes(self.server.store.objects.get(s.name)))["started"]
+            started = json.loads(self.server.store.session_marker(s.name))["started"]
         except NotFound:
             raise ConflictError(f"push session {sid} is over (expired or closed): open a new one") from None
         except (StorageError, ValueError, KeyError, TypeError):

@@ -16,7 +16,6 @@ from ..core import ids
 from ..core.errors import CorruptionError
 from ..core.manifest import ENTRY, HEADER, MAGIC, MANIFEST_VERSION
 from ..core.pack import WRITE_BUFFER
-from ..storage.repository import manifest_name
 from ..storage.manifest_file import ManifestFile
 from . import wire
 
@@ -127,8 +126,7 @@ class ManifestBatch:
             if total != size:
                 raise CorruptionError(f"{what}: chunk lengths do not add up to the file size")
             name = h.hexdigest()
-            if not self.store.objects.put_file(manifest_name(name), tmp, exist_ok=True):
-                self.store.objects.touch(manifest_name(name))  # young again, as put_manifests does
+            self.store.put_manifest_file(name, tmp)  # young again if stored before, as put_manifests does
             return name
         finally:
             if os.path.exists(tmp):

@@ -27,6 +27,7 @@ from .. import runtime
 from ..core import ids
 from ..core.address import check_name
 from . import wire
+from .staging import RemoteJournal, manifests_present
 from ..core import treeobj
 from ..core.commit import Commit
 from ..core.errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError, NotFoundError,
@@ -568,6 +569,14 @@ class RemoteStore(Backend):
     def push_session(self) -> "RemoteSession":
         """The server-side marker of this push: a gc on the server deletes nothing while it is open."""
         return RemoteSession(self)
+
+    def journal(self):
+        """The server's job journals (protocol 1.5: its job routes)."""
+        return RemoteJournal(self)
+
+    def manifests_present(self, repo: str, names: list[str]) -> set[str]:
+        """The manifests the server holds, in one request per batch (none from an older server)."""
+        return manifests_present(self, repo, names) or set()
 
     def admin(self, command: str, **options) -> dict:
         """Run gc, check, forget or delete-repo on the server's store (an admin token). A gc

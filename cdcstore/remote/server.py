@@ -48,7 +48,7 @@ from ..storage.access import AccessRecords
 from ..storage.check import rebuild_index
 from ..storage.manifest_file import ManifestFile, ManifestMissing
 from ..storage.objects import NotFound
-from ..storage.repository import Repository, open_repository, pack_name
+from ..storage.repository import Repository, open_repository
 
 log = logging.getLogger("cdcstore.server")
 
@@ -385,7 +385,7 @@ class Server:
         never data loss)."""
         held = self.store.present(wanted)
         now = time.monotonic()
-        shared = not self.store.objects.capabilities.local_path  # a bucket other replicas write to
+        shared = self.store.shared  # a bucket other replicas write to
         if shared and len(held) < len(wanted) and now - self._listed >= self.config.presence_refresh:
             self._listed = now
             if self.store.recover():
@@ -874,7 +874,7 @@ class Server:
 
     def _has_pack(self, name: str) -> bool:
         """Whether pack `name` is indexed, after a recovery on a miss (stored through another replica)."""
-        return self.store.knows_pack(name) or (self.store.recover() > 0 and self.store.index.has_pack(name))
+        return self.store.knows_pack(name) or (self.store.recover() > 0 and self.store.indexed_pack(name))
 
     async def _send(self, request: web.Request, start: int, stop: int, block, status: int = 206,
                     headers: dict | None = None) -> web.StreamResponse:
@@ -919,7 +919,7 @@ class Server:
     def _range_stop(self, name: str, start: int, stop: int) -> int:
         """`stop`, clamped to the end of a pack kept in an object store."""
         try:
-            size = self.store.objects.stat(pack_name(name)).size
+            size = self.store.pack_size(name)
         except NotFound:
             raise self.store.pack_gone(name) from None
         if start >= size:
@@ -928,7 +928,7 @@ class Server:
 
     def _object_block(self, name: str, lo: int, hi: int) -> bytes:
         try:
-            return bytes(self.store.objects.get_range(pack_name(name), lo, hi - lo))
+            return self.store.pack_range(name, lo, hi - lo)
         except NotFound:
             raise self.store.pack_gone(name) from None
 
@@ -963,7 +963,7 @@ class Server:
         """Remove temp files of dead writers and index packs that are durable but not
         indexed (a server or writer killed between the two steps)."""
         self.store.clean_tmp()
-        if self.store.index.reach_stale():  # indexed before chunk-level reach: grant from the commits once
+        if self.store.reach_stale():  # indexed before chunk-level reach: grant from the commits once
             log.warning("rebuilding the index once: this store predates chunk-level access records")
             rebuild_index(self.store)
         self.access.drop_deleted()  # a repo deleted through another replica: its name's reach is reset
@@ -989,7 +989,7 @@ class Server:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
                 asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.auth.reload)
         self._token_watch = asyncio.ensure_future(self._watch_tokens())
-        bucket = not self.store.objects.capabilities.local_path
+        bucket = self.store.shared
         if not bucket:
             await self._maintain_once()  # a directory: before the first request is served
         # a bucket: a replica answers at once (reads go by location records, pushes sync at their

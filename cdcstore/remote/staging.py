@@ -24,7 +24,6 @@ from aiohttp import web
 from ..core import ids
 from ..core.errors import ConflictError, InvalidAddressError, NotFoundError
 from ..storage import staging
-from ..storage.repository import manifest_name
 
 MAX_PRESENCE_NAMES = 65536
 
@@ -61,7 +60,7 @@ class StagingRoutes:
 
     def _check_manifests(self, entries: dict) -> None:
         for path, e in entries.items():
-            if e is not None and not self.server.store.objects.exists(manifest_name(e.manifest)):
+            if e is not None and not self.server.store.has_manifest(e.manifest):
                 raise ConflictError(f"{path!r}: manifest {e.manifest} is not on the server: upload the file first")
 
     async def list_entries(self, request):
@@ -89,7 +88,7 @@ class StagingRoutes:
 
     def _present(self, repo: str, names: list[str], scope) -> list[str]:
         store = self.server.store
-        held = [n for n in dict.fromkeys(names) if store.objects.exists(manifest_name(n))]
+        held = [n for n in dict.fromkeys(names) if store.has_manifest(n)]
         if scope is None:
             return held
         access = self.server.access

@@ -1,53 +1,29 @@
-"""The storage abstraction the engine and the faces see: `Backend`.
+"""The whole store the faces see: `Backend`, the composition of the roles of `roles.py`.
 
-A `Backend` is a store, local or remote: chunks and packs, manifests, commits, branches
-and tags. `repository.Repository` implements it over any object store (a directory,
+A `Backend` is a store, local or remote: chunks and packs (`ChunkSource`, `ChunkSink`),
+manifests, trees and commits (`MetadataStore`), repos, branches and tags (`RefStore`), and
+sessions, journals and maintenance (`Upkeep`). `repository.Repository` implements it over any object store (a directory,
 S3, memory); `remote.client.RemoteStore` over HTTP; `cache.CachedBackend` in front of
 another backend.
 """
 from __future__ import annotations
 
 import abc
-import dataclasses
 from typing import Iterable, Iterator
 
 from ..core import treeobj
 from ..core.commit import Commit, FileEntry
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry
+from .roles import BackendCapabilities, ChunkSink, ChunkSource, MetadataStore, RefStore, Upkeep
 
 
 ZERO_COUNTERS = {"requests": 0, "sent_bytes": 0, "received_bytes": 0}
 
 
-@dataclasses.dataclass(frozen=True)
-class BackendCapabilities:
-    """What a backend declares about itself, so that callers never probe it.
-
-    local_reads: chunks are located and read on this machine (a local sqlite index, a
-      directory or the store's own bucket): locating a whole file at once is cheap.
-      False for a server, where locate is a request and goes by blocks.
-    counts_requests: `counters()` reports the requests and bytes this client sent.
-    proves_possession: `present_or_prove` may prove held bytes instead of sending them.
-    remote_admin: the store's side runs gc, check, forget and delete-repo (`admin`) and
-      keeps push sessions (`push_session`): a server.
-    reads_into: `read_chunks_into` writes chunks straight into a caller's buffer (ranges
-      received where their bytes go): a server, or the chunk cache in front of a store.
-    reads_runs: `read_run_into` reads a run of raw chunks from a pack on this machine's disk
-      into a caller's buffer (one pread) and checks them there: a directory store.
-    The reader (engine/read.py) picks its read strategy from these two.
-    """
-
-    local_reads: bool = False
-    counts_requests: bool = False
-    proves_possession: bool = False
-    remote_admin: bool = False
-    reads_into: bool = False
-    reads_runs: bool = False
-
-
-class Backend(abc.ABC):
-    """What the API, the writer and the reader need from a store, local or remote.
+class Backend(ChunkSource, ChunkSink, MetadataStore, RefStore, Upkeep, abc.ABC):
+    """A whole store, local or remote: the composition of the roles of `roles.py` (what `Store`
+    holds; the writer, the reader and the rest each rely on the narrowest role they use).
 
     Chunk ids are 32-byte BLAKE3 digests (16-byte xxh3 in format-v1 data) and hex strings name packs, manifests and
     commits. Implementations keep the write order of invariant 2. What differs
@@ -76,16 +52,9 @@ class Backend(abc.ABC):
         """The backend without any local cache in front (answers as of now)."""
         return self
 
-    # chunks and packs
+    # chunks and packs (ChunkSource, ChunkSink: the rest have default bodies there)
     @abc.abstractmethod
     def present(self, chunk_ids: list[bytes]) -> set[bytes]: ...
-    def present_or_prove(self, chunks: dict[bytes, bytes], firsts: Iterable[bytes] = ()) -> set[bytes]:
-        """Which of these chunks (id -> raw bytes) the store holds for this writer. A
-        server may hold a chunk that the writer's token cannot see yet; the writer then
-        proves it holds the bytes (docs/protocol.md) instead of sending them. `firsts` are
-        the pushed files' first chunks: a store that finds what it shares by lookups
-        (a bucket's anchors) looks those up too."""
-        return self.present(list(chunks))
 
     @abc.abstractmethod
     def begin_push(self) -> None: ...
@@ -95,21 +64,13 @@ class Backend(abc.ABC):
     def add_pack(self, tmp: str, name: str, entries: list[PackEntry]):
         """Store a finished pack; returns None when it is durable on return, or a future
         that completes when it is (a background upload)."""
-    def flush(self) -> None:
-        """Wait until every added pack is durable in the store (uploads finished)."""
 
     @abc.abstractmethod
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]: ...
     @abc.abstractmethod
     def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes: ...
 
-    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
-                    stored: dict | None = None) -> dict[bytes, bytes]:
-        """Decoded, verified chunks by id (a remote store merges ranges). `stored`, if
-        given, may receive chunks' stored bytes (for a cache)."""
-        return {e.chunk_id: self.read_chunk(p, e, repo) for p, e in items}
-
-    # manifests, commits, branches
+    # manifests, commits (MetadataStore), branches and tags (RefStore)
     @abc.abstractmethod
     def put_manifests(self, manifests: list[Manifest]) -> list[str]: ...
     @abc.abstractmethod
@@ -122,15 +83,7 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def get_commit(self, repo: str, commit_id: str) -> Commit: ...
 
-    # trees (format 2 commits name a root tree; docs/format.md)
-    def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
-        """A stored tree, verified against its name (a server: one `repo` reaches)."""
-        raise NotImplementedError(f"{type(self).__name__} does not store trees")
-
-    def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
-        """Store trees (id -> Tree) durably, each written once; before a commit names them."""
-        raise NotImplementedError(f"{type(self).__name__} does not store trees")
-
+    # trees (format 2 commits name a root tree; docs/format.md): get_tree, put_trees in MetadataStore
     def bound(self, repo: str, commit: Commit) -> Commit:
         """`commit` whose `files` (the whole map, for callers that want it) reads its trees here."""
         if commit.tree is not None:

@@ -678,6 +678,22 @@ class CachedBackend(Backend):
     def uncached(self) -> Backend:
         return self.inner.uncached()
 
+    # upkeep, forgotten commits and manifest presence: the inner store's, as of now (never cached)
+    def admin(self, command: str, **options):
+        return self.inner.admin(command, **options)
+
+    def push_session(self):
+        return self.inner.push_session()
+
+    def journal(self):
+        return self.inner.journal()
+
+    def forgotten(self, repo: str):
+        return self.inner.forgotten(repo)
+
+    def manifests_present(self, repo: str, names: list[str]) -> set[str]:
+        return self.inner.manifests_present(repo, names)
+
     def cache_counters(self) -> dict:
         """Chunk reads found in the cache (`cache_hits`) and not found there (`cache_misses`)."""
         return {"cache_hits": self._hits, "cache_misses": self._misses}

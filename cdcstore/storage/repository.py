@@ -53,7 +53,7 @@ from ..core.pack import PackEntry, decode_checked, first_mismatch, read_index, r
 from ..core.ranges import plan_ranges, slices
 from .backend import Backend, BackendCapabilities
 from .index import ChunkIndex
-from . import open_objects
+from . import open_objects, staging
 from .local import LocalObjects, clean_dead_temps, open_regular
 from .manifest_file import ManifestFile
 from .objects import Conflict, NotFound, ObjectStore
@@ -173,7 +173,7 @@ class Repository(Backend):
     `open_repository(url)` opens one by location; `LocalStore` is the directory form.
     """
 
-    capabilities = BackendCapabilities(local_reads=True)
+    capabilities = BackendCapabilities(local_reads=True, runs_here=True)
 
     def __init__(self, objects: ObjectStore, index_path: str, location: str | None = None):
         self.objects = objects
@@ -233,6 +233,59 @@ class Repository(Backend):
             with contextlib.suppress(Conflict):
                 self.objects.put_if_absent(STORE_ID, secrets.token_hex(16).encode())
             return bytes(self.objects.get(STORE_ID)).decode().strip()
+
+    # -- upkeep (roles.Upkeep: runs_here) and what a server asks of its store ----------------
+    def admin(self, command: str, **options):
+        """Run a maintenance command here (storage/commands.py): gc, check, forget, delete-repo,
+        rebuild-index, recover."""
+        from . import commands  # maintenance and check import this module
+
+        return commands.run(self, command, **options)
+
+    def push_session(self):
+        """This process's push-session marker (maintenance.PushSession)."""
+        from .maintenance import PushSession
+
+        return PushSession(self)
+
+    def journal(self) -> staging.Journal:
+        return staging.Journal(self)
+
+    @property
+    def shared(self) -> bool:
+        """Other machines write this store too (a bucket), so what this index holds may lag."""
+        return self._shared
+
+    def has_manifest(self, name: str) -> bool:
+        return self.objects.exists(manifest_name(name))
+
+    def manifests_present(self, repo: str, names: list[str]) -> set[str]:
+        """Which of these manifests are stored (a look at each object; `repo` is not checked)."""
+        names = list(dict.fromkeys(names))
+        found = runtime.pool("io", 8).map(self.has_manifest, names) if len(names) > 1 else map(self.has_manifest, names)
+        return {n for n, ok in zip(names, list(found)) if ok}
+
+    def put_manifest_file(self, name: str, path: str) -> None:
+        """Store a manifest received into a local file (its name checked by the caller); one
+        stored before is made young again, as `put_manifests` does."""
+        if not self.objects.put_file(manifest_name(name), path, exist_ok=True):
+            self.objects.touch(manifest_name(name))
+
+    def session_marker(self, name: str) -> bytes:
+        """A push session's marker object (`maintenance.PushSession.name`); NotFound if absent."""
+        return bytes(self.objects.get(name))
+
+    def pack_range(self, name: str, offset: int, length: int) -> bytes:
+        """Bytes of a stored pack as stored (may be short at its end); NotFound if absent."""
+        return bytes(self.objects.get_range(pack_name(name), offset, length))
+
+    def indexed_pack(self, name: str) -> bool:
+        """Whether the chunk index lists pack `name`."""
+        return self.index.has_pack(name)
+
+    def reach_stale(self) -> bool:
+        """The index predates chunk-level access records (storage/index.py): rebuild it once."""
+        return self.index.reach_stale()
 
     # -- temp files (packs are built locally, then put) ---------------------------------
     def tmp_path(self) -> str:
@@ -1103,7 +1156,7 @@ class LocalStore(Repository):
     Reads use os.pread on descriptors kept open per process, never mmap: a pack truncated
     under a reader gives a short read (a CorruptionError), not a SIGBUS."""
 
-    capabilities = BackendCapabilities(local_reads=True, reads_runs=True)
+    capabilities = BackendCapabilities(local_reads=True, runs_here=True, reads_runs=True)
 
     _run = LOCAL_RUN
 

@@ -1,0 +1,25 @@
+"""The maintenance commands a store runs in this process (`Repository.admin`), by the names and
+options a server's admin route takes (remote/admin.py), plus rebuild-index and recover, which
+only run where the store's objects are."""
+from __future__ import annotations
+
+from ..core.errors import InvalidAddressError
+from . import check, maintenance
+
+
+def run(store, command: str, **options) -> dict | int:
+    """Run `command` on `store` (a `Repository`) with its options; its report."""
+    if command == "gc":
+        return maintenance.gc(store, **options)
+    if command == "check":
+        return check.check(store, **options)
+    if command == "forget":
+        return maintenance.forget(store, options.pop("repo"), **options)
+    if command == "delete-repo":
+        return store.delete_repo(options.pop("repo"), **options)
+    if command == "rebuild-index":
+        return check.rebuild_index(store, **options)
+    if command == "recover":
+        return store.recover(**options)
+    raise InvalidAddressError(f"no maintenance command {command!r}: one of check, delete-repo, forget, gc, "
+                              f"rebuild-index, recover")

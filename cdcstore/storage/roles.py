@@ -1,0 +1,223 @@
+"""The roles a store plays, each a small protocol: what a consumer may rely on.
+
+- `ChunkSource`: locate chunks and read them (the reader, engine/read.py).
+- `ChunkSink`: which chunks are held, and packs added durably (the writer, engine/push.py).
+- `MetadataStore`: manifests, trees and commits, immutable and named by their hashes.
+- `RefStore`: repos, branches and tags, moved by compare-and-swap.
+- `Upkeep`: push sessions, job journals and the maintenance commands, where the store is.
+
+`backend.Backend` is their composition (what `Store` holds). A consumer is annotated with the
+narrowest role it uses; a third party implements a role by shape (these are `typing.Protocol`s)
+or by subclassing it to inherit the default bodies. What differs between implementations is
+declared in `capabilities` (`BackendCapabilities`), never found by probing the object
+(docs/architecture.md, "Backends and capabilities"; tests/test_roles.py enforces it).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import ContextManager, Iterable, Protocol
+
+from ..core import treeobj
+from ..core.commit import Commit
+from ..core.errors import InvalidAddressError
+from ..core.manifest import Manifest
+from ..core.pack import PackEntry
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendCapabilities:
+    """What a store declares about itself, so that callers never probe it.
+
+    local_reads: chunks are located and read on this machine (a local sqlite index, a
+      directory or the store's own bucket): locating a whole file at once is cheap.
+      False for a server, where locate is a request and goes by blocks.
+    counts_requests: `counters()` reports the requests and bytes this client sent.
+    proves_possession: `present_or_prove` may prove held bytes instead of sending them.
+    remote_admin: the store's side runs gc, check, forget and delete-repo (`admin`) and
+      keeps push sessions (`push_session`): a server.
+    runs_here: maintenance (`admin`: gc, check, forget, delete-repo, rebuild-index, recover),
+      push sessions and job journals run in this process over the store's own objects: a
+      directory or a bucket. A commit's entries are checked here against the stored manifests.
+    reads_into: `read_chunks_into` writes chunks straight into a caller's buffer (ranges
+      received where their bytes go): a server, or the chunk cache in front of a store.
+    reads_runs: `read_run_into` reads a run of raw chunks from a pack on this machine's disk
+      into a caller's buffer (one pread) and checks them there: a directory store. Its packs
+      are local files, so a pull does not seed from an older local copy of a file.
+    The reader (engine/read.py) picks its read strategy from these two.
+    """
+
+    local_reads: bool = False
+    counts_requests: bool = False
+    proves_possession: bool = False
+    remote_admin: bool = False
+    runs_here: bool = False
+    reads_into: bool = False
+    reads_runs: bool = False
+
+
+class ChunkSource(Protocol):
+    """Where chunks are and their verified bytes. Only `locate` and `read_chunk` are needed;
+    the rest have default bodies built on them."""
+
+    capabilities: BackendCapabilities
+
+    def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
+        """(pack, entry) of each chunk found; chunks not found are left out."""
+        ...
+
+    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes:
+        """One chunk's raw bytes, verified against its id."""
+        ...
+
+    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
+                    stored: dict | None = None) -> dict[bytes, bytes]:
+        """Decoded, verified chunks by id (a remote store merges ranges). `stored`, if
+        given, may receive chunks' stored bytes (for a cache)."""
+        return {e.chunk_id: self.read_chunk(p, e, repo) for p, e in items}
+
+    def read_chunks_into(self, items: list[tuple[str, PackEntry]], places: dict, out: memoryview,
+                         repo: str | None = None, keep: memoryview | None = None) -> None:
+        """Verified chunks written into `out`: `places[chunk_id]` lists (dest, lo, hi),
+        meaning out[dest:dest + hi - lo] = chunk[lo:hi]. The default reads them whole and
+        copies; a source declaring `reads_into` receives them in place."""
+        for cid, raw in self.read_chunks(items, repo).items():
+            for dest, lo, hi in places.get(cid, ()):
+                out[dest:dest + hi - lo] = raw[lo:hi]
+
+    def read_run_into(self, pack: str, offset: int, out: memoryview, chunk_ids: list[bytes],
+                      lengths: list[int], checks: list | None = None) -> None:
+        """Raw chunks back to back in a pack from `offset`, read into `out` and checked
+        there; only a source declaring `reads_runs` is asked."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare reads_runs")
+
+    def index_stamp(self) -> tuple:
+        """Changes whenever what `locate` answers may have changed (asked with `reads_runs`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare reads_runs")
+
+
+class ChunkSink(Protocol):
+    """Which chunks are held, and packs added durably (the write order of invariant 2)."""
+
+    capabilities: BackendCapabilities
+
+    def present(self, chunk_ids: list[bytes]) -> set[bytes]:
+        ...
+
+    def present_or_prove(self, chunks: dict[bytes, bytes], firsts: Iterable[bytes] = ()) -> set[bytes]:
+        """Which of these chunks (id -> raw bytes) the store holds for this writer. A
+        server may hold a chunk that the writer's token cannot see yet; the writer then
+        proves it holds the bytes (docs/protocol.md) instead of sending them. `firsts` are
+        the pushed files' first chunks: a store that finds what it shares by lookups
+        (a bucket's anchors) looks those up too."""
+        return self.present(list(chunks))
+
+    def begin_push(self) -> None:
+        ...
+
+    def tmp_path(self) -> str:
+        """A new temp file where a pack is built before `add_pack`."""
+        ...
+
+    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]):
+        """Store a finished pack; returns None when it is durable on return, or a future
+        that completes when it is (a background upload)."""
+        ...
+
+    def flush(self) -> None:
+        """Wait until every added pack is durable in the store (uploads finished)."""
+
+
+class MetadataStore(Protocol):
+    """Manifests, trees and commits: immutable objects named by their hashes."""
+
+    def put_manifests(self, manifests: list[Manifest]) -> list[str]:
+        ...
+
+    def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
+        ...
+
+    def get_manifest_located(self, name: str, repo: str | None = None) -> tuple[Manifest, dict]:
+        """A manifest and where its chunks are, as `locate` answers (a server: one round trip
+        for both). The default locates nothing: the reader locates as it reads."""
+        return self.get_manifest(name, repo), {}
+
+    def manifests_present(self, repo: str, names: list[str]) -> set[str]:
+        """Which of these manifests the store holds (as `repo` may read them). The default
+        knows of none, so a writer reads and sends those files again."""
+        return set()
+
+    def get_commit(self, repo: str, commit_id: str) -> Commit:
+        ...
+
+    def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
+        """A stored tree, verified against its name (a server: one `repo` reaches)."""
+        raise NotImplementedError(f"{type(self).__name__} does not store trees")
+
+    def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
+        """Store trees (id -> Tree) durably, each written once; before a commit names them."""
+        raise NotImplementedError(f"{type(self).__name__} does not store trees")
+
+
+class RefStore(Protocol):
+    """Repos, branches and tags; `commit` moves a branch by compare-and-swap."""
+
+    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
+        ...
+
+    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
+        ...
+
+    def branches(self, repo: str) -> dict[str, str]:
+        ...
+
+    def tags(self, repo: str) -> dict[str, str]:
+        ...
+
+    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
+        """A new tag; RefExistsError if the name is taken by a tag or a branch."""
+        ...
+
+    def delete_tag(self, repo: str, name: str) -> str:
+        ...
+
+    def create_branch(self, repo: str, name: str, commit_id: str) -> None:
+        ...
+
+    def delete_branch(self, repo: str, name: str) -> str:
+        """Remove a branch (never the last one of a repo); returns the commit it named."""
+        ...
+
+    def has_repo(self, repo: str) -> bool:
+        ...
+
+    def repos(self) -> list[str]:
+        ...
+
+    def forgotten(self, repo: str) -> set[str] | None:
+        """The commits of `repo` that `forget` dropped, or None where the store cannot list
+        them (the default; a commit is then known forgotten once its files are gone)."""
+        return None
+
+
+class Upkeep(Protocol):
+    """Push sessions, job journals and maintenance, where the store is: in this process
+    (`capabilities.runs_here`) or on a server (`capabilities.remote_admin`). The defaults are
+    a store that keeps none (a push then runs without a session)."""
+
+    location: str
+    capabilities: BackendCapabilities
+
+    def push_session(self) -> ContextManager:
+        """The marker of a push in flight: a gc deletes nothing while it is open."""
+        return contextlib.nullcontext()
+
+    def journal(self):
+        """The journal role (open, add, batches, close: repo, job id; storage/staging.py)."""
+        raise InvalidAddressError(f"{self.location} keeps no job journals: use a directory, a bucket or a server")
+
+    def admin(self, command: str, **options) -> dict:
+        """Run a maintenance command (gc, check, forget, delete-repo; in this process also
+        rebuild-index and recover) with its options; its report."""
+        raise InvalidAddressError(f"{command} works on a store directory, a bucket or a server, "
+                                  f"not {self.location}")
