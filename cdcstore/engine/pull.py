@@ -14,7 +14,6 @@ from ..core.commit import FileEntry
 from ..core.errors import CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..storage.backend import Backend
-from ..storage.local import clean_dead_temps
 from .read import FileReader, LocalSeed
 
 PULL_LOCATE_CHUNKS = 262144  # chunks a folder pull locates up front (~16 GiB of 64 KiB chunks, ~10 MB of answer)
@@ -38,7 +37,7 @@ def pull_files(store: Backend, repo: str, path: str, found: dict[str, FileEntry]
     for _, target in targets:
         check_replaceable(target)
     for folder in {os.path.dirname(os.path.abspath(t)) for _, t in targets}:  # a killed pull's .part files
-        clean_dead_temps(folder, _part_pid)
+        runtime.clean_dead_temps(folder, _part_pid)
     manifests = _manifests(store, repo, [found[p].manifest for p, _ in plan])
     located: dict = {}  # a server locates the chunks of all the files together
     if len(plan) > 1 and not store.capabilities.local_reads:

@@ -18,7 +18,6 @@ import stat
 from typing import Iterator
 
 from .. import runtime
-from ..runtime import clean_dead_temps  # noqa: F401 (its callers here import it from this module)
 
 from ..core import ids
 from ..core.errors import CorruptionError
@@ -126,7 +125,7 @@ class LocalObjects(ObjectStore):
 
     def clean_tmp(self) -> int:
         """Remove temp files of processes that are gone; returns how many."""
-        return clean_dead_temps(self._tmpdir)
+        return runtime.clean_dead_temps(self._tmpdir)
 
     # -- writes -----------------------------------------------------------------------------
     def put(self, name: str, data, *, exist_ok: bool = False) -> bool:

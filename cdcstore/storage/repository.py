@@ -54,7 +54,7 @@ from ..core.ranges import plan_ranges, slices
 from .backend import Backend, BackendCapabilities
 from .index import ChunkIndex
 from . import open_objects, staging
-from .local import LocalObjects, clean_dead_temps, open_regular
+from .local import LocalObjects, open_regular
 from .manifest_file import ManifestFile
 from .objects import Conflict, NotFound, ObjectStore
 
@@ -301,7 +301,7 @@ class Repository(Backend):
         folder (a push killed before its upload)."""
         self.objects.clean_tmp()
         if not self.objects.capabilities.local_path:
-            clean_dead_temps(os.path.join(os.path.dirname(self.index_path), "tmp"))
+            runtime.clean_dead_temps(os.path.join(os.path.dirname(self.index_path), "tmp"))
 
     # -- packs and chunks -------------------------------------------------------------------
     def present(self, chunk_ids: list[bytes]) -> set[bytes]:
