@@ -1,3 +1,4 @@
+import collections
 import compileall
 import contextlib
 import json
@@ -27,6 +28,26 @@ def _compile_for_children() -> None:
 
 
 _compile_for_children()
+
+
+class CountingObjects:
+    """An object store that counts the calls made to the one it wraps (a decorator, as restic's):
+    `calls` by method, `by_folder` by (method, first segment of the object's name)."""
+
+    def __init__(self, inner):
+        self._inner, self.calls, self.by_folder = inner, collections.Counter(), collections.Counter()
+
+    def __getattr__(self, name):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*a, **kw):
+            self.calls[name] += 1
+            if a and isinstance(a[0], str):
+                self.by_folder[(name, a[0].split("/", 1)[0])] += 1
+            return attr(*a, **kw)
+        return counted
 
 
 def golden_input(n: int) -> bytes:

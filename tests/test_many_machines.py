@@ -20,7 +20,7 @@ from cdcstore.core import anchors
 from cdcstore.core.commit import Commit, FileEntry
 from cdcstore.core.errors import MissingChunksError
 from cdcstore.storage.repository import open_repository
-from conftest import S3_BUCKET
+from conftest import S3_BUCKET, CountingObjects
 
 
 class Machine:
@@ -273,23 +273,6 @@ def test_a_fresh_replica_answers_concurrent_first_reads(bucket_url, s3_env, tmp_
     assert got == [x] * 8
 
 
-class _Counting:
-    """An object store that counts the calls made to the one it wraps (a decorator, as restic's)."""
-
-    def __init__(self, inner):
-        self._inner, self.calls = inner, collections.Counter()
-
-    def __getattr__(self, name):
-        attr = getattr(self._inner, name)
-        if not callable(attr):
-            return attr
-
-        def counted(*a, **kw):
-            self.calls[name] += 1
-            return attr(*a, **kw)
-        return counted
-
-
 @pytest.mark.parametrize("pushes", [2, 12])
 def test_a_new_machine_reads_a_file_without_listing_the_bucket(bucket_url, tmp_path, monkeypatch, pushes):
     """Opening one file on a new machine costs the same with 2 or 12 packs in the bucket: the
@@ -301,7 +284,7 @@ def test_a_new_machine_reads_a_file_without_listing_the_bucket(bucket_url, tmp_p
         writer.push([_file(tmp_path, f"f{i}.bin", files[i])], f"cdc://ds/f{i}.bin")
     fresh = Machine(bucket_url, tmp_path / f"reader-{pushes}", monkeypatch).store()
     repo = fresh.backend.uncached()  # behind the machine's chunk cache
-    counting = _Counting(repo.objects)
+    counting = CountingObjects(repo.objects)
     repo.objects = counting
     assert fresh.cat("cdc://ds/f1.bin") == files[1]
     # resolving the branch lists refs (branches, tags); the file is one ranged read: no pack listing, no footer
@@ -369,7 +352,7 @@ def test_a_new_machine_pushes_an_edit_reading_only_what_it_shares(bucket_url, tm
     edit = _edited(base, 8 << 20, 160_000)
     fresh = Machine(bucket_url, tmp_path / f"editor-{others}", monkeypatch).store()
     repo = fresh.backend.uncached()
-    counting = _Counting(repo.objects)
+    counting = CountingObjects(repo.objects)
     repo.objects = counting
     r = fresh.push([_file(tmp_path, "edit.bin", edit)], "cdc://ds/base.bin")
     assert r.new_bytes < 800_000, r  # the edit and the chunks around it, not 16 MB
@@ -430,7 +413,7 @@ def test_an_old_bucket_store_gets_its_anchors_at_a_gc(bucket_url, tmp_path, monk
     assert list(ra.objects.list("anchors/"))
     c = Machine(bucket_url, tmp_path / "machine-c", monkeypatch).store()
     repo = c.backend.uncached()
-    counting = _Counting(repo.objects)
+    counting = CountingObjects(repo.objects)
     repo.objects = counting
     r = c.push([_file(tmp_path, "e2.bin", _edited(base, 5 << 20, 50_000))], "cdc://ds/base.bin")
     assert r.new_bytes < 600_000
