@@ -1,7 +1,6 @@
 """Many machines, one truth: a machine's index of a bucket is a cache, never what a push or a
 read is acknowledged on. Two XDG cache dirs stand for two machines; moto's server is the bucket.
 """
-import collections
 import concurrent.futures
 import json
 import os
