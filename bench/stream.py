@@ -370,9 +370,10 @@ def run_side(ctx: dict, side: str, timeout: float, **extra) -> dict:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         stop_process(proc)
-        poll.done()
+        mem = poll.done()  # the memory of the part that ran is still a figure (a partial one)
         shutil.rmtree(tmp, ignore_errors=True)
-        return {"side": side, "error": f"timed out after {timeout:.0f} s"}
+        return {"side": side, "error": f"timed out after {timeout:.0f} s",
+                **{f"{k}_before_timeout": v for k, v in mem.items()}}
     out = poll.done()
     shutil.rmtree(tmp, ignore_errors=True)
     lines = stdout.strip().splitlines()
