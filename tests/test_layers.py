@@ -16,6 +16,7 @@ FACE = 3
 # a face may import api, other faces and core; these are the named exceptions, each with its reason
 FACE_EXCEPTIONS = {
     ("cli", "remote.server"),  # `cdcstore serve` starts the server in this process
+    ("testing.backend", "storage.backend"),  # the backend conformance suite checks the role's own types
 }
 # imports that stdlib-only purity forbids in core (I/O and concurrency live above it)
 CORE_FORBIDDEN = {"sqlite3", "aiohttp", "socket", "concurrent", "asyncio", "fcntl", "sqlite_utils"}
