@@ -23,7 +23,7 @@ from cdcstore.core import ids
 from cdcstore.core.pack import PackWriter, encode_chunk
 from cdcstore.storage.cache import CachedBackend, ChunkCache
 from cdcstore.testing.backend import BackendTests, Case, base_commit, commit, put_file, unique
-from cdcstore.storage.repository import LocalStore, Repository, open_repository, pack_name
+from cdcstore.storage.repository import LocalStore, open_repository, pack_name
 from cdcstore.remote.client import RemoteStore
 from conftest import S3_BUCKET
 from server_util import ServerProcess
