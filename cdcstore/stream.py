@@ -193,10 +193,11 @@ class _Prefetcher:
 
 
 class StreamingDataset:
-    """Parquet row groups of one snapshot of `cdc://` sources, as batches or rows.
+    """The rows of one snapshot of `cdc://` sources (Parquet row groups, TAR samples, or another kind
+    of `sources.Source`), as batches or rows.
 
-    `source`: `cdc://REPO[@REV]/PATH` naming a file, a folder (its .parquet files) or a glob; or a
-    list of them. `format`: "numpy" (dicts of arrays), "arrow" (RecordBatch) or "python" (dicts of
+    `source`: `cdc://REPO[@REV]/PATH` naming a file, a folder (its .parquet files or .tar shards) or
+    a glob; or a list of them. `format`: "numpy" (dicts of arrays), "arrow" (RecordBatch) or "python" (dicts of
     lists); with `batch_size=None` it yields rows as dicts. `shuffle` permutes row groups and rows
     within windows of `shuffle_buffer` rows. Consumers are dealt blocks of `batch_size` positions; in
     row mode `block_size` (default 1) sets the block: make it the DataLoader's batch size when the
