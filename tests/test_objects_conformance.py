@@ -23,7 +23,7 @@ BUCKET = "cdcstore-conformance"
 def pytest_generate_tests(metafunc):
     """Every backend for each test of the suite; those that use processes skip memory:// (one
     process's memory)."""
-    if "make" in metafunc.fixturenames:
+    if "make" in metafunc.fixturenames and metafunc.cls is TestBuiltInObjectStores:
         kinds = [k for k in BACKENDS if k != "memory" or not getattr(metafunc.function, "uses_processes", False)]
         metafunc.parametrize("make", kinds, indirect=True)
 
@@ -67,6 +67,22 @@ class TestBuiltInObjectStores(ObjectStoreTests):
         assert got == sorted(names)
         assert [i.name for i in objects.list("k/3/")] == sorted(n for n in names if n.startswith("k/3/"))
         assert objects.folders("k/") == [str(i) for i in range(7)]
+
+
+class TestAsAThirdPartyWouldUseIt(ObjectStoreTests):
+    """The suite subclassed as docs/backends.md says, outside this file's parametrization: one
+    fixture, and `processes = False` for storage that lives in one process (those tests skip)."""
+
+    processes = False
+
+    @pytest.fixture
+    def make(self):
+        store = open_objects("memory://")
+        return lambda: store
+
+    def test_the_process_tests_skip(self):
+        with pytest.raises(pytest.skip.Exception, match="processes = False"):
+            self.require_processes()
 
 
 # -- errors -------------------------------------------------------------------------------------------
