@@ -7,85 +7,43 @@ resumable.
 
 The revision is resolved once, at construction; footers are read once and travel with the object
 when it is pickled to workers. The order, sharding and resume math is in `order.py`; this module
-does the I/O: it reads, for each row group a consumer needs, only the columns asked for, in a
-background thread within a byte budget; for TAR shards (sample tables from `shards.py`) only the
-byte ranges of the samples' members it needs. docs/streaming.md says what is exact and what memory is
-bounded by.
+runs it: ranks, workers, epochs, resume, a background thread within a byte budget, figures. The
+I/O of each kind of file is its `Source` (`sources.py`): for each row group a consumer needs, only
+the columns asked for; for TAR shards (sample tables from `shards.py`) only the byte ranges of the
+samples' members it needs. docs/streaming.md says what is exact and what memory is bounded by.
 """
 from __future__ import annotations
 
-import copy
-import fnmatch
-import os
 import collections
-import concurrent.futures
+import copy
+import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from .core import decoders as _decoders
 from .core import order as _order
-from .core import tree
-from .core import shards as _shards
 from .core.address import Address, parse
 from . import decoded as _decoded
 from . import runtime
+from . import sources as _sources
 from .api import Store
 from .decoded import DecodedUnits
-from .core import pages as _pages
-from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNotFoundError
-from .core.thrift import ThriftError
+from .core.errors import InvalidAddressError
+from .sources import (KINDS, LOOK_AHEAD_STEPS, ParquetSource, SampleSource, Source, SourceFile,  # noqa: F401
+                      TarSource, expand)
+from .sources import Warmer as _Warmer  # noqa: F401 - the name docs/streaming.md used
+from .sources import checked_footer as _checked_footer, lying_rows as _lying_rows  # noqa: F401
 
 FORMATS = ("numpy", "arrow", "python")
 SUMMED = ("samples", "batches", "bytes_read", "row_groups", "decodes", "warmed", "wait_seconds", "read_seconds",
           "requests", "received_bytes", "cache_hits", "cache_misses")
 STORE_FIGURES = ("requests", "received_bytes", "cache_hits", "cache_misses")
 FIGURES = SUMMED + ("max_rows_held", "started")
-LOOK_AHEAD_STEPS = 256  # steps a stream looks ahead for the next row group to fetch while one decodes
 SLOTS = 65  # figure slots: this process, then DataLoader workers 0..63 (worker w uses slot w % 64 + 1)
-_GLOB = set("*?[")
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """One file of one resolved commit."""
-
-    repo: str
-    commit: str
-    path: str
-    size: int
-
-    @property
-    def address(self) -> str:
-        return str(Address(self.repo, self.commit, self.path))
-
-
-def expand(source: str, files: dict, commit: str) -> list[SourceFile]:
-    """The files a `cdc://` source names in a commit's file map: a file, a folder's Parquet files or
-    TAR shards, or a glob's matches, in path order (pure)."""
-    a = parse(source)
-    if a.path in files:
-        found = [a.path]
-    elif _GLOB & set(a.path):
-        found = [p for p in files if fnmatch.fnmatchcase(p, a.path)]
-    else:
-        under = list(tree.under(files, a.path))
-        found = [p for p in under if p.endswith(".parquet") or _shards.is_tar(p)]
-        found = found or [p for p in under if _shards.is_compressed_tar(p)]
-    packed = [p for p in found if _shards.is_compressed_tar(p)]
-    if packed:
-        raise InvalidAddressError(f"{source}: {packed[0]} is a compressed tar: stream plain .tar shards "
-                                  f"(decompress them before pushing; chunks dedup better uncompressed)")
-    if not found:
-        raise PathNotFoundError(f"{source}: no Parquet file or TAR shard there at commit {commit[:12]}: "
-                                f"check the path with `cdcstore ls`")
-    return [SourceFile(a.repo, commit, p, files[p].size) for p in sorted(found)]
+_GLOB = _sources._GLOB
 
 
 def _candidates(view, path: str) -> dict:
@@ -234,54 +192,12 @@ class _Prefetcher:
         self._thread.join(timeout=30)
 
 
-class _Warmer:
-    """Fetches the bytes of the row group a stream will read next into the chunk cache, on a
-    thread of its own, while the stream's thread decodes the one before: the fetch and the
-    decode overlap. The stream's own read of those bytes then finds them fetched (or waits for
-    the fetch in flight: the cache's single flight), so nothing is fetched twice. One warm-up
-    at a time; a failed one only leaves the read to fetch. Used when the store has a cache
-    (a read from it costs a request), not for a local directory."""
-
-    def __init__(self, ds: "StreamingDataset"):
-        self._ds = ds
-        self._pool = runtime.pool("warm", 2)  # the process's: streams of this process share it
-        self._busy: concurrent.futures.Future | None = None
-        self._done: set[int] = set()
-        self._readers: dict = {}  # file index -> FileReader (this thread's)
-
-    def ahead(self, u: int) -> None:
-        if u in self._done or (self._busy is not None and not self._busy.done()):
-            return
-        self._done.add(u)
-        self._busy = self._pool.submit(self._fetch, u)
-
-    def _fetch(self, u: int) -> None:
-        ds = self._ds
-        fi = ds.units[u][0]
-        try:
-            reader = self._readers.get(fi)
-            if reader is None:
-                if len(self._readers) >= 8:
-                    self._readers.pop(next(iter(self._readers))).close()
-                reader = self._readers[fi] = ds.store.open(ds.files[fi].address)
-            for lo, n in ds._unit_spans(u):
-                reader.pread(lo, n)
-            ds._metrics["warmed"] += 1
-        except Exception:  # noqa: BLE001 - the stream's own read fetches and reports
-            pass
-
-    def close(self) -> None:
-        if self._busy is not None and not self._busy.cancel():
-            concurrent.futures.wait([self._busy])  # its readers are closed next
-        for reader in self._readers.values():
-            reader.close()
-
-
 class StreamingDataset:
-    """Parquet row groups of one snapshot of `cdc://` sources, as batches or rows.
+    """The rows of one snapshot of `cdc://` sources (Parquet row groups, TAR samples, or another kind
+    of `sources.Source`), as batches or rows.
 
-    `source`: `cdc://REPO[@REV]/PATH` naming a file, a folder (its .parquet files) or a glob; or a
-    list of them. `format`: "numpy" (dicts of arrays), "arrow" (RecordBatch) or "python" (dicts of
+    `source`: `cdc://REPO[@REV]/PATH` naming a file, a folder (its .parquet files or .tar shards) or
+    a glob; or a list of them. `format`: "numpy" (dicts of arrays), "arrow" (RecordBatch) or "python" (dicts of
     lists); with `batch_size=None` it yields rows as dicts. `shuffle` permutes row groups and rows
     within windows of `shuffle_buffer` rows. Consumers are dealt blocks of `batch_size` positions; in
     row mode `block_size` (default 1) sets the block: make it the DataLoader's batch size when the
@@ -290,13 +206,15 @@ class StreamingDataset:
     `decode` (TAR shards): members decoded by extension as WebDataset's `.decode()` does (txt, json,
     cls, npy; images through Pillow when installed; `core/decoders.py`); the default for every format
     but "arrow", which carries bytes. False keeps bytes; a dict adds or replaces decoders.
+    `kinds`: the `sources.Source` classes the files may be (default TAR shards, then Parquet).
     """
 
     def __init__(self, source, *, columns=None, batch_size: int | None = None, format: str = "numpy",
                  shuffle: bool = False, seed: int = 0, shuffle_buffer: int = 10_000,
                  rank: int | None = None, world_size: int | None = None, store=None,
                  token: str | None = None, prefetch_bytes: int = 256 << 20, prefetch_row_groups: int = 8,
-                 drop_last: bool = False, block_size: int | None = None, decode: "bool | dict | None" = None):
+                 drop_last: bool = False, block_size: int | None = None, decode: "bool | dict | None" = None,
+                 kinds: Sequence[type[Source]] = KINDS):
         if format not in FORMATS:
             raise ValueError(f"format {format!r} is not one of {', '.join(FORMATS)}")
         if batch_size is not None and batch_size < 1:
@@ -315,21 +233,13 @@ class StreamingDataset:
         given = None if store is None or isinstance(store, str) else store  # a Store, else a location or None
         self._store_args = {"location": store if given is None else given.location, "token": token}
         self._store = runtime.Local(given) if given is not None else runtime.Local()  # this process's
-        self.files, self.commits = self._resolve([source] if isinstance(source, str) else list(source))
-        self.tar = self._kind(self.files)
+        self.files, self.commits = self._resolve([source] if isinstance(source, str) else list(source), kinds)
+        kind = _sources.kind_of(self.files, kinds)
         if decode and format == "arrow":
             raise ValueError("format='arrow' carries TAR members as bytes: leave decode out, or pick format='numpy' "
                              "or 'python' to decode them")
-        self._decoders = _decoders.table(format != "arrow" if decode is None else decode) if self.tar else {}
-        if self.tar:  # work unit: the shard; each sample's byte ranges come from its table
-            self._meta = [self._index(f) for f in self.files]
-            self.units = [(fi, 0, len(table)) for fi, table in enumerate(self._meta) if table]
-            exts = dict.fromkeys(e for table in self._meta for smp in table for e, _, _ in smp.parts)
-            self.extensions = [e for e in exts if self.columns is None or e in self.columns]
-        else:  # work unit: the row group
-            self._meta = [self._footer(f) for f in self.files]
-            self.units = [(fi, rg, md.row_group(rg).num_rows)
-                          for fi, md in enumerate(self._meta) for rg in range(md.num_row_groups)]
+        self.source: Source = kind.index(self, self.files, decode)  # the units; the I/O of this kind
+        self.units = self.source.units
         self._limit: tuple[int, int | None] = (0, None)  # skip, take
         self._shared = _Shared()
         self._decoded: DecodedUnits | None = None  # row groups shared by DataLoader workers (as_torch)
@@ -346,7 +256,7 @@ class StreamingDataset:
         """This process's Store (nothing network-bound survives a fork or a pickle)."""
         return self._store.get(lambda: Store(self._store_args["location"], token=self._store_args["token"]))
 
-    def _resolve(self, sources: list[str]) -> tuple[list[SourceFile], dict[str, str]]:
+    def _resolve(self, sources: list[str], kinds) -> tuple[list[SourceFile], dict[str, str]]:
         if not sources:
             raise InvalidAddressError("StreamingDataset needs at least one cdc:// source")
         files: dict[tuple[str, str, str], SourceFile] = {}
@@ -356,37 +266,9 @@ class StreamingDataset:
             key = f"{a.repo}@{a.ref}"
             cid, commit = self.store.resolve(Address(a.repo, commits.get(key, a.rev), a.path))
             commits[key] = cid  # one commit per revision named, even if a branch moves meanwhile
-            for f in expand(src, _candidates(self.store.view(a.repo, commit), a.path), cid):
+            for f in expand(src, _candidates(self.store.view(a.repo, commit), a.path), cid, kinds):
                 files.setdefault((f.repo, f.commit, f.path), f)
         return list(files.values()), commits
-
-    @staticmethod
-    def _kind(files: list[SourceFile]) -> bool:
-        """True for TAR shards, False for Parquet; a mix is refused."""
-        tars = [f for f in files if _shards.is_tar(f.path)]
-        if tars and len(tars) != len(files):
-            other = next(f for f in files if not _shards.is_tar(f.path))
-            raise InvalidAddressError(f"{tars[0].address} is a TAR shard but {other.address} is not: "
-                                      f"stream Parquet files and TAR shards as two datasets "
-                                      f"(mix them with `interleave`)")
-        return bool(tars)
-
-    def _index(self, f: SourceFile) -> list:
-        """The sample table of one TAR shard, from its headers (read a window at a time)."""
-        with self.store.open(f.address) as r:
-            return _shards.samples(_shards.scan(r.pread, f.size, f.address), f.address)
-
-    def _footer(self, f: SourceFile) -> pq.FileMetaData:
-        with self.store.open(f.address) as r:
-            try:
-                return _checked_footer(pq.ParquetFile(r, pre_buffer=False).metadata, f)
-            except CdcError:  # the store's own error (busy, unreachable, damaged) says what it is
-                raise
-            except (pa.ArrowInvalid, OSError) as e:
-                if isinstance(e.__cause__ or e.__context__, CdcError):
-                    raise (e.__cause__ or e.__context__) from None
-                raise InvalidAddressError(f"{f.address} is not a readable Parquet file ({e}): "
-                                          f"stream Parquet files only") from None
 
     def __getstate__(self):
         from multiprocessing.context import get_spawning_popen
@@ -517,9 +399,7 @@ class StreamingDataset:
             self._started = time.time()
         self._flushed.get(lambda: (self._figures_now(),  # first iteration in this process
                                    self._shared.read(self._slot) if self._shared.shared else {}))
-        if self.tar:
-            return self._run(lambda: self._produce_tar(order, steps, skip))
-        share = self._decoded if num_workers > 1 and self._slot else None
+        share = self._decoded if num_workers > 1 and self._slot and self.source.shares_decoded else None
         progress = None
         if share is not None:  # this worker's progress, and the decoded row groups no worker needs now
             slots = range(1, min(num_workers, SLOTS - 1) + 1)
@@ -528,7 +408,7 @@ class StreamingDataset:
                 share.report(self._slot, epoch, past)
                 share.release(slots, epoch, lambda u: _order.release_bound(order, u) - skip)
             share.report(self._slot, epoch, min(start, total))
-        return self._run(lambda: self._produce(order, steps, skip, share, epoch), progress)
+        return self._run(lambda: self.source.produce(self, order, steps, skip, share, epoch), progress)
 
     def _run(self, produce, progress=None):
         pre = _Prefetcher(produce, self.prefetch_bytes, self.prefetch_row_groups)
@@ -539,200 +419,9 @@ class StreamingDataset:
         finally:
             pre.close()
 
-    def _produce(self, order: _order.EpochOrder, steps, skip: int, share: "DecodedUnits | None" = None,
-                 epoch: int = 0):
-        """In the prefetch thread: each needed row group once, in order of first need, then each step
-        (whole blocks of this consumer's positions). With `share`, a row group another worker
-        decoded is mapped from the shared folder, and one decoded here is put there."""
-        loaded: set[int] = set()
-        files: dict[int, tuple[pq.ParquetFile, object]] = {}
-        warm = _Warmer(self) if share is None and self.store.cache is not None else None
-        located: collections.deque = collections.deque()  # steps located ahead: (pos, units, rows)
-        steps = iter(steps)
-
-        def pull() -> bool:
-            pos = next(steps, None)
-            if pos is not None:
-                located.append((pos, *order.locate(order.sequence_index(pos + skip))))
-            return pos is not None
-
-        def next_new(after: int) -> int | None:
-            """The first row group needed after `after` that is not loaded (looking ahead at most
-            `LOOK_AHEAD_STEPS` steps)."""
-            k = 0
-            while True:
-                while k >= len(located):
-                    if k >= LOOK_AHEAD_STEPS or not pull():
-                        return None
-                for v in located[k][1].tolist():
-                    if v not in loaded and v != after:
-                        return v
-                k += 1
-
-        try:
-            while located or pull():
-                pos, units, rows = located[0]  # stays first while it loads: `next_new` looks from it
-                for u in dict.fromkeys(units.tolist()):
-                    if u in loaded:
-                        continue
-                    loaded.add(u)
-                    if warm is not None:  # the next row group's bytes arrive while this one decodes
-                        v = next_new(u)
-                        if v is not None:
-                            warm.ahead(v)
-                    if share is None:
-                        table = self._read_unit(u, files)
-                    else:
-                        table = share.load(epoch, u, lambda: self._read_unit(u, files))
-                    self._metrics["row_groups"] += 1
-                    yield ("unit", u, table, _order.release_bound(order, u) - skip), table.nbytes or 1
-                located.popleft()
-                yield ("step", int(pos[-1]) + 1, units, rows), 0
-        finally:
-            if warm is not None:
-                warm.close()
-            for _, reader in files.values():
-                reader.close()
-
-    def _unit_spans(self, u: int) -> list[tuple[int, int]]:
-        """The byte ranges (offset, length) of a row group's column chunks asked for, merged
-        where they are less than 1 MiB apart."""
-        fi, rg, _ = self.units[u]
-        g = self._meta[fi].row_group(rg)
-        want = None if self.columns is None else set(self.columns)
-        spans = []
-        for j in range(g.num_columns):
-            c = g.column(j)
-            if want is not None and c.path_in_schema.split(".")[0] not in want:
-                continue
-            start = c.data_page_offset
-            if c.has_dictionary_page and c.dictionary_page_offset:
-                start = min(start, c.dictionary_page_offset)
-            spans.append((start, start + c.total_compressed_size))
-        return [(lo, hi - lo) for lo, hi in _shards.coalesce(spans, 1 << 20)]
-
-    def _produce_tar(self, order: _order.EpochOrder, steps, skip: int):
-        """In the prefetch thread: the samples of each step, their byte ranges read in few reads."""
-        readers: dict[int, object] = {}
-        try:
-            for pos in steps:
-                units, rows = order.locate(order.sequence_index(pos + skip))
-                for lo, hi in self._tar_pieces(units, rows):
-                    got = self._read_samples(units[lo:hi], rows[lo:hi], readers)
-                    nbytes = sum(len(v) for s in got for v in s.values()) or 1
-                    if self._decoders:
-                        got = [_decoders.decode_sample(s, self._decoders) for s in got]
-                    yield ("samples", got), nbytes
-        finally:
-            for reader in readers.values():
-                reader.close()
-
-    def _tar_pieces(self, units: np.ndarray, rows: np.ndarray) -> list[tuple[int, int]]:
-        """A step's positions cut, at block boundaries, into pieces of at most a quarter of
-        `prefetch_bytes` of member bytes (at least one block each): the queue, the piece being
-        read and the one being consumed then hold about 1.5 x prefetch_bytes, whatever the step."""
-        want = None if self.columns is None else set(self.columns)
-        sizes = [sum(n for e, _, n in self._meta[self.units[u][0]][r].parts if want is None or e in want)
-                 for u, r in zip(units.tolist(), rows.tolist())]
-        budget, block = max(1, self.prefetch_bytes // 4), self.block
-        pieces, lo, held = [], 0, 0
-        for b in range(0, len(sizes), block):
-            nbytes = sum(sizes[b:b + block])
-            if b > lo and held + nbytes > budget:
-                pieces.append((lo, b))
-                lo, held = b, 0
-            held += nbytes
-        if lo < len(sizes):
-            pieces.append((lo, len(sizes)))
-        return pieces
-
-    def _read_samples(self, units: np.ndarray, rows: np.ndarray, readers: dict) -> list[dict]:
-        """One dict per (unit, row): `__key__` and one bytes entry per extension asked for. The
-        members' ranges of each shard are merged (gaps up to 64 KiB) and read in order."""
-        want = None if self.columns is None else set(self.columns)
-        picked = []
-        for u, row in zip(units.tolist(), rows.tolist()):
-            fi = self.units[u][0]
-            sample = self._meta[fi][row]
-            picked.append((fi, sample, [p for p in sample.parts if want is None or p[0] in want]))
-        t0 = time.perf_counter()
-        data: dict[tuple[int, int], memoryview] = {}  # (file, range start) -> bytes of the range
-        starts: dict[int, list[int]] = {}
-        for fi in dict.fromkeys(fi for fi, _, _ in picked):
-            spans = _shards.coalesce([(o, o + n) for f, _, parts in picked if f == fi for _, o, n in parts],
-                                     64 << 10)
-            if fi not in readers:
-                if len(readers) >= 8:
-                    readers.pop(next(iter(readers))).close()
-                readers[fi] = self.store.open(self.files[fi].address)
-            for lo, hi in spans:
-                data[fi, lo] = memoryview(readers[fi].pread(lo, hi - lo))
-            starts[fi] = [lo for lo, _ in spans]
-        out = []
-        for fi, sample, parts in picked:
-            s = {"__key__": sample.key}
-            for ext, o, n in parts:
-                lo = starts[fi][int(np.searchsorted(starts[fi], o, side="right")) - 1]
-                s[ext] = bytes(data[fi, lo][o - lo:o - lo + n])
-                self._metrics["bytes_read"] += n
-            out.append(s)
-        self._metrics["read_seconds"] += time.perf_counter() - t0
-        return out
-
-    def _read_unit(self, u: int, files: dict) -> pa.Table:
-        fi, rg, _ = self.units[u]
-        if fi not in files:
-            if len(files) >= 8:
-                files.pop(next(iter(files)))[1].close()
-            reader = self.store.open(self.files[fi].address)
-            files[fi] = (pq.ParquetFile(reader, metadata=self._meta[fi], pre_buffer=False), reader)
-        pf = files[fi][0]
-        t0 = time.perf_counter()
-        self._check_rows(fi, rg, files[fi][1])
-        table = pf.read_row_group(rg, columns=self.columns)
-        if table.num_rows != self.units[u][2]:
-            raise _lying_rows(self.files[fi], rg, self.units[u][2], f"pyarrow read {table.num_rows}")
-        self._metrics["read_seconds"] += time.perf_counter() - t0
-        self._metrics["bytes_read"] += self._column_bytes(fi, rg)
-        self._metrics["decodes"] += 1
-        return table
-
-    def _check_rows(self, fi: int, rg: int, reader) -> None:
-        """Before pyarrow allocates for a row group's rows: the page headers of one of its column
-        chunks that is not repeated (the smallest among the columns asked for, else of all) must
-        hold the rows its footer claims."""
-        md, f = self._meta[fi], self.files[fi]
-        g = md.row_group(rg)
-        want = None if self.columns is None else set(self.columns)
-        flat = [j for j in range(g.num_columns) if md.schema.column(j).max_repetition_level == 0]
-        if not flat:
-            return
-        j = min(flat, key=lambda j: (want is not None and md.schema.column(j).path.split(".")[0] not in want,
-                                     g.column(j).total_compressed_size))
-        c = g.column(j)
-        start = c.data_page_offset
-        if c.has_dictionary_page and c.dictionary_page_offset:
-            start = min(start, c.dictionary_page_offset)
-        size = c.total_compressed_size
-        if not (4 <= start and 0 <= size and start + size <= f.size - 8):
-            raise CorruptionError(f"{f.address}: row group {rg}'s column {c.path_in_schema} lies outside the file: "
-                                  f"its footer is damaged")
-        try:
-            held = _pages.column_chunk_rows(reader.pread(start, size))
-        except (ThriftError, RecursionError) as e:
-            raise CorruptionError(f"{f.address}: row group {rg}'s column {c.path_in_schema} has unreadable "
-                                  f"pages ({e}): the file is damaged") from None
-        if held != g.num_rows:
-            raise _lying_rows(f, rg, g.num_rows, f"its pages hold {held}")
-
-    def _column_bytes(self, fi: int, rg: int) -> int:
-        g = self._meta[fi].row_group(rg)
-        want = None if self.columns is None else set(self.columns)
-        return sum(g.column(j).total_compressed_size for j in range(g.num_columns)
-                   if want is None or g.column(j).path_in_schema.split(".")[0] in want)
-
     def _consume(self, pre: _Prefetcher, progress=None):
-        held: dict[int, tuple[pa.Table, int]] = {}
+        """What the source makes of each item the prefetch thread hands over (`Source.consumer`)."""
+        take = self.source.consumer(self, progress)
         m = self._metrics
         while True:
             t0 = time.perf_counter()
@@ -741,91 +430,10 @@ class StreamingDataset:
             if item is None:
                 self._flush()
                 return
-            if item[0] == "samples":
-                yield from self._emit_samples(item[1])
+            out = take(item)
+            if out is not None:
+                yield from out
                 self._flush()
-                continue
-            if item[0] == "unit":
-                _, u, table, bound = item
-                held[u] = (table, bound)
-                m["max_rows_held"] = max(m["max_rows_held"], sum(t.num_rows for t, _ in held.values()))
-                continue
-            _, past, units, rows = item
-            table = self._gather(held, units, rows)
-            for u in [u for u, (_, bound) in held.items() if bound <= past]:
-                del held[u]
-            if progress is not None:
-                progress(past)
-            yield from self._emit(table)
-            self._flush()
-
-    def _gather(self, held: dict, units: np.ndarray, rows: np.ndarray) -> pa.Table:
-        """The rows of one block, in order, from the row groups held: slices (no copy) when they are
-        a few runs of consecutive rows (no shuffle), else a take."""
-        cuts = np.flatnonzero((np.diff(units) != 0) | (np.diff(rows) != 1)) + 1
-        if len(cuts) < 4:
-            bounds = [0, *cuts.tolist(), len(rows)]
-            parts = [held[int(units[lo])][0].slice(int(rows[lo]), hi - lo) for lo, hi in zip(bounds, bounds[1:])]
-            table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-            if self.format != "arrow" or self._slot == 0:
-                return table
-            return table.combine_chunks().take(pa.array(np.arange(len(rows))))  # to a worker: compact
-        ids, which = np.unique(units, return_inverse=True)
-        tables = [held[int(u)][0] for u in ids]
-        base = np.cumsum([0] + [t.num_rows for t in tables])[:-1]
-        index = rows + base[which]
-        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-        return table.take(pa.array(index))
-
-    def _emit(self, table: pa.Table):
-        """Rows, or one batch per block (the last one of a consumer may be short)."""
-        m = self._metrics
-        if self.batch_size is None:
-            for row in table.to_pylist():
-                self._consumed += 1
-                m["samples"] += 1
-                yield row
-            return
-        for lo in range(0, table.num_rows, self.block):
-            yield self._format(table.slice(lo, self.block))
-
-    def _emit_samples(self, samples: list[dict]):
-        """TAR samples: one dict each, or one batch per block with a column per extension of the
-        dataset: a dict of lists ("numpy" and "python"; None where a sample lacks the extension) or
-        a RecordBatch ("arrow")."""
-        m = self._metrics
-        if self.batch_size is None:
-            for s in samples:
-                self._consumed += 1
-                m["samples"] += 1
-                yield s
-            return
-        for lo in range(0, len(samples), self.block):
-            part = samples[lo:lo + self.block]
-            self._consumed += len(part)
-            m["samples"] += len(part)
-            m["batches"] += 1
-            names = ["__key__", *self.extensions]
-            cols = {k: [s.get(k) for s in part] for k in names}
-            if self.format == "arrow":
-                yield pa.RecordBatch.from_pydict(
-                    cols, pa.schema([(k, pa.string() if k == "__key__" else pa.binary()) for k in names]))
-            else:
-                yield cols
-
-    def _format(self, table: pa.Table):
-        m = self._metrics
-        n = table.num_rows
-        self._consumed += n
-        m["samples"] += n
-        m["batches"] += 1
-        if self.format == "arrow":
-            return table.combine_chunks().to_batches()[0] if n else pa.RecordBatch.from_pylist([], table.schema)
-        if self.format == "python":
-            return table.to_pydict()
-        table = table.combine_chunks()  # writable arrays: torch takes them without a warning
-        return {name: col.chunk(0).to_numpy(zero_copy_only=False, writable=True) if col.num_chunks
-                else col.to_numpy() for name, col in zip(table.column_names, table.columns)}
 
     # -- figures and torch ------------------------------------------------------------------------
     def _figures_now(self) -> dict:
@@ -882,34 +490,9 @@ class StreamingDataset:
         resume position with DataLoader workers, persistent ones included."""
         self._shared.share()
         import pyarrow.compute  # noqa: F401 - imported once here, not by each forked worker at its first take
-        if self._decoded is None and not self.tar:
+        if self._decoded is None and self.source.shares_decoded:
             self._decoded = DecodedUnits(SLOTS)
         return __getattr__("TorchStreamingDataset")(self)
-
-
-def _lying_rows(f: SourceFile, rg: int, claimed: int, truth: str) -> CorruptionError:
-    return CorruptionError(f"{f.address}: row group {rg} claims {claimed} rows but {truth}: the file's "
-                           f"footer is damaged (or forged); rewrite the file")
-
-
-def _checked_footer(md: pq.FileMetaData, f: SourceFile) -> pq.FileMetaData:
-    """`md` if its row counts agree: no row group below 0 rows, their sum the file's count, and each
-    column that is not repeated holding exactly one value per row (a repeated one at least one);
-    else CorruptionError naming the file. The pages are checked when a row group is read."""
-    total = 0
-    for rg in range(md.num_row_groups):
-        g = md.row_group(rg)
-        if g.num_rows < 0:
-            raise _lying_rows(f, rg, g.num_rows, "a count cannot be negative")
-        for j in range(g.num_columns):
-            values, flat = g.column(j).num_values, md.schema.column(j).max_repetition_level == 0
-            if values < 0 or (values != g.num_rows if flat else values < g.num_rows):
-                raise _lying_rows(f, rg, g.num_rows, f"its column {g.column(j).path_in_schema} holds {values} values")
-        total += g.num_rows
-    if total != md.num_rows:
-        raise CorruptionError(f"{f.address}: its row groups hold {total} rows but its footer claims {md.num_rows}: "
-                              f"the file's footer is damaged (or forged); rewrite the file")
-    return md
 
 
 def _keep(batch):

@@ -49,3 +49,26 @@ def test_the_test_extra_has_what_the_tests_import():
     assert torch.marker is None  # the torch tests fail, never skip, without it: every platform gets it
     assert torch.specifier.contains("2.13.0+cpu") and torch.specifier.contains("2.13.0")
 
+
+
+def test_every_package_of_the_source_tree_is_installed():
+    """[tool.setuptools] lists packages by name: a new one (cdcstore.testing) left out is missing
+    from the wheel while every test from a checkout still passes."""
+    src = os.path.join(ROOT, "cdcstore")
+    found = {"cdcstore" + ("." + os.path.relpath(d, src).replace(os.sep, ".") if d != src else "")
+             for d, _, files in os.walk(src) if "__init__.py" in files}
+    assert found == set(pyproject()["tool"]["setuptools"]["packages"])
+
+
+def test_only_the_conformance_suites_import_pytest():
+    """`import cdcstore` (and its server starter, streams, sources) never needs pytest; the suites a
+    third-party backend subclasses (cdcstore.testing.backend, .objects) do."""
+    import subprocess
+    import sys
+    code = ("import sys, cdcstore, cdcstore.testing, cdcstore.stream, cdcstore.sources, cdcstore.fs\n"
+            "assert 'pytest' not in sys.modules, 'pytest imported'\n"
+            "import cdcstore.testing.backend, cdcstore.testing.objects\n"
+            "assert 'pytest' in sys.modules\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": os.path.abspath(ROOT)})
+    assert r.returncode == 0, r.stderr

@@ -99,9 +99,11 @@ def _repacked_size(live: list) -> int:
 
 @dataclasses.dataclass
 class Live:
-    """What gc keeps: commits as (repo, id), tree ids, manifest names, chunk ids."""
+    """What gc keeps: commits as (repo, id), tree ids, manifest names, chunk ids; `forgotten`: the
+    commits among them that the walk found forgotten (history only, `reach.kept`)."""
 
     commits: set = dataclasses.field(default_factory=set)
+    forgotten: set = dataclasses.field(default_factory=set)
     trees: set = dataclasses.field(default_factory=set)
     manifests: set = dataclasses.field(default_factory=set)
     chunks: set = dataclasses.field(default_factory=set)
@@ -148,6 +150,8 @@ def _mark_history(repo: Repository, name: str, heads: set[str], live: Live, walk
         for f in reach.walk(repo, name, {h: h for h in heads}, stop=walked, trees=live.trees):
             if f.kind == "commit":  # a damaged reachable commit stops gc (CorruptionError)
                 live.commits.add((name, f.name))
+                if not f.kept:
+                    live.forgotten.add((name, f.name))
                 walked.add(f.name)
             yield f
     live.add(repo, found())
@@ -167,43 +171,41 @@ def forgotten_reach(repo: Repository, live: Live) -> Forgotten:
     """The trees, manifests and chunks that forgotten commits (still in a ref's history)
     reach and the live set does not. Such an object was uploaded and committed: it is no
     upload in flight, so gc need not wait out the grace window for it, unless it was written
-    again after that commit landed (a manifest stored again is touched: a new upload)."""
+    again after that commit landed (a manifest stored again is touched: a new upload).
+
+    The commits are those mark's walk found forgotten (`live.forgotten`, by `reach.kept`); what
+    each reaches is `reach.subtree` of its tree, less what is live."""
     out = Forgotten()
-    for name in repo.repos():
-        gone = repo.forgotten(name)
-        if not gone:
-            continue
+    by_repo: dict[str, list[str]] = {}
+    for name, cid in live.forgotten:
+        by_repo.setdefault(name, []).append(cid)
+    for name, gone in sorted(by_repo.items()):
         landed = {i.name.rsplit("/", 1)[-1].removesuffix(".json"): i.mtime
                   for i in repo.objects.list(f"repos/{name}/commits/")}
         # newest landing first: an object shared by several forgotten commits gets the latest time
-        todo = sorted(((landed[c], c) for c in gone if (name, c) in live.commits and landed.get(c) is not None),
-                      reverse=True)
+        todo = sorted(((landed[c], c) for c in gone if landed.get(c) is not None), reverse=True)
+        walked = set(live.trees)  # live trees, and those an earlier forgotten commit walked, are skipped
         for when, cid in todo:
-            with contextlib.suppress(CdcError, StorageError, OSError):
+            with contextlib.suppress(CdcError, StorageError, OSError):  # what an earlier gc freed
                 view = repo.view(name, repo.get_commit(name, cid))
-                stack = [view.root]
-                while stack:
-                    tid = stack.pop()
-                    if tid in live.trees or tid in out.trees:
-                        continue
-                    out.trees[tid] = when
-                    try:
-                        node = view.node(tid)
-                    except (CdcError, StorageError, OSError):  # freed by an earlier gc
-                        continue
-                    for e in node.entries.values():
-                        if isinstance(e, treeobj.Folder):
-                            stack.append(e.tree)
-                        elif e.manifest not in live.manifests and e.manifest not in out.manifests:
-                            out.manifests[e.manifest] = when
-                            try:
-                                chunk_ids = repo.get_manifest(e.manifest).chunk_ids
-                            except (CdcError, StorageError, OSError):
-                                continue
-                            for c in chunk_ids:
-                                if c not in live.chunks:
-                                    out.chunks.setdefault(c, when)
+                for f in reach.subtree(view, view.root, trees=walked, problem=_freed):
+                    if f.kind == "tree":
+                        out.trees.setdefault(f.name, when)
+                    elif f.name not in live.manifests and f.name not in out.manifests:
+                        out.manifests[f.name] = when
+                        try:
+                            chunk_ids = repo.get_manifest(f.name).chunk_ids
+                        except (CdcError, StorageError, OSError):
+                            continue
+                        for c in chunk_ids:
+                            if c not in live.chunks:
+                                out.chunks.setdefault(c, when)
     return out
+
+
+def _freed(kind: str, ref: str, where: str, error: Exception) -> None:
+    """A tree of a forgotten commit that cannot be read: an earlier gc freed it (what is below
+    it is skipped)."""
 
 
 def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = None,

@@ -5,7 +5,10 @@ The rule for forgotten commits (`forget`) is here and nowhere else: a forgotten 
 the history (the walk reaches its commit object, which gc keeps, and goes on to its parent) but
 it reaches no tree, manifest or chunk, not even as the head of a tag. What a kept commit adds is
 measured against its nearest kept ancestor, never a forgotten one: a file that a forgotten
-commit brought in and a kept one still names is reached through the kept one.
+commit brought in and a kept one still names is reached through the kept one. gc frees what
+only forgotten commits reach early (`maintenance.forgotten_reach`): it takes them from its mark's
+walk (`Found.kept`) and their trees from `subtree`. No new ref may name a forgotten commit
+(`Repository.create_ref`).
 
 The walk reads through a `Graph` (a `Repository` is one) and yields `Found` items: each commit,
 then, for a kept one, its trees and files. What it cannot read goes to `problem(kind, ref, where,

@@ -920,6 +920,10 @@ class Repository(Backend):
         name that is already a branch or a tag, and a commit the repo lacks."""
         check_ref_name(kind, name)
         self.get_commit(repo, commit_id)  # must exist (and be intact) in this repo
+        if self.objects.exists(forgotten_name(repo, commit_id)):  # it reaches nothing (reach.kept): gc frees it
+            raise RevisionNotFoundError(f"commit {commit_id} of repo {repo!r} was forgotten (`cdcstore forget`): "
+                                        f"a {kind} there would name files gc frees; create it at a kept commit "
+                                        f"(see `cdcstore log {repo}`)")
         for other in ("branch", "tag"):
             if self.objects.exists(ref_name(repo, other, name)):
                 raise self._ref_exists(repo, other, kind, name)

@@ -1,8 +1,15 @@
-"""Run a real `cdcstore serve` in a subprocess on a free loopback port: for tests of your own
+"""Testing helpers for your own code and your own backends.
+
+Run a real `cdcstore serve` in a subprocess on a free loopback port: for tests of your own
 pipelines against a server, and for cdcstore's own tests and benchmarks (one starter for both).
 
     with ServerProcess(store_dir).start() as server:   # or .start() ... .stop()
         Store(server.url).push(...)
+
+Conformance suites a third-party backend subclasses (they import pytest; this module does not):
+`cdcstore.testing.backend.BackendTests` (a `Backend`: chunks, packs, manifests, commits, refs) and
+`cdcstore.testing.objects.ObjectStoreTests` (an `ObjectStore`: names, ranges, listing,
+conditional writes, processes). docs/backends.md shows how.
 """
 import os
 import signal
@@ -10,8 +17,30 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+
+def in_threads(fn, n: int) -> list:
+    """`fn(i)` for i in 0..n-1, each on a thread of its own, all at once: their results in order
+    (the first error is raised once all are done)."""
+    out: list = [None] * n
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            out[i] = fn(i)
+        except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -1,0 +1,591 @@
+"""The kinds of file a `StreamingDataset` streams: Parquet files and WebDataset-style TAR shards, two
+implementations of one `Source` interface.
+
+A source cuts its files into units of work (a Parquet row group, a TAR shard), each holding a
+number of rows (samples). The dataset owns the order (`core/order.py`: which unit and row each
+position of an epoch is), the ranks, workers, resume and prefetch; a source owns the I/O:
+
+    index    read once, at construction, what the units are (footers, tar headers); the source
+             travels with the dataset when it is pickled to workers
+    produce  in the prefetch thread, for this consumer's steps, the items that hold its rows
+    emit     in the consumer, each item as batches or rows in the dataset's format
+
+Both built-in sources honour the same contract: the same positions give the same rows, whatever
+the kind, so shuffle, ranks and resume mean the same. A third kind subclasses `SampleSource` (rows
+as dicts, read a step at a time, as TAR does) or `Source`, and is passed with
+`StreamingDataset(..., kinds=[MySource, *sources.KINDS])`.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import fnmatch
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import runtime
+from .core import decoders as _decoders
+from .core import order as _order
+from .core import pages as _pages
+from .core import shards as _shards
+from .core import tree
+from .core.address import Address, parse
+from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNotFoundError
+from .core.thrift import ThriftError
+
+if TYPE_CHECKING:  # the dataset a source reads its settings from and counts its figures into
+    from .decoded import DecodedUnits
+    from .stream import StreamingDataset
+
+LOOK_AHEAD_STEPS = 256  # steps a stream looks ahead for the next row group to fetch while one decodes
+_GLOB = set("*?[")
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file of one resolved commit."""
+
+    repo: str
+    commit: str
+    path: str
+    size: int
+
+    @property
+    def address(self) -> str:
+        return str(Address(self.repo, self.commit, self.path))
+
+
+class Source:
+    """One kind of file, streamed. `units`: (file index, unit within the file, rows) in file order.
+
+    A subclass sets `noun`/`plural` (for messages), `claims` (the paths a folder source lists for
+    it), `index`, `produce` and `consumer`. The dataset `ds` passed to them gives the settings
+    (`columns`, `block`, `batch_size`, `format`, `prefetch_bytes`, `store`) and takes the figures:
+    a source adds to `ds._metrics` ("bytes_read", "read_seconds", ...) and to `ds._consumed` (the
+    samples it yielded), the counts `metrics()` and `state_dict()` report."""
+
+    noun: ClassVar[str] = "a file"
+    plural: ClassVar[str] = "files"
+    shares_decoded: ClassVar[bool] = False  # DataLoader workers share its decoded units (`decoded.py`)
+
+    def __init__(self, files: list[SourceFile], units: list[tuple[int, int, int]]):
+        self.files, self.units = files, units
+
+    @classmethod
+    def claims(cls, path: str) -> bool:
+        """True for the paths of this kind a folder source lists."""
+        raise NotImplementedError
+
+    @classmethod
+    def index(cls, ds: "StreamingDataset", files: list[SourceFile], decode=None) -> "Source":
+        """The units of `files`, read once (footers, headers) through `ds.store`."""
+        raise NotImplementedError
+
+    def produce(self, ds: "StreamingDataset", order: _order.EpochOrder, steps: Iterator, skip: int,
+                share: "DecodedUnits | None" = None, epoch: int = 0) -> Iterator[tuple[object, int]]:
+        """In the prefetch thread: (item, bytes held) for the positions of `steps` (each an array of
+        positions of one step, shifted by `skip`); an item of 0 bytes is not counted in the budget.
+        `share` (only for a source that `shares_decoded`) holds units decoded by other workers."""
+        raise NotImplementedError
+
+    def consumer(self, ds: "StreamingDataset", progress: Callable[[int], None] | None = None
+                 ) -> Callable[[object], Iterator | None]:
+        """A function of each produced item, in order: what to yield for it (batches or rows), or
+        None. `progress(past)` (with `share`): the consumer is past this position of the order."""
+        raise NotImplementedError
+
+
+class SampleSource(Source):
+    """A source whose rows are dicts of `__key__` and one entry per field, read a step at a time
+    (in pieces of about a quarter of the prefetch budget): a subclass gives `fields` and implements
+    `sizes` and `read`."""
+
+    fields: list[str]
+
+    def sizes(self, ds: "StreamingDataset", units: list[int], rows: list[int]) -> list[int]:
+        """The bytes each (unit, row) will read."""
+        return [1] * len(units)
+
+    def read(self, ds: "StreamingDataset", units: np.ndarray, rows: np.ndarray, readers: dict) -> list[dict]:
+        """One dict per (unit, row); `readers` (file index -> open reader) lives as long as `produce`."""
+        raise NotImplementedError
+
+    def finish(self, samples: list[dict]) -> list[dict]:
+        """In the prefetch thread, after the read (TAR decodes members here)."""
+        return samples
+
+    def produce(self, ds, order, steps, skip, share=None, epoch=0):
+        readers: dict[int, object] = {}
+        try:
+            for pos in steps:
+                units, rows = order.locate(order.sequence_index(pos + skip))
+                for lo, hi in self._pieces(ds, units, rows):
+                    got = self.read(ds, units[lo:hi], rows[lo:hi], readers)
+                    nbytes = sum(len(v) for s in got for v in s.values()) or 1
+                    yield ("samples", self.finish(got)), nbytes
+        finally:
+            for reader in readers.values():
+                reader.close()
+
+    def _pieces(self, ds, units: np.ndarray, rows: np.ndarray) -> list[tuple[int, int]]:
+        """A step's positions cut, at block boundaries, into pieces of at most a quarter of
+        `prefetch_bytes` of bytes read (at least one block each): the queue, the piece being
+        read and the one being consumed then hold about 1.5 x prefetch_bytes, whatever the step."""
+        sizes = self.sizes(ds, units.tolist(), rows.tolist())
+        budget, block = max(1, ds.prefetch_bytes // 4), ds.block
+        pieces, lo, held = [], 0, 0
+        for b in range(0, len(sizes), block):
+            nbytes = sum(sizes[b:b + block])
+            if b > lo and held + nbytes > budget:
+                pieces.append((lo, b))
+                lo, held = b, 0
+            held += nbytes
+        if lo < len(sizes):
+            pieces.append((lo, len(sizes)))
+        return pieces
+
+    def consumer(self, ds, progress=None):
+        return lambda item: self._emit(ds, item[1])
+
+    def _emit(self, ds, samples: list[dict]):
+        """One dict per sample, or one batch per block with a column per field of the dataset: a
+        dict of lists ("numpy" and "python"; None where a sample lacks the field) or a RecordBatch
+        ("arrow"; keys as strings, fields as bytes)."""
+        m = ds._metrics
+        if ds.batch_size is None:
+            for s in samples:
+                ds._consumed += 1
+                m["samples"] += 1
+                yield s
+            return
+        names = ["__key__", *self.fields]
+        for lo in range(0, len(samples), ds.block):
+            part = samples[lo:lo + ds.block]
+            ds._consumed += len(part)
+            m["samples"] += len(part)
+            m["batches"] += 1
+            cols = {k: [s.get(k) for s in part] for k in names}
+            if ds.format == "arrow":
+                yield pa.RecordBatch.from_pydict(
+                    cols, pa.schema([(k, pa.string() if k == "__key__" else pa.binary()) for k in names]))
+            else:
+                yield cols
+
+
+class TarSource(SampleSource):
+    """WebDataset-style TAR shards: a unit is a shard, a row a sample (its members grouped by key,
+    `core/shards.py`); only the byte ranges of the members asked for (`columns`: extensions) are read."""
+
+    noun, plural = "a TAR shard", "TAR shards"
+
+    def __init__(self, files, tables: list, fields: list[str], decoders: dict, want: set | None):
+        super().__init__(files, [(fi, 0, len(table)) for fi, table in enumerate(tables) if table])
+        self.tables, self.fields, self.decoders, self.want = tables, fields, decoders, want
+
+    @property
+    def extensions(self) -> list[str]:
+        return self.fields
+
+    @classmethod
+    def claims(cls, path: str) -> bool:
+        return _shards.is_tar(path)
+
+    @classmethod
+    def index(cls, ds, files, decode=None):
+        tables = []
+        for f in files:  # each shard's sample table, from its headers (read a window at a time)
+            with ds.store.open(f.address) as r:
+                tables.append(_shards.samples(_shards.scan(r.pread, f.size, f.address), f.address))
+        exts = dict.fromkeys(e for table in tables for smp in table for e, _, _ in smp.parts)
+        want = None if ds.columns is None else set(ds.columns)
+        decoders = _decoders.table(ds.format != "arrow" if decode is None else decode)
+        return cls(files, tables, [e for e in exts if want is None or e in want], decoders, want)
+
+    def sizes(self, ds, units, rows):
+        want = self.want
+        return [sum(n for e, _, n in self.tables[self.units[u][0]][r].parts if want is None or e in want)
+                for u, r in zip(units, rows)]
+
+    def read(self, ds, units, rows, readers):
+        """The members' ranges of each shard are merged (gaps up to 64 KiB) and read in order."""
+        want = self.want
+        picked = []
+        for u, row in zip(units.tolist(), rows.tolist()):
+            fi = self.units[u][0]
+            sample = self.tables[fi][row]
+            picked.append((fi, sample, [p for p in sample.parts if want is None or p[0] in want]))
+        t0 = time.perf_counter()
+        data: dict[tuple[int, int], memoryview] = {}  # (file, range start) -> bytes of the range
+        starts: dict[int, list[int]] = {}
+        for fi in dict.fromkeys(fi for fi, _, _ in picked):
+            spans = _shards.coalesce([(o, o + n) for f, _, parts in picked if f == fi for _, o, n in parts],
+                                     64 << 10)
+            if fi not in readers:
+                if len(readers) >= 8:
+                    readers.pop(next(iter(readers))).close()
+                readers[fi] = ds.store.open(self.files[fi].address)
+            for lo, hi in spans:
+                data[fi, lo] = memoryview(readers[fi].pread(lo, hi - lo))
+            starts[fi] = [lo for lo, _ in spans]
+        out = []
+        m = ds._metrics
+        for fi, sample, parts in picked:
+            s = {"__key__": sample.key}
+            for ext, o, n in parts:
+                lo = starts[fi][int(np.searchsorted(starts[fi], o, side="right")) - 1]
+                s[ext] = bytes(data[fi, lo][o - lo:o - lo + n])
+                m["bytes_read"] += n
+            out.append(s)
+        m["read_seconds"] += time.perf_counter() - t0
+        return out
+
+    def finish(self, samples):
+        if self.decoders:
+            return [_decoders.decode_sample(s, self.decoders) for s in samples]
+        return samples
+
+
+class ParquetSource(Source):
+    """Parquet files: a unit is a row group, read whole (the columns asked for) once per consumer
+    in order of first need, held until its rows are consumed; a step's rows are gathered from the
+    row groups held."""
+
+    noun, plural = "a Parquet file", "Parquet files"
+    shares_decoded = True
+
+    def __init__(self, files, footers: list[pq.FileMetaData], columns: list[str] | None):
+        super().__init__(files, [(fi, rg, md.row_group(rg).num_rows)
+                                 for fi, md in enumerate(footers) for rg in range(md.num_row_groups)])
+        self.footers, self.columns = footers, columns
+        self.want = None if columns is None else set(columns)
+
+    @classmethod
+    def claims(cls, path: str) -> bool:
+        return path.endswith(".parquet")
+
+    @classmethod
+    def index(cls, ds, files, decode=None):
+        return cls(files, [cls._footer(ds, f) for f in files], ds.columns)
+
+    @staticmethod
+    def _footer(ds, f: SourceFile) -> pq.FileMetaData:
+        with ds.store.open(f.address) as r:
+            try:
+                return checked_footer(pq.ParquetFile(r, pre_buffer=False).metadata, f)
+            except CdcError:  # the store's own error (busy, unreachable, damaged) says what it is
+                raise
+            except (pa.ArrowInvalid, OSError) as e:
+                if isinstance(e.__cause__ or e.__context__, CdcError):
+                    raise (e.__cause__ or e.__context__) from None
+                raise InvalidAddressError(f"{f.address} is not a readable Parquet file ({e}): "
+                                          f"stream Parquet files only") from None
+
+    # -- the prefetch thread ----------------------------------------------------------------------
+    def produce(self, ds, order, steps, skip, share=None, epoch=0):
+        """Each needed row group once, in order of first need, then each step (whole blocks of
+        this consumer's positions). With `share`, a row group another worker decoded is mapped
+        from the shared folder, and one decoded here is put there."""
+        loaded: set[int] = set()
+        files: dict[int, tuple[pq.ParquetFile, object]] = {}
+        warm = Warmer(ds) if share is None and ds.store.cache is not None else None
+        located: collections.deque = collections.deque()  # steps located ahead: (pos, units, rows)
+        steps = iter(steps)
+        metrics = ds._metrics
+
+        def pull() -> bool:
+            pos = next(steps, None)
+            if pos is not None:
+                located.append((pos, *order.locate(order.sequence_index(pos + skip))))
+            return pos is not None
+
+        def next_new(after: int) -> int | None:
+            """The first row group needed after `after` that is not loaded (looking ahead at most
+            `LOOK_AHEAD_STEPS` steps)."""
+            k = 0
+            while True:
+                while k >= len(located):
+                    if k >= LOOK_AHEAD_STEPS or not pull():
+                        return None
+                for v in located[k][1].tolist():
+                    if v not in loaded and v != after:
+                        return v
+                k += 1
+
+        try:
+            while located or pull():
+                pos, units, rows = located[0]  # stays first while it loads: `next_new` looks from it
+                for u in dict.fromkeys(units.tolist()):
+                    if u in loaded:
+                        continue
+                    loaded.add(u)
+                    if warm is not None:  # the next row group's bytes arrive while this one decodes
+                        v = next_new(u)
+                        if v is not None:
+                            warm.ahead(v)
+                    if share is None:
+                        table = self._read_unit(ds, u, files)
+                    else:
+                        table = share.load(epoch, u, lambda: self._read_unit(ds, u, files))
+                    metrics["row_groups"] += 1
+                    yield ("unit", u, table, _order.release_bound(order, u) - skip), table.nbytes or 1
+                located.popleft()
+                yield ("step", int(pos[-1]) + 1, units, rows), 0
+        finally:
+            if warm is not None:
+                warm.close()
+            for _, reader in files.values():
+                reader.close()
+
+    def spans(self, u: int) -> list[tuple[int, int]]:
+        """The byte ranges (offset, length) of a row group's column chunks asked for, merged
+        where they are less than 1 MiB apart."""
+        fi, rg, _ = self.units[u]
+        g = self.footers[fi].row_group(rg)
+        want = self.want
+        spans = []
+        for j in range(g.num_columns):
+            c = g.column(j)
+            if want is not None and c.path_in_schema.split(".")[0] not in want:
+                continue
+            start = c.data_page_offset
+            if c.has_dictionary_page and c.dictionary_page_offset:
+                start = min(start, c.dictionary_page_offset)
+            spans.append((start, start + c.total_compressed_size))
+        return [(lo, hi - lo) for lo, hi in _shards.coalesce(spans, 1 << 20)]
+
+    def _read_unit(self, ds, u: int, files: dict) -> pa.Table:
+        fi, rg, _ = self.units[u]
+        if fi not in files:
+            if len(files) >= 8:
+                files.pop(next(iter(files)))[1].close()
+            reader = ds.store.open(self.files[fi].address)
+            files[fi] = (pq.ParquetFile(reader, metadata=self.footers[fi], pre_buffer=False), reader)
+        pf = files[fi][0]
+        t0 = time.perf_counter()
+        self._check_rows(fi, rg, files[fi][1])
+        table = pf.read_row_group(rg, columns=self.columns)
+        if table.num_rows != self.units[u][2]:
+            raise lying_rows(self.files[fi], rg, self.units[u][2], f"pyarrow read {table.num_rows}")
+        m = ds._metrics
+        m["read_seconds"] += time.perf_counter() - t0
+        m["bytes_read"] += self._column_bytes(fi, rg)
+        m["decodes"] += 1
+        return table
+
+    def _check_rows(self, fi: int, rg: int, reader) -> None:
+        """Before pyarrow allocates for a row group's rows: the page headers of one of its column
+        chunks that is not repeated (the smallest among the columns asked for, else of all) must
+        hold the rows its footer claims."""
+        md, f = self.footers[fi], self.files[fi]
+        g = md.row_group(rg)
+        want = self.want
+        flat = [j for j in range(g.num_columns) if md.schema.column(j).max_repetition_level == 0]
+        if not flat:
+            return
+        j = min(flat, key=lambda j: (want is not None and md.schema.column(j).path.split(".")[0] not in want,
+                                     g.column(j).total_compressed_size))
+        c = g.column(j)
+        start = c.data_page_offset
+        if c.has_dictionary_page and c.dictionary_page_offset:
+            start = min(start, c.dictionary_page_offset)
+        size = c.total_compressed_size
+        if not (4 <= start and 0 <= size and start + size <= f.size - 8):
+            raise CorruptionError(f"{f.address}: row group {rg}'s column {c.path_in_schema} lies outside the file: "
+                                  f"its footer is damaged")
+        try:
+            held = _pages.column_chunk_rows(reader.pread(start, size))
+        except (ThriftError, RecursionError) as e:
+            raise CorruptionError(f"{f.address}: row group {rg}'s column {c.path_in_schema} has unreadable "
+                                  f"pages ({e}): the file is damaged") from None
+        if held != g.num_rows:
+            raise lying_rows(f, rg, g.num_rows, f"its pages hold {held}")
+
+    def _column_bytes(self, fi: int, rg: int) -> int:
+        g = self.footers[fi].row_group(rg)
+        want = self.want
+        return sum(g.column(j).total_compressed_size for j in range(g.num_columns)
+                   if want is None or g.column(j).path_in_schema.split(".")[0] in want)
+
+    # -- the consumer -----------------------------------------------------------------------------
+    def consumer(self, ds, progress=None):
+        """Row groups are held until the consumer is past their release bound; a step's rows are
+        gathered from them and emitted."""
+        held: dict[int, tuple[pa.Table, int]] = {}
+        m = ds._metrics
+
+        def take(item):
+            if item[0] == "unit":
+                _, u, table, bound = item
+                held[u] = (table, bound)
+                m["max_rows_held"] = max(m["max_rows_held"], sum(t.num_rows for t, _ in held.values()))
+                return None
+            _, past, units, rows = item
+            table = self._gather(ds, held, units, rows)
+            for u in [u for u, (_, bound) in held.items() if bound <= past]:
+                del held[u]
+            if progress is not None:
+                progress(past)
+            return self._emit(ds, table)
+        return take
+
+    @staticmethod
+    def _gather(ds, held: dict, units: np.ndarray, rows: np.ndarray) -> pa.Table:
+        """The rows of one block, in order, from the row groups held: slices (no copy) when they are
+        a few runs of consecutive rows (no shuffle), else a take."""
+        cuts = np.flatnonzero((np.diff(units) != 0) | (np.diff(rows) != 1)) + 1
+        if len(cuts) < 4:
+            bounds = [0, *cuts.tolist(), len(rows)]
+            parts = [held[int(units[lo])][0].slice(int(rows[lo]), hi - lo) for lo, hi in zip(bounds, bounds[1:])]
+            table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            if ds.format != "arrow" or ds._slot == 0:
+                return table
+            return table.combine_chunks().take(pa.array(np.arange(len(rows))))  # to a worker: compact
+        ids, which = np.unique(units, return_inverse=True)
+        tables = [held[int(u)][0] for u in ids]
+        base = np.cumsum([0] + [t.num_rows for t in tables])[:-1]
+        index = rows + base[which]
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        return table.take(pa.array(index))
+
+    @classmethod
+    def _emit(cls, ds, table: pa.Table):
+        """Rows, or one batch per block (the last one of a consumer may be short)."""
+        m = ds._metrics
+        if ds.batch_size is None:
+            for row in table.to_pylist():
+                ds._consumed += 1
+                m["samples"] += 1
+                yield row
+            return
+        for lo in range(0, table.num_rows, ds.block):
+            yield cls._format(ds, table.slice(lo, ds.block))
+
+    @staticmethod
+    def _format(ds, table: pa.Table):
+        m = ds._metrics
+        n = table.num_rows
+        ds._consumed += n
+        m["samples"] += n
+        m["batches"] += 1
+        if ds.format == "arrow":
+            return table.combine_chunks().to_batches()[0] if n else pa.RecordBatch.from_pylist([], table.schema)
+        if ds.format == "python":
+            return table.to_pydict()
+        table = table.combine_chunks()  # writable arrays: torch takes them without a warning
+        return {name: col.chunk(0).to_numpy(zero_copy_only=False, writable=True) if col.num_chunks
+                else col.to_numpy() for name, col in zip(table.column_names, table.columns)}
+
+
+KINDS: tuple[type[Source], ...] = (TarSource, ParquetSource)  # a path no kind claims is the last kind's
+
+
+def kind_of(files: list[SourceFile], kinds: Sequence[type[Source]] = KINDS) -> type[Source]:
+    """The one kind of `files` (a file no kind claims counts as the last kind, which says so if it
+    cannot read it); a mix is refused."""
+    def of(f: SourceFile) -> type[Source]:
+        return next((k for k in kinds if k.claims(f.path)), kinds[-1])
+    first = of(files[0])
+    other = next((f for f in files if of(f) is not first), None)
+    if other is not None:
+        a, b = (files[0], other) if first is not kinds[-1] else (other, files[0])
+        names = " and ".join(sorted({first.plural, of(other).plural}))
+        raise InvalidAddressError(f"{a.address} is {of(a).noun} but {b.address} is not: stream {names} as two "
+                                  f"datasets (mix them with `interleave`)")
+    return first
+
+
+def expand(source: str, files: dict, commit: str, kinds: Sequence[type[Source]] = KINDS) -> list[SourceFile]:
+    """The files a `cdc://` source names in a commit's file map: a file, a folder's files of the
+    `kinds` (Parquet files or TAR shards), or a glob's matches, in path order (pure)."""
+    a = parse(source)
+    if a.path in files:
+        found = [a.path]
+    elif _GLOB & set(a.path):
+        found = [p for p in files if fnmatch.fnmatchcase(p, a.path)]
+    else:
+        under = list(tree.under(files, a.path))
+        found = [p for p in under if any(k.claims(p) for k in kinds)]
+        found = found or [p for p in under if _shards.is_compressed_tar(p)]
+    packed = [p for p in found if _shards.is_compressed_tar(p)]
+    if packed:
+        raise InvalidAddressError(f"{source}: {packed[0]} is a compressed tar: stream plain .tar shards "
+                                  f"(decompress them before pushing; chunks dedup better uncompressed)")
+    if not found:
+        what = " or ".join(k.noun[k.noun.index(" ") + 1:] for k in (kinds[-1], *kinds[:-1]))
+        raise PathNotFoundError(f"{source}: no {what} there at commit {commit[:12]}: "
+                                f"check the path with `cdcstore ls`")
+    return [SourceFile(a.repo, commit, p, files[p].size) for p in sorted(found)]
+
+
+def lying_rows(f: SourceFile, rg: int, claimed: int, truth: str) -> CorruptionError:
+    return CorruptionError(f"{f.address}: row group {rg} claims {claimed} rows but {truth}: the file's "
+                           f"footer is damaged (or forged); rewrite the file")
+
+
+def checked_footer(md: pq.FileMetaData, f: SourceFile) -> pq.FileMetaData:
+    """`md` if its row counts agree: no row group below 0 rows, their sum the file's count, and each
+    column that is not repeated holding exactly one value per row (a repeated one at least one);
+    else CorruptionError naming the file. The pages are checked when a row group is read."""
+    total = 0
+    for rg in range(md.num_row_groups):
+        g = md.row_group(rg)
+        if g.num_rows < 0:
+            raise lying_rows(f, rg, g.num_rows, "a count cannot be negative")
+        for j in range(g.num_columns):
+            values, flat = g.column(j).num_values, md.schema.column(j).max_repetition_level == 0
+            if values < 0 or (values != g.num_rows if flat else values < g.num_rows):
+                raise lying_rows(f, rg, g.num_rows, f"its column {g.column(j).path_in_schema} holds {values} values")
+        total += g.num_rows
+    if total != md.num_rows:
+        raise CorruptionError(f"{f.address}: its row groups hold {total} rows but its footer claims {md.num_rows}: "
+                              f"the file's footer is damaged (or forged); rewrite the file")
+    return md
+
+
+class Warmer:
+    """Fetches the bytes of the row group a stream will read next into the chunk cache, on a
+    thread of its own, while the stream's thread decodes the one before: the fetch and the
+    decode overlap. The stream's own read of those bytes then finds them fetched (or waits for
+    the fetch in flight: the cache's single flight), so nothing is fetched twice. One warm-up
+    at a time; a failed one only leaves the read to fetch. Used when the store has a cache
+    (a read from it costs a request), not for a local directory."""
+
+    def __init__(self, ds: "StreamingDataset"):
+        self._ds = ds
+        self._pool = runtime.pool("warm", 2)  # the process's: streams of this process share it
+        self._busy: concurrent.futures.Future | None = None
+        self._done: set[int] = set()
+        self._readers: dict = {}  # file index -> FileReader (this thread's)
+
+    def ahead(self, u: int) -> None:
+        if u in self._done or (self._busy is not None and not self._busy.done()):
+            return
+        self._done.add(u)
+        self._busy = self._pool.submit(self._fetch, u)
+
+    def _fetch(self, u: int) -> None:
+        ds = self._ds
+        source = ds.source
+        fi = source.units[u][0]
+        try:
+            reader = self._readers.get(fi)
+            if reader is None:
+                if len(self._readers) >= 8:
+                    self._readers.pop(next(iter(self._readers))).close()
+                reader = self._readers[fi] = ds.store.open(source.files[fi].address)
+            for lo, n in source.spans(u):
+                reader.pread(lo, n)
+            ds._metrics["warmed"] += 1
+        except Exception:  # noqa: BLE001 - the stream's own read fetches and reports
+            pass
+
+    def close(self) -> None:
+        if self._busy is not None and not self._busy.cancel():
+            concurrent.futures.wait([self._busy])  # its readers are closed next
+        for reader in self._readers.values():
+            reader.close()
