@@ -25,8 +25,9 @@ from cdcstore.storage.repository import LocalStore
 from cdcstore.storage.roles import BackendCapabilities, ChunkSink, ChunkSource, MetadataStore, RefStore, Upkeep
 
 ROOT = os.path.dirname(cdcstore.__file__)
-# the layers below the rule: they implement the roles (a cache wraps a store, a check reads a repository)
-BELOW = ("core", "storage", "runtime")
+# the layers below the rule: they implement the roles (a cache wraps a store, a check reads a repository);
+# and the conformance suites (cdcstore/testing), which look inside the built-in stores to test them
+BELOW = ("core", "storage", "runtime", "testing")
 # a class that is a store, a backend, a chunk source or sink, or what one is made of
 STORE_CLASS = re.compile(r"(Store|Backend|Repository|Objects|Seed|Source|Sink|Index|Cache)$")
 # a value that holds one: the names the code gives them
