@@ -31,7 +31,7 @@ from .engine.read import FileReader, LocalSeed
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
 from .storage.check import check as check_store, rebuild_index
-from .storage import staging
+from .storage import meta, staging  # meta: the process's heads and objects (fs.py uses it through here)
 from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD, PushSession, forget, gc
 from .storage.repository import LocalStore, Repository, is_object_url, manifest_name, no_such_path, open_repository
 from .storage.local import clean_dead_temps
@@ -690,6 +690,7 @@ class Store:
                 except treeobj.Clash as e:
                     raise _clash(e.paths) from None
                 commit_id = be.commit(commit, branch, expected)
+                meta.wrote(meta.identity(be.identity), repo, branch)  # the one invalidation rule (storage/meta.py)
         result = TransferResult(
             files=len(pairs), bytes=ingest.bytes + sum(e.size for e in unread.values()), new_bytes=ingest.new_bytes,
             stored_bytes=ingest.stored_bytes, pack_bytes=ingest.pack_bytes, seconds=time.perf_counter() - t0,

@@ -173,7 +173,8 @@ def test_a_cold_cache_gets_exactly_the_pinned_commit(tmp_path):
             w.tag("r", "rel", v1)
         cache_path = str(tmp_path / "cache.sqlite")
         with Store(srv.url, cache=cache_path) as r:
-            key = f"{r.backend._scope}:r"
+            r.resolve_ref("r", "main")  # the store's id is heard: the heads' key is the store's
+            key = r.backend._heads_key("r")
             for rev in (v1, v1[:6]):  # a poisoned head, as an old client pushing to @<id> left
                 r.cache.put_head(key, rev, v2)
             assert r.cat(f"cdc://r@{v1[:6]}/x") == b"pinned bytes"
