@@ -406,10 +406,11 @@ class ChunkCache:
             self.conn.execute("INSERT OR IGNORE INTO objects (kind, name, data) VALUES (?, ?, ?)", (kind, name, data))
 
     # -- branch heads, briefly ----------------------------------------------------------------
-    def get_head(self, repo: str, rev: str, ttl: float = HEAD_TTL) -> str | None:
+    def get_head(self, repo: str, rev: str, ttl: float = HEAD_TTL, since: float = 0.0) -> str | None:
+        """A head written in the last `ttl` seconds and after `since` (a write of this process)."""
         row = self.conn.execute("SELECT revcommit FROM heads WHERE repo = ? AND rev = ? AND typeof(at) = 'real'"
                                 " AND at > ?",
-                                (repo, rev, time.time() - ttl)).fetchone()
+                                (repo, rev, max(time.time() - ttl, since))).fetchone()
         return row[0] if row and isinstance(row[0], str) and ids.is_hex_id(row[0]) else None
 
     def put_head(self, repo: str, rev: str, commit_id: str) -> None:
@@ -805,8 +806,10 @@ class CachedBackend(Overlay):
             self.cache.put_head(self._heads_key(repo), (TAG_PREFIX if kind == "tag" else "") + rev, cid)
             return f"{kind}:{cid}"
 
+        since = meta.written_at(self._store_key(), repo, rev)
+
         def lookup():
-            found = self.cache.get_head(key, rev)
+            found = self.cache.get_head(key, rev, since=since)
             return f"branch:{found}" if found else None
 
         machine = lookup()

@@ -181,6 +181,17 @@ def objects() -> Objects:
     return _objects
 
 
+_written: dict[tuple[str, str, str], float] = {}  # (identity, repo, rev) -> when this process last moved it
+
+
 def wrote(ident: str, repo: str, rev: str) -> None:
-    """The invalidation rule: a write through this process moved (or removed) `rev` of `repo`."""
+    """The invalidation rule: a write through this process moved (or removed) `rev` of `repo`:
+    its heads here go, and a machine-wide copy older than the write is not used (`written_at`)."""
+    with _lock:
+        _written[(ident, repo, rev)] = time.time()
     _heads.forget_branch(ident, repo, rev)
+
+
+def written_at(ident: str, repo: str, rev: str) -> float:
+    """When this process last moved `rev` (wall clock; 0 if never): older machine-wide heads are stale."""
+    return _written.get((ident, repo, rev), 0.0)
