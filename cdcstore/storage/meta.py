@@ -157,6 +157,10 @@ class Objects:
             while len(self._objects) > self._most:
                 self._objects.popitem(last=False)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._objects.clear()
+
     def remembered(self, key: tuple, fetch):
         """The object kept for `key`, else `fetch()`'s (verified by the caller), kept."""
         obj = self.get(key)
@@ -195,3 +199,12 @@ def wrote(ident: str, repo: str, rev: str) -> None:
 def written_at(ident: str, repo: str, rev: str) -> float:
     """When this process last moved `rev` (wall clock; 0 if never): older machine-wide heads are stale."""
     return _written.get((ident, repo, rev), 0.0)
+
+
+def clear() -> None:
+    """Forget everything this process keeps (a measurement of a cold start; tests)."""
+    _heads.clear()
+    _objects.clear()
+    with _lock:
+        _store_ids.clear()
+        _written.clear()
