@@ -34,7 +34,6 @@ from .core.address import SCHEME, Address, check_write_target, parse
 from .api import Store, _check_replaceable, meta
 from .core.commit import FileEntry
 from .core.errors import InvalidAddressError
-from .core.manifest import Manifest
 
 
 class CdcTransaction(Transaction):
@@ -154,7 +153,6 @@ class CdcFileSystem(AbstractFileSystem):
         self._store = runtime.Local()  # this process's Store (nothing network-bound survives a fork)
         self._heads: dict[tuple[str, str], str] = dict(resolved or {})  # (repo, rev) -> commit id, for pickling
         self._views: dict = {}  # (repo, commit id) -> (Commit, treeobj.View): derived from immutable commits
-        self._manifests: dict[str, Manifest] = {}  # the last 256 opened (immutable)
 
     # -- plumbing ---------------------------------------------------------------------------
     @property
@@ -308,12 +306,9 @@ class CdcFileSystem(AbstractFileSystem):
             if self.info(path)["type"] == "directory":
                 raise IsADirectoryError(f"{SCHEME}{path} is a folder")
             raise FileNotFoundError(f"{SCHEME}{path}")
-        m = self._manifests.get(entry.manifest)
-        if m is None:
-            m = self.store.manifest(a.repo, entry.manifest)
-            if len(self._manifests) >= 256:
-                self._manifests.pop(next(iter(self._manifests)))
-            self._manifests[entry.manifest] = m
+        ident = self.store.backend.identity  # manifests are immutable: kept by the process (storage/meta.py)
+        m = meta.objects().remembered((meta.scope(ident, self._args["token"]), "fs-manifest", a.repo, entry.manifest),
+                                      lambda: self.store.manifest(a.repo, entry.manifest))
         return self.store.reader(a.repo, m, f"{SCHEME}{path}")
 
     def cat_file(self, path, start=None, end=None, **kwargs):

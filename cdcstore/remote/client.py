@@ -506,7 +506,10 @@ class RemoteStore(Backend):
         """An immutable object (a commit or manifest, verified against its name) fetched
         once per store and token in this process (`meta.objects`): a pinned commit never asks
         the server twice for the same thing."""
-        return meta.objects().remembered((self._scope, *key), fetch)
+        def fetched():
+            meta.count("objects_server")
+            return fetch()
+        return meta.objects().remembered((self._scope, *key), fetched)
 
     def _wrote(self, repo: str, rev: str) -> None:
         """The one invalidation rule (storage/meta.py): this write moved `rev`'s heads."""
@@ -726,6 +729,7 @@ class RemoteStore(Backend):
         if kept is not None:
             return kept, {}
         data, found = wire.decode_located(self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}?locations=1"))
+        meta.count("objects_server")
         m = self._checked_manifest(name, data)
         return self._remembered(key, lambda: m), found
 

@@ -162,11 +162,11 @@ class Objects:
             self._objects.clear()
 
     def remembered(self, key: tuple, fetch):
-        """The object kept for `key`, else `fetch()`'s (verified by the caller), kept."""
+        """The object kept for `key`, else `fetch()`'s (verified by the caller), kept. Whoever
+        fetches from the store counts `objects_server`."""
         obj = self.get(key)
         if obj is None:
             obj = fetch()
-            count("objects_server")
             self.put(key, obj)
         return obj
 
