@@ -233,10 +233,11 @@ class CdcFileSystem(AbstractFileSystem):
 
     def invalidate_cache(self, path=None) -> None:
         """Forget resolved branches: the process's heads of this store (a new commit moves them)."""
-        ident = meta.identity(self.store.backend.identity)
-        for repo, rev in list(self._heads):
-            meta.wrote(ident, repo, rev)
-        self._heads.clear()
+        if self._heads:  # (a store was opened: asking for one here could create the default store)
+            ident = meta.identity(self.store.backend.identity)
+            for repo, rev in list(self._heads):
+                meta.wrote(ident, repo, rev)
+            self._heads.clear()
         super().invalidate_cache(path)
 
     def _name(self, a: Address, path: str) -> str:
