@@ -814,7 +814,9 @@ class RemoteStore(Backend):
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         if not ids.is_hex_id(commit_id):  # a full id only, as a local store takes it
             raise RevisionNotFoundError(f"no commit {commit_id!r} in repo {_repo(repo)!r}")
-        return self._remembered(("commit", repo, commit_id), lambda: self._fetch_commit(repo, commit_id))
+        # kept per process: bound to this store's trees (another RemoteStore of the scope may have kept it)
+        kept = self._remembered(("commit", repo, commit_id), lambda: self._fetch_commit(repo, commit_id))
+        return self.bound(repo, kept)
 
     def _fetch_commit(self, repo: str, commit_id: str) -> Commit:
         data = self._call("GET", f"/repos/{_repo(repo)}/commits/{commit_id}")
