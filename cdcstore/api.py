@@ -31,7 +31,7 @@ from .engine.pull import PULL_LOCATE_CHUNKS, check_replaceable as _check_replace
 from .engine.read import FileReader
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
-from .storage import staging
+from .storage import meta, staging  # meta: the process's heads and objects (fs.py uses it through here)
 from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD
 from .storage.repository import LocalStore, is_object_url, no_such_path, open_repository
 from .engine.push import Ingest, IngestOptions
@@ -562,6 +562,7 @@ class Store:
                 except treeobj.Clash as e:
                     raise _clash(e.paths) from None
                 commit_id = be.commit(commit, branch, expected)
+                meta.wrote(meta.identity(be.identity), repo, branch)  # the one invalidation rule (storage/meta.py)
         result = TransferResult(
             files=len(pairs), bytes=ingest.bytes + sum(e.size for e in unread.values()), new_bytes=ingest.new_bytes,
             stored_bytes=ingest.stored_bytes, pack_bytes=ingest.pack_bytes, seconds=time.perf_counter() - t0,

@@ -7,8 +7,10 @@ Paths are `REPO[@REV]/PATH`. A branch resolves to a commit once per filesystem
 instance and the commit's listing is kept (commits are immutable), so listing,
 `info`, `glob` and `find` cost no further requests; a pickled instance carries the
 resolved commits to its workers. A branch is resolved again after `head_ttl`
-seconds (default 5; commit ids never expire), so a long-lived instance sees new
-pushes. Writes (`open("wb"/"xb")`, `put`, `pipe`), `copy`, `mv` and `rm` are
+seconds (default 5, as the process's heads: storage/meta.py; commit ids and tags never
+expire), so a long-lived instance sees new pushes; a write through this process is
+seen at once, and heads are kept per store (a server restarted over another store on
+the same URL is not taken for the old one). Writes (`open("wb"/"xb")`, `put`, `pipe`), `copy`, `mv` and `rm` are
 commits; `put` of a folder is one commit, and inside `fs.transaction` everything
 becomes one commit per branch. A commit that touches other paths than a
 concurrent writer's lands on top of it (rebased); only overlapping paths conflict.
@@ -21,7 +23,6 @@ from __future__ import annotations
 import io
 import os
 import tempfile
-import time
 import warnings
 
 from fsspec import AbstractFileSystem
@@ -30,10 +31,9 @@ from fsspec.transaction import Transaction
 from . import runtime
 from .core import tree
 from .core.address import SCHEME, Address, check_write_target, parse
-from .api import Store, _check_replaceable
-from .core.commit import Commit, FileEntry
+from .api import Store, _check_replaceable, meta
+from .core.commit import FileEntry
 from .core.errors import InvalidAddressError
-from .core.manifest import Manifest
 
 
 class CdcTransaction(Transaction):
@@ -159,14 +159,11 @@ class CdcFileSystem(AbstractFileSystem):
         self._stage = dict(stage or {})  # "repo@branch" -> the job whose journal its writes go to (writers.py)
         self._args = dict(location=store, token=token, cache=cache)
         self.head_ttl = head_ttl
-        self._resolved_at: dict[tuple[str, str], float] = {}
-        self._pinned: set[tuple[str, str]] = set()  # (repo, rev) that name a commit or a tag: never refreshed
+        self._given = dict(resolved or {})  # heads resolved by the instance this one was pickled from
         self._get_root: tuple[str, str] | None = None  # a recursive get's destination: (absolute, real)
         self._store = runtime.Local()  # this process's Store (nothing network-bound survives a fork)
-        self._heads: dict[tuple[str, str], str] = dict(resolved or {})  # (repo, rev) -> commit id
-        self._commits: dict[tuple[str, str], Commit] = {}
-        self._views: dict = {}  # (repo, commit id) -> treeobj.View
-        self._manifests: dict[str, Manifest] = {}  # the last 256 opened (immutable)
+        self._heads: dict[tuple[str, str], str] = dict(resolved or {})  # (repo, rev) -> commit id, for pickling
+        self._views: dict = {}  # (repo, commit id) -> (Commit, treeobj.View): derived from immutable commits
 
     # -- plumbing ---------------------------------------------------------------------------
     @property
@@ -213,39 +210,45 @@ class CdcFileSystem(AbstractFileSystem):
     def _address(self, path: str) -> Address:
         return parse(self._strip_protocol(path))
 
-    def _commit_of(self, a: Address) -> tuple[str, Commit]:
-        key = (a.repo, a.ref)
-        cid = self._heads.get(key)
-        now = time.monotonic()
-        pinned = key in self._pinned or (cid is not None and len(a.ref) >= 4 and cid.startswith(a.ref))
-        if cid is not None and not pinned:  # a branch: refresh after head_ttl (commits and tags never move)
-            seen = self._resolved_at.setdefault(key, now)
-            if now - seen > self.head_ttl:
-                cid = None
-        if cid is None:
-            cid, kind = self.store.resolve_ref(a.repo, a.ref)
-            self._heads[key] = cid
-            self._resolved_at[key] = now
-            if kind != "branch":
-                self._pinned.add(key)
-        commit = self._commits.get((a.repo, cid))
-        if commit is None:
-            commit = self._commits[(a.repo, cid)] = self.store.get_commit(a.repo, cid)
-        return cid, commit
+    def _head_key(self, a: Address) -> tuple:
+        """The process's key of a head (storage/meta.py): the store's identity, the token, the rev."""
+        ident = self.store.backend.identity
+        return meta.identity(ident), meta.scope(ident, self._args["token"]), a.repo, a.ref
+
+    def _commit_id(self, a: Address) -> str:
+        """The commit a.ref names: the process's head if younger than `head_ttl` (commit ids and
+        tags for good; a write through this process drops it at once), else the store's answer."""
+        key = self._head_key(a)
+        heads = meta.heads()
+        got = heads.get(key, self.head_ttl)
+        if got is None and (a.repo, a.ref) in self._given:  # a worker: the head its parent read
+            cid = self._given.pop((a.repo, a.ref))
+            heads.put(key, cid, "commit" if len(a.ref) >= 4 and cid.startswith(a.ref) else "branch")
+            got = (cid, "given")
+        if got is None:
+            got = self.store.resolve_ref(a.repo, a.ref)
+            heads.put(key, *got)
+        self._heads[(a.repo, a.ref)] = got[0]
+        return got[0]
 
     def _view_of(self, a: Address):
         """(commit, its files as trees) of what a.ref names (trees read on demand, kept)."""
-        cid, commit = self._commit_of(a)
-        view = self._views.get((a.repo, cid))
-        if view is None:
+        cid = self._commit_id(a)
+        got = self._views.get((a.repo, cid))
+        if got is None:
             if len(self._views) >= 64:
                 self._views.pop(next(iter(self._views)))
-            view = self._views[(a.repo, cid)] = self.store.view(a.repo, commit)
-        return commit, view
+            commit = self.store.get_commit(a.repo, cid)
+            got = self._views[(a.repo, cid)] = (commit, self.store.view(a.repo, commit))
+        return got
 
     def invalidate_cache(self, path=None) -> None:
-        """Forget resolved branches (a new commit moves them)."""
-        self._heads = {k: v for k, v in self._heads.items() if k in self._pinned or k[1] == v}  # keep commits, tags
+        """Forget resolved branches: the process's heads of this store (a new commit moves them)."""
+        if self._heads:  # (a store was opened: asking for one here could create the default store)
+            ident = meta.identity(self.store.backend.identity)
+            for repo, rev in list(self._heads):
+                meta.wrote(ident, repo, rev)
+            self._heads.clear()
         super().invalidate_cache(path)
 
     def _name(self, a: Address, path: str) -> str:
@@ -315,12 +318,9 @@ class CdcFileSystem(AbstractFileSystem):
             if self.info(path)["type"] == "directory":
                 raise IsADirectoryError(f"{SCHEME}{path} is a folder")
             raise FileNotFoundError(f"{SCHEME}{path}")
-        m = self._manifests.get(entry.manifest)
-        if m is None:
-            m = self.store.manifest(a.repo, entry.manifest)
-            if len(self._manifests) >= 256:
-                self._manifests.pop(next(iter(self._manifests)))
-            self._manifests[entry.manifest] = m
+        ident = self.store.backend.identity  # manifests are immutable: kept by the process (storage/meta.py)
+        m = meta.objects().remembered((meta.scope(ident, self._args["token"]), "fs-manifest", a.repo, entry.manifest),
+                                      lambda: self.store.manifest(a.repo, entry.manifest))
         return self.store.reader(a.repo, m, f"{SCHEME}{path}")
 
     def cat_file(self, path, start=None, end=None, **kwargs):
@@ -355,7 +355,7 @@ class CdcFileSystem(AbstractFileSystem):
             names = ", ".join(touched[:3]) + (" ..." if len(touched) > 3 else "")
             verb = "write" if pairs or entries else "remove"
             self.store.commit_files(repo, branch, pairs, f"{verb} {names}", remove=remove, entries=entries)
-            self._heads.pop((repo, branch), None)
+            meta.wrote(meta.identity(self.store.backend.identity), repo, branch)
         self.invalidate_cache()
 
     def get(self, rpath, lpath, recursive=False, **kwargs):

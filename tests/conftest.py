@@ -140,11 +140,7 @@ def served_parquet(root, tables, row_group_size: int, address: str = "cdc://ds/d
             s.push([str(data)], address)
         yield server, data
     finally:
-        server.stop()
-        # a later module's server may get the same port: no `cdc://` filesystem cached by fsspec for
-        # this URL (with the branch heads it resolved here) may answer for that other store
-        from cdcstore.fs import CdcFileSystem
-        CdcFileSystem.clear_instance_cache()
+        server.stop()  # a later server on this port serves another store: heads are keyed by store (meta.py)
 
 
 def assert_fetched_only_columns(cache: str, data, columns: list[int], files: int) -> None:

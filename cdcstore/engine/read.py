@@ -38,6 +38,7 @@ from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
 from ..core.ranges import Run, file_runs
 from ..storage.backend import Backend, BackendCapabilities
 from ..storage.roles import ChunkSource
+from ..storage.overlay import Held, Overlay
 from .push import FileChunks
 
 
@@ -654,17 +655,16 @@ class FileReader(io.RawIOBase):
         return out
 
 
-class LocalSeed:
-    """A chunk source that takes chunks from an older local copy of a file when it
-    has them (chunked with the same rule) and asks `backend` for the rest - how a
-    pull of v2 over v1 fetches only what changed."""
+class LocalSeed(Overlay):
+    """An overlay that takes chunks from an older local copy of a file when it has them
+    (chunked with the same rule; located at `Held.LOCAL_FILE`) and asks the backend it wraps
+    for the rest - how a pull of v2 over v1 fetches only what changed."""
 
-    LOCAL = "local-seed"
     # a pull locates the whole file at once: one batched ask for what the old copy lacks
     capabilities = BackendCapabilities(local_reads=True)
 
     def __init__(self, backend: Backend, path: str, params=None):
-        self._backend = backend
+        super().__init__(backend)
         self._path = path
         self._have: dict[bytes, PackEntry] = {}
         offset = 0
@@ -677,15 +677,15 @@ class LocalSeed:
 
     def locate(self, chunk_ids, repo=None):
         ids = list(chunk_ids)
-        out = {c: (self.LOCAL, self._have[c]) for c in ids if c in self._have}
+        out = {c: (Held.LOCAL_FILE, self._have[c]) for c in ids if c in self._have}
         rest = [c for c in ids if c not in out]
         if rest:
-            out.update(self._backend.locate(rest, repo))
+            out.update(self.inner.locate(rest, repo))
         return out
 
     def read_chunks(self, items, repo=None) -> dict[bytes, bytes]:
-        mine = [e for p, e in items if p == self.LOCAL]
-        out = self._backend.read_chunks([(p, e) for p, e in items if p != self.LOCAL], repo) \
+        mine = [e for p, e in items if p is Held.LOCAL_FILE]
+        out = self.inner.read_chunks([(p, e) for p, e in items if p is not Held.LOCAL_FILE], repo) \
             if len(mine) < len(items) else {}
         if mine:
             with open(self._path, "rb") as f:

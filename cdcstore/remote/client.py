@@ -35,6 +35,7 @@ from ..core.errors import (AccessDeniedError, CdcError, ConflictError, Corruptio
 from ..core.manifest import MAX_MANIFEST_BYTES, Manifest
 from ..core.pack import PackEntry, decode_chunk
 from ..core.ranges import ByteRange, lands, plan_ranges, scatter, slices
+from ..storage import meta
 from ..storage.backend import Backend, BackendCapabilities
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
@@ -49,7 +50,7 @@ ENV_TIMEOUT = "CDCSTORE_TIMEOUT"
 #: largest honest one is a 64 MiB manifest with its chunks' locations (about 215 MiB).
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
 MAX_ERROR_BYTES = 64 * 1024  # an error answer is read this far at most (its message is in the first bytes)
-MEMO_OBJECTS = 256  # commits, trees and manifests a RemoteStore keeps in memory
+MEMO_OBJECTS = 256  # (x16) trees a RemoteStore made keeps for its commits (objects read: storage/meta.py)
 NOTE_AFTER = 1.0  # seconds: a retry waiting this long is logged (the CLI prints it unless -q)
 log = logging.getLogger("cdcstore.client")
 
@@ -203,6 +204,7 @@ class Transport:
         self.connections = connections
         self.min_rate = min_rate  # bytes/s below which a transfer counts as stalled
         self.requests = self.sent_bytes = self.received_bytes = 0
+        self.store_location: str | None = None  # the store's location: the store id each answer names is noted for it
         self._here = runtime.Local()  # this process's loop (its session and flights are per process too)
         self._lock = runtime.Lock()
 
@@ -314,6 +316,7 @@ class Transport:
                                 payload = await _read_body(resp, most, what, base, truncate=resp.status not in ok)
                                 got = len(payload)
                             self.requests += 1
+                            self._note_store(resp.headers.get(wire.STORE_HEADER))
                             self.sent_bytes += size + _header_bytes(resp.request_info.headers) + len(what) + 12
                             self.received_bytes += got + sum(
                                 len(k) + len(v) + 4 for k, v in resp.raw_headers) + 17
@@ -355,6 +358,13 @@ class Transport:
                          attempt + 2, retries + 1)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    def _note_store(self, sid: str | None) -> None:
+        """The store id an answer names (`wire.STORE_HEADER`), noted in `meta` (a server before
+        it names none; an id that is not one is ignored: heads stay keyed by the URL)."""
+        if sid and self.store_location is not None:
+            with contextlib.suppress(ValueError):
+                meta.saw_store(self.store_location, sid)
 
     async def get_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a resource; a range already in flight is shared."""
@@ -487,25 +497,24 @@ class RemoteStore(Backend):
         self._uploads_lock = runtime.Lock()
         self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
         self._api = wire.API
-        self._memo: collections.OrderedDict = collections.OrderedDict()  # immutable objects already verified
-        self._memo_lock = runtime.Lock()
+        self.t.store_location = self.location
+        self._scope = meta.scope(self.location, self.t.token)  # immutable objects are kept in `meta` per it
         self._legacy_trees = False  # the server predates protocol 1.5 (no tree routes)
         self._local_trees: dict[str, treeobj.Tree] = {}  # trees this process made (and uploaded)
         clean_upload_temps()
 
     def _remembered(self, key: tuple, fetch):
         """An immutable object (a commit or manifest, verified against its name) fetched
-        once per store: a pinned commit never asks the server twice for the same thing."""
-        with self._memo_lock:
-            if key in self._memo:
-                self._memo.move_to_end(key)
-                return self._memo[key]
-        obj = fetch()
-        with self._memo_lock:
-            self._memo[key] = obj
-            while len(self._memo) > MEMO_OBJECTS:
-                self._memo.popitem(last=False)
-        return obj
+        once per store and token in this process (`meta.objects`): a pinned commit never asks
+        the server twice for the same thing."""
+        def fetched():
+            meta.count("objects_server")
+            return fetch()
+        return meta.objects().remembered((self._scope, *key), fetched)
+
+    def _wrote(self, repo: str, rev: str) -> None:
+        """The one invalidation rule (storage/meta.py): this write moved `rev`'s heads."""
+        meta.wrote(meta.identity(self.location), repo, rev)
 
     def _call(self, method: str, path: str, **kw) -> bytes:
         return self.t.run(self.t.request(method, self._api + path, **kw))[1]
@@ -725,11 +734,11 @@ class RemoteStore(Backend):
         before it answers the manifest alone: no locations). A manifest fetched before
         costs no request and comes without locations (a reader locates as it reads)."""
         key = ("manifest", repo, name)
-        with self._memo_lock:
-            if key in self._memo:
-                self._memo.move_to_end(key)
-                return self._memo[key], {}
+        kept = meta.objects().get((self._scope, *key))
+        if kept is not None:
+            return kept, {}
         data, found = wire.decode_located(self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}?locations=1"))
+        meta.count("objects_server")
         m = self._checked_manifest(name, data)
         return self._remembered(key, lambda: m), found
 
@@ -789,6 +798,7 @@ class RemoteStore(Backend):
                 raise CorruptionError(f"server answered an invalid author: {e}") from None
         if cid != sent.id:
             self._check_rebased(sent, cid)
+        self._wrote(commit.repo, branch)
         return cid
 
     def _post_commit(self, sent: Commit, branch: str, expected: str | None) -> dict:
@@ -813,7 +823,9 @@ class RemoteStore(Backend):
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         if not ids.is_hex_id(commit_id):  # a full id only, as a local store takes it
             raise RevisionNotFoundError(f"no commit {commit_id!r} in repo {_repo(repo)!r}")
-        return self._remembered(("commit", repo, commit_id), lambda: self._fetch_commit(repo, commit_id))
+        # kept per process: bound to this store's trees (another RemoteStore of the scope may have kept it)
+        kept = self._remembered(("commit", repo, commit_id), lambda: self._fetch_commit(repo, commit_id))
+        return self.bound(repo, kept)
 
     def _fetch_commit(self, repo: str, commit_id: str) -> Commit:
         data = self._call("GET", f"/repos/{_repo(repo)}/commits/{commit_id}")
@@ -822,12 +834,16 @@ class RemoteStore(Backend):
         return self.bound(repo, Commit.decode(data, f"commit {commit_id}"))
 
     def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
-        if ids.is_hex_id(rev) and ("commit", repo, rev.lower()) in self._memo:  # a pinned commit seen
+        """Asks the server every time (heads are kept by the callers that may serve them stale:
+        the chunk cache, the filesystem; storage/meta.py); the answer is noted for them."""
+        if ids.is_hex_id(rev) and meta.objects().has((self._scope, "commit", repo, rev.lower())):  # a pinned commit seen
             return rev.lower(), "commit"
         doc = self._json("GET", f"/repos/{_repo(repo)}/resolve/{rev}")
         cid, kind = doc["commit"], doc.get("kind", "branch")
         if not ids.is_hex_id(cid) or (kind == "commit" and not cid.startswith(rev.lower())):
             raise CorruptionError(f"the server resolved {rev!r} to {cid!r}, which is not that commit")
+        meta.count("heads_server")
+        meta.heads().put((meta.identity(self.location), self._scope, repo, rev), cid, kind)
         return cid, kind
 
     def branches(self, repo: str) -> dict[str, str]:
@@ -854,15 +870,21 @@ class RemoteStore(Backend):
 
     def create_tag(self, repo: str, name: str, commit_id: str) -> None:
         self._create_ref(repo, "tags", name, commit_id)
+        self._wrote(repo, name)
 
     def create_branch(self, repo: str, name: str, commit_id: str) -> None:
         self._create_ref(repo, "branches", name, commit_id)
+        self._wrote(repo, name)
 
     def delete_tag(self, repo: str, name: str) -> str:
-        return self._json("DELETE", f"/repos/{_repo(repo)}/tags/{name}")["commit"]
+        cid = self._json("DELETE", f"/repos/{_repo(repo)}/tags/{name}")["commit"]
+        self._wrote(repo, name)
+        return cid
 
     def delete_branch(self, repo: str, name: str) -> str:
-        return self._json("DELETE", f"/repos/{_repo(repo)}/branches/{name}")["commit"]
+        cid = self._json("DELETE", f"/repos/{_repo(repo)}/branches/{name}")["commit"]
+        self._wrote(repo, name)
+        return cid
 
     def has_repo(self, repo: str) -> bool:
         try:

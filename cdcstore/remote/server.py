@@ -1020,6 +1020,19 @@ class Server:
         return web.json_response(await self._io(self.access.totals, list(scope.repos)))
 
 
+def _store_id(store: Repository) -> str:
+    """The id every answer names the store by (`wire.STORE_HEADER`): its `store-id`, made now for a
+    store that has none; a store that cannot be written gets a stable one from its identity."""
+    try:
+        return store.store_id()
+    except (OSError, CdcError):
+        return ids.weak_hexdigest(store.identity.encode())
+
+
+async def _name_store(response: web.StreamResponse, sid: str) -> None:
+    response.headers[wire.STORE_HEADER] = sid
+
+
 def make_app(store: Repository, config: ServerConfig | None = None) -> web.Application:
     config = config or ServerConfig()
     s = Server(store, config)
@@ -1029,6 +1042,8 @@ def make_app(store: Repository, config: ServerConfig | None = None) -> web.Appli
     roots = {store.location} | ({os.path.realpath(store.location)} if os.path.isdir(store.location) else set())
     app[STORE_ROOTS] = tuple(sorted(roots, key=len, reverse=True))
     app[SERVER] = s
+    sid = _store_id(store)
+    app.on_response_prepare.append(lambda request, response: _name_store(response, sid))
     api = wire.API
     app.add_routes([
         web.get(f"{api}/health", s.health),

@@ -102,6 +102,7 @@ def _flags(ids: list[bytes], body: bytes) -> bytes:
     return body[:len(ids)]
 
 
+STORE_HEADER = "X-Cdc-Store"  # every answer names the store behind the URL (its `store-id`): clients key heads by it
 PROVE_HEADER = "X-Cdc-Prove"  # a query that sends it may get 2 = "prove you hold it" (protocol 1.1)
 MAX_PROOFS_PER_REQUEST = 4096
 PROOF = 16  # bytes of blake2b(raw chunk, key=nonce)

@@ -48,8 +48,11 @@ from ..core.errors import CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
 from .segments import SEGMENT_BYTES, Segments
+from . import meta
+from .meta import HEAD_TTL
 from .sqlite import Connections
 from .backend import Backend, BackendCapabilities
+from .overlay import Held, Overlay
 
 ENV_CACHE = "CDCSTORE_CACHE"
 ENV_CACHE_SIZE = "CDCSTORE_CACHE_SIZE"
@@ -64,8 +67,7 @@ TAG_PREFIX = "tag/"  # heads rows of tags (kept without a time limit: tags never
 RECENT_IDS = 1 << 16  # ids of chunks this process wrote to the cache that `fetched_here` remembers
 FLIGHT_WAIT = 120.0  # seconds a read waits for another thread's fetch of the same chunk before its own
 ABANDONED = 600.0  # seconds after its last write that another process may reclaim an unsealed segment
-HEAD_TTL = 10.0  # seconds a branch head resolved by one process serves the others
-CACHED = "cache"  # the pseudo pack name of a cached chunk
+STORE_ID_PREFIX = "store-id:"  # heads rows naming the store id a location's server named last (repo = prefix + location)
 _BATCH = 500
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
@@ -544,10 +546,11 @@ class ChunkCache:
             self.conn.execute("INSERT OR IGNORE INTO objects (kind, name, data) VALUES (?, ?, ?)", (kind, name, data))
 
     # -- branch heads, briefly ----------------------------------------------------------------
-    def get_head(self, repo: str, rev: str, ttl: float = HEAD_TTL) -> str | None:
+    def get_head(self, repo: str, rev: str, ttl: float = HEAD_TTL, since: float = 0.0) -> str | None:
+        """A head written in the last `ttl` seconds and after `since` (a write of this process)."""
         row = self.conn.execute("SELECT revcommit FROM heads WHERE repo = ? AND rev = ? AND typeof(at) = 'real'"
                                 " AND at > ?",
-                                (repo, rev, time.time() - ttl)).fetchone()
+                                (repo, rev, max(time.time() - ttl, since))).fetchone()
         return row[0] if row and isinstance(row[0], str) and ids.is_hex_id(row[0]) else None
 
     def put_head(self, repo: str, rev: str, commit_id: str) -> None:
@@ -651,17 +654,21 @@ class GuardedCache:
         return guarded
 
 
-class CachedBackend(Backend):
-    """A backend whose reads go through a `ChunkCache` first; writes pass through."""
+class CachedBackend(Overlay):
+    """An overlay whose reads go through a `ChunkCache` first; the rest passes through (`Overlay`).
+
+    Chunks the cache holds are located at `Held.CACHE`. Immutable objects are kept by `meta` in
+    this process and in the cache's `objects` table for the machine; branch heads likewise, in
+    the `heads` table for `HEAD_TTL` seconds, keyed by the store's identity (storage/meta.py)."""
 
     def __init__(self, backend: Backend, cache: ChunkCache, token: str | None = None):
-        self.inner = backend
+        super().__init__(backend)
         self.cache = cache
-        self.location = backend.location
-        # commits and branch heads are remembered per server and token, so that another
-        # token must still ask the server (which checks it); chunks and manifests are
-        # shared: they are reached only through a commit
-        self._scope = ids.weak_hexdigest(f"{backend.identity}\n{token or ''}".encode())[:16]
+        self._token = token
+        # commits and trees are remembered per store and token, so that another token must still
+        # ask the server (which checks it); chunks and manifests are shared: they are reached only
+        # through a commit
+        self._scope = meta.scope(backend.identity, token)
         self._hits = self._misses = 0  # chunks read from the cache / not found there
         self._count_lock = runtime.Lock()
         self._flights = runtime.Local()  # chunk id -> Event of this process's fetches (see `_claim`)
@@ -672,28 +679,6 @@ class CachedBackend(Backend):
         chunks are read into a buffer (`read_chunks_into`), whatever the inner one reads."""
         return dataclasses.replace(self.inner.capabilities, local_reads=False, reads_into=True, reads_runs=False)
 
-    def counters(self) -> dict:
-        return self.inner.counters()
-
-    def uncached(self) -> Backend:
-        return self.inner.uncached()
-
-    # upkeep, forgotten commits and manifest presence: the inner store's, as of now (never cached)
-    def admin(self, command: str, **options):
-        return self.inner.admin(command, **options)
-
-    def push_session(self):
-        return self.inner.push_session()
-
-    def journal(self):
-        return self.inner.journal()
-
-    def forgotten(self, repo: str):
-        return self.inner.forgotten(repo)
-
-    def manifests_present(self, repo: str, names: list[str]) -> set[str]:
-        return self.inner.manifests_present(repo, names)
-
     def cache_counters(self) -> dict:
         """Chunk reads found in the cache (`cache_hits`) and not found there (`cache_misses`)."""
         return {"cache_hits": self._hits, "cache_misses": self._misses}
@@ -701,7 +686,7 @@ class CachedBackend(Backend):
     # reads: cache first
     def locate(self, chunk_ids, repo=None):
         wanted = list(dict.fromkeys(chunk_ids))
-        out = {c: (CACHED, e) for c, e in self.cache.has(wanted).items()}
+        out = {c: (Held.CACHE, e) for c, e in self.cache.has(wanted).items()}
         rest = [c for c in wanted if c not in out]
         if rest:
             out.update(self.inner.locate(rest, repo))
@@ -762,19 +747,18 @@ class CachedBackend(Backend):
         """The cache's answer for chunks located in it, and for those located in a pack that this
         process fetched since (a reader locates once, then reads a chunk again: a stream's footer
         check, its row group, read-ahead); a re-read of the reader's own fetch is not a second use."""
-        out = self.cache.get([e.chunk_id for p, e in items if p == CACHED])
-        rest = [e.chunk_id for p, e in items if p != CACHED]
+        out = self.cache.get([e.chunk_id for p, e in items if p is Held.CACHE])
+        rest = [e.chunk_id for p, e in items if p is not Held.CACHE]
         if rest:
             out.update(self.cache.fetched_here(rest))
         return out
 
     def _relocate(self, missing, repo):
         """Chunks located in the cache but gone since (evicted or corrupt) are located again."""
-        if not any(p == CACHED for p, _ in missing):
+        if not any(p is Held.CACHE for p, _ in missing):
             return missing
-        again = self.inner.locate([e.chunk_id for p, e in missing if p == CACHED], repo)
-        return [again[e.chunk_id] if p == CACHED else (p, e) for p, e in missing]
-
+        again = self.inner.locate([e.chunk_id for p, e in missing if p is Held.CACHE], repo)
+        return [again[e.chunk_id] if p is Held.CACHE else (p, e) for p, e in missing]
     def _count(self, hits: int, misses: int) -> None:
         with self._count_lock:
             self._hits += hits
@@ -856,24 +840,39 @@ class CachedBackend(Backend):
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
-        def fetch():
-            m = self.inner.get_manifest(name, repo)
-            self.cache.put_object("manifest", name, m.encode())
-            return m.encode()
+    def _object(self, kind: str, name: str):
+        """A lookup of the machine's table of immutable objects (counted in `meta` when it answers)."""
+        def lookup():
+            data = self.cache.get_object(kind, name)
+            if data is not None:
+                meta.count("objects_machine")
+            return data
+        return lookup
 
-        return Manifest.decode(self._once(lambda: self.cache.get_object("manifest", name), fetch),
-                               f"manifest {name}")
+    # immutable objects: this process (`meta`), then the machine (the cache's table), then the store
+    def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
+        def load():
+            def fetch():
+                data = self.inner.get_manifest(name, repo).encode()
+                self.cache.put_object("manifest", name, data)
+                return data
+            return Manifest.decode(self._once(self._object("manifest", name), fetch), f"manifest {name}")
+
+        return meta.objects().remembered((self._scope, "manifest", repo, name), load)
 
     def get_manifest_located(self, name: str, repo: str | None = None) -> tuple[Manifest, dict]:
         """A manifest and where its chunks are, in one request when the manifest is not
         cached (chunks the cache holds are located in it); a cached manifest comes
-        without locations (a reader locates as it reads, cache first)."""
-        if self.cache.get_object("manifest", name) is not None or not hasattr(self.inner, "get_manifest_located"):
+        without locations (a reader locates as it reads, cache first). An inner backend that
+        does not locate with its manifests answers `get_manifest` (no locations)."""
+        kept = meta.objects().get((self._scope, "manifest", repo, name))
+        if kept is not None:
+            return kept, {}
+        if self.cache.get_object("manifest", name) is not None or not self.inner.capabilities.remote_admin:
             return self.get_manifest(name, repo), {}
         m, found = self.inner.get_manifest_located(name, repo)
         self.cache.put_object("manifest", name, m.encode())
-        found.update({c: (CACHED, e) for c, e in self.cache.has(list(found)).items()})
+        found.update({c: (Held.CACHE, e) for c, e in self.cache.has(list(found)).items()})
         return m, found
 
     def get_tree(self, name: str, repo: str | None = None):
@@ -881,17 +880,17 @@ class CachedBackend(Backend):
         immutable: named by their bytes); kept per token scope, as commits are."""
         kind = f"tree:{self._scope}"
 
-        def fetch():
-            data = self.inner.get_tree(name, repo).encode()
-            self.cache.put_object(kind, name, data)
-            return data
+        def load():
+            def fetch():
+                data = self.inner.get_tree(name, repo).encode()
+                self.cache.put_object(kind, name, data)
+                return data
+            return treeobj.Tree.decode(self._once(self._object(kind, name), fetch), f"tree {name}")
 
-        return treeobj.Tree.decode(self._once(lambda: self.cache.get_object(kind, name), fetch), f"tree {name}")
-
-    def put_trees(self, trees):
-        return self.inner.put_trees(trees)
+        return meta.objects().remembered((self._scope, "tree", repo, name), load)
 
     def get_commit(self, repo: str, commit_id: str) -> Commit:
+        """A commit from the machine's table, else the store's (bound to this overlay's trees)."""
         kind = f"commit:{self._scope}:{repo}"
 
         def fetch():
@@ -899,94 +898,101 @@ class CachedBackend(Backend):
             self.cache.put_object(kind, commit_id, data)
             return data
 
-        return self.bound(repo, Commit.decode(self._once(lambda: self.cache.get_object(kind, commit_id), fetch),
+        return self.bound(repo, Commit.decode(self._once(self._object(kind, commit_id), fetch),
                                               f"commit {commit_id}"))
+
+    # heads: this process (`meta`), then the machine (the cache's table, `HEAD_TTL`), then the store
+    def _store_key(self) -> str:
+        """The heads' identity of the inner store (storage/meta.py). A process that has not heard
+        the store's id yet takes the one a process of this machine heard last, within `HEAD_TTL`
+        (a request that hears another corrects it)."""
+        loc = self.inner.identity
+        if meta.store_id(loc) is None:
+            sid = self.cache.get_head(STORE_ID_PREFIX + loc, "")
+            if sid is not None:
+                meta.saw_store(loc, sid)
+        return meta.identity(loc)
+
+    def _heads_key(self, repo: str) -> str:
+        """The `heads` table's key of a repo: the store's identity and the token, hashed."""
+        return f"{meta.scope(self._store_key(), self._token)}:{repo}"
+
+    def _heard(self) -> None:
+        """Tell the machine which store id the inner store's server named (see `_store_key`)."""
+        loc = self.inner.identity
+        sid = meta.store_id(loc)
+        if sid is not None and ids.is_hex_id(sid):
+            self.cache.put_head(STORE_ID_PREFIX + loc, "", sid)
 
     def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
         """A full commit id already seen, or a tag resolved once (tags never move),
-        costs no request; a branch resolved by any process on this machine in the last
-        `HEAD_TTL` seconds neither (so that many workers starting at once ask the
+        costs no request; a branch resolved by this process or any process on this machine
+        in the last `HEAD_TTL` seconds neither (so that many workers starting at once ask the
         server once). A commit id or prefix never reads a cached branch head."""
-        key = f"{self._scope}:{repo}"
         if is_commit_like(rev):
-            if ids.is_hex_id(rev) and self.cache.get_object(f"commit:{key}", rev) is not None:
+            if ids.is_hex_id(rev) and self.cache.get_object(f"commit:{self._scope}:{repo}", rev) is not None:
                 return rev, "commit"
             return self.inner.resolve_ref(repo, rev)
+        kept = meta.heads().get((self._store_key(), self._scope, repo, rev), HEAD_TTL)
+        if kept is not None:
+            return kept
+        key = self._heads_key(repo)
         tag = self.cache.get_head(key, TAG_PREFIX + rev, ttl=float("inf"))
         if tag is not None:
+            meta.count("heads_machine")
             return tag, "tag"
 
         def fetch():
             cid, kind = self.inner.resolve_ref(repo, rev)
-            self.cache.put_head(key, (TAG_PREFIX if kind == "tag" else "") + rev, cid)
+            self._heard()
+            self.cache.put_head(self._heads_key(repo), (TAG_PREFIX if kind == "tag" else "") + rev, cid)
             return f"{kind}:{cid}"
 
+        since = meta.written_at(self._store_key(), repo, rev)
+
         def lookup():
-            found = self.cache.get_head(key, rev)
+            found = self.cache.get_head(key, rev, since=since)
             return f"branch:{found}" if found else None
 
-        kind, _, cid = self._once(lookup, fetch).partition(":")
+        machine = lookup()
+        answer = machine if machine is not None else self._once(lookup, fetch)
+        kind, _, cid = answer.partition(":")
+        if machine is not None:
+            meta.count("heads_machine")
+            meta.heads().put((self._store_key(), self._scope, repo, rev), cid, kind)
         return cid, kind
 
-    def tags(self, repo):
-        return self.inner.tags(repo)
+    # writes that move heads: the one invalidation rule (storage/meta.py), here and for the machine
+    def _wrote(self, repo: str, rev: str) -> None:
+        meta.wrote(self._store_key(), repo, rev)
+        key = self._heads_key(repo)
+        self.cache.forget_head(key, rev)
+        self.cache.forget_head(key, TAG_PREFIX + rev)
 
     def create_tag(self, repo, name, commit_id):
         self.inner.create_tag(repo, name, commit_id)
+        self._wrote(repo, name)
 
     def delete_tag(self, repo, name):
         cid = self.inner.delete_tag(repo, name)
-        self.cache.forget_head(f"{self._scope}:{repo}", TAG_PREFIX + name)
+        self._wrote(repo, name)
         return cid
 
     def create_branch(self, repo, name, commit_id):
         self.inner.create_branch(repo, name, commit_id)
+        self._wrote(repo, name)
 
     def delete_branch(self, repo, name):
         cid = self.inner.delete_branch(repo, name)
-        self.cache.forget_head(f"{self._scope}:{repo}", name)
+        self._wrote(repo, name)
         return cid
-
-    # everything else passes through
-    def present(self, chunk_ids):
-        return self.inner.present(chunk_ids)
-
-    def present_or_prove(self, chunks, firsts=()):
-        return self.inner.present_or_prove(chunks, firsts)
-
-    def begin_push(self):
-        self.inner.begin_push()
-
-    def tmp_path(self):
-        return self.inner.tmp_path()
-
-    def add_pack(self, tmp, name, entries):
-        return self.inner.add_pack(tmp, name, entries)
-
-    def flush(self):
-        self.inner.flush()
-
-    def put_manifests(self, manifests):
-        return self.inner.put_manifests(manifests)
 
     def commit(self, commit, branch, expected):
         """Commit, then forget the cached head: this machine sees its own push on the next
         resolve, and never an older head whose answer came back later than a newer one's."""
         cid = self.inner.commit(commit, branch, expected)
-        self.cache.forget_head(f"{self._scope}:{commit.repo}", branch)
+        self._wrote(commit.repo, branch)
         return cid
-
-    def branches(self, repo):
-        return self.inner.branches(repo)
-
-    def has_repo(self, repo):
-        return self.inner.has_repo(repo)
-
-    def repos(self):
-        return self.inner.repos()
-
-    def totals(self):
-        return self.inner.totals()
 
     def close(self):
         self.cache.wait()  # let queued cache writes land
