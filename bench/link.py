@@ -206,8 +206,9 @@ def one_link(name: str, args, work: str, store: str, v1: str, v2: str, commits: 
                 times.setdefault(side, []).append(dt)
                 wire.setdefault(side, {k: v for k, v in info.items() if k != "digests"})
                 for p in os.listdir(work):
-                    if p.startswith(f"cache-{name}-{rep}-{side}"):
-                        os.unlink(os.path.join(work, p))
+                    if p.startswith(f"cache-{name}-{rep}-{side}"):  # the sqlite file and its segments folder
+                        path = os.path.join(work, p)
+                        shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
             print(f"  {name} rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()),
                   flush=True)
         return {"delay_applied": link.delayed if link else None, "times_s": times, "median_s": {k: med(v) for k, v in times.items()}, "wire": wire}
