@@ -1,7 +1,8 @@
 """The repository: packs, manifests, commits and refs over a dumb object store.
 
 One layer owns every format on top of `objects.ObjectStore` (a directory, a bucket,
-memory). Object names (store format v1, docs/format.md):
+memory); the `repos/` names, refs and the compare-and-swap commit are `refs.Refs`'s, to
+which `Repository` delegates. Object names (store format v1, docs/format.md):
 
     cdcstore.json                          {"format": "cdcstore", "version": 1}
     packs/ab/<name>.pack                   immutable, named by BLAKE3-256 of their bytes
