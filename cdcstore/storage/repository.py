@@ -779,11 +779,8 @@ class Repository(Backend):
     def forget(self, repo: str, commit_ids) -> None:
         self._refs.forget(repo, commit_ids)
 
-    def _read_ref(self, repo: str, kind: str, name: str) -> tuple[str | None, str | None]:
-        return self._refs._read_ref(repo, kind, name)
-
     def _read_refs(self, repo: str, kind: str, damaged: list | None = None) -> dict[str, str]:
-        return self._refs._read_refs(repo, kind, damaged)
+        return self._refs._read_refs(repo, kind, damaged)  # maintenance.py's
 
     def branches(self, repo: str) -> dict[str, str]:
         return self._refs.branches(repo)
