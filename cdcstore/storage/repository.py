@@ -867,32 +867,6 @@ class Repository(Backend):
                 + (f"; pack {lost[0]} is gone: a gc on another machine deleted it" if lost else "")
                 + "): nothing was committed; push again (the chunks are uploaded again)")
 
-    def _new_reach(self, commit: Commit) -> tuple[set[str], set[str], set[bytes]]:
-        """The trees and manifests a commit names that its parent does not, and their chunks.
-        Only what is new since the parent is walked: the trees whose ids differ, and the
-        files in them."""
-        parent = None
-        if commit.parent:
-            try:
-                pc = self.get_commit(commit.repo, commit.parent)
-                # a format 1 parent's trees were granted to no one: walk all of this commit's
-                parent = self.view(commit.repo, pc) if pc.tree is not None else None
-            except CdcError:
-                pass
-        trees: set[str] = set()
-        view = self.view(commit.repo, commit)
-        changed, _ = treeobj.changes(parent, view, trees)
-        names = {f.manifest for f in changed.values()}
-        chunk_ids: set[bytes] = set()
-        for n in names:  # in slices: memory follows the new distinct chunks, not the manifests' sizes
-            known = self._written_ids(n)
-            if known is not None:  # stored by this process moments ago: not read back
-                chunk_ids.update(known)
-                continue
-            for part in ManifestFile(self, n).scan():
-                chunk_ids.update(part)
-        return trees - set(view.unstored), names, chunk_ids
-
     def new_reach(self, commit: Commit) -> tuple[set[str], set[str], set[bytes]]:
         """The trees and manifests a commit names that its parent does not, and their chunks.
         Only what is new since the parent is walked: the trees whose ids differ, and the
