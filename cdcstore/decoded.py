@@ -12,17 +12,28 @@ A file is deleted once no worker can need it again: each worker publishes how fa
 its release bound (`core.order.release_bound`). A worker that has not reported yet counts as not
 started, so nothing it needs goes early. Files hold `e<epoch>-u<unit>.arrow`; a crashed run's folder
 is removed by the next one made on the machine (its owner pid is in the name).
+
+Batches by reference (`StreamingDataset.loader`): a worker does not gather, convert and pickle a
+batch's rows; it hands over a `BatchRef` (which rows of which row groups: a few KB) with a hard link
+to each row group's file made for that batch (`pin-*.arrow`), and the main process maps the files,
+removes the links and makes the batch (`PinnedTables`). The link keeps the file for the main
+process however far the workers have gone; the workers fetch, verify and decode on their cores
+while the main process only gathers rows, as an in-process stream's consumer does.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
+import itertools
 import os
 import re
 import shutil
 import tempfile
 import weakref
+from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 
 from . import runtime
@@ -73,13 +84,16 @@ class DecodedUnits:
         self._finalizer = weakref.finalize(self, _remove_if_owner, self.path, os.getpid())
         self.decodes = 0  # row groups this process decoded
         self._scanned = (None, None, 0)  # (slowest position at the last scan, earliest release left, calls since)
+        self._pins = itertools.count()
+        self.worker, self.workers = 0, 1  # which worker of how many this process is (set by the stream)
 
     def __getstate__(self):
         from multiprocessing.context import get_spawning_popen
 
         if get_spawning_popen() is None:
             raise TypeError("DecodedUnits goes only to DataLoader workers (their spawn or fork)")
-        return {"path": self.path, "_progress": self._progress, "decodes": 0, "_scanned": (None, None, 0)}
+        return {"path": self.path, "_progress": self._progress, "decodes": 0, "_scanned": (None, None, 0),
+                "_pins": itertools.count(), "worker": 0, "workers": 1}
 
     # -- progress ---------------------------------------------------------------------------
     def report(self, slot: int, epoch: int, position: int) -> None:
@@ -121,6 +135,16 @@ class DecodedUnits:
         return gone
 
     # -- row groups ---------------------------------------------------------------------------
+    def ready(self, epoch: int, unit: int) -> bool:
+        """Row group `unit` is in the folder."""
+        return os.path.exists(os.path.join(self.path, f"e{epoch}-u{unit}.arrow"))
+
+    def put(self, epoch: int, unit: int, decode) -> pa.Table | None:
+        """Decode row group `unit` into the folder ahead of need, unless a worker did; the table when
+        the folder could not take it (the caller keeps it), else None."""
+        table = self.load(epoch, unit, decode)
+        return None if self.ready(epoch, unit) else table
+
     def load(self, epoch: int, unit: int, decode) -> pa.Table:
         """Row group `unit` of `epoch`: mapped from the folder, or `decode()`d here (by one worker
         at a time) and written there first. If the folder cannot take it (full), the table
@@ -147,6 +171,17 @@ class DecodedUnits:
                 return table
         return self._open(path) or table
 
+    def pin(self, epoch: int, unit: int) -> str | None:
+        """A new hard link to row group `unit`'s file, for one batch handed over by reference; None
+        when the folder does not hold it (it was full: the caller hands the rows over itself). The
+        caller still holds the row group, so its file cannot have been released."""
+        path = os.path.join(self.path, f"pin-{os.getpid()}-{next(self._pins)}.arrow")
+        try:
+            os.link(os.path.join(self.path, f"e{epoch}-u{unit}.arrow"), path)
+        except FileNotFoundError:
+            return None
+        return path
+
     @staticmethod
     def _open(path: str) -> pa.Table | None:
         try:
@@ -155,3 +190,46 @@ class DecodedUnits:
             return None
         with source:
             return pa.ipc.open_file(source).read_all()
+
+
+@dataclass
+class BatchRef:
+    """One batch as a worker hands it over by reference: position k of the batch is row `rows[k]` of
+    row group `units[k]`; `pins` maps each of those row groups to a link made for this batch."""
+
+    units: np.ndarray
+    rows: np.ndarray
+    pins: dict[int, str]
+
+
+class PinnedTables:
+    """The main process's side of `BatchRef`s: maps each pinned row group (once while it stays among
+    the `keep` most recently used: a row group decodes to the same table in every epoch), removes
+    the batch's links, and returns the tables."""
+
+    def __init__(self, keep: int = 4):
+        self.keep = keep
+        self._tables: collections.OrderedDict[int, pa.Table] = collections.OrderedDict()
+
+    def tables(self, ref: BatchRef) -> dict[int, pa.Table]:
+        out = {}
+        try:
+            for u, path in ref.pins.items():
+                table = self._tables.pop(u, None)
+                if table is None:
+                    table = DecodedUnits._open(path)
+                    if table is None:
+                        raise RuntimeError(f"a DataLoader worker's link to a decoded row group ({path}) is gone "
+                                           f"before this process read it: was the folder removed while the "
+                                           f"loader ran?")
+                self._tables[u] = out[u] = table
+        finally:
+            for path in ref.pins.values():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        while len(self._tables) > max(self.keep, len(out)):
+            self._tables.popitem(last=False)
+        return out
+
+    def clear(self) -> None:
+        self._tables.clear()

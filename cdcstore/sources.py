@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import fnmatch
+import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Sequence
@@ -39,7 +40,7 @@ from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNot
 from .core.thrift import ThriftError
 
 if TYPE_CHECKING:  # the dataset a source reads its settings from and counts its figures into
-    from .decoded import DecodedUnits
+    from .decoded import BatchRef, DecodedUnits, PinnedTables
     from .stream import StreamingDataset
 
 LOOK_AHEAD_STEPS = 256  # steps a stream looks ahead for the next row group to fetch while one decodes
@@ -93,11 +94,17 @@ class Source:
         `share` (only for a source that `shares_decoded`) holds units decoded by other workers."""
         raise NotImplementedError
 
-    def consumer(self, ds: "StreamingDataset", progress: Callable[[int], None] | None = None
-                 ) -> Callable[[object], Iterator | None]:
+    def consumer(self, ds: "StreamingDataset", progress: Callable[[int], None] | None = None,
+                 pin: Callable[[int], str | None] | None = None) -> Callable[[object], Iterator | None]:
         """A function of each produced item, in order: what to yield for it (batches or rows), or
-        None. `progress(past)` (with `share`): the consumer is past this position of the order."""
+        None. `progress(past)` (with `share`): the consumer is past this position of the order.
+        `pin(unit)` (a source that `shares_decoded`, in a worker of `ds.loader()`): a link to a
+        shared decoded unit, to hand batches over as `decoded.BatchRef`s (None: hand the rows)."""
         raise NotImplementedError
+
+    def resolve(self, ds: "StreamingDataset", ref: "BatchRef", tables: "PinnedTables"):
+        """In the main process: the batch a worker handed over by reference (see `consumer`)."""
+        raise NotImplementedError(f"{type(self).__name__} hands batches over by value")
 
 
 class SampleSource(Source):
@@ -149,7 +156,7 @@ class SampleSource(Source):
             pieces.append((lo, len(sizes)))
         return pieces
 
-    def consumer(self, ds, progress=None):
+    def consumer(self, ds, progress=None, pin=None):
         return lambda item: self._emit(ds, item[1])
 
     def _emit(self, ds, samples: list[dict]):
@@ -303,18 +310,23 @@ class ParquetSource(Source):
                 located.append((pos, *order.locate(order.sequence_index(pos + skip))))
             return pos is not None
 
-        def next_new(after: int) -> int | None:
-            """The first row group needed after `after` that is not loaded (looking ahead at most
-            `LOOK_AHEAD_STEPS` steps)."""
+        def next_new(after: int, want=None) -> int | None:
+            """The first row group needed after `after` that is not loaded (and that `want`s, if
+            given), looking ahead at most `LOOK_AHEAD_STEPS` steps."""
             k = 0
             while True:
                 while k >= len(located):
                     if k >= LOOK_AHEAD_STEPS or not pull():
                         return None
                 for v in located[k][1].tolist():
-                    if v not in loaded and v != after:
+                    if v not in loaded and v != after and (want is None or want(v)):
                         return v
                 k += 1
+
+        def mine(v: int) -> bool:  # the shared row groups this worker decodes ahead
+            return int(order.slots[v]) % share.workers == share.worker and v not in spare and not share.ready(epoch, v)
+
+        spare: dict[int, pa.Table] = {}  # decoded ahead, not put in the folder (it was full)
 
         try:
             while located or pull():
@@ -329,7 +341,15 @@ class ParquetSource(Source):
                             warm.ahead(v)
                     if share is None:
                         table = self._read_unit(ds, u, files)
+                    elif u in spare:
+                        table = spare.pop(u)
                     else:
+                        # another worker decodes this one (`mine`): meanwhile, decode the next of ours
+                        v = next_new(u, mine) if not mine(u) and not share.ready(epoch, u) else None
+                        if v is not None:
+                            kept = share.put(epoch, v, lambda: self._read_unit(ds, v, files))
+                            if kept is not None:
+                                spare[v] = kept
                         table = share.load(epoch, u, lambda: self._read_unit(ds, u, files))
                     metrics["row_groups"] += 1
                     yield ("unit", u, table, _order.release_bound(order, u) - skip), table.nbytes or 1
@@ -364,7 +384,7 @@ class ParquetSource(Source):
             if len(files) >= 8:
                 files.pop(next(iter(files)))[1].close()
             reader = ds.store.open(self.files[fi].address)
-            files[fi] = (pq.ParquetFile(reader, metadata=self.footers[fi], pre_buffer=False), reader)
+            files[fi] = (pq.ParquetFile(reader, metadata=self.footers[fi], pre_buffer=True), reader)
         pf = files[fi][0]
         t0 = time.perf_counter()
         self._check_rows(fi, rg, files[fi][1])
@@ -412,9 +432,10 @@ class ParquetSource(Source):
                    if want is None or g.column(j).path_in_schema.split(".")[0] in want)
 
     # -- the consumer -----------------------------------------------------------------------------
-    def consumer(self, ds, progress=None):
+    def consumer(self, ds, progress=None, pin=None):
         """Row groups are held until the consumer is past their release bound; a step's rows are
-        gathered from them and emitted."""
+        gathered from them and emitted, or, with `pin`, handed over by reference (one `BatchRef`
+        per block, made before the progress that lets the row groups go)."""
         held: dict[int, tuple[pa.Table, int]] = {}
         m = ds._metrics
 
@@ -425,13 +446,47 @@ class ParquetSource(Source):
                 m["max_rows_held"] = max(m["max_rows_held"], sum(t.num_rows for t, _ in held.values()))
                 return None
             _, past, units, rows = item
-            table = self._gather(ds, held, units, rows)
+            out = self._refs(ds, units, rows, pin) if pin is not None and ds.batch_size is not None else None
+            if out is None:
+                out = self._emit(ds, self._gather(ds, held, units, rows))
             for u in [u for u, (_, bound) in held.items() if bound <= past]:
                 del held[u]
             if progress is not None:
                 progress(past)
-            return self._emit(ds, table)
+            return out
         return take
+
+    @staticmethod
+    def _refs(ds, units: np.ndarray, rows: np.ndarray, pin) -> list | None:
+        """One `BatchRef` per block of the step, each with its own links; None (and no link left)
+        when a row group is not in the shared folder."""
+        from .decoded import BatchRef
+
+        refs, made = [], []
+        m = ds._metrics
+        for lo in range(0, len(rows), ds.block):
+            us, rs = units[lo:lo + ds.block], rows[lo:lo + ds.block]
+            pins = {}
+            for u in dict.fromkeys(us.tolist()):
+                path = pin(u)
+                if path is None:
+                    for p in made:
+                        os.unlink(p)
+                    return None
+                pins[u] = path
+                made.append(path)
+            refs.append(BatchRef(us, rs, pins))
+        for r in refs:
+            ds._consumed += len(r.rows)
+            m["samples"] += len(r.rows)
+            m["batches"] += 1
+            m["by_reference"] += 1
+        return refs
+
+    def resolve(self, ds, ref, tables):
+        """The batch a worker handed over as `ref`, gathered from the mapped row groups."""
+        mapped = tables.tables(ref)
+        return self._formatted(ds, self._gather(ds, {u: (t, 0) for u, t in mapped.items()}, ref.units, ref.rows))
 
     @staticmethod
     def _gather(ds, held: dict, units: np.ndarray, rows: np.ndarray) -> pa.Table:
@@ -465,13 +520,19 @@ class ParquetSource(Source):
         for lo in range(0, table.num_rows, ds.block):
             yield cls._format(ds, table.slice(lo, ds.block))
 
-    @staticmethod
-    def _format(ds, table: pa.Table):
+    @classmethod
+    def _format(cls, ds, table: pa.Table):
         m = ds._metrics
         n = table.num_rows
         ds._consumed += n
         m["samples"] += n
         m["batches"] += 1
+        return cls._formatted(ds, table)
+
+    @staticmethod
+    def _formatted(ds, table: pa.Table):
+        """One block's rows in the dataset's format."""
+        n = table.num_rows
         if ds.format == "arrow":
             return table.combine_chunks().to_batches()[0] if n else pa.RecordBatch.from_pylist([], table.schema)
         if ds.format == "python":

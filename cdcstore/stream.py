@@ -38,8 +38,8 @@ from .sources import Warmer as _Warmer  # noqa: F401 - the name docs/streaming.m
 from .sources import checked_footer as _checked_footer, lying_rows as _lying_rows  # noqa: F401
 
 FORMATS = ("numpy", "arrow", "python")
-SUMMED = ("samples", "batches", "bytes_read", "row_groups", "decodes", "warmed", "wait_seconds", "read_seconds",
-          "requests", "received_bytes", "cache_hits", "cache_misses")
+SUMMED = ("samples", "batches", "by_reference", "bytes_read", "row_groups", "decodes", "warmed", "wait_seconds",
+          "read_seconds", "requests", "received_bytes", "cache_hits", "cache_misses")
 STORE_FIGURES = ("requests", "received_bytes", "cache_hits", "cache_misses")
 FIGURES = SUMMED + ("max_rows_held", "started")
 SLOTS = 65  # figure slots: this process, then DataLoader workers 0..63 (worker w uses slot w % 64 + 1)
@@ -244,8 +244,8 @@ class StreamingDataset:
         self._shared = _Shared()
         self._decoded: DecodedUnits | None = None  # row groups shared by DataLoader workers (as_torch)
         self._consumed = 0
-        self._metrics = {"samples": 0, "batches": 0, "bytes_read": 0, "row_groups": 0, "decodes": 0, "warmed": 0,
-                         "wait_seconds": 0.0, "read_seconds": 0.0, "max_rows_held": 0}
+        self._metrics = {"samples": 0, "batches": 0, "by_reference": 0, "bytes_read": 0, "row_groups": 0, "decodes": 0,
+                         "warmed": 0, "wait_seconds": 0.0, "read_seconds": 0.0, "max_rows_held": 0}
         self._t0: float | None = None
         self._slot = 0  # where this process writes its figures when they are shared
         self._flushed = runtime.Local()  # (figures at start, slot at start) of this process's first iteration
@@ -373,16 +373,22 @@ class StreamingDataset:
 
     # -- iteration -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator:
+        return self._iter_here()
+
+    def _iter_here(self, refs: bool = False) -> Iterator:
+        """This process's share: the whole rank's, or a DataLoader worker's (`refs`: batches handed
+        over by reference, for `Loader`)."""
         worker, workers = 0, 1
         torch_data = sys.modules.get("torch.utils.data")
         info = torch_data.get_worker_info() if torch_data is not None else None
         if info is not None:
             worker, workers = info.id, info.num_workers
             self._slot = worker % (SLOTS - 1) + 1
-        return self.iterate(worker, workers)
+        return self.iterate(worker, workers, refs=refs and info is not None)
 
-    def iterate(self, worker: int = 0, num_workers: int = 1) -> Iterator:
-        """The samples of consumer (this rank, `worker` of `num_workers`) for the current epoch."""
+    def iterate(self, worker: int = 0, num_workers: int = 1, *, refs: bool = False) -> Iterator:
+        """The samples of consumer (this rank, `worker` of `num_workers`) for the current epoch;
+        `refs` (a DataLoader worker of `Loader`): batches as `decoded.BatchRef`s where it can."""
         epoch, start = self._shared.get()
         k, n = _order.consumer_index(self.rank, self.world_size, worker, num_workers)
         skip, _ = self._limit
@@ -399,7 +405,10 @@ class StreamingDataset:
             self._started = time.time()
         self._flushed.get(lambda: (self._figures_now(),  # first iteration in this process
                                    self._shared.read(self._slot) if self._shared.shared else {}))
-        share = self._decoded if num_workers > 1 and self._slot and self.source.shares_decoded else None
+        share = self._decoded if (num_workers > 1 or refs) and self._slot and self.source.shares_decoded else None
+        pin = (lambda u: share.pin(epoch, u)) if refs and share is not None else None
+        if share is not None:  # the row groups it decodes ahead: those of every num_workers-th slot of the order
+            share.worker, share.workers = worker, num_workers
         progress = None
         if share is not None:  # this worker's progress, and the decoded row groups no worker needs now
             slots = range(1, min(num_workers, SLOTS - 1) + 1)
@@ -408,20 +417,20 @@ class StreamingDataset:
                 share.report(self._slot, epoch, past)
                 share.release(slots, epoch, lambda u: _order.release_bound(order, u) - skip)
             share.report(self._slot, epoch, min(start, total))
-        return self._run(lambda: self.source.produce(self, order, steps, skip, share, epoch), progress)
+        return self._run(lambda: self.source.produce(self, order, steps, skip, share, epoch), progress, pin)
 
-    def _run(self, produce, progress=None):
+    def _run(self, produce, progress=None, pin=None):
         pre = _Prefetcher(produce, self.prefetch_bytes, self.prefetch_row_groups)
         try:
-            yield from self._consume(pre, progress)
+            yield from self._consume(pre, progress, pin)
             if progress is not None:
                 progress(_decoded.DONE)
         finally:
             pre.close()
 
-    def _consume(self, pre: _Prefetcher, progress=None):
+    def _consume(self, pre: _Prefetcher, progress=None, pin=None):
         """What the source makes of each item the prefetch thread hands over (`Source.consumer`)."""
-        take = self.source.consumer(self, progress)
+        take = self.source.consumer(self, progress, pin)
         m = self._metrics
         while True:
             t0 = time.perf_counter()
@@ -454,7 +463,8 @@ class StreamingDataset:
         self._shared.write(self._slot, values)
 
     def metrics(self) -> dict:
-        """Figures so far: samples, batches, bytes read (compressed column chunks, or TAR member
+        """Figures so far: samples, batches (`by_reference`: those `loader()` workers handed over as
+        references to decoded row groups), bytes read (compressed column chunks, or TAR member
         bytes), row groups, seconds waiting on data and reading, samples/s, MB/s, and since the first
         iteration: requests to the store, chunk reads found in the local dedup cache or not
         (`cache_hits`, `cache_misses`, `cache_hit_ratio`; zeros without a cache). `store` holds the
@@ -485,14 +495,14 @@ class StreamingDataset:
         the fast way to feed training from several workers (docs/streaming.md, "Figures")."""
         return Loader(self, tensors=tensors, num_workers=num_workers, **kwargs)
 
-    def as_torch(self):
+    def as_torch(self, _refs: bool = False):
         """This dataset as a torch IterableDataset (torch must be installed). Shares epoch and
         resume position with DataLoader workers, persistent ones included."""
         self._shared.share()
         import pyarrow.compute  # noqa: F401 - imported once here, not by each forked worker at its first take
         if self._decoded is None and self.source.shares_decoded:
             self._decoded = DecodedUnits(SLOTS)
-        return __getattr__("TorchStreamingDataset")(self)
+        return __getattr__("TorchStreamingDataset")(self, _refs)
 
 
 def _keep(batch):
@@ -538,15 +548,25 @@ class Loader:
             raise ValueError(f"a loader batching rows by {rows} needs the dataset's block_size={rows}, so that "
                              f"a step is one block of the global order (an exact resume point)")
         self.ds = ds
-        self.dataloader = DataLoader(ds.as_torch(), **kwargs)
+        # a worker hands a batch of rows over by reference (`decoded.BatchRef`), made here: it
+        # fetches and decodes on its core while this process only gathers rows
+        refs = ds.batch_size is not None and ds.source.shares_decoded
+        self.dataloader = DataLoader(ds.as_torch(_refs=refs), **kwargs)
         self.tensors = tensors
         self._steps: int | None = None  # steps taken from the current iteration (None: not begun)
 
     def __iter__(self):
         self._steps = 0
-        for batch in self.dataloader:
-            self._steps += 1
-            yield _to_tensors(batch) if self.tensors else batch
+        tables = _decoded.PinnedTables()
+        source = self.ds.source
+        try:
+            for batch in self.dataloader:
+                if isinstance(batch, _decoded.BatchRef):
+                    batch = source.resolve(self.ds, batch, tables)
+                self._steps += 1
+                yield _to_tensors(batch) if self.tensors else batch
+        finally:
+            tables.clear()
 
     def __len__(self) -> int:
         """Steps of the current epoch on this rank (the same on every rank)."""
@@ -648,11 +668,11 @@ def _torch_class():
     class TorchStreamingDataset(IterableDataset):
         """A torch IterableDataset over a StreamingDataset: each DataLoader worker reads its share."""
 
-        def __init__(self, ds: StreamingDataset):
-            self.ds = ds
+        def __init__(self, ds: StreamingDataset, refs: bool = False):
+            self.ds, self.refs = ds, refs
 
         def __iter__(self):
-            return iter(self.ds)
+            return self.ds._iter_here(self.refs)
 
         def set_epoch(self, epoch: int) -> None:
             self.ds.set_epoch(epoch)

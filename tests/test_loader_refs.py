@@ -1,0 +1,123 @@
+"""`ds.loader()`: DataLoader workers hand batches over by reference to decoded row groups.
+
+The workers fetch, verify and decode (each row group once, the row groups dealt between them);
+the main process maps the shared files and gathers the rows. What must hold: the same batches
+in the same order as in process, every batch by reference, nothing fetched twice across the
+workers, no link left behind, damage caught, and batches by value when the folder cannot hold a
+row group."""
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cdcstore import Store
+from cdcstore.core.errors import CorruptionError
+from cdcstore.stream import StreamingDataset
+
+GROUPS = 6  # row groups per file
+ROWS = 4_000  # rows per row group
+
+
+@pytest.fixture
+def pushed(server, tmp_path):
+    """Three Parquet files of 6 row groups each (random floats and strings: many chunks), pushed."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    n = 0
+    for i in range(3):
+        with pq.ParquetWriter(folder / f"part-{i}.parquet", pa.schema([("id", pa.int64()), ("v", pa.float64()),
+                                                                         ("s", pa.string())])) as w:
+            for _ in range(GROUPS):
+                ids = np.arange(n, n + ROWS)
+                w.write_table(pa.table({"id": ids, "v": rng.random(ROWS),
+                                        "s": [f"row {v} {rng.integers(1 << 40)}" for v in ids]}))
+                n += ROWS
+    with Store(server.url, cache=False) as up:
+        up.push([str(folder)], "cdc://ds/train/", message="v1")
+    return server.url, folder
+
+
+def make(url, tmp_path, monkeypatch, **kw):
+    monkeypatch.setenv("CDCSTORE_CACHE", str(tmp_path / "cache" / "c.sqlite"))  # a cold cache, the workers' too
+    return StreamingDataset("cdc://ds/train/", store=url, **{"batch_size": 500, **kw})
+
+
+def in_process(url, tmp_path, **kw):
+    with Store(url, cache=False) as s:
+        ds = StreamingDataset("cdc://ds/train/", store=s, **{"batch_size": 500, **kw})
+        return [b["id"].tolist() for b in ds]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_batches_go_by_reference_in_the_same_order_fetched_once(pushed, tmp_path, monkeypatch, shuffle):
+    url, folder = pushed
+    ds = make(url, tmp_path, monkeypatch, shuffle=shuffle, shuffle_buffer=3_000)
+    loader = ds.loader(num_workers=2, tensors=False)
+    got = [b for b in loader]
+    assert [b["id"].tolist() for b in got] == in_process(url, tmp_path, shuffle=shuffle, shuffle_buffer=3_000)
+    assert all(b["s"].dtype == object and isinstance(b["s"][0], str) for b in got)
+    m = ds.metrics()
+    units = 3 * GROUPS
+    assert m["batches"] == m["by_reference"] == len(got) and m["samples"] == units * ROWS, m
+    # each row group decoded once, and both workers decoded some (one does not wait on the other's)
+    per_worker = [ds._shared.read(slot)["decodes"] for slot in (1, 2)]
+    assert m["decodes"] == units and min(per_worker) >= units // 4, (m, per_worker)
+    # no bytes fetched by both workers (a worker's read-ahead into the next row group, decoded by
+    # the other worker, fetched it twice: 1.3x to 1.9x the files)
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    assert m["received_bytes"] < 1.1 * size, (m["received_bytes"], size)
+    assert os.listdir(ds._decoded.path) == []  # no link to a decoded row group left behind
+
+
+def test_persistent_workers_two_epochs_and_numeric_tensors(pushed, tmp_path, monkeypatch):
+    import torch
+    url, _ = pushed
+    ds = make(url, tmp_path, monkeypatch, shuffle=True, shuffle_buffer=2_000, columns=["id", "v"])
+    loader = ds.loader(num_workers=2, persistent_workers=True)
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        got = list(loader)
+        assert all(isinstance(b["id"], torch.Tensor) and b["id"].dtype == torch.int64 for b in got)
+        want = in_process(url, tmp_path, shuffle=True, shuffle_buffer=2_000, columns=["id"])
+        if epoch:
+            with Store(url, cache=False) as s:
+                again = StreamingDataset("cdc://ds/train/", store=s, batch_size=500, shuffle=True,
+                                         shuffle_buffer=2_000, columns=["id"])
+                again.set_epoch(1)
+                want = [b["id"].tolist() for b in again]
+        assert [b["id"].tolist() for b in got] == want
+    assert ds.metrics()["by_reference"] == ds.metrics()["batches"] == 2 * len(got)
+    assert os.listdir(ds._decoded.path) == []
+
+
+def test_a_damaged_chunk_fails_the_loader(pushed, tmp_path, monkeypatch, server):
+    url, _ = pushed
+    packs = [p for p in (tmp_path / "srv" / "packs").rglob("*") if p.is_file()]
+    assert packs
+    for pack in packs:
+        data = bytearray(pack.read_bytes())
+        data[len(data) // 2:len(data) // 2 + 4096] = bytes(4096)
+        pack.write_bytes(bytes(data))
+    ds = make(url, tmp_path, monkeypatch)
+    with pytest.raises(CorruptionError):
+        list(ds.loader(num_workers=2))
+
+
+def test_rows_go_by_value_when_a_row_group_is_not_in_the_folder(pushed, tmp_path, monkeypatch):
+    """A worker whose row group could not be put in the shared folder (full) hands the rows over."""
+    url, _ = pushed
+    ds = make(url, tmp_path, monkeypatch, columns=["id"])
+    want = [b["id"].tolist() for b in ds]
+    take = ds.source.consumer(ds, pin=lambda u: None)  # no link can be made
+    from cdcstore.core import order as _order
+    order = _order.EpochOrder(tuple(u[2] for u in ds.units), 0, 0, False, 1)
+    steps = _order.consumer_steps(0, ds.num_rows, ds.block, 0, 1, span=1024, ranks=1)
+    got = []
+    for item, _ in ds.source.produce(ds, order, steps, 0):
+        out = take(item)
+        if out is not None:
+            got += [b["id"].tolist() for b in out]
+    assert got == want and ds.metrics()["by_reference"] == 0
