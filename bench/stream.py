@@ -217,15 +217,9 @@ def peer_data(data: str, kind: str, python: str, paths: list[str], timeout: floa
         return out, {"cached": True}
     proc = start_child([python, os.path.abspath(__file__), "--_convert",
                         json.dumps({"kind": kind, "out": out, "paths": paths})])
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        end_tree(proc)  # litdata.optimize's workers with it
+    stdout, stderr, timed_out, _ = finish_child(proc, timeout)  # litdata.optimize's workers ended with it
+    if timed_out:
         return None, {"error": f"converting to {kind} took over {timeout:.0f} s"}
-    except BaseException:
-        end_tree(proc, grace=1.0)
-        raise
-    end_tree(proc, grace=1.0)
     if proc.returncode != 0:
         return None, {"error": f"converting to {kind} failed (exit {proc.returncode}): {stderr.strip()[-500:]}"}
     return out, json.loads(stdout.strip().splitlines()[-1])
@@ -390,13 +384,28 @@ def start_child(cmd: list[str], **kw) -> subprocess.Popen:
                             **kw)
 
 
+def group_members(pgid: int) -> dict:
+    """pid -> psutil.Process of every process whose process group is `pgid`."""
+    import psutil
+    out = {}
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                out[p.pid] = p
+        except (OSError, psutil.Error):
+            pass
+    return out
+
+
 def end_tree(proc: subprocess.Popen, seen: dict | None = None, grace: float = 5.0) -> list[int]:
-    """Stops `proc` and every descendant: SIGTERM to its process group, SIGKILL to the group after
-    `grace` s, then SIGKILL to each descendant still alive, found by psutil (those listed before the
-    kill, plus `seen`: pid -> psutil.Process, e.g. RssPoll.seen) wherever it now is (a descendant that
-    left the group, or was reparented when its parent died). Also after a normal exit, for workers
-    left behind. psutil's kill checks the process's start time, so a reused pid is never hit.
-    Returns the pids that were still alive and had to be killed."""
+    """Stops the start_child child `proc` and every descendant: SIGTERM to its process group, SIGKILL
+    to the group after `grace` s, then SIGKILL to each descendant still alive wherever it now is
+    (one that left the group, or was reparented when its parent died): the members of the group,
+    its children (psutil) and `seen` (pid -> psutil.Process, e.g. RssPoll.seen), all listed before
+    the first signal. Also after a normal exit, for workers left behind. The group is signalled only
+    while it has a member (its id stays reserved until the last one ends, so it is never a reused
+    id), and psutil's kill checks the process's start time (never a reused pid).
+    Returns the pids that were still alive when called (the child's included)."""
     import signal
 
     import psutil
@@ -408,27 +417,19 @@ def end_tree(proc: subprocess.Popen, seen: dict | None = None, grace: float = 5.
                 procs.setdefault(p.pid, p)
         except psutil.Error:
             pass
-
-    def group_alive() -> bool:
-        # the group's id stays reserved while one member lives: signal it only then (never a reused id)
-        if proc.poll() is None:
-            return True
-        for p in procs.values():
-            try:
-                if p.is_running() and os.getpgid(p.pid) == pgid:
-                    return True
-            except (psutil.Error, OSError):
-                pass
-        return False
+    procs.update({pid: p for pid, p in group_members(pgid).items() if pid != proc.pid})
 
     def signal_group(sig) -> None:
-        if group_alive():
+        if proc.poll() is None or group_members(pgid):
             try:
                 os.killpg(pgid, sig)
             except (ProcessLookupError, PermissionError):
                 pass
 
     left = [pid for pid, p in procs.items() if p.is_running()] + ([proc.pid] if proc.poll() is None else [])
+    if not left:
+        proc.wait()
+        return []
     signal_group(signal.SIGTERM)
     try:
         proc.wait(timeout=grace)
@@ -446,6 +447,31 @@ def end_tree(proc: subprocess.Popen, seen: dict | None = None, grace: float = 5.
         proc.kill()
     proc.wait()
     return left
+
+
+def finish_child(proc: subprocess.Popen, timeout: float, poll: "RssPoll | None" = None):
+    """(stdout, stderr, timed_out, pids killed) of a start_child child, with its tree ended by end_tree
+    whatever happens (Ctrl-C included: a child in its own session does not get the terminal's SIGINT).
+    A child that exited while descendants still hold its output pipes is not a timeout: they are
+    killed at the deadline and its output read."""
+    seen = poll.seen if poll is not None else None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = proc.poll() is None
+        if poll is not None:
+            poll.done()  # its thread stopped: `seen` is complete and no longer changes
+        left = end_tree(proc, seen, grace=5.0 if timed_out else 1.0)
+        stdout, stderr = proc.communicate()
+        return stdout, stderr, timed_out, left
+    except BaseException:
+        if poll is not None:
+            poll.done()
+        end_tree(proc, seen, grace=1.0)
+        raise
+    if poll is not None:
+        poll.done()
+    return stdout, stderr, False, end_tree(proc, seen, grace=1.0)
 
 
 def run_side(ctx: dict, side: str, timeout: float, **extra) -> dict:
@@ -466,23 +492,16 @@ def run_side(ctx: dict, side: str, timeout: float, **extra) -> dict:
     proc = start_child([python, os.path.abspath(__file__), "--_side", json.dumps(a)], env=env)
     poll = RssPoll(proc.pid)
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        mem = poll.done()  # the memory of the part that ran is still a figure (a partial one)
-        left = end_tree(proc, poll.seen)
+        stdout, stderr, timed_out, left = finish_child(proc, timeout, poll)
+    finally:
+        mem = poll.done()  # after a timeout, the memory of the part that ran is still a figure (a partial one)
         shutil.rmtree(tmp, ignore_errors=True)
+    if timed_out:
         return {"side": side, "error": f"timed out after {timeout:.0f} s", "killed_pids": left,
                 **{f"{k}_before_timeout": v for k, v in mem.items()}}
-    except BaseException:  # Ctrl-C: a child in its own session does not get the terminal's SIGINT
-        poll.done()
-        end_tree(proc, poll.seen, grace=1.0)
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    out = poll.done()
-    left = end_tree(proc, poll.seen, grace=1.0)  # workers a finished child left behind
-    shutil.rmtree(tmp, ignore_errors=True)
+    out = dict(mem)
     if left:
-        out["left_behind_pids"] = left
+        out["left_behind_pids"] = left  # descendants still alive after the child's exit (killed)
     lines = stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         return {"side": side, "error": f"exit {proc.returncode}: {stderr.strip()[-600:]}"}
