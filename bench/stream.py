@@ -26,8 +26,8 @@ Sides (each run in its own child process, `python bench/stream.py --_side NAME .
                   store=url), iterated in the child itself (`for b in ds`: dicts of numpy arrays)
   ours_arrow      the same with format="arrow" (pyarrow RecordBatches)
   ours_dl         ds.loader(num_workers=2) (cdcstore.stream.Loader, tensors=True: batches cross the
-                  worker queue as numpy arrays and numeric columns become tensors in the child; that
-                  cost is in the figure): the documented way to feed training from workers
+                  worker queue as numpy arrays and numeric columns become tensors in the side's main
+                  process; that cost is in the figure): the documented way to feed training from workers
   ours_arrow_dl   ours_dl with format="arrow" (for information: RecordBatches cross to the main
                   process instead of numpy arrays, as hf_dl's Arrow tables do; no tensors made)
   ours_shuf_dl    ours_dl with shuffle=True, shuffle_buffer=10_000 (the memory goal)
@@ -77,14 +77,16 @@ share; the RSS sum, which counts them once per process; and the largest single R
 log lines during the run). Sides rotate their order per repetition; quoted: medians.
 
 Startup with 8 workers: for each server side, a child builds the dataset, then its DataLoader side
-with num_workers=8 (ours_dl: ds.loader(num_workers=8); hf_dl) and takes 8 batches. Requests are counted on the server during construction and
-during the workers' start (for ours, by kind: metadata is everything but chunk data, i.e.
-packs and locate; the locate requests beyond the resolution are given apart, per worker).
-Goal: at most 1 metadata request per worker beyond the first resolution.
+with num_workers=8 (ours_dl: ds.loader(num_workers=8); hf_dl) and takes 8 batches. Requests are
+counted on the server during construction and during the workers' start (for ours, by kind:
+metadata is everything but chunk data, i.e. packs and locate; the locate requests beyond the
+resolution are given apart, per worker). Goal: at most 1 metadata request per worker beyond the
+first resolution.
 
 Goals (issues 9 and 18): first batch <= 1 s; samples/s >= 2x HF in the same output format (ours
-over hf_numpy, ours_arrow over hf) and, the stricter reading, >= 2x HF's fastest mode (the fastest of
-hf, hf_numpy and hf_dl, against ours and against ours_dl); cold MB/s >= 1.0x local pyarrow; peak memory (PSS of the tree) with the 10k shuffle buffer < 1 GB; startup requests as above. Reported as
+over hf_numpy, ours_arrow over hf) and, the stricter reading, >= 2x HF's fastest mode (the fastest
+of hf, hf_numpy and hf_dl, against ours and against ours_dl); cold MB/s >= 1.0x local pyarrow; peak
+memory (PSS of the tree) with the 10k shuffle buffer < 1 GB; startup requests as above. Reported as
 measured, pass or fail. The last line printed is one JSON object with every figure.
 """
 from __future__ import annotations
@@ -653,8 +655,9 @@ def summarize(reps: dict, fig: dict) -> list[str]:
                  f"{fmt_ms(g('hf_dl', 'first_batch_seconds'))}; HF fastest samples/s "
                  f"{(hf_best or 0) / 1e6:.3f} M)")
     if g("ours_rawdl", "samples_per_s") and g("ours_dl", "samples_per_s"):
-        lines.append(f"  (ours_dl / ours_rawdl samples/s: {fmt_x(ratio(g('ours_dl', 'samples_per_s'), g('ours_rawdl', 'samples_per_s')))}"
-                     f": ds.loader against DataLoader(as_torch()) with the default collate)")
+        x = ratio(g("ours_dl", "samples_per_s"), g("ours_rawdl", "samples_per_s"))
+        lines.append(f"  (ours_dl / ours_rawdl samples/s: {fmt_x(x)}: ds.loader against DataLoader(as_torch()) "
+                     f"with the default collate)")
     return lines
 
 
