@@ -563,8 +563,9 @@ def chart_read_sizes(plt, doc: dict):
     return fig
 
 
-STREAM_GROUPS = [("in process", ["ours", "ours_arrow", "hf", "local"]),
-                 ("DataLoader, 2 workers", ["ours_dl", "ours_arrow_dl", "ours_shuf_dl", "hf_dl", "mds_dl", "litdata_dl"])]
+STREAM_GROUPS = [("in process", ["ours", "ours_arrow", "hf", "hf_numpy", "local"]),
+                 ("DataLoader, 2 workers", ["ours_dl", "ours_arrow_dl", "ours_shuf_dl", "ours_rawdl", "hf_dl", "mds_dl",
+                                            "litdata_dl"])]
 
 
 def chart_stream(plt, doc: dict):
@@ -578,8 +579,12 @@ def chart_stream(plt, doc: dict):
     for i, (v, c) in enumerate(zip(vals, colors)):
         ax.barh(i, v, color=c, height=0.7)
         ax.text(v, i, f" {v:.2f}", va="center", fontsize=7)
-    workers = {n: "DataLoader(2)" if n.endswith("_dl") else "pyarrow, local disk" if n == "local" else "in process"
-               for n in names}
+    loaders = set(STREAM_GROUPS[1][1])
+    # the bench's own labels (bench/stream.py's SIDE_LABELS, in JSON since ours_dl became ds.loader);
+    # older JSON: every DataLoader side was DataLoader(2)
+    labels = doc.get("side_labels") or {}
+    workers = {n: labels.get(n) or ("DataLoader(2)" if n in loaders else "pyarrow, local disk" if n == "local"
+                                    else "in process") for n in names}
     ax.set_yticks(range(len(names)), [f"{n} ({workers[n]})" for n in names], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("M samples/s, cold through a server (more is better)")

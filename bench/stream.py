@@ -1,4 +1,4 @@
-"""Streaming benchmark: cdcstore.stream against HF `datasets` streaming and local pyarrow (issue 9).
+"""Streaming benchmark: cdcstore.stream against HF `datasets` streaming and local pyarrow (issues 9, 18).
 
     python bench/stream.py [--size-mb 300] [--files 16] [--repeat 3] [--data-dir /tmp/cdcbench-stream]
     python bench/stream.py --full          # the issue's size: 2,048 MB in 16 files (8 row groups each)
@@ -22,15 +22,26 @@ are in the page cache, so this compares software paths, not disks or links.
 
 Sides (each run in its own child process, `python bench/stream.py --_side NAME ...`)
 -------------------------------------------------------------------------------------
-  ours            StreamingDataset("cdc://bench@<commit>/data/", batch_size=1024, format="numpy",
-                  store=url), iterated in the child itself
-  ours_arrow      the same with format="arrow" (for information)
-  ours_dl         the same through DataLoader(ds.as_torch(), batch_size=None, num_workers=2)
+  ours            ds = StreamingDataset("cdc://bench@<commit>/data/", batch_size=1024, format="numpy",
+                  store=url), iterated in the child itself (`for b in ds`: dicts of numpy arrays)
+  ours_arrow      the same with format="arrow" (pyarrow RecordBatches)
+  ours_dl         ds.loader(num_workers=2) (cdcstore.stream.Loader, tensors=True: batches cross the
+                  worker queue as numpy arrays and numeric columns become tensors in the side's main
+                  process; that cost is in the figure): the documented way to feed training from workers
   ours_arrow_dl   ours_dl with format="arrow" (for information: RecordBatches cross to the main
-                  process instead of numpy arrays, as hf_dl's Arrow tables do)
+                  process instead of numpy arrays, as hf_dl's Arrow tables do; no tensors made)
   ours_shuf_dl    ours_dl with shuffle=True, shuffle_buffer=10_000 (the memory goal)
+  ours_rawdl      DataLoader(ds.as_torch(), batch_size=None, num_workers=2) with torch's default collate
+                  (a tensor per numeric column made in the worker, handed over through shared memory):
+                  what ours_dl measured before issue 18; for information, not in the default sides
+                  (its epoch takes about twice ours_dl's)
   hf              datasets.load_dataset("parquet", data_files=[static URLs], streaming=True,
                   split="train").with_format("arrow").iter(batch_size=1024): HF's fastest mode
+                  (pyarrow Tables)
+  hf_numpy        the same dataset .with_format("numpy").iter(batch_size=1024): dicts of numpy arrays,
+                  the output format of `ours` (datasets 5.2.0 formats each Arrow batch with its
+                  NumpyFormatter: ints as int64, floats cast to float32, strings as fixed-width
+                  unicode arrays; ours keeps float64 and gives strings as object arrays)
   hf_dl           the same dataset .with_format("arrow").batch(1024) through DataLoader(batch_size=None,
                   num_workers=2, collate_fn=identity) (Arrow tables, no conversion)
   local           pyarrow.parquet.ParquetFile(path).iter_batches(1024) over the files on local disk
@@ -38,6 +49,10 @@ Sides (each run in its own child process, `python bench/stream.py --_side NAME .
                   through DataLoader(batch_size=1024, num_workers=2) (rows collated by torch), local disk
   litdata_dl      litdata 0.2.76: StreamingDataset(chunks dir) through StreamingDataLoader(batch_size=1024,
                   num_workers=2), local disk
+
+Each child is started in its own session (process group). At its end, and when it times out
+(--timeout), the whole group gets SIGTERM, then SIGKILL, and every descendant psutil saw is killed
+wherever it went (DataLoader workers orphaned by a killed child hold their memory otherwise).
 
 The peers read their own formats from local disk: a setup step outside any timing converts the
 same Parquet files once (rows as dicts: MDSWriter with int64/float64/str columns, 64 MiB shards;
@@ -61,15 +76,17 @@ parent: the PSS of the child and its workers summed, which splits the pages fork
 share; the RSS sum, which counts them once per process; and the largest single RSS), and requests (the server's access
 log lines during the run). Sides rotate their order per repetition; quoted: medians.
 
-Startup with 8 workers: for each server side, a child builds the dataset, then a DataLoader with
-num_workers=8 and takes 8 batches. Requests are counted on the server during construction and
-during the workers' start (for ours, by kind: metadata is everything but chunk data, i.e.
-packs and locate; the locate requests beyond the resolution are given apart, per worker).
-Goal: at most 1 metadata request per worker beyond the first resolution.
+Startup with 8 workers: for each server side, a child builds the dataset, then its DataLoader side
+with num_workers=8 (ours_dl: ds.loader(num_workers=8); hf_dl) and takes 8 batches. Requests are
+counted on the server during construction and during the workers' start (for ours, by kind:
+metadata is everything but chunk data, i.e. packs and locate; the locate requests beyond the
+resolution are given apart, per worker). Goal: at most 1 metadata request per worker beyond the
+first resolution.
 
-Goals (issue 9): first batch <= 1 s; samples/s >= 2x HF's fastest mode (the faster of hf and
-hf_dl, against ours and against ours_dl); cold MB/s >= 1.0x local
-pyarrow; peak memory (PSS of the tree) with the 10k shuffle buffer < 1 GB; startup requests as above. Reported as
+Goals (issues 9 and 18): first batch <= 1 s; samples/s >= 2x HF in the same output format (ours
+over hf_numpy, ours_arrow over hf) and, the stricter reading, >= 2x HF's fastest mode (the fastest
+of hf, hf_numpy and hf_dl, against ours and against ours_dl); cold MB/s >= 1.0x local pyarrow; peak
+memory (PSS of the tree) with the 10k shuffle buffer < 1 GB; startup requests as above. Reported as
 measured, pass or fail. The last line printed is one JSON object with every figure.
 """
 from __future__ import annotations
@@ -90,11 +107,17 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)  # bench/harness.py, data.py, servers.py
 from data import stream_data as make_data  # noqa: E402
 from harness import Goal, code_version, finish, loadavg_text, med, rotated  # noqa: E402
-from servers import LogWindow, ServerProcess, StaticServer, cdc_requests, static_log, stop_process  # noqa: E402
+from servers import LogWindow, ServerProcess, StaticServer, cdc_requests, static_log  # noqa: E402
 
 BATCH = 1024
-SIDES = ["ours", "ours_arrow", "ours_dl", "ours_arrow_dl", "ours_shuf_dl", "hf", "hf_dl", "mds_dl", "litdata_dl",
-         "local"]
+SIDES = ["ours", "ours_arrow", "ours_dl", "ours_arrow_dl", "ours_shuf_dl", "ours_rawdl", "hf", "hf_numpy", "hf_dl",
+         "mds_dl", "litdata_dl", "local"]  # every side, in the order of the table
+DEFAULT_SIDES = [s for s in SIDES if s != "ours_rawdl"]  # ours_rawdl: a slow epoch, for information only
+SIDE_LABELS = {  # what runs the batches, for bench/figures.py's chart (in the JSON as side_labels)
+    "ours": "in process", "ours_arrow": "in process", "hf": "in process", "hf_numpy": "in process",
+    "ours_dl": "ds.loader(2)", "ours_arrow_dl": "ds.loader(2)", "ours_shuf_dl": "ds.loader(2)",
+    "ours_rawdl": "DataLoader(as_torch(), 2)", "hf_dl": "DataLoader(2)", "mds_dl": "DataLoader(2)",
+    "litdata_dl": "StreamingDataLoader(2)", "local": "pyarrow, local disk"}
 PEERS = {"mds_dl": "mds", "litdata_dl": "litdata"}  # peer side -> the format its data is converted to
 DATA_KINDS = ("packs", "locate")  # cdcstore request kinds that carry chunk data; the rest is metadata
 
@@ -194,15 +217,14 @@ def peer_data(data: str, kind: str, python: str, paths: list[str], timeout: floa
     out = f"{data}-{kind}"
     if os.path.isdir(out):
         return out, {"cached": True}
-    try:
-        r = subprocess.run([python, os.path.abspath(__file__), "--_convert",
-                            json.dumps({"kind": kind, "out": out, "paths": paths})],
-                           capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    proc = start_child([python, os.path.abspath(__file__), "--_convert",
+                        json.dumps({"kind": kind, "out": out, "paths": paths})])
+    stdout, stderr, timed_out, _ = finish_child(proc, timeout)  # litdata.optimize's workers ended with it
+    if timed_out:
         return None, {"error": f"converting to {kind} took over {timeout:.0f} s"}
-    if r.returncode != 0:
-        return None, {"error": f"converting to {kind} failed (exit {r.returncode}): {r.stderr.strip()[-500:]}"}
-    return out, json.loads(r.stdout.strip().splitlines()[-1])
+    if proc.returncode != 0:
+        return None, {"error": f"converting to {kind} failed (exit {proc.returncode}): {stderr.strip()[-500:]}"}
+    return out, json.loads(stdout.strip().splitlines()[-1])
 
 
 def side_main(a: dict) -> dict:
@@ -210,7 +232,7 @@ def side_main(a: dict) -> dict:
     side = a["side"]
     if side.startswith("ours"):
         from cdcstore.stream import StreamingDataset  # noqa: F401  (imports before the clock)
-    if side.endswith("_dl") or a.get("workers"):
+    if side.endswith("dl") or a.get("workers"):
         import torch  # noqa: F401
         from torch.utils.data import DataLoader
     if side.startswith("hf"):
@@ -218,7 +240,7 @@ def side_main(a: dict) -> dict:
     if side in PEERS:
         peer_imports(side)
     import pyarrow.parquet as pq
-    workers = a.get("workers") or (2 if side.endswith("_dl") else 0)
+    workers = a.get("workers") or (2 if side.endswith("dl") else 0)
     limit = a.get("batches")  # startup: stop after that many batches
     out = {"side": side}
     t0 = time.perf_counter()
@@ -230,9 +252,14 @@ def side_main(a: dict) -> dict:
         out["construct_requests"] = ds.store.counters()["requests"]
         if a.get("construct_only"):
             return out
-        it = iter(DataLoader(ds.as_torch(), batch_size=None, num_workers=workers)) if workers else iter(ds)
+        if side == "ours_rawdl":  # torch's default collate: a tensor per column, made in the worker
+            it = iter(DataLoader(ds.as_torch(), batch_size=None, num_workers=workers))
+        elif workers:  # numpy across the worker queue, tensors made here (tensors=True)
+            it = iter(ds.loader(num_workers=workers))
+        else:
+            it = iter(ds)
     elif side.startswith("hf"):
-        hf = hf_dataset(a["urls"], a["hf_cache"]).with_format("arrow")
+        hf = hf_dataset(a["urls"], a["hf_cache"]).with_format("numpy" if side == "hf_numpy" else "arrow")
         out["construct_seconds"] = time.perf_counter() - t0
         if workers:
             it = iter(DataLoader(hf.batch(BATCH), batch_size=None, num_workers=workers, collate_fn=lambda b: b))
@@ -317,6 +344,7 @@ class RssPoll:
         import psutil
         self.proc = psutil.Process(pid)
         self.tree_peak = self.one_peak = self.pss_peak = 0
+        self.seen: dict = {}  # pid -> psutil.Process: every descendant seen (workers orphaned later included)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
@@ -325,9 +353,12 @@ class RssPoll:
         import psutil
         while not self.stop.is_set():
             try:
-                procs = [self.proc] + self.proc.children(recursive=True)
+                kids = self.proc.children(recursive=True)
             except psutil.Error:
                 return
+            for k in kids:
+                self.seen.setdefault(k.pid, k)
+            procs = [self.proc] + kids
             rss, pss = [], []
             for p in procs:
                 try:
@@ -348,6 +379,103 @@ class RssPoll:
         return {"peak_pss_tree": self.pss_peak, "peak_rss_tree": self.tree_peak, "peak_rss_largest": self.one_peak}
 
 
+def start_child(cmd: list[str], **kw) -> subprocess.Popen:
+    """A child in its own session (so its own process group, id = its pid): end_tree can stop it with
+    every process it started, DataLoader workers included, even those orphaned by its death."""
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kw)
+
+
+def group_members(pgid: int) -> dict:
+    """pid -> psutil.Process of every process whose process group is `pgid`."""
+    import psutil
+    out = {}
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                out[p.pid] = p
+        except (OSError, psutil.Error):
+            pass
+    return out
+
+
+def end_tree(proc: subprocess.Popen, seen: dict | None = None, grace: float = 5.0) -> list[int]:
+    """Stops the start_child child `proc` and every descendant: SIGTERM to its process group, SIGKILL
+    to the group after `grace` s, then SIGKILL to each descendant still alive wherever it now is
+    (one that left the group, or was reparented when its parent died): the members of the group,
+    its children (psutil) and `seen` (pid -> psutil.Process, e.g. RssPoll.seen), all listed before
+    the first signal. Also after a normal exit, for workers left behind. The group is signalled only
+    while it has a member (its id stays reserved until the last one ends, so it is never a reused
+    id), and psutil's kill checks the process's start time (never a reused pid).
+    Returns the pids that were still alive when called (the child's included)."""
+    import signal
+
+    import psutil
+    pgid = proc.pid
+    procs = dict(seen or {})
+    if proc.poll() is None:  # not reaped: the pid is still the child's (a zombie has no children)
+        try:
+            for p in psutil.Process(proc.pid).children(recursive=True):
+                procs.setdefault(p.pid, p)
+        except psutil.Error:
+            pass
+    procs.update({pid: p for pid, p in group_members(pgid).items() if pid != proc.pid})
+
+    def signal_group(sig) -> None:
+        if proc.poll() is None or group_members(pgid):
+            try:
+                os.killpg(pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    left = [pid for pid, p in procs.items() if p.is_running()] + ([proc.pid] if proc.poll() is None else [])
+    if not left:
+        proc.wait()
+        return []
+    signal_group(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    psutil.wait_procs([p for p in procs.values() if p.is_running()], timeout=max(0.5, grace / 5))
+    signal_group(signal.SIGKILL)
+    for p in procs.values():
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(list(procs.values()), timeout=2)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    return left
+
+
+def finish_child(proc: subprocess.Popen, timeout: float, poll: "RssPoll | None" = None):
+    """(stdout, stderr, timed_out, pids killed) of a start_child child, with its tree ended by end_tree
+    whatever happens (Ctrl-C included: a child in its own session does not get the terminal's SIGINT).
+    A child that exited while descendants still hold its output pipes is not a timeout: they are
+    killed at the deadline and its output read."""
+    seen = poll.seen if poll is not None else None
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = proc.poll() is None
+        if poll is not None:
+            poll.done()  # its thread stopped: `seen` is complete and no longer changes
+        left = end_tree(proc, seen, grace=5.0 if timed_out else 1.0)
+        stdout, stderr = proc.communicate()
+        return stdout, stderr, timed_out, left
+    except BaseException:
+        if poll is not None:
+            poll.done()
+        end_tree(proc, seen, grace=1.0)
+        raise
+    if poll is not None:
+        poll.done()
+    return stdout, stderr, False, end_tree(proc, seen, grace=1.0)
+
+
 def run_side(ctx: dict, side: str, timeout: float, **extra) -> dict:
     """One cold run of `side` in a child; its figures plus RSS and the server's requests."""
     tmp = tempfile.mkdtemp(prefix="cache-", dir=ctx["work"])
@@ -363,19 +491,19 @@ def run_side(ctx: dict, side: str, timeout: float, **extra) -> dict:
         if a["peer_dir"] is None:
             shutil.rmtree(tmp, ignore_errors=True)
             return {"side": side, "error": ctx["peer_errors"][side]}
-    proc = subprocess.Popen([python, os.path.abspath(__file__), "--_side", json.dumps(a)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_child([python, os.path.abspath(__file__), "--_side", json.dumps(a)], env=env)
     poll = RssPoll(proc.pid)
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        stop_process(proc)
-        mem = poll.done()  # the memory of the part that ran is still a figure (a partial one)
+        stdout, stderr, timed_out, left = finish_child(proc, timeout, poll)
+    finally:
+        mem = poll.done()  # after a timeout, the memory of the part that ran is still a figure (a partial one)
         shutil.rmtree(tmp, ignore_errors=True)
-        return {"side": side, "error": f"timed out after {timeout:.0f} s",
+    if timed_out:
+        return {"side": side, "error": f"timed out after {timeout:.0f} s", "killed_pids": left,
                 **{f"{k}_before_timeout": v for k, v in mem.items()}}
-    out = poll.done()
-    shutil.rmtree(tmp, ignore_errors=True)
+    out = dict(mem)
+    if left:
+        out["left_behind_pids"] = left  # descendants still alive after the child's exit (killed)
     lines = stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         return {"side": side, "error": f"exit {proc.returncode}: {stderr.strip()[-600:]}"}
@@ -477,12 +605,17 @@ def summarize(reps: dict, fig: dict) -> list[str]:
     def g(side, k):
         return agg.get(side, {}).get(k)
 
-    hf_best = max([x for x in (g("hf", "samples_per_s"), g("hf_dl", "samples_per_s")) if x] or [None], key=lambda x: x or 0)
+    hf_best = max([x for x in (g("hf", "samples_per_s"), g("hf_numpy", "samples_per_s"), g("hf_dl", "samples_per_s"))
+                   if x] or [None], key=lambda x: x or 0)
     goals = {
         "first_batch_seconds_ours_dl": (g("ours_dl", "first_batch_seconds"), "<=", 1.0),
         "first_batch_seconds_ours": (g("ours", "first_batch_seconds"), "<=", 1.0),
         "samples_per_s_ours_dl_over_hf_fastest": (ratio(g("ours_dl", "samples_per_s"), hf_best), ">=", 2.0),
         "samples_per_s_ours_over_hf_fastest": (ratio(g("ours", "samples_per_s"), hf_best), ">=", 2.0),
+        "samples_per_s_ours_over_hf_numpy": (ratio(g("ours", "samples_per_s"), g("hf_numpy", "samples_per_s")),
+                                             ">=", 2.0),
+        "samples_per_s_ours_arrow_over_hf": (ratio(g("ours_arrow", "samples_per_s"), g("hf", "samples_per_s")),
+                                             ">=", 2.0),
         "cold_mb_per_s_ours_over_local": (ratio(g("ours", "mb_per_s"), g("local", "mb_per_s")), ">=", 1.0),
         "cold_mb_per_s_ours_dl_over_local": (ratio(g("ours_dl", "mb_per_s"), g("local", "mb_per_s")), ">=", 1.0),
         "peak_pss_tree_gb_shuffle_10k_dl": (None if g("ours_shuf_dl", "peak_pss_tree") is None
@@ -494,7 +627,7 @@ def summarize(reps: dict, fig: dict) -> list[str]:
     goals["startup_metadata_requests_per_worker_beyond_resolution"] = (
         st.get("metadata_beyond_resolution_per_worker"), "<=", 1.0)
     fig["goals"], fig["goals_list"] = {}, []
-    lines.append("\ngoals (issue 9)")
+    lines.append("\ngoals (issues 9 and 18)")
     for k, (v, op, bound) in goals.items():
         goal = Goal(k, v, bound, op)
         fig["goals_list"].append(goal)
@@ -517,9 +650,14 @@ def summarize(reps: dict, fig: dict) -> list[str]:
                          f"{fmt_ms(fb)}; samples/s ours_dl/{side} {fmt_x(p['ours_dl_samples_per_s_ratio'])}, "
                          f"ours/{side} {fmt_x(p['ours_samples_per_s_ratio'])}; first batch ours_dl/{side} "
                          f"{fmt_x(p['ours_dl_first_batch_ratio'])}")
-    lines.append(f"  (HF's first batch: hf {fmt_ms(g('hf', 'first_batch_seconds'))}, hf_dl "
+    lines.append(f"  (HF's first batch: hf {fmt_ms(g('hf', 'first_batch_seconds'))}, hf_numpy "
+                 f"{fmt_ms(g('hf_numpy', 'first_batch_seconds'))}, hf_dl "
                  f"{fmt_ms(g('hf_dl', 'first_batch_seconds'))}; HF fastest samples/s "
                  f"{(hf_best or 0) / 1e6:.3f} M)")
+    if g("ours_rawdl", "samples_per_s") and g("ours_dl", "samples_per_s"):
+        x = ratio(g("ours_dl", "samples_per_s"), g("ours_rawdl", "samples_per_s"))
+        lines.append(f"  (ours_dl / ours_rawdl samples/s: {fmt_x(x)}: ds.loader against DataLoader(as_torch()) "
+                     f"with the default collate)")
     return lines
 
 
@@ -537,7 +675,8 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=16)
     ap.add_argument("--full", action="store_true", help="the issue's size: 2048 MB in 16 files")
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--sides", default=",".join(SIDES))
+    ap.add_argument("--sides", default=",".join(DEFAULT_SIDES),
+                    help=f"comma-separated, of {','.join(SIDES)} (default: all but ours_rawdl)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run")
     ap.add_argument("--data-dir", default="/tmp/cdcbench-stream")
     ap.add_argument("--profile", action="store_true", help="cProfile one run of `ours` (no DataLoader)")
@@ -550,8 +689,12 @@ def main() -> None:
     if args.full:
         args.size_mb, args.files = max(args.size_mb, 2048), max(args.files, 16)
     sides = [s for s in args.sides.split(",") if s]
+    unknown = [s for s in sides if s not in SIDES]
+    if unknown:
+        ap.error(f"unknown side(s) {', '.join(unknown)}: choose among {', '.join(SIDES)}")
     fig = {"bench": "stream", "args": vars(args), "code": code_version(), "python": platform.python_version(),
-           "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
+           "cpus": os.cpu_count(), "loadavg_start": os.getloadavg(),
+           "side_labels": {s: SIDE_LABELS[s] for s in sides}}
     import datasets
     import pyarrow
     import torch
