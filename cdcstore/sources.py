@@ -277,7 +277,10 @@ class ParquetSource(Source):
 
     @classmethod
     def index(cls, ds, files, decode=None):
-        return cls(files, [cls._footer(ds, f) for f in files], ds.columns)
+        """The footers, read 8 at a time (each costs round trips to a server)."""
+        footers = list(runtime.pool("io", 8).map(lambda f: cls._footer(ds, f), files)) if len(files) > 1 \
+            else [cls._footer(ds, f) for f in files]
+        return cls(files, footers, ds.columns)
 
     @staticmethod
     def _footer(ds, f: SourceFile) -> pq.FileMetaData:
