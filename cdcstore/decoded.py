@@ -207,7 +207,7 @@ class PinnedTables:
     the `keep` most recently used: a row group decodes to the same table in every epoch), removes
     the batch's links, and returns the tables."""
 
-    def __init__(self, keep: int = 4):
+    def __init__(self, keep: int = 2):
         self.keep = keep
         self._tables: collections.OrderedDict[int, pa.Table] = collections.OrderedDict()
 

@@ -267,3 +267,26 @@ def _shutdown() -> None:
             p.shutdown(wait=False, cancel_futures=True)
         if _loop is not None:
             _loop.call_soon_threadsafe(_loop.stop)
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_malloc_bounded = False
+
+
+def bound_malloc(threshold: int = 4 << 20) -> bool:
+    """In a process of our own (a DataLoader worker): allocations of `threshold` bytes or more
+    get their own mapping, given back when freed. glibc otherwise raises its threshold to the
+    largest block freed (up to 32 MiB), so a stream's row-group-sized buffers end up in arenas
+    that keep their pages. True when set (glibc only; once per process)."""
+    global _malloc_bounded
+    if _malloc_bounded:
+        return True
+    try:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        _malloc_bounded = bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
+    except (OSError, AttributeError):  # not glibc
+        _malloc_bounded = False
+    return _malloc_bounded

@@ -301,7 +301,7 @@ class ParquetSource(Source):
         this consumer's positions). With `share`, a row group another worker decoded is mapped
         from the shared folder, and one decoded here is put there."""
         loaded: set[int] = set()
-        files: dict[int, tuple[pq.ParquetFile, object]] = {}
+        files: dict[int, object] = {}  # file index -> its open reader (the last 8)
         warm = Warmer(ds) if share is None and ds.store.cache is not None else None
         located: collections.deque = collections.deque()  # steps located ahead: (pos, units, rows)
         steps = iter(steps)
@@ -361,7 +361,7 @@ class ParquetSource(Source):
         finally:
             if warm is not None:
                 warm.close()
-            for _, reader in files.values():
+            for reader in files.values():
                 reader.close()
 
     def spans(self, u: int) -> list[tuple[int, int]]:
@@ -385,13 +385,16 @@ class ParquetSource(Source):
         fi, rg, _ = self.units[u]
         if fi not in files:
             if len(files) >= 8:
-                files.pop(next(iter(files)))[1].close()
-            reader = ds.store.open(self.files[fi].address)
-            files[fi] = (pq.ParquetFile(reader, metadata=self.footers[fi], pre_buffer=True), reader)
-        pf = files[fi][0]
+                files.pop(next(iter(files))).close()
+            files[fi] = ds.store.open(self.files[fi].address)
+        reader = files[fi]
         t0 = time.perf_counter()
-        self._check_rows(fi, rg, files[fi][1])
-        table = pf.read_row_group(rg, columns=self.columns)
+        self._check_rows(fi, rg, reader)
+        # pre_buffer: the row group's column chunks in one coalesced read (no read-ahead past it,
+        # which would fetch what another DataLoader worker decodes); a ParquetFile per row group,
+        # since one keeps its last pre-buffered bytes while it lives
+        table = pq.ParquetFile(reader, metadata=self.footers[fi], pre_buffer=True).read_row_group(
+            rg, columns=self.columns)
         if table.num_rows != self.units[u][2]:
             raise lying_rows(self.files[fi], rg, self.units[u][2], f"pyarrow read {table.num_rows}")
         m = ds._metrics

@@ -23,6 +23,7 @@ import time
 from typing import Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from .core import order as _order
 from .core.address import Address, parse
@@ -384,6 +385,8 @@ class StreamingDataset:
         if info is not None:
             worker, workers = info.id, info.num_workers
             self._slot = worker % (SLOTS - 1) + 1
+            if runtime.bound_malloc():  # a worker's freed row-group buffers go back to the system,
+                pa.set_memory_pool(pa.system_memory_pool())  # Arrow's too (mimalloc keeps them a while)
         return self.iterate(worker, workers, refs=refs and info is not None)
 
     def iterate(self, worker: int = 0, num_workers: int = 1, *, refs: bool = False) -> Iterator:
