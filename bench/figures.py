@@ -452,6 +452,9 @@ def render(name: str, doc: dict, chart: str | None = None) -> str:
     if goals:
         out += ["| figure | value | goal | met |", "| --- | --- | --- | --- |"]
         for key, g in goals.items():
+            if g.get("value") is None:  # that part of the bench did not run
+                out.append(f"| {key} | not measured | {g.get('goal', '')} | - |")
+                continue
             met = "reported" if g.get("goal") == "reported" else "yes" if g.get("met") else "no"
             out.append(f"| {key} | {_fmt(g.get('value'))} | {g.get('goal', '')} | {met} |")
         out.append("")
