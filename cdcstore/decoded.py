@@ -182,6 +182,18 @@ class DecodedUnits:
             return None
         return path
 
+    def drop_pins(self) -> int:
+        """Remove the links of batches handed over but never taken (a loop that stopped early),
+        once no worker can make more. Returns how many went."""
+        gone = 0
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(self.path):
+                if entry.name.startswith("pin-"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                        gone += 1
+        return gone
+
     @staticmethod
     def _open(path: str) -> pa.Table | None:
         try:

@@ -562,15 +562,18 @@ class Loader:
         self._steps = 0
         tables = _decoded.PinnedTables()
         source = self.ds.source
+        it = iter(self.dataloader)
         try:
-            for batch in self.dataloader:
+            for batch in it:
                 if isinstance(batch, _decoded.BatchRef):
                     batch = source.resolve(self.ds, batch, tables)
                 self._steps += 1
                 yield _to_tensors(batch) if self.tensors else batch
         finally:
             tables.clear()
-
+            if not self.dataloader.persistent_workers and self.ds._decoded is not None:
+                del it  # its workers stop (a loop that broke off); then the links of the
+                self.ds._decoded.drop_pins()  # batches they had handed over can go
     def __len__(self) -> int:
         """Steps of the current epoch on this rank (the same on every rank)."""
         start, end = self.ds.epoch_bounds(self.dataloader.num_workers)

@@ -146,3 +146,16 @@ def test_a_worker_gives_freed_row_group_buffers_back(pushed, tmp_path, monkeypat
     got = [tuple(x) for x in torch_data.DataLoader(Probe(), batch_size=None, num_workers=1, collate_fn=lambda b: b)]
     assert got == [("system", True)]
     assert pa.default_memory_pool().backend_name == before and runtime._malloc_bounded is False
+
+
+def test_a_loop_that_stops_early_leaves_no_link(pushed, tmp_path, monkeypatch):
+    """Batches in flight when a training loop breaks off hold links to decoded row groups; they go
+    with the loader's workers (the shared folder would otherwise keep those row groups)."""
+    url, _ = pushed
+    ds = make(url, tmp_path, monkeypatch, columns=["id"])
+    loader = ds.loader(num_workers=2, prefetch_factor=4)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    assert [e for e in os.listdir(ds._decoded.path) if e.startswith("pin-")] == []
+    assert sum(len(b["id"]) for b in loader) == 3 * GROUPS * ROWS  # the next epoch is whole
