@@ -207,11 +207,17 @@ class DecodedUnits:
 @dataclass
 class BatchRef:
     """One batch as a worker hands it over by reference: position k of the batch is row `rows[k]` of
-    row group `units[k]`; `pins` maps each of those row groups to a link made for this batch."""
+    row group `units[k]`, or, when they are a few runs of consecutive rows, `runs` says so as
+    (unit, first row, rows) and the arrays are None; `pins` maps each of those row groups to a
+    link made for this batch."""
 
-    units: np.ndarray
-    rows: np.ndarray
+    units: np.ndarray | None
+    rows: np.ndarray | None
     pins: dict[int, str]
+    runs: list[tuple[int, int, int]] | None = None
+
+    def __len__(self) -> int:
+        return sum(n for _, _, n in self.runs) if self.runs is not None else len(self.rows)
 
 
 class PinnedTables:

@@ -481,10 +481,12 @@ class ParquetSource(Source):
                     return None
                 pins[u] = path
                 made.append(path)
-            refs.append(BatchRef(us, rs, pins))
+            runs = ParquetSource._runs(us, rs)  # worked out here: the main process has the least time
+            refs.append(BatchRef(None, None, pins, runs) if runs is not None else BatchRef(us, rs, pins))
         for r in refs:
-            ds._consumed += len(r.rows)
-            m["samples"] += len(r.rows)
+            n = len(r)
+            ds._consumed += n
+            m["samples"] += n
             m["batches"] += 1
             m["by_reference"] += 1
         return refs
@@ -492,16 +494,27 @@ class ParquetSource(Source):
     def resolve(self, ds, ref, tables):
         """The batch a worker handed over as `ref`, gathered from the mapped row groups."""
         mapped = tables.tables(ref)
-        return self._formatted(ds, self._gather(ds, {u: (t, 0) for u, t in mapped.items()}, ref.units, ref.rows))
+        held = {u: (t, 0) for u, t in mapped.items()}
+        return self._formatted(ds, self._gather(ds, held, ref.units, ref.rows, ref.runs))
 
     @staticmethod
-    def _gather(ds, held: dict, units: np.ndarray, rows: np.ndarray) -> pa.Table:
-        """The rows of one block, in order, from the row groups held: slices (no copy) when they are
-        a few runs of consecutive rows (no shuffle), else a take."""
+    def _runs(units: np.ndarray, rows: np.ndarray) -> list[tuple[int, int, int]] | None:
+        """A block's positions as (unit, first row, rows) runs of consecutive rows when they are a
+        few (no shuffle); None otherwise."""
         cuts = np.flatnonzero((np.diff(units) != 0) | (np.diff(rows) != 1)) + 1
-        if len(cuts) < 4:
-            bounds = [0, *cuts.tolist(), len(rows)]
-            parts = [held[int(units[lo])][0].slice(int(rows[lo]), hi - lo) for lo, hi in zip(bounds, bounds[1:])]
+        if len(cuts) >= 4:
+            return None
+        bounds = [0, *cuts.tolist(), len(rows)]
+        return [(int(units[lo]), int(rows[lo]), hi - lo) for lo, hi in zip(bounds, bounds[1:])]
+
+    @classmethod
+    def _gather(cls, ds, held: dict, units: np.ndarray, rows: np.ndarray, runs=False) -> pa.Table:
+        """The rows of one block, in order, from the row groups held: slices (no copy) when they are
+        a few runs of consecutive rows (no shuffle; `runs`, when the caller has them), else a take."""
+        if runs is False:
+            runs = cls._runs(units, rows)
+        if runs is not None:
+            parts = [held[u][0].slice(first, n) for u, first, n in runs]
             table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
             if ds.format != "arrow" or ds._slot == 0:
                 return table
