@@ -571,7 +571,8 @@ class Loader:
                 yield _to_tensors(batch) if self.tensors else batch
         finally:
             tables.clear()
-            if not self.dataloader.persistent_workers and self.ds._decoded is not None:
+            # (not at interpreter exit: the folder goes then, and modules may already be torn down)
+            if not self.dataloader.persistent_workers and self.ds._decoded is not None and not sys.is_finalizing():
                 del it  # its workers stop (a loop that broke off); then the links of the
                 self.ds._decoded.drop_pins()  # batches they had handed over can go
     def __len__(self) -> int:

@@ -159,3 +159,23 @@ def test_a_loop_that_stops_early_leaves_no_link(pushed, tmp_path, monkeypatch):
             break
     assert [e for e in os.listdir(ds._decoded.path) if e.startswith("pin-")] == []
     assert sum(len(b["id"]) for b in loader) == 3 * GROUPS * ROWS  # the next epoch is whole
+
+
+def test_a_script_that_exits_mid_epoch_exits_cleanly(pushed, tmp_path):
+    """A script that takes one batch and ends: the loader's clean-up at interpreter exit says
+    nothing and leaves no shared folder behind."""
+    import subprocess
+    import sys
+    url, _ = pushed
+    script = (f"import torch\n"  # so imported, the generator was closed after our modules were cleared
+              f"from cdcstore.stream import StreamingDataset\n"
+              f"ds = StreamingDataset('cdc://ds/train/', store={url!r}, batch_size=500)\n"
+              f"it = iter(ds.loader(num_workers=2))\n"
+              f"batch = next(it)\n"
+              f"print(len(batch['id']), ds._decoded.path)\n")
+    env = {**os.environ, "CDCSTORE_CACHE": str(tmp_path / "c" / "c.sqlite")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    n, folder = out.stdout.split()
+    assert n == "500" and "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not os.path.exists(folder)
