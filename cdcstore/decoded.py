@@ -45,6 +45,7 @@ POS_BITS = 40  # progress = epoch << POS_BITS | position (positions below 2**40 
 DONE = (1 << POS_BITS) - 1  # the position of a worker whose epoch is over
 _NAME = re.compile(r"e(\d+)-u(\d+)\.arrow$")
 _FOLDER = re.compile(r"cdcstore-units-(\d+)-")
+_PIN = re.compile(r"pin-(\d+)-")
 
 
 def _root() -> str:
@@ -81,6 +82,7 @@ class DecodedUnits:
         _sweep_stale(root)
         self.path = tempfile.mkdtemp(prefix=f"cdcstore-units-{os.getpid()}-", dir=root)
         self._progress = multiprocessing.get_context().Array("q", slots, lock=False)
+        self._loops = multiprocessing.get_context().Value("q", 0, lock=False)  # the loader's iterations begun
         self._finalizer = weakref.finalize(self, _remove_if_owner, self.path, os.getpid())
         self.decodes = 0  # row groups this process decoded
         self._scanned = (None, None, 0)  # (slowest position at the last scan, earliest release left, calls since)
@@ -92,8 +94,8 @@ class DecodedUnits:
 
         if get_spawning_popen() is None:
             raise TypeError("DecodedUnits goes only to DataLoader workers (their spawn or fork)")
-        return {"path": self.path, "_progress": self._progress, "decodes": 0, "_scanned": (None, None, 0),
-                "_pins": itertools.count(), "worker": 0, "workers": 1}
+        return {"path": self.path, "_progress": self._progress, "_loops": self._loops, "decodes": 0,
+                "_scanned": (None, None, 0), "_pins": itertools.count(), "worker": 0, "workers": 1}
 
     # -- progress ---------------------------------------------------------------------------
     def report(self, slot: int, epoch: int, position: int) -> None:
@@ -171,24 +173,37 @@ class DecodedUnits:
                 return table
         return self._open(path) or table
 
-    def pin(self, epoch: int, unit: int) -> str | None:
-        """A new hard link to row group `unit`'s file, for one batch handed over by reference; None
-        when the folder does not hold it (it was full: the caller hands the rows over itself). The
-        caller still holds the row group, so its file cannot have been released."""
-        path = os.path.join(self.path, f"pin-{os.getpid()}-{next(self._pins)}.arrow")
+    # -- batches by reference ----------------------------------------------------------------
+    def begin_loop(self) -> int:
+        """In the main process, as a loader's iteration begins: its number (workers name their
+        links with the number current when their iteration starts, see `loop`)."""
+        self._loops.value += 1
+        return self._loops.value
+
+    @property
+    def loop(self) -> int:
+        return self._loops.value
+
+    def pin(self, epoch: int, unit: int, loop: int = 0) -> str | None:
+        """A new hard link to row group `unit`'s file, for one batch of iteration `loop` handed over
+        by reference; None when the folder does not hold it (it was full: the caller hands the rows
+        over itself). The caller still holds the row group, so its file cannot have been released."""
+        path = os.path.join(self.path, f"pin-{loop}-{os.getpid()}-{next(self._pins)}.arrow")
         try:
             os.link(os.path.join(self.path, f"e{epoch}-u{unit}.arrow"), path)
         except FileNotFoundError:
             return None
         return path
 
-    def drop_pins(self) -> int:
-        """Remove the links of batches handed over but never taken (a loop that stopped early),
-        once no worker can make more. Returns how many went."""
+    def drop_pins(self, before: int | None = None) -> int:
+        """Remove the links of batches handed over but never taken (a loop that stopped early): of
+        iterations before `before`, or all; only once no worker can make more of them. Returns how
+        many went."""
         gone = 0
         with contextlib.suppress(FileNotFoundError):
             for entry in os.scandir(self.path):
-                if entry.name.startswith("pin-"):
+                m = _PIN.match(entry.name)
+                if m and (before is None or int(m.group(1)) < before):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)
                         gone += 1

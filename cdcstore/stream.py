@@ -409,7 +409,8 @@ class StreamingDataset:
         self._flushed.get(lambda: (self._figures_now(),  # first iteration in this process
                                    self._shared.read(self._slot) if self._shared.shared else {}))
         share = self._decoded if (num_workers > 1 or refs) and self._slot and self.source.shares_decoded else None
-        pin = (lambda u: share.pin(epoch, u)) if refs and share is not None else None
+        loop = share.loop if share is not None else 0  # the loader's iteration this one serves
+        pin = (lambda u: share.pin(epoch, u, loop)) if refs and share is not None else None
         if share is not None:  # the row groups it decodes ahead: those of every num_workers-th slot of the order
             share.worker, share.workers = worker, num_workers
         progress = None
@@ -561,12 +562,17 @@ class Loader:
     def __iter__(self):
         self._steps = 0
         tables = _decoded.PinnedTables()
-        source = self.ds.source
+        source, share = self.ds.source, self.ds._decoded
+        loop = share.begin_loop() if share is not None else 0
         it = iter(self.dataloader)
         try:
             for batch in it:
                 if isinstance(batch, _decoded.BatchRef):
                     batch = source.resolve(self.ds, batch, tables)
+                if self._steps == 0 and share is not None:
+                    # persistent workers have left an earlier iteration that stopped early (they
+                    # make this one's batches now): the links of its batches in flight can go
+                    share.drop_pins(before=loop)
                 self._steps += 1
                 yield _to_tensors(batch) if self.tensors else batch
         finally:

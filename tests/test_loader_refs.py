@@ -179,3 +179,21 @@ def test_a_script_that_exits_mid_epoch_exits_cleanly(pushed, tmp_path):
     n, folder = out.stdout.split()
     assert n == "500" and "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert not os.path.exists(folder)
+
+
+def test_persistent_workers_drop_the_links_of_an_iteration_broken_off(pushed, tmp_path, monkeypatch):
+    """With persistent workers a loop that breaks off leaves its batches in flight; the next
+    iteration removes their links once the workers serve it (each link holds a decoded row group)."""
+    url, _ = pushed
+    ds = make(url, tmp_path, monkeypatch, columns=["id"])
+    loader = ds.loader(num_workers=2, persistent_workers=True, prefetch_factor=4)
+
+    def links():
+        return [e for e in os.listdir(ds._decoded.path) if e.startswith("pin-")]
+    for _ in range(3):  # three loops broken off, as a validation every few steps would
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+    assert links(), "batches in flight hold links until the next iteration"
+    assert sum(len(b["id"]) for b in loader) == 3 * GROUPS * ROWS
+    assert links() == []
