@@ -176,9 +176,9 @@ class Forker:
 
 _shared: Forker | None = None
 _shared_lock = threading.Lock()
-# what commands import late, at a cost each: sqlite_utils (a new index's schema) imports pandas,
-# ~1 s of CPU for every `init`; the S3 clients; pyarrow for Parquet pushes. None starts a thread.
-CLI_PRELOAD = ("cdcstore", "cdcstore.cli", "cdcstore.remote.client", "tqdm", "sqlite_utils",
+# what commands import late, at a cost each: the S3 clients; pyarrow for Parquet pushes. None starts
+# a thread. Only what the package or its test extra installs: a missing module ends the forker.
+CLI_PRELOAD = ("cdcstore", "cdcstore.cli", "cdcstore.remote.client", "tqdm",
                "cdcstore.storage.s3", "s3fs", "obstore", "pyarrow.parquet")
 
 

@@ -72,3 +72,23 @@ def test_only_the_conformance_suites_import_pytest():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": os.path.abspath(ROOT)})
     assert r.returncode == 0, r.stderr
+
+
+def test_every_module_the_forker_preloads_comes_from_a_declared_requirement():
+    """tests/forker.py preloaded sqlite_utils after the package had dropped sqlite-utils: a machine
+    that still had it passed every test, a fresh one failed every CLI test (the forker exited)."""
+    import importlib.metadata
+    import re
+
+    import forker
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    p = pyproject()
+    declared = {norm(r.name) for r in requirements(p)} | {norm(p["project"]["name"])}
+    dists = importlib.metadata.packages_distributions()
+    for module in forker.CLI_PRELOAD:
+        top = module.split(".")[0]
+        owners = {norm(d) for d in dists.get(top, [])} or ({"cdcstore"} if top == "cdcstore" else set())
+        assert owners & declared, f"{module} is preloaded but no declared requirement installs it ({owners})"
