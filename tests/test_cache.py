@@ -159,6 +159,43 @@ def test_a_hot_set_larger_than_its_share_still_admits_new_data(tmp_path):
     assert cache.bytes() <= 1_000_000
 
 
+def _accounts(path) -> tuple:
+    """(the cache's byte count, the bytes its rows hold; each segment's live bytes, its rows' bytes)."""
+    with sqlite3.connect(path) as c:
+        counted = c.execute("SELECT value FROM meta WHERE key = 'bytes'").fetchone()[0]
+        held = c.execute("SELECT coalesce(sum(size), 0) FROM chunks").fetchone()[0]
+        live = dict(c.execute("SELECT seg, live FROM segments WHERE live != 0"))
+        by_seg = dict(c.execute("SELECT seg, sum(size) FROM chunks WHERE seg IS NOT NULL GROUP BY seg"))
+    return counted, held, live, by_seg
+
+
+def test_byte_counts_stay_exact_with_or_without_an_older_versions_triggers(tmp_path):
+    """Inserts are counted once per write (not by a trigger per row); an older cdcstore that opens
+    the cache re-creates its insert triggers, and then they count, never both."""
+    path = str(tmp_path / "c.sqlite")
+    cache = ChunkCache(path, max_bytes=10_000_000)
+    cache.put(_entries(b"a", 40, 30_000))
+    cache.put(_entries(b"a", 40, 30_000) + _entries(b"b", 5, 7_000))  # the repeats are not counted again
+    counted, held, live, by_seg = _accounts(path)
+    assert counted == held and held >= 40 * 30_000 and live == by_seg
+    with sqlite3.connect(path) as db:  # what an older version's schema set-up does
+        db.executescript("""
+            CREATE TRIGGER IF NOT EXISTS chunks_add AFTER INSERT ON chunks
+                BEGIN UPDATE meta SET value = value + NEW.size WHERE key = 'bytes'; END;
+            CREATE TRIGGER IF NOT EXISTS seg_add AFTER INSERT ON chunks WHEN NEW.seg IS NOT NULL
+                BEGIN UPDATE segments SET live = live + NEW.size WHERE seg = NEW.seg; END;""")
+    cache.put(_entries(b"c", 10, 20_000))
+    counted, held, live, by_seg = _accounts(path)
+    assert counted == held and live == by_seg
+    cache.prune(300_000)  # deletes are counted by triggers, as before
+    counted, held, live, by_seg = _accounts(path)
+    assert counted == held <= 300_000 and live == by_seg
+    ChunkCache(path)  # this version again: its triggers go, the counts stay exact
+    cache.put(_entries(b"d", 10, 20_000))
+    counted, held, live, by_seg = _accounts(path)
+    assert counted == held and live == by_seg
+
+
 def test_a_cache_from_before_segments_is_upgraded_in_place(tmp_path):
     path = str(tmp_path / "c.sqlite")
     (cid, codec, raw_len, data), = _entries(b"old", 1, 1000)

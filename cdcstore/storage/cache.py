@@ -124,8 +124,7 @@ class ChunkCache:
                 CREATE TABLE IF NOT EXISTS heads (repo TEXT NOT NULL, rev TEXT NOT NULL, revcommit TEXT NOT NULL,
                     at REAL NOT NULL, PRIMARY KEY (repo, rev));
                 INSERT OR IGNORE INTO meta VALUES ('bytes', 0);
-                CREATE TRIGGER IF NOT EXISTS chunks_add AFTER INSERT ON chunks
-                    BEGIN UPDATE meta SET value = value + NEW.size WHERE key = 'bytes'; END;
+                DROP TRIGGER IF EXISTS chunks_add;
                 CREATE TRIGGER IF NOT EXISTS chunks_del AFTER DELETE ON chunks
                     BEGIN UPDATE meta SET value = value - OLD.size WHERE key = 'bytes'; END;
             """)
@@ -171,7 +170,8 @@ class ChunkCache:
 
     def _add_files(self) -> None:
         """Where each chunk's bytes are (`seg`, `off`: NULL for an entry of an older version, whose
-        bytes are in its `data` column) and the segments table, whose `live` bytes triggers keep."""
+        bytes are in its `data` column) and the segments table, whose `live` bytes `_put_part` and
+        triggers (deletes, moves) keep."""
         cols = [r[1] for r in self.conn.execute("PRAGMA table_info(chunks)")]
         if "seg" not in cols:
             try:
@@ -189,8 +189,7 @@ class ChunkCache:
                     size INTEGER NOT NULL DEFAULT 0, live INTEGER NOT NULL DEFAULT 0,
                     sealed INTEGER NOT NULL DEFAULT 0, owner INTEGER NOT NULL DEFAULT 0, at REAL NOT NULL DEFAULT 0);
                 CREATE INDEX IF NOT EXISTS chunks_seg ON chunks(seg);
-                CREATE TRIGGER IF NOT EXISTS seg_add AFTER INSERT ON chunks WHEN NEW.seg IS NOT NULL
-                    BEGIN UPDATE segments SET live = live + NEW.size WHERE seg = NEW.seg; END;
+                DROP TRIGGER IF EXISTS seg_add;
                 CREATE TRIGGER IF NOT EXISTS seg_del AFTER DELETE ON chunks WHEN OLD.seg IS NOT NULL
                     BEGIN UPDATE segments SET live = live - OLD.size WHERE seg = OLD.seg; END;
                 CREATE TRIGGER IF NOT EXISTS seg_move AFTER UPDATE OF seg ON chunks
@@ -328,6 +327,16 @@ class ChunkCache:
         self.conn.executemany(
             "INSERT INTO chunks (id, codec, raw_len, size, used, data, seg, off) VALUES (?, ?, ?, ?, ?, x'', ?, ?)",
             [(cid, codec, raw_len, len(data), now, seg, off) for (cid, codec, raw_len, data), off in zip(new, offsets)])
+        # the byte counts, once per part: per-row insert triggers cost 70% of the inserts (45 ms per
+        # 100 MB of chunks). An older cdcstore re-creates its triggers when it opens the cache; then
+        # they count and this does not.
+        added = sum(len(e[3]) for e in new)
+        counted = {r[0] for r in self.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' AND name IN ('chunks_add', 'seg_add')")}
+        if "chunks_add" not in counted:
+            self.conn.execute("UPDATE meta SET value = value + ? WHERE key = 'bytes'", (added,))
+        if "seg_add" not in counted:
+            self.conn.execute("UPDATE segments SET live = live + ? WHERE seg = ?", (added, seg))
 
     def _append(self, buffers: list, now: float) -> tuple[int, list[int]]:
         """Inside a write transaction: write `buffers` to this process's segment (a new one when
