@@ -27,6 +27,7 @@ from .. import runtime
 from ..core import ids
 from ..core.address import check_name
 from . import wire
+from .receiver import Receiver, Stalled, Unserved
 from .staging import RemoteJournal, manifests_present
 from ..core import treeobj
 from ..core.commit import Commit
@@ -193,7 +194,7 @@ def _scatter_copy(data, into: list[memoryview]) -> None:
 class Transport:
     def __init__(self, url: str, token: str | None = None, *, timeout: float | None = None, retries: int = 6,
                  backoff: float = 0.25, max_backoff: float = 20.0, connections: int = 8,
-                 min_rate: float = 1024 * 1024):
+                 min_rate: float = 1024 * 1024, direct_receive: bool = True):
         self.bases = replica_urls(url)  # replicas of one store: a request fails over to the next
         self._current = 0
         self.token = token
@@ -203,6 +204,7 @@ class Transport:
         self.max_backoff = max_backoff
         self.connections = connections
         self.min_rate = min_rate  # bytes/s below which a transfer counts as stalled
+        self.direct_receive = direct_receive  # ranges received straight into place (remote/receiver.py)
         self.requests = self.sent_bytes = self.received_bytes = 0
         self.store_location: str | None = None  # the store's location: the store id each answer names is noted for it
         self._here = runtime.Local()  # this process's loop (its session and flights are per process too)
@@ -217,6 +219,7 @@ class Transport:
         self._loop = runtime.loop()
         atexit.register(self.close)
         self._session: aiohttp.ClientSession | None = None
+        self._receiver: Receiver | None = None
         self._flights: dict = {}
         return self._loop
 
@@ -231,6 +234,9 @@ class Transport:
             if self._here.here() is None:
                 return
             self._here.clear()
+        if self._receiver is not None:
+            self._loop.call_soon_threadsafe(self._receiver.close)
+            self._receiver = None
         if self._session is not None:  # the loop is the runtime's: it keeps running
             asyncio.run_coroutine_threadsafe(self._session.close(), self._loop).result(timeout=10)
             self._session = None
@@ -252,6 +258,11 @@ class Transport:
 
     def counters(self) -> dict:
         return {"requests": self.requests, "sent_bytes": self.sent_bytes, "received_bytes": self.received_bytes}
+
+    @property
+    def direct_ranges(self) -> int:
+        """Ranges this process received straight into place (the fast path of `get_range_into`)."""
+        return self._receiver.served if self._here.here() is not None and self._receiver is not None else 0
 
     # -- requests --------------------------------------------------------------------------------
     async def _get_session(self) -> aiohttp.ClientSession:
@@ -336,8 +347,7 @@ class Transport:
                 if isinstance(e, TimeoutError):
                     stalled = 0.0 if failed_over else stalled + loop.time() - began  # a replica: its own budget
                     if stalled >= budget * 0.99 or (failed_over and attempt == retries):
-                        raise RemoteError(f"{what} to {base} timed out (stalled): no answer within {budget:.0f} s; the server "
-                                          f"is hung or overloaded (set {ENV_TIMEOUT}=SECONDS to wait longer)") from None
+                        raise _stalled(what, base, budget) from None
                 if _refused(e):
                     refused += 1
                     if refused > REFUSED_RETRIES * len(self.bases) or attempt == retries:
@@ -381,9 +391,35 @@ class Transport:
             if not flight[1]:  # nobody waits for it any more (a reader gave up): stop it
                 flight[0].cancel()
 
+    async def _receive(self, path: str, start: int, end: int, into: list[memoryview]) -> bool:
+        """Bytes [start, end) received straight into `into` on the fast path (`remote/receiver.py`);
+        False when it did not deliver them (the caller then sends the request through `request`)."""
+        base = self.base
+        if not self.direct_receive or end <= start or not Receiver.serves(base):
+            return False
+        if self._receiver is None:
+            self._receiver = Receiver(self.connections)
+        h = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        try:
+            conn = await self._receiver.get(base, path, start, end, into, h, self.timeout)
+        except Stalled:
+            if self.fail_over(base):
+                return False
+            raise _stalled(f"GET {path}", base, self.timeout) from None
+        except Unserved as e:
+            log.debug("range %s [%d, %d) from %s: %s; through the full client", path, start, end, base, e)
+            return False
+        self.requests += 1
+        self._note_store(conn.headers.get(wire.STORE_HEADER.lower()))
+        self.sent_bytes += conn.sent
+        self.received_bytes += conn.head_bytes + end - start
+        return True
+
     async def get_range_into(self, path: str, start: int, end: int, into: list[memoryview]) -> None:
         """Bytes [start, end) of a resource written across the views of `into` (a scatter
         list whose lengths add up to end - start), as they arrive."""
+        if await self._receive(path, start, end, into):
+            return
         status, data = await self.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}"}, into=into,
                                           expect=end)
         if status == 200:  # server ignored the range
@@ -395,6 +431,8 @@ class Transport:
     async def _fetch_range(self, path: str, start: int, end: int):
         """Bytes [start, end) of a resource, received into one buffer of that size."""
         buf = bytearray(end - start)
+        if await self._receive(path, start, end, [memoryview(buf)]):
+            return buf
         status, data = await self.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}"},
                                           into=[memoryview(buf)] if buf else None, expect=end - start)
         if status == 206 and buf:
@@ -404,6 +442,11 @@ class Transport:
         if len(data) != end - start:
             raise CorruptionError(f"short range read from {path}: wanted {end - start} bytes, got {len(data)}")
         return data
+
+
+def _stalled(what: str, base: str, budget: float) -> RemoteError:
+    return RemoteError(f"{what} to {base} timed out (stalled): no answer within {budget:.0f} s; the server "
+                       f"is hung or overloaded (set {ENV_TIMEOUT}=SECONDS to wait longer)")
 
 
 def _timeout(timeout: float | None) -> float:
