@@ -76,6 +76,18 @@ class RawServer:
         if mode == "ignore-range":
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(DATA) + DATA)
             return True
+        if mode == "gone-once":  # the first answer changes the server: a replica forgets a pack it found gone
+            mode = "pack-missing" if self.requests == 1 else "not-found"
+        if mode == "pack-missing":
+            err = b'{"error": "pack p is missing: read again", "code": "pack_missing"}'
+            conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(err) + err)
+            return True
+        if mode == "busy-once":
+            mode = "busy" if self.requests == 1 else "ok"
+        if mode == "busy":
+            conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy")
+            return True
         if mode == "not-found":
             err = b'{"error": "NotFound", "message": "no such pack"}'
             conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n"
@@ -186,6 +198,31 @@ def test_an_error_status_is_the_full_clients_clear_error(raw):
         with pytest.raises(NotFoundError):
             _get(t, 0, 1000)
         assert t.direct_ranges == 0
+    finally:
+        t.close()
+
+
+def test_an_error_answer_is_translated_as_it_came_never_asked_again(raw):
+    """A replica that finds a pack gone says so (pack_missing: the reader locates again) and
+    forgets it; asked again it would say only "not found". The first answer is the one seen."""
+    from cdcstore.core.errors import PackMissingError
+
+    srv = raw("gone-once")
+    t = Transport(srv.url, timeout=5, retries=1)
+    try:
+        with pytest.raises(PackMissingError):
+            _get(t, 0, 1000)
+        assert srv.requests == 1 and t.requests == 1
+    finally:
+        t.close()
+
+
+def test_a_busy_answer_is_retried_by_the_full_client(raw):
+    srv = raw("busy-once")
+    t = Transport(srv.url, timeout=5, retries=2, backoff=0.01)
+    try:
+        assert _get(t, 10, 50_000) == DATA[10:50_000]
+        assert srv.requests == 2
     finally:
         t.close()
 

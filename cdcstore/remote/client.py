@@ -412,6 +412,11 @@ class Transport:
         self.requests += 1
         self._note_store(conn.headers.get(wire.STORE_HEADER.lower()))
         self.sent_bytes += conn.sent
+        if conn.error_body is not None:  # answered, with an error: translated, never asked again
+            self.received_bytes += conn.head_bytes + len(conn.error_body)
+            if conn.status in RETRY_STATUS:
+                return False  # `request` retries it, with backoff
+            raise _map_error(conn.status, bytes(conn.error_body), f"GET {path}")
         self.received_bytes += conn.head_bytes + end - start
         return True
 

@@ -5,11 +5,14 @@ per-piece bytes objects and no second copy.
 
 This is the cold read's fast path and only that: it takes a plain `206` answer whose
 `Content-Range` and `Content-Length` are exactly the range asked for, over `http://`.
-Anything else (another status, a redirect, a chunked or encoded body, a refused or
-dropped connection, a header block over 64 KiB, a body longer or shorter than asked)
-is `Unserved`: the caller sends the request again through its full client (aiohttp),
-which retries, fails over and translates errors, so every error a user sees comes
-from one place. A connection that was idle in the pool and is found closed before
+An error answer (4xx or 5xx with a Content-Length of at most 64 KiB) is returned
+with its body for the caller to translate, never asked again: a server may change
+its state when it answers (a replica forgets a pack it found gone, and the same
+request then gets another error). Anything else (a 200 that ignored the range, a
+redirect, a chunked or encoded body, a refused or dropped connection, a header
+block over 64 KiB, a body longer or shorter than asked) is `Unserved`: the caller
+sends the request again through its full client (aiohttp), which retries and fails
+over. A connection that was idle in the pool and is found closed before
 any answer is tried once more on a new connection (a server's keep-alive timeout).
 """
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import urllib.parse
 
 MAX_HEAD = 64 * 1024  # an answer's status line and headers: longer is not a cdcstore server
+MAX_ERROR_BODY = 64 * 1024  # an error answer's body, kept for the caller to translate
 _CRLF2 = b"\r\n\r\n"
 
 
@@ -41,6 +45,8 @@ class _Conn(asyncio.BufferedProtocol):
         self._done: asyncio.Future | None = None
         self.headers: dict[str, str] = {}
         self.status = 0
+        self.error_body: bytearray | None = None  # an error answer's body (`Receiver.get`)
+        self._error_want = 0
         self.got = 0  # body bytes so far
         self.head_bytes = 0
         self.sent = 0  # bytes of the request
@@ -62,7 +68,7 @@ class _Conn(asyncio.BufferedProtocol):
         return False  # close the transport: an answer cut short is unserved
 
     def get_buffer(self, sizehint: int):
-        if self._in_body and self._k < len(self._views):
+        if self._in_body and self.error_body is None and self._k < len(self._views):
             return self._views[self._k][self._pos:]
         return self._scratch  # the head, or bytes past the body (a protocol error, seen below)
 
@@ -74,6 +80,9 @@ class _Conn(asyncio.BufferedProtocol):
         if not self._in_body:
             self._head += self._scratch[:nbytes]
             self._parse_head()
+            return
+        if self.error_body is not None:
+            self._error_bytes(self._scratch[:nbytes])
             return
         if self._k >= len(self._views):
             self._fail(Unserved("a longer body than its Content-Length"))
@@ -88,6 +97,7 @@ class _Conn(asyncio.BufferedProtocol):
         self._head = bytearray()
         self._in_body = False
         self.headers = {}
+        self.error_body = None
         self._done = asyncio.get_running_loop().create_future()
         self.progress = asyncio.get_running_loop().time()
         return self._done
@@ -109,6 +119,13 @@ class _Conn(asyncio.BufferedProtocol):
             if sep:
                 self.headers[name.strip().lower()] = value.strip()
         self.head_bytes = end + 4
+        length = self.headers.get("content-length", "")
+        if (400 <= self.status < 600 and length.isdigit() and int(length) <= MAX_ERROR_BODY
+                and "transfer-encoding" not in self.headers):
+            self._in_body, self.error_body, self._error_want = True, bytearray(), int(length)
+            self._error_bytes(memoryview(self._head)[end + 4:])
+            self._head = bytearray()
+            return
         if self.status != 206 or not self._plain_body():
             self._fail(Unserved(f"answer {self.status} {self.headers.get('content-range', '')}"))
             return
@@ -125,6 +142,12 @@ class _Conn(asyncio.BufferedProtocol):
             body = body[take:]
             self._advance(take)
         if not self._want:
+            self._finish()
+
+    def _error_bytes(self, data) -> None:
+        self.error_body += data
+        if len(self.error_body) >= self._error_want:
+            del self.error_body[self._error_want:]
             self._finish()
 
     def _plain_body(self) -> bool:
@@ -152,11 +175,15 @@ class _Conn(asyncio.BufferedProtocol):
 
     def abort(self) -> None:
         """Drop the connection at once: no byte more is written into the views, and an answer
-        still awaited is cancelled (nobody is left to hear how it ended)."""
+        still awaited is cancelled, or its failure marked as heard (its waiter may be gone:
+        a cancelled read)."""
         self.closed = True
         self._views = []
-        if self._done is not None and not self._done.done():
-            self._done.cancel()
+        if self._done is not None:
+            if not self._done.done():
+                self._done.cancel()
+            elif not self._done.cancelled():
+                self._done.exception()
         if self.transport is not None:
             self.transport.abort()
 
@@ -178,7 +205,8 @@ class Receiver:
                   headers: dict[str, str], idle_timeout: float) -> _Conn:
         """Bytes [start, end) of `base + path` written across `into` (their lengths add up
         to end - start); returns the connection's record of the answer (status, headers,
-        head bytes). Unserved (or Stalled) when the fast path cannot deliver them."""
+        head bytes; an error answer's status and `error_body`, nothing written). Unserved
+        (or Stalled) when the fast path cannot deliver them."""
         url = urllib.parse.urlsplit(base)
         host, port = url.hostname or "", url.port or 80
         target = (url.path.rstrip("/") + path) or "/"
@@ -199,11 +227,12 @@ class Receiver:
                 except BaseException:  # cancelled (the reader gave up): nothing more lands in `into`
                     conn.abort()
                     raise
-                if conn.headers.get("connection", "").lower() != "close" and not conn.closed:
+                if (conn.status == 206 and conn.headers.get("connection", "").lower() != "close"
+                        and not conn.closed):
                     self._idle.setdefault((host, port), []).append(conn)
                 else:
                     conn.abort()
-                self.served += 1
+                self.served += conn.status == 206
                 return conn
         raise AssertionError("unreachable")
 
