@@ -227,6 +227,25 @@ def test_a_busy_answer_is_retried_by_the_full_client(raw):
         t.close()
 
 
+def test_a_header_or_path_it_would_have_to_escape_goes_to_the_full_client(raw):
+    """A token with a line break must never reach the wire as a second header line."""
+    srv = raw("ok")
+    t = Transport(srv.url, token="abc\r\nX-Injected: 1", timeout=5, retries=0)
+    try:
+        with pytest.raises(Exception):
+            _get(t, 0, 1000)
+        assert t.direct_ranges == 0 and srv.requests == 0  # aiohttp refused it before sending
+    finally:
+        t.close()
+    t = Transport(srv.url, timeout=5, retries=0)
+    try:
+        buf = bytearray(100)
+        t.run(t.get_range_into("/f?x=1 2", 0, 100, [memoryview(buf)]))
+        assert bytes(buf) == DATA[:100] and t.direct_ranges == 0
+    finally:
+        t.close()
+
+
 def test_a_body_cut_short_every_time_is_an_error_not_a_hang(raw):
     srv = raw("short")
     t = Transport(srv.url, timeout=5, retries=1, backoff=0.01)

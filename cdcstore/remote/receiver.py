@@ -18,11 +18,14 @@ any answer is tried once more on a new connection (a server's keep-alive timeout
 from __future__ import annotations
 
 import asyncio
+import re
 import urllib.parse
 
 MAX_HEAD = 64 * 1024  # an answer's status line and headers: longer is not a cdcstore server
 MAX_ERROR_BODY = 64 * 1024  # an error answer's body, kept for the caller to translate
 _CRLF2 = b"\r\n\r\n"
+_SAFE_TARGET = re.compile(r"[A-Za-z0-9._~/%:@!$&'()*+,;=-]+")  # a request target needing no quoting
+_UNSAFE_VALUE = re.compile(r"[\r\n\x00]")  # would end a header line early
 
 
 class Unserved(Exception):
@@ -210,6 +213,8 @@ class Receiver:
         url = urllib.parse.urlsplit(base)
         host, port = url.hostname or "", url.port or 80
         target = (url.path.rstrip("/") + path) or "/"
+        if not _SAFE_TARGET.fullmatch(target) or any(_UNSAFE_VALUE.search(v) for v in headers.values()):
+            raise Unserved("a path or header this client does not write itself")  # aiohttp quotes or refuses it
         lines = [f"GET {target} HTTP/1.1", f"Host: {url.netloc}", f"Range: bytes={start}-{end - 1}",
                  "Accept-Encoding: identity"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
