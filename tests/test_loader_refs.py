@@ -94,14 +94,18 @@ def test_persistent_workers_two_epochs_and_numeric_tensors(pushed, tmp_path, mon
 
 
 def test_a_damaged_chunk_fails_the_loader(pushed, tmp_path, monkeypatch, server):
+    """Row-group chunks damaged after the dataset was opened (its footers read and cached: where a
+    pack's chunks sit depends on which encoding thread finished first, and a damaged footer fails
+    the opening instead, a different path)."""
     url, _ = pushed
+    ds = make(url, tmp_path, monkeypatch)
     packs = [p for p in (tmp_path / "srv" / "packs").rglob("*") if p.is_file()]
     assert packs
     for pack in packs:
         data = bytearray(pack.read_bytes())
-        data[len(data) // 2:len(data) // 2 + 4096] = bytes(4096)
+        for at in (len(data) // 4, len(data) // 2, 3 * len(data) // 4):
+            data[at:at + 4096] = bytes(4096)
         pack.write_bytes(bytes(data))
-    ds = make(url, tmp_path, monkeypatch)
     with pytest.raises(CorruptionError):
         list(ds.loader(num_workers=2))
 
