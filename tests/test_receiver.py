@@ -147,6 +147,8 @@ def test_a_plain_range_lands_in_place_on_kept_alive_connections(raw):
             assert _get(t, lo, hi) == DATA[lo:hi]
         assert t.direct_ranges == 4 and t.requests == 4
         assert srv.connections == 1  # one connection, kept alive across the four
+        idle = [c for conns in t._receiver._idle.values() for c in conns]
+        assert idle and all(not c._views for c in idle)  # an idle connection holds no reader's buffer
     finally:
         t.close()
 

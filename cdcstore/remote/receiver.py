@@ -168,6 +168,7 @@ class _Conn(asyncio.BufferedProtocol):
             self._finish()
 
     def _finish(self) -> None:
+        self._views = []  # an idle connection must not keep the reader's buffers alive
         if not self._done.done():
             self._done.set_result(None)
 
