@@ -3,6 +3,7 @@
 past the body, a connection closed or stalled mid-body, an error status) goes through the full
 client, which gives the same bytes or the same clear error as before. A real socket server on
 loopback plays each server, and a real `cdcstore serve` the honest one."""
+import contextlib
 import os
 import re
 import socket
@@ -117,6 +118,15 @@ class RawServer:
         return True
 
 
+@contextlib.contextmanager
+def _transport(url: str, **kw):
+    t = Transport(url, **kw)
+    try:
+        yield t
+    finally:
+        t.close()
+
+
 def _get(t: Transport, lo: int, hi: int, pieces: int = 3) -> bytes:
     """Bytes [lo, hi) of /f received into a scatter list of `pieces` views of one buffer."""
     buf = bytearray(hi - lo)
@@ -141,67 +151,52 @@ def raw():
 
 def test_a_plain_range_lands_in_place_on_kept_alive_connections(raw):
     srv = raw("ok")
-    t = Transport(srv.url, timeout=5, retries=1)
-    try:
+    with _transport(srv.url, timeout=5, retries=1) as t:
         for lo, hi in [(0, 1), (5, 70_000), (1 << 20, 3 << 20), (len(DATA) - 10, len(DATA))]:
             assert _get(t, lo, hi) == DATA[lo:hi]
         assert t.direct_ranges == 4 and t.requests == 4
         assert srv.connections == 1  # one connection, kept alive across the four
         idle = [c for conns in t._receiver._idle.values() for c in conns]
         assert idle and all(not c._views for c in idle)  # an idle connection holds no reader's buffer
-    finally:
-        t.close()
 
 
 @pytest.mark.parametrize("mode", ["ignore-range", "chunked"])
 def test_an_answer_that_is_not_a_plain_206_is_served_by_the_full_client(raw, mode):
     srv = raw(mode)
-    t = Transport(srv.url, timeout=5, retries=1)
-    try:
+    with _transport(srv.url, timeout=5, retries=1) as t:
         assert _get(t, 1000, 300_000) == DATA[1000:300_000]
         assert t.direct_ranges == 0
         assert srv.requests >= 2  # asked once on the fast path, once through the full client
-    finally:
-        t.close()
 
 
 def test_bytes_past_a_body_drop_the_connection_not_the_range(raw):
     """The body is received to its Content-Length and no further; what follows it arrives on an
     idle connection, which is dropped, never read as the next answer's start."""
     srv = raw("extra")
-    t = Transport(srv.url, timeout=5, retries=1)
-    try:
+    with _transport(srv.url, timeout=5, retries=1) as t:
         for lo in (0, 7):
             assert _get(t, lo, lo + 100_000) == DATA[lo:lo + 100_000]
             time.sleep(0.1)
         assert t.direct_ranges == 2 and srv.connections == 2
-    finally:
-        t.close()
 
 
 def test_connections_closed_by_the_server_are_replaced(raw):
     for mode in ("close", "one-then-close"):
         srv = raw(mode)
-        t = Transport(srv.url, timeout=5, retries=1)
-        try:
+        with _transport(srv.url, timeout=5, retries=1) as t:
             for k in range(4):
                 assert _get(t, k * 1000, k * 1000 + 200_000) == DATA[k * 1000:k * 1000 + 200_000]
                 time.sleep(0.1)  # the server closes the idle connection meanwhile
             assert t.direct_ranges == 4, mode
             assert srv.connections == 4, mode
-        finally:
-            t.close()
 
 
 def test_an_error_status_is_the_full_clients_clear_error(raw):
     srv = raw("not-found")
-    t = Transport(srv.url, timeout=5, retries=1)
-    try:
+    with _transport(srv.url, timeout=5, retries=1) as t:
         with pytest.raises(NotFoundError):
             _get(t, 0, 1000)
         assert t.direct_ranges == 0
-    finally:
-        t.close()
 
 
 def test_an_error_answer_is_translated_as_it_came_never_asked_again(raw):
@@ -210,67 +205,49 @@ def test_an_error_answer_is_translated_as_it_came_never_asked_again(raw):
     from cdcstore.core.errors import PackMissingError
 
     srv = raw("gone-once")
-    t = Transport(srv.url, timeout=5, retries=1)
-    try:
+    with _transport(srv.url, timeout=5, retries=1) as t:
         with pytest.raises(PackMissingError):
             _get(t, 0, 1000)
         assert srv.requests == 1 and t.requests == 1
-    finally:
-        t.close()
 
 
 def test_a_busy_answer_is_retried_by_the_full_client(raw):
     srv = raw("busy-once")
-    t = Transport(srv.url, timeout=5, retries=2, backoff=0.01)
-    try:
+    with _transport(srv.url, timeout=5, retries=2, backoff=0.01) as t:
         assert _get(t, 10, 50_000) == DATA[10:50_000]
         assert srv.requests == 2
-    finally:
-        t.close()
 
 
 def test_a_header_or_path_it_would_have_to_escape_goes_to_the_full_client(raw):
     """A token with a line break must never reach the wire as a second header line."""
     srv = raw("ok")
-    t = Transport(srv.url, token="abc\r\nX-Injected: 1", timeout=5, retries=0)
-    try:
+    with _transport(srv.url, token="abc\r\nX-Injected: 1", timeout=5, retries=0) as t:
         with pytest.raises(Exception):
             _get(t, 0, 1000)
         assert t.direct_ranges == 0 and srv.requests == 0  # aiohttp refused it before sending
-    finally:
-        t.close()
-    t = Transport(srv.url, timeout=5, retries=0)
-    try:
+    with _transport(srv.url, timeout=5, retries=0) as t:
         buf = bytearray(100)
         t.run(t.get_range_into("/f?x=1 2", 0, 100, [memoryview(buf)]))
         assert bytes(buf) == DATA[:100] and t.direct_ranges == 0
-    finally:
-        t.close()
 
 
 def test_a_body_cut_short_every_time_is_an_error_not_a_hang(raw):
     srv = raw("short")
-    t = Transport(srv.url, timeout=5, retries=1, backoff=0.01)
-    try:
+    with _transport(srv.url, timeout=5, retries=1, backoff=0.01) as t:
         t0 = time.monotonic()
         with pytest.raises(RemoteError):
             _get(t, 0, 500_000)
         assert time.monotonic() - t0 < 10
         assert t.direct_ranges == 0
-    finally:
-        t.close()
 
 
 def test_a_body_that_stalls_is_given_up_on_within_the_timeout(raw):
     srv = raw("stall")
-    t = Transport(srv.url, timeout=1.5, retries=3)
-    try:
+    with _transport(srv.url, timeout=1.5, retries=3) as t:
         t0 = time.monotonic()
         with pytest.raises(RemoteError, match="stalled"):
             _get(t, 0, 500_000)
         assert time.monotonic() - t0 < 5  # one budget, not one per attempt or per path
-    finally:
-        t.close()
 
 
 def test_a_cold_read_from_a_real_server_takes_the_fast_path_and_is_checked(tmp_path):
