@@ -161,3 +161,32 @@ def test_a_push_killed_midway_leaves_the_store_consistent(tmp_path):
         assert s.cat(f"cdc://ds/big{i}.bin") == data
     assert s.check(read_data=True)["problems"] == []
     assert s.backend.totals()["chunk_raw_bytes"] == 4 * 40_000_000  # nothing indexed twice
+
+
+def test_a_gathered_pack_file_holds_every_piece_in_order_even_after_short_writes(tmp_path, monkeypatch):
+    """Packs are written with os.writev of the pieces (no copy into a buffer); more pieces than
+    one call takes, and a write that stops part way, go on where it stopped."""
+    from cdcstore.engine import push
+
+    rng = random.Random(3)
+    pieces = [rng.randbytes(rng.randrange(0, 300)) for _ in range(3000)]
+    pieces += [os.urandom(5 << 20), memoryview(os.urandom(70_000))[10:]]
+    real = os.writev
+    monkeypatch.setattr(os, "writev", lambda fd, bufs: _short(real, fd, bufs))
+    f = push.GatherFile(str(tmp_path / "p"))
+    for p in pieces:
+        f.write(p)
+    f.close()
+    assert (tmp_path / "p").read_bytes() == b"".join(bytes(p) for p in pieces)
+
+
+def _short(real, fd, bufs):
+    """os.writev that writes at most 1,000 bytes of at most 7 buffers: short writes, always."""
+    out, left = [], 1000
+    for b in list(bufs)[:7]:
+        take = memoryview(b)[:left]
+        out.append(take)
+        left -= len(take)
+        if not left:
+            break
+    return real(fd, out)

@@ -70,6 +70,49 @@ class FileChunks:
         yield b"", self.chunker.finish()
 
 
+class GatherFile:
+    """A binary file written with `os.writev` of the pieces it was given, `WRITE_BUFFER` bytes
+    at a time: the pieces (views of the read blocks, or compressed chunks) are not copied into
+    a buffer first, and the page cache still gets large writes (large folios)."""
+
+    def __init__(self, path: str):
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._pieces: list = []
+        self._size = 0
+
+    def write(self, data) -> None:
+        if len(data):
+            self._pieces.append(data)
+            self._size += len(data)
+            if self._size >= WRITE_BUFFER:
+                self.flush()
+
+    def flush(self) -> None:
+        pieces, self._pieces, self._size = self._pieces, [], 0
+        while pieces:
+            batch = pieces[:IOV_MAX]
+            n = os.writev(self._fd, batch)
+            done = 0
+            for k, p in enumerate(batch):  # a short write: go on from where it stopped
+                if done + len(p) > n:
+                    pieces = [memoryview(p)[n - done:]] + batch[k + 1:] + pieces[len(batch):]
+                    break
+                done += len(p)
+            else:
+                pieces = pieces[len(batch):]
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            try:
+                self.flush()
+            finally:
+                os.close(self._fd)
+                self._fd = -1
+
+
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
 class PackSink:
     """Appends encoded chunks to a temp pack file; a full pack is finished here and
     handed to one background thread that makes it durable and indexes it (fsync
@@ -90,7 +133,7 @@ class PackSink:
     def add(self, chunk_id: bytes, codec: int, stored, raw_len: int, check: int | None = None) -> None:
         if self._writer is None:
             self._tmp = self.store.tmp_path()
-            self._file = open(self._tmp, "wb", buffering=WRITE_BUFFER)
+            self._file = GatherFile(self._tmp)
             self._writer = PackWriter(self._file)
         self._writer.add(chunk_id, codec, stored, raw_len, check)
         w = self._writer
