@@ -484,10 +484,7 @@ class ParquetSource(Source):
             runs = ParquetSource._runs(us, rs)  # worked out here: the main process has the least time
             refs.append(BatchRef(None, None, pins, runs) if runs is not None else BatchRef(us, rs, pins))
         for r in refs:
-            n = len(r)
-            ds._consumed += n
-            m["samples"] += n
-            m["batches"] += 1
+            ParquetSource._count(ds, len(r))
             m["by_reference"] += 1
         return refs
 
@@ -541,12 +538,15 @@ class ParquetSource(Source):
 
     @classmethod
     def _format(cls, ds, table: pa.Table):
-        m = ds._metrics
-        n = table.num_rows
-        ds._consumed += n
-        m["samples"] += n
-        m["batches"] += 1
+        cls._count(ds, table.num_rows)
         return cls._formatted(ds, table)
+
+    @staticmethod
+    def _count(ds, n: int) -> None:
+        """One batch of `n` rows consumed (the resume position and the figures)."""
+        ds._consumed += n
+        ds._metrics["samples"] += n
+        ds._metrics["batches"] += 1
 
     @staticmethod
     def _formatted(ds, table: pa.Table):

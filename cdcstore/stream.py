@@ -578,9 +578,10 @@ class Loader:
         finally:
             tables.clear()
             # (not at interpreter exit: the folder goes then, and modules may already be torn down)
-            if not self.dataloader.persistent_workers and self.ds._decoded is not None and not sys.is_finalizing():
+            if not self.dataloader.persistent_workers and share is not None and not sys.is_finalizing():
                 del it  # its workers stop (a loop that broke off); then the links of the
-                self.ds._decoded.drop_pins()  # batches they had handed over can go
+                share.drop_pins()  # batches they had handed over can go
+
     def __len__(self) -> int:
         """Steps of the current epoch on this rank (the same on every rank)."""
         start, end = self.ds.epoch_bounds(self.dataloader.num_workers)

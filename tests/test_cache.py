@@ -196,6 +196,36 @@ def test_byte_counts_stay_exact_with_or_without_an_older_versions_triggers(tmp_p
     assert counted == held and live == by_seg
 
 
+def test_byte_counts_stay_exact_with_writers_in_threads_and_processes(tmp_path):
+    """Four writers at once (two threads here, two processes), overlapping entries: every insert
+    counted once, by the transaction that made it."""
+    path = str(tmp_path / "c.sqlite")
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+        from test_cache import _entries
+        from cdcstore.storage.cache import ChunkCache
+        c = ChunkCache({path!r}, max_bytes=100_000_000)
+        for k in range(20):
+            c.put(_entries(b"p%d" % (k % 7), 8, 9_000))
+    """)
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+
+    def write(tag: bytes) -> None:
+        c = ChunkCache(path, max_bytes=100_000_000)
+        for k in range(20):
+            c.put(_entries(tag + b"%d" % (k % 5), 8, 11_000))
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in (b"t", b"p")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(p.wait(60) == 0 for p in procs)
+    counted, held, live, by_seg = _accounts(path)
+    assert counted == held > 0 and live == by_seg
+
+
 def test_a_cache_from_before_segments_is_upgraded_in_place(tmp_path):
     path = str(tmp_path / "c.sqlite")
     (cid, codec, raw_len, data), = _entries(b"old", 1, 1000)

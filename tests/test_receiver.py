@@ -77,6 +77,12 @@ class RawServer:
         if mode == "ignore-range":
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(DATA) + DATA)
             return True
+        if mode == "garbage":  # not HTTP at all
+            conn.sendall(b"\x00\xffSSH-2.0-not-a-web-server\r\n" * 50)
+            return False
+        if mode == "huge-head":  # headers without end
+            conn.sendall(b"HTTP/1.1 206 Partial Content\r\n" + b"X-Pad: " + b"a" * (256 << 10))
+            return False
         if mode == "gone-once":  # the first answer changes the server: a replica forgets a pack it found gone
             mode = "pack-missing" if self.requests == 1 else "not-found"
         if mode == "pack-missing":
@@ -209,6 +215,28 @@ def test_an_error_answer_is_translated_as_it_came_never_asked_again(raw):
         with pytest.raises(PackMissingError):
             _get(t, 0, 1000)
         assert srv.requests == 1 and t.requests == 1
+
+
+@pytest.mark.parametrize("mode", ["garbage", "huge-head"])
+def test_an_answer_that_is_not_http_is_a_clear_error_quickly(raw, mode):
+    srv = raw(mode)
+    with _transport(srv.url, timeout=5, retries=1, backoff=0.01) as t:
+        t0 = time.monotonic()
+        with pytest.raises(RemoteError):
+            _get(t, 0, 300_000)
+        assert time.monotonic() - t0 < 10 and t.direct_ranges == 0
+
+
+def test_many_ranges_at_once_share_the_connections(raw):
+    """64 ranges in flight at once over at most 8 connections, each byte exact."""
+    srv = raw("ok")
+    with _transport(srv.url, timeout=5, retries=1) as t:
+        bufs = {lo: bytearray(40_000) for lo in range(0, 64 * 40_000, 40_000)}
+        futs = [t.submit(t.get_range_into("/f", lo, lo + 40_000, [memoryview(b)])) for lo, b in bufs.items()]
+        for f in futs:
+            f.result(30)
+        assert all(bytes(b) == DATA[lo:lo + 40_000] for lo, b in bufs.items())
+        assert t.direct_ranges == 64 and srv.connections <= 8
 
 
 def test_a_busy_answer_is_retried_by_the_full_client(raw):

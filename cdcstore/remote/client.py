@@ -342,6 +342,10 @@ class Transport:
                 finally:
                     if body_path:
                         data.close()
+            except aiohttp.ClientResponseError as e:  # an answer aiohttp could not parse: not HTTP at all
+                reason = (e.message or "").strip().splitlines()[0][:120] if e.message else f"status {e.status}"
+                raise RemoteError(f"{what}: the server at {base} gave an answer this client cannot read ({reason}): "
+                                  f"it is not a cdcstore server, or something else listens on that port") from None
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
                 failed_over = self.fail_over(base)  # every request of the protocol is idempotent
                 if isinstance(e, TimeoutError):
