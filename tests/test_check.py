@@ -285,3 +285,59 @@ def test_broken_cache_warns_once_and_reads_go_on(server, tmp_path, monkeypatch):
 def test_check_on_a_url_runs_on_the_server_side():
     r = cli("check", "--store", "http://127.0.0.1:9")
     assert r.returncode != 0 and "cannot connect" in r.stderr and "Traceback" not in r.stderr  # it runs there
+
+
+def test_a_pack_landing_while_check_lists_is_not_reported_as_unindexed(pushed, tmp_path):
+    """A killed writer's last upload can land after it died (its request was already on the
+    wire). check lists the packs once: a pack that lands after that listing is not in this
+    check's view, never half in it (found by the recovery, missed by the footer scan)."""
+    from cdcstore.storage import check as checking
+
+    store, _ = pushed
+    other = Store.init(str(tmp_path / "other"))
+    write(str(tmp_path / "late" / "b.bin"), os.urandom(700_000))
+    other.push([str(tmp_path / "late" / "b.bin")], "cdc://ds/b.bin")
+    [late] = packs(other)
+    repo = LocalStore(store.location)
+    listings, original = [], repo.objects.list
+
+    def list_then_land(prefix=""):
+        out = list(original(prefix))
+        if prefix == "packs/" and not listings:  # the pack lands right after the first listing
+            dest = os.path.join(store.location, os.path.relpath(late, other.location))
+            write(dest, open(late, "rb").read())
+        listings.append(prefix)
+        return iter(out)
+
+    repo.objects.list = list_then_land
+    r = checking.check(repo)
+    assert r["problems"] == [], r["problems"]
+    assert listings.count("packs/") >= 1
+    assert Store(store.location).check()["problems"] == []  # the next check indexes it
+    assert LocalStore(store.location).index.has_pack(os.path.basename(late)[:-5])
+
+
+def test_a_pack_pushed_while_check_lists_is_not_reported_missing(pushed, tmp_path):
+    """A push on this machine that stores and indexes a pack right after check's listing: its
+    rows name a pack the listing lacks, which is not a lost pack (nor are its rows dropped)."""
+    from cdcstore.storage import check as checking
+
+    store, _ = pushed
+    data = os.urandom(700_000)
+    write(str(tmp_path / "now" / "c.bin"), data)
+    repo = LocalStore(store.location)
+    original, pushed_now = repo.objects.list, []
+
+    def list_then_push(prefix=""):
+        out = list(original(prefix))
+        if prefix == "packs/" and not pushed_now:
+            with Store(store.location) as s:
+                pushed_now.append(s.push([str(tmp_path / "now" / "c.bin")], "cdc://ds/c.bin").commit)
+        return iter(out)
+
+    repo.objects.list = list_then_push
+    r = checking.check(repo)
+    assert pushed_now and r["problems"] == [], r["problems"]
+    with Store(store.location) as s:
+        assert s.cat("cdc://ds/c.bin") == data
+        assert s.check()["problems"] == []

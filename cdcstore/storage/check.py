@@ -133,9 +133,13 @@ def check(store: Repository, read_data: bool = False, subset: float | None = Non
                                    and 0 <= subset <= 1):
         raise InvalidAddressError(f"check's subset is the share of packs to read, 0 to 1 (0.1 = 10%), not {subset!r}")
     found: list[tuple[str, set[bytes]]] = []  # (problem, chunk ids it affects)
-    recovered = store.recover(forget_gone=False)  # durable packs a killed push left unindexed: not damage
-    rows = store.index.rows()
+    # One listing for the whole check, so a pack that lands later (a killed writer's request
+    # still on the wire) is out of view, not half in it. The packs indexed before it were put
+    # before it; one indexed after it (a push right now) is out of view too, never "missing".
+    known = store.index.packs()
     sizes = store.pack_sizes()
+    recovered = store.index_listed(sizes)  # durable packs a killed push left unindexed: not damage
+    rows = store.index.rows()
     names = sorted(sizes)
     sample = _sample(names, 1.0 if read_data else subset or 0.0)
     by_pack: dict[str, dict[bytes, PackEntry]] = collections.defaultdict(dict)
@@ -146,7 +150,7 @@ def check(store: Repository, read_data: bool = False, subset: float | None = Non
         chunks += _check_pack(store, name, sizes[name], name in sample, rows, by_pack.get(name, {}), found)
     lost = collections.defaultdict(set)
     for cid, (pack, _) in rows.items():
-        if pack not in sizes:
+        if pack not in sizes and pack in known:
             lost[pack].add(cid)
     for pack, cids in sorted(lost.items()):
         store.index.drop_chunks(pack, cids)

@@ -467,18 +467,28 @@ class Repository(Backend):
             gone = known - listed.keys()
             if forget_gone and gone:
                 self.index.drop_packs(gone)
-            added = 0
-            bad = self.index.bad_packs()  # read once and found unreadable: not read again at each push
-            for name, size in listed.items():
-                if name not in known and bad.get(name) != size:
-                    try:
-                        entries = self.read_pack_index(name, size)
-                    except CorruptionError:
-                        self.index.mark_bad_pack(name, size)  # reported by `check`; never indexed
-                        continue
-                    self.index.add_pack(name, size, entries)
-                    added += 1
-            return added
+            return self._index_unknown(listed, known)
+
+    def index_listed(self, listed: dict[str, int]) -> int:
+        """Index the packs of one listing (`pack_sizes()`) that the index lacks, forgetting
+        nothing: for a caller that goes on to use that same listing (`check`), so a pack
+        that lands after it is out of its view rather than half in it. Returns how many."""
+        with self._recover_lock:
+            return self._index_unknown(listed, self.index.packs())
+
+    def _index_unknown(self, listed: dict[str, int], known: set[str]) -> int:
+        added = 0
+        bad = self.index.bad_packs()  # read once and found unreadable: not read again at each push
+        for name, size in listed.items():
+            if name not in known and bad.get(name) != size:
+                try:
+                    entries = self.read_pack_index(name, size)
+                except CorruptionError:
+                    self.index.mark_bad_pack(name, size)  # reported by `check`; never indexed
+                    continue
+                self.index.add_pack(name, size, entries)
+                added += 1
+        return added
 
     def pack_hash(self, name: str) -> str:
         """The hash of a pack's bytes of the kind its name says (BLAKE3, or xxh3-128 for a
