@@ -360,3 +360,66 @@ def test_a_fork_waits_for_the_cache_writer_to_leave_sqlite(tmp_path):
     p.join(30)
     t.join()
     assert waited >= 0.4, waited  # the fork waited for the writer to leave sqlite
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_stores_opened_and_closed_leave_no_files_or_threads_behind(server, published, tmp_path):
+    """A long-lived process (a notebook, a dask worker, a server) opens and closes many Stores:
+    each one's cache files and writer thread go with it. Once, each Store kept an open
+    segment file and, after its first cold read, a writer thread, until 'Too many open files'."""
+    v1, v2, edited = published
+    paths = [str(tmp_path / f"c{i}.sqlite") for i in range(3)]
+
+    def round_(i):
+        with Store(server.url, cache=paths[i % 3]) as s:  # cold for the first 3, warm after
+            assert s.cat(f"cdc://r@{v2.commit}/f.bin") == edited
+
+    for i in range(3):
+        round_(i)
+    fds, threads = _open_fds(), threading.active_count()
+    for i in range(3, 40):
+        round_(i)
+    assert _open_fds() <= fds + 2, os.listdir("/proc/self/fd")
+    assert threading.active_count() <= threads
+    with Store(server.url, cache=str(tmp_path / "new.sqlite")) as s:  # a cold read starts a writer
+        assert s.cat(f"cdc://r@{v1.commit}/f.bin") == golden_input(3_000_000)
+    assert threading.active_count() <= threads  # its writer thread ended with it
+
+
+def test_a_cache_the_caller_passed_stays_open_after_the_store_closes(server, published, tmp_path):
+    v1, v2, edited = published
+    cache = ChunkCache(str(tmp_path / "mine.sqlite"))
+    with Store(server.url, cache=cache) as s:
+        assert s.cat(f"cdc://r@{v2.commit}/f.bin") == edited
+    cache.wait()
+    assert cache.bytes() > 0  # still open
+    with Store(server.url, cache=cache) as s:
+        before = s.counters()
+        assert s.cat(f"cdc://r@{v2.commit}/f.bin") == edited
+        assert s.counters()["requests"] <= before["requests"] + 1  # warm: at most the branch head
+    cache.close()  # the caller closes what it opened; using it again reopens what it needs
+    assert cache.bytes() > 0
+    with Store(server.url, cache=cache) as s:
+        assert s.cat(f"cdc://r@{v1.commit}/f.bin") == golden_input(3_000_000)
+    cache.close()
+    cache.close()  # twice is fine
+
+
+def test_local_stores_opened_and_closed_leave_no_files_behind(store, tmp_path):
+    src = tmp_path / "a.bin"
+    src.write_bytes(golden_input(1_000_000))
+
+    def round_(i):
+        with Store(store.location) as s:
+            s.push([str(src)], f"cdc://ds/{i}.bin")
+            assert s.cat("cdc://ds/0.bin") == golden_input(1_000_000)
+
+    for i in range(3):
+        round_(i)
+    fds = _open_fds()
+    for i in range(3, 30):
+        round_(i)
+    assert _open_fds() <= fds + 2, os.listdir("/proc/self/fd")  # the index's connections closed

@@ -143,6 +143,7 @@ class ChunkCache:
         self._idle = threading.Condition()
         self._pending = 0
         self._writer = False  # the background writer runs in this process
+        self._writer_thread: threading.Thread | None = None
         self._queue = None
         self._queued: dict[bytes, tuple] = {}  # id -> entry waiting for the background writer
         self._recent: collections.OrderedDict = collections.OrderedDict()  # ids it wrote lately (`fetched_here`)
@@ -377,8 +378,9 @@ class ChunkCache:
             if not self._writer:
                 self._queue, self._pending, self._writer = queue.SimpleQueue(), 0, True
                 self._queued = {}
-                threading.Thread(target=self._write_loop, args=(self._queue,), daemon=True,
-                                 name="cdcstore-cache-writer").start()
+                self._writer_thread = threading.Thread(target=self._write_loop, args=(self._queue,), daemon=True,
+                                                       name="cdcstore-cache-writer")
+                self._writer_thread.start()
                 _WRITERS.add(self)
             self._idle.wait_for(lambda: self._pending + size <= PENDING_BYTES or not self._pending, 60)
             self._pending += size
@@ -416,7 +418,10 @@ class ChunkCache:
 
     def _write_loop(self, q: "queue.SimpleQueue") -> None:
         while True:
-            entries, size = q.get()
+            item = q.get()
+            if item is None:  # `close`
+                return
+            entries, size = item
             self._quiet_wait()
             try:
                 with self._busy:  # a fork waits for this (`_hold_writers`)
@@ -444,6 +449,30 @@ class ChunkCache:
                     self._idle.wait_for(lambda: self._pending == 0, timeout)
                 finally:
                     self._flushing -= 1
+
+    def close(self) -> None:
+        """Land the queued writes, then let go of this process's files and writer thread:
+        the segment it appends to is sealed, its open segment files closed. A Store closes
+        the cache it opened; one passed to it is the caller's to close. A closed cache may
+        be used again: it reopens what it needs."""
+        self._here()
+        self.wait()
+        with self._idle:
+            q, self._queue, self._writer = (self._queue if self._writer else None), None, False
+        if q is not None:
+            q.put(None)  # the writer ends once its last batch is written
+            self._writer_thread.join(60)
+        if self._writing.here() is not None:
+            try:
+                with self._txn():
+                    self._seal()
+            except sqlite3.Error:  # a broken cache: its file is let go all the same
+                w = self._writing.here()
+                self._writing.clear()
+                if w is not None:
+                    os.close(w[1])
+        self._files.close_readers()
+        self._conns.close()
 
     def bytes(self) -> int:
         return self.conn.execute("SELECT value FROM meta WHERE key = 'bytes'").fetchone()[0]
@@ -670,9 +699,10 @@ class CachedBackend(Overlay):
     this process and in the cache's `objects` table for the machine; branch heads likewise, in
     the `heads` table for `HEAD_TTL` seconds, keyed by the store's identity (storage/meta.py)."""
 
-    def __init__(self, backend: Backend, cache: ChunkCache, token: str | None = None):
+    def __init__(self, backend: Backend, cache: ChunkCache, token: str | None = None, owns_cache: bool = False):
         super().__init__(backend)
         self.cache = cache
+        self.owns_cache = owns_cache  # closed with this backend (a Store opened it from a path)
         self._token = token
         # commits and trees are remembered per store and token, so that another token must still
         # ask the server (which checks it); chunks and manifests are shared: they are reached only
@@ -1006,3 +1036,5 @@ class CachedBackend(Overlay):
     def close(self):
         self.cache.wait()  # let queued cache writes land
         self.inner.close()
+        if self.owns_cache:
+            self.cache.close()

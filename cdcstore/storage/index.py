@@ -67,6 +67,10 @@ class ChunkIndex:
         except sqlite3.DatabaseError as e:
             raise CorruptionError(damaged_message(e)) from None
 
+    def close(self) -> None:
+        """Close this process's connections (the next use opens new ones)."""
+        self._conns.close()
+
     @property
     def conn(self) -> sqlite3.Connection:
         """This thread's connection (a new one after a fork)."""

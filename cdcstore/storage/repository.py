@@ -647,7 +647,11 @@ class Repository(Backend):
                                f" or push the original files again to repair it")
 
     def close(self) -> None:
+        """Let go of this process's connections and files (the index's sqlite connections
+        too); a later use opens what it needs again."""
         self.objects.close()
+        if self._index_error is None:
+            self._index.close()
 
     # -- manifests ----------------------------------------------------------------------------
     def put_manifest(self, manifest: Manifest) -> str:
@@ -1028,6 +1032,7 @@ class LocalStore(Repository):
             for fd in (self._fds.here() or {}).values():
                 os.close(fd)
             self._fds.clear()
+        super().close()
 
 
 def is_object_url(location: str) -> bool:

@@ -35,17 +35,40 @@ def connect(path: str, synchronous: str = "NORMAL", page_size: int | None = None
 
 
 class Connections:
-    """`conn` is this thread's connection to `path`, opened on first use."""
+    """`conn` is this thread's connection to `path`, opened on first use; `close` closes
+    every connection this process opened through it (the next use opens new ones)."""
 
     def __init__(self, path: str, **options):
         self.path = path
         self.options = options  # for `connect`
         self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open = runtime.Local()  # this process's: thread -> its connection
+        self._generation = 0  # a connection of an earlier generation was closed by `close`
 
     @property
     def conn(self) -> sqlite3.Connection:
         local = self._local
         held = getattr(local, "held", None)
-        if held is None:
+        if held is None or local.generation != self._generation:
             held = local.held = runtime.Local()
-        return held.get(lambda: connect(self.path, **self.options), _INHERITED.append)
+            local.generation = self._generation
+        return held.get(self._connect, _INHERITED.append)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = connect(self.path, **self.options)
+        with self._lock:
+            mine = self._open.get(dict)
+            for t in [t for t in mine if not t.is_alive()]:  # a thread that ended: its connection too
+                mine.pop(t).close()
+            mine[threading.current_thread()] = conn
+        return conn
+
+    def close(self) -> None:
+        """Close this process's connections (a forked child never closes the parent's)."""
+        with self._lock:
+            mine = self._open.here() or {}
+            self._open.clear()
+            self._generation += 1
+        for conn in mine.values():
+            conn.close()
