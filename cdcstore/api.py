@@ -253,7 +253,7 @@ class Store:
             self.backend = remote
             c = open_cache(cache) if cache is not False and cache is not None else None
             if c is not None:  # a cache that cannot be opened was warned about once
-                self.backend = CachedBackend(remote, c, remote.t.token, owns_cache=not isinstance(cache, ChunkCache))
+                self.backend = CachedBackend(remote, c, remote.t.token, owns_cache=c.owned)
                 self._cache = c
         else:
             if create is None:  # the default store is created on first use
@@ -262,7 +262,7 @@ class Store:
                 self.backend = open_repository(path, create=bool(create))
                 c = open_cache(cache) if path.startswith("s3://") and cache is not False and cache is not None else None
                 if c is not None:  # a bucket read directly shares the machine's dedup cache, as a server's reads do
-                    self.backend = CachedBackend(self.backend, c, None, owns_cache=not isinstance(cache, ChunkCache))
+                    self.backend = CachedBackend(self.backend, c, None, owns_cache=c.owned)
                     self._cache = c
             else:
                 if create and not os.path.exists(os.path.join(path, "cdcstore.json")):

@@ -655,10 +655,10 @@ def _warn_cache(path: str, err: Exception) -> None:
 def open_cache(spec: "ChunkCache | str | bool") -> "ChunkCache | GuardedCache | None":
     """The cache a `Store` asked for, or None (after one warning) if it cannot be opened."""
     if isinstance(spec, ChunkCache):
-        return GuardedCache(spec)
+        return GuardedCache(spec)  # the caller's, to close
     path = None if spec is True else spec
     try:
-        return GuardedCache(ChunkCache(path))
+        return GuardedCache(ChunkCache(path), owned=True)
     except (sqlite3.Error, OSError) as e:
         _warn_cache(os.path.abspath(os.path.expanduser(path or default_cache_path())), e)
         return None
@@ -668,13 +668,14 @@ class GuardedCache:
     """A ChunkCache that, once it fails (a corrupt or truncated file), warns once and
     then answers like an empty cache, so that reads go on without it."""
 
-    def __init__(self, cache: ChunkCache):
+    def __init__(self, cache: ChunkCache, owned: bool = False):
         self.inner = cache
         self.path = cache.path
         self.broken = False
+        self.owned = owned  # opened from a path for a Store, which closes it
 
     def __reduce__(self):
-        return GuardedCache, (self.inner,)
+        return GuardedCache, (self.inner, self.owned)
 
     def __getattr__(self, name):
         fn = getattr(self.inner, name)
