@@ -247,9 +247,10 @@ def _rows(path) -> int:
         return c.execute("SELECT count(*) FROM chunks").fetchone()[0]
 
 
-def test_cache_writes_wait_while_a_fetch_is_in_flight(tmp_path):
-    """Queued cache writes stay off the read's critical path: none lands while a fetch
-    is in flight; they land once fetches pause, and wait() writes at once."""
+def test_queued_cache_writes_are_served_at_once_and_land_without_a_pause(tmp_path):
+    """A fetched chunk counts as cached the moment it is queued, and the background writer
+    lands it while reads go on (writes that waited for reads to pause made a cold read's
+    close wait for all of them: a 100 MB read took 0.30 s instead of 0.24 s)."""
     import os
     import time
     from cdcstore.core.ids import digest
@@ -257,24 +258,21 @@ def test_cache_writes_wait_while_a_fetch_is_in_flight(tmp_path):
     cache = ChunkCache(str(tmp_path / "c.sqlite"))
     blobs = [os.urandom(1000) for _ in range(20)]
     entries = [(digest(b), CODEC_RAW, len(b), b) for b in blobs]
-    with cache.reading():
-        cache.put_later(entries[:10])
-        time.sleep(0.4)
-        assert _rows(cache.path) == 0  # deferred while the fetch runs
-        assert set(cache.has([e[0] for e in entries[:10]])) == {e[0] for e in entries[:10]}  # yet served
+    cache.put_later(entries[:10])
+    assert set(cache.has([e[0] for e in entries[:10]])) == {e[0] for e in entries[:10]}  # served while queued
     deadline = time.monotonic() + 5
     while _rows(cache.path) < 10 and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert _rows(cache.path) == 10  # the pause let them land
-    with cache.reading():
-        cache.put_later(entries[10:])
-        cache.wait()  # a flush does not wait for the read to end
-        assert _rows(cache.path) == 20
+    assert _rows(cache.path) == 10  # landed with no wait() and no pause asked for
+    cache.put_later(entries[10:])
+    cache.wait()
+    assert _rows(cache.path) == 20
+    assert cache.get([e[0] for e in entries]) == {e[0]: e[3] for e in entries}
+    cache.close()
 
 
 def _use_cache_in_child(cache):
-    with cache.reading():
-        pass
+    cache.wait()
     cache.put_later([(b"\x01" * 16, 0, 1, b"x")])
     cache.wait(10)
 
@@ -313,8 +311,7 @@ def test_a_fork_while_the_cache_writer_holds_its_lock_does_not_hang(tmp_path):
     condition inherited it locked, and hung on its first read (seen once in CI under load)."""
     from cdcstore.storage.cache import ChunkCache
     cache = ChunkCache(str(tmp_path / "c.sqlite"))
-    with cache.reading():
-        pass
+    cache.wait()  # makes this process's condition
     assert _fork_while_another_thread_holds(cache._idle, _use_cache_in_child, (cache,)) == 0
 
 

@@ -61,8 +61,6 @@ TOUCH_EVERY = 60.0  # seconds between recency updates of one entry
 HOT_SHARE = 0.8  # share of the budget hot (read twice) entries may keep
 PUT_TXN_BYTES = 2 * 1024 * 1024  # bytes a background write holds the write lock for, at most
 PENDING_BYTES = 256 * 1024 * 1024  # background cache writes waiting at most (then readers wait)
-WRITE_AFTER_QUIET = 0.05  # seconds without a fetch in flight before queued cache writes start
-WRITE_ANYWAY_BYTES = PENDING_BYTES // 2  # ... or once this much waits (a read that never pauses)
 TAG_PREFIX = "tag/"  # heads rows of tags (kept without a time limit: tags never move)
 RECENT_IDS = 1 << 16  # ids of chunks this process wrote to the cache that `fetched_here` remembers
 FLIGHT_WAIT = 120.0  # seconds a read waits for another thread's fetch of the same chunk before its own
@@ -147,9 +145,6 @@ class ChunkCache:
         self._queue = None
         self._queued: dict[bytes, tuple] = {}  # id -> entry waiting for the background writer
         self._recent: collections.OrderedDict = collections.OrderedDict()  # ids it wrote lately (`fetched_here`)
-        self._reads = 0  # fetches in flight in this process (cache writes wait for them)
-        self._last_read = 0.0  # when the last one ended (time.monotonic)
-        self._flushing = 0  # callers of wait(): write now
         self._busy = threading.Lock()  # held by the background writer while it is in sqlite
         return True
 
@@ -388,41 +383,12 @@ class ChunkCache:
                 self._queued[e[0]] = e
         self._queue.put((entries, size))
 
-    @contextlib.contextmanager
-    def reading(self):
-        """Mark a fetch in flight: queued cache writes wait until fetches pause for
-        `WRITE_AFTER_QUIET` s (or `WRITE_ANYWAY_BYTES` wait), so that on a small machine
-        sqlite does not compete with the read for the CPU."""
-        self._here()
-        with self._idle:
-            self._reads += 1
-        try:
-            yield
-        finally:
-            with self._idle:
-                self._reads -= 1
-                self._last_read = time.monotonic()
-                self._idle.notify_all()
-
-    def _quiet_wait(self) -> None:
-        """Block the writer while reads are busy (see `reading`)."""
-        with self._idle:
-            while not (self._flushing or self._pending >= WRITE_ANYWAY_BYTES):
-                if self._reads:
-                    self._idle.wait(WRITE_AFTER_QUIET)
-                    continue
-                left = self._last_read + WRITE_AFTER_QUIET - time.monotonic()
-                if left <= 0:
-                    return
-                self._idle.wait(left)
-
     def _write_loop(self, q: "queue.SimpleQueue") -> None:
         while True:
             item = q.get()
             if item is None:  # `close`
                 return
             entries, size = item
-            self._quiet_wait()
             try:
                 with self._busy:  # a fork waits for this (`_hold_writers`)
                     self.put(entries)
@@ -443,12 +409,7 @@ class ChunkCache:
         self._here()
         with self._idle:
             if self._writer:
-                self._flushing += 1
-                self._idle.notify_all()
-                try:
-                    self._idle.wait_for(lambda: self._pending == 0, timeout)
-                finally:
-                    self._flushing -= 1
+                self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def close(self) -> None:
         """Land the queued writes, then let go of this process's files and writer thread:
@@ -638,8 +599,7 @@ def _release_writers() -> None:
 
 runtime.around_fork(_hold_writers, _release_writers)
 
-_EMPTY_ANSWER = {"has": dict, "get": dict, "fetched_here": dict, "queued": set,  # a broken cache's answers
-                 "reading": contextlib.nullcontext}  # (else None)
+_EMPTY_ANSWER = {"has": dict, "get": dict, "fetched_here": dict, "queued": set}  # a broken cache's answers (else None)
 
 
 def _ints(*values) -> bool:
@@ -736,8 +696,7 @@ class CachedBackend(Overlay):
         out: dict[bytes, bytes] = {}
 
         def fetch(some) -> None:
-            with self.cache.reading():
-                fetched, stored = self._fetch(some, repo)
+            fetched, stored = self._fetch(some, repo)
             out.update(fetched)
             self.cache.put_later(stored)
         self._serve(items, repo, out.update, fetch)
@@ -773,14 +732,12 @@ class CachedBackend(Overlay):
 
     def _fetch_into(self, items, places, out, repo, keep, place) -> None:
         if self.inner.capabilities.local_reads:  # a bucket read directly: decoded chunks, then placed
-            with self.cache.reading():
-                fetched, entries = self._fetch(items, repo)
+            fetched, entries = self._fetch(items, repo)
             place(fetched)
             self.cache.put_later(entries)
             return
         stored: dict[bytes, bytes] = {}
-        with self.cache.reading():
-            self.inner.read_chunks_into(items, places, out, repo, stored=stored, keep=keep)
+        self.inner.read_chunks_into(items, places, out, repo, stored=stored, keep=keep)
         self.cache.put_later([(e.chunk_id, e.codec, e.raw_len, stored[e.chunk_id]) for _, e in items])
 
     def _cached(self, items) -> dict[bytes, bytes]:
