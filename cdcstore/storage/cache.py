@@ -771,6 +771,7 @@ class CachedBackend(Overlay):
         of those another thread of this process is fetching now. Two reads in flight that share
         chunks (a stream's row groups read ahead, a footer check) then fetch each chunk once."""
         mine, theirs, seen = [], [], set()
+        claim = threading.Event()  # one for the whole claim: set when its fetch lands (`_land`)
         with self._count_lock:
             flights = self._in_flight()
             for p, e in missing:
@@ -779,16 +780,14 @@ class CachedBackend(Overlay):
                 seen.add(e.chunk_id)
                 ev = flights.get(e.chunk_id)
                 if ev is None:
-                    flights[e.chunk_id] = threading.Event()
+                    flights[e.chunk_id] = claim
                     mine.append((p, e))
                 else:
                     theirs.append(((p, e), ev))
         raced = self.cache.queued([e.chunk_id for _, e in mine]) if mine else set()
         if raced:  # another thread's fetch landed between this read's cache lookup and its claim
-            done = threading.Event()
-            done.set()
-            self._land([(p, e) for p, e in mine if e.chunk_id in raced])
-            theirs += [((p, e), done) for p, e in mine if e.chunk_id in raced]
+            self._land([(p, e) for p, e in mine if e.chunk_id in raced])  # (wakes waiters early: they look again)
+            theirs += [((p, e), claim) for p, e in mine if e.chunk_id in raced]
             mine = [(p, e) for p, e in mine if e.chunk_id not in raced]
         return mine, theirs
 
@@ -796,17 +795,16 @@ class CachedBackend(Overlay):
         """End this thread's claims (after its fetch was queued for the cache, or failed)."""
         with self._count_lock:
             flights = self._in_flight()
-            for _, e in mine:
-                ev = flights.pop(e.chunk_id, None)
-                if ev is not None:
-                    ev.set()
+            done = {id(ev): ev for ev in (flights.pop(e.chunk_id, None) for _, e in mine) if ev is not None}
+        for ev in done.values():
+            ev.set()
 
     def _await(self, theirs):
         """The raw bytes of chunks other threads fetched, from the cache, and the items to fetch
         here after all (their fetch failed, or the cache could not keep them)."""
         if not theirs:
             return {}, []
-        for _, ev in theirs:
+        for ev in {id(ev): ev for _, ev in theirs}.values():
             ev.wait(FLIGHT_WAIT)
         got = self.cache.get([e.chunk_id for (_, e), _ in theirs])
         return got, [(p, e) for (p, e), _ in theirs if e.chunk_id not in got]
