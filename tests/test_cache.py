@@ -420,3 +420,16 @@ def test_local_stores_opened_and_closed_leave_no_files_behind(store, tmp_path):
     for i in range(3, 30):
         round_(i)
     assert _open_fds() <= fds + 2, os.listdir("/proc/self/fd")  # the index's connections closed
+
+
+def test_a_fork_while_a_thread_opens_a_cache_connection_does_not_hang(tmp_path):
+    """sqlite connections are tracked per process (for `close`) under a lock; a DataLoader
+    worker forked while another thread held it must still open its own connections."""
+    cache = ChunkCache(str(tmp_path / "c.sqlite"))
+    cache.wait()
+    assert _fork_while_another_thread_holds(cache._conns._lock, _open_cache_in_child, (cache,)) == 0
+    cache.close()
+
+
+def _open_cache_in_child(cache):
+    cache.bytes()  # this thread's first connection in the child

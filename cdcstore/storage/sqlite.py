@@ -42,7 +42,7 @@ class Connections:
         self.path = path
         self.options = options  # for `connect`
         self._local = threading.local()
-        self._lock = threading.Lock()
+        self._lock = runtime.Lock()  # a fork while another thread holds it must not hang the child
         self._open = runtime.Local()  # this process's: thread -> its connection
         self._generation = 0  # a connection of an earlier generation was closed by `close`
 
