@@ -433,3 +433,27 @@ def test_a_fork_while_a_thread_opens_a_cache_connection_does_not_hang(tmp_path):
 
 def _open_cache_in_child(cache):
     cache.bytes()  # this thread's first connection in the child
+
+
+def test_a_claim_that_raced_a_landed_fetch_keeps_its_other_chunks_claimed(server, tmp_path):
+    """Single flight: when some chunks of a claim turn out queued for the cache already (another
+    thread's fetch landed between the cache lookup and the claim), those are let go, and the
+    rest stay claimed until this fetch lands: a third reader waits for them, never fetches
+    them a second time."""
+    from cdcstore.core.pack import PackEntry
+    with Store(server.url, cache=str(tmp_path / "c.sqlite")) as s:
+        b = s.backend
+        items = [("p" * 64, PackEntry(bytes([i]) * 32, i * 10, 10, 10, 0)) for i in range(4)]
+        raced = {items[0][1].chunk_id}
+        b.cache.inner.queued = lambda ids: {c for c in ids if c in raced}  # as if a fetch just landed
+        mine, theirs = b._claim(items)
+        assert [e.chunk_id for _, e in mine] == [e.chunk_id for _, e in items[1:]]
+        assert [(e.chunk_id, ev.is_set()) for (_, e), ev in theirs] == [(items[0][1].chunk_id, True)]
+        b.cache.inner.queued = lambda ids: set()
+        mine2, theirs2 = b._claim(items)  # a third reader, while this fetch is in flight
+        assert [e.chunk_id for _, e in mine2] == [items[0][1].chunk_id]  # only the landed one is free
+        assert {e.chunk_id for (_, e), _ in theirs2} == {e.chunk_id for _, e in items[1:]}
+        assert not any(ev.is_set() for _, ev in theirs2)  # still in flight: wait, don't fetch again
+        b._land(mine)
+        assert all(ev.is_set() for _, ev in theirs2)
+        b._land(mine2)

@@ -599,6 +599,9 @@ def _release_writers() -> None:
 
 runtime.around_fork(_hold_writers, _release_writers)
 
+_LANDED = threading.Event()  # a claim whose chunks are in the cache already
+_LANDED.set()
+
 _EMPTY_ANSWER = {"has": dict, "get": dict, "fetched_here": dict, "queued": set}  # a broken cache's answers (else None)
 
 
@@ -786,9 +789,15 @@ class CachedBackend(Overlay):
                     theirs.append(((p, e), ev))
         raced = self.cache.queued([e.chunk_id for _, e in mine]) if mine else set()
         if raced:  # another thread's fetch landed between this read's cache lookup and its claim
-            self._land([(p, e) for p, e in mine if e.chunk_id in raced])  # (wakes waiters early: they look again)
-            theirs += [((p, e), claim) for p, e in mine if e.chunk_id in raced]
+            with self._count_lock:
+                flights = self._in_flight()
+                for cid in raced:
+                    if flights.get(cid) is claim:
+                        del flights[cid]
+            theirs += [((p, e), _LANDED) for p, e in mine if e.chunk_id in raced]
             mine = [(p, e) for p, e in mine if e.chunk_id not in raced]
+            if not mine:  # nothing left to fetch under this claim: whoever waits on it looks again
+                claim.set()
         return mine, theirs
 
     def _land(self, mine) -> None:
