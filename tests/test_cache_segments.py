@@ -144,3 +144,34 @@ def test_many_small_entries_in_one_put(tmp_path, n):
     es = entries(n, size=100, seed=n)  # more buffers than one pwritev takes
     c.put(es)
     assert c.get([e[0] for e in es]) == {e[0]: e[3] for e in es}
+
+
+def test_segment_appends_go_on_after_short_writes(tmp_path, monkeypatch):
+    """Segments.append writes through storage.local.write_all (the pack writer's too): more
+    buffers than one pwritev takes, and writes that stop part way, land every byte in order."""
+    import os
+    import random
+    from cdcstore.storage.segments import Segments
+
+    rng = random.Random(5)
+    bufs = [rng.randbytes(rng.randrange(0, 400)) for _ in range(2500)] + [memoryview(os.urandom(9000))[3:]]
+    real = os.pwritev
+
+    def short(fd, group, at):  # at most 700 bytes of at most 5 buffers a call
+        out, left = [], 700
+        for b in list(group)[:5]:
+            take = memoryview(b)[:left]
+            out.append(take)
+            left -= len(take)
+            if not left:
+                break
+        return real(fd, out, at)
+
+    monkeypatch.setattr(os, "pwritev", short)
+    segs = Segments(str(tmp_path / "segs"))
+    fd = segs.create(1)
+    offsets = Segments.append(fd, 10, bufs)
+    os.close(fd)
+    data = open(segs.path(1), "rb").read()
+    assert data[10:] == b"".join(bytes(b) for b in bufs)
+    assert [data[o:o + len(b)] for o, b in zip(offsets, bufs)] == [bytes(b) for b in bufs]

@@ -24,6 +24,7 @@ from ..core.errors import InvalidAddressError
 from ..core.manifest import MAX_FILE_BYTES, MAX_MANIFEST_BYTES, Manifest, max_entries
 from ..core.pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, PackWriter, WRITE_BUFFER,
                    encode_chunk)
+from ..storage.local import write_all
 from ..storage.roles import ChunkSink
 
 
@@ -89,17 +90,7 @@ class GatherFile:
 
     def flush(self) -> None:
         pieces, self._pieces, self._size = self._pieces, [], 0
-        while pieces:
-            batch = pieces[:IOV_MAX]
-            n = os.writev(self._fd, batch)
-            done = 0
-            for k, p in enumerate(batch):  # a short write: go on from where it stopped
-                if done + len(p) > n:
-                    pieces = [memoryview(p)[n - done:]] + batch[k + 1:] + pieces[len(batch):]
-                    break
-                done += len(p)
-            else:
-                pieces = pieces[len(batch):]
+        write_all(self._fd, pieces)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -108,9 +99,6 @@ class GatherFile:
             finally:
                 os.close(self._fd)
                 self._fd = -1
-
-
-IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 class PackSink:

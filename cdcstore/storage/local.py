@@ -30,6 +30,30 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)
 _BLOCK = 4 << 20
 
 
+IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024  # buffers per writev
+
+
+def write_all(fd: int, pieces: list, at: int | None = None) -> None:
+    """Write `pieces` (bytes-like) one after another, `IOV_MAX` per system call and no copy:
+    `os.writev` at the file's position, or `os.pwritev` from offset `at`. A short write goes on
+    from where it stopped."""
+    pending = list(pieces)
+    while pending:
+        batch = pending[:IOV_MAX]
+        n = os.writev(fd, batch) if at is None else os.pwritev(fd, batch, at)
+        if n <= 0 and any(len(b) for b in batch):
+            raise OSError(errno.EIO, "a write wrote nothing")
+        if at is not None:
+            at += n
+        k = 0
+        while k < len(batch) and n >= len(batch[k]):
+            n -= len(batch[k])
+            k += 1
+        pending = pending[k:]
+        if n:
+            pending[0] = memoryview(pending[0])[n:]
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

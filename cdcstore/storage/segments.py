@@ -13,10 +13,10 @@ import collections
 import os
 
 from .. import runtime
+from .local import write_all
 
 SEGMENT_BYTES = 64 * 1024 * 1024  # a process starts a new segment past this size
 OPEN_READERS = 64  # segment files a process keeps open for reading
-IOV_MAX = 1024  # buffers per pwritev (the POSIX minimum of IOV_MAX)
 SUFFIX = ".seg"
 
 
@@ -45,15 +45,7 @@ class Segments:
         for b in buffers:
             offsets.append(pos)
             pos += len(b)
-        at = end
-        for i in range(0, len(buffers), IOV_MAX):
-            group = buffers[i:i + IOV_MAX]
-            want = sum(len(b) for b in group)
-            done = os.pwritev(fd, group, at)
-            while done < want:  # a short write (rare): write the rest from where it stopped
-                rest = b"".join(bytes(b) for b in group)[done:]
-                done += os.pwrite(fd, rest, at + done)
-            at += want
+        write_all(fd, buffers, end)
         return offsets
 
     def read(self, seg: int, offset: int, size: int) -> bytes | None:
