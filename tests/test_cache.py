@@ -457,3 +457,33 @@ def test_a_claim_that_raced_a_landed_fetch_keeps_its_other_chunks_claimed(server
         b._land(mine)
         assert all(ev.is_set() for _, ev in theirs2)
         b._land(mine2)
+
+
+def test_closing_a_store_while_another_thread_reads_through_it(server, published, tmp_path, caplog):
+    """close() lets go of the cache's files and connections while a reader thread is mid-read:
+    the reader's reads still return the right bytes (what they need is reopened), and no
+    'the cache cannot be used' warning tells the user to delete a healthy cache."""
+    import logging
+    v1, v2, edited = published
+    caplog.set_level(logging.WARNING, logger="cdcstore")
+    for delay in (0.0, 0.02, 0.08):
+        s = Store(server.url, cache=str(tmp_path / f"c{delay}.sqlite"))
+        got, errors = [], []
+
+        def reader():
+            try:
+                for ref in (v1.commit, v2.commit) * 3:
+                    got.append((ref, s.cat(f"cdc://r@{ref}/f.bin")))
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        t = threading.Thread(target=reader)
+        t.start()
+        import time
+        time.sleep(delay)
+        s.close()
+        t.join(60)
+        assert not t.is_alive() and errors == []
+        assert all(data == (golden_input(3_000_000) if ref == v1.commit else edited) for ref, data in got)
+        s.close()
+    assert "cannot be used" not in caplog.text
