@@ -168,3 +168,19 @@ def raw_call(url, token, method="GET", data=None, headers=None):
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+def short_writes(real, limit: int, buffers: int):
+    """`real` (os.writev or os.pwritev) made to write at most `limit` bytes of at most `buffers`
+    buffers a call: a short write, every time."""
+    def write(fd, bufs, *at):
+        out, left = [], limit
+        for b in list(bufs)[:buffers]:
+            take = memoryview(b)[:left]
+            out.append(take)
+            left -= len(take)
+            if not left:
+                break
+        return real(fd, out, *at)
+    return write
+

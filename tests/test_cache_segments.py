@@ -12,6 +12,7 @@ from cdcstore.core import ids
 from cdcstore.core.pack import CODEC_RAW
 from cdcstore.storage import cache as cache_mod
 from cdcstore.storage.cache import ChunkCache
+from conftest import short_writes
 
 
 def entries(n: int, size: int = 64 * 1024, seed: int = 0) -> list[tuple[bytes, int, int, bytes]]:
@@ -157,17 +158,7 @@ def test_segment_appends_go_on_after_short_writes(tmp_path, monkeypatch):
     bufs = [rng.randbytes(rng.randrange(0, 400)) for _ in range(2500)] + [memoryview(os.urandom(9000))[3:]]
     real = os.pwritev
 
-    def short(fd, group, at):  # at most 700 bytes of at most 5 buffers a call
-        out, left = [], 700
-        for b in list(group)[:5]:
-            take = memoryview(b)[:left]
-            out.append(take)
-            left -= len(take)
-            if not left:
-                break
-        return real(fd, out, at)
-
-    monkeypatch.setattr(os, "pwritev", short)
+    monkeypatch.setattr(os, "pwritev", short_writes(real, 700, 5))
     segs = Segments(str(tmp_path / "segs"))
     fd = segs.create(1)
     offsets = Segments.append(fd, 10, bufs)

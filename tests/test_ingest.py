@@ -10,6 +10,7 @@ import pytest
 from cdcstore import Store
 from cdcstore.core import ids
 from cdcstore.core.pack import CODEC_RAW, CODEC_ZSTD, decode_chunk, encode_chunk
+from conftest import short_writes
 
 MIN_SAVING = 1 / 4  # the least saving for which zstd is kept (cdcstore.core.pack.MIN_SAVING)
 
@@ -172,21 +173,10 @@ def test_a_gathered_pack_file_holds_every_piece_in_order_even_after_short_writes
     pieces = [rng.randbytes(rng.randrange(0, 300)) for _ in range(3000)]
     pieces += [os.urandom(5 << 20), memoryview(os.urandom(70_000))[10:]]
     real = os.writev
-    monkeypatch.setattr(os, "writev", lambda fd, bufs: _short(real, fd, bufs))
+    monkeypatch.setattr(os, "writev", short_writes(real, 1000, 7))
     f = push.GatherFile(str(tmp_path / "p"))
     for p in pieces:
         f.write(p)
     f.close()
     assert (tmp_path / "p").read_bytes() == b"".join(bytes(p) for p in pieces)
 
-
-def _short(real, fd, bufs):
-    """os.writev that writes at most 1,000 bytes of at most 7 buffers: short writes, always."""
-    out, left = [], 1000
-    for b in list(bufs)[:7]:
-        take = memoryview(b)[:left]
-        out.append(take)
-        left -= len(take)
-        if not left:
-            break
-    return real(fd, out)
