@@ -16,6 +16,9 @@
 #include <Python.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
 
 static uint64_t GEAR[256];
 
@@ -195,6 +198,370 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     return list;
 }
 
+/* ---- Parquet page groups (forced cut points, revision 4; docs/format.md) ----
+ * Walks the page headers of every column chunk (Thrift compact protocol, only the
+ * PageHeader's type and compressed size are read; everything else is skipped) and
+ * chooses among the page boundaries, online, the ones where a chunk ends. Reads go
+ * through one window buffer (pread), so pages smaller than the window cost no syscall. */
+
+#define PG_WINDOW (256 * 1024)
+#define PG_PROBE 4096
+#define PG_PROBE_MAX ((size_t)64 << 20)
+#define PG_DEPTH 32
+#define PG_HASH_BYTES 64
+
+enum { K_SOFT = 0, K_FIRM = 1, K_HARD = 2 };
+
+typedef struct {
+    int fd;
+    uint64_t size;
+    uint8_t *win;       /* bytes [wbase, wbase + wlen) of the file */
+    size_t wcap, wlen;
+    uint64_t wbase;
+    int err;            /* errno of a failed read, else 0 */
+} pg_file_t;
+
+/* Makes [pos, pos + n) (clipped to the file) available in the window; returns a
+ * pointer to pos, and the bytes available from it in *avail; NULL on a read error. */
+static const uint8_t *pg_bytes(pg_file_t *f, uint64_t pos, size_t n, size_t *avail) {
+    if (pos + n > f->size) n = (size_t)(f->size - pos);
+    if (!(pos >= f->wbase && pos + n <= f->wbase + f->wlen)) {
+        size_t want = n > PG_WINDOW ? n : PG_WINDOW;
+        if (pos + want > f->size) want = (size_t)(f->size - pos);
+        if (want > f->wcap) {
+            uint8_t *w = PyMem_RawRealloc(f->win, want ? want : 1);
+            if (!w) { f->err = ENOMEM; return NULL; }
+            f->win = w;
+            f->wcap = want;
+        }
+        size_t got = 0;
+        while (got < want) {
+            ssize_t r = pread(f->fd, f->win + got, want - got, (off_t)(pos + got));
+            if (r < 0) {
+                if (errno == EINTR) continue;
+                f->err = errno;
+                return NULL;
+            }
+            if (r == 0) break;  /* the file shrank under us: what is there is all there is */
+            got += (size_t)r;
+        }
+        f->wbase = pos;
+        f->wlen = got;
+    }
+    *avail = (size_t)(f->wbase + f->wlen - pos);
+    return f->win + (pos - f->wbase);
+}
+
+/* A bounded reader of the compact protocol over p[0..n). */
+typedef struct { const uint8_t *p; size_t n, i; int truncated, bad; } tr_t;
+
+static int tr_byte(tr_t *t, uint8_t *out) {
+    if (t->i >= t->n) { t->truncated = 1; return 0; }
+    *out = t->p[t->i++];
+    return 1;
+}
+
+static int tr_varint(tr_t *t, uint64_t *out) {
+    uint64_t v = 0;
+    for (int shift = 0; shift <= 63; shift += 7) {
+        uint8_t b;
+        if (!tr_byte(t, &b)) return 0;
+        v |= (uint64_t)(b & 0x7F) << shift;
+        if (!(b & 0x80)) { *out = v; return 1; }
+    }
+    t->bad = 1;  /* varint too long */
+    return 0;
+}
+
+static int tr_skip_bytes(tr_t *t, uint64_t k) {
+    if (k > t->n - t->i) { t->truncated = 1; return 0; }
+    t->i += (size_t)k;
+    return 1;
+}
+
+static int tr_skip(tr_t *t, int type, int depth);
+
+static int tr_skip_struct(tr_t *t, int depth) {
+    if (depth > PG_DEPTH) { t->bad = 1; return 0; }
+    for (;;) {
+        uint8_t h;
+        if (!tr_byte(t, &h)) return 0;
+        int type = h & 0x0F;
+        if (type == 0) return 1;
+        if (!(h >> 4)) { uint64_t fid; if (!tr_varint(t, &fid)) return 0; }
+        if (!tr_skip(t, type, depth)) return 0;
+    }
+}
+
+static int tr_skip(tr_t *t, int type, int depth) {
+    uint64_t v;
+    uint8_t b;
+    switch (type) {
+    case 1: case 2: return 1;                                  /* bool true / false */
+    case 3: return tr_byte(t, &b);                             /* byte */
+    case 4: case 5: case 6: return tr_varint(t, &v);           /* i16, i32, i64 */
+    case 7: return tr_skip_bytes(t, 8);                        /* double */
+    case 8: return tr_varint(t, &v) && tr_skip_bytes(t, v);    /* binary */
+    case 9: case 10: {                                         /* list, set */
+        if (depth + 1 > PG_DEPTH) { t->bad = 1; return 0; }
+        if (!tr_byte(t, &b)) return 0;
+        uint64_t size = b >> 4;
+        int et = b & 0x0F;
+        if (size == 15 && !tr_varint(t, &size)) return 0;
+        if (et == 1 || et == 2) return tr_skip_bytes(t, size);  /* bools in lists: a byte each */
+        if (et == 0 || et > 12) { if (size) { t->bad = 1; return 0; } return 1; }
+        for (uint64_t k = 0; k < size; k++)
+            if (!tr_skip(t, et, depth + 1)) return 0;  /* each element takes a byte at least */
+        return 1;
+    }
+    case 11: {                                                 /* map */
+        if (depth + 1 > PG_DEPTH) { t->bad = 1; return 0; }
+        uint64_t size;
+        if (!tr_varint(t, &size)) return 0;
+        if (!size) return 1;
+        if (!tr_byte(t, &b)) return 0;
+        int kt = b >> 4, vt = b & 0x0F;
+        if (kt == 0 || kt > 12 || vt == 0 || vt > 12) { t->bad = 1; return 0; }
+        for (uint64_t k = 0; k < size; k++)
+            if (!tr_skip(t, kt, depth + 1) || !tr_skip(t, vt, depth + 1)) return 0;
+        return 1;
+    }
+    case 12: return tr_skip_struct(t, depth + 1);
+    default: t->bad = 1; return 0;
+    }
+}
+
+/* Reads the PageHeader at p[0..n): its length and compressed page size. Returns 1 on
+ * success, 0 if more bytes are needed, -1 if it is not a page header. */
+static int page_header(const uint8_t *p, size_t n, size_t *hlen, uint64_t *body) {
+    tr_t t = {p, n, 0, 0, 0};
+    int have_type = 0, have_size = 0;
+    int64_t size = -1;
+    uint64_t fid = 0;
+    for (;;) {
+        uint8_t h;
+        if (!tr_byte(&t, &h)) break;
+        int type = h & 0x0F;
+        if (type == 0) {
+            if (!have_type || !have_size || size < 0) return -1;
+            *hlen = t.i;
+            *body = (uint64_t)size;
+            return 1;
+        }
+        if (h >> 4) fid += h >> 4;
+        else {
+            uint64_t z;
+            if (!tr_varint(&t, &z)) break;
+            fid = (uint64_t)((int64_t)(z >> 1) ^ -(int64_t)(z & 1));
+        }
+        if ((fid == 1 || fid == 3) && type >= 3 && type <= 6) {
+            int64_t v;
+            if (type == 3) {
+                uint8_t b;
+                if (!tr_byte(&t, &b)) break;
+                v = b;
+            } else {
+                uint64_t z;
+                if (!tr_varint(&t, &z)) break;
+                v = (int64_t)(z >> 1) ^ -(int64_t)(z & 1);
+            }
+            if (fid == 1) have_type = 1;
+            else { have_size = 1; size = v; }
+        } else {
+            if (fid == 1) have_type = 0;  /* the last value of a field counts, as in a dict */
+            if (fid == 3) have_size = 0;
+            if (!tr_skip(&t, type, 0)) break;
+        }
+    }
+    return t.bad ? -1 : 0;
+}
+
+typedef struct {
+    uint64_t min, avg, max, small, large;
+    uint64_t s, prev;      /* start of the current chunk; the previous candidate */
+    uint64_t *cuts;
+    size_t count, cap;
+    int have;              /* a candidate is pending (its successor is not known yet) */
+    uint64_t c, region, hash;
+    int kind;
+} sel_t;
+
+static int sel_push_cut(sel_t *g, uint64_t c) {
+    if (g->count == g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 1024;
+        uint64_t *n = PyMem_RawRealloc(g->cuts, cap * sizeof(uint64_t));
+        if (!n) return 0;
+        g->cuts = n;
+        g->cap = cap;
+    }
+    g->cuts[g->count++] = c;
+    g->s = c;
+    return 1;
+}
+
+/* Decides the pending candidate, now that the next one (`next`) is known. */
+static int sel_decide(sel_t *g, uint64_t next) {
+    if (!g->have) return 1;
+    g->have = 0;
+    uint64_t c = g->c, gap = c - g->prev, len = c - g->s;
+    g->prev = c;
+    int cut;
+    if (g->kind == K_HARD) cut = 1;
+    else if (next - g->s > g->max) cut = 1;
+    else if (g->kind == K_FIRM) cut = g->region >= g->min || len >= g->min;
+    else if (len < g->min) cut = 0;
+    else {
+        uint64_t thr = len < g->avg ? g->small : g->large;
+        uint64_t t = (thr && gap > UINT64_MAX / thr) ? UINT64_MAX : gap * thr;
+        cut = g->hash < t;
+    }
+    return cut ? sel_push_cut(g, c) : 1;
+}
+
+static int sel_add(sel_t *g, uint64_t c, int kind, uint64_t region, uint64_t hash) {
+    if (g->have && c == g->c) {  /* the same offset twice: the stronger kind counts */
+        if (kind > g->kind) { g->kind = kind; g->region = region; }
+        else if (kind == g->kind && region > g->region) g->region = region;  /* a column chunk's end and the next's start */
+        return 1;
+    }
+    if (!sel_decide(g, c)) return 0;
+    g->have = 1;
+    g->c = c;
+    g->kind = kind;
+    g->region = region;
+    g->hash = hash;
+    return 1;
+}
+
+/* The gear hash of the (up to) 64 bytes before p[k]: p[k - 64 .. k). */
+static uint64_t gear_before(const uint8_t *p, size_t k) {
+    uint64_t h = 0;
+    for (size_t i = k > PG_HASH_BYTES ? k - PG_HASH_BYTES : 0; i < k; i++) h = (h << 1) + GEAR[p[i]];
+    return h;
+}
+
+/* 1: the walk finished; 0: not a Parquet layout we trust (fall back to bytes); -1: error set. */
+static int page_groups_run(pg_file_t *f, const uint64_t *ranges, size_t nranges, const uint64_t *hard,
+                           size_t nhard, sel_t *g) {
+    size_t h = 0;
+    for (size_t r = 0; r < nranges; r++)  /* column chunks sorted, disjoint, inside the file */
+        if (ranges[2 * r] > ranges[2 * r + 1] || ranges[2 * r + 1] > f->size || (r && ranges[2 * r] < ranges[2 * r - 1]))
+            return 0;
+    for (size_t k = 0; k < nhard; k++)
+        if (hard[k] > f->size || (k && hard[k] <= hard[k - 1])) return 0;
+    for (size_t r = 0; r <= nranges; r++) {
+        uint64_t start = r < nranges ? ranges[2 * r] : f->size, end = r < nranges ? ranges[2 * r + 1] : f->size;
+        while (h < nhard && hard[h] <= start) {  /* hard points up to this column chunk */
+            uint64_t region = (h + 1 < nhard ? hard[h + 1] : f->size) - hard[h];
+            if (hard[h] > 0 && hard[h] < f->size && !sel_add(g, hard[h], K_HARD, region, 0)) return -2;
+            h++;
+        }
+        if (r == nranges) break;
+        uint64_t next_fixed = r + 1 < nranges ? ranges[2 * r + 2] : f->size;
+        if (h < nhard && hard[h] < next_fixed) next_fixed = hard[h];
+        if (start > 0 && !sel_add(g, start, K_FIRM, end - start, 0)) return -2;
+        uint64_t pos = start;
+        while (pos < end) {
+            if (pos > start) {  /* a page start inside the column chunk: a soft candidate */
+                uint64_t from = pos >= PG_HASH_BYTES ? pos - PG_HASH_BYTES : 0;
+                size_t avail;
+                const uint8_t *b = pg_bytes(f, from, (size_t)(pos - from), &avail);
+                if (!b) return -1;
+                if (avail < pos - from) return 0;
+                if (!sel_add(g, pos, K_SOFT, 0, gear_before(b, (size_t)(pos - from)))) return -2;
+            }
+            size_t probe = PG_PROBE, hlen = 0;
+            uint64_t body = 0;
+            for (;;) {
+                size_t want = end - pos < probe ? (size_t)(end - pos) : probe, avail;
+                const uint8_t *b = pg_bytes(f, pos, want, &avail);
+                if (!b) return -1;
+                if (avail > end - pos) avail = (size_t)(end - pos);
+                int rc = page_header(b, avail < want ? avail : want, &hlen, &body);
+                if (rc < 0) return 0;
+                if (rc > 0) break;
+                if (avail < want || want >= end - pos || probe >= PG_PROBE_MAX) return 0;
+                probe *= 16;
+            }
+            if (body > end - pos - hlen) return 0;  /* a page past its column chunk */
+            pos += hlen + body;
+        }
+        if (h < nhard && hard[h] < end) return 0;  /* a hard point inside a column chunk */
+        if (end > 0 && end < f->size) {
+            uint64_t region = next_fixed > end ? next_fixed - end : 0;
+            if (!sel_add(g, end, K_FIRM, region, 0)) return -2;
+        }
+    }
+    return 1;
+}
+
+static int read_u64s(PyObject *obj, Py_buffer *view, const uint64_t **out, size_t *n) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0) return 0;
+    if (view->len % 8) {
+        PyBuffer_Release(view);
+        PyErr_SetString(PyExc_ValueError, "expected packed uint64 values");
+        return 0;
+    }
+    *out = (const uint64_t *)view->buf;
+    *n = (size_t)view->len / 8;
+    return 1;
+}
+
+static PyObject *page_groups(PyObject *self, PyObject *args) {
+    int fd;
+    unsigned long long size;
+    PyObject *ranges_obj, *hard_obj;
+    Py_ssize_t min, avg, max;
+    if (!PyArg_ParseTuple(args, "iKOOnnn", &fd, &size, &ranges_obj, &hard_obj, &min, &avg, &max))
+        return NULL;
+    if (min < 1 || avg < min || max < avg) {
+        PyErr_SetString(PyExc_ValueError, "chunk sizes must satisfy 1 <= min <= avg <= max");
+        return NULL;
+    }
+    Py_buffer rv, hv;
+    const uint64_t *ranges, *hard;
+    size_t nr, nh;
+    if (!read_u64s(ranges_obj, &rv, &ranges, &nr)) return NULL;
+    if (!read_u64s(hard_obj, &hv, &hard, &nh)) { PyBuffer_Release(&rv); return NULL; }
+    if (nr % 2) {
+        PyBuffer_Release(&rv);
+        PyBuffer_Release(&hv);
+        PyErr_SetString(PyExc_ValueError, "ranges come in (start, end) pairs");
+        return NULL;
+    }
+    pg_file_t f = {fd, size, NULL, 0, 0, 0, 0};
+    sel_t g;
+    memset(&g, 0, sizeof g);
+    g.min = (uint64_t)min;
+    g.avg = (uint64_t)avg;
+    g.max = (uint64_t)max;
+    g.small = (UINT64_MAX / g.avg) >> 2;
+    uint64_t q = UINT64_MAX / g.avg;
+    g.large = q > (UINT64_MAX >> 2) ? UINT64_MAX : q << 2;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = page_groups_run(&f, ranges, nr / 2, hard, nh, &g);
+    if (rc == 1 && !sel_decide(&g, size)) rc = -2;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&rv);
+    PyBuffer_Release(&hv);
+    PyMem_RawFree(f.win);
+    PyObject *out = NULL;
+    if (rc == -2 || (rc == -1 && f.err == ENOMEM)) PyErr_NoMemory();
+    else if (rc == -1) { errno = f.err; PyErr_SetFromErrno(PyExc_OSError); }
+    else if (rc == 0) out = Py_NewRef(Py_None);
+    else {
+        out = PyList_New((Py_ssize_t)g.count);
+        for (size_t k = 0; out && k < g.count; k++) {
+            PyObject *v = PyLong_FromUnsignedLongLong(g.cuts[k]);
+            if (!v) { Py_CLEAR(out); break; }
+            PyList_SET_ITEM(out, (Py_ssize_t)k, v);
+        }
+    }
+    PyMem_RawFree(g.cuts);
+    return out;
+}
+
 static PyObject *gear_table(PyObject *self, PyObject *noargs) {
     PyObject *t = PyTuple_New(256);
     if (!t) return NULL;
@@ -212,6 +579,11 @@ static PyMethodDef methods[] = {
      "Without eof, a trailing partial chunk is left out: feed it again with more bytes.\n"
      "With 0 < split < len(buffer), the halves before and after split are scanned in two\n"
      "threads that resynchronise at a common cut point: the result is the same."},
+    {"page_groups", page_groups, METH_VARARGS,
+     "page_groups(fd, size, ranges, hard, min, avg, max) -> list of cut offsets, or None.\n\n"
+     "ranges: packed uint64 (start, end) of every column chunk, sorted and disjoint; hard: packed\n"
+     "uint64 offsets that always cut, sorted. None when the pages do not walk cleanly: chunk\n"
+     "the file as bytes."},
     {"gear_table", gear_table, METH_NOARGS, "The 256-entry gear table (format constant)."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,4 +1,4 @@
-"""Content-defined chunking: gear-hash CDC of the FastCDC family (chunk format v1).
+"""Content-defined chunking: gear-hash CDC of the FastCDC family (chunk format v2; the byte rule is v1's).
 
 The boundary scan is native (`cdcstore._gear`); this module feeds it. Boundaries
 depend only on the bytes, never on how they arrive: `Chunker.feed` accepts pieces
@@ -14,7 +14,7 @@ from typing import BinaryIO, Iterable, Iterator
 
 from . import _gear
 
-CHUNK_FORMAT_VERSION = 1
+CHUNK_FORMAT_VERSION = 2  # v2: v1 for bytes, page groups for Parquet (docs/format.md)
 KiB = 1024
 MAX_CHUNK_BYTES = 16 * KiB * KiB  # format limit: no chunk is larger (readers refuse bigger raw lengths)
 PARALLEL_MIN_BYTES = 4 * KiB * KiB  # a segment this large is scanned as two halves at once
@@ -60,19 +60,24 @@ class Chunker:
     """Streaming chunker: feed bytes in pieces of any size, then call `finish`.
 
     `cuts` are absolute offsets where a chunk must end (e.g. Parquet page
-    starts): the stream is then chunked as independent segments, each with the
-    rule above. Memory is bounded by about twice the maximum chunk size plus one
+    groups): the stream is then chunked as independent segments, each with the
+    rule above; with `whole_segments`, a segment of at most `max_size` bytes between two
+    cuts is one chunk (Parquet page groups, `pages.page_cuts`), and only longer ones are
+    cut by the rule. Memory is bounded by about twice the maximum chunk size plus one
     piece. Chunks are read-only memoryviews of the bytes fed (no copies, except the
     few that straddle two pieces); they stay valid after later calls.
     """
 
-    def __init__(self, params: ChunkParams = DEFAULT_PARAMS, cuts: Iterable[int] = ()):
+    def __init__(self, params: ChunkParams = DEFAULT_PARAMS, cuts: Iterable[int] = (),
+                 whole_segments: bool = False):
         self.params = params
+        self._whole_segments = whole_segments
         self._pieces: list = []  # bytes (or views of bytes) not yet cut, oldest first
         self._size = 0
         self._base = 0  # absolute offset of the first uncut byte
         self._cuts = iter(sorted(set(cuts)))
         self._next_cut = self._next_after(0)
+        self._seg_start = 0  # absolute offset of the last cut passed (where the current segment began)
 
     def _next_after(self, pos: int) -> int | None:
         return next((c for c in self._cuts if c > pos), None)
@@ -128,7 +133,13 @@ class Chunker:
             cut = self._next_cut
             whole = cut is not None and cut - self._base <= len(buf)
             seg_end = cut - self._base if whole else len(buf)
-            ends = scan(view[start:seg_end], p, whole or eof)
+            if self._whole_segments and cut is not None and cut - self._seg_start <= p.max_size \
+                    and (whole or not eof):
+                if not whole:
+                    break  # one chunk: wait for the rest of it (fewer than max_size bytes)
+                ends = [seg_end - start]
+            else:
+                ends = scan(view[start:seg_end], p, whole or eof)
             prev = 0
             for end in ends:
                 chunks.append(view[start + prev:start + end])
@@ -137,6 +148,7 @@ class Chunker:
                 start += prev
                 break
             start = seg_end
+            self._seg_start = cut
             self._next_cut = self._next_after(cut)
         rest = buf[start:] if start < len(buf) else b""
         self._pieces = [rest] if rest else []
@@ -146,9 +158,10 @@ class Chunker:
 
 
 def iter_chunks(stream: BinaryIO, params: ChunkParams = DEFAULT_PARAMS,
-                block_size: int = 8 * 1024 * KiB, cuts: Iterable[int] = ()) -> Iterator[memoryview]:
+                block_size: int = 8 * 1024 * KiB, cuts: Iterable[int] = (),
+                whole_segments: bool = False) -> Iterator[memoryview]:
     """Chunks of a binary stream, read `block_size` bytes at a time."""
-    chunker = Chunker(params, cuts)
+    chunker = Chunker(params, cuts, whole_segments)
     while True:
         block = stream.read(block_size)
         if not block:

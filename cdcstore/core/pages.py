@@ -1,15 +1,17 @@
-"""Parquet page walker: page-aligned cut points for the chunker (pure logic over a file object).
+"""Parquet page geometry: where the chunks of a Parquet file end (docs/format.md, forced cut points).
 
-`page_cuts` reads a Parquet file's footer and walks the page headers of every
-column chunk (Thrift compact protocol, `thrift.py`; no pyarrow import, one small
-read per page), and returns the offsets where a chunk must end: every page
-start, every column chunk end and the start of the footer region. Files written
-with Arrow's content-defined chunking then dedup at page granularity; pages larger
-than the maximum chunk size are sub-chunked by the byte chunker (hash reset at the
-page start). A large column or offset index (`INDEX_CUT_BYTES`) is cut out of the footer
-region too. A file of countless tiny pages has its cuts thinned (`thin_cuts`), so that the chunks
-of any file stay within `manifest.max_chunks`. Anything that is not a readable Parquet file yields None, and the caller falls
-back to plain byte CDC.
+`page_cuts` (revision 4, page groups: what a push uses) reads a Parquet file's footer here
+(Thrift compact protocol, `thrift.py`; no pyarrow import), then hands the column chunk
+ranges to the native walk (`_gear.page_groups`): it reads every page header through one
+window buffer and chooses, among the page boundaries, the ones where a chunk ends, by
+content, so that consecutive small pages share a chunk of about the target size. Each
+segment between two cuts is one chunk when it is at most the maximum chunk size, else
+(one page larger than the maximum, a footer region) it is cut by the byte chunker.
+
+`page_starts` (revisions 1-3, every page start a cut) is kept as the reference walk in
+Python: tests check the native walk against it, and `column_chunk_rows` reads pages
+with the same decoder. Anything that is not a readable Parquet file yields None, and the
+caller falls back to plain byte CDC.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import os
 import struct
 from typing import BinaryIO
 
+from . import _gear
+from .chunker import DEFAULT_PARAMS, ChunkParams
 from .thrift import Decoder, ThriftError
 
 MAGIC = b"PAR1"
@@ -32,6 +36,8 @@ INDEX_CUT_BYTES = 4096
 #: then bounded by design (`manifest.max_chunks`); files below the threshold are cut as before.
 MIN_CUT_SPACING = 4096
 CUT_ALLOWANCE = 1024
+#: The forced cut points' revision that `page_cuts` implements (docs/format.md).
+REVISION = 4
 
 
 def read_page_header(buf, pos: int = 0) -> tuple[int, int, int]:
@@ -110,18 +116,74 @@ def _list_of_structs(value, what: str) -> list:
     return value
 
 
-def page_cuts(path: str) -> list[int] | None:
-    """Offsets where page-aligned chunking must cut, or None if `path` is not
-    readable Parquet (then use plain byte CDC)."""
+def page_cuts(path: str, params: ChunkParams = DEFAULT_PARAMS) -> list[int] | None:
+    """Offsets where the chunks of Parquet file `path` end (revision 4: page groups; the
+    last is the file's size), or None if it is not readable Parquet (then use byte CDC)."""
     try:
         with open(path, "rb") as f:
-            return page_cuts_of(f, os.fstat(f.fileno()).st_size)
+            return page_cuts_of(f, os.fstat(f.fileno()).st_size, params)
     except OSError:
         return None
 
 
-def page_cuts_of(f: BinaryIO, size: int) -> list[int] | None:
-    """`page_cuts` for an open binary file of `size` bytes (moves its position)."""
+def page_cuts_of(f: BinaryIO, size: int, params: ChunkParams = DEFAULT_PARAMS) -> list[int] | None:
+    """`page_cuts` for an open binary file (it must have a file descriptor) of `size` bytes.
+    Reads the footer with `f` (moves its position) and the page headers with pread."""
+    layout = footer_layout(f, size)
+    try:
+        fd = f.fileno()
+    except (OSError, AttributeError):  # not a file of the OS (io.BytesIO): no pread
+        return None
+    if layout is None:
+        return None
+    ranges, hard = layout
+    ranges = sorted(ranges)
+    if any(a < b for (_, b), (a, _) in zip(ranges, ranges[1:])):
+        return None  # column chunks that overlap: not a layout to trust
+    flat = b"".join(struct.pack("<QQ", a, b) for a, b in ranges)
+    cuts = _gear.page_groups(fd, size, flat, b"".join(struct.pack("<Q", c) for c in hard),
+                             params.min_size, params.avg_size, params.max_size)
+    if cuts is None:
+        return None
+    return thin_cuts(cuts, size) + [size]
+
+
+def footer_layout(f: BinaryIO, size: int) -> tuple[list[tuple[int, int]], list[int]] | None:
+    """(column chunk ranges, hard cut points) from the footer of an open binary file, or None
+    if it is not Parquet. Hard cut points: 4 (after the magic), the footer region's start,
+    and the ends of large page indexes (revision 2)."""
+    try:
+        f.seek(0)
+        if size < 12 or f.read(4) != MAGIC:  # cheap test first: most files are not Parquet
+            return None
+        f.seek(size - 8)
+        tail = f.read(8)
+        footer_len = struct.unpack("<I", tail[:4])[0]
+        footer_start = size - 8 - footer_len
+        if tail[4:] != MAGIC or footer_start < 4:
+            return None
+        f.seek(footer_start)
+        ranges, indexes = footer_ranges(f.read(footer_len))
+        if not all(4 <= start <= end <= footer_start for start, end in ranges):
+            return None
+        hard = sorted({4, footer_start} | _index_cuts(indexes, ranges, footer_start))
+        return ranges, hard
+    except (OSError, ThriftError, struct.error, RecursionError):
+        return None
+
+
+def page_starts(path: str) -> list[int] | None:
+    """Revisions 1-3 of the forced cut points (every page start, column chunk end, footer
+    start), walked in Python: the reference the native walk is tested against."""
+    try:
+        with open(path, "rb") as f:
+            return page_starts_of(f, os.fstat(f.fileno()).st_size)
+    except OSError:
+        return None
+
+
+def page_starts_of(f: BinaryIO, size: int) -> list[int] | None:
+    """`page_starts` for an open binary file of `size` bytes (moves its position)."""
     try:
         f.seek(0)
         if size < 12 or f.read(4) != MAGIC:  # cheap test first: most files are not Parquet

@@ -47,17 +47,17 @@ ENCODE_TASK_BYTES = 1024 * 1024
 class FileChunks:
     """The chunks of an open binary file, block by block: iterating yields
     (block, chunks completed by it), and last (b"", the final chunks). Parquet files
-    are cut at page boundaries when `parquet_pages` (then `mode` says so)."""
+    are cut in page groups when `parquet_pages` (then `mode` says so)."""
 
     def __init__(self, f, params: ChunkParams, parquet_pages: bool = True, block_size: int = 8 << 20):
         self.f, self.block_size = f, block_size
         self.first = f.read(block_size)
         cuts = None
         if parquet_pages and self.first[:4] == pages.MAGIC:
-            cuts = pages.page_cuts_of(f, os.fstat(f.fileno()).st_size)
+            cuts = pages.page_cuts_of(f, os.fstat(f.fileno()).st_size, params)
             f.seek(len(self.first))
         self.mode = "parquet-pages" if cuts else "bytes"
-        self.chunker = Chunker(params, cuts or ())
+        self.chunker = Chunker(params, cuts or (), whole_segments=bool(cuts))
 
     def __iter__(self):
         block = self.first
