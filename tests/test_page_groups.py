@@ -285,3 +285,38 @@ def test_whole_segments_wait_for_the_whole_segment():
     ch = Chunker(p, [10_000, 20_000, 400_000], whole_segments=True)  # the file ended early
     out = ch.feed(data[:15_000]) + ch.finish()
     assert b"".join(out) == data[:15_000] and len(out[0]) == 10_000
+
+
+CHUNK_V1_STORE = os.path.join(os.path.dirname(__file__), "data", "chunkv1-parquet-store")
+
+
+def test_a_store_written_with_chunk_format_v1_reads_takes_pushes_and_dedups_what_it_can(tmp_path):
+    """tests/data/chunkv1-parquet-store was written by the chunk-format-v1 code (c712819: a chunk
+    per page) from two golden files. It reads back; a v2 push of the same files stores the small
+    pages again, grouped, and dedups the page larger than max_size and the footers; a second v2
+    push stores nothing."""
+    import shutil
+    root = tmp_path / "store"
+    shutil.copytree(CHUNK_V1_STORE, root)
+    src = tmp_path / "src"
+    src.mkdir()
+    names = ("huge-page.parquet", "narrow-plain.parquet")
+    for n in names:
+        shutil.copy(os.path.join(GEOMETRY, n), src / n)
+    with Store(str(root)) as s:
+        for n in names:
+            assert s.cat(f"cdc://geo/{n}") == (src / n).read_bytes()
+        assert s.check(read_data=True)["problems"] == []
+        r = s.push([str(src)], "cdc://geo/", message="v2 push")
+        detail = r.files_detail
+        assert all(d["chunking"] == "parquet-pages" for d in detail.values())
+        big = detail["huge-page.parquet"]
+        assert big["new_bytes"] < 0.1 * big["bytes"], big  # its 300 KB page is cut as before
+        assert detail["narrow-plain.parquet"]["new_bytes"] > 0.5 * detail["narrow-plain.parquet"]["bytes"]
+        assert s.push([str(src)], "cdc://geo2/").new_bytes == 0
+        log = s.log("geo")
+        assert [c["message"] for c in log] == ["v2 push", "written by chunk format v1 (c712819)"]
+        for n in names:  # both versions: v1 chunks and v2 chunks of the same bytes
+            assert s.cat(f"cdc://geo/{n}") == (src / n).read_bytes()
+            assert s.cat(f"cdc://geo@{log[1]['commit']}/{n}") == (src / n).read_bytes()
+        assert s.check(read_data=True)["problems"] == []
