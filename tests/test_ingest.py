@@ -5,6 +5,8 @@ import json
 import os
 import random
 
+import numpy as np
+
 import pytest
 
 from cdcstore import Store
@@ -180,3 +182,41 @@ def test_a_gathered_pack_file_holds_every_piece_in_order_even_after_short_writes
     f.close()
     assert (tmp_path / "p").read_bytes() == b"".join(bytes(p) for p in pieces)
 
+
+
+def test_a_files_compression_probe_backs_off_on_compressed_bytes_and_comes_back():
+    """FileProbe: after RUN chunks in a row that zstd would not shrink, one chunk in EVERY is
+    probed; one that passes brings back a probe per chunk (pure: no store)."""
+    from cdcstore.core import pack
+
+    calls = []
+    real = pack.worth_compressing
+    try:
+        pack.worth_compressing = lambda raw: calls.append(raw) or real(raw)
+        probe = pack.FileProbe()
+        noise = [os.urandom(65536) for _ in range(100)]
+        assert not any(probe.worth(c) for c in noise)
+        assert len(calls) == pack.FileProbe.RUN + (100 - pack.FileProbe.RUN) // pack.FileProbe.EVERY + 1
+        text = b"the same words again and again " * 2048
+        answers = [probe.worth(text) for _ in range(3 * pack.FileProbe.EVERY)]
+        assert answers[pack.FileProbe.EVERY:] == [True] * (2 * pack.FileProbe.EVERY)  # back to every chunk
+    finally:
+        pack.worth_compressing = real
+
+
+def test_a_push_compresses_text_and_stores_compressed_parquet_raw(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "notes.txt").write_bytes(b"".join(b"line %d of a log that repeats itself\n" % i for i in range(100_000)))
+    rng = np.random.default_rng(1)
+    pq.write_table(pa.table({"x": pa.array(rng.random(400_000))}), src / "t.parquet", compression="zstd")
+    s = Store.init(str(tmp_path / "store"))
+    r = s.push([str(src)], "cdc://r/")
+    text_bytes = (src / "notes.txt").stat().st_size
+    pq_bytes = (src / "t.parquet").stat().st_size
+    assert r.stored_bytes < pq_bytes + 0.5 * text_bytes  # the text shrank by half at least
+    assert r.stored_bytes > pq_bytes  # the Parquet pages were not
+    assert s.cat("cdc://r/notes.txt") == (src / "notes.txt").read_bytes()

@@ -109,18 +109,45 @@ def worth_compressing(raw) -> bool:
     return len(_compressor(1).compress(sample)) <= len(sample) * (1 - MIN_SAVING)
 
 
-def encode_chunk(raw, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL, id_of_raw: bool = False) -> tuple[int, bytes]:
+class FileProbe:
+    """Which chunks of one file are worth zstd, in file order (pure; one per file).
+
+    Every chunk is probed (`worth_compressing`) until `RUN` in a row fail; from then on only
+    one chunk in `EVERY` is, and the rest are stored raw unprobed, until a probe passes and
+    every chunk is probed again. A file of compressed pages (Parquet with snappy or zstd,
+    images, archives) then pays for about one probe in `EVERY` chunks; a file that compresses
+    is probed as before. The choice changes how a chunk is stored, never its id."""
+
+    RUN = 8
+    EVERY = 16
+
+    def __init__(self) -> None:
+        self._fails = 0
+        self._n = 0
+
+    def worth(self, raw) -> bool:
+        self._n += 1
+        if self._fails >= self.RUN and self._n % self.EVERY:
+            return False
+        ok = worth_compressing(raw)
+        self._fails = 0 if ok else self._fails + 1
+        return ok
+
+
+def encode_chunk(raw, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL, id_of_raw: bool = False,
+                 probe: bool | None = None) -> tuple[int, bytes]:
     """Compress a chunk for storage and verify the result decodes to `chunk_id`.
 
     Returns (codec, stored bytes). The chunk is kept raw when the probe says zstd
-    would not pay, or when zstd saves less than `MIN_SAVING` of it. A compressed
+    would not pay (`probe`: the caller's answer, e.g. a `FileProbe`'s; None: probe it
+    here), or when zstd saves less than `MIN_SAVING` of it. A compressed
     chunk is always decoded and re-hashed; a raw one is re-hashed unless `id_of_raw`
     says the caller computed `chunk_id` from these very bytes, immutable (a push's
     read-only views of bytes objects): hashing them again would check nothing new.
     Safe to call from several threads at once (zstd releases the GIL).
     """
     raw_len = len(raw)
-    if raw_len and worth_compressing(raw):
+    if raw_len and (worth_compressing(raw) if probe is None else probe):
         packed = _compressor(level).compress(raw)
         if len(packed) <= raw_len * (1 - MIN_SAVING):
             decode_chunk(packed, CODEC_ZSTD, raw_len, chunk_id)

@@ -22,8 +22,8 @@ from ..core import pages
 from ..core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker
 from ..core.errors import InvalidAddressError
 from ..core.manifest import MAX_FILE_BYTES, MAX_MANIFEST_BYTES, Manifest, max_entries
-from ..core.pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, PackWriter, WRITE_BUFFER,
-                   encode_chunk)
+from ..core.pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, FileProbe, PackWriter,
+                         WRITE_BUFFER, encode_chunk)
 from ..storage.local import write_all
 from ..storage.roles import ChunkSink
 
@@ -180,7 +180,7 @@ class Ingest:
         self._tasks: list = []  # encode tasks not yet known to have succeeded
         self._inflight_bytes = 0  # raw bytes handed to the encoders and not yet in a pack
         self._room = threading.Condition(threading.Lock())
-        self._undecided: list[tuple[bytes, bytes, str]] = []  # (id, data, file key) awaiting a presence query
+        self._undecided: list[tuple[bytes, bytes, str, bool]] = []  # (id, data, file key, worth zstd) to ask about
         self._undecided_bytes = 0
         self.file_new: dict[str, int] = {}  # file key -> new bytes it brought (complete after finish)
         self.file_mode: dict[str, str] = {}  # file key -> "parquet-pages" or "bytes"
@@ -202,6 +202,7 @@ class Ingest:
         with self._lock:
             self.file_new.setdefault(key, 0)
         file_hash = ids.weak_hasher()  # the whole-file check (xxh3-128), not a name
+        probe = FileProbe()  # which of the file's chunks are worth zstd, in file order
         chunk_ids: list[bytes] = []
         lengths: list[int] = []
         size = 0
@@ -212,7 +213,7 @@ class Ingest:
             for block, chunks in blocks:
                 file_hash.update(block)
                 size += len(block)
-                self._add_chunks(chunks, chunk_ids, lengths, key, first_anchor)
+                self._add_chunks(chunks, chunk_ids, lengths, key, probe, first_anchor)
                 if len(chunk_ids) > max_entries():
                     raise InvalidAddressError(
                         f"{path}: over {max_entries()} chunks after {size} bytes, more than one manifest holds "
@@ -224,18 +225,19 @@ class Ingest:
         return Manifest(chunk_ids, lengths, size, file_hash.digest())
 
     def _add_chunks(self, chunks: list[bytes], chunk_ids: list[bytes], lengths: list[int], key: str,
-                    first_anchor: bool = False) -> None:
+                    probe: FileProbe, first_anchor: bool = False) -> None:
         """Record chunks in the manifest; queue them for one batched presence query."""
         new_ids = [ids.digest(c) for c in chunks]  # outside the lock: hashing releases the GIL
+        worth = [probe.worth(c) for c in chunks]  # in file order, whether or not the store has them
         if not chunk_ids and new_ids and first_anchor:
             with self._lock:
                 self._firsts.add(new_ids[0])
         chunk_ids.extend(new_ids)
         lengths.extend(len(c) for c in chunks)
         with self._lock:
-            for cid, c in zip(new_ids, chunks):
+            for cid, c, w in zip(new_ids, chunks, worth):
                 if cid not in self._seen:
-                    self._undecided.append((cid, c, key))
+                    self._undecided.append((cid, c, key, w))
                     self._undecided_bytes += len(c)
             self.chunks += len(chunks)
             if len(self._undecided) >= 4096 or self._undecided_bytes >= self.opts.max_inflight_bytes // 2:
@@ -246,21 +248,21 @@ class Ingest:
         tasks of about `ENCODE_TASK_BYTES` so that tiny chunks do not pay a thread
         handoff each."""
         batch, self._undecided, self._undecided_bytes = self._undecided, [], 0
-        candidates = [c for c in dict.fromkeys(cid for cid, _, _ in batch) if c not in self._seen]
+        candidates = [c for c in dict.fromkeys(cid for cid, _, _, _ in batch) if c not in self._seen]
         if candidates:
-            data = {cid: c for cid, c, _ in batch}
+            data = {cid: c for cid, c, _, _ in batch}
             firsts = [c for c in candidates if c in self._firsts]
             self._seen.update(self.store.present_or_prove({cid: data[cid] for cid in candidates}, firsts))
-        task: list[tuple[bytes, bytes]] = []
+        task: list[tuple[bytes, bytes, bool]] = []
         task_bytes = 0
-        for cid, data, key in batch:
+        for cid, data, key, worth in batch:
             if cid in self._seen:
                 continue
             self._seen.add(cid)
             self.new_bytes += len(data)
             self.file_new[key] += len(data)
             self.new_chunks += 1
-            task.append((cid, data))
+            task.append((cid, data, worth))
             task_bytes += len(data)
             if task_bytes >= ENCODE_TASK_BYTES:
                 self._submit(task, task_bytes)
@@ -268,7 +270,7 @@ class Ingest:
         if task:
             self._submit(task, task_bytes)
 
-    def _submit(self, task: list[tuple[bytes, bytes]], nbytes: int) -> None:
+    def _submit(self, task: list[tuple[bytes, bytes, bool]], nbytes: int) -> None:
         """Encode and store `task` on the pool, once in-flight bytes leave room for it."""
         with self._room:
             while self._inflight_bytes > self.opts.max_inflight_bytes - nbytes and self._inflight_bytes:
@@ -278,14 +280,15 @@ class Ingest:
         self._tasks = [f for f in self._tasks if not f.done() or f.cancelled() or f.exception() is not None]
         self._tasks.append(self._pool.submit(self._encode_and_store, task, nbytes))
 
-    def _encode_and_store(self, task: list[tuple[bytes, bytes]], nbytes: int) -> None:
+    def _encode_and_store(self, task: list[tuple[bytes, bytes, bool]], nbytes: int) -> None:
         """On an encoding thread: encode (and verify) the chunks, then append them to the pack."""
         try:
             level = self.opts.zstd_level
             # each id was computed in `_add_chunks` from the same read-only view of immutable bytes
-            encoded = [(*encode_chunk(data, cid, level, id_of_raw=True), ids.checksum(data)) for cid, data in task]
+            encoded = [(*encode_chunk(data, cid, level, id_of_raw=True, probe=worth), ids.checksum(data))
+                       for cid, data, worth in task]
             with self.sink.lock:
-                for (cid, data), (codec, stored, check) in zip(task, encoded):
+                for (cid, data, _), (codec, stored, check) in zip(task, encoded):
                     self.sink.add(cid, codec, stored, len(data), check)
         finally:
             with self._room:
