@@ -17,7 +17,7 @@ import os
 # chunking keeps unchanged pages byte-identical; dictionaries only for columns with
 # few values, sorted for strings, so that an edit does not renumber the pages after it.
 
-WRITER_VERSION = 2
+WRITER_VERSION = 3
 WRITER_METADATA_KEY = b"cdcstore.writer"
 #: Arrow CDC options used by the writer, recorded in every file it writes.
 CDC_OPTIONS = {"min_chunk_size": 64 * 1024, "max_chunk_size": 512 * 1024, "norm_level": 0}
@@ -29,6 +29,9 @@ DICTIONARY_MAX_VALUES = 4096
 #: ... and if those values take at most this many bytes (a quarter of Arrow's dictionary page limit).
 DICTIONARY_MAX_BYTES = 256 * 1024
 DEFAULT_ROW_GROUP_BYTES = 32 * 1024 * 1024
+#: Version 3: no row limit per page (Arrow's default ends a page every 20,000 rows, a cut by count
+#: that an insert or delete moves), so every data page boundary is Arrow CDC's, by content.
+MAX_ROWS_PER_PAGE = 1 << 30
 _SLICE_ROWS = 65536
 
 
@@ -315,10 +318,11 @@ def _write_groups(table, where, ends: list[int], row_group_bytes: int, key: list
     meta[WRITER_METADATA_KEY] = json.dumps({
         "version": WRITER_VERSION, "cdc": CDC_OPTIONS, "row_group_bytes": row_group_bytes,
         "key_columns": key, "compression": compression, "dictionary": use_dictionary,
-        "sorted_dictionary": ordered}).encode()
+        "sorted_dictionary": ordered, "max_rows_per_page": options.get("max_rows_per_page", MAX_ROWS_PER_PAGE)}).encode()
     wschema, stored_meta = _writer_schema(table.schema.with_metadata(meta), ordered)
     if ordered:
         options["store_schema"] = False  # the table's own schema is stored instead (ARROW:schema)
+    options.setdefault("max_rows_per_page", MAX_ROWS_PER_PAGE)
     sizes = []
     with pq.ParquetWriter(where, wschema, compression=compression, use_content_defined_chunking=CDC_OPTIONS,
                           write_page_index=True, use_dictionary=use_dictionary, **options) as w:

@@ -154,7 +154,8 @@ def test_real_shaped_parquet_gets_chunks_near_the_target(tmp_path, writer):
 def test_an_edit_stores_about_a_group_per_column_and_less_than_byte_cdc(tmp_path):
     """Deleting rows mid-file from our writer's file stores about a group per column, not the
     rest of the row group (the groups resynchronise after the edit), and less than byte CDC
-    of the same files (chunk format v1's page cuts stored 6% here, page groups 24%, bytes 26%)."""
+    of the same files (writer version 3: chunk format v1's page cuts store 6% here, page groups
+    17%, byte CDC 32%)."""
     t = _flights_like(400_000, seed=3)
     a, b = str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")
     P.write_table(t, a)
@@ -163,7 +164,7 @@ def test_an_edit_stores_about_a_group_per_column_and_less_than_byte_cdc(tmp_path
     s.push([a], "cdc://r/t.parquet")
     r = s.push([b], "cdc://r/t.parquet")
     assert s.cat("cdc://r/t.parquet") == open(b, "rb").read()
-    assert r.new_bytes < 0.3 * os.path.getsize(b), r.new_bytes / os.path.getsize(b)
+    assert r.new_bytes < 0.22 * os.path.getsize(b), r.new_bytes / os.path.getsize(b)
     bytes_store = Store.init(str(tmp_path / "bytes"))
     opts = IngestOptions(parquet_pages=False)
     bytes_store.push([a], "cdc://r/t.parquet", options=opts)
