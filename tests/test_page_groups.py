@@ -321,3 +321,23 @@ def test_a_store_written_with_chunk_format_v1_reads_takes_pushes_and_dedups_what
             assert s.cat(f"cdc://geo/{n}") == (src / n).read_bytes()
             assert s.cat(f"cdc://geo@{log[1]['commit']}/{n}") == (src / n).read_bytes()
         assert s.check(read_data=True)["problems"] == []
+
+
+@pytest.mark.parametrize("header", [
+    bytes([0x1B]) + b"\xff" * 9 + b"\x01" + bytes([0x11]),  # field 1: a map of 2^64-ish bool -> bool entries
+    bytes([0x19]) + bytes([0xF1]) + b"\xff" * 9 + b"\x01",  # field 1: a list of as many bools
+    bytes([0x1C]) * 40,  # structs nested 40 deep
+])
+def test_a_page_header_of_huge_containers_is_refused_at_once(tmp_path, header):
+    """Containers that claim more elements than the bytes left (bools take no bytes as a field,
+    one as an element) or nest past 32 levels: the walk stops at once, the file is bytes."""
+    import time
+    src = os.path.join(GEOMETRY, "narrow-plain.parquet")
+    data = bytearray(open(src, "rb").read())
+    at = pages.page_starts(src)[2]
+    data[at:at + len(header)] = header
+    path = tmp_path / "bad.parquet"
+    path.write_bytes(bytes(data))
+    t0 = time.monotonic()
+    assert pages.page_cuts(str(path)) is None
+    assert time.monotonic() - t0 < 1

@@ -281,6 +281,12 @@ static int tr_skip_bytes(tr_t *t, uint64_t k) {
 
 static int tr_skip(tr_t *t, int type, int depth);
 
+/* An element of a list, set or map: as a field's value, except that a bool takes a byte. */
+static int tr_skip_elem(tr_t *t, int type, int depth) {
+    if (type == 1 || type == 2) return tr_skip_bytes(t, 1);
+    return tr_skip(t, type, depth);
+}
+
 static int tr_skip_struct(tr_t *t, int depth) {
     if (depth > PG_DEPTH) { t->bad = 1; return 0; }
     for (;;) {
@@ -308,10 +314,10 @@ static int tr_skip(tr_t *t, int type, int depth) {
         uint64_t size = b >> 4;
         int et = b & 0x0F;
         if (size == 15 && !tr_varint(t, &size)) return 0;
-        if (et == 1 || et == 2) return tr_skip_bytes(t, size);  /* bools in lists: a byte each */
+        if (size > t->n - t->i) { t->truncated = 1; return 0; }  /* each element takes a byte at least */
         if (et == 0 || et > 12) { if (size) { t->bad = 1; return 0; } return 1; }
         for (uint64_t k = 0; k < size; k++)
-            if (!tr_skip(t, et, depth + 1)) return 0;  /* each element takes a byte at least */
+            if (!tr_skip_elem(t, et, depth + 1)) return 0;
         return 1;
     }
     case 11: {                                                 /* map */
@@ -322,8 +328,9 @@ static int tr_skip(tr_t *t, int type, int depth) {
         if (!tr_byte(t, &b)) return 0;
         int kt = b >> 4, vt = b & 0x0F;
         if (kt == 0 || kt > 12 || vt == 0 || vt > 12) { t->bad = 1; return 0; }
+        if (size > (t->n - t->i) / 2) { t->truncated = 1; return 0; }  /* a key and a value: two bytes at least */
         for (uint64_t k = 0; k < size; k++)
-            if (!tr_skip(t, kt, depth + 1) || !tr_skip(t, vt, depth + 1)) return 0;
+            if (!tr_skip_elem(t, kt, depth + 1) || !tr_skip_elem(t, vt, depth + 1)) return 0;
         return 1;
     }
     case 12: return tr_skip_struct(t, depth + 1);
