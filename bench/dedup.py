@@ -43,8 +43,8 @@ edited file to the same place; the figure is the new bytes of that second upload
      endpoint="local://DIR"), one child process per upload (base, then edited), with
      a fresh DIR and HF_XET_CACHE per scenario; DeduplicationMetrics.new_bytes
   b  cdcstore byte CDC (IngestOptions(parquet_pages=False)), plain file
-  c  cdcstore page-aligned chunking (default IngestOptions), plain file
-  d  cdcstore page-aligned chunking, file written by cdcstore.parquet.write_table
+  c  cdcstore page groups (default IngestOptions), plain file
+  d  cdcstore page groups, file written by cdcstore.parquet.write_table
      cdcstore figures: TransferResult.new_bytes of the second Store.push (raw bytes
      of chunks the store lacked), each in a fresh store made by Store.init. The
      edited file is then read back from the store and hash-checked, and the figure
@@ -91,8 +91,8 @@ VARIANTS = ("a", "b", "c", "d")
 VARIANT_LABEL = {
     "a": "hf_xet local://, plain pyarrow CDC file",
     "b": "cdcstore byte CDC, plain pyarrow CDC file",
-    "c": "cdcstore page-aligned, plain pyarrow CDC file",
-    "d": "cdcstore page-aligned, cdcstore.parquet.write_table file",
+    "c": "cdcstore page groups, plain pyarrow CDC file",
+    "d": "cdcstore page groups, cdcstore.parquet.write_table file",
 }
 DEST = "cdc://bench/data.parquet"
 PLAIN_ROW_GROUPS = 9.5  # fixed rows per group = ceil(rows / 9.5): 10 groups, the last about half full

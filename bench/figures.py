@@ -124,7 +124,7 @@ def view_gateway(doc: dict) -> list[str]:
             + table(["engine, read", "local rows/s", "gateway rows/s", "gateway / local", "requests per file"], rows))
 
 
-DEDUP_LABELS = {"a": "hf_xet (a)", "b": "byte CDC (b)", "c": "page-aligned (c)", "d": "our writer (d)"}
+DEDUP_LABELS = {"a": "hf_xet (a)", "b": "byte CDC (b)", "c": "page groups (c)", "d": "our writer (d)"}
 
 
 def view_dedup(doc: dict) -> list[str]:
