@@ -50,7 +50,7 @@ from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
 from .segments import SEGMENT_BYTES, Segments
 from . import meta
 from .meta import HEAD_TTL
-from .sqlite import Connections
+from .sqlite import Connections, is_closed_error
 from .backend import Backend, BackendCapabilities
 from .overlay import Held, Overlay
 
@@ -646,10 +646,14 @@ class GuardedCache:
             return fn
 
         def guarded(*args, **kwargs):
-            if not self.broken:
+            for attempt in (0, 1):
+                if self.broken:
+                    break
                 try:
                     return fn(*args, **kwargs)
                 except (sqlite3.DatabaseError, OSError) as e:
+                    if attempt == 0 and is_closed_error(e):
+                        continue  # another thread closed the cache meanwhile: it reopens on this call
                     self.broken = True
                     _warn_cache(self.path, e)
             return _EMPTY_ANSWER.get(name, lambda: None)()

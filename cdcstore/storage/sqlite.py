@@ -16,9 +16,79 @@ from .. import runtime
 _INHERITED: list = []  # connections inherited across fork: kept, never used or closed
 
 
+class _Cursor(sqlite3.Cursor):
+    """A cursor whose every step holds its connection's lock (`_Connection`)."""
+
+    def execute(self, *args):
+        with self.connection.in_use:
+            return super().execute(*args)
+
+    def executemany(self, *args):
+        with self.connection.in_use:
+            return super().executemany(*args)
+
+    def fetchone(self):
+        with self.connection.in_use:
+            return super().fetchone()
+
+    def fetchmany(self, *args):
+        with self.connection.in_use:
+            return super().fetchmany(*args)
+
+    def fetchall(self):
+        with self.connection.in_use:
+            return super().fetchall()
+
+    def __next__(self):
+        with self.connection.in_use:
+            return super().__next__()
+
+
+class _Connection(sqlite3.Connection):
+    """A connection that another thread may close while its own thread uses it: each call and
+    each step of a cursor holds `in_use`, and `close` waits for it. Python's sqlite3 crashed
+    (a segmentation fault) when `Connections.close` closed a connection in the middle of
+    another thread's query; now that thread's next step raises ProgrammingError ("closed
+    database") instead, and its next `Connections.conn` is a new connection."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.in_use = threading.RLock()  # per connection; a forked child never uses an inherited one
+
+    def cursor(self, factory=_Cursor):
+        return super().cursor(factory)
+
+    def execute(self, *args):
+        return self.cursor().execute(*args)
+
+    def executemany(self, *args):
+        return self.cursor().executemany(*args)
+
+    def commit(self):
+        with self.in_use:
+            return super().commit()
+
+    def rollback(self):
+        with self.in_use:
+            return super().rollback()
+
+    def __exit__(self, *exc):
+        with self.in_use:
+            return super().__exit__(*exc)
+
+    def close(self):
+        with self.in_use:
+            return super().close()
+
+
+def is_closed_error(e: BaseException) -> bool:
+    """Whether `e` is a query's on a connection that `Connections.close` closed meanwhile."""
+    return isinstance(e, sqlite3.ProgrammingError) and "closed" in str(e)
+
+
 def connect(path: str, synchronous: str = "NORMAL", page_size: int | None = None) -> sqlite3.Connection:
     new = not os.path.exists(path) or os.path.getsize(path) == 0
-    conn = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False)
+    conn = sqlite3.connect(path, timeout=60, isolation_level=None, check_same_thread=False, factory=_Connection)
     if new and page_size:
         conn.execute(f"PRAGMA page_size={int(page_size)}")  # only before the file has pages
     for attempt in range(200):  # switching to WAL can fail fast while another process holds a lock
