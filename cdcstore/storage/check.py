@@ -202,7 +202,11 @@ def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict,
         return len(indexed)
     bad = {e.chunk_id for e in (entries if entries is not None else indexed.values())
            if not _verifies(store, name, e)}
-    bad &= set(indexed)  # a damaged copy that another pack's copy replaced is harmless
+    shadowed = bad - set(indexed)  # copies no read goes to: another pack's copy is read
+    if shadowed:
+        found.append((f"{len(shadowed)} chunks of pack {name} fail verification; reads use other packs' "
+                      f"copies (a damaged pack, or one a co-tenant of the bucket forged): remove the pack", set()))
+    bad &= set(indexed)
     if bad:
         store.index.drop_chunks(name, bad, damaged=True)
         found.append((f"{len(bad)} chunks of pack {name} fail verification (their index rows are "

@@ -14,7 +14,7 @@ from ..core.errors import CdcError, CorruptionError, damaged_message
 from ..core.pack import PackEntry
 from .sqlite import Connections
 
-SCHEMA_VERSION = 4  # 2: repo_chunks, token_chunks, chunks_by_pack (and chunks.xsum, added in place); 3: dup_chunks, store_id; 4: damaged_chunks
+SCHEMA_VERSION = 5  # 2: repo_chunks, token_chunks, chunks_by_pack (and chunks.xsum, added in place); 3: dup_chunks, store_id; 4: damaged_chunks; 5: own_packs
 _ROW = "id, pack, offset, stored_len, raw_len, codec, xsum"
 _BATCH = 500  # ids per IN (...) query, below sqlite's variable limit
 _PRESENT_BATCH = 8192  # ids per presence query where sqlite allows that many variables (3.32+)
@@ -87,6 +87,23 @@ class ChunkIndex:
         self._ensure_checksums()
         self._ensure_dup_table()
         self._ensure_damage_table()
+        self._ensure_own_table()
+
+    def _ensure_own_table(self) -> None:
+        """Schema 5: the packs this machine wrote, or read and verified in full (name and every
+        chunk). In a bucket a push deduplicates against another pack's chunk only after reading
+        it and checking it against its id (trust by origin, docs/protocol.md)."""
+        self._ensure_table("own_packs", "CREATE TABLE IF NOT EXISTS own_packs (name TEXT PRIMARY KEY) WITHOUT ROWID")
+
+    def own_packs(self, names: Iterable[str]) -> set[str]:
+        """Which of these packs this machine wrote or verified in full."""
+        names = list(set(names))
+        out: set[str] = set()
+        for i in range(0, len(names), _BATCH):
+            batch = names[i:i + _BATCH]
+            out.update(r[0] for r in self.conn.execute(
+                f"SELECT name FROM own_packs WHERE name IN ({','.join('?' * len(batch))})", batch))
+        return out
 
     def _ensure_damage_table(self) -> None:
         """Schema 4: the stored copies known damaged (a read or `check` found them failing
@@ -211,13 +228,16 @@ class ChunkIndex:
                 out[cid] = (pack, _entry(cid, off, slen, rlen, codec, xsum))
         return out
 
-    def add_pack(self, name: str, size: int, entries: list[PackEntry]) -> None:
+    def add_pack(self, name: str, size: int, entries: list[PackEntry], own: bool = False) -> None:
         """Record a durable pack and its chunks in one transaction (the first pack indexed
-        is where a chunk is read from; other copies are kept in `dup_chunks`)."""
+        is where a chunk is read from; other copies are kept in `dup_chunks`). `own`: this
+        machine wrote it, or verified it in full (`own_packs`)."""
         conn = self.conn
         with conn:
             conn.execute("BEGIN IMMEDIATE")
             self._add(conn, name, size, entries)
+            if own:
+                conn.execute("INSERT OR IGNORE INTO own_packs (name) VALUES (?)", (name,))
 
     @staticmethod
     def _add(conn, name: str, size: int, entries: list[PackEntry]) -> None:
@@ -277,6 +297,7 @@ class ChunkIndex:
         conn.execute("DELETE FROM chunks WHERE pack=?", (pack,))
         conn.execute("DELETE FROM dup_chunks WHERE pack=?", (pack,))
         conn.execute("DELETE FROM damaged_chunks WHERE pack=?", (pack,))
+        conn.execute("DELETE FROM own_packs WHERE name=?", (pack,))
         conn.execute("DELETE FROM packs WHERE name=?", (pack,))
         cls._promote(conn, gone)
 
@@ -288,6 +309,7 @@ class ChunkIndex:
             conn.execute("BEGIN IMMEDIATE")
             self._drop(conn, old)
             self._add(conn, new, size, entries)
+            conn.execute("INSERT OR IGNORE INTO own_packs (name) VALUES (?)", (new,))  # this machine wrote it
 
     def drop_pack(self, pack: str) -> None:
         """Forget a pack and every chunk row in it (gc before it deletes the pack; a reader or

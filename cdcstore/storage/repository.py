@@ -48,7 +48,7 @@ from ..core.errors import (CdcError, CorruptionError, MissingChunksError, NotASt
                            PathNotFoundError, RevisionNotFoundError, StoreFormatError)
 from ..core import anchors, locations
 from ..core.manifest import LEGACY_MANIFEST_VERSION, Manifest
-from ..core.pack import PackEntry, decode_checked, first_mismatch, read_index, read_verified
+from ..core.pack import PackEntry, decode_checked, decode_chunk, first_mismatch, read_index, read_verified
 from ..core.ranges import plan_ranges, slices
 from .backend import Backend, BackendCapabilities
 from .index import ChunkIndex
@@ -293,7 +293,43 @@ class Repository(Backend):
             unknown = [c for c in wanted if c not in found and (c in firsts or anchors.is_anchor(c))]
             if unknown and self.find_anchored(unknown):
                 found = self.index.present(wanted)
+        if self._shared and found:
+            found -= self._unverified(found)
         return found
+
+    def _unverified(self, chunk_ids: set[bytes]) -> set[bytes]:
+        """Of these indexed chunks of a bucket store, those a push must not deduplicate
+        against: held in a pack another machine wrote (`own_packs`) whose bytes, read now,
+        do not match the chunk's id, or cannot be read. A copy that fails is recorded damaged
+        and dropped from the index (another copy takes its place), so the push uploads the
+        chunk and later reads go to the copy it uploads. A co-tenant's well-formed pack of
+        the right ids over other bytes is thus never trusted for what its footer says."""
+        located = self.index.locate(chunk_ids)
+        own = self.index.own_packs({p for p, _ in located.values()})
+        doubt = [(p, e) for p, e in located.values() if p not in own]
+        bad: set[bytes] = set()
+        dropped: set[bytes] = set()
+        for r in plan_ranges(doubt, max_hole=0, max_range=self._run):
+            try:
+                stored = self.read_stored(r.pack, r.start, r.end - r.start)
+            except (NotFound, CorruptionError):
+                bad.update(e.chunk_id for e in r.entries)
+                continue
+            failed = []
+            for e, stored_bytes in slices(r, stored):
+                try:
+                    decode_chunk(stored_bytes, e.codec, e.raw_len, e.chunk_id)  # against the id, BLAKE3
+                except CorruptionError:
+                    failed.append(e.chunk_id)
+            if failed:
+                self.index.drop_chunks(r.pack, failed, damaged=True)
+                dropped.update(failed)
+        bad |= dropped
+        if dropped:  # another copy took a dropped one's place: it is asked about in turn
+            again = self.index.present(dropped)
+            if again:
+                bad -= again - self._unverified(again)
+        return bad
 
     def begin_push(self) -> None:
         """Before a push: clean temp files; bring the index up to the listing, unless the
@@ -408,7 +444,7 @@ class Repository(Backend):
             with _suppress_not_found():
                 os.unlink(tmp)
         self.put_anchors(name, [e.chunk_id for e in entries if anchors.is_anchor(e.chunk_id)])
-        self.index.add_pack(name, size, entries)
+        self.index.add_pack(name, size, entries, own=True)
 
     def pack_sizes(self) -> dict[str, int]:
         """Every pack in the store: name -> size (objects under packs/ that are not named as
@@ -513,7 +549,7 @@ class Repository(Backend):
             entries = read_verified(_RangeFile(self.objects, pack_name(name), size), size, f"pack {name}")
         except (NotFound, CorruptionError):
             return False
-        self.index.add_pack(name, size, entries)
+        self.index.add_pack(name, size, entries, own=True)  # its name and every chunk verified
         return True
 
     @property
@@ -617,14 +653,22 @@ class Repository(Backend):
 
     def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
                     stored: dict | None = None) -> dict[bytes, bytes]:
-        """One read per run of adjacent chunks in a pack; each chunk verified."""
+        """One read per run of adjacent chunks in a pack; each chunk verified: in a bucket
+        against its id (BLAKE3: bytes from a place other machines write), in a directory
+        this machine writes against its entry's xxh3-64 (rot; its id was verified on write)."""
         out = {}
+        trust_checks = not self._shared
         for r in plan_ranges(items, max_hole=0, max_range=self._run):
             for e, stored_bytes in slices(r, self.read_stored(r.pack, r.start, r.end - r.start)):
                 try:
-                    out[e.chunk_id] = decode_checked(stored_bytes, e.codec, e.raw_len, e.chunk_id, e.check)
+                    out[e.chunk_id] = decode_checked(stored_bytes, e.codec, e.raw_len, e.chunk_id,
+                                                     e.check if trust_checks else None)
                 except CorruptionError as err:
-                    raise self._damaged(r.pack, e.chunk_id, err) from None
+                    damaged = self._damaged(r.pack, e.chunk_id, err)  # its row dropped: not read again
+                    other = self.locate([e.chunk_id], repo).get(e.chunk_id)
+                    if other is None or other[0] == r.pack:
+                        raise damaged from None
+                    out.update(self.read_chunks([other], repo))  # another copy (a good push's, verified)
         return out
 
     def pack_gone(self, pack: str) -> PackMissingError:
