@@ -220,3 +220,18 @@ def test_a_push_compresses_text_and_stores_compressed_parquet_raw(tmp_path):
     assert r.stored_bytes < pq_bytes + 0.5 * text_bytes  # the text shrank by half at least
     assert r.stored_bytes > pq_bytes  # the Parquet pages were not
     assert s.cat("cdc://r/notes.txt") == (src / "notes.txt").read_bytes()
+
+
+def test_the_probe_starts_again_at_each_region():
+    """A Parquet file's column chunks are regions: after a column of noise, the first chunks of
+    a column of text are probed (and compressed) at once, not one in EVERY."""
+    from cdcstore.core import pack
+
+    noise = [os.urandom(65536) for _ in range(40)]
+    text = [b"the same words again and again " * 2048 for _ in range(3)]
+    probe = pack.FileProbe(regions=[40 * 65536])
+    assert not any(probe.worth(c) for c in noise)
+    assert all(probe.worth(c) for c in text)
+    probe = pack.FileProbe()  # no regions: the text waits for the next probe in EVERY
+    assert not any(probe.worth(c) for c in noise)
+    assert [probe.worth(c) for c in text] != [True] * 3

@@ -116,18 +116,34 @@ class FileProbe:
     one chunk in `EVERY` is, and the rest are stored raw unprobed, until a probe passes and
     every chunk is probed again. A file of compressed pages (Parquet with snappy or zstd,
     images, archives) then pays for about one probe in `EVERY` chunks; a file that compresses
-    is probed as before. The choice changes how a chunk is stored, never its id."""
+    is probed as before. `regions`: offsets where the data changes kind (a Parquet file's column
+    chunks), each starting with its first chunk probed; inside a region one failed probe is
+    enough (`REGION_RUN`: a column chunk's pages are all compressed by its codec, or none is).
+    `worth` must see every chunk of the file, in order. The choice changes how a chunk is
+    stored, never its id."""
 
     RUN = 8
+    REGION_RUN = 1
     EVERY = 16
 
-    def __init__(self) -> None:
+    def __init__(self, regions: list[int] | None = None) -> None:
         self._fails = 0
         self._n = 0
+        self._regions = list(regions or ())
+        self._run = self.REGION_RUN if self._regions else self.RUN
+        self._next = 0  # index of the next region start not yet passed
+        self._offset = 0  # where the next chunk starts in the file
 
     def worth(self, raw) -> bool:
+        """Whether to compress `raw`, the file's next chunk."""
+        offset, self._offset = self._offset, self._offset + len(raw)
+        regions = self._regions
+        if self._next < len(regions) and offset >= regions[self._next]:
+            while self._next < len(regions) and offset >= regions[self._next]:
+                self._next += 1
+            self._fails = 0
         self._n += 1
-        if self._fails >= self.RUN and self._n % self.EVERY:
+        if self._fails >= self._run and self._n % self.EVERY:
             return False
         ok = worth_compressing(raw)
         self._fails = 0 if ok else self._fails + 1

@@ -129,6 +129,15 @@ def page_cuts(path: str, params: ChunkParams = DEFAULT_PARAMS) -> list[int] | No
 def page_cuts_of(f: BinaryIO, size: int, params: ChunkParams = DEFAULT_PARAMS) -> list[int] | None:
     """`page_cuts` for an open binary file (it must have a file descriptor) of `size` bytes.
     Reads the footer with `f` (moves its position) and the page headers with pread."""
+    geometry = page_geometry(f, size, params)
+    return None if geometry is None else geometry[0]
+
+
+def page_geometry(f: BinaryIO, size: int,
+                  params: ChunkParams = DEFAULT_PARAMS) -> tuple[list[int], list[int]] | None:
+    """(`page_cuts`, the start of every column chunk in file order) of an open binary file, or
+    None if it is not Parquet that walks cleanly. A push resets its compression probe at each
+    column chunk (`pack.FileProbe`): columns compress differently."""
     layout = footer_layout(f, size)
     try:
         fd = f.fileno()
@@ -145,7 +154,7 @@ def page_cuts_of(f: BinaryIO, size: int, params: ChunkParams = DEFAULT_PARAMS) -
                              params.min_size, params.avg_size, params.max_size)
     if cuts is None:
         return None
-    return thin_cuts(cuts, size) + [size]
+    return thin_cuts(cuts, size) + [size], [a for a, _ in ranges]
 
 
 def footer_layout(f: BinaryIO, size: int) -> tuple[list[tuple[int, int]], list[int]] | None:

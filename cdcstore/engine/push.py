@@ -52,9 +52,11 @@ class FileChunks:
     def __init__(self, f, params: ChunkParams, parquet_pages: bool = True, block_size: int = 8 << 20):
         self.f, self.block_size = f, block_size
         self.first = f.read(block_size)
-        cuts = None
+        cuts, self.regions = None, []  # regions: where a Parquet file's column chunks start
         if parquet_pages and self.first[:4] == pages.MAGIC:
-            cuts = pages.page_cuts_of(f, os.fstat(f.fileno()).st_size, params)
+            geometry = pages.page_geometry(f, os.fstat(f.fileno()).st_size, params)
+            if geometry is not None:
+                cuts, self.regions = geometry
             f.seek(len(self.first))
         self.mode = "parquet-pages" if cuts else "bytes"
         self.chunker = Chunker(params, cuts or (), whole_segments=bool(cuts))
@@ -202,7 +204,6 @@ class Ingest:
         with self._lock:
             self.file_new.setdefault(key, 0)
         file_hash = ids.weak_hasher()  # the whole-file check (xxh3-128), not a name
-        probe = FileProbe()  # which of the file's chunks are worth zstd, in file order
         chunk_ids: list[bytes] = []
         lengths: list[int] = []
         size = 0
@@ -210,6 +211,7 @@ class Ingest:
             first_anchor = os.fstat(f.fileno()).st_size >= anchors.FIRST_MIN  # its first chunk: a lookup
             blocks = FileChunks(f, self.opts.params, self.opts.parquet_pages, self.opts.block_size)
             self.file_mode[key] = blocks.mode
+            probe = FileProbe(blocks.regions)  # which of the file's chunks are worth zstd, in file order
             for block, chunks in blocks:
                 file_hash.update(block)
                 size += len(block)
@@ -228,7 +230,7 @@ class Ingest:
                     probe: FileProbe, first_anchor: bool = False) -> None:
         """Record chunks in the manifest; queue them for one batched presence query."""
         new_ids = [ids.digest(c) for c in chunks]  # outside the lock: hashing releases the GIL
-        worth = [probe.worth(c) for c in chunks]  # in file order, whether or not the store has them
+        worth = [probe.worth(c) for c in chunks]  # every chunk, in file order
         if not chunk_ids and new_ids and first_anchor:
             with self._lock:
                 self._firsts.add(new_ids[0])
