@@ -194,7 +194,8 @@ def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict,
     if not read:
         return len(entries or ())
     try:
-        if store.pack_hash(name) != name:
+        named_right = store.pack_hash(name) == name
+        if not named_right:
             found.append((f"pack {name} does not match its name (damaged)", set()))
     except CorruptionError as e:
         if entries is not None:  # else reported above
@@ -203,9 +204,10 @@ def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict,
     bad = {e.chunk_id for e in (entries if entries is not None else indexed.values())
            if not _verifies(store, name, e)}
     shadowed = bad - set(indexed)  # copies no read goes to: another pack's copy is read
-    if shadowed:
-        found.append((f"{len(shadowed)} chunks of pack {name} fail verification; reads use other packs' "
-                      f"copies (a damaged pack, or one a co-tenant of the bucket forged): remove the pack", set()))
+    if shadowed and named_right:  # a damaged pack's line is above; this one is well formed, wrong inside
+        found.append((f"{len(shadowed)} chunks of pack {name} do not match their ids although the pack matches "
+                      f"its name (written wrong, or forged by a co-tenant of the bucket); reads use other packs' "
+                      f"copies: remove the pack", set()))
     bad &= set(indexed)
     if bad:
         store.index.drop_chunks(name, bad, damaged=True)
