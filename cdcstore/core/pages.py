@@ -193,22 +193,13 @@ def page_starts(path: str) -> list[int] | None:
 
 def page_starts_of(f: BinaryIO, size: int) -> list[int] | None:
     """`page_starts` for an open binary file of `size` bytes (moves its position)."""
+    layout = footer_layout(f, size)
+    if layout is None:
+        return None
+    ranges, hard = layout
+    cuts = set(hard)
     try:
-        f.seek(0)
-        if size < 12 or f.read(4) != MAGIC:  # cheap test first: most files are not Parquet
-            return None
-        f.seek(size - 8)
-        tail = f.read(8)
-        footer_len = struct.unpack("<I", tail[:4])[0]
-        footer_start = size - 8 - footer_len
-        if tail[4:] != MAGIC or footer_start < 4:
-            return None
-        f.seek(footer_start)
-        ranges, indexes = footer_ranges(f.read(footer_len))
-        cuts = {4, footer_start} | _index_cuts(indexes, ranges, footer_start)
         for start, end in ranges:
-            if not 4 <= start <= end <= footer_start:
-                return None
             cuts.add(end)
             pos = start
             while pos < end:
@@ -216,9 +207,9 @@ def page_starts_of(f: BinaryIO, size: int) -> list[int] | None:
                 pos += _page_length(f, pos, end)
             if pos != end:
                 return None  # pages do not tile the column chunk: do not trust the walk
-        return thin_cuts(sorted(c for c in cuts if 0 < c < size), size)
     except (OSError, ThriftError, struct.error, RecursionError):
         return None
+    return thin_cuts(sorted(c for c in cuts if 0 < c < size), size)
 
 
 def thin_cuts(cuts: list[int], size: int) -> list[int]:
