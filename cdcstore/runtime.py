@@ -228,6 +228,21 @@ class Lock:
         self._lock.release()
 
 
+@contextlib.contextmanager
+def file_lock(path: str):
+    """Hold an exclusive flock on `path` (created if absent) for the block: the processes of a
+    machine take turns (a ref move of a directory store, the tokens file, a cache's first fetch).
+    The lock goes with the process: a SIGKILLed holder never leaves it taken."""
+    import fcntl
+
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def every(seconds: float, fn: Callable[[], object], name: str = "heartbeat") -> Callable[[], None]:
     """Call `fn` every `seconds` in a daemon thread until the returned `stop()` is called (a
     heartbeat: a long push keeps its session marker fresh). An exception in `fn` is kept out of

@@ -20,6 +20,7 @@ import secrets
 import tempfile
 import time
 
+from .. import runtime
 from ..core.commit import check_author
 from ..core.errors import InvalidAddressError
 
@@ -139,9 +140,22 @@ def _write_doc(path: str, doc: dict) -> None:
         raise
 
 
+def _editing(path: str):
+    """Edits of the tokens file take turns (a lock file beside it, `.NAME.lock`): each reads the
+    file under the lock and replaces it atomically before letting go, so that concurrent `add`s
+    all land and a `revoke` is never undone by an edit that read the file before it."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return runtime.file_lock(os.path.join(folder, f".{name}.lock"))
+
+
 def revoke(path: str, who: str) -> list[str]:
     """Take out of the file every token named `who` (or the token `who` itself); the names
     taken out. A running server refuses them within `CHECK_EVERY` s."""
+    with _editing(path):
+        return _revoke(path, who)
+
+
+def _revoke(path: str, who: str) -> list[str]:
     doc = _read_doc(path)
     gone = [t for t, g in doc.items() if t == who or g.get("name", default_name(t)) == who]
     if not gone:
@@ -157,6 +171,11 @@ def revoke(path: str, who: str) -> list[str]:
 def add(path: str, name: str, scope: str, repos: list[str]) -> str:
     """A new random token named `name` in the file (created if absent); the token."""
     check_author(name)
+    with _editing(path):
+        return _add(path, name, scope, repos)
+
+
+def _add(path: str, name: str, scope: str, repos: list[str]) -> str:
     doc = _read_doc(path) if os.path.exists(path) else {}
     if any(g.get("name", default_name(t)) == name for t, g in doc.items()):
         raise InvalidAddressError(f"a token named {name!r} is in {path} already: pick another name, or "

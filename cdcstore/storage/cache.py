@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import fcntl
 import logging
 import os
 import queue
@@ -840,13 +839,9 @@ class CachedBackend(Overlay):
         found = lookup()
         if found is not None:
             return found
-        with open(self.cache.path + ".lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                found = lookup()
-                return found if found is not None else fetch()
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with runtime.file_lock(self.cache.path + ".lock"):
+            found = lookup()
+            return found if found is not None else fetch()
 
     def _object(self, kind: str, name: str):
         """A lookup of the machine's table of immutable objects (counted in `meta` when it answers)."""

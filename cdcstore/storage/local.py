@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import secrets
 import stat
@@ -196,14 +195,8 @@ class LocalObjects(ObjectStore):
         fsync_dir(os.path.dirname(final))
         return True
 
-    @contextlib.contextmanager
     def _cas_lock(self):
-        with open(os.path.join(self.root, ".cas.lock"), "a+") as f:  # a dot file: never an object
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        return runtime.file_lock(os.path.join(self.root, ".cas.lock"))  # a dot file: never an object
 
     def put_if_absent(self, name: str, data) -> str:
         try:
