@@ -238,20 +238,22 @@ class PackWriter:
     by tests that build old stores. A pack's ids all have its version's width.
     """
 
-    def __init__(self, out: BinaryIO, version: int = PACK_VERSION):
+    def __init__(self, out: BinaryIO, version: int = PACK_VERSION, hash_as_written: bool = True):
         if version not in ENTRIES:
             raise ValueError(f"pack version {version}; this cdcstore writes {sorted(ENTRIES)}")
         self.version = version
         self._id_bytes = ids.ID_BYTES if version == PACK_VERSION else ids.LEGACY_ID_BYTES
         self._out = out
-        self._hash = ids.hasher() if version == PACK_VERSION else ids.legacy_hasher()
+        # without hash_as_written the caller names the pack from the finished file (`file_name`)
+        self._hash = (ids.hasher() if version == PACK_VERSION else ids.legacy_hasher()) if hash_as_written else None
         self.entries: list[PackEntry] = []
         self.size = 0
         self._write(HEADER.pack(MAGIC, version, 0))
 
     def _write(self, data) -> None:
         self._out.write(data)
-        self._hash.update(data)
+        if self._hash is not None:
+            self._hash.update(data)
         self.size += len(data)
 
     def add(self, chunk_id: bytes, codec: int, stored, raw_len: int, check: int | None = None) -> PackEntry:
@@ -283,7 +285,17 @@ class PackWriter:
                              for e in self.entries)
         self._write(index)
         self._write(TRAILER.pack(len(self.entries), self.version, _index_digest(index), END_MAGIC))
-        return self._hash.hexdigest()
+        return self._hash.hexdigest() if self._hash is not None else None
+
+
+def file_name(path: str, version: int = PACK_VERSION) -> str:
+    """The name of the finished pack in file `path`: the hash of its bytes (BLAKE3-256, xxh3-128
+    for v1), read 4 MiB at a time (the GIL is released while BLAKE3 hashes each piece)."""
+    h = ids.hasher() if version == PACK_VERSION else ids.legacy_hasher()
+    with open(path, "rb") as f:
+        while piece := f.read(4 << 20):
+            h.update(piece)
+    return h.hexdigest()
 
 
 def _index_digest(index) -> bytes:

@@ -23,7 +23,7 @@ from ..core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker
 from ..core.errors import InvalidAddressError
 from ..core.manifest import MAX_FILE_BYTES, MAX_MANIFEST_BYTES, Manifest, max_entries
 from ..core.pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, FileProbe, PackWriter,
-                         WRITE_BUFFER, encode_chunk)
+                         WRITE_BUFFER, encode_chunk, file_name)
 from ..storage.local import write_all
 from ..storage.roles import ChunkSink
 
@@ -105,8 +105,8 @@ class GatherFile:
 
 class PackSink:
     """Appends encoded chunks to a temp pack file; a full pack is finished here and
-    handed to one background thread that makes it durable and indexes it (fsync
-    releases the GIL), so chunking goes on meanwhile."""
+    handed to one background thread that names it (the hash of its bytes), makes it
+    durable and indexes it (BLAKE3 and fsync release the GIL), so chunking goes on meanwhile."""
 
     def __init__(self, store: ChunkSink, opts: IngestOptions):
         self.store = store
@@ -124,7 +124,7 @@ class PackSink:
         if self._writer is None:
             self._tmp = self.store.tmp_path()
             self._file = GatherFile(self._tmp)
-            self._writer = PackWriter(self._file)
+            self._writer = PackWriter(self._file, hash_as_written=False)  # named by the publisher
         self._writer.add(chunk_id, codec, stored, raw_len, check)
         w = self._writer
         if w.size >= self.opts.max_pack_bytes or len(w.entries) >= self.opts.max_pack_chunks:
@@ -134,12 +134,17 @@ class PackSink:
         """Finish the current pack and queue it for publishing."""
         if self._writer is None:
             return
-        name = self._writer.finish()
+        self._writer.finish()
         self._file.close()
         self.pack_bytes += self._writer.size
         self.stored_bytes += sum(e.stored_len for e in self._writer.entries)
-        self._published.append(self._publisher.submit(self.store.add_pack, self._tmp, name, self._writer.entries))
+        self._published.append(self._publisher.submit(self._publish, self._tmp, self._writer.entries))
         self._writer = self._file = None
+
+    def _publish(self, tmp: str, entries: list):
+        """On the publisher thread: name the finished pack by the hash of its bytes (read back
+        from the page cache, off the encoding threads' lock), then add it to the store."""
+        return self.store.add_pack(tmp, file_name(tmp), entries)
 
     def wait(self) -> None:
         """Block until every queued pack is durable and indexed. A backend that uploads
