@@ -362,3 +362,24 @@ def test_open_server_reads_anonymously_and_never_serves_a_damaged_byte(tmp_path)
             anon.get_object(Bucket="open", Key="main/blob.bin")["Body"].read()
         assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
         assert "cdcstore check" in e.value.response["Error"]["Message"]
+
+
+def test_a_signature_that_is_not_hex_is_a_400_never_a_500(gw):
+    """Issue 31, case 8: a non-ASCII `Signature=` made the comparison raise (500 and a server
+    traceback). A signature that is not 64 lowercase hex digits is refused as malformed."""
+    import http.client
+    import time
+    host, port = gw.s3[len("http://"):].split(":")
+    now = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for signature in ("\u00e9" * 64, "ZZ", "A" * 64):
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        auth = (f"AWS4-HMAC-SHA256 Credential=reader/{now[:8]}/us-east-1/s3/aws4_request, "
+                f"SignedHeaders=host;x-amz-date, Signature={signature}")
+        conn.putrequest("GET", "/imagenet/main/many/f03.txt")
+        conn.putheader("Authorization", auth.encode("latin-1"))
+        conn.putheader("X-Amz-Date", now)
+        conn.endheaders()
+        resp = conn.getresponse()
+        body = resp.read()
+        conn.close()
+        assert resp.status == 400 and b"AuthorizationHeaderMalformed" in body, (resp.status, body[:300])

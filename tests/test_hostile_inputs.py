@@ -309,3 +309,48 @@ def test_a_file_whose_chunks_pass_one_manifest_is_refused_while_chunking(store, 
     f.write_bytes(os.urandom(2 << 20))
     with pytest.raises(InvalidAddressError, match="b.bin.*split the file"):
         store.push([str(f.parent)], "cdc://r/")
+
+
+@pytest.mark.parametrize("bad", [b"x\xff.bin", b"tab\there.bin", b"line\nbreak.bin", b"del\x7f.bin"])
+def test_a_file_name_that_is_not_utf8_or_holds_control_characters_is_refused_at_commit(tmp_path, bad, server):
+    """Issue 31, case 7: a committed name with a lone surrogate (a local name whose bytes are not
+    UTF-8) broke every gateway listing of its repo and crashed `ls`; control characters broke S3
+    clients' XML. Such a name is refused before anything is committed, naming it and the fix,
+    locally and through a server; the other files of the folder are not committed either."""
+    from cdcstore.core.errors import InvalidAddressError
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "good.bin").write_bytes(b"good")
+    with open(os.path.join(os.fsencode(src), bad), "wb") as f:
+        f.write(b"bad")
+    for where in (str(tmp_path / "store"), server.url):
+        s = Store.init(where) if not where.startswith("http") else Store(where, cache=False)
+        with pytest.raises(InvalidAddressError, match="rename the file"):
+            s.push([str(src)], "cdc://r/")
+        assert not _has_repo(s, "r")  # nothing was committed
+        (src / "good.bin").write_bytes(b"good")  # the folder without the bad name pushes
+        os.unlink(os.path.join(os.fsencode(src), bad))
+        s.push([str(src)], "cdc://r/")
+        assert [e["name"] for e in s.ls("cdc://r/")] == ["good.bin"]
+        with open(os.path.join(os.fsencode(src), bad), "wb") as f:
+            f.write(b"bad")
+        s.close()
+
+
+def _has_repo(s, repo: str) -> bool:
+    try:
+        s.ls(f"cdc://{repo}/")
+        return True
+    except Exception:  # noqa: BLE001 - no such repo
+        return False
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://[::1]:99999", "http://:8470", "http://a:1,http://[b"])
+def test_a_server_address_that_does_not_parse_is_a_clear_error(url):
+    """Issue 31, case 8: `--store http://[::1` printed aiohttp's traceback."""
+    from cdcstore.core.errors import InvalidAddressError
+    with pytest.raises(InvalidAddressError, match="bad server address"):
+        Store(url, cache=False).ls("cdc://a/")
+    p = subprocess.run([sys.executable, "-m", "cdcstore", "ls", "cdc://a/", "--store", url],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "Traceback" not in p.stderr and "bad server address" in p.stderr, p.stderr

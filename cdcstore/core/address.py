@@ -9,6 +9,7 @@ from .errors import InvalidAddressError
 SCHEME = "cdc://"
 DEFAULT_BRANCH = "main"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def check_name(kind: str, name: str) -> str:
@@ -52,6 +53,15 @@ def normalize_path(path: str) -> str:
     for p in parts:
         if p == ".." or "\x00" in p:
             raise InvalidAddressError(f"invalid path {path!r}: '..' and NUL are not allowed in store paths")
+        if _CONTROL.search(p):
+            raise InvalidAddressError(f"invalid path {path!r}: control characters (tab, newline, ...) are not "
+                                      f"allowed in store paths (S3 listings and terminals cannot show them): "
+                                      f"rename the file")
+        try:
+            p.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidAddressError(f"invalid path {path!r}: not valid UTF-8 (the local file name's bytes are "
+                                      f"not UTF-8): rename the file") from None
     return "/".join(parts)
 
 

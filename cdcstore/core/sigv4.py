@@ -24,6 +24,7 @@ MAX_SKEW = 15 * 60  # seconds a signed request's date may be off the server's cl
 MAX_EXPIRES = 7 * 24 * 3600  # the longest a presigned URL may live (as S3)
 _SPACES = re.compile(r"\s+")
 _DATE = re.compile(r"^\d{8}T\d{6}Z$")
+_SIGNATURE = re.compile(r"[0-9a-f]{64}")
 
 
 class SignatureError(ValueError):
@@ -123,8 +124,16 @@ def parse_header(value: str, amz_date: str | None) -> Signed:
     if not amz_date or not _DATE.match(amz_date):
         raise SignatureError("a signed request needs an X-Amz-Date header (YYYYMMDDTHHMMSSZ)")
     key, date, region, service = _credential(fields["Credential"])
-    return Signed(key, date, region, service, tuple(fields["SignedHeaders"].split(";")), fields["Signature"],
-                  amz_date, presigned=False)
+    return Signed(key, date, region, service, tuple(fields["SignedHeaders"].split(";")),
+                  _signature(fields["Signature"]), amz_date, presigned=False)
+
+
+def _signature(text: str) -> str:
+    """A signature as SigV4 writes it: 64 lowercase hex digits (anything else, non-ASCII included,
+    is refused here, never compared)."""
+    if not _SIGNATURE.fullmatch(text):
+        raise SignatureError("the signature is not 64 lowercase hex digits: sign requests with SigV4")
+    return text
 
 
 def parse_query(params: dict[str, str]) -> Signed:
@@ -144,7 +153,8 @@ def parse_query(params: dict[str, str]) -> Signed:
         raise SignatureError("X-Amz-Date must be YYYYMMDDTHHMMSSZ")
     if not 1 <= expires <= MAX_EXPIRES:
         raise SignatureError(f"X-Amz-Expires must be 1 to {MAX_EXPIRES} seconds")
-    return Signed(key, date, region, service, signed, signature, amz_date, presigned=True, expires=expires)
+    return Signed(key, date, region, service, signed, _signature(signature), amz_date, presigned=True,
+                  expires=expires)
 
 
 def epoch(amz_date: str) -> float:

@@ -129,10 +129,22 @@ def _map_legacy(status: int, message: str, what: str) -> Exception:
 def replica_urls(url: str) -> list[str]:
     """The server URLs of "http://a:1,http://b:2" (replicas over one bucket), in order."""
     bases = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
-    if not bases or not all(b.startswith(("http://", "https://")) for b in bases):
+    if not bases or not all(b.startswith(("http://", "https://")) and _parses(b) for b in bases):
         raise InvalidAddressError(f"bad server address {url!r}: give one URL, or several replicas' URLs "
-                                  f"separated by commas (http://host-a:8765,http://host-b:8765)")
+                                  f"separated by commas (http://host-a:8765,http://host-b:8765; an IPv6 "
+                                  f"host in brackets: http://[::1]:8765)")
     return bases
+
+
+def _parses(url: str) -> bool:
+    """Whether `url` has a host and, if any, a port that a client can use (`http://[::1` has not)."""
+    import urllib.parse
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        return False
+    return bool(parts.hostname)
 
 
 async def _read_body(resp: aiohttp.ClientResponse, limit: int, what: str, base: str, truncate: bool = False) -> bytes:
