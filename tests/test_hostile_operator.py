@@ -272,15 +272,26 @@ def test_admin_options_nan_and_negative_get_400(tmp_path):
         assert not LocalStore(srv.store).forgotten("a")
 
 
-def test_ls_log_and_diff_escape_terminal_sequences_in_names(local, tmp_path):
+def test_ls_log_and_diff_escape_terminal_sequences_in_names(local, tmp_path, monkeypatch):
+    """A name with terminal sequences is refused at commit since issue 31 (a clear error, the
+    name escaped); one committed before the rule (made here with the old, permissive path check)
+    is shown escaped by ls, log and diff."""
+    import cdcstore.api
+
     evil = "red\x1b[31m\x07\rfake.bin"
     d = tmp_path / "evil"
     d.mkdir()
     (d / evil).write_bytes(b"x")
+    code, out = run("push", str(d), "cdc://a/e2/", "--store", local)
+    assert code != 0 and "rename the file" in out and "\x1b" not in out and "\x07" not in out, out
+
+    def old_rule(path: str) -> str:  # before issue 31: only '..' and NUL were refused
+        return "/".join(p for p in path.replace("\\", "/").split("/") if p not in ("", "."))
+
+    monkeypatch.setattr(cdcstore.api, "normalize_path", old_rule)
     with Store(local) as s:
         s.push([str(d)], "cdc://a/", message="msg\x1b]0;title\x07")
-    for args in (["ls", "cdc://a/"], ["log", "cdc://a/"], ["diff", "cdc://a@main/", "cdc://a@main/"],
-                 ["push", str(d), "cdc://a/e2/"]):
+    for args in (["ls", "cdc://a/"], ["log", "cdc://a/"], ["diff", "cdc://a@main/", "cdc://a@main/"]):
         code, out = run(*args, "--store", local)
         assert code == 0 and "\x1b" not in out and "\x07" not in out and "\r" not in out, (args, out)
     code, out = run("ls", "cdc://a/", "--store", local)
