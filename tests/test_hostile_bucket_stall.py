@@ -33,6 +33,7 @@ class StallingProxy:
         u = urllib.parse.urlsplit(upstream)
         self.upstream = (u.hostname, u.port)
         self.rule = lambda method, path: None
+        self.rewrite = lambda method, path, data: data  # an answer's body as the proxy passes it on
         self.stalled: list[tuple[str, str, str]] = []
         self.done = threading.Event()
         self.sock = socket.create_server(("127.0.0.1", 0))
@@ -79,7 +80,7 @@ class StallingProxy:
                         up.putheader(k, v)
                 up.endheaders(body or None)
                 r = up.getresponse()
-                data = r.read()
+                data = self.rewrite(method, path, r.read())
                 keep = [(k, v) for k, v in r.getheaders()
                         if method == "HEAD" or k.lower() not in ("content-length", "transfer-encoding")]
                 if method != "HEAD":

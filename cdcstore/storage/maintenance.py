@@ -40,12 +40,14 @@ import time
 
 from .. import runtime
 from ..core import treeobj
+from ..core.address import DEFAULT_BRANCH
 from ..core.errors import BusyError, CdcError, CorruptionError, InvalidAddressError, NotFoundError
 from ..core import ids
 from ..core.pack import ENTRY, HEADER, LEGACY_ENTRY, LEGACY_PACK_VERSION, PACK_VERSION, TRAILER, WRITE_BUFFER, \
     PackWriter, decode_chunk
 from . import reach, staging
 from .objects import StorageError
+from .refs import DELETED, ref_name
 from .repository import Repository, commit_name, locations_name, manifest_name, pack_name, pack_of, tree_name
 
 DEFAULT_GRACE = 24 * 3600.0  # seconds an object is spared after it was written
@@ -121,10 +123,15 @@ class Live:
 
 
 def mark(repo: Repository) -> Live:
-    """What every branch and tag reaches (`reach.walk`): commits, trees, manifests, chunks."""
+    """What every branch and tag reaches (`reach.walk`): commits, trees, manifests, chunks.
+    A listing that contradicts what the store says of itself stops it (`_check_listing`)."""
     live = Live()
-    for name in repo.repos():
+    listed = repo.repos()
+    _check_listing(repo, listed)
+    for name in listed:
         heads = _heads(repo, name)
+        if not heads:
+            _check_no_refs(repo, name)
         walked: set[str] = set()
         while heads:
             try:
@@ -136,6 +143,39 @@ def mark(repo: Repository) -> Live:
                     raise  # a commit its refs still reach is missing: damage stops gc
                 heads = now  # what reaches nothing now is not live (a push would have held gc off)
     return live
+
+
+def _deleting(repo: Repository, name: str) -> bool:
+    """Whether a delete-repo of `name` is under way or was killed (its tombstone comes first)."""
+    return next(iter(repo.objects.list(f"{DELETED}{name}/")), None) is not None
+
+
+def _refused(location: str, why: str) -> CorruptionError:
+    return CorruptionError(f"gc deleted nothing: {why}. The listing of {location} contradicts the store (an "
+                           f"endpoint that lists incompletely, or refs that were lost): run `cdcstore check`; "
+                           f"restore the refs (`cdcstore branch REPO main COMMIT`) or run `cdcstore delete-repo "
+                           f"REPO`, then gc again")
+
+
+def _check_no_refs(repo: Repository, name: str) -> None:
+    """A repo that holds commits but lists no branch or tag: a repo's last branch is never
+    deleted, so only a delete-repo (tombstone first, then refs, then commits) leaves one. Else
+    the listing hides its refs (issue 31: gc then deleted every pack), and gc stops."""
+    if _deleting(repo, name):
+        return
+    direct = repo.objects.exists(ref_name(name, "branch", DEFAULT_BRANCH))
+    raise _refused(repo.location, f"the listing shows commits of repo {name!r} but no branch or tag"
+                   + (f", and a direct read finds its branch {DEFAULT_BRANCH!r}" if direct else
+                      " (a repo's last branch is never deleted), and no delete-repo of it is under way"))
+
+
+def _check_listing(repo: Repository, listed: list[str]) -> None:
+    """Repos this machine's index records reach for (a server's access records) that the
+    listing lacks, with no delete-repo under way: the listing hides them, and gc stops."""
+    hidden = sorted(r for r in repo.index.granted_repos() - set(listed) if not _deleting(repo, r))
+    if hidden:
+        raise _refused(repo.location, f"this machine's index records repos {', '.join(map(repr, hidden[:5]))} "
+                                      f"that the listing does not show, and no delete-repo of them is under way")
 
 
 def _heads(repo: Repository, name: str) -> set[str]:
