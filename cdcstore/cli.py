@@ -609,7 +609,7 @@ def delete_repo(repo, dry_run, store_path, token, as_json):
 @click.argument("repo", metavar="REPO")
 @click.option("--keep-last", type=int, default=None, metavar="N", help="Keep the N newest commits of each branch.")
 @click.option("--keep-within", default=None, metavar="DURATION", help="Keep commits younger than this (30d, 12h).")
-@click.option("--keep-tags", is_flag=True, help="Keep every tagged commit.")
+@click.option("--keep-tags", is_flag=True, help="Accepted for older scripts: tagged commits are always kept.")
 @click.option("--dry-run", is_flag=True, help="Print what would be forgotten; change nothing.")
 @click.option("--prune", is_flag=True, help="Then run gc: free the data only forgotten commits used (restic's "
                                             "forget --prune).")
@@ -629,7 +629,10 @@ def forget(repo, keep_last, keep_within, keep_tags, dry_run, prune, store_path, 
         _print_json({**r, "gc": g} if prune else r)
         return
     verb = "would forget" if dry_run else "forgot"
+    tagged = r.get("kept_tagged") or []
     click.echo(f"{verb} {len(r['forget'])} commits of {repo}; {r['kept']} kept"
+               + (f" ({len(tagged)} only because tagged: {', '.join(tagged[:5])}; a tagged commit is never "
+                  f"forgotten: delete the tag first)" if tagged else "")
                + ("; run `cdcstore gc` (or `forget --prune`) to free their data"
                   if r["forget"] and not dry_run and not prune else ""))
     for cid in r["forget"][:20]:

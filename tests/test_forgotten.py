@@ -76,3 +76,38 @@ def test_forgotten_reach_is_what_forgotten_commits_add_past_the_live_set(forgott
     store.gc(grace=0)
     again = maintenance.forgotten_reach(be, maintenance.mark(be))
     assert set(again.manifests) <= {only_old} and store.check()["problems"] == []
+
+
+@pytest.mark.parametrize("where", ["local", "server"])
+def test_forget_never_drops_a_tagged_release(tmp_path, where, server):
+    """Issue 33, case 1: `forget --keep-last 2 --prune` without --keep-tags forgot and pruned the
+    commits of tags v1-v3: `ls @v1` failed and store-wide `stats` exited 1. A tagged commit is kept
+    like a branch head (git never drops one); the output says which commits only tags kept; an
+    explicit forget of a tagged commit is refused, naming the tag."""
+    from click.testing import CliRunner
+    from cdcstore.cli import cli
+    from cdcstore.core.errors import InvalidAddressError
+
+    location = server.url if where == "server" else str(tmp_path / "store")
+    s = Store(location, cache=False) if where == "server" else Store.init(location)
+    versions = {}
+    for i in range(6):
+        data = os.urandom(200_000)
+        commit = _push(s, tmp_path, f"v{i}", {"d.bin": data})
+        versions[i] = (commit, data)
+        if i < 3:
+            s.tag("ds", f"v{i + 1}")
+    out = CliRunner().invoke(cli, ["forget", "ds", "--keep-last", "2", "--prune", "--store", location])
+    assert out.exit_code == 0, out.output
+    assert "only because tagged: v1, v2, v3" in out.output
+    for i in range(3):
+        assert s.cat(f"cdc://ds@v{i + 1}/d.bin") == versions[i][1]
+    assert s.cat("cdc://ds/d.bin") == versions[5][1]
+    from cdcstore.core.errors import NotFoundError
+    with pytest.raises(NotFoundError):  # the untagged commit after v3 was forgotten and pruned
+        s.cat(f"cdc://ds@{versions[3][0]}/d.bin")
+    assert CliRunner().invoke(cli, ["stats", "--store", location]).exit_code == 0
+    if where == "local":
+        with pytest.raises(InvalidAddressError, match="tagged 'v1'"):
+            LocalStore(location).forget("ds", [versions[0][0]])
+    s.close()

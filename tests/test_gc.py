@@ -138,10 +138,10 @@ def test_cli_gc_dry_run_and_bad_grace(store, tmp_path):
 def test_forget_keep_last_then_gc_frees_old_versions(store, tmp_path):
     from cdcstore.storage.maintenance import forget_plan
 
-    # the pure policy: heads always, the N newest per branch, young ones, tags on request
+    # the pure policy: heads and tagged commits always, the N newest per branch, young ones
     hist = {"main": [("c5", 50), ("c4", 40), ("c3", 30), ("c2", 20), ("c1", 10)], "dev": [("d1", 5), ("c2", 20)]}
     assert forget_plan(hist, {}, keep_last=2, now=100) == ["c1", "c3"]
-    assert forget_plan(hist, {"v": "c1"}, keep_last=2, keep_tags=True, now=100) == ["c3"]
+    assert forget_plan(hist, {"v": "c1"}, keep_last=2, now=100) == ["c3"]
     assert forget_plan(hist, {}, keep_within=65, now=100) == ["c1", "c2", "c3"]
 
     versions = []

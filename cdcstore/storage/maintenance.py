@@ -548,12 +548,13 @@ class PushSession:
 
 
 def forget_plan(history: dict[str, list[tuple[str, float]]], tags: dict[str, str], keep_last: int | None = None,
-                keep_within: float | None = None, keep_tags: bool = False, now: float | None = None) -> list[str]:
+                keep_within: float | None = None, now: float | None = None) -> list[str]:
     """Commits to forget (pure): `history` maps each branch to its commits (id, time), newest
     first. A commit is kept when a rule keeps it on any branch: among the branch's `keep_last`
-    newest, younger than `keep_within` seconds, tagged (`keep_tags`), or a branch head."""
+    newest, younger than `keep_within` seconds, or a branch head; and a tagged commit always
+    (a tag names its bytes forever, as in git: delete the tag to let its commit go)."""
     now = time.time() if now is None else now
-    keep: set[str] = set(tags.values()) if keep_tags else set()
+    keep: set[str] = set(tags.values())
     seen: set[str] = set()
     for commits in history.values():
         for i, (cid, when) in enumerate(commits):
@@ -565,8 +566,9 @@ def forget_plan(history: dict[str, list[tuple[str, float]]], tags: dict[str, str
 
 
 def forget(repo: Repository, name: str, keep_last: int | None = None, keep_within: float | None = None,
-           keep_tags: bool = False, dry_run: bool = False) -> dict:
-    """Apply a retention policy to a repo's history; `gc` then frees what only forgotten commits used."""
+           keep_tags: bool = True, dry_run: bool = False) -> dict:
+    """Apply a retention policy to a repo's history; `gc` then frees what only forgotten commits used.
+    Tagged commits are always kept (`keep_tags` is accepted from older clients and changes nothing)."""
     if keep_last is None and keep_within is None:
         raise InvalidAddressError("forget needs a policy: --keep-last N and/or --keep-within DURATION")
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
@@ -576,9 +578,11 @@ def forget(repo: Repository, name: str, keep_last: int | None = None, keep_withi
         raise InvalidAddressError(f"--keep-within is a duration in seconds, 0 or more (e.g. 30d = 2592000), "
                                   f"not {keep_within!r}")
     history = {b: [(cid, c.time) for cid, c in repo.log(name, head)] for b, head in repo.branches(name).items()}
-    doomed = [c for c in forget_plan(history, repo.tags(name), keep_last, keep_within, keep_tags)
-              if c not in repo.forgotten(name)]
+    tags = repo.tags(name)
+    doomed = [c for c in forget_plan(history, tags, keep_last, keep_within) if c not in repo.forgotten(name)]
+    untagged = forget_plan(history, {}, keep_last, keep_within)
     if not dry_run:
         repo.forget(name, doomed)
     kept = {cid for commits in history.values() for cid, _ in commits} - set(doomed) - repo.forgotten(name)
-    return {"repo": name, "forget": doomed, "kept": len(kept), "dry_run": dry_run}
+    tagged = sorted({t for t, c in tags.items() if c in set(untagged) and c not in repo.forgotten(name)})
+    return {"repo": name, "forget": doomed, "kept": len(kept), "kept_tagged": tagged, "dry_run": dry_run}
