@@ -162,14 +162,10 @@ class Refs:
     def forget(self, repo: str, commit_ids) -> None:
         """Mark commits forgotten (gc then frees the data only they use); heads are refused."""
         heads = set(self.branches(repo).values())
-        tagged = {c: t for t, c in self.tags(repo).items()}
         for cid in commit_ids:
             if cid in heads:
                 raise InvalidAddressError(f"commit {cid} is the head of a branch of repo {repo!r}: "
                                           f"a branch head is never forgotten")
-            if cid in tagged:
-                raise InvalidAddressError(f"commit {cid} is tagged {tagged[cid]!r} in repo {repo!r}: a tagged commit "
-                                          f"is never forgotten (`cdcstore tag {repo} {tagged[cid]} --delete` first)")
             self._host.get_commit(repo, cid)
             self.objects.put(forgotten_name(repo, cid), b"", exist_ok=True)
 
