@@ -244,7 +244,7 @@ class PackWriter:
         self.version = version
         self._id_bytes = ids.ID_BYTES if version == PACK_VERSION else ids.LEGACY_ID_BYTES
         self._out = out
-        # without hash_as_written the caller names the pack from the finished file (`file_name`)
+        # without hash_as_written the caller names the pack from the finished file's bytes
         self._hash = (ids.hasher() if version == PACK_VERSION else ids.legacy_hasher()) if hash_as_written else None
         self.entries: list[PackEntry] = []
         self.size = 0
@@ -286,16 +286,6 @@ class PackWriter:
         self._write(index)
         self._write(TRAILER.pack(len(self.entries), self.version, _index_digest(index), END_MAGIC))
         return self._hash.hexdigest() if self._hash is not None else None
-
-
-def file_name(path: str, version: int = PACK_VERSION) -> str:
-    """The name of the finished pack in file `path`: the hash of its bytes (BLAKE3-256, xxh3-128
-    for v1), read 4 MiB at a time (the GIL is released while BLAKE3 hashes each piece)."""
-    h = ids.hasher() if version == PACK_VERSION else ids.legacy_hasher()
-    with open(path, "rb") as f:
-        while piece := f.read(4 << 20):
-            h.update(piece)
-    return h.hexdigest()
 
 
 def _index_digest(index) -> bytes:

@@ -16,32 +16,22 @@ from .. import runtime
 _INHERITED: list = []  # connections inherited across fork: kept, never used or closed
 
 
+def _holding(base, name: str, lock=lambda obj: obj.connection.in_use):
+    """`base.name`, called while holding the connection's `in_use` lock."""
+    method = getattr(base, name)
+
+    def locked(self, *args):
+        with lock(self):
+            return method(self, *args)
+    locked.__name__ = name
+    return locked
+
+
 class _Cursor(sqlite3.Cursor):
     """A cursor whose every step holds its connection's lock (`_Connection`)."""
 
-    def execute(self, *args):
-        with self.connection.in_use:
-            return super().execute(*args)
-
-    def executemany(self, *args):
-        with self.connection.in_use:
-            return super().executemany(*args)
-
-    def fetchone(self):
-        with self.connection.in_use:
-            return super().fetchone()
-
-    def fetchmany(self, *args):
-        with self.connection.in_use:
-            return super().fetchmany(*args)
-
-    def fetchall(self):
-        with self.connection.in_use:
-            return super().fetchall()
-
-    def __next__(self):
-        with self.connection.in_use:
-            return super().__next__()
+    execute, executemany, fetchone, fetchmany, fetchall, __next__ = (
+        _holding(sqlite3.Cursor, n) for n in ("execute", "executemany", "fetchone", "fetchmany", "fetchall", "__next__"))
 
 
 class _Connection(sqlite3.Connection):
@@ -64,21 +54,8 @@ class _Connection(sqlite3.Connection):
     def executemany(self, *args):
         return self.cursor().executemany(*args)
 
-    def commit(self):
-        with self.in_use:
-            return super().commit()
-
-    def rollback(self):
-        with self.in_use:
-            return super().rollback()
-
-    def __exit__(self, *exc):
-        with self.in_use:
-            return super().__exit__(*exc)
-
-    def close(self):
-        with self.in_use:
-            return super().close()
+    commit, rollback, __exit__, close = (
+        _holding(sqlite3.Connection, n, lambda c: c.in_use) for n in ("commit", "rollback", "__exit__", "close"))
 
 
 def is_closed_error(e: BaseException) -> bool:
