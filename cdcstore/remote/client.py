@@ -86,7 +86,7 @@ def _header_bytes(headers) -> int:
     return sum(len(k) + len(v) + 4 for k, v in headers.items()) + 2
 
 
-def _map_error(status: int, body: bytes, what: str) -> Exception:
+def _map_error(status: int, body: bytes, what: str, base: str = "") -> Exception:
     """The exception for an error answer: by the body's `code` (protocol 1.2), else by status."""
     try:
         doc = json.loads(body)
@@ -95,6 +95,8 @@ def _map_error(status: int, body: bytes, what: str) -> Exception:
         message, code = body[:200].decode("utf-8", "replace") or f"HTTP {status}", None
     if status == 507 or code == "disk_full":  # never retried: waiting does not free space
         return RemoteError(f"{what}: the server's disk is full (507): {message}")
+    if (status, message) == (404, "Not Found"):  # the router's own answer, not a missing object's
+        return _no_route(what, base, message)
     cls = error_class(code) if isinstance(code, str) else None
     if cls is not None and cls is not RemoteError:
         return cls(message)
@@ -105,6 +107,12 @@ def _map_error(status: int, body: bytes, what: str) -> Exception:
     if status == 404:
         return NotFoundError(message)
     return RemoteError(f"{what}: server answered {status}: {message}")
+
+
+def _no_route(what: str, base: str, message: str) -> NotFoundError:
+    """A 404 of the router itself: the URL names no cdcstore API (or an older server lacks a route)."""
+    return NotFoundError(f"{what}: the server at {base} has no such route ({message}): give the URL "
+                         f"`cdcstore serve` printed (http://HOST:PORT/v1, or just http://HOST:PORT)")
 
 
 def _map_legacy(status: int, message: str, what: str) -> Exception:
@@ -127,13 +135,20 @@ def _map_legacy(status: int, message: str, what: str) -> Exception:
 
 
 def replica_urls(url: str) -> list[str]:
-    """The server URLs of "http://a:1,http://b:2" (replicas over one bucket), in order."""
-    bases = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+    """The server URLs of "http://a:1,http://b:2" (replicas over one bucket), in order; the
+    URL `cdcstore serve` prints (`http://HOST:PORT/v1`) is the same server."""
+    bases = [_server_base(u) for u in url.split(",") if u.strip()]
     if not bases or not all(b.startswith(("http://", "https://")) and _parses(b) for b in bases):
         raise InvalidAddressError(f"bad server address {url!r}: give one URL, or several replicas' URLs "
                                   f"separated by commas (http://host-a:8765,http://host-b:8765; an IPv6 "
                                   f"host in brackets: http://[::1]:8765)")
     return bases
+
+
+def _server_base(url: str) -> str:
+    """One server URL without a trailing slash or API prefix (`wire.API`, which requests add)."""
+    base = url.strip().rstrip("/")
+    return base[:-len(wire.API)] if base.endswith(wire.API) else base
 
 
 def _parses(url: str) -> bool:
@@ -346,7 +361,7 @@ class Transport:
                             if resp.status in ok:
                                 return resp.status, payload
                             if resp.status not in RETRY_STATUS or attempt == retries:
-                                raise _map_error(resp.status, payload, what)
+                                raise _map_error(resp.status, payload, what, base)
                             reason = "server busy" if resp.status == 429 else f"server answered {resp.status}"
                             retry_after = resp.headers.get("Retry-After")
                             if retry_after and retry_after.strip().isdigit():
@@ -552,7 +567,7 @@ class RemoteStore(Backend):
 
     def __init__(self, url: str, token: str | None = None, *, upload_concurrency: int = 4,
                  range_bytes: int = RANGE_BYTES, **transport):
-        self.location = url.rstrip("/")
+        self.location = ",".join(replica_urls(url))  # one store, one name: with or without /v1
         self.range_bytes = range_bytes  # largest pack range one request asks for
         self.t = Transport(url, token if token is not None else os.environ.get(ENV_TOKEN), **transport)
         self.upload_concurrency = upload_concurrency
