@@ -80,16 +80,8 @@ class ManifestBatch:
         return self.server._add_manifests(group, self.scope) if group else []
 
     def _check_ids(self, chunk_ids: list[bytes]) -> None:
-        """As `Server._add_manifests` checks the chunks of a batch: visible to the token, held."""
-        present = self.store.present(chunk_ids)
-        self.server._require_visible(self.scope, set(present), "a manifest")
-        missing = set(chunk_ids) - present
-        if missing and self.store.recover():  # packs stored through another replica
-            missing -= self.store.present(list(missing))
-        if missing:
-            from .server import HTTPError
-            raise HTTPError(409, f"{len(missing)} chunks named by the manifests are not on the server "
-                                 f"(e.g. {next(iter(missing)).hex()}): upload their packs first")
+        """As `Server._add_manifests` checks the chunks of a batch (`Server._require_named`)."""
+        self.server._require_named(self.scope, chunk_ids)
 
     def _large(self, f, offset: int, n: int) -> str:
         """A manifest too large to decode at once: checked slice by slice while it is copied to

@@ -34,7 +34,6 @@ class ServerLimits:
     max_tree_bytes: int = 16 * MiB  # one tree of a batch (JSON, parsed in memory)
     decode_bytes: int = 2 * MiB  # manifests of a batch decoded at once; a larger manifest is checked in slices
     slice_chunks: int = 65536  # chunk ids checked at once when a manifest is checked in slices
-    prove_raw_bytes: int = 32 * MiB  # decompressed chunk bytes held at once while checking proofs
     # answers
     max_range_bytes: int = 64 * MiB  # one pack range a client may ask for
     send_block: int = 1 * MiB  # an answer built from the store is sent in pieces of this size

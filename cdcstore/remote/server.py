@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -275,7 +273,6 @@ class Server:
         self.reads = Slots("reads", lim.read_slots, lim.read_slots_per_token)
         self._parsing = asyncio.Semaphore(lim.parse_slots)  # batches parsed at once (their bodies wait on disk)
         self.access = AccessRecords(store)  # what each token may read: only a server keeps it
-        self._secret = self.access.nonce_key()  # keys proof nonces (shared by the replicas of a bucket)
         self._maintenance: asyncio.Future | None = None
         self._token_watch: asyncio.Future | None = None
         self._listed = float("-inf")  # when a presence miss last listed the bucket's packs
@@ -367,15 +364,9 @@ class Server:
         wanted = wire.decode_ids(await self._body(request, wire.MAX_IDS_PER_REQUEST * wire.ID))
         scope = self.auth.scope(request)
         held = await self._io(self._held, wanted)
-        present, provable, nonce = held, set(), b""
-        if scope is not None:
-            present = await self._io(self._visible, scope, held)
-            if wire.PROVE_HEADER in request.headers:  # a client that can prove possession
-                # every id it may not see is "prove it", stored or not: the answer says nothing
-                # of other tenants' chunks (only a proof from the bytes does)
-                provable, nonce = set(wanted) - present, self._nonce(scope.owner)
-        return web.Response(body=wire.encode_presence(wanted, present, provable, nonce),
-                            content_type="application/octet-stream")
+        if scope is not None:  # 0 for what it may not see, held or not (X-Cdc-Prove changes nothing)
+            held = await self._io(self._visible, scope, held)
+        return web.Response(body=wire.encode_presence(wanted, held), content_type="application/octet-stream")
 
     def _held(self, wanted: list[bytes]) -> set[bytes]:
         """The chunks among `wanted` that the server holds. On a miss, packs stored through
@@ -421,49 +412,18 @@ class Server:
             raise HTTPError(403, f"{what} names {len(hidden)} chunks that this token neither uploaded nor may "
                                  f"read (e.g. {next(iter(hidden)).hex()}): upload their packs first")
 
-    def _nonce(self, owner: str, age: int = 0) -> bytes:
-        """A per-token nonce for possession proofs, valid for 5-10 minutes (stateless: an
-        HMAC of the token's owner id and the time bucket under a per-process secret)."""
-        bucket = int(time.time() // 300) - age
-        return hmac.new(self._secret, f"{owner}:{bucket}".encode(), hashlib.sha256).digest()[:wire.NONCE]
-
     async def prove_chunks(self, request):
-        """Proof of possession: the token shows it holds chunks' bytes (keyed blake2b under
-        the nonce of its last query) and may then use them as if it had uploaded them."""
+        """Proof of possession (protocol 1.1), kept for older clients: a token that sees the whole
+        store learns which chunks are held; a scoped one gets 0 for every pair, held or not, and
+        uploads (a proof from guessed bytes would be a presence oracle: docs/protocol.md)."""
         self.auth.check(request, None, write=True)
-        scope = self.auth.scope(request)
         _require_new_ids(request, "a proof of possession")
         body = await self._body(request, wire.NONCE + wire.MAX_PROOFS_PER_REQUEST * (wire.ID + wire.PROOF))
-        nonce, proofs = wire.decode_proofs(body)
-        if scope is None:  # nothing is hidden from this token
+        _, proofs = wire.decode_proofs(body)
+        held = set()
+        if self.auth.scope(request) is None:  # nothing is hidden from this token
             held = await self._io(self.store.present, [c for c, _ in proofs])
-            return web.Response(body=bytes(c in held for c, _ in proofs), content_type="application/octet-stream")
-        if not any(hmac.compare_digest(nonce, self._nonce(scope.owner, age)) for age in (0, 1)):
-            raise HTTPError(400, "unknown or expired proof nonce: ask chunks/query again")
-        await self.wait_read(request)
-        with self.slot(self.reads, request):  # decompresses: at most `prove_raw_bytes` held at once
-            ok = await self._io(self._check_proofs, scope, nonce, proofs)
-        return web.Response(body=bytes(c in ok for c, _ in proofs), content_type="application/octet-stream")
-
-    def _check_proofs(self, scope: Scope, nonce: bytes, proofs: list[tuple[bytes, bytes]]) -> set[bytes]:
-        """The proofs that hold, checked with at most `limits.prove_raw_bytes` of decompressed
-        chunks in memory at once (a small pack of compressible chunks is no memory bomb)."""
-        wanted = dict(proofs)  # one proof per chunk: the last one sent
-        found = self.store.locate(list(wanted))
-        ok: set[bytes] = set()
-        batch, raw_bytes = [], 0
-        for item in [*found.values(), None]:
-            if item is None or (batch and raw_bytes + item[1].raw_len > self.limits.prove_raw_bytes):
-                raw = self.store.read_chunks(batch) if batch else {}
-                ok.update(c for c, data in raw.items()
-                          if hmac.compare_digest(wire.chunk_proof(data, nonce), wanted[c]))
-                del raw
-                batch, raw_bytes = [], 0
-            if item is not None:
-                batch.append(item)
-                raw_bytes += item[1].raw_len
-        self.access.record_upload(scope.owner, ok)
-        return ok
+        return web.Response(body=bytes(c in held for c, _ in proofs), content_type="application/octet-stream")
 
     async def put_pack(self, request):
         self.auth.check(request, None, write=True)
@@ -586,15 +546,21 @@ class Server:
         manifests = [Manifest.decode(b, "uploaded manifest") for b in blobs]
         if any(m.version != MANIFEST_VERSION for m in manifests):
             raise HTTPError(400, f"a format-v1 manifest was uploaded: {ids.LEGACY_REFUSED}")
-        wanted = list({c for m in manifests for c in m.chunk_ids})
-        self._require_visible(scope, set(wanted) & self.store.present(wanted), "a manifest")
-        missing = set(wanted) - self.store.present(wanted)
+        self._require_named(scope, list({c for m in manifests for c in m.chunk_ids}))
+        return self.store.put_manifests(manifests)
+
+    def _require_named(self, scope: Scope | None, chunk_ids: list[bytes]) -> None:
+        """The chunks a manifest names must be ones the token may see (403 for a scoped token,
+        whether the server holds them or not: one answer, no presence oracle) and held (409)."""
+        if scope is not None:
+            self._require_visible(scope, set(chunk_ids), "a manifest")  # what it may see is held
+            return
+        missing = set(chunk_ids) - self.store.present(chunk_ids)
         if missing and self.store.recover():  # packs stored through another replica
             missing -= self.store.present(list(missing))
         if missing:
             raise HTTPError(409, f"{len(missing)} chunks named by the manifests are not on the server "
                                  f"(e.g. {next(iter(missing)).hex()}): upload their packs first")
-        return self.store.put_manifests(manifests)
 
     async def put_trees(self, request):
         """Trees (protocol 1.5), checked for their format; a commit naming them checks the rest."""
