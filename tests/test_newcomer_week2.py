@@ -58,3 +58,86 @@ def test_the_url_serve_prints_works_as_store(tmp_path):
             assert len(s.cat("cdc://ds/f.bin")) == 50_000
         p = cdc("ls", "cdc://ds/", "--store", srv.url + "/nope", "--token", "tok")  # another path: named
         assert p.returncode == 1 and srv.url in p.stderr and "/nope" in p.stderr
+
+
+# -- 4. damage repair ends: push again, then the one fix check names, then check exits 0 ----------
+def _flip(path: str, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+def _packs(root: str) -> list[str]:
+    import glob
+    return sorted(glob.glob(os.path.join(root, "packs", "*", "*.pack")))
+
+
+def test_damage_repair_ends_with_check_exit_0(tmp_path):
+    from conftest import golden_input
+    root = str(tmp_path / "store")
+    whole = golden_input(5_000_000)
+    a = _file(tmp_path / "src", "a.bin", whole[:3_000_000])
+    b = _file(tmp_path / "src", "b.bin", whole[3_000_000:])
+    with Store.init(root) as s:
+        s.push([str(tmp_path / "src")], "cdc://ds/")
+    [pack] = _packs(root)
+    _flip(pack, 100_000)  # inside a chunk of a.bin
+    p = cdc("check", "--read-data", "--store", root)
+    assert p.returncode == 1 and "cdc://ds@main/a.bin" in p.stdout
+    damaged_line = [x for x in p.stdout.splitlines() if "does not match its name" in x]
+    assert damaged_line and "cdc://ds@main/" in damaged_line[0], p.stdout  # was: a line naming no file
+    assert "--no-stat-cache" in p.stdout  # an unchanged file is not read otherwise: nothing repaired
+    assert cdc("push", "--no-stat-cache", str(tmp_path / "src") + "/", "cdc://ds/", "--store", root).returncode == 0
+    p = cdc("check", "--read-data", "--store", root)
+    if p.returncode:  # the one fix it names, run, ends in exit 0
+        [line] = [x for x in p.stdout.splitlines() if x.startswith("problem")]
+        assert "cdc://ds@main/" in line and "run `cdcstore gc`" in line, p.stdout  # was: no file, no fix
+        g = cdc("gc", "--store", root)  # plain gc: the default grace and --max-unused
+        assert g.returncode == 0 and "1 rewritten" in g.stdout, g.stdout  # was: the damaged pack kept
+    p = cdc("check", "--read-data", "--store", root)
+    assert p.returncode == 0, p.stdout  # was: exit 1 forever
+    assert pack not in _packs(root)
+    with Store(root) as s:
+        assert s.cat("cdc://ds/a.bin") + s.cat("cdc://ds/b.bin") == whole
+
+
+def test_a_push_again_of_a_whole_damaged_pack_replaces_it(tmp_path):
+    """The same chunks pushed again make the same pack, named as the damaged one: it is replaced."""
+    root = str(tmp_path / "store")
+    data = os.urandom(3000)
+    src = _file(tmp_path / "src", "small.bin", data)  # one chunk: one small pack
+    with Store.init(root) as s:
+        s.push([src], "cdc://ds/small.bin")
+    [pack] = _packs(root)
+    _flip(pack, 100)
+    assert cdc("check", "--read-data", "--store", root).returncode == 1
+    assert cdc("push", "--no-stat-cache", src, "cdc://ds/small.bin", "--store", root).returncode == 0
+    p = cdc("check", "--read-data", "--store", root)
+    assert p.returncode == 0, p.stdout  # was: the damaged copy kept and indexed again
+    with Store(root) as s:
+        assert s.cat("cdc://ds/small.bin") == data
+
+
+def test_gc_drops_a_damaged_pack_whose_chunks_were_all_stored_again(tmp_path):
+    root = str(tmp_path / "store")
+    one, two = os.urandom(3000), os.urandom(3000)
+    srcs = [_file(tmp_path / "src", "one.bin", one), _file(tmp_path / "src", "two.bin", two)]
+    with Store.init(root) as s:
+        s.push([str(tmp_path / "src")], "cdc://ds/")
+    [pack] = _packs(root)
+    _flip(pack, 100)
+    _flip(pack, 3200)  # both chunks damaged
+    p = cdc("check", "--read-data", "--store", root)
+    assert p.returncode == 1 and "one.bin" in p.stdout and "two.bin" in p.stdout
+    for src in srcs:  # each pushed again on its own: two new packs, none read from the damaged one
+        assert cdc("push", "--no-stat-cache", src, "cdc://ds/", "--store", root).returncode == 0
+    assert len(_packs(root)) == 3
+    p = cdc("check", "--read-data", "--store", root)
+    assert p.returncode == 1 and "run `cdcstore gc`" in p.stdout
+    g = json.loads(cdc("gc", "--json", "--store", root).stdout)
+    assert g["delete_packs"] == 1 and pack not in _packs(root), g  # was: 0, the damaged pack kept
+    assert cdc("check", "--read-data", "--store", root).returncode == 0
+    with Store(root) as s:
+        assert s.cat("cdc://ds/one.bin") == one and s.cat("cdc://ds/two.bin") == two

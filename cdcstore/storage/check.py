@@ -21,6 +21,9 @@ from ..core.pack import PackEntry, decode_chunk
 from . import reach
 from .repository import Repository
 
+#: The repair of chunks that failed verification (the stat cache would skip an unchanged file).
+REPUSH = "push the original files again (`cdcstore push --no-stat-cache`)"
+
 def _sample(names: list[str], fraction: float) -> set[str]:
     """A deterministic pseudo-random sample of about `fraction` of `names` (at least one
     when fraction > 0): those whose xxh3 is lowest."""
@@ -155,7 +158,7 @@ def check(store: Repository, read_data: bool = False, subset: float | None = Non
     for pack, cids in sorted(lost.items()):
         store.index.drop_chunks(pack, cids)
         found.append((f"pack {pack} is missing: {len(cids)} indexed chunks are lost "
-                      f"(push the original files again, or restore the pack)", cids))
+                      f"({REPUSH}, or restore the pack)", cids))
     for obj in store.foreign_objects():
         found.append((f"object {obj} is named like no pack of this store (a stray or foreign object; "
                       f"it is ignored): remove it", set()))
@@ -195,8 +198,6 @@ def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict,
         return len(entries or ())
     try:
         named_right = store.pack_hash(name) == name
-        if not named_right:
-            found.append((f"pack {name} does not match its name (damaged)", set()))
     except CorruptionError as e:
         if entries is not None:  # else reported above
             found.append((f"pack {name}: {e}", set(indexed)))
@@ -212,8 +213,24 @@ def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict,
     if bad:
         store.index.drop_chunks(name, bad, damaged=True)
         found.append((f"{len(bad)} chunks of pack {name} fail verification (their index rows are "
-                      f"dropped: push the original files again to repair them)", bad))
+                      f"dropped: {REPUSH} to repair them)", bad))
+    if not named_right:
+        found.append(_damaged_pack(store, name, set(indexed) - bad))
     return len(entries or indexed)
+
+
+def _damaged_pack(store: Repository, name: str, sound: set[bytes]) -> tuple[str, set[bytes]]:
+    """The problem of a pack whose bytes do not match its name, with the chunks still read from it
+    (the files they belong to are named) and its one fix: gc rewrites a pack with known damaged
+    copies (`maintenance.plan`); damage outside every chunk is known to no record."""
+    hurt = {c for pack, c in store.index.damaged() if pack == name}
+    if not hurt:
+        return (f"pack {name} does not match its name (damaged), yet each of its chunks verifies: "
+                f"reads are unaffected; restore the pack from a copy", sound)
+    first = "" if store.index.present(hurt) == hurt else f"{REPUSH}, then "
+    return (f"pack {name} does not match its name (damaged; {len(sound)} sound chunks are still read from "
+            f"it): {first}run `cdcstore gc`: it copies them into a new pack and deletes this one", sound)
+
 
 def _verifies(store: Repository, pack: str, e: PackEntry) -> bool:
     try:
@@ -268,12 +285,12 @@ def _check_reachable(store: Repository, found: list) -> dict[bytes, set[str]]:
     hurt = {c for _, c in store.index.damaged()} & absent
     if hurt:  # a read or an earlier check found these copies damaged (rebuild-index leaves them out)
         found.append((f"{len(hurt)} chunks that commits use failed verification earlier (a read or "
-                      f"`check` found their stored copies damaged): push the original files again to "
+                      f"`check` found their stored copies damaged): {REPUSH} to "
                       f"repair them", hurt))
     if absent - hurt:
         found.append((f"{len(absent - hurt)} chunks that commits use are not in the index: run "
-                      f"`cdcstore rebuild-index` (it reads the pack footers); if they stay missing, push "
-                      f"the original files again", absent - hurt))
+                      f"`cdcstore rebuild-index` (it reads the pack footers); if they stay missing, "
+                      f"{REPUSH}", absent - hurt))
     return users
 
 def _check_manifest(store: Repository, name: str, label: str, cache: dict, found: list) -> Manifest | None:

@@ -13,6 +13,8 @@
   manifest stored again is made young again (`ObjectStore.touch`). A young tree is a root too
   (its subtrees and manifests stay): a commit about to land names it. The manifests a live job
   journal names (`staging.py`: a `deferred_commit` still running) are roots too, whatever their age.
+  A pack with a copy recorded damaged (`check`, a read) is rewritten whatever its age and dead
+  share, with the chunks still read from it (`_sound_rest`), or deleted when none is.
 - execute: sparse packs rewritten first; dead jobs' journals; then commits, trees, manifests, packs
   (what points before what it points to; a pack's index rows before its object, so presence queries stop finding its
   chunks). A crash between any two steps leaves a consistent store: an object whose rows are gone
@@ -314,13 +316,20 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
             t = forgotten.chunks.get(e.chunk_id)
             reached_at[pack] = None if t is None or reached_at.get(pack, t) is None else min(t, reached_at.get(pack, t))
     packs, repack, kept = [], [], []
+    damaged = {pack for pack, _ in repo.index.damaged()}
     for info in repo.objects.list("packs/"):
         name = pack_of(info.name)
         if name is None:  # not named as a pack is: not ours to delete (check reports it)
             continue
         live = sorted(live_in.get(name, []), key=lambda e: e.offset)
         reached = reached_at.get(name)
-        if not live:
+        if name in damaged:  # whatever its age and dead share: the damage goes, sound chunks move
+            keep = _sound_rest(repo, name, info, live, now - grace)
+            if keep:
+                repack.append((name, info.size, keep))
+            else:
+                packs.append((name, info.size))
+        elif not live:
             if old(info, reached):
                 packs.append((name, info.size))
         elif _repacked_size(live) < (1 - repack_dead) * info.size and old(info, reached):
@@ -338,6 +347,17 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
     return GcPlan(packs, manifests, commits, trees, repack, live_chunks=len(live_chunks), live_packs=len(live_in),
                   spared_young=young, staging=doomed_staging, spared_bytes=spared["bytes"],
                   spared_until=None if spared["latest"] is None else spared["latest"] + grace)
+
+
+def _sound_rest(repo: Repository, name: str, info, live: list, before: float) -> list:
+    """What of a pack with known damaged copies moves to a new pack: the chunks read from it
+    (another pack's copy is read instead of a dropped or shadowed one); of an old pack only the
+    live ones, of a young one every such chunk (an upload in flight may name it)."""
+    read_here = repo.index.pack_chunks(name, 0, info.size)
+    if info.mtime is not None and info.mtime <= before:
+        ids_live = {e.chunk_id for e in live}
+        read_here = [e for e in read_here if e.chunk_id in ids_live]
+    return read_here
 
 
 def _repack_until(kept: list, max_unused: float, old) -> list:

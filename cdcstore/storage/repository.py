@@ -439,12 +439,25 @@ class Repository(Backend):
         """Make a finished pack durable, then index its chunks (invariant 2)."""
         size = os.path.getsize(tmp)
         try:
-            self.objects.put_file(pack_name(name), tmp, exist_ok=True)
+            wrote = self.objects.put_file(pack_name(name), tmp, exist_ok=True)
+            repaired = not wrote and self._repair_pack(name, tmp)
         finally:
             with _suppress_not_found():
                 os.unlink(tmp)
         self.put_anchors(name, [e.chunk_id for e in entries if anchors.is_anchor(e.chunk_id)])
-        self.index.add_pack(name, size, entries, own=True)
+        if repaired:  # its rows and damage record replaced at once: the same chunks, now sound
+            self.index.replace_pack(name, name, size, entries)
+        else:
+            self.index.add_pack(name, size, entries, own=True)
+
+    def _repair_pack(self, name: str, tmp: str) -> bool:
+        """The same pack written again (its chunks were out of the index) where a copy known
+        damaged lies (`check` or a read found it): the sound bytes replace it. Whether they did."""
+        if not any(pack == name for pack, _ in self.index.damaged()):
+            return False
+        with open(tmp, "rb") as f:
+            self.objects.put_if_match(pack_name(name), f.read(), self.objects.stat(pack_name(name)).token)
+        return True
 
     def pack_sizes(self) -> dict[str, int]:
         """Every pack in the store: name -> size (objects under packs/ that are not named as
