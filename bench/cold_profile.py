@@ -46,7 +46,7 @@ def staged_read(url: str, commit: str, files: list[str], cache_path: str) -> dic
                 f._locate(list(range(len(m.chunk_ids))))
                 d = time.perf_counter()
                 st["locate"] += d - c
-                data = f.read()  # fetch, verify, place into one buffer (engine/read.py _pread_direct)
+                data = f.read()  # fetch, verify, place into one buffer (storage/reader.py _pread_direct)
                 st["fetch_verify_place"] += time.perf_counter() - d
             assert len(data) == m.size
         st["total"] = time.perf_counter() - t0

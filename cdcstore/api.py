@@ -28,7 +28,7 @@ from .core.manifest import Manifest
 from .core.errors import CdcError, CorruptionError, InvalidAddressError, MissingChunksError, PathNotFoundError
 from .engine.history import History, as_address as _as_address
 from .engine.pull import PULL_LOCATE_CHUNKS, check_replaceable as _check_replaceable, pull_files  # noqa: F401
-from .engine.read import FileReader
+from .storage.reader import FileReader
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
 from .storage import meta, staging  # meta: the process's heads and objects (fs.py uses it through here)

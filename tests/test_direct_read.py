@@ -1,4 +1,4 @@
-"""Large reads land straight in their result (engine/read.py `_pread_direct`): the bytes
+"""Large reads land straight in their result (storage/reader.py `_pread_direct`): the bytes
 stay exact with duplicate chunks, compressed chunks, partial first and last chunks,
 cached and uncached chunks mixed, and a damaged chunk is still an error."""
 import os

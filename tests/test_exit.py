@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdcstore import Store
-from cdcstore.engine import read as reader
+from cdcstore.storage import reader
 from cdcstore.fs import CdcFileSystem
 
 RUNS = 50

@@ -3,7 +3,7 @@ default; chunks they hold are located at a `Held` place, never at a fake pack na
 import pytest
 
 from cdcstore import Store
-from cdcstore.engine.read import LocalSeed
+from cdcstore.engine.pull import LocalSeed
 from cdcstore.storage.backend import Backend
 from cdcstore.storage.cache import CachedBackend, ChunkCache
 from cdcstore.storage.overlay import DELEGATED, Held, Overlay

@@ -10,9 +10,13 @@ logic: the byte-range planning a reader needs (`span`) lives here, away from any
 """
 from __future__ import annotations
 
+import array
 import bisect
 import itertools
+import operator
 import struct
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from . import ids
@@ -61,14 +65,80 @@ def _max_file_bytes() -> int:
 MAX_FILE_BYTES = _max_file_bytes()
 
 
+class ChunkIds(Sequence):
+    """A decoded manifest's chunk ids, read in place from its bytes: a manifest of N chunks costs
+    its N * 36 bytes, not N bytes objects (~100 B each) in a list. Indexing gives bytes; a
+    slice gives a list; it equals any sequence of the same ids."""
+
+    __slots__ = ("_buf", "_at", "_stride", "_width", "_n", "_row")
+
+    def __init__(self, buf: bytes, at: int, stride: int, width: int, n: int):
+        self._buf, self._at, self._stride, self._width, self._n = buf, at, stride, width, n
+        self._row = struct.Struct(f"<{width}s{stride - width}x")
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            lo, hi, step = i.indices(self._n)
+            if step != 1:
+                return [self[k] for k in range(lo, hi, step)]
+            view = memoryview(self._buf)[self._at + lo * self._stride:self._at + max(lo, hi) * self._stride]
+            return list(map(operator.itemgetter(0), self._row.iter_unpack(view)))
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("chunk index out of range")
+        at = self._at + i * self._stride
+        return self._buf[at:at + self._width]
+
+    def __iter__(self):
+        view = memoryview(self._buf)[self._at:self._at + self._n * self._stride]
+        return map(operator.itemgetter(0), self._row.iter_unpack(view))
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)) or len(other) != self._n:
+            return False
+        return all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
+    def __add__(self, other) -> list[bytes]:  # as a list would
+        return list(self) + list(other)
+
+    def __radd__(self, other) -> list[bytes]:
+        return list(other) + list(self)
+
+    def __reduce__(self):
+        return ChunkIds, (self._buf, self._at, self._stride, self._width, self._n)
+
+    def __repr__(self) -> str:
+        return f"ChunkIds({self._n} ids)"
+
+
+def _lengths(data: bytes, at: int, stride: int, width: int, n: int) -> array.array:
+    """The u32 lengths of n entries of `stride` bytes from `at` (each after a `width`-byte id),
+    gathered a byte column at a time (no object per entry)."""
+    out = bytearray(4 * n)
+    for b in range(4):
+        out[b::4] = data[at + width + b:at + n * stride:stride]
+    lengths = array.array("I")
+    lengths.frombytes(bytes(out))
+    if sys.byteorder != "little":
+        lengths.byteswap()
+    return lengths
+
+
 @dataclass
 class Manifest:
-    chunk_ids: list[bytes]
-    lengths: list[int]
+    chunk_ids: Sequence[bytes]  # a list, or `ChunkIds` when decoded
+    lengths: Sequence[int]  # a list, or an array of u32 when decoded
     size: int
     file_hash: bytes
     version: int = MANIFEST_VERSION  # 1 only for a manifest read from (or written as) format v1
-    _ends: list[int] | None = field(default=None, repr=False, compare=False)
+    _ends: Sequence[int] | None = field(default=None, repr=False, compare=False)
+    _raw: bytes | None = field(default=None, init=False, repr=False, compare=False)  # the bytes decoded
 
     def __post_init__(self) -> None:
         if len(self.chunk_ids) != len(self.lengths):
@@ -76,11 +146,19 @@ class Manifest:
         if len(self.file_hash) != 16:
             raise ValueError("a manifest's file hash is the 16-byte xxh3-128 of the file (ids.weak_hasher)")
 
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Manifest):
+            return NotImplemented
+        return (self.size, self.file_hash, self.version) == (other.size, other.file_hash, other.version) \
+            and list(self.lengths) == list(other.lengths) and self.chunk_ids == other.chunk_ids
+
+    __hash__ = None
+
     @property
-    def ends(self) -> list[int]:
+    def ends(self) -> Sequence[int]:
         """Cumulative end offset of each chunk."""
         if self._ends is None:
-            self._ends = list(itertools.accumulate(self.lengths))
+            self._ends = array.array("q", itertools.accumulate(self.lengths))
         return self._ends
 
     def chunk_start(self, i: int) -> int:
@@ -96,6 +174,8 @@ class Manifest:
         return range(first, last + 1)
 
     def encode(self) -> bytes:
+        if self._raw is not None:  # decoded: its bytes as they were
+            return self._raw
         entry = ENTRIES.get(self.version)
         if entry is None:
             raise ValueError(f"manifest version {self.version}; this cdcstore writes {sorted(ENTRIES)}")
@@ -118,14 +198,18 @@ class Manifest:
                                   f"{LEGACY_MANIFEST_VERSION} and {MANIFEST_VERSION}")
         if len(data) != HEADER.size + count * entry.size:
             raise CorruptionError(f"{name} has the wrong length for {count} chunks")
-        entries = list(entry.iter_unpack(memoryview(data)[HEADER.size:]))
-        bad = next((n for _, n in entries if not 1 <= n <= MAX_CHUNK_BYTES), None)
-        if bad is not None:  # every chunk holds 1 to MAX_CHUNK_BYTES bytes: a reader never trusts more
+        data = bytes(data)
+        width = entry.size - 4
+        lengths = _lengths(data, HEADER.size, entry.size, width, count)
+        if count and not (1 <= min(lengths) and max(lengths) <= MAX_CHUNK_BYTES):
+            # every chunk holds 1 to MAX_CHUNK_BYTES bytes: a reader never trusts more
+            bad = min(lengths) if min(lengths) < 1 else max(lengths)
             what = "an empty chunk" if bad == 0 else f"a chunk of {bad} bytes, over the format's limit"
             raise CorruptionError(f"{name} lists {what} (of {MAX_CHUNK_BYTES} bytes at most): it is damaged")
-        m = cls([bytes(e[0]) for e in entries], [e[1] for e in entries], size, file_hash, version)
-        if (m.ends[-1] if entries else 0) != size:
+        m = cls(ChunkIds(data, HEADER.size, entry.size, width, count), lengths, size, file_hash, version)
+        if (m.ends[-1] if count else 0) != size:
             raise CorruptionError(f"{name}: chunk lengths do not add up to the file size")
+        m._raw = data
         return m
 
     def name(self) -> str:

@@ -12,9 +12,14 @@ from .. import runtime
 from ..core import ids, tree
 from ..core.commit import FileEntry
 from ..core.errors import CorruptionError, InvalidAddressError
+from ..core.chunker import DEFAULT_PARAMS
+from ..core.ids import digest
 from ..core.manifest import Manifest
-from ..storage.backend import Backend
-from .read import FileReader, LocalSeed
+from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
+from ..storage.backend import Backend, BackendCapabilities
+from ..storage.overlay import Held, Overlay
+from ..storage.reader import FileReader
+from .push import FileChunks
 
 PULL_LOCATE_CHUNKS = 262144  # chunks a folder pull locates up front (~16 GiB of 64 KiB chunks, ~10 MB of answer)
 
@@ -160,3 +165,43 @@ def _part_pid(name: str) -> str | None:
     if not name.endswith(".part") or ".cdcstore-" not in name:
         return None
     return name[:-len(".part")].rsplit(".cdcstore-", 1)[1]
+
+
+class LocalSeed(Overlay):
+    """An overlay that takes chunks from an older local copy of a file when it has them
+    (chunked with the same rule; located at `Held.LOCAL_FILE`) and asks the backend it wraps
+    for the rest - how a pull of v2 over v1 fetches only what changed."""
+
+    # a pull locates the whole file at once: one batched ask for what the old copy lacks
+    capabilities = BackendCapabilities(local_reads=True)
+
+    def __init__(self, backend: Backend, path: str, params=None):
+        super().__init__(backend)
+        self._path = path
+        self._have: dict[bytes, PackEntry] = {}
+        offset = 0
+        with open(path, "rb") as f:
+            for _, chunks in FileChunks(f, params or DEFAULT_PARAMS):  # the rule a push uses
+                for c in chunks:
+                    cid = digest(c)
+                    self._have.setdefault(cid, PackEntry(cid, offset, len(c), len(c), CODEC_RAW))
+                    offset += len(c)
+
+    def locate(self, chunk_ids, repo=None):
+        ids = list(chunk_ids)
+        out = {c: (Held.LOCAL_FILE, self._have[c]) for c in ids if c in self._have}
+        rest = [c for c in ids if c not in out]
+        if rest:
+            out.update(self.inner.locate(rest, repo))
+        return out
+
+    def read_chunks(self, items, repo=None) -> dict[bytes, bytes]:
+        mine = [e for p, e in items if p is Held.LOCAL_FILE]
+        out = self.inner.read_chunks([(p, e) for p, e in items if p is not Held.LOCAL_FILE], repo) \
+            if len(mine) < len(items) else {}
+        if mine:
+            with open(self._path, "rb") as f:
+                for e in mine:
+                    data = os.pread(f.fileno(), e.stored_len, e.offset)
+                    out[e.chunk_id] = decode_chunk(data, e.codec, e.raw_len, e.chunk_id)
+        return out

@@ -3,9 +3,11 @@
 Any S3 client reads a store: the bucket is a REPO, the key is REV/PATH (REV a branch, a tag
 or a commit id), addressed path-style (`http://HOST:PORT/REPO/REV/PATH`). GetObject (one
 Range), HeadObject, ListObjectsV2 (and v1), ListBuckets, HeadBucket and GetBucketLocation are
-served; every write answers 501 NotImplemented (writes come later). Bytes come from the
-server's repository chunk by chunk, each chunk verified against its BLAKE3 id, and are streamed
-in `ServerLimits.send_block` pieces under a read slot, as the native API's pack ranges are.
+served; every write answers 501 NotImplemented (writes come later). Bytes are read through the
+read core every reader uses (`storage.reader.FileReader`: each chunk verified by its origin,
+docs/protocol.md "Trust by origin"), and are streamed in `ServerLimits.send_block` pieces under
+a read slot, as the native API's pack ranges are. The gateway has no read logic or cache of its
+own: manifests are kept by the repository (`Repository.get_manifest`, bounded in chunks).
 
 Credentials: the access key id is a token's name (`cdcstore token add NAME`), the secret
 access key is the token; the signature (SigV4, header or presigned URL, core/sigv4.py) is
@@ -17,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import collections
+import concurrent.futures
 import email.utils
 import logging
 import mimetypes
@@ -32,11 +34,11 @@ from aiohttp import web
 
 from .. import runtime
 from ..core import sigv4
-from ..core.errors import (BusyError, CdcError, CorruptionError, InvalidAddressError, PackMissingError,
+from ..core.errors import (BusyError, CdcError, CorruptionError, InvalidAddressError,
                            RepoNotFoundError, RevisionNotFoundError)
-from ..core.manifest import Manifest
 from ..core.treeobj import Folder, Tree
 from ..core.commit import FileEntry
+from ..storage.reader import FileReader
 from .limits import Busy
 from .server import SERVER, STORE_ROOTS, sanitize
 from .tokens import default_name, owner_id
@@ -45,7 +47,6 @@ log = logging.getLogger("cdcstore.gateway")
 
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 MAX_KEYS = 1000  # the most keys one listing answers (as S3)
-MANIFESTS_KEPT = 64  # decoded manifests kept for the next range of the same file (a Parquet reader's)
 REGION = "us-east-1"
 WRITES_LATER = ("this S3 gateway serves reads only; writes come later: push with `cdcstore push` or write "
                 "through cdc:// (docs/gateway.md)")
@@ -142,58 +143,34 @@ def decode_token(token: str) -> str:
 
 # -- bytes ----------------------------------------------------------------------------------------
 class FileBody:
-    """A file's bytes [start, stop) built from verified chunks, `piece` bytes per `block(lo, hi)`
-    call (off the event loop, one call at a time). While one piece is sent the next is built on
-    the runtime's `gateway` pool: at most two pieces held per read. The last chunk of a piece is
-    kept for the next one."""
+    """A file's bytes [start, stop) for a GET, read through the one read core
+    (`storage.reader.FileReader`: locate, relocate once, verify by origin) `piece` bytes per
+    `block(lo, hi)` call, off the event loop, one call at a time. While one piece is sent the
+    next is read on the runtime's `gateway` pool: at most two pieces held per GET."""
 
-    def __init__(self, store, manifest: Manifest, name: str, stop: int, piece: int):
-        self.store, self.m, self.name, self.stop, self.piece = store, manifest, name, stop, piece
-        self._last: tuple[int, bytes] | None = None
-        self._ahead = None  # ((lo, hi), future) of the piece being built ahead
+    def __init__(self, reader: FileReader, stop: int, piece: int):
+        self.reader, self.stop, self.piece = reader, stop, piece
+        self._ahead = None  # ((lo, hi), future) of the piece being read ahead
 
     def block(self, lo: int, hi: int) -> bytes:
         ahead, self._ahead = self._ahead, None
         data = None
         if ahead is not None:
-            built = ahead[1].result()  # waited for even when unused: two builds never run at once
+            built = ahead[1].result()  # waited for even when unused: two reads never run at once
             data = built if ahead[0] == (lo, hi) else None
         if data is None:
-            data = self._build(lo, hi)
+            data = self.reader.pread(lo, hi - lo)
         if hi < self.stop:
             nxt = (hi, min(self.stop, hi + self.piece))
-            self._ahead = (nxt, runtime.pool("gateway", 4).submit(self._build, *nxt))
+            self._ahead = (nxt, runtime.pool("gateway", 4).submit(self.reader.pread, nxt[0], nxt[1] - nxt[0]))
         return data
 
-    def _build(self, lo: int, hi: int) -> bytes:
-        span = self.m.span(lo, hi)
-        if not span:
-            return b""
-        kept = self._last if self._last is not None and self._last[0] in span else None
-        wanted = list(dict.fromkeys(self.m.chunk_ids[i] for i in span if kept is None or i != kept[0]))
-        data = self._read(wanted) if wanted else {}
-        pieces = []
-        for i in span:
-            chunk = kept[1] if kept is not None and i == kept[0] else data[self.m.chunk_ids[i]]
-            start = self.m.chunk_start(i)
-            pieces.append(memoryview(chunk)[max(lo, start) - start:min(hi, start + len(chunk)) - start])
-        last = span[-1]
-        self._last = (last, kept[1] if kept is not None and kept[0] == last else data[self.m.chunk_ids[last]])
-        return b"".join(pieces)
-
-    def _read(self, wanted: list[bytes]) -> dict[bytes, bytes]:
-        for attempt in (0, 1):
-            found = self.store.locate(wanted)
-            missing = [c for c in wanted if c not in found]
-            if missing:
-                raise CorruptionError(f"{len(missing)} chunks of {self.name} are not in the store (e.g. "
-                                      f"{missing[0].hex()}): run `cdcstore check` on the server")
-            try:
-                return self.store.read_chunks([found[c] for c in wanted])  # each chunk verified
-            except PackMissingError:  # a gc or repack moved them: located again, once
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
+    def close(self) -> None:
+        """Wait for a piece still being read (an aborted GET), then let go of the reader."""
+        if self._ahead is not None and not self._ahead[1].cancel():
+            concurrent.futures.wait([self._ahead[1]])
+        self._ahead = None
+        self.reader.close()
 
 
 # -- the gateway ----------------------------------------------------------------------------------
@@ -203,8 +180,6 @@ class Gateway:
     def __init__(self, server):
         self.server = server
         self.store = server.store
-        self._manifests: collections.OrderedDict[str, Manifest] = collections.OrderedDict()
-        self._lock = runtime.Lock()
 
     async def _io(self, fn, *args):
         return await self.server._io(fn, *args)  # the server's blocking-work pool
@@ -313,19 +288,6 @@ class Gateway:
             raise S3Error(404, "NoSuchKey", "The specified key does not exist.", Key=key)
         return entry, found[1]
 
-    def _manifest(self, name: str) -> Manifest:
-        with self._lock:
-            m = self._manifests.get(name)
-            if m is not None:
-                self._manifests.move_to_end(name)
-                return m
-        m = self.store.get_manifest(name)  # checked against its name
-        with self._lock:
-            self._manifests[name] = m
-            while len(self._manifests) > MANIFESTS_KEPT:
-                self._manifests.popitem(last=False)
-        return m
-
     async def get_object(self, request: web.Request, owner: str, bucket: str, key: str) -> web.StreamResponse:
         entry, mtime = await self._io(self._lookup, bucket, key)
         tag = etag(entry)
@@ -347,15 +309,18 @@ class Gateway:
             await resp.prepare(request)
             await resp.write_eof()
             return resp
-        manifest = await self._io(self._manifest, entry.manifest)
-        body = FileBody(self.store, manifest, f"{bucket}/{key}", stop, self.server.limits.send_block)
+        manifest = await self._io(self.store.get_manifest, entry.manifest)  # checked against its name
+        reader = FileReader(self.store, manifest, f"{bucket}/{key}", readahead_bytes=0)
+        body = FileBody(reader, stop, self.server.limits.send_block)
         reads, wait = self.server.reads, self.server.limits.read_wait
-        await reads.wait(owner, wait)
         try:
-            with reads.take(owner):  # the file is built `send_block` bytes at a time, as pack ranges are
+            await reads.wait(owner, wait)
+            with reads.take(owner):  # the file is read `send_block` bytes at a time, as pack ranges are
                 return await self.server._send(request, start, stop, body.block, status=status, headers=headers)
         except Busy as e:
             raise S3Error(503, "SlowDown", str(e)) from None
+        finally:
+            await self._io(body.close)
 
     # -- listings ----------------------------------------------------------------------------
     def _keys(self, repo: str, prefix: str, delimiter: str, after: str) -> Iterator[tuple]:

@@ -98,7 +98,7 @@ def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[
             elif f.kind == "file" and (repo, "manifest", f.name) not in out:
                 if f.name not in manifests:
                     try:
-                        manifests[f.name] = store.get_manifest(f.name)
+                        manifests[f.name] = store.read_manifest(f.name)  # never a memo: check reads the store
                     except CdcError as e:
                         manifests[f.name] = None
                         bad.append(str(e))
@@ -298,7 +298,7 @@ def _check_manifest(store: Repository, name: str, label: str, cache: dict, found
     the files it affects)."""
     if name not in cache:
         try:
-            cache[name] = store.get_manifest(name)
+            cache[name] = store.read_manifest(name)  # never a memo: check reads the store
         except CdcError as e:
             cache[name] = None
             found.append((f"{e}: restore it from a copy, or push the file again", set()))

@@ -1,6 +1,6 @@
 """Overlays: a backend in front of another, that passes every call through unless it overrides it.
 
-The read cache (`cache.CachedBackend`) and the local seed of a pull (`engine.read.LocalSeed`) are
+The read cache (`cache.CachedBackend`) and the local seed of a pull (`engine.pull.LocalSeed`) are
 overlays: each writes out only the methods it changes (where chunks are, how they are read, what
 it keeps) and the rest reach the backend it wraps (`inner`, or `unwrap()`), by one generic
 delegation rather than a pass-through per method.

@@ -66,6 +66,7 @@ LOCAL_RUN = 4 << 20  # bytes per pread: larger buffers are fresh pages each time
 REMOTE_RUN = 16 << 20  # bytes per ranged GET on an object store
 HINTS_MAX = 4_000_000  # chunk locations kept from location records per process (~1 GB at most)
 TREE_MEMO = 4096  # trees kept decoded per process (immutable: named by their bytes)
+MANIFEST_MEMO_CHUNKS = 1 << 18  # chunk entries of decoded manifests kept per store (~40 MB at most; see `get_manifest`)
 PUT_IDS_MEMO = 1 << 18  # chunk ids of just-stored manifests kept for their commit (about 25 MB at most)
 
 
@@ -176,6 +177,9 @@ class Repository(Backend):
         self._hint_packs: set[str] = set()  # the packs they name
         self._shared = not objects.capabilities.local_path  # a bucket: other machines write it too
         self._trees: dict[str, treeobj.Tree] = {}  # decoded trees (immutable), at most TREE_MEMO
+        self._manifests: collections.OrderedDict[str, Manifest] = collections.OrderedDict()  # `get_manifest`
+        self._manifest_chunks = 0  # chunk entries held by `_manifests`
+        self._manifests_lock = runtime.Lock()
         self._anchor_misses: set[bytes] = set()  # anchors looked up in this push and not found
         self._anchored: bool | None = None
         self._put_ids: collections.OrderedDict[str, list[bytes]] = collections.OrderedDict()  # see `_written_ids`
@@ -766,11 +770,34 @@ class Repository(Backend):
         return data
 
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
+        """A manifest, checked against its name. Decoded manifests are kept (immutable: named by
+        their bytes) up to `MANIFEST_MEMO_CHUNKS` chunk entries in all, least recently used
+        first out: the next range read of a file (the gateway's, a server's) decodes nothing.
+        The bound is in entries, which is what a decoded manifest's memory follows; a larger
+        manifest is decoded for each use and never kept."""
+        with self._manifests_lock:
+            m = self._manifests.get(name)
+            if m is not None:
+                self._manifests.move_to_end(name)
+                return m
+        m = self.read_manifest(name)
+        self.load_locations(name, m)
+        n = len(m.chunk_ids)
+        if n <= MANIFEST_MEMO_CHUNKS // 4:
+            with self._manifests_lock:
+                if name not in self._manifests:
+                    self._manifests[name] = m
+                    self._manifest_chunks += n
+                while self._manifest_chunks > MANIFEST_MEMO_CHUNKS:
+                    _, old = self._manifests.popitem(last=False)
+                    self._manifest_chunks -= len(old.chunk_ids)
+        return m
+
+    def read_manifest(self, name: str) -> Manifest:
+        """A manifest read from the store now (never the memo), checked against its name."""
         data = self._get_named(name, manifest_name(name), f"manifest {name}",
                                CorruptionError(f"manifest {name} is missing from {self.location}"))
-        m = Manifest.decode(data, f"manifest {name}")
-        self.load_locations(name, m)
-        return m
+        return Manifest.decode(data, f"manifest {name}")
 
     # -- trees ------------------------------------------------------------------------------------
     def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:

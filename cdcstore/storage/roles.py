@@ -1,6 +1,6 @@
 """The roles a store plays, each a small protocol: what a consumer may rely on.
 
-- `ChunkSource`: locate chunks and read them (the reader, engine/read.py).
+- `ChunkSource`: locate chunks and read them (the reader, storage/reader.py).
 - `ChunkSink`: which chunks are held, and packs added durably (the writer, engine/push.py).
 - `MetadataStore`: manifests, trees and commits, immutable and named by their hashes.
 - `RefStore`: repos, branches and tags, moved by compare-and-swap.
@@ -44,7 +44,7 @@ class BackendCapabilities:
     reads_runs: `read_run_into` reads a run of raw chunks from a pack on this machine's disk
       into a caller's buffer (one pread) and checks them there: a directory store. Its packs
       are local files, so a pull does not seed from an older local copy of a file.
-    The reader (engine/read.py) picks its read strategy from these two.
+    The reader (storage/reader.py) picks its read strategy from these two.
     """
 
     local_reads: bool = False

@@ -30,16 +30,12 @@ import weakref
 from concurrent.futures import Future
 
 from .. import runtime
-from ..core.chunker import DEFAULT_PARAMS
 from ..core.errors import CorruptionError, PackMissingError
 from ..core.ids import digest
 from ..core.manifest import Manifest
-from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
+from ..core.pack import CODEC_RAW, PackEntry
 from ..core.ranges import Run, file_runs
-from ..storage.backend import Backend, BackendCapabilities
-from ..storage.roles import ChunkSource
-from ..storage.overlay import Held, Overlay
-from .push import FileChunks
+from .roles import ChunkSource
 
 
 LOCATE_ALL_CHUNKS = 65536  # local files up to ~4 GiB are located in one go at their first read
@@ -57,6 +53,8 @@ RUNS_MIN = 256 * 1024  # local reads this large land in their result run by run 
 PARALLEL_DECODE_MIN = 2 * 1024 * 1024  # compressed chunks of a read this large decode on two threads
 RUN_PIECE = 1024 * 1024  # bytes read at once before they are hashed (still in the CPU's cache)
 PLANS_MAX_RUNS = 1 << 16  # runs of the file plans kept per local store
+PLAN_CHUNKS = 1 << 16  # a local file is planned in segments of this many chunks (~4 GiB), located when first read
+PLAN_SEGMENTS_KEPT = 4  # segments' plans a reader keeps (a scan moves on; a segment holds at most PLAN_CHUNKS runs)
 
 
 class _Plans:
@@ -82,8 +80,8 @@ class _Plans:
             plans = self._by_source.setdefault(source, collections.OrderedDict())
             plans[key] = (stamp, plan, size)
             plans.move_to_end(key)
-            while len(plans) > 1 and sum(p[2] for p in plans.values()) > PLANS_MAX_RUNS:
-                plans.popitem(last=False)
+            while plans and sum(p[2] for p in plans.values()) > PLANS_MAX_RUNS:
+                plans.popitem(last=False)  # a plan larger than the bound is not kept at all
 
     def drop(self, source, key: bytes) -> None:
         with self._lock:
@@ -204,7 +202,7 @@ class FileReader(io.RawIOBase):
         self._streak = readahead_bytes if sequential else 0  # bytes read back to back so far
         self._handed = False  # pyarrow reads through this file (`read_buffer`)
         self._by_runs = source.capabilities.reads_runs  # a local store: see `_pread_runs`
-        self._plan: tuple[list[Run], list[int]] | None = None  # this file's runs and their first chunks
+        self._segs: collections.OrderedDict[int, tuple] = collections.OrderedDict()  # see `_runs`
         self._lock = runtime.Lock(reentrant=True)  # one read at a time (`pread`, `read`, `close`)
 
     # -- io.RawIOBase ---------------------------------------------------------------
@@ -425,25 +423,29 @@ class FileReader(io.RawIOBase):
     def _pieces(self, first: int, stop: int) -> tuple[list[tuple], list[int]]:
         """Chunks [first, stop) as reads of pack ranges of at most `RUN_PIECE` bytes (pack,
         offset, first chunk, stop chunk, their checksums or None), and the compressed chunks
-        among them (pure)."""
-        runs, firsts = self._runs()
+        among them."""
         lens, ends = self._m.lengths, self._m.ends
         pieces, packed = [], []
-        k = bisect.bisect_right(firsts, first) - 1
-        while k < len(runs) and runs[k].first < stop:
-            r = runs[k]
-            k += 1
-            if r.entry is not None:
-                packed.append(r.first)
-                continue
-            run_start = ends[r.first] - lens[r.first]
-            i, b = max(r.first, first), min(r.stop, stop)
-            while i < b:
-                start = ends[i] - lens[i]
-                j = max(i + 1, bisect.bisect_right(ends, start + RUN_PIECE, i, b))
-                checks = r.checks[i - r.first:j - r.first] if r.checks is not None else None
-                pieces.append((r.pack, r.offset + start - run_start, i, j, checks))
-                i = j
+        for seg in range(first // PLAN_CHUNKS, (stop - 1) // PLAN_CHUNKS + 1):
+            base = seg * PLAN_CHUNKS
+            lo, hi = max(first, base), min(stop, base + PLAN_CHUNKS)
+            runs, firsts = self._runs(seg)
+            k = bisect.bisect_right(firsts, lo - base) - 1
+            while k < len(runs) and base + runs[k].first < hi:
+                r = runs[k]
+                k += 1
+                r_first = base + r.first
+                if r.entry is not None:
+                    packed.append(r_first)
+                    continue
+                run_start = ends[r_first] - lens[r_first]
+                i, b = max(r_first, lo), min(base + r.stop, hi)
+                while i < b:
+                    start = ends[i] - lens[i]
+                    j = max(i + 1, bisect.bisect_right(ends, start + RUN_PIECE, i, b))
+                    checks = r.checks[i - r_first:j - r_first] if r.checks is not None else None
+                    pieces.append((r.pack, r.offset + start - run_start, i, j, checks))
+                    i = j
         return pieces, packed
 
     def _read_pieces(self, pieces: list, base: int, out: memoryview) -> None:
@@ -455,40 +457,55 @@ class FileReader(io.RawIOBase):
             at = ends[i] - lens[i] - base
             read(pack, offset, out[at:ends[j - 1] - base], ids[i:j], lens[i:j], checks)
 
-    def _runs(self, fresh: bool = False) -> tuple[list[Run], list[int]]:
-        """This file's runs (`file_runs`) and their first chunks: located in one batch at
-        the first read (chunks the reader was given locations of are not asked again,
-        unless `fresh`), or taken from a file opened before while the index is unchanged."""
-        if self._plan is None:
-            key, stamp = self._plan_key(), self._src.index_stamp()  # the stamp before locating
-            plan = None if fresh else _plans().get(self._src, key, stamp)
-            if plan is None:
-                wanted = list(dict.fromkeys(self._m.chunk_ids))
-                known = {} if fresh else {c: self._locs[c] for c in wanted if c in self._locs}
-                missing = [c for c in wanted if c not in known]
-                located = known | self._src.locate(missing, self._repo) if missing else known
-                for cid in missing:
-                    if cid not in located:
-                        raise self._not_in_store(cid)
-                self._locs.update(located)  # a pull shares them between its files
-                self._check_lengths(range(len(self._m.chunk_ids)))
-                runs = file_runs(self._m.chunk_ids, located)
-                plan = (runs, [r.first for r in runs])
-                if not known:  # all located now: true while the stamp holds
-                    _plans().put(self._src, key, stamp, plan, len(runs))
-            self._plan = plan
-        return self._plan
+    def _runs(self, seg: int, fresh: bool = False) -> tuple[list[Run], list[int]]:
+        """The runs (`file_runs`, chunk indices counted from the segment's first) of segment
+        `seg` of the file (chunks [seg * PLAN_CHUNKS, (seg + 1) * PLAN_CHUNKS)) and their first
+        chunks: located in one batch at its first read (chunks the reader was given locations
+        of are not asked again, unless `fresh`), or taken from a file opened before while the
+        index is unchanged. A file of any size costs a read at most a segment's plan, and a
+        reader keeps the plans of `PLAN_SEGMENTS_KEPT` segments."""
+        plan = self._segs.get(seg)
+        if plan is not None:
+            self._segs.move_to_end(seg)
+            return plan
+        base = seg * PLAN_CHUNKS
+        ids = self._m.chunk_ids[base:base + PLAN_CHUNKS]
+        key, stamp = self._plan_key(ids), self._src.index_stamp()  # the stamp before locating
+        plan = None if fresh else _plans().get(self._src, key, stamp)
+        if plan is None:
+            wanted = list(dict.fromkeys(ids))
+            known = {} if fresh else {c: self._locs[c] for c in wanted if c in self._locs}
+            missing = [c for c in wanted if c not in known]
+            located = known | self._src.locate(missing, self._repo) if missing else known
+            for cid in missing:
+                if cid not in located:
+                    raise self._not_in_store(cid)
+            self._locs.update(located)  # a pull shares them between its files
+            self._check_lengths(range(base, base + len(ids)))
+            runs = file_runs(ids, located)
+            plan = (runs, [r.first for r in runs])
+            if not known:  # all located now: true while the stamp holds
+                _plans().put(self._src, key, stamp, plan, len(runs))
+        self._segs[seg] = plan
+        while len(self._segs) > PLAN_SEGMENTS_KEPT:
+            self._segs.popitem(last=False)
+        return plan
 
-    def _plan_key(self) -> bytes:
-        """The file's chunk list, hashed (the key of its plan)."""
-        return digest(b"".join(self._m.chunk_ids))
+    @staticmethod
+    def _plan_key(ids: list[bytes]) -> bytes:
+        """A segment's chunk list, hashed (the key of its plan)."""
+        return digest(b"".join(ids))
 
     def _relocate(self, indices) -> None:
         """Locate chunks again (a pack named by their old location is gone)."""
         if self._by_runs:
-            _plans().drop(self._src, self._plan_key())
-            self._plan = None
-            self._runs(fresh=True)
+            ids = self._m.chunk_ids
+            segs = sorted({i // PLAN_CHUNKS for i in indices} | set(self._segs)) or [0]
+            for seg in segs:
+                _plans().drop(self._src, self._plan_key(ids[seg * PLAN_CHUNKS:(seg + 1) * PLAN_CHUNKS]))
+            self._segs.clear()
+            for seg in segs:
+                self._runs(seg, fresh=True)
         else:
             ids = self._m.chunk_ids
             self._locs.update(self._src.locate(list(dict.fromkeys(ids[i] for i in indices)), self._repo))
@@ -497,13 +514,15 @@ class FileReader(io.RawIOBase):
         """Where chunk i lives (from the runs, on a local store)."""
         if not self._by_runs:
             return self._location(self._m.chunk_ids[i])
-        runs, firsts = self._runs()
-        r = runs[bisect.bisect_right(firsts, i) - 1]
+        seg = i // PLAN_CHUNKS
+        base = seg * PLAN_CHUNKS
+        runs, firsts = self._runs(seg)
+        r = runs[bisect.bisect_right(firsts, i - base) - 1]
         if r.entry is not None:
             return r.pack, r.entry
-        ends, lens = self._m.ends, self._m.lengths
-        offset = r.offset + (ends[i] - lens[i]) - (ends[r.first] - lens[r.first])
-        check = r.checks[i - r.first] if r.checks is not None else None
+        ends, lens, r_first = self._m.ends, self._m.lengths, base + r.first
+        offset = r.offset + (ends[i] - lens[i]) - (ends[r_first] - lens[r_first])
+        check = r.checks[i - r_first] if r.checks is not None else None
         return r.pack, PackEntry(self._m.chunk_ids[i], offset, lens[i], lens[i], CODEC_RAW, check)
 
     def _location(self, cid: bytes):
@@ -605,7 +624,8 @@ class FileReader(io.RawIOBase):
         read-ahead need (locating a whole 1 GB file would cost ~1 MB; a block ~28 KB)."""
         ids = self._m.chunk_ids
         if self._by_runs:
-            self._runs()
+            for seg in sorted({i // PLAN_CHUNKS for i in indices}):
+                self._runs(seg)
             return
         if self._src.capabilities.local_reads:
             if not self._locs and len(ids) <= LOCATE_ALL_CHUNKS:
@@ -652,44 +672,4 @@ class FileReader(io.RawIOBase):
                 raise CorruptionError(f"{self.name or 'file'}: chunk {i} ({ids[i].hex()[:16]}...) holds "
                                       f"{len(chunk)} bytes, its manifest says {self._m.lengths[i]}: the manifest "
                                       f"is damaged; the file cannot be read")
-        return out
-
-
-class LocalSeed(Overlay):
-    """An overlay that takes chunks from an older local copy of a file when it has them
-    (chunked with the same rule; located at `Held.LOCAL_FILE`) and asks the backend it wraps
-    for the rest - how a pull of v2 over v1 fetches only what changed."""
-
-    # a pull locates the whole file at once: one batched ask for what the old copy lacks
-    capabilities = BackendCapabilities(local_reads=True)
-
-    def __init__(self, backend: Backend, path: str, params=None):
-        super().__init__(backend)
-        self._path = path
-        self._have: dict[bytes, PackEntry] = {}
-        offset = 0
-        with open(path, "rb") as f:
-            for _, chunks in FileChunks(f, params or DEFAULT_PARAMS):  # the rule a push uses
-                for c in chunks:
-                    cid = digest(c)
-                    self._have.setdefault(cid, PackEntry(cid, offset, len(c), len(c), CODEC_RAW))
-                    offset += len(c)
-
-    def locate(self, chunk_ids, repo=None):
-        ids = list(chunk_ids)
-        out = {c: (Held.LOCAL_FILE, self._have[c]) for c in ids if c in self._have}
-        rest = [c for c in ids if c not in out]
-        if rest:
-            out.update(self.inner.locate(rest, repo))
-        return out
-
-    def read_chunks(self, items, repo=None) -> dict[bytes, bytes]:
-        mine = [e for p, e in items if p is Held.LOCAL_FILE]
-        out = self.inner.read_chunks([(p, e) for p, e in items if p is not Held.LOCAL_FILE], repo) \
-            if len(mine) < len(items) else {}
-        if mine:
-            with open(self._path, "rb") as f:
-                for e in mine:
-                    data = os.pread(f.fileno(), e.stored_len, e.offset)
-                    out[e.chunk_id] = decode_chunk(data, e.codec, e.raw_len, e.chunk_id)
         return out
