@@ -229,7 +229,7 @@ def test_a_transaction_inside_a_deferred_commit_is_one_journal_entry(where):
 
 def test_a_scoped_token_learns_nothing_of_another_repos_files_through_jobs(tmp_path):
     """tok-a may not use repo b's jobs; naming b's manifest in a's job or asking whether it
-    exists answers the same as for a manifest that does not exist; landing it is refused."""
+    exists answers the same as for a manifest that does not exist: both are refused."""
     import json
 
     from cdcstore.storage.repository import LocalStore
@@ -251,10 +251,13 @@ def test_a_scoped_token_learns_nothing_of_another_repos_files_through_jobs(tmp_p
             sa.journal().open("a", job)
             other = new_job()
             sa.journal().open("a", other)
-            sa.journal().add("a", other, {"y": FileEntry("1" * 32, theirs.size)})
-            sa.journal().add("a", job, {"x": FileEntry(theirs.manifest, theirs.size)})  # the same answer
-            with pytest.raises(CdcError, match="neither uploaded nor may read"):
-                sa.land("cdc://a@main/", job)
+            refusals = []  # issue 31 case 4: refused at once, alike for b's manifest and a made-up one
+            for j, manifest in ((other, "1" * 64), (job, theirs.manifest)):
+                with pytest.raises(CdcError, match="may not read or the server lacks") as e:
+                    sa.journal().add("a", j, {"x": FileEntry(manifest, theirs.size)})
+                refusals.append((type(e.value), str(e.value).replace(manifest, "M")))
+            assert refusals[0] == refusals[1]
+            assert sa.land("cdc://a@main/", job) is None  # nothing to land
             assert "a" not in sa.repos() and sa.journal().batches("a", job) == []
     finally:
         srv.stop()

@@ -144,7 +144,9 @@ class Lifecycle:
             if self._gc.locked():
                 raise BusyError("a gc is already running on this server: wait for it to finish")
             async with self._gc:
-                return web.json_response(await self.server._io(lambda: maintenance.gc(store, **opts)))
+                done = await self.server._io(lambda: maintenance.gc(store, **opts))
+            self.server.journals.forget()  # the jobs' journals it freed
+            return web.json_response(done)
         if command == "check":
             return web.json_response(await self.server._io(lambda: check.check(store, **opts)))
         repo = check_name("repo", opts.pop("repo", ""))

@@ -31,7 +31,7 @@ from ..core import ids, treeobj
 from . import batches, wire
 from .admin import Lifecycle
 from .limits import Busy, ServerLimits, Slots
-from .staging import StagingRoutes
+from .staging import JournalSpace, StagingRoutes
 from .tokens import TokenFile, default_name, owner_id
 from .tokens import add as add_token, revoke as revoke_token  # noqa: F401 (`cdcstore token`)
 from ..core.address import check_name, check_ref_name, check_write_target
@@ -273,6 +273,7 @@ class Server:
         self.reads = Slots("reads", lim.read_slots, lim.read_slots_per_token)
         self._parsing = asyncio.Semaphore(lim.parse_slots)  # batches parsed at once (their bodies wait on disk)
         self.access = AccessRecords(store)  # what each token may read: only a server keeps it
+        self.journals = JournalSpace(store, lim.max_journal_bytes_per_token)  # each token's job journal bytes
         self._maintenance: asyncio.Future | None = None
         self._token_watch: asyncio.Future | None = None
         self._listed = float("-inf")  # when a presence miss last listed the bucket's packs

@@ -4,9 +4,14 @@ Server routes (a write token with access to REPO; job ids are 32 hex digits):
 
 - `PUT /repos/{repo}/jobs/{job}` opens a job (writes its marker) or touches it (a heartbeat).
 - `POST /repos/{repo}/jobs/{job}/entries` with one journal entry object (storage/staging.py's
-  JSON): each manifest it names must be on the server (409 otherwise; for a token scoped to some
-  repos this is checked when the job lands, as for any commit, so the answer is no oracle of
-  other tenants' files); 409 `job_closed` when the job is over (the entry is not kept).
+  JSON): each manifest it names must be on the server (409 otherwise); a token scoped to some
+  repos may name only manifests REPO reaches or whose chunks it may see (uploaded), else 403,
+  alike whether the manifest exists or not (no oracle of other tenants' files, and no pin on
+  their data past its erasure: gc keeps what live jobs name); 409 `job_closed` when the job is
+  over (the entry is not kept).
+- Each token's journal space (the staging objects of the jobs it opened or wrote to, each
+  counted as at least `staging.MIN_CHARGE` bytes) is capped by `max_journal_bytes_per_token`:
+  an open or entry past it is a 413 naming the limit; gc frees dead jobs' space (`JournalSpace`).
 - `GET /repos/{repo}/jobs/{job}/entries`: every entry of the job, `{"batches": [[row, ...], ...]}`.
 - `DELETE /repos/{repo}/jobs/{job}` closes it: the marker, then the entries.
 - `POST /repos/{repo}/manifests/query` `{"manifests": [names]}` -> `{"present": [names]}`: which
@@ -18,14 +23,53 @@ The client side is `RemoteJournal` (the journal role over a `RemoteStore`) and `
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 from aiohttp import web
 
 from ..core import ids
-from ..core.errors import ConflictError, InvalidAddressError, NotFoundError
+from ..core.errors import ConflictError, CorruptionError, InvalidAddressError, NotFoundError
 from ..storage import staging
+from ..storage.manifest_file import ManifestFile
 
 MAX_PRESENCE_NAMES = 65536
+RECOUNT = 30.0  # seconds a token's counted journal space is trusted before the next listing
+
+
+class JournalSpace:
+    """Each token's journal bytes (`staging.usage`), counted from one listing of staging/ at most
+    every RECOUNT seconds and kept up to date in between; a request that would go past the limit
+    is counted again first (at most once a second: gc may have freed space meanwhile)."""
+
+    def __init__(self, store, limit: int):
+        self.store, self.limit = store, limit
+        self._lock = threading.Lock()
+        self._used: dict[str, int] = {}
+        self._at = -RECOUNT
+
+    def forget(self) -> None:
+        """Count again at the next request (after a gc on this server)."""
+        with self._lock:
+            self._at = -RECOUNT
+
+    def _recount(self) -> None:
+        self._used, self._at = staging.usage(self.store), time.monotonic()
+
+    def reserve(self, owner: str, n: int) -> None:
+        """Count `n` more bytes for `owner`, or a 413 when that is past the limit."""
+        from .server import HTTPError
+
+        with self._lock:
+            age = time.monotonic() - self._at
+            if age >= RECOUNT or (self._used.get(owner, 0) + n > self.limit and age >= 1.0):
+                self._recount()
+            used = self._used.get(owner, 0)
+            if used + n > self.limit:
+                raise HTTPError(413, f"this token's job journals hold {used} bytes; one more entry of {n} is over "
+                                     f"its limit of {self.limit} (max_journal_bytes_per_token): land or close its "
+                                     f"jobs (gc frees the journals of dead ones)")
+            self._used[owner] = used + n
 
 
 class StagingRoutes:
@@ -38,10 +82,21 @@ class StagingRoutes:
         repo = self.server._repo(request, write=True)
         return repo, staging.check_job(request.match_info["job"])
 
+    def _owner(self, request) -> str:
+        """Whose journal space a request uses: its token's (an open server's callers share one)."""
+        return "open" if self.server.auth.tokens is None else self.server.auth.owner(request)
+
     async def open_job(self, request):
         repo, job = self._job(request)
-        await self.server._io(staging.open_job, self.server.store, repo, job)
+        await self.server._io(self._open, repo, job, self._owner(request))
         return web.json_response({"job": job})
+
+    def _open(self, repo: str, job: str, owner: str) -> None:
+        store = self.server.store
+        if not staging.is_open(store, repo, job):  # a heartbeat costs nothing more
+            self.server.journals.reserve(owner, 2 * staging.MIN_CHARGE)  # the marker and the owner record
+        staging.open_job(store, repo, job)
+        staging.claim(store, repo, job, owner)
 
     async def add_entries(self, request):
         repo, job = self._job(request)
@@ -50,18 +105,42 @@ class StagingRoutes:
         entries = dict(rows)
         if len(entries) != len(rows):
             raise InvalidAddressError("one journal entry names a path twice")
-        if self.server.auth.scope(request) is None:  # a scoped token would learn of other tenants' files:
-            await self.server._io(self._check_manifests, entries)  # the commit checks what it may name
+        scope = self.server.auth.scope(request)
+        if scope is None:
+            await self.server._io(self._check_manifests, entries)
+        else:
+            await self.server._io(self._check_readable, repo, scope, entries)
         try:
-            name = await self.server._io(staging.add, self.server.store, repo, job, entries)
+            name = await self.server._io(self._add, repo, job, entries, self._owner(request))
         except staging.JobClosedError as e:
             return web.json_response({"error": str(e), "code": e.code}, status=409)
         return web.json_response({"entry": name.rsplit("/", 1)[1]}, status=201)
+
+    def _add(self, repo: str, job: str, entries: dict, owner: str) -> str:
+        self.server.journals.reserve(owner, staging.charge(len(staging.encode(entries))) + staging.MIN_CHARGE)
+        staging.claim(self.server.store, repo, job, owner)
+        return staging.add(self.server.store, repo, job, entries)
 
     def _check_manifests(self, entries: dict) -> None:
         for path, e in entries.items():
             if e is not None and not self.server.store.has_manifest(e.manifest):
                 raise ConflictError(f"{path!r}: manifest {e.manifest} is not on the server: upload the file first")
+
+    def _check_readable(self, repo: str, scope, entries: dict) -> None:
+        """A scoped token names only manifests `repo` reaches or whose chunks it may see: one 403
+        for another tenant's manifest and for one nobody stored (no oracle, no pin on erasure)."""
+        from .server import HTTPError
+
+        server = self.server
+        for path, e in entries.items():
+            if e is None or server.access.reaches(repo, "manifest", e.manifest):
+                continue
+            try:
+                for chunk_ids in ManifestFile(server.store, e.manifest).scan(server.limits.slice_chunks):
+                    server._require_visible(scope, chunk_ids, "a journal entry")
+            except (CorruptionError, NotFoundError, HTTPError):
+                raise HTTPError(403, f"journal entry {path!r} names manifest {e.manifest}, which this token may "
+                                     f"not read or the server lacks: upload the file first") from None
 
     async def list_entries(self, request):
         repo, job = self._job(request)

@@ -4,6 +4,8 @@ A job (a `deferred_commit` block, an fsspec transaction) is a folder of small ob
 
     staging/<repo>/<job>/job          the job marker: written when the job opens, touched hourly
     staging/<repo>/<job>/e-<hash>     a batch of entries (JSON, named by the hash of its bytes)
+    staging/<repo>/<job>/o-<owner>    (on a server) a token that opened or wrote to the job: its
+                                      journal space counts the job's objects (`usage`)
 
 Each writer that closes a file stores its chunks and manifest as a push does, then writes ONE
 entry object: {"format": 1, "entries": [{"path", "manifest", "size"} | {"path", "remove": true}]}.
@@ -16,8 +18,8 @@ writer still running after its job failed leaves nothing behind: either the clos
 its entry, or its entry came after the marker was gone and it sees that itself.
 
 gc (`storage.maintenance`): the manifests a live job names are roots; a job whose marker is older
-than the grace window and SESSION_STALE (a killed driver: the heartbeat stopped), and entries with
-no marker older than the grace window, are deleted.
+than the grace window and SESSION_STALE (a killed driver: the heartbeat stopped), and entries and
+owner records with no marker older than the grace window, are deleted.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ from .objects import NotFound
 STAGING = "staging/"
 MARKER = "job"
 ENTRY_PREFIX = "e-"
+OWNER_PREFIX = "o-"
+MIN_CHARGE = 512  # bytes an object counts for at least in a token's journal space (an empty marker too)
 JOURNAL_VERSION = 1
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 MAX_ENTRIES_PER_OBJECT = 100_000
@@ -112,6 +116,32 @@ def merge(batches) -> tuple[dict[str, FileEntry], list[str]]:
 
 
 # -- a job's journal in a repository's objects (a directory, a bucket, a server's own store) --------
+def claim(store, repo: str, job: str, owner: str) -> None:
+    """Record that `owner` (a token's hash) opened or wrote to the job: its space counts it."""
+    store.objects.put(f"{folder(repo, job)}{OWNER_PREFIX}{owner}", b"", exist_ok=True)
+
+
+def charge(size: int | None) -> int:
+    """What an object of `size` bytes counts for in a token's journal space."""
+    return max(size or 0, MIN_CHARGE)
+
+
+def usage(store) -> dict[str, int]:
+    """owner -> the bytes (`charge`) of the jobs it claimed, from one listing of staging/."""
+    jobs: dict[str, list] = {}
+    for info in store.objects.list(STAGING):
+        base, _, leaf = info.name.rpartition("/")
+        jobs.setdefault(base, []).append((leaf, info.size))
+    out: dict[str, int] = {}
+    for objects in jobs.values():
+        total = sum(charge(size) for _, size in objects)
+        for leaf, _ in objects:
+            if leaf.startswith(OWNER_PREFIX):
+                owner = leaf[len(OWNER_PREFIX):]
+                out[owner] = out.get(owner, 0) + total
+    return out
+
+
 def open_job(store, repo: str, job: str) -> None:
     """Write (or touch: a heartbeat) the job marker."""
     name = folder(repo, job) + MARKER
@@ -184,11 +214,13 @@ def gc_plan(store, now: float, grace: float, stale: float) -> tuple[set[str], li
         parts = info.name[len(STAGING):].split("/")
         if len(parts) != 3:
             continue
-        job = jobs.setdefault(f"{STAGING}{parts[0]}/{parts[1]}/", {"marker": None, "entries": []})
+        job = jobs.setdefault(f"{STAGING}{parts[0]}/{parts[1]}/", {"marker": None, "entries": [], "owners": []})
         if parts[2] == MARKER:
             job["marker"] = info
         elif parts[2].startswith(ENTRY_PREFIX):
             job["entries"].append(info)
+        elif parts[2].startswith(OWNER_PREFIX):
+            job["owners"].append(info)
 
     def older(info, window) -> bool:
         return info.mtime is not None and now - info.mtime >= window
@@ -207,7 +239,7 @@ def gc_plan(store, now: float, grace: float, stale: float) -> tuple[set[str], li
             continue
         if marker is not None:
             doomed.append(marker.name)
-        doomed.extend(i.name for i in job["entries"] if marker is not None or older(i, grace))
+        doomed.extend(i.name for i in job["entries"] + job["owners"] if marker is not None or older(i, grace))
     return roots, doomed
 
 
