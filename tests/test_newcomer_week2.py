@@ -141,3 +141,44 @@ def test_gc_drops_a_damaged_pack_whose_chunks_were_all_stored_again(tmp_path):
     assert cdc("check", "--read-data", "--store", root).returncode == 0
     with Store(root) as s:
         assert s.cat("cdc://ds/one.bin") == one and s.cat("cdc://ds/two.bin") == two
+
+
+# -- 5. https:// against an http server: not retried, one clear error ------------------------------
+def test_https_against_an_http_server_fails_at_once_naming_the_fix(server):
+    wrong = server.url.replace("http://", "https://")
+    t0 = time.monotonic()
+    p = cdc("ls", "cdc://ds/", "--store", wrong)
+    took = time.monotonic() - t0
+    assert p.returncode == 1 and took < 5, (took, p.stderr)  # was: 7 attempts, 13.9 s
+    [line] = p.stderr.splitlines()[-1:]
+    assert server.url in line and "plain http" in line and "retrying" not in p.stderr, p.stderr
+
+
+def test_an_untrusted_certificate_is_not_retried(tmp_path):
+    """A TLS server whose certificate this machine does not trust: one error naming the fix."""
+    import http.server
+    import ssl
+    import subprocess
+    import threading
+
+    key, cert = str(tmp_path / "k.pem"), str(tmp_path / "c.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"https://127.0.0.1:{httpd.server_address[1]}"
+        t0 = time.monotonic()
+        p = cdc("ls", "cdc://ds/", "--store", url)
+        assert p.returncode == 1 and time.monotonic() - t0 < 5, p.stderr
+        line = p.stderr.splitlines()[-1]
+        assert "certificate" in line and "SSL_CERT_FILE" in line and "retrying" not in p.stderr, p.stderr
+        import sys  # a fresh interpreter: the preloaded one made its TLS context before SSL_CERT_FILE was set
+        p = subprocess.run([sys.executable, "-m", "cdcstore", "ls", "cdc://ds/", "--store", url], text=True,
+                           capture_output=True, env={**os.environ, "PYTHONPATH": ROOT, "SSL_CERT_FILE": cert})
+        assert p.returncode == 1 and "certificate" not in p.stderr and "501" in p.stderr, p.stderr  # past TLS
+    finally:
+        httpd.shutdown()

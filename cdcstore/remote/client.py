@@ -373,6 +373,8 @@ class Transport:
                 reason = (e.message or "").strip().splitlines()[0][:120] if e.message else f"status {e.status}"
                 raise RemoteError(f"{what}: the server at {base} gave an answer this client cannot read ({reason}): "
                                   f"it is not a cdcstore server, or something else listens on that port") from None
+            except aiohttp.ClientSSLError as e:  # a scheme or certificate no retry can mend
+                raise RemoteError(_tls_failure(what, base, e)) from None
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
                 failed_over = self.fail_over(base)  # every request of the protocol is idempotent
                 if isinstance(e, TimeoutError):
@@ -478,6 +480,18 @@ class Transport:
         if len(data) != end - start:
             raise CorruptionError(f"short range read from {path}: wanted {end - start} bytes, got {len(data)}")
         return data
+
+
+def _tls_failure(what: str, base: str, e: aiohttp.ClientSSLError) -> str:
+    """One line for a TLS handshake that failed: what it means and the fix."""
+    if "WRONG_VERSION_NUMBER" in str(e).upper():
+        return (f"{what}: {base} does not speak TLS (it answers plain http): use "
+                f"{base.replace('https://', 'http://', 1)}")
+    reason = getattr(getattr(e, "certificate_error", None), "verify_message", None) or str(e)
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        return (f"{what}: the certificate of {base} is not trusted ({reason}): give its CA's certificate "
+                f"in SSL_CERT_FILE, or fix the server's certificate")
+    return f"{what}: the TLS handshake with {base} failed ({reason}): check the URL's scheme and the server"
 
 
 def _stalled(what: str, base: str, budget: float) -> RemoteError:
