@@ -134,3 +134,52 @@ def test_huge_manifests_through_the_gateway_keep_the_server_small(tmp_path):
         assert tail == payload[-3:]
         rss = _rss_mib(srv.proc.pid)
     assert rss["VmHWM"] < 400, f"server peak RSS {rss['VmHWM']} MiB after three huge manifests"
+
+
+def _peak_of(fn) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("where", ["local", "server"])
+def test_readinto_lands_raw_chunks_in_the_callers_buffer(tmp_path, where):
+    """One copy: an 8 MiB readinto of raw chunks allocates no 8 MiB of its own (before: a new
+    buffer, then a copy into the caller's); small sequential readintos copy from the reader's
+    window, which is kept, not allocated per fill."""
+    data = np.random.default_rng(9).bytes(24 << 20)  # incompressible: raw chunks
+    (tmp_path / "f.bin").write_bytes(data)
+    LocalStore.init(str(tmp_path / "st"))
+    with Store(str(tmp_path / "st")) as s:
+        s.push([str(tmp_path / "f.bin")], "cdc://r/f.bin")
+    srv = ServerProcess(str(tmp_path / "st")).start() if where == "server" else None
+    try:
+        with Store(srv.url if srv else str(tmp_path / "st"), cache=False) as s, s.open("cdc://r/f.bin") as f:
+            buf = bytearray(8 << 20)
+            f.seek(1 << 20)
+            assert f.readinto(buf) == len(buf) and buf == data[1 << 20:9 << 20]  # warm: located, connected
+            f.seek(9 << 20 | 12345)
+            peak = _peak_of(lambda: f.readinto(buf))
+            assert buf == data[(9 << 20) + 12345:(17 << 20) + 12345]
+            assert peak < (1 << 20), f"an 8 MiB readinto allocated {peak} bytes"
+            small = bytearray(65536)
+            f.seek(3)
+            got = bytearray()
+            for _ in range(200):  # 12.5 MiB in 64 KiB pieces, several window fills
+                n = f.readinto(small)
+                got += small[:n]
+            assert got == data[3:3 + 200 * 65536]
+            if where == "local":
+                peak = _peak_of(lambda: [f.readinto(small) for _ in range(100)])
+                assert peak < (1 << 20), f"64 KiB readintos allocated {peak} bytes (a window per fill?)"
+    finally:
+        if srv:
+            srv.stop()
+    with Store(str(tmp_path / "st")) as s, s.open("cdc://r/f.bin") as f:  # the end of the file
+        f.seek(len(data) - 5000)
+        tail = bytearray(10000)
+        assert f.readinto(tail) == 5000 and tail[:5000] == data[-5000:]
+        assert f.readinto(tail) == 0

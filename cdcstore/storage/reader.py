@@ -195,7 +195,8 @@ class FileReader(io.RawIOBase):
         self._lru_cap = cache_chunks
         self._pending: dict[int, Future] = {}
         self._ahead_end = 0  # chunks below this were scheduled for read-ahead (see `_chunks`)
-        self._win, self._win_at = b"", 0  # a local store's window of small sequential reads
+        self._win, self._win_at = memoryview(b""), 0  # a local store's window of small sequential reads
+        self._win_buf: bytearray | None = None  # its memory, kept: refilled in place (no fresh pages)
         self._readahead = readahead_bytes
         self._batch = batch_bytes
         self._last_end = 0 if sequential else -1  # a sequential reader prefetches from its first read
@@ -235,10 +236,19 @@ class FileReader(io.RawIOBase):
         return pos
 
     def readinto(self, b) -> int:
-        data = self.read(len(b))
-        n = len(data)
-        memoryview(b).cast("B")[:n] = data
-        return n
+        """Bytes at the position into the caller's buffer `b`: a local store's raw chunks go from
+        the kernel straight into it and are checked there, as do a server's raw chunks of a large
+        read; small sequential reads are copied from the window (one copy, as a buffered file)."""
+        self._checkClosed()
+        out = memoryview(b).cast("B")
+        start = self._pos  # taken before the lock, as `read` does
+        end = min(self._m.size, start + len(out))
+        if start >= end:
+            return 0
+        with self._lock:
+            self._pread_into(start, end, out[:end - start])
+        self._pos = end
+        return end - start
 
     def read_buffer(self, size: int | None = -1) -> memoryview:
         """`read` for pyarrow (its Python-file wrapper prefers this method): the bytes
@@ -270,7 +280,7 @@ class FileReader(io.RawIOBase):
                 fut.cancel()
             self._pending.clear()
             self._lru.clear()
-            self._win = b""
+            self._win, self._win_buf = memoryview(b""), None
         super().close()
 
     # -- ranges ----------------------------------------------------------------------
@@ -282,7 +292,7 @@ class FileReader(io.RawIOBase):
     def _pread(self, offset: int, length: int) -> bytes:
         if self._by_runs and offset < self._m.size:
             if 0 < length <= WINDOW // 4 and (offset == self._last_end or self._in_window(offset, length)):
-                return self._pread_window(offset, length)
+                return bytes(self._pread_window(offset, length))
             if length >= RUNS_MIN:
                 return self._pread_runs(offset, min(offset + length, self._m.size))
         if length >= DIRECT_MIN and self._direct_ok(offset, length):
@@ -292,19 +302,44 @@ class FileReader(io.RawIOBase):
             return bytes(pieces[0])
         return b"".join(pieces)  # one copy
 
+    def _pread_into(self, offset: int, end: int, out: memoryview) -> None:
+        """`_pread` into `out` (end - offset bytes; offset inside the file): the same strategies,
+        each landing in the caller's buffer instead of a new one."""
+        length = end - offset
+        if self._by_runs:
+            if length <= WINDOW // 4 and (offset == self._last_end or self._in_window(offset, length)):
+                out[:] = self._pread_window(offset, length)
+                return
+            if length >= RUNS_MIN:
+                self._pread_runs(offset, end, out)
+                return
+        if length >= DIRECT_MIN and self._direct_ok(offset, length):
+            self._pread_direct(offset, end, out)
+            return
+        at = 0
+        for piece in self.pieces(offset, length):
+            n = len(piece)
+            out[at:at + n] = piece
+            at += n
+
     def _in_window(self, offset: int, length: int) -> bool:
         at = self._win_at
         return at <= offset and offset + length <= at + len(self._win)
 
-    def _pread_window(self, offset: int, length: int) -> bytes:
+    def _pread_window(self, offset: int, length: int) -> memoryview:
         """A small sequential read of a local store, served from a window of `WINDOW` bytes
-        read (and verified) run by run: one slice of bytes a read, as a buffered file does,
-        instead of a walk through the chunks for each 64 KiB."""
+        read (and verified) run by run into memory the reader keeps: one copy out of it a read,
+        as a buffered file does, instead of a walk through the chunks for each 64 KiB. The
+        view returned is valid until the next read."""
         end = min(offset + length, self._m.size)
         if not self._in_window(offset, end - offset):
-            self._win = b""  # a failed fill leaves no window
-            self._win = self._pread_runs(offset, min(self._m.size, offset + max(WINDOW, end - offset)))
-            self._win_at = offset
+            self._win = memoryview(b"")  # a failed fill leaves no window
+            stop = min(self._m.size, offset + max(WINDOW, end - offset))
+            if self._win_buf is None or len(self._win_buf) < stop - offset:
+                self._win_buf = bytearray(max(WINDOW, stop - offset))
+            win = memoryview(self._win_buf)[:stop - offset]
+            self._pread_runs(offset, stop, win)
+            self._win, self._win_at = win, offset
         self._last_end = end
         lo = offset - self._win_at
         return self._win[lo:lo + end - offset]
@@ -317,14 +352,15 @@ class FileReader(io.RawIOBase):
             return False
         return offset + length >= self._m.size or offset != self._last_end
 
-    def _pread_direct(self, offset: int, end: int) -> bytes:
-        """Bytes [offset, end) in one buffer that chunks are written into as they are
-        verified (ranges of raw chunks are received into it from the socket)."""
+    def _pread_direct(self, offset: int, end: int, into: memoryview | None = None) -> bytes | None:
+        """Bytes [offset, end) in one buffer (`into`, or a new one returned) that chunks are
+        written into as they are verified (ranges of raw chunks are received into it from the
+        socket)."""
         m, ids = self._m, self._m.chunk_ids
         span = m.span(offset, end)
         self._streak = self._streak + end - offset if offset == self._last_end else end - offset
         self._last_end = end
-        result, out = _new_bytes(end - offset)
+        result, out = _new_bytes(end - offset) if into is None else (None, into)
         places: dict[bytes, list] = {}
         for i in span:
             cs = m.chunk_start(i)
@@ -341,7 +377,7 @@ class FileReader(io.RawIOBase):
             for attempt in (1, 2):
                 try:
                     self._src.read_chunks_into([self._location(cid) for cid in places], places, out, self._repo,
-                                               keep=memoryview(result))
+                                               keep=memoryview(result) if result is not None else out)
                     break
                 except PackMissingError:  # a gc moved them since they were located: locate again, once
                     if attempt == 2:
@@ -349,31 +385,42 @@ class FileReader(io.RawIOBase):
                     self._relocate(wanted)
                     self._check_lengths(span)
         del out
+        if result is None:
+            return None
         return bytes(result) if isinstance(result, bytearray) else result
 
-    def _pread_runs(self, offset: int, end: int) -> bytes:
+    def _pread_runs(self, offset: int, end: int, into: memoryview | None = None) -> bytes | None:
         """Bytes [offset, end) of a file in a local store, in one new buffer: each run of
         raw chunks is read straight into it, a piece at a time, and every chunk verified
         there while it is still in the CPU's cache; compressed chunks and chunks cut by
         the edges are decoded and copied. A pack gone since the file was located (a gc
-        moved its chunks) makes it locate the file again, once."""
+        moved its chunks) makes it locate the file again, once. With `into`, the bytes land
+        there and nothing is returned."""
         for fut in self._pending.values():  # a large read starts no read-ahead
             fut.cancel()
         self._pending.clear()
         self._ahead_end = 0
         self._streak = self._streak + end - offset if offset == self._last_end else end - offset
         self._last_end = end
+        if into is None:
+            result, out = _new_bytes(end - offset)
+        else:
+            result, out = None, into
         try:
-            return self._fill(offset, end)
+            self._fill(offset, end, out)
         except PackMissingError:
             self._relocate(())
-            return self._fill(offset, end)
+            self._fill(offset, end, out)
+        del out
+        if result is None:
+            return None
+        return bytes(result) if isinstance(result, bytearray) else result
 
-    def _fill(self, offset: int, end: int) -> bytes:
+    def _fill(self, offset: int, end: int, out: memoryview) -> None:
+        """Bytes [offset, end) of the file into `out`: edge chunks copied, whole ones landed."""
         m = self._m
         ends, lens = m.ends, m.lengths
         span = m.span(offset, end)
-        result, out = _new_bytes(end - offset)
         full_lo = span.start if ends[span.start] - lens[span.start] >= offset else span.start + 1
         full_hi = span.stop if ends[span.stop - 1] <= end else span.stop - 1
         edges = [i for i in dict.fromkeys((span.start, span.stop - 1)) if not full_lo <= i < full_hi]
@@ -381,8 +428,6 @@ class FileReader(io.RawIOBase):
             self._copy_edges(edges, offset, end, out)
         if full_lo < full_hi:
             self._land(full_lo, full_hi, offset, out)
-        del out
-        return bytes(result) if isinstance(result, bytearray) else result
 
     def _copy_edges(self, edges: list[int], offset: int, end: int, out: memoryview) -> None:
         """The parts of chunks cut by [offset, end), from the LRU or read whole (and kept:
