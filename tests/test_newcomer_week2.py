@@ -182,3 +182,17 @@ def test_an_untrusted_certificate_is_not_retried(tmp_path):
         assert p.returncode == 1 and "certificate" not in p.stderr and "501" in p.stderr, p.stderr  # past TLS
     finally:
         httpd.shutdown()
+
+
+# -- 6. a missing or misspelled bucket says so, never offers to create a store in it --------------
+@pytest.mark.parametrize("client", ["obstore", "s3fs"])
+@pytest.mark.parametrize("command", [["ls", "cdc://ds/"], ["push", "SRC", "cdc://ds/"], ["log", "ds"], ["check"]])
+def test_a_missing_bucket_says_the_bucket_does_not_exist(s3_env, tmp_path, command, client):
+    src = _file(tmp_path / "src", "f.bin", b"z" * 1000)
+    url = "s3://cdcstore-conformanse/ds"  # a typo of the fixture's bucket
+    p = cdc(*[src if a == "SRC" else a for a in command], "--store", url,
+            env={**s3_env, "CDCSTORE_S3_CLIENT": client})
+    line = p.stderr.splitlines()[-1]
+    assert p.returncode == 1 and "bucket 'cdcstore-conformanse' does not exist" in line, p.stderr
+    assert "cdcstore init --store" not in p.stderr and "not a cdcstore store" not in p.stderr  # was: offered
+    assert "--create-bucket" in line

@@ -72,8 +72,13 @@ class Unavailable(StorageError, ConnectionError):
     transient = True
 
 
+class NoBucket(StorageError):
+    """The bucket itself does not exist (a typo, or another endpoint): no object can be absent in it."""
+    code = "no_bucket"
+
+
 ERRORS_BY_CODE = {c.code: c for c in (StorageError, NotFound, AlreadyExists, Conflict, InvalidName,
-                                      StorageFull, AccessDenied, Unavailable)}
+                                      StorageFull, AccessDenied, Unavailable, NoBucket)}
 
 
 # -- names ----------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from typing import Iterator
 
 from .. import runtime
 from ..core.errors import InvalidAddressError
-from .objects import (AccessDenied, AlreadyExists, Capabilities, Conflict, InvalidName, NotFound,
+from .objects import (AccessDenied, AlreadyExists, Capabilities, Conflict, InvalidName, NoBucket, NotFound,
                       ObjectInfo, ObjectStore, StorageError, StorageFull, Unavailable,
                       check_folder_prefix, check_object_name, check_prefix, check_range)
 
@@ -205,6 +205,8 @@ class _Obstore:
     def error(self, e: Exception, where: str) -> Exception:
         ox = self.ox
         if isinstance(e, (ox.NotFoundError, FileNotFoundError)):  # obstore raises the builtin
+            if "<Code>NoSuchBucket</Code>" in str(e):  # a GET's 404 carries S3's error body
+                return no_bucket(self.bucket, self.prefix, self.s)
             return NotFound(f"{where}: not found")
         if isinstance(e, (ox.AlreadyExistsError, ox.PreconditionError)):
             return Conflict(f"{where}: changed or created by another writer: read it and try again")
@@ -259,6 +261,13 @@ def _epoch(when) -> float | None:
     return when.timestamp() if isinstance(when, datetime.datetime) else None
 
 
+def no_bucket(bucket: str, prefix: str, settings: dict) -> NoBucket:
+    """The one error of a store whose bucket does not exist (never "not a store": no store can be there)."""
+    return NoBucket(f"bucket {bucket!r} does not exist at {settings['endpoint'] or 'AWS S3'}: check the bucket's "
+                    f"name and AWS_ENDPOINT_URL; for a new store in a new bucket: "
+                    f"`cdcstore init --create-bucket --store s3://{bucket}/{prefix}`")
+
+
 def _code(exc: BaseException) -> str | None:
     """The S3 error code behind an s3fs/botocore error (None: no HTTP answer)."""
     for e in (exc, exc.__cause__):
@@ -273,7 +282,7 @@ class _S3fs:
 
     def __init__(self, bucket: str, prefix: str, s: dict):
         import s3fs
-        self.bucket, self.prefix = bucket, prefix
+        self.bucket, self.prefix, self.s = bucket, prefix, s
         self.timeout = t = s["timeout"]
         # botocore's read timeout also runs while a body goes up (after 100-continue): it is only a
         # backstop here; each request is bounded below, by its budget, on the event loop
@@ -297,7 +306,7 @@ class _S3fs:
             return AccessDenied(f"{where}: access denied ({code}): check AWS_ACCESS_KEY_ID and "
                                 f"AWS_SECRET_ACCESS_KEY and the bucket's policy")
         if code == "NoSuchBucket":
-            return NotFound(f"{where}: the bucket does not exist: create it first")
+            return no_bucket(self.bucket, self.prefix, self.s)
         if code in ("QuotaExceeded", "EntityTooLarge"):
             return StorageFull(f"{where}: refused ({code}): free space or raise the quota")
         if code in _TRANSIENT or code is None and isinstance(
@@ -455,9 +464,7 @@ class S3Objects(ObjectStore):
         try:
             return self._do(f"object {name!r}", "put", check_object_name(name), data, True, None)
         except NotFound:  # a PUT finds no key: the bucket is missing
-            raise NotFound(f"bucket {self.bucket!r} does not exist at {self._settings['endpoint'] or 'AWS'}: "
-                           f"create it first (`cdcstore init --create-bucket --store {self.url}`), or check "
-                           f"AWS_ENDPOINT_URL") from None
+            raise no_bucket(self.bucket, self.prefix, self._settings) from None
 
     def create_bucket(self) -> bool:
         """Create the bucket (in $AWS_REGION); False if this account already owns it."""
