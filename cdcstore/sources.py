@@ -310,7 +310,8 @@ class ParquetSource(Source):
         def pull() -> bool:
             pos = next(steps, None)
             if pos is not None:
-                located.append((pos, *order.locate(order.sequence_index(pos + skip))))
+                units, rows = order.locate(order.sequence_index(pos + skip))
+                located.append((pos, units, rows, _first_seen(units)))
             return pos is not None
 
         def next_new(after: int, want=None) -> int | None:
@@ -321,7 +322,7 @@ class ParquetSource(Source):
                 while k >= len(located):
                     if k >= LOOK_AHEAD_STEPS or not pull():
                         return None
-                for v in located[k][1].tolist():
+                for v in located[k][3]:
                     if v not in loaded and v != after and (want is None or want(v)):
                         return v
                 k += 1
@@ -333,8 +334,8 @@ class ParquetSource(Source):
 
         try:
             while located or pull():
-                pos, units, rows = located[0]  # stays first while it loads: `next_new` looks from it
-                for u in dict.fromkeys(units.tolist()):
+                pos, units, rows, needed = located[0]  # stays first while it loads: `next_new` looks from it
+                for u in needed:
                     if u in loaded:
                         continue
                     loaded.add(u)
@@ -562,6 +563,14 @@ class ParquetSource(Source):
 
 
 KINDS: tuple[type[Source], ...] = (TarSource, ParquetSource)  # a path no kind claims is the last kind's
+
+
+def _first_seen(units: np.ndarray) -> list[int]:
+    """The distinct units of a step in order of first appearance (numpy: no Python per row)."""
+    if len(units) and units[0] == units[-1] and (len(units) < 3 or (units == units[0]).all()):
+        return [int(units[0])]
+    found, first = np.unique(units, return_index=True)
+    return found[np.argsort(first, kind="stable")].tolist()
 
 
 def kind_of(files: list[SourceFile], kinds: Sequence[type[Source]] = KINDS) -> type[Source]:

@@ -43,6 +43,7 @@ SUMMED = ("samples", "batches", "by_reference", "bytes_read", "row_groups", "dec
           "read_seconds", "requests", "received_bytes", "cache_hits", "cache_misses")
 STORE_FIGURES = ("requests", "received_bytes", "cache_hits", "cache_misses")
 FIGURES = SUMMED + ("max_rows_held", "started")
+STEP_ROWS = 16384  # positions per step of a consumer: the order's bookkeeping is per step, batches are cut from it
 SLOTS = 65  # figure slots: this process, then DataLoader workers 0..63 (worker w uses slot w % 64 + 1)
 _GLOB = _sources._GLOB
 
@@ -399,8 +400,8 @@ class StreamingDataset:
         order = _order.EpochOrder(tuple(u[2] for u in self.units), self.seed, epoch, self.shuffle,
                                   self.shuffle_buffer)
         end = _order.epoch_end(total, min(start, total), self.block, n, self.drop_last)
-        steps = _order.consumer_steps(min(start, total), end, self.block, k, n,
-                                      span=order.window if order.window > 1 else 1024,
+        steps = _order.consumer_steps(min(start, total), end, self.block, k, n, rows=STEP_ROWS,
+                                      span=order.window if order.window > 1 else STEP_ROWS,
                                       ranks=self._even_ranks)
         self._consumed = 0
         if self._t0 is None:

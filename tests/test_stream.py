@@ -373,3 +373,19 @@ def test_a_damaged_store_is_reported_as_damage_not_as_a_bad_file(ds_store):
             f.truncate(64)  # every pack cut short: the chunks cannot be read back
     with pytest.raises(CorruptionError):
         StreamingDataset("cdc://ds/train/", store=ds_store.location)
+
+
+def test_the_order_is_kept_per_step_not_per_batch(ds_store, monkeypatch):
+    """Issue 30: the order's bookkeeping (locate, the steps) runs once per step of STEP_ROWS
+    positions, however small the batches: 1-row batches over TOTAL rows locate a few times, and
+    every row still comes once, in order."""
+    from cdcstore import stream as stream_mod
+    from cdcstore.core import order as order_mod
+
+    calls = []
+    real = order_mod.EpochOrder.locate
+    monkeypatch.setattr(order_mod.EpochOrder, "locate", lambda self, seq: calls.append(len(seq)) or real(self, seq))
+    monkeypatch.setattr(stream_mod, "STEP_ROWS", 128)
+    got = ids_of(make(ds_store, batch_size=1, shuffle=False))
+    assert got == list(range(TOTAL))
+    assert len(calls) <= -(-TOTAL // 128) + 1, f"{len(calls)} locates for {TOTAL} one-row batches"
