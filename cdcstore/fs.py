@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+import time
 import warnings
 
 from fsspec import AbstractFileSystem
@@ -163,6 +164,7 @@ class CdcFileSystem(AbstractFileSystem):
         self._get_root: tuple[str, str] | None = None  # a recursive get's destination: (absolute, real)
         self._store = runtime.Local()  # this process's Store (nothing network-bound survives a fork)
         self._heads: dict[tuple[str, str], str] = dict(resolved or {})  # (repo, rev) -> commit id, for pickling
+        self._asked: dict[tuple[str, str], float] = {}  # (repo, branch) -> when this instance last asked the store
         self._views: dict = {}  # (repo, commit id) -> (Commit, treeobj.View): derived from immutable commits
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -216,19 +218,25 @@ class CdcFileSystem(AbstractFileSystem):
         return meta.identity(ident), meta.scope(ident, self._args["token"]), a.repo, a.ref
 
     def _commit_id(self, a: Address) -> str:
-        """The commit a.ref names: the process's head if younger than `head_ttl` (commit ids and
-        tags for good; a write through this process drops it at once), else the store's answer."""
-        key = self._head_key(a)
+        """The commit a.ref names: commit ids and tags as kept for good; a branch as this instance
+        asked the store for it less than `head_ttl` ago (a write through this process drops it at
+        once; a new instance, one fsspec hands out again, and `invalidate_cache()` ask again),
+        else the store's answer."""
+        key, rev = self._head_key(a), (a.repo, a.ref)
         heads = meta.heads()
         got = heads.get(key, self.head_ttl)
-        if got is None and (a.repo, a.ref) in self._given:  # a worker: the head its parent read
-            cid = self._given.pop((a.repo, a.ref))
+        if got is not None and got[1] == "branch" and time.monotonic() - self._asked.get(rev, -1e18) > self.head_ttl:
+            got = None  # another instance's answer, or one from before invalidate_cache(): ask
+        if got is None and rev in self._given:  # a worker: the head its parent read
+            cid = self._given.pop(rev)
             heads.put(key, cid, "commit" if len(a.ref) >= 4 and cid.startswith(a.ref) else "branch")
             got = (cid, "given")
+            self._asked[rev] = time.monotonic()  # the parent's answer stands for this instance's
         if got is None:
             got = self.store.resolve_ref(a.repo, a.ref)
             heads.put(key, *got)
-        self._heads[(a.repo, a.ref)] = got[0]
+            self._asked[rev] = time.monotonic()
+        self._heads[rev] = got[0]
         return got[0]
 
     def _view_of(self, a: Address):
@@ -243,13 +251,20 @@ class CdcFileSystem(AbstractFileSystem):
         return got
 
     def invalidate_cache(self, path=None) -> None:
-        """Forget resolved branches: the process's heads of this store (a new commit moves them)."""
-        if self._heads:  # (a store was opened: asking for one here could create the default store)
-            ident = meta.identity(self.store.backend.identity)
-            for repo, rev in list(self._heads):
-                meta.wrote(ident, repo, rev)
-            self._heads.clear()
+        """Forget resolved branches: the next call asks the store (a commit another process landed
+        is seen; commit ids and tags stay: they never move)."""
+        self._asked.clear()
+        self._heads.clear()
         super().invalidate_cache(path)
+
+    @classmethod
+    def _check_instance_cache(cls, token):
+        """fsspec hands a cached instance out again for the same arguments: to its caller it is a
+        new filesystem, so its branches are asked again (fsspec's hook)."""
+        inst = type(cls)._check_instance_cache(cls, token)  # the metaclass's (fsspec.spec._Cached)
+        if inst is not None:
+            inst._asked.clear()
+        return inst
 
     def _name(self, a: Address, path: str) -> str:
         rev = f"@{a.rev}" if a.rev else ""

@@ -196,3 +196,41 @@ def test_a_missing_bucket_says_the_bucket_does_not_exist(s3_env, tmp_path, comma
     assert p.returncode == 1 and "bucket 'cdcstore-conformanse' does not exist" in line, p.stderr
     assert "cdcstore init --store" not in p.stderr and "not a cdcstore store" not in p.stderr  # was: offered
     assert "--create-bucket" in line
+
+
+# -- 8. a write another process landed is seen by a new filesystem, invalidate_cache() and the CLI ---
+@pytest.fixture(params=["directory", "server"])
+def location(request, tmp_path):
+    from cdcstore.storage.repository import LocalStore
+    if request.param == "directory":
+        LocalStore.init(str(tmp_path / "store"))
+        yield str(tmp_path / "store")
+    else:
+        request.getfixturevalue("server")
+        yield request.getfixturevalue("server").url
+
+
+def _names(fs, path="cdc://r/") -> list[str]:
+    return sorted(os.path.basename(p) for p in fs.ls(path, detail=False))
+
+
+def test_a_write_another_process_landed_is_seen_at_once(location, tmp_path):
+    import fsspec
+
+    elsewhere = {"XDG_CACHE_HOME": str(tmp_path / "other-machine")}  # its own chunk cache and heads
+    push = lambda name: cdc("push", _file(tmp_path / name, f"{name}.bin", name.encode() * 100), "cdc://r/",  # noqa: E731
+                            "--store", location, env=elsewhere)
+    assert push("a").returncode == 0
+    fs = fsspec.filesystem("cdc", store=location)
+    assert _names(fs) == ["a.bin"]
+    assert "a.bin" in cdc("ls", "cdc://r/", "--store", location).stdout  # this machine's CLI resolves main
+    t0 = time.monotonic()
+    assert push("b").returncode == 0  # another process (another machine's cache) lands a commit
+    p = cdc("ls", "cdc://r/", "--store", location)
+    assert "b.bin" in p.stdout, p.stdout  # was: a.bin alone for 5 s (the machine's cached head)
+    assert _names(fsspec.filesystem("cdc", store=location)) == ["a.bin", "b.bin"]  # fsspec hands it back: asked again
+    assert _names(fsspec.filesystem("cdc", store=location, skip_instance_cache=True)) == ["a.bin", "b.bin"]
+    assert push("c").returncode == 0
+    fs.invalidate_cache()
+    assert _names(fs) == ["a.bin", "b.bin", "c.bin"]  # was: the process's head, kept 5 s
+    assert time.monotonic() - t0 < 5  # all inside the old 5 s window: nothing was waited out

@@ -663,8 +663,8 @@ class CachedBackend(Overlay):
     """An overlay whose reads go through a `ChunkCache` first; the rest passes through (`Overlay`).
 
     Chunks the cache holds are located at `Held.CACHE`. Immutable objects are kept by `meta` in
-    this process and in the cache's `objects` table for the machine; branch heads likewise, in
-    the `heads` table for `HEAD_TTL` seconds, keyed by the store's identity (storage/meta.py)."""
+    this process and in the cache's `objects` table for the machine; tags in the `heads` table for
+    good, keyed by the store's identity (storage/meta.py); branch heads are asked of the store."""
 
     def __init__(self, backend: Backend, cache: ChunkCache, token: str | None = None, owns_cache: bool = False):
         super().__init__(backend)
@@ -904,7 +904,7 @@ class CachedBackend(Overlay):
         return self.bound(repo, Commit.decode(self._once(self._object(kind, commit_id), fetch),
                                               f"commit {commit_id}"))
 
-    # heads: this process (`meta`), then the machine (the cache's table, `HEAD_TTL`), then the store
+    # heads: tags from the machine (the cache's table), branches from the store
     def _store_key(self) -> str:
         """The heads' identity of the inner store (storage/meta.py). A process that has not heard
         the store's id yet takes the one a process of this machine heard last, within `HEAD_TTL`
@@ -928,41 +928,23 @@ class CachedBackend(Overlay):
             self.cache.put_head(STORE_ID_PREFIX + loc, "", sid)
 
     def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
-        """A full commit id already seen, or a tag resolved once (tags never move),
-        costs no request; a branch resolved by this process or any process on this machine
-        in the last `HEAD_TTL` seconds neither (so that many workers starting at once ask the
-        server once). A commit id or prefix never reads a cached branch head."""
+        """A full commit id already seen, or a tag resolved once (tags never move), costs no
+        request; a branch is asked of the store every time (one small request: a commit another
+        process or machine landed is seen at once; a filesystem instance may keep what it asked
+        for `head_ttl`, fs.py). A commit id or prefix never reads a cached head."""
         if is_commit_like(rev):
             if ids.is_hex_id(rev) and self.cache.get_object(f"commit:{self._scope}:{repo}", rev) is not None:
                 return rev, "commit"
             return self.inner.resolve_ref(repo, rev)
-        kept = meta.heads().get((self._store_key(), self._scope, repo, rev), HEAD_TTL)
-        if kept is not None:
-            return kept
         key = self._heads_key(repo)
         tag = self.cache.get_head(key, TAG_PREFIX + rev, ttl=float("inf"))
         if tag is not None:
             meta.count("heads_machine")
             return tag, "tag"
-
-        def fetch():
-            cid, kind = self.inner.resolve_ref(repo, rev)
-            self._heard()
-            self.cache.put_head(self._heads_key(repo), (TAG_PREFIX if kind == "tag" else "") + rev, cid)
-            return f"{kind}:{cid}"
-
-        since = meta.written_at(self._store_key(), repo, rev)
-
-        def lookup():
-            found = self.cache.get_head(key, rev, since=since)
-            return f"branch:{found}" if found else None
-
-        machine = lookup()
-        answer = machine if machine is not None else self._once(lookup, fetch)
-        kind, _, cid = answer.partition(":")
-        if machine is not None:
-            meta.count("heads_machine")
-            meta.heads().put((self._store_key(), self._scope, repo, rev), cid, kind)
+        cid, kind = self.inner.resolve_ref(repo, rev)
+        self._heard()
+        if kind == "tag":
+            self.cache.put_head(self._heads_key(repo), TAG_PREFIX + rev, cid)
         return cid, kind
 
     # writes that move heads: the one invalidation rule (storage/meta.py), here and for the machine

@@ -6,11 +6,10 @@ Two kinds, two rules:
   against it before they are kept: kept for good (`Objects`, least recently used out past
   `OBJECTS_MAX`), per *scope* (the store's identity and the token), so that another token still
   asks the server, which checks it.
-- **Heads** (branch -> commit): a branch head is kept `HEAD_TTL` seconds (a filesystem may ask
-  for another TTL), a tag or a commit id for good. The one invalidation rule: a write through
-  this process (a commit, a branch or tag made or deleted) drops the heads of that branch at
-  once, so the next resolve asks the store; a write by another process is seen once the TTL
-  ends.
+- **Heads** (branch -> commit): a tag or a commit id is kept for good; a branch head is served
+  only to the `cdc://` filesystem instance that asked for it, for its `head_ttl` (fs.py): every
+  other resolve asks the store. The one invalidation rule: a write through this process (a
+  commit, a branch or tag made or deleted) drops the heads of that branch at once.
 
 Heads are keyed by the store's **identity**: a server names its store (`X-Cdc-Store`, a random id
 kept in the store) on every answer, and `saw_store` records it per URL. When another store
