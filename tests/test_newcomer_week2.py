@@ -234,3 +234,34 @@ def test_a_write_another_process_landed_is_seen_at_once(location, tmp_path):
     fs.invalidate_cache()
     assert _names(fs) == ["a.bin", "b.bin", "c.bin"]  # was: the process's head, kept 5 s
     assert time.monotonic() - t0 < 5  # all inside the old 5 s window: nothing was waited out
+
+
+# -- 9. the small ones ------------------------------------------------------------------------------
+def test_no_repo_through_a_server_reads_as_english(server):
+    p = cdc("ls", "cdc://nope/", "--store", server.url)
+    assert p.returncode == 1 and "no repo 'nope' in the server's store" in p.stderr, p.stderr
+    assert "store the server's store" not in p.stderr  # was: "in store the server's store"
+
+
+def test_a_native_client_at_the_gateway_port_is_told_the_native_port(tmp_path):
+    import datetime
+
+    import boto3
+    from cdcstore.storage.repository import LocalStore
+    from server_util import ServerProcess, free_port
+
+    LocalStore.init(str(tmp_path / "srv"))
+    with Store(str(tmp_path / "srv")) as s:
+        s.push([_file(tmp_path / "src", "f.bin", b"f" * 100)], "cdc://ds/")
+    gw = free_port()
+    with ServerProcess(str(tmp_path / "srv"), "--s3-port", str(gw)) as srv:
+        for store in (f"http://127.0.0.1:{gw}", f"http://127.0.0.1:{gw}/v1"):
+            p = cdc("ls", "cdc://ds/", "--store", store)
+            line = p.stderr.splitlines()[-1]
+            assert p.returncode == 1 and "S3 gateway" in line and srv.url in line, p.stderr  # was: raw XML
+            assert "<Error>" not in p.stderr
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{gw}", aws_access_key_id="anyone",
+                          aws_secret_access_key="x", region_name="us-east-1")
+        [bucket] = s3.list_buckets()["Buckets"]
+        assert bucket["Name"] == "ds" and bucket["CreationDate"].year >= 2024  # was: 1970
+        assert bucket["CreationDate"] <= datetime.datetime.now(datetime.timezone.utc)

@@ -86,8 +86,10 @@ def _header_bytes(headers) -> int:
     return sum(len(k) + len(v) + 4 for k, v in headers.items()) + 2
 
 
-def _map_error(status: int, body: bytes, what: str, base: str = "") -> Exception:
+def _map_error(status: int, body: bytes, what: str, base: str = "", native_port: str | None = None) -> Exception:
     """The exception for an error answer: by the body's `code` (protocol 1.2), else by status."""
+    if body.lstrip().startswith(b"<?xml") and b"<Error>" in body:  # S3's error document
+        return _s3_answer(what, base, native_port)
     try:
         doc = json.loads(body)
         message, code = doc["error"], doc.get("code")
@@ -107,6 +109,19 @@ def _map_error(status: int, body: bytes, what: str, base: str = "") -> Exception
     if status == 404:
         return NotFoundError(message)
     return RemoteError(f"{what}: server answered {status}: {message}")
+
+
+def _s3_answer(what: str, base: str, native_port: str | None) -> RemoteError:
+    """`base` answered as an S3 endpoint: cdcstore's S3 gateway (`serve --s3-port`, which names
+    the API's port in a header), or another S3 service; one line with the URL to use."""
+    import urllib.parse
+    if native_port and native_port.isdigit():
+        parts = urllib.parse.urlsplit(base)
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+        return RemoteError(f"{what}: {base} is the S3 gateway port of `cdcstore serve`, not its API: use "
+                           f"{parts.scheme}://{host}:{native_port}")
+    return RemoteError(f"{what}: {base} answers as an S3 endpoint, not as cdcstore's API: give the URL "
+                       f"`cdcstore serve` printed (http://HOST:PORT/v1); for a bucket, s3://BUCKET/PREFIX")
 
 
 def _no_route(what: str, base: str, message: str) -> NotFoundError:
@@ -361,7 +376,8 @@ class Transport:
                             if resp.status in ok:
                                 return resp.status, payload
                             if resp.status not in RETRY_STATUS or attempt == retries:
-                                raise _map_error(resp.status, payload, what, base)
+                                raise _map_error(resp.status, payload, what, base,
+                                                 resp.headers.get(wire.NATIVE_PORT_HEADER))
                             reason = "server busy" if resp.status == 429 else f"server answered {resp.status}"
                             retry_after = resp.headers.get("Retry-After")
                             if retry_after and retry_after.strip().isdigit():

@@ -40,8 +40,10 @@ from ..core.treeobj import Folder, Tree
 from ..core.commit import FileEntry
 from ..storage.reader import FileReader
 from .limits import Busy
+from ..storage.repository import MARKER
 from .server import SERVER, STORE_ROOTS, sanitize
 from .tokens import default_name, owner_id
+from .wire import NATIVE_PORT_HEADER
 
 log = logging.getLogger("cdcstore.gateway")
 
@@ -265,10 +267,16 @@ class Gateway:
     async def list_buckets(self, grant: dict) -> web.Response:
         repos = await self._io(self.store.repos)
         visible = repos if "*" in grant["repos"] else [r for r in repos if r in grant["repos"]]
-        buckets = "".join(f"<Bucket>{_el('Name', r)}{_el('CreationDate', iso_time(0))}</Bucket>"
+        created = iso_time(await self._io(self._created))
+        buckets = "".join(f"<Bucket>{_el('Name', r)}{_el('CreationDate', created)}</Bucket>"
                           for r in sorted(visible))
         owner = f"<Owner>{_el('ID', 'cdcstore')}{_el('DisplayName', grant.get('name') or 'cdcstore')}</Owner>"
         return _xml("ListAllMyBucketsResult", f"{owner}<Buckets>{buckets}</Buckets>")
+
+    def _created(self) -> float:
+        """When the store was made (its marker's write time), each repo's CreationDate."""
+        info = next(iter(self.store.objects.list(MARKER)), None)
+        return info.mtime if info is not None and info.mtime else time.time()
 
     # -- objects -----------------------------------------------------------------------------
     def _revision(self, repo: str, rev: str):
@@ -411,7 +419,7 @@ class Gateway:
 # -- the app ----------------------------------------------------------------------------------------
 def _error_response(request: web.Request, e: S3Error) -> web.Response:
     rid = secrets.token_hex(8)
-    headers = {"x-amz-request-id": rid}
+    headers = {"x-amz-request-id": rid, NATIVE_PORT_HEADER: str(request.app[NATIVE_PORT])}
     if request.method == "HEAD":  # no body: the status says it (as S3)
         return web.Response(status=e.status, headers=headers)
     message = sanitize(str(e), request.app[STORE_ROOTS])
@@ -450,19 +458,23 @@ async def s3_errors(request: web.Request, handler):
         return _error_response(request, S3Error(500, "InternalError", f"internal error: {type(e).__name__}"))
 
 
-def make_gateway_app(server, roots: tuple = ()) -> web.Application:
+NATIVE_PORT = web.AppKey("native_port", object)  # the native API's port, named on errors (wire.NATIVE_PORT_HEADER)
+
+
+def make_gateway_app(server, roots: tuple = (), native_port: int | None = None) -> web.Application:
     """The gateway's app over a `server.Server`; `roots`: the store paths its errors never name."""
     gateway = Gateway(server)
     app = web.Application(middlewares=[s3_errors])
-    app[STORE_ROOTS] = roots
+    app[STORE_ROOTS], app[NATIVE_PORT] = roots, native_port or ""
     app.router.add_route("*", "/{tail:.*}", gateway.handle)
     return app
 
 
-def listen(app: web.Application, host: str, port: int) -> None:
-    """Serve the gateway on `host:port` while `app` (the native API's, `server.make_app`) runs,
-    in its process, over its `Server`."""
-    runner = web.AppRunner(make_gateway_app(app[SERVER], app[STORE_ROOTS]), access_log=logging.getLogger("cdcstore.access"),
+def listen(app: web.Application, host: str, port: int, native_port: int | None = None) -> None:
+    """Serve the gateway on `host:port` while `app` (the native API's, `server.make_app`, on
+    `native_port`) runs, in its process, over its `Server`."""
+    runner = web.AppRunner(make_gateway_app(app[SERVER], app[STORE_ROOTS], native_port),
+                           access_log=logging.getLogger("cdcstore.access"),
                            access_log_format='%a "%r" %s %b %Tfs')
 
     async def start(_app: web.Application) -> None:

@@ -125,7 +125,7 @@ _REPO_LIST = re.compile(r" \(repos: [^)]*\)")
 def sanitize(message: str, roots: tuple) -> str:
     """An error message without the server's paths or the list of other tenants' repos."""
     for root in roots:
-        message = message.replace(root, "the server's store")
+        message = message.replace(f"store {root}", "the server's store").replace(root, "the server's store")
     return _REPO_LIST.sub("", message)
 
 
@@ -1085,7 +1085,7 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
     app = make_app(store, config)
     if s3_port is not None:
         from .gateway import listen
-        listen(app, host, s3_port)
+        listen(app, host, s3_port, native_port=port)
 
     def announce(_msg: str) -> None:  # run_app calls this only once it listens: bind first, announce after
         if tokens is None:

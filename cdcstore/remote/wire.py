@@ -103,6 +103,7 @@ def _flags(ids: list[bytes], body: bytes) -> bytes:
 
 
 STORE_HEADER = "X-Cdc-Store"  # every answer names the store behind the URL (its `store-id`): clients key heads by it
+NATIVE_PORT_HEADER = "X-Cdc-Native-Port"  # the S3 gateway's errors name the API's port (a native client sent there)
 PROVE_HEADER = "X-Cdc-Prove"  # a query that sends it may get 2 = "prove you hold it" (protocol 1.1)
 MAX_PROOFS_PER_REQUEST = 4096
 PROOF = 16  # bytes of blake2b(raw chunk, key=nonce)
