@@ -265,3 +265,31 @@ def test_a_native_client_at_the_gateway_port_is_told_the_native_port(tmp_path):
         [bucket] = s3.list_buckets()["Buckets"]
         assert bucket["Name"] == "ds" and bucket["CreationDate"].year >= 2024  # was: 1970
         assert bucket["CreationDate"] <= datetime.datetime.now(datetime.timezone.utc)
+
+
+# -- 2. the tests' install resolves at once: the S3 client family is pinned to versions that fit ------
+S3_FAMILY = ("boto3", "botocore", "aiobotocore", "s3fs")  # botocore is what boto3 and aiobotocore each pin
+
+
+def test_the_s3_client_family_is_pinned_to_versions_that_fit_each_other():
+    """pip walked 20 boto3 and 33 aiobotocore versions (20 minutes) to find a botocore both
+    accept; exact pins that satisfy one another leave it one candidate each."""
+    import importlib.metadata
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        test = [Requirement(r) for r in tomllib.load(f)["project"]["optional-dependencies"]["test"]]
+    pins = {r.name: r for r in test}
+    exact = {n: str(pins[n].specifier)[2:] for n in S3_FAMILY if n in pins and str(pins[n].specifier).startswith("==")}
+    assert sorted(exact) == sorted(S3_FAMILY), f"not pinned exactly: {set(S3_FAMILY) - set(exact)}"
+    for name, version in exact.items():  # each pin's own requirements on the others hold (read from it, installed)
+        if importlib.metadata.version(name) != version:
+            continue  # another version installed here: its metadata says nothing of the pinned one
+        for dep in map(Requirement, importlib.metadata.requires(name) or []):
+            if dep.name in exact and not dep.marker:
+                assert dep.specifier.contains(exact[dep.name]), f"{name}=={version} wants {dep}"
+    installed = {n: importlib.metadata.version(n) for n in S3_FAMILY}
+    assert installed == exact, "the pins are not what this machine runs the tests with"
+
