@@ -61,6 +61,8 @@ def run(size_mb: int = 64, workdir: str | None = None) -> dict:
 
         v1 = store.push([data], "cdc://demo/", message="v1")
         print(_row("push v1", v1), f"commit {v1.commit[:12]}")
+        print(f"           new < pushed: {(v1.bytes - v1.new_bytes) / 2**20:.2f} MiB of v1's chunks repeat within it "
+              f"(the same pages in several shards) and are stored once")
         again = store.push([data], "cdc://demo/", message="v1 again")
         print(_row("re-push", again), "(no changes)" if not again.changed else "")
 
