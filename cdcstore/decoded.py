@@ -13,6 +13,12 @@ its release bound (`core.order.release_bound`). A worker that has not reported y
 started, so nothing it needs goes early. Files hold `e<epoch>-u<unit>.arrow`; a crashed run's folder
 is removed by the next one made on the machine (its owner pid is in the name).
 
+Bounds (docs/streaming.md "Decode bounds"): `read_row_group` refuses a row group whose decoded
+size is over `CDCSTORE_MAX_DECODED_BYTES` (1 GiB by default) before pyarrow allocates it (a few
+hundred bytes of Parquet whose one dictionary value repeats decode to GBs), so no worker holds it
+and the folder never receives it. The folder goes when its owner dies however it dies: a reaper
+(`sh`, in a session of its own) waits for the owner's pid and removes it.
+
 Batches by reference (`StreamingDataset.loader`): a worker does not gather, convert and pickle a
 batch's rows; it hands over a `BatchRef` (which rows of which row groups: a few KB) with a hard link
 to each row group's file made for that batch (`pin-*.arrow`), and the main process maps the files,
@@ -29,14 +35,17 @@ import itertools
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import weakref
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import runtime
+from .core.decoders import setting
 
 SHM = "/dev/shm"
 SHM_MIN_FREE = 1 << 30  # /dev/shm is used only with this much free (a container's is often 64 MiB)
@@ -46,6 +55,77 @@ DONE = (1 << POS_BITS) - 1  # the position of a worker whose epoch is over
 _NAME = re.compile(r"e(\d+)-u(\d+)\.arrow$")
 _FOLDER = re.compile(r"cdcstore-units-(\d+)-")
 _PIN = re.compile(r"pin-(\d+)-")
+MAX_DECODED_BYTES = 1 << 30  # default bound of one decoded row group (CDCSTORE_MAX_DECODED_BYTES)
+_REAPER = 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; rm -rf -- "$2"'
+
+
+class DecodeBoundError(ValueError):
+    """A row group decodes to more bytes than the bound allows."""
+
+
+def read_row_group(source, metadata, rg: int, columns: list[str] | None, what: str):
+    """Row group `rg` of the Parquet file `source` (its footer `metadata`; named `what` in errors),
+    refused with DecodeBoundError when it decodes to more than `CDCSTORE_MAX_DECODED_BYTES`: first
+    by what its footer says (fixed-width values, string offsets), then with its dictionary-encoded
+    string columns read as dictionaries (indices and values, no more) and their decoded size
+    counted, then, for encodings no count foresees, by the table's size. Only then are the
+    dictionaries expanded. Its column chunks are read in one coalesced request (pre_buffer)."""
+    import pyarrow.parquet as pq
+
+    limit = setting("CDCSTORE_MAX_DECODED_BYTES", MAX_DECODED_BYTES)
+    schema, g = metadata.schema.to_arrow_schema(), metadata.row_group(rg)
+    names = [n for n in (columns if columns is not None else schema.names) if n in schema.names]
+    dicts = [n for n in names if _may_expand_past(g, schema.field(n), limit)]
+
+    def check(size: int, how: str) -> None:
+        if size > limit:
+            raise DecodeBoundError(f"{what}: row group {rg} decodes to {size} bytes ({how}), over the bound of "
+                                   f"{limit}: set CDCSTORE_MAX_DECODED_BYTES to read larger row groups, or "
+                                   f"rewrite the file with smaller ones")
+
+    check(sum(_footer_bytes(g.num_rows, schema.field(n).type) for n in names), "by its footer")
+    pf = pq.ParquetFile(source, metadata=metadata, pre_buffer=True, read_dictionary=dicts or None)
+    table = pf.read_row_group(rg, columns=columns)
+    sizes = {n: _expanded_bytes(table.column(n)) for n in dicts}
+    check(sum(c.nbytes for n, c in zip(table.column_names, table.columns) if n not in sizes) + sum(sizes.values()),
+          "its values")
+    for n in dicts:
+        i = table.column_names.index(n)
+        table = table.set_column(i, schema.field(n), table.column(i).cast(schema.field(n).type))
+    return table
+
+
+def _may_expand_past(g, field, limit: int) -> bool:
+    """A top-level string or binary column whose chunk in row group `g` is dictionary-encoded and
+    could decode past `limit`: one value is at most the chunk's uncompressed bytes, so a chunk of
+    rows x those bytes under the limit cannot (a caller who trusts its data and raises the bound
+    far enough skips the count; the count costs a dictionary build where pages fell back to plain)."""
+    t = field.type
+    if not (pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t)
+            or pa.types.is_large_binary(t)):
+        return False
+    for j in range(g.num_columns):
+        c = g.column(j)
+        if c.path_in_schema == field.name:
+            return c.has_dictionary_page and g.num_rows * c.total_uncompressed_size > limit
+    return False
+
+
+def _footer_bytes(rows: int, t: pa.DataType) -> int:
+    """Bytes a column of `rows` rows of type `t` takes at least: fixed-width values, or offsets."""
+    try:
+        return rows * max(t.bit_width // 8, 1)
+    except ValueError:  # not fixed-width: strings and lists have offsets at least
+        return rows * 4
+
+
+def _expanded_bytes(column) -> int:
+    """The bytes a dictionary-encoded string column takes once expanded (values and offsets)."""
+    total = 0
+    for chunk in column.chunks:
+        lengths = pc.binary_length(chunk.dictionary)
+        total += (pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0) + 4 * (len(chunk) + 1)
+    return total
 
 
 def _root() -> str:
@@ -67,6 +147,15 @@ def _sweep_stale(root: str) -> None:
                 shutil.rmtree(entry.path, ignore_errors=True)
 
 
+def _reap_when_gone(pid: int, path: str) -> None:
+    """Remove `path` once process `pid` is gone, even by SIGKILL: a `sh` loop in its own session
+    (so a signal to the owner's process group spares it), polling once a second."""
+    with contextlib.suppress(OSError):
+        subprocess.Popen(["sh", "-c", _REAPER, "sh", str(pid), path], start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         close_fds=True)
+
+
 def _remove_if_owner(path: str, owner: int) -> None:
     if runtime.is_this_process(owner):
         shutil.rmtree(path, ignore_errors=True)
@@ -81,6 +170,7 @@ class DecodedUnits:
         root = _root()
         _sweep_stale(root)
         self.path = tempfile.mkdtemp(prefix=f"cdcstore-units-{os.getpid()}-", dir=root)
+        _reap_when_gone(os.getpid(), self.path)
         self._progress = multiprocessing.get_context().Array("q", slots, lock=False)
         self._loops = multiprocessing.get_context().Value("q", 0, lock=False)  # the loader's iterations begun
         self._finalizer = weakref.finalize(self, _remove_if_owner, self.path, os.getpid())

@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import decoded as _decoded
 from . import runtime
 from .core import decoders as _decoders
 from .core import order as _order
@@ -394,8 +395,7 @@ class ParquetSource(Source):
         # pre_buffer: the row group's column chunks in one coalesced read (no read-ahead past it,
         # which would fetch what another DataLoader worker decodes); a ParquetFile per row group,
         # since one keeps its last pre-buffered bytes while it lives
-        table = pq.ParquetFile(reader, metadata=self.footers[fi], pre_buffer=True).read_row_group(
-            rg, columns=self.columns)
+        table = _decoded.read_row_group(reader, self.footers[fi], rg, self.columns, self.files[fi].address)
         if table.num_rows != self.units[u][2]:
             raise lying_rows(self.files[fi], rg, self.units[u][2], f"pyarrow read {table.num_rows}")
         m = ds._metrics

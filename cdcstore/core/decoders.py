@@ -5,15 +5,23 @@ as int, `json`/`jsn` parsed, `npy` as a numpy array (never unpickled), and image
 `webp`, ...) as PIL images when Pillow is installed (bytes otherwise). A compound extension
 (`seg.png`) is decoded by its last part. Other members stay bytes; `pyd`/`pickle` members are
 never unpickled (a dataset is data, not code).
+
+Decoding is bounded (docs/streaming.md "Decode bounds"): an image over `CDCSTORE_MAX_IMAGE_PIXELS`
+pixels (2**26 by default, 8192 x 8192) is refused from its header, before its pixels are decoded
+(a 657 KB PNG of zeros is 644 MiB of RGBA); a row group over `CDCSTORE_MAX_DECODED_BYTES` is
+refused by `cdcstore.decoded.read_row_group`. Each setting is read from the environment when used,
+so DataLoader workers (forked or spawned) follow the main process's.
 """
 from __future__ import annotations
 
 import io
 import json
+import os
 from typing import Callable
 
 import numpy as np
 
+MAX_IMAGE_PIXELS = 1 << 26  # default bound of one decoded image (CDCSTORE_MAX_IMAGE_PIXELS)
 IMAGES = ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "pnm", "webp", "bmp", "tif", "tiff", "gif")
 
 
@@ -33,12 +41,31 @@ def _npy(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
+def setting(name: str, default: int) -> int:
+    """A decode bound from the environment variable `name` (a whole number above 0), else `default`."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise ValueError(f"{name}={value!r}: expected a whole number above 0")
+    return n
+
+
 def _image(data: bytes):
     try:
         from PIL import Image
     except ImportError:  # without Pillow images stay bytes (docs/streaming.md)
         return data
-    image = Image.open(io.BytesIO(data))
+    image = Image.open(io.BytesIO(data))  # reads the header only
+    width, height = image.size
+    limit = setting("CDCSTORE_MAX_IMAGE_PIXELS", MAX_IMAGE_PIXELS)
+    if width * height > limit:
+        raise ValueError(f"a {width} x {height} image is {width * height} pixels, over the bound of {limit}: "
+                         f"set CDCSTORE_MAX_IMAGE_PIXELS to decode larger ones")
     image.load()
     return image
 
