@@ -214,7 +214,7 @@ def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict,
         store.index.drop_chunks(name, bad, damaged=True)
         found.append((f"{len(bad)} chunks of pack {name} fail verification (their index rows are "
                       f"dropped: {REPUSH} to repair them)", bad))
-    if not named_right:
+    if not named_right and entries is not None:  # a damaged footer's line is above (rebuild-index)
         found.append(_damaged_pack(store, name, set(indexed) - bad))
     return len(entries or indexed)
 
