@@ -17,7 +17,8 @@ Bounds (docs/streaming.md "Decode bounds"): `read_row_group` refuses a row group
 size is over `CDCSTORE_MAX_DECODED_BYTES` (1 GiB by default) before pyarrow allocates it (a few
 hundred bytes of Parquet whose one dictionary value repeats decode to GBs), so no worker holds it
 and the folder never receives it. The folder goes when its owner dies however it dies: a reaper
-(`sh`, in a session of its own) waits for the owner's pid and removes it.
+(`sh`, in a session of its own) waits for the owner's pid and removes it; and the workers exit
+with their parent (`exit_with_parent`).
 
 Batches by reference (`StreamingDataset.loader`): a worker does not gather, convert and pickle a
 batch's rows; it hands over a `BatchRef` (which rows of which row groups: a few KB) with a hard link
@@ -37,6 +38,8 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -154,6 +157,26 @@ def _reap_when_gone(pid: int, path: str) -> None:
         subprocess.Popen(["sh", "-c", _REAPER, "sh", str(pid), path], start_new_session=True,
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          close_fds=True)
+
+
+_watched = 0  # the process whose parent a thread watches (`exit_with_parent`)
+
+
+def exit_with_parent(poll: float = 1.0) -> None:
+    """In a DataLoader worker: exit within `poll` s of the parent's death (a SIGKILLed rank), even
+    when blocked: at exit a worker waits to flush its batches into the pipe to the dead parent,
+    which a sibling worker keeps open, so it used to wait forever. Once per process."""
+    global _watched
+    if _watched == os.getpid():
+        return
+    _watched, parent = os.getpid(), os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="cdcstore-exit-with-parent", daemon=True).start()
 
 
 def _remove_if_owner(path: str, owner: int) -> None:

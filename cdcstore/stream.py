@@ -390,6 +390,7 @@ class StreamingDataset:
         if info is not None:
             worker, workers = info.id, info.num_workers
             self._slot = worker % (SLOTS - 1) + 1
+            _decoded.exit_with_parent()  # a worker of a SIGKILLed rank exits (decoded.py)
             if runtime.bound_malloc():  # a worker's freed row-group buffers go back to the system,
                 pa.set_memory_pool(pa.system_memory_pool())  # Arrow's too (mimalloc keeps them a while)
         return self.iterate(worker, workers, refs=refs and info is not None)

@@ -8,7 +8,8 @@ overrides one (tests set small ones to stay fast).
 
 `Slots` is such a pool: `total` requests at once, at most `per_owner` of them for one
 token, so no token can take every slot (a slow upload holds its slot until its body rate
-falls under the minimum).
+falls under the minimum). A pool of reads also keeps one slot per token for that token alone:
+slow readers hold their own token's slots, never another token's.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class ServerLimits:
     parse_slots: int = 2  # batches parsed and packs verified at once (the others wait, spooled on disk)
     write_slots: int = 8  # pack uploads, manifest and tree batches at once (429 past it)
     write_slots_per_token: int = 4  # of which one token may hold
-    read_slots: int = 8  # masked or bucket pack ranges, located manifests and proof checks at once
+    read_slots: int = 8  # masked or bucket pack ranges, located manifests, gateway GETs at once (shared)
     read_slots_per_token: int = 6  # of which one token may hold
     read_wait: float = 10.0  # seconds a read waits in line for a read slot before its 429
     # job journals (remote/staging.py)
@@ -79,32 +80,43 @@ class Busy(Exception):
     """No slot: the request gets a 429 with Retry-After."""
 
 
-class Slots:
-    """A pool of `total` slots, at most `per_owner` for one owner (a token). Reads may wait in
-    line for a slot (first come, first served); uploads, which a slow client can hold, do not."""
+ANONYMOUS = "request-"  # an open server's callers: each request its own owner, no slot of its own
 
-    def __init__(self, what: str, total: int, per_owner: int):
-        self.what, self.total, self.per_owner = what, total, min(per_owner, total)
-        self.used = 0
+
+class Slots:
+    """A pool of `total` shared slots, at most `per_owner` for one owner (a token). With `own`,
+    each token also has one slot of its own, taken when the shared ones are all held: a token
+    that holds none gets one however many other tokens' slow clients hold (what the pool holds is
+    then `total` plus one per token with a request in flight; tokens are the operator's list).
+    Reads may wait in line for a slot (first come, first served); uploads, which a slow client
+    can hold, do not."""
+
+    def __init__(self, what: str, total: int, per_owner: int, own: bool = False):
+        self.what, self.total, self.per_owner, self.own = what, total, min(per_owner, total), own
+        self.used = 0  # shared slots held
         self.by_owner: collections.Counter[str] = collections.Counter()
         self._waiters: collections.deque[asyncio.Future] = collections.deque()
 
+    def _own_free(self, owner: str) -> bool:
+        return self.own and not self.by_owner[owner] and not owner.startswith(ANONYMOUS)
+
     def _free_for(self, owner: str) -> bool:
-        return self.used < self.total and self.by_owner[owner] < self.per_owner
+        return self.by_owner[owner] < self.per_owner and (self.used < self.total or self._own_free(owner))
 
     @contextlib.contextmanager
     def take(self, owner: str):
-        """A slot for `owner`, or Busy."""
-        if self.used >= self.total:
-            raise Busy(f"server busy ({self.total} {self.what} at once): retry later")
+        """A slot for `owner` (a shared one, else its own), or Busy."""
         if self.by_owner[owner] >= self.per_owner:
             raise Busy(f"this token already runs {self.per_owner} {self.what} at once: retry later")
-        self.used += 1
+        shared = self.used < self.total
+        if not shared and not self._own_free(owner):
+            raise Busy(f"server busy ({self.total} {self.what} at once): retry later")
+        self.used += shared
         self.by_owner[owner] += 1
         try:
             yield
         finally:
-            self.used -= 1
+            self.used -= shared
             self.by_owner[owner] -= 1
             if not self.by_owner[owner]:
                 del self.by_owner[owner]

@@ -33,7 +33,10 @@ class Unserved(Exception):
 
 
 class Stalled(Unserved):
-    """No byte arrived for the idle timeout."""
+    """No byte arrived for the idle timeout, or the answer came slower than the minimum rate."""
+
+
+MIN_RATE = 1024 * 1024  # bytes/s: an answer slower than this past the idle timeout is a stall (as the full client's)
 
 
 class _Conn(asyncio.BufferedProtocol):
@@ -206,11 +209,13 @@ class Receiver:
         return base.startswith("http://")
 
     async def get(self, base: str, path: str, start: int, end: int, into: list[memoryview],
-                  headers: dict[str, str], idle_timeout: float) -> _Conn:
+                  headers: dict[str, str], idle_timeout: float, min_rate: float = MIN_RATE) -> _Conn:
         """Bytes [start, end) of `base + path` written across `into` (their lengths add up
         to end - start); returns the connection's record of the answer (status, headers,
         head bytes; an error answer's status and `error_body`, nothing written). Unserved
-        (or Stalled) when the fast path cannot deliver them."""
+        (or Stalled: no byte for `idle_timeout`, or not all of them within `idle_timeout` plus
+        their time at `min_rate`, so a drip cannot hold a read) when the fast path cannot
+        deliver them."""
         url = urllib.parse.urlsplit(base)
         host, port = url.hostname or "", url.port or 80
         target = (url.path.rstrip("/") + path) or "/"
@@ -224,7 +229,8 @@ class Receiver:
             for fresh in (False, True):
                 conn, reused = await self._conn(host, port, fresh)
                 try:
-                    await self._exchange(conn, request, into, idle_timeout)
+                    budget = idle_timeout + (end - start) / min_rate
+                    await self._exchange(conn, request, into, idle_timeout, budget)
                 except Unserved:
                     conn.abort()
                     if not reused or conn.status or conn.got:
@@ -256,15 +262,18 @@ class Receiver:
         return conn, False
 
     @staticmethod
-    async def _exchange(conn: _Conn, request: bytes, into: list[memoryview], idle_timeout: float) -> None:
+    async def _exchange(conn: _Conn, request: bytes, into: list[memoryview], idle_timeout: float,
+                        budget: float) -> None:
         done = conn.begin(into)
         conn.sent = len(request)
         conn.transport.write(request)
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget
         while not done.done():
-            wait = conn.progress + idle_timeout - loop.time()
+            wait = min(conn.progress + idle_timeout, deadline) - loop.time()
             if wait <= 0:
-                raise Stalled(f"no byte for {idle_timeout:.0f} s")
+                raise Stalled(f"no byte for {idle_timeout:.0f} s" if loop.time() < deadline else
+                              f"{conn.got} bytes of the answer in {budget:.0f} s: under the minimum rate")
             await asyncio.wait((done,), timeout=wait)
         done.result()
 

@@ -30,7 +30,7 @@ from .. import runtime
 from ..core import ids, treeobj
 from . import batches, wire
 from .admin import Lifecycle
-from .limits import Busy, ServerLimits, Slots
+from .limits import ANONYMOUS, Busy, ServerLimits, Slots
 from .staging import JournalSpace, StagingRoutes
 from .tokens import TokenFile, default_name, owner_id
 from .tokens import add as add_token, revoke as revoke_token  # noqa: F401 (`cdcstore token`)
@@ -251,7 +251,7 @@ class Auth:
     def owner(self, request: web.Request) -> str:
         """Who holds a slot or a session: a hash of the token (each request on an open server)."""
         if self.tokens is None:
-            return f"request-{id(request)}"
+            return f"{ANONYMOUS}{id(request)}"
         token = request.headers.get("Authorization", "").strip().partition(" ")[2].strip()
         return owner_id(token)
 
@@ -270,7 +270,7 @@ class Server:
         self.auth = Auth(config.tokens)
         self.limits = lim = config.limits
         self.writes = Slots("uploads", lim.write_slots, lim.write_slots_per_token)
-        self.reads = Slots("reads", lim.read_slots, lim.read_slots_per_token)
+        self.reads = Slots("reads", lim.read_slots, lim.read_slots_per_token, own=True)  # + one per token
         self._parsing = asyncio.Semaphore(lim.parse_slots)  # batches parsed at once (their bodies wait on disk)
         self.access = AccessRecords(store)  # what each token may read: only a server keeps it
         self.journals = JournalSpace(store, lim.max_journal_bytes_per_token)  # each token's job journal bytes
