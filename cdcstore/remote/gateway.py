@@ -22,7 +22,6 @@ import binascii
 import concurrent.futures
 import email.utils
 import logging
-import mimetypes
 import re
 import secrets
 import time
@@ -52,7 +51,8 @@ MAX_KEYS = 1000  # the most keys one listing answers (as S3)
 REGION = "us-east-1"
 WRITES_LATER = ("this S3 gateway serves reads only; writes come later: push with `cdcstore push` or write "
                 "through cdc:// (docs/gateway.md)")
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"^bytes=\s*(\d*)\s*-\s*(\d*)\s*$")
+CONTENT_TYPE = "binary/octet-stream"  # what S3 answers for an object stored without a type (a push stores none)
 
 
 class S3Error(Exception):
@@ -91,6 +91,8 @@ def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
     m = _RANGE.match(value.strip()) if value else None
     if m is None or not (m[1] or m[2]):
         return None
+    if not m[1] and size == 0:  # a suffix of an empty object: the whole (empty) object, as S3
+        return None
     if m[1]:
         start = int(m[1])
         if m[2] and int(m[2]) < start:
@@ -99,12 +101,50 @@ def parse_range(value: str | None, size: int) -> tuple[int, int] | None:
             raise S3Error(416, "InvalidRange", "The requested range is not satisfiable", ActualObjectSize=size)
         return start, min(size, int(m[2]) + 1) if m[2] else size
     n = int(m[2])
-    if n == 0 or size == 0:
+    if n == 0:
         raise S3Error(416, "InvalidRange", "The requested range is not satisfiable", ActualObjectSize=size)
     return max(0, size - n), size
 
 
 # -- keys -----------------------------------------------------------------------------------------
+def etag_matches(header: str, tag: str) -> bool:
+    """Whether an If-Match / If-None-Match value names `tag`: a list of ETags, each quoted or not
+    (S3 takes both), or `*`."""
+    wanted = {v.strip().removeprefix("W/").strip('"') for v in header.split(",")}
+    return "*" in wanted or tag.strip('"') in wanted
+
+
+def http_date(value: str | None) -> float | None:
+    """The time an If-Modified-Since / If-Unmodified-Since value names; None when absent or not a date
+    (S3 ignores it then)."""
+    if not value:
+        return None
+    try:
+        return email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+def preconditions(headers, tag: str, mtime: float) -> int | None:
+    """The status the conditional headers call for (412, 304) or None to answer, in S3's order:
+    If-Match, then If-Unmodified-Since unless If-Match was given; If-None-Match, then
+    If-Modified-Since unless If-None-Match was given. Times compare at whole seconds, as
+    Last-Modified states them."""
+    modified = int(mtime)
+    match, none_match = headers.get("If-Match"), headers.get("If-None-Match")
+    if match is not None and not etag_matches(match, tag):
+        return 412
+    unmodified_since = http_date(headers.get("If-Unmodified-Since")) if match is None else None
+    if unmodified_since is not None and modified > unmodified_since:
+        return 412
+    if none_match is not None:
+        return 304 if etag_matches(none_match, tag) else None
+    modified_since = http_date(headers.get("If-Modified-Since"))
+    if modified_since is not None and modified <= modified_since:
+        return 304
+    return None
+
+
 def _sorted_entries(tree: Tree) -> list[tuple[str, str, object]]:
     """(key part, name, entry) in S3 key order: a folder's keys go on with '/'."""
     return sorted((name + ("/" if isinstance(e, Folder) else ""), name, e) for name, e in tree.entries.items())
@@ -249,7 +289,8 @@ class Gateway:
         if key:
             return await self.get_object(request, owner, bucket, key)
         if request.method == "HEAD":
-            return web.Response(headers={"x-amz-bucket-region": REGION})
+            return web.Response(headers={"x-amz-bucket-region": REGION, "Content-Type": "application/xml",
+                                         "Content-Length": "0"})
         if "location" in query:
             return _xml("LocationConstraint", "")  # us-east-1 is said by an empty constraint (as S3)
         unsupported = [k for k in query if k in ("acl", "policy", "versioning", "tagging", "uploads", "versions",
@@ -290,7 +331,7 @@ class Gateway:
 
     def _lookup(self, repo: str, key: str) -> tuple[FileEntry, float]:
         rev, _, path = key.partition("/")
-        found = self._revision(repo, rev) if path else None
+        found = self._revision(repo, rev) if path and "" not in path.split("/") else None  # main//a is no key
         entry = found[0].get(path) if found is not None and "\x00" not in path else None
         if entry is None:
             raise S3Error(404, "NoSuchKey", "The specified key does not exist.", Key=key)
@@ -300,11 +341,12 @@ class Gateway:
         entry, mtime = await self._io(self._lookup, bucket, key)
         tag = etag(entry)
         headers = {"ETag": tag, "Last-Modified": http_time(mtime), "Accept-Ranges": "bytes",
-                   "Content-Type": mimetypes.guess_type(key)[0] or "application/octet-stream"}
-        match, none_match = request.headers.get("If-Match"), request.headers.get("If-None-Match")
-        if match and match.strip() not in (tag, "*"):
-            raise S3Error(412, "PreconditionFailed", "At least one of the pre-conditions you specified did not hold")
-        if none_match and none_match.strip() in (tag, "*"):
+                   "Content-Type": CONTENT_TYPE}
+        failed = preconditions(request.headers, tag, mtime)
+        if failed == 412:
+            raise S3Error(412, "PreconditionFailed", "At least one of the pre-conditions you specified did not hold",
+                          Condition="If-Match" if "If-Match" in request.headers else "If-Unmodified-Since")
+        if failed == 304:
             return web.Response(status=304, headers={"ETag": tag, "Last-Modified": headers["Last-Modified"]})
         rng = parse_range(request.headers.get("Range"), entry.size)
         start, stop = rng if rng is not None else (0, entry.size)
@@ -336,6 +378,8 @@ class Gateway:
         in key order. With no '/' in the prefix the revisions are the repo's branches and tags."""
         if "/" in prefix:
             rev, _, rest = prefix.partition("/")
+            if rest.startswith("/") or "//" in rest:  # a key has no empty folder name: nothing is under it
+                return
             revs = [rev]
         else:
             rest = None
@@ -383,6 +427,10 @@ class Gateway:
         if limit < 0:
             raise S3Error(400, "InvalidArgument", "max-keys must not be negative")
         token = query.get("continuation-token") if v2 else None
+        if v2 and "continuation-token" in query and not token:
+            raise S3Error(400, "InvalidArgument", "The continuation token provided is incorrect")
+        if query.get("encoding-type", "url") != "url":
+            raise S3Error(400, "InvalidArgument", "Invalid Encoding Method specified in Request")
         start_after = query.get("start-after", "") if v2 else query.get("marker", "")
         after = max(start_after, decode_token(token) if token else "")
         items, truncated = await self._io(self._page, bucket, prefix, delimiter, after, limit)
@@ -421,7 +469,7 @@ def _error_response(request: web.Request, e: S3Error) -> web.Response:
     rid = secrets.token_hex(8)
     headers = {"x-amz-request-id": rid, NATIVE_PORT_HEADER: str(request.app[NATIVE_PORT])}
     if request.method == "HEAD":  # no body: the status says it (as S3)
-        return web.Response(status=e.status, headers=headers)
+        return web.Response(status=e.status, headers={**headers, "Content-Length": "0"})
     message = sanitize(str(e), request.app[STORE_ROOTS])
     extra = "".join(_el(k, v) for k, v in e.extra.items())
     body = (f"{_el('Code', e.code)}{_el('Message', message)}{extra}"
