@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 
 from . import runtime
 from .core.decoders import setting
+from .core.errors import CdcError, CorruptionError
 
 SHM = "/dev/shm"
 SHM_MIN_FREE = 1 << 30  # /dev/shm is used only with this much free (a container's is often 64 MiB)
@@ -87,8 +88,15 @@ def read_row_group(source, metadata, rg: int, columns: list[str] | None, what: s
                                    f"rewrite the file with smaller ones")
 
     check(sum(_footer_bytes(g.num_rows, schema.field(n).type) for n in names), "by its footer")
-    pf = pq.ParquetFile(source, metadata=metadata, pre_buffer=True, read_dictionary=dicts or None)
-    table = pf.read_row_group(rg, columns=columns)
+    try:
+        pf = pq.ParquetFile(source, metadata=metadata, pre_buffer=True, read_dictionary=dicts or None)
+        table = pf.read_row_group(rg, columns=columns)
+    except (OSError, pa.ArrowException) as e:  # pyarrow's word for a forged footer or damaged pages
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, CdcError):  # the store's own error (busy, unreachable, damaged) says what it is
+            raise cause from None
+        raise CorruptionError(f"{what}: row group {rg} does not decode ({e}): the file's footer or pages are "
+                              f"damaged (or forged); rewrite the file") from None
     sizes = {n: _expanded_bytes(table.column(n)) for n in dicts}
     check(sum(c.nbytes for n, c in zip(table.column_names, table.columns) if n not in sizes) + sum(sizes.values()),
           "its values")

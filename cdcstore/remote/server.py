@@ -660,7 +660,9 @@ class Server:
         if commit.repo != repo:
             raise HTTPError(400, f"commit names repo {commit.repo!r} but was sent to {repo!r}")
         author = self.auth.author(request)  # a token push is by the token, whatever the client says
-        if author is not None and commit.tree is not None and commit.author != author:
+        if author is not None and commit.author != author:
+            if commit.tree is None:  # format 1 (an older client): landed as format 3, its trees built here
+                commit = await self._io(self._as_format2, commit)
             commit = commit.with_author(author)
         cid = await self._io(self._commit, repo, commit, branch, expected, self.auth.scope(request))
         return web.json_response({"commit": cid, "rebased": cid != commit.id, "author": commit.author},
@@ -677,6 +679,12 @@ class Server:
         except (CdcError, OSError):
             raise InvalidAddressError(f"commit parent {parent} is not a commit of repo {repo!r}: "
                                       f"base the commit on the branch head") from None
+
+    def _as_format2(self, commit: Commit) -> Commit:
+        try:
+            return self.store.as_format2(commit)
+        except ValueError as e:  # a path that does not normalize, a file/folder clash
+            raise HTTPError(400, f"invalid commit: {e}") from None
 
     def _commit(self, repo: str, commit: Commit, branch: str, expected: str | None,
                 scope: Scope | None = None) -> str:
