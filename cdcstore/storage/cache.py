@@ -892,6 +892,15 @@ class CachedBackend(Overlay):
 
         return meta.objects().remembered((self._scope, "tree", repo, name), load)
 
+    def put_trees(self, trees: dict) -> None:
+        """Store trees, and keep them in this machine's cache as `get_tree` keeps the trees it reads:
+        the writer's next push, in any process, walks the trees it made from disk (a cold push of a
+        one-file edit read every tree of its folder from the store)."""
+        self.inner.put_trees(trees)
+        kind = f"tree:{self._scope}"
+        for name, tree in trees.items():
+            self.cache.put_object(kind, name, tree.encode())
+
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         """A commit from the machine's table, else the store's (bound to this overlay's trees)."""
         kind = f"commit:{self._scope}:{repo}"

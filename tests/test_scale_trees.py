@@ -1,0 +1,68 @@
+"""Issue 32: a one-file edit pushed as a folder reads from the bucket only the trees on the changed
+path. The trees a writer stores (a push, or upload + commit_entries) are kept in this machine's
+cache, as trees it reads are, so its next push in a new process walks them from disk; before, a
+cold process read every tree of the folder from the bucket (202 tree GETs for one file at 20,000
+files). moto behind a counting proxy; the second push runs in a new process."""
+import os
+import secrets
+import subprocess
+import sys
+
+import pytest
+
+from cdcstore import Store
+from conftest import S3_BUCKET
+from test_hostile_bucket_stall import StallingProxy
+
+FOLDERS, PER = 12, 5
+
+
+@pytest.fixture
+def counted(s3_endpoint, s3_env, tmp_path, monkeypatch):
+    proxy = StallingProxy(s3_endpoint)
+    seen: list[tuple[str, str]] = []
+    proxy.rule = lambda method, path: seen.append((method, path))  # None: passed on as it is
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "writer"))
+    src = tmp_path / "src"
+    for d in range(FOLDERS):
+        for f in range(PER):
+            (src / f"d{d:02d}").mkdir(parents=True, exist_ok=True)
+            (src / f"d{d:02d}" / f"f{f}.txt").write_text(f"folder {d} file {f}\n" * 20)
+    yield f"s3://{S3_BUCKET}/trees-{secrets.token_hex(4)}", src, seen
+    proxy.close()
+
+
+def _push_in_new_process(url: str, src, dest: str) -> None:
+    code = ("import sys; from cdcstore import Store\n"
+            "with Store(sys.argv[1]) as s: s.push([sys.argv[2]], sys.argv[3], message='edit')")
+    subprocess.run([sys.executable, "-c", code, url, str(src), dest], check=True, env=dict(os.environ))
+
+
+def _tree_gets(seen) -> int:
+    return sum(1 for m, p in seen if m == "GET" and "/trees/" in p)
+
+
+def test_an_edit_push_in_a_new_process_reads_only_the_changed_path(counted):
+    url, src, seen = counted
+    with Store.init(url) as s:
+        s.push([str(src)], "cdc://ds/", message="v1")
+    (src / "d03" / "f1.txt").write_text("edited\n")
+    seen.clear()
+    _push_in_new_process(url, src, "cdc://ds/")
+    assert _tree_gets(seen) <= 2  # the old root and d03: the commit's check of what it adds (was 13: all)
+    with Store(url) as s:
+        assert s.cat("cdc://ds/d03/f1.txt") == b"edited\n"
+        assert len(s.ls("cdc://ds/", recursive=True)) == FOLDERS * PER  # files only
+
+
+def test_commits_made_by_upload_and_commit_entries_are_kept_too(counted):
+    url, src, seen = counted
+    with Store.init(url) as s:
+        s.push([str(src)], "cdc://ds/", message="v1")
+        up = s.upload([str(src / "d00" / "f0.txt")], "cdc://ds/extra/")
+        s.commit_entries("cdc://ds/", up, message="extra")
+    (src / "d07" / "f2.txt").write_text("edited too\n")
+    seen.clear()
+    _push_in_new_process(url, src, "cdc://ds/")
+    assert _tree_gets(seen) <= 2  # the old root and d03: the commit's check of what it adds (was 13: all)
