@@ -19,8 +19,9 @@ from cdcstore.storage.repository import LocalStore
 from cdcstore.testing import ServerProcess, free_port
 from conftest import raw_call as _call
 
-TOKENS = {"tok-w": {"scope": "write", "repos": ["a"]}, "tok-r1": {"scope": "read", "repos": ["a"]},
-          "tok-r2": {"scope": "read", "repos": ["a"]}, "tok-r3": {"scope": "read", "repos": ["a"]}}
+TOKENS = {"tok-w": {"scope": "write", "repos": ["a"]}, "tok-r1": {"scope": "read", "repos": ["a"], "name": "r1"},
+          "tok-r2": {"scope": "read", "repos": ["a"], "name": "r2"},
+          "tok-r3": {"scope": "read", "repos": ["a"], "name": "r3"}}
 MiB = 1 << 20
 
 
@@ -60,6 +61,54 @@ def test_slow_readers_of_two_tokens_leave_a_third_tokens_reads_alone(tmp_path):
             answers.append((status, round(time.monotonic() - t0, 1)))
         refused = sum(st != 206 for st, _ in answers)
         print(f"\n8 slow readers on 2 tokens; a third token's 3 range GETs: {answers} ({refused} refused)")
+        assert refused == 0 and all(t < 5 for _, t in answers), answers
+    finally:
+        for r in readers:
+            r.close()
+        srv.stop()
+
+
+def test_slow_gateway_readers_of_two_tokens_leave_a_third_tokens_gets_alone(tmp_path):
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+
+    s3_port = free_port()
+    srv = _serve(tmp_path, "--s3-port", str(s3_port))
+    endpoint = f"http://127.0.0.1:{s3_port}"
+
+    def s3(name: str, token: str):
+        return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=name, aws_secret_access_key=token,
+                            region_name="us-east-1", config=Config(retries={"max_attempts": 1}, signature_version="s3v4"))
+
+    readers = []
+    try:
+        (tmp_path / "big.bin").write_bytes(os.urandom(40 * MiB))
+        with Store(srv.url, token="tok-w", cache=False) as s:
+            s.push(str(tmp_path / "big.bin"), "cdc://a/big.bin")
+        for name in ("r1", "r2"):
+            url = s3(name, f"tok-{name}").generate_presigned_url(
+                "get_object", Params={"Bucket": "a", "Key": "main/big.bin"}, ExpiresIn=600)
+            target = url.split(endpoint, 1)[1]
+            for _ in range(4):
+                r = socket.socket()
+                r.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                r.connect(("127.0.0.1", s3_port))
+                r.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{s3_port}\r\n\r\n".encode())
+                readers.append(r)
+        time.sleep(1.5)
+        head = readers[0].recv(2000)
+        assert head.startswith(b"HTTP/1.1 200"), head  # each is being answered, blocked on its socket
+        victim, answers = s3("r3", "tok-r3"), []
+        for _ in range(3):
+            t0 = time.monotonic()
+            try:
+                body = victim.get_object(Bucket="a", Key="main/big.bin", Range="bytes=0-1023")["Body"].read()
+                answers.append((len(body), round(time.monotonic() - t0, 1)))
+            except ClientError as e:
+                answers.append((e.response["Error"]["Code"], round(time.monotonic() - t0, 1)))
+        refused = sum(a != 1024 for a, _ in answers)
+        print(f"\n8 slow gateway readers on 2 tokens; a third token's 3 GETs: {answers} ({refused} refused)")
         assert refused == 0 and all(t < 5 for _, t in answers), answers
     finally:
         for r in readers:
