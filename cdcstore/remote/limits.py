@@ -47,7 +47,7 @@ class ServerLimits:
     read_slots_per_token: int = 6  # of which one token may hold
     read_wait: float = 10.0  # seconds a read waits in line for a read slot before its 429
     # job journals (remote/staging.py)
-    max_journal_bytes_per_token: int = 256 * MiB  # staging objects of the jobs one token opened or wrote to (413 past it)
+    max_journal_bytes_per_token: int = 1024 * MiB  # staging objects of the jobs one token opened or wrote to (413 past it)
     # push sessions
     max_sessions: int = 256  # open push sessions kept by this server
     max_sessions_per_token: int = 16  # of which one token may hold

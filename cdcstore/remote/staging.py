@@ -12,6 +12,7 @@ Server routes (a write token with access to REPO; job ids are 32 hex digits):
 - Each token's journal space (the staging objects of the jobs it opened or wrote to, each
   counted as at least `staging.MIN_CHARGE` bytes) is capped by `max_journal_bytes_per_token`:
   an open or entry past it is a 413 naming the limit; gc frees dead jobs' space (`JournalSpace`).
+  An open server (no tokens, loopback) trusts its callers: no cap.
 - `GET /repos/{repo}/jobs/{job}/entries`: every entry of the job, `{"batches": [[row, ...], ...]}`.
 - `DELETE /repos/{repo}/jobs/{job}` closes it: the marker, then the entries.
 - `POST /repos/{repo}/manifests/query` `{"manifests": [names]}` -> `{"present": [names]}`: which
@@ -82,21 +83,22 @@ class StagingRoutes:
         repo = self.server._repo(request, write=True)
         return repo, staging.check_job(request.match_info["job"])
 
-    def _owner(self, request) -> str:
-        """Whose journal space a request uses: its token's (an open server's callers share one)."""
-        return "open" if self.server.auth.tokens is None else self.server.auth.owner(request)
+    def _owner(self, request) -> str | None:
+        """Whose journal space a request uses: its token's (None on an open server: no cap)."""
+        return None if self.server.auth.tokens is None else self.server.auth.owner(request)
 
     async def open_job(self, request):
         repo, job = self._job(request)
         await self.server._io(self._open, repo, job, self._owner(request))
         return web.json_response({"job": job})
 
-    def _open(self, repo: str, job: str, owner: str) -> None:
+    def _open(self, repo: str, job: str, owner: str | None) -> None:
         store = self.server.store
-        if not staging.is_open(store, repo, job):  # a heartbeat costs nothing more
+        if owner is not None and not staging.is_open(store, repo, job):  # a heartbeat costs nothing more
             self.server.journals.reserve(owner, 2 * staging.MIN_CHARGE)  # the marker and the owner record
         staging.open_job(store, repo, job)
-        staging.claim(store, repo, job, owner)
+        if owner is not None:
+            staging.claim(store, repo, job, owner)
 
     async def add_entries(self, request):
         repo, job = self._job(request)
@@ -116,9 +118,10 @@ class StagingRoutes:
             return web.json_response({"error": str(e), "code": e.code}, status=409)
         return web.json_response({"entry": name.rsplit("/", 1)[1]}, status=201)
 
-    def _add(self, repo: str, job: str, entries: dict, owner: str) -> str:
-        self.server.journals.reserve(owner, staging.charge(len(staging.encode(entries))) + staging.MIN_CHARGE)
-        staging.claim(self.server.store, repo, job, owner)
+    def _add(self, repo: str, job: str, entries: dict, owner: str | None) -> str:
+        if owner is not None:
+            self.server.journals.reserve(owner, staging.charge(len(staging.encode(entries))) + staging.MIN_CHARGE)
+            staging.claim(self.server.store, repo, job, owner)
         return staging.add(self.server.store, repo, job, entries)
 
     def _check_manifests(self, entries: dict) -> None:
