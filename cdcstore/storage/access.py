@@ -12,7 +12,6 @@ Two kinds, both in the chunk index's tables (a rebuildable cache):
 from __future__ import annotations
 
 import contextlib
-import secrets
 from typing import Iterable, Protocol
 
 from .. import runtime
@@ -24,10 +23,9 @@ from ..core.manifest import Manifest
 from . import reach
 from .index import ChunkIndex
 from .manifest_file import ManifestFile
-from .objects import Conflict, NotFound, ObjectStore
+from .objects import NotFound, ObjectStore
 from .repository import DELETED
 
-NONCE_KEY = "server/nonce-key"
 
 
 class Recorded(reach.Graph, Protocol):
@@ -220,14 +218,3 @@ class AccessRecords:
                         added += 1
                 seen.add(info.name)
         return added
-
-    def nonce_key(self) -> bytes:
-        """The key of a server's proof nonces. A directory store: fresh per process (a
-        restart invalidates nonces). A bucket: one key in the object `server/nonce-key`,
-        created once, so a nonce one replica gave is good at every other."""
-        objects = self.store.objects
-        if objects.capabilities.local_path:
-            return secrets.token_bytes(32)
-        with contextlib.suppress(Conflict):
-            objects.put_if_absent(NONCE_KEY, secrets.token_bytes(32))
-        return bytes(objects.get(NONCE_KEY))

@@ -13,7 +13,6 @@ which `Repository` delegates. Object names (store format v1, docs/format.md):
     repos/<repo>/tags/<tag>                the commit id a tag names (never rewritten)
     repos/<repo>/applied/<id>.<landed>     a rebased commit's copy (empty; see update_branch)
     grants/<owner>/<hash>                  chunk ids a server token uploaded (access.AccessRecords)
-    server/nonce-key                       the key of proof nonces, shared by replicas (nonce_key)
 
 Names made by format v1 (xxh3-128: 32 hex digits; chunk ids of 16 bytes) stay readable:
 the length of a name says which hash checks it (`ids.matches`).

@@ -11,7 +11,9 @@ Conformance suites a third-party backend subclasses (they import pytest; this mo
 `cdcstore.testing.objects.ObjectStoreTests` (an `ObjectStore`: names, ranges, listing,
 conditional writes, processes). docs/backends.md shows how.
 """
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -74,6 +76,15 @@ def stop_process(proc: subprocess.Popen | None) -> None:
             proc.wait()
 
 
+def _peak_rss_kib(pid: int) -> int | None:
+    """A live process's peak resident set (VmHWM), in KiB."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), None)
+    except OSError:
+        return None
+
+
 class ServerProcess:
     def __init__(self, store: str, *args: str, port: int | None = None, env: dict | None = None):
         self.store = store
@@ -99,8 +110,15 @@ class ServerProcess:
             self.proc.wait()
 
     def stop(self) -> None:
+        figures = os.environ.get("CDCSTORE_SERVER_FIGURES")  # a file: one JSON line per server stopped
+        peak = _peak_rss_kib(self.proc.pid) if figures and self.proc and self.proc.poll() is None else None
         stop_process(self.proc)
         self.log.close()
+        if figures:
+            statuses = re.findall(r'" (\d{3}) ', self.log_text())
+            with open(figures, "a") as f:
+                f.write(json.dumps({"store": self.store, "peak_rss_kib": peak, "requests": len(statuses),
+                                    "5xx": {c: statuses.count(c) for c in set(statuses) if c.startswith("5")}}) + "\n")
 
     def log_text(self) -> str:
         with open(self.log_path, errors="replace") as f:
