@@ -90,18 +90,18 @@ class Lifecycle:
         self._admit(owner)
         self._open[sid] = (owner, time.monotonic())
         try:
-            await self.server._io(session.__enter__)  # BusyError: 503, Retry-After
+            await self.server.io(session.__enter__)  # BusyError: 503, Retry-After
         except BaseException:
             self._open.pop(sid, None)
             raise
         if self.server.store.shared:  # a bucket: gc or repack through another replica
-            await self.server._io(self.server.store.recover)  # what this push is told is present is there now
+            await self.server.io(self.server.store.recover)  # what this push is told is present is there now
         return web.json_response({"session": sid, "refresh": maintenance.SERVER_REFRESH})
 
     async def refresh_session(self, request):
         s = self._session(request)
         sid = request.match_info["id"]
-        await self.server._io(self._refresh, s, sid)
+        await self.server.io(self._refresh, s, sid)
         if sid in self._open:
             self._open[sid] = (self._open[sid][0], time.monotonic())
         return web.json_response({"ok": True})
@@ -124,7 +124,7 @@ class Lifecycle:
 
     async def close_session(self, request):
         s = self._session(request)
-        await self.server._io(s.__exit__, None, None, None)
+        await self.server.io(s.__exit__, None, None, None)
         self._open.pop(request.match_info["id"], None)
         return web.json_response({"ok": True})
 
@@ -132,7 +132,7 @@ class Lifecycle:
     async def run(self, request):
         self.server.auth.check_admin(request)
         command = request.match_info["command"]
-        opts = options(command, await self.server._json(request))
+        opts = options(command, await self.server.read_json(request))
         store = self.server.store
         if command == "gc":
             floor = self.server.config.min_gc_grace
@@ -144,15 +144,15 @@ class Lifecycle:
             if self._gc.locked():
                 raise BusyError("a gc is already running on this server: wait for it to finish")
             async with self._gc:
-                done = await self.server._io(lambda: maintenance.gc(store, **opts))
+                done = await self.server.io(lambda: maintenance.gc(store, **opts))
             self.server.journals.forget()  # the jobs' journals it freed
             return web.json_response(done)
         if command == "check":
-            return web.json_response(await self.server._io(lambda: check.check(store, **opts)))
+            return web.json_response(await self.server.io(lambda: check.check(store, **opts)))
         repo = check_name("repo", opts.pop("repo", ""))
         if command == "forget":
-            return web.json_response(await self.server._io(lambda: maintenance.forget(store, repo, **opts)))
-        return web.json_response(await self.server._io(lambda: self.server.access.delete_repo(repo, **opts)))
+            return web.json_response(await self.server.io(lambda: maintenance.forget(store, repo, **opts)))
+        return web.json_response(await self.server.io(lambda: self.server.access.delete_repo(repo, **opts)))
 
     def routes(self, api: str) -> list:
         return [

@@ -77,11 +77,11 @@ class ManifestBatch:
         return names
 
     def _flush(self, group: list[bytes]) -> list[str]:
-        return self.server._add_manifests(group, self.scope) if group else []
+        return self.server.add_manifests(group, self.scope) if group else []
 
     def _check_ids(self, chunk_ids: list[bytes]) -> None:
         """As `Server._add_manifests` checks the chunks of a batch (`Server._require_named`)."""
-        self.server._require_named(self.scope, chunk_ids)
+        self.server.require_named(self.scope, chunk_ids)
 
     def _large(self, f, offset: int, n: int) -> str:
         """A manifest too large to decode at once: checked slice by slice while it is copied to

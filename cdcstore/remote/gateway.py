@@ -224,7 +224,7 @@ class Gateway:
         self.store = server.store
 
     async def _io(self, fn, *args):
-        return await self.server._io(fn, *args)  # the server's blocking-work pool
+        return await self.server.io(fn, *args)  # the server's blocking-work pool
 
     # -- authentication ----------------------------------------------------------------------
     def authenticate(self, request: web.Request) -> tuple[dict, str]:
@@ -366,7 +366,7 @@ class Gateway:
         try:
             await reads.wait(owner, wait)
             with reads.take(owner):  # the file is read `send_block` bytes at a time, as pack ranges are
-                return await self.server._send(request, start, stop, body.block, status=status, headers=headers)
+                return await self.server.send_range(request, start, stop, body.block, status=status, headers=headers)
         except Busy as e:
             raise S3Error(503, "SlowDown", str(e)) from None
         finally:

@@ -279,7 +279,7 @@ class Server:
         self._listed = float("-inf")  # when a presence miss last listed the bucket's packs
 
     # -- helpers -----------------------------------------------------------------------------
-    async def _io(self, fn, *args):
+    async def io(self, fn, *args):
         """Blocking store work on the runtime's `server` pool (as many threads as asyncio's default
         executor would have; a forked server gets its own, like every pool)."""
         return await asyncio.get_running_loop().run_in_executor(runtime.pool("server", SERVER_THREADS), fn, *args)
@@ -311,7 +311,8 @@ class Server:
                                      f"minimum of {rate:.0f} bytes/s", {"Connection": "close"})
             yield block
 
-    async def _body(self, request: web.Request, limit: int) -> bytes:
+    async def read_body(self, request: web.Request, limit: int) -> bytes:
+        """The whole request body, or a 413 past `limit` bytes."""
         if request.content_length is not None and request.content_length > limit:
             raise HTTPError(413, f"body of {request.content_length} bytes is over the limit of {limit}")
         data = bytearray()
@@ -321,10 +322,10 @@ class Server:
                 raise HTTPError(413, f"body is over the limit of {limit} bytes")
         return bytes(data)
 
-    async def _json(self, request: web.Request) -> dict:
+    async def read_json(self, request: web.Request) -> dict:
         """A JSON object body; anything else (bad JSON, nesting too deep, huge numbers) is a 400."""
         try:
-            doc = json.loads(await self._body(request, self.limits.max_json_bytes))
+            doc = json.loads(await self.read_body(request, self.limits.max_json_bytes))
         except (ValueError, RecursionError) as e:
             raise HTTPError(400, f"body is not valid JSON: {str(e)[:200]}") from None
         if not isinstance(doc, dict):
@@ -350,7 +351,8 @@ class Server:
         bounded, so a crowd of readers queues here instead of retrying blindly."""
         await self.reads.wait(self.auth.owner(request), self.limits.read_wait)
 
-    def _repo(self, request: web.Request, write: bool = False) -> str:
+    def checked_repo(self, request: web.Request, write: bool = False) -> str:
+        """The route's REPO, checked as a name and against the request's token (for writing if `write`)."""
         repo = check_name("repo", request.match_info["repo"])
         self.auth.check(request, repo, write)
         return repo
@@ -362,11 +364,11 @@ class Server:
     async def query_chunks(self, request):
         self.auth.check(request, None, write=True)
         _require_new_ids(request, "a presence query (dedup)")
-        wanted = wire.decode_ids(await self._body(request, wire.MAX_IDS_PER_REQUEST * wire.ID))
+        wanted = wire.decode_ids(await self.read_body(request, wire.MAX_IDS_PER_REQUEST * wire.ID))
         scope = self.auth.scope(request)
-        held = await self._io(self._held, wanted)
+        held = await self.io(self._held, wanted)
         if scope is not None:  # 0 for what it may not see, held or not (X-Cdc-Prove changes nothing)
-            held = await self._io(self._visible, scope, held)
+            held = await self.io(self._visible, scope, held)
         return web.Response(body=wire.encode_presence(wanted, held), content_type="application/octet-stream")
 
     def _held(self, wanted: list[bytes]) -> set[bytes]:
@@ -402,7 +404,8 @@ class Server:
         if scope is not None:
             self.access.refresh_uploads(scope.owner)
 
-    def _require_visible(self, scope: Scope | None, chunk_ids: set[bytes], what: str) -> None:
+    def require_visible(self, scope: Scope | None, chunk_ids: set[bytes], what: str) -> None:
+        """A 403 unless a scoped token may see every chunk of `chunk_ids` (`what` names them)."""
         if scope is None or not chunk_ids:
             return
         hidden = chunk_ids - self._visible(scope, chunk_ids)
@@ -419,11 +422,11 @@ class Server:
         uploads (a proof from guessed bytes would be a presence oracle: docs/protocol.md)."""
         self.auth.check(request, None, write=True)
         _require_new_ids(request, "a proof of possession")
-        body = await self._body(request, wire.NONCE + wire.MAX_PROOFS_PER_REQUEST * (wire.ID + wire.PROOF))
+        body = await self.read_body(request, wire.NONCE + wire.MAX_PROOFS_PER_REQUEST * (wire.ID + wire.PROOF))
         _, proofs = wire.decode_proofs(body)
         held = set()
         if self.auth.scope(request) is None:  # nothing is hidden from this token
-            held = await self._io(self.store.present, [c for c, _ in proofs])
+            held = await self.io(self.store.present, [c for c, _ in proofs])
         return web.Response(body=bytes(c in held for c, _ in proofs), content_type="application/octet-stream")
 
     async def put_pack(self, request):
@@ -438,7 +441,7 @@ class Server:
             raise HTTPError(413, f"pack of {request.content_length} bytes is over the limit of {limit}")
         scope = self.auth.scope(request)
         with self.slot(self.writes, request):
-            if await self._io(self.store.index_found_pack, name):  # already stored (a retried upload)
+            if await self.io(self.store.index_found_pack, name):  # already stored (a retried upload)
                 if scope is None:  # nothing to prove: answered without reading the body
                     resp = web.json_response({"pack": name, "stored": False})
                     resp.force_close()  # the body left unread is not taken for the next request
@@ -450,7 +453,7 @@ class Server:
                         raise HTTPError(413, f"pack is over the limit of {limit} bytes", {"Connection": "close"})
                     h.update(block)
                 if h.hexdigest() == name:
-                    await self._io(self._record_upload, scope, name, None)
+                    await self.io(self._record_upload, scope, name, None)
                 return web.json_response({"pack": name, "stored": False})
             tmp = self.store.tmp_path()
             h = ids.hasher()
@@ -466,7 +469,7 @@ class Server:
                 if h.hexdigest() != name:
                     raise HTTPError(422, f"pack bytes do not match the name {name} (truncated or damaged upload)")
                 async with self._parsing:  # verification holds chunks and the index: a few at once
-                    entries = await self._io(self._verify_and_add, tmp, name, scope)
+                    entries = await self.io(self._verify_and_add, tmp, name, scope)
                 count = len(entries)
             finally:
                 if os.path.exists(tmp):
@@ -507,7 +510,7 @@ class Server:
     async def head_pack(self, request):
         self.auth.check(request, None, write=True)
         name = request.match_info["name"]
-        exists = ids.is_hex_id(name) and await self._io(self.store.index_found_pack, name)
+        exists = ids.is_hex_id(name) and await self.io(self.store.index_found_pack, name)
         return web.Response(status=200 if exists else 404)
 
     @contextlib.asynccontextmanager
@@ -540,21 +543,22 @@ class Server:
         with self.slot(self.writes, request):
             async with self._spooled(request) as path:
                 batch = batches.ManifestBatch(self, path, self.auth.scope(request))
-                names = await self._io(batch.run)
+                names = await self.io(batch.run)
         return web.json_response({"manifests": names})
 
-    def _add_manifests(self, blobs: list[bytes], scope: Scope | None = None) -> list[str]:
+    def add_manifests(self, blobs: list[bytes], scope: Scope | None = None) -> list[str]:
+        """Decode, check (`require_named`) and store uploaded manifests; their names."""
         manifests = [Manifest.decode(b, "uploaded manifest") for b in blobs]
         if any(m.version != MANIFEST_VERSION for m in manifests):
             raise HTTPError(400, f"a format-v1 manifest was uploaded: {ids.LEGACY_REFUSED}")
-        self._require_named(scope, list({c for m in manifests for c in m.chunk_ids}))
+        self.require_named(scope, list({c for m in manifests for c in m.chunk_ids}))
         return self.store.put_manifests(manifests)
 
-    def _require_named(self, scope: Scope | None, chunk_ids: list[bytes]) -> None:
+    def require_named(self, scope: Scope | None, chunk_ids: list[bytes]) -> None:
         """The chunks a manifest names must be ones the token may see (403 for a scoped token,
         whether the server holds them or not: one answer, no presence oracle) and held (409)."""
         if scope is not None:
-            self._require_visible(scope, set(chunk_ids), "a manifest")  # what it may see is held
+            self.require_visible(scope, set(chunk_ids), "a manifest")  # what it may see is held
             return
         missing = set(chunk_ids) - self.store.present(chunk_ids)
         if missing and self.store.recover():  # packs stored through another replica
@@ -568,7 +572,7 @@ class Server:
         self.auth.check(request, None, write=True)
         with self.slot(self.writes, request):
             async with self._spooled(request) as path:
-                names = await self._io(self._add_trees, path)
+                names = await self.io(self._add_trees, path)
         return web.json_response({"trees": names})
 
     def _add_trees(self, path: str) -> list[str]:
@@ -585,41 +589,41 @@ class Server:
         return names
 
     async def get_tree(self, request):
-        repo = self._repo(request)
+        repo = self.checked_repo(request)
         name = request.match_info["name"]
-        if not ids.is_hex_id(name) or not await self._io(self._reaches, repo, name, "tree"):
+        if not ids.is_hex_id(name) or not await self.io(self._reaches, repo, name, "tree"):
             raise HTTPError(404, f"no tree {name} in repo {repo!r}")
         try:
-            body = await self._io(self.store.tree_bytes, name)
+            body = await self.io(self.store.tree_bytes, name)
         except NotFound:
             raise HTTPError(404, f"tree {name} is missing on the server: run `cdcstore check` there") from None
         return web.Response(body=body, content_type="application/json")
 
     async def list_repos(self, request):
-        repos = await self._io(self.store.repos)
+        repos = await self.io(self.store.repos)
         return web.json_response({"repos": self.auth.visible(request, repos)})
 
     async def branches(self, request):
-        repo = self._repo(request)
-        return web.json_response({"branches": await self._io(self.store.branches, repo)})
+        repo = self.checked_repo(request)
+        return web.json_response({"branches": await self.io(self.store.branches, repo)})
 
     async def forgotten(self, request):
         """The repo's forgotten commits (`forget`): history whose files are not kept."""
-        repo = self._repo(request)
-        return web.json_response({"forgotten": sorted(await self._io(self.store.forgotten, repo))})
+        repo = self.checked_repo(request)
+        return web.json_response({"forgotten": sorted(await self.io(self.store.forgotten, repo))})
 
     async def resolve(self, request):
-        repo = self._repo(request)
+        repo = self.checked_repo(request)
         rev = check_name("revision", request.match_info["rev"])
-        cid, kind = await self._io(self.store.resolve_ref, repo, rev)
+        cid, kind = await self.io(self.store.resolve_ref, repo, rev)
         return web.json_response({"commit": cid, "kind": kind})
 
     async def tags(self, request):
-        repo = self._repo(request)
-        return web.json_response({"tags": await self._io(self.store.tags, repo)})
+        repo = self.checked_repo(request)
+        return web.json_response({"tags": await self.io(self.store.tags, repo)})
 
     async def _ref_doc(self, request) -> tuple[str, str]:
-        doc = await self._json(request)
+        doc = await self.read_json(request)
         if not isinstance(doc.get("name"), str) or not isinstance(doc.get("commit"), str):
             raise HTTPError(400, 'expected a JSON object {"name": NAME, "commit": COMMIT_ID}')
         if not ids.is_hex_id(doc["commit"]):
@@ -627,31 +631,31 @@ class Server:
         return doc["name"], doc["commit"]
 
     async def create_ref(self, request):
-        repo = self._repo(request, write=True)
+        repo = self.checked_repo(request, write=True)
         kind = REF_KINDS[request.match_info["kind"]]
         name, cid = await self._ref_doc(request)
         check_ref_name(kind, name)
-        await self._io(self.store.create_ref, repo, kind, name, cid)
+        await self.io(self.store.create_ref, repo, kind, name, cid)
         return web.json_response({kind: name, "commit": cid}, status=201)
 
     async def delete_ref(self, request):
-        repo = self._repo(request, write=True)
+        repo = self.checked_repo(request, write=True)
         kind = REF_KINDS[request.match_info["kind"]]
         name = check_name(kind, request.match_info["name"])
-        cid = await self._io(self.store.delete_ref, repo, kind, name)
+        cid = await self.io(self.store.delete_ref, repo, kind, name)
         return web.json_response({kind: name, "commit": cid})
 
     async def get_commit(self, request):
-        repo = self._repo(request)
+        repo = self.checked_repo(request)
         cid = request.match_info["id"]
         if not ids.is_hex_id(cid):
             raise HTTPError(400, f"invalid commit id {cid!r}")
-        commit = await self._io(self.store.get_commit, repo, cid)
+        commit = await self.io(self.store.get_commit, repo, cid)
         return web.Response(body=commit.encode(), content_type="application/json")
 
     async def post_commit(self, request):
-        repo = self._repo(request, write=True)
-        doc = await self._json(request)
+        repo = self.checked_repo(request, write=True)
+        doc = await self.read_json(request)
         commit = _uploaded_commit(doc.get("commit"))
         branch = check_write_target(doc.get("branch") if isinstance(doc.get("branch"), str) else "")
         expected = doc.get("expected")
@@ -662,9 +666,9 @@ class Server:
         author = self.auth.author(request)  # a token push is by the token, whatever the client says
         if author is not None and commit.author != author:
             if commit.tree is None:  # format 1 (an older client): landed as format 3, its trees built here
-                commit = await self._io(self._as_format2, commit)
+                commit = await self.io(self._as_format2, commit)
             commit = commit.with_author(author)
-        cid = await self._io(self._commit, repo, commit, branch, expected, self.auth.scope(request))
+        cid = await self.io(self._commit, repo, commit, branch, expected, self.auth.scope(request))
         return web.json_response({"commit": cid, "rebased": cid != commit.id, "author": commit.author},
                                  status=201)
 
@@ -726,34 +730,34 @@ class Server:
                 if prove:  # what the repo reaches already needs no new proof
                     new_chunks.update(chunk_ids)
                     if len(new_chunks) >= self.limits.slice_chunks:
-                        self._require_visible(scope, new_chunks, "the commit")
+                        self.require_visible(scope, new_chunks, "the commit")
                         new_chunks.clear()
-        self._require_visible(scope, new_chunks, "the commit")  # manifest names can be guessed or learned
+        self.require_visible(scope, new_chunks, "the commit")  # manifest names can be guessed or learned
         return self.access.commit(commit, branch, expected)
 
     async def get_manifest(self, request):
-        repo = self._repo(request)
+        repo = self.checked_repo(request)
         name = request.match_info["name"]
-        if not ids.is_hex_id(name) or not await self._io(self._reaches, repo, name):
+        if not ids.is_hex_id(name) or not await self.io(self._reaches, repo, name):
             raise HTTPError(404, f"no manifest {name} in repo {repo!r}")
         missing = HTTPError(404, f"manifest {name} is missing on the server: run `cdcstore check` there")
         if request.query.get("locations") == "1":  # protocol 1.3: the manifest and where its chunks are
             await self.wait_read(request)
             with self.slot(self.reads, request):
                 try:
-                    body = await self._io(self._manifest_located, repo, name, self.auth.scope(request))
+                    body = await self.io(self._manifest_located, repo, name, self.auth.scope(request))
                 except (NotFound, FileNotFoundError):
                     raise missing from None
                 if isinstance(body, bytes):
                     return web.Response(body=body, content_type="application/octet-stream")
-                return await self._send(request, 0, body.size, body.block, status=200)
+                return await self.send_range(request, 0, body.size, body.block, status=200)
         path = self.store.manifest_file(name)
         if path is not None:
             if not os.path.isfile(path):
                 raise missing
             return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
         try:
-            body = await self._io(self.store.manifest_bytes, name)
+            body = await self.io(self.store.manifest_bytes, name)
         except NotFound:
             raise missing from None
         return web.Response(body=body, content_type="application/octet-stream")
@@ -795,13 +799,13 @@ class Server:
         return self.access.reaches(repo, kind, name)
 
     async def locate(self, request):
-        repo = self._repo(request)  # checks the token's access to the repo
+        repo = self.checked_repo(request)  # checks the token's access to the repo
         try:
             width = wire.id_width(request.headers.get(wire.ID_HEADER))  # reads of format-v1 data: 16
         except ValueError as e:
             raise HTTPError(400, str(e)) from None
-        wanted = wire.decode_ids(await self._body(request, wire.MAX_IDS_PER_REQUEST * width), width)
-        found = await self._io(self._locate_reached, repo, wanted, self.auth.scope(request))
+        wanted = wire.decode_ids(await self.read_body(request, wire.MAX_IDS_PER_REQUEST * width), width)
+        found = await self.io(self._locate_reached, repo, wanted, self.auth.scope(request))
         return web.Response(body=wire.encode_locations(found, width), content_type="application/octet-stream")
 
     def _locate_reached(self, repo: str, wanted, scope: Scope | None) -> dict:
@@ -818,10 +822,10 @@ class Server:
         """Pack bytes. An open server or a "*" token gets the file (ranges served by aiohttp);
         a scoped token gets one range in which every byte that is not part of a chunk its
         repo reaches (or it uploaded) is zero: other repos' chunks and the footer never leave."""
-        repo = self._repo(request)
+        repo = self.checked_repo(request)
         name = request.match_info["name"]
         scope = self.auth.scope(request)
-        if not ids.is_hex_id(name) or not await self._io(self._has_pack, name):
+        if not ids.is_hex_id(name) or not await self.io(self._has_pack, name):
             raise HTTPError(404, f"no pack {name} in repo {repo!r}")
         path = self.store.pack_file(name)
         if path is not None and not os.path.isfile(path):
@@ -842,17 +846,17 @@ class Server:
         await self.wait_read(request)
         with self.slot(self.reads, request):  # built block by block: `send_block` bytes held per read
             if scope is None:  # an object store: the range is read from it and sent
-                stop = await self._io(self._range_stop, name, start, stop)
-                return await self._send(request, start, stop, lambda lo, hi: self._object_block(name, lo, hi))
-            spans, stop = await self._io(self._masked_spans, repo, scope, name, start, stop)
-            return await self._send(request, start, stop, lambda lo, hi: self._masked_block(name, spans, lo, hi))
+                stop = await self.io(self._range_stop, name, start, stop)
+                return await self.send_range(request, start, stop, lambda lo, hi: self._object_block(name, lo, hi))
+            spans, stop = await self.io(self._masked_spans, repo, scope, name, start, stop)
+            return await self.send_range(request, start, stop, lambda lo, hi: self._masked_block(name, spans, lo, hi))
 
     def _has_pack(self, name: str) -> bool:
         """Whether pack `name` is indexed, after a recovery on a miss (stored through another replica)."""
         return self.store.knows_pack(name) or (self.store.recover() > 0 and self.store.indexed_pack(name))
 
-    async def _send(self, request: web.Request, start: int, stop: int, block, status: int = 206,
-                    headers: dict | None = None) -> web.StreamResponse:
+    async def send_range(self, request: web.Request, start: int, stop: int, block, status: int = 206,
+                         headers: dict | None = None) -> web.StreamResponse:
         """Answer bytes [start, stop) (of a pack: a 206) `limits.send_block` bytes at a time
         (`block(lo, hi)` builds each, off the event loop). A client that takes no piece for
         `send_timeout` s, or reads slower than `min_body_rate` once past it, is cut off."""
@@ -860,7 +864,7 @@ class Server:
                    **({"Content-Range": f"bytes {start}-{stop - 1}/*"} if status == 206 else {}), **(headers or {})}
         resp = web.StreamResponse(status=status, headers=headers)
         resp.content_length = stop - start
-        first = await self._io(block, start, min(stop, start + self.limits.send_block))
+        first = await self.io(block, start, min(stop, start + self.limits.send_block))
         await resp.prepare(request)
         loop = asyncio.get_running_loop()
         began, timeout, rate = loop.time(), self.limits.send_timeout, self.config.min_body_rate
@@ -868,7 +872,7 @@ class Server:
         try:
             while lo < stop:
                 hi = min(stop, lo + self.limits.send_block)
-                data = first if lo == start else await self._io(block, lo, hi)
+                data = first if lo == start else await self.io(block, lo, hi)
                 first = None
                 async with asyncio.timeout(timeout):
                     await resp.write(data)
@@ -948,7 +952,7 @@ class Server:
 
     async def _maintain_once(self) -> None:
         try:
-            await self._io(self.maintain)
+            await self.io(self.maintain)
         except Exception as e:  # a full or read-only disk: serve anyway, try again next round
             log.error("maintenance failed: %s: %s", type(e).__name__, e)
 
@@ -991,8 +995,8 @@ class Server:
         """Store totals; a token limited to some repos sees only what they reach."""
         scope = self.auth.scope(request)
         if scope is None:
-            return web.json_response(await self._io(self.store.totals))
-        return web.json_response(await self._io(self.access.totals, list(scope.repos)))
+            return web.json_response(await self.io(self.store.totals))
+        return web.json_response(await self.io(self.access.totals, list(scope.repos)))
 
 
 def _store_id(store: Repository) -> str:

@@ -80,7 +80,7 @@ class StagingRoutes:
         self.server = server
 
     def _job(self, request) -> tuple[str, str]:
-        repo = self.server._repo(request, write=True)
+        repo = self.server.checked_repo(request, write=True)
         return repo, staging.check_job(request.match_info["job"])
 
     def _owner(self, request) -> str | None:
@@ -89,7 +89,7 @@ class StagingRoutes:
 
     async def open_job(self, request):
         repo, job = self._job(request)
-        await self.server._io(self._open, repo, job, self._owner(request))
+        await self.server.io(self._open, repo, job, self._owner(request))
         return web.json_response({"job": job})
 
     def _open(self, repo: str, job: str, owner: str | None) -> None:
@@ -102,18 +102,18 @@ class StagingRoutes:
 
     async def add_entries(self, request):
         repo, job = self._job(request)
-        data = await self.server._body(request, self.server.limits.max_json_bytes)
+        data = await self.server.read_body(request, self.server.limits.max_json_bytes)
         rows = staging.decode(data, "the uploaded journal entry")
         entries = dict(rows)
         if len(entries) != len(rows):
             raise InvalidAddressError("one journal entry names a path twice")
         scope = self.server.auth.scope(request)
         if scope is None:
-            await self.server._io(self._check_manifests, entries)
+            await self.server.io(self._check_manifests, entries)
         else:
-            await self.server._io(self._check_readable, repo, scope, entries)
+            await self.server.io(self._check_readable, repo, scope, entries)
         try:
-            name = await self.server._io(self._add, repo, job, entries, self._owner(request))
+            name = await self.server.io(self._add, repo, job, entries, self._owner(request))
         except staging.JobClosedError as e:
             return web.json_response({"error": str(e), "code": e.code}, status=409)
         return web.json_response({"entry": name.rsplit("/", 1)[1]}, status=201)
@@ -140,32 +140,32 @@ class StagingRoutes:
                 continue
             try:
                 for chunk_ids in ManifestFile(server.store, e.manifest).scan(server.limits.slice_chunks):
-                    server._require_visible(scope, chunk_ids, "a journal entry")
+                    server.require_visible(scope, chunk_ids, "a journal entry")
             except (CorruptionError, NotFoundError, HTTPError):
                 raise HTTPError(403, f"journal entry {path!r} names manifest {e.manifest}, which this token may "
                                      f"not read or the server lacks: upload the file first") from None
 
     async def list_entries(self, request):
         repo, job = self._job(request)
-        batches = await self.server._io(staging.batches, self.server.store, repo, job)
+        batches = await self.server.io(staging.batches, self.server.store, repo, job)
         out = [[{"path": p, "remove": True} if e is None else {"path": p, "manifest": e.manifest, "size": e.size}
                 for p, e in rows] for rows in batches]
         return web.json_response({"batches": out})
 
     async def close_job(self, request):
         repo, job = self._job(request)
-        n = await self.server._io(staging.close, self.server.store, repo, job)
+        n = await self.server.io(staging.close, self.server.store, repo, job)
         return web.json_response({"deleted": n})
 
     async def manifests_query(self, request):
-        repo = self.server._repo(request, write=False)
-        doc = await self.server._json(request)
+        repo = self.server.checked_repo(request, write=False)
+        doc = await self.server.read_json(request)
         names = doc.get("manifests")
         if not isinstance(names, list) or len(names) > MAX_PRESENCE_NAMES or \
                 not all(isinstance(n, str) and ids.is_hex_id(n) for n in names):
             raise InvalidAddressError(f'expected {{"manifests": [manifest ids]}}, at most {MAX_PRESENCE_NAMES}')
         scope = self.server.auth.scope(request)
-        present = await self.server._io(self._present, repo, names, scope)
+        present = await self.server.io(self._present, repo, names, scope)
         return web.json_response({"present": present})
 
     def _present(self, repo: str, names: list[str], scope) -> list[str]:

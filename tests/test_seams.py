@@ -1,0 +1,40 @@
+"""Public seams: modules reach one another through public names only.
+
+- Only remote/server.py uses private members of the server (`server._x`, `self.server._x`, `srv._x`).
+"""
+import ast
+
+from test_layers import modules
+
+SERVER_NAMES = {"server", "srv"}
+
+
+def _is_server(node) -> bool:
+    """`server`, `srv`, or `<anything>.server` (e.g. `self.server`)."""
+    if isinstance(node, ast.Name):
+        return node.id in SERVER_NAMES
+    return isinstance(node, ast.Attribute) and node.attr in SERVER_NAMES
+
+
+def private_server_uses():
+    found = []
+    for mod, path in modules():
+        if mod == "remote.server":
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and _is_server(node.value):
+                found.append(f"{mod}:{node.lineno} uses server.{node.attr}")
+    return found
+
+
+def test_no_private_server_names_outside_server_py():
+    found = private_server_uses()
+    assert found == [], "give the Server a public method instead:\n" + "\n".join(found)
+
+
+def test_the_seam_check_sees_a_private_use():
+    tree = ast.parse("self.server._io(f)\nsrv._send(r)\nserver._json(r)\nself.server.io(f)\n")
+    hits = [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+            and _is_server(n.value)]
+    assert sorted(hits) == ["_io", "_json", "_send"]
