@@ -18,6 +18,7 @@ from ..core.manifest import ENTRY, HEADER, MAGIC, MANIFEST_VERSION
 from ..core.pack import WRITE_BUFFER
 from ..storage.manifest_file import ManifestFile
 from . import wire
+from .app import HTTPError
 
 _LEN = struct.Struct("<I")
 
@@ -94,7 +95,6 @@ class ManifestBatch:
         if magic != MAGIC:
             raise CorruptionError(f"{what} is not a cdcstore manifest")
         if version != MANIFEST_VERSION:
-            from .server import HTTPError
             raise HTTPError(400, f"a format-v{version} manifest was uploaded: {ids.LEGACY_REFUSED}")
         if n != HEADER.size + count * ENTRY.size:
             raise CorruptionError(f"{what} has the wrong length for {count} chunks")

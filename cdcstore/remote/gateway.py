@@ -40,7 +40,7 @@ from ..core.commit import FileEntry
 from ..storage.reader import FileReader
 from .limits import Busy
 from ..storage.repository import MARKER
-from .server import SERVER, STORE_ROOTS, sanitize
+from .app import SERVER, STORE_ROOTS, sanitize
 from .tokens import default_name, owner_id
 from .wire import NATIVE_PORT_HEADER
 

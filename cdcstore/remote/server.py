@@ -16,7 +16,6 @@ import errno
 import json
 import logging
 import os
-import re
 import signal
 import sqlite3
 import time
@@ -30,6 +29,7 @@ from .. import runtime
 from ..core import ids, treeobj
 from . import batches, wire
 from .admin import Lifecycle
+from .app import SERVER, STORE_ROOTS, HTTPError, sanitize
 from .limits import ANONYMOUS, Busy, ServerLimits, Slots
 from .staging import JournalSpace, StagingRoutes
 from .tokens import TokenFile, default_name, owner_id
@@ -66,13 +66,6 @@ def _require_new_ids(request, what: str) -> None:
     if width != wire.ID:
         raise HTTPError(400, f"{what} with {width}-byte chunk ids ({wire.ID_HEADER}: {header or 'absent'}): "
                              f"{ids.LEGACY_REFUSED}")
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or {}
 
 
 @dataclass
@@ -115,18 +108,6 @@ def _error(status: int, message: str, headers: dict | None = None, code: str | N
     """An error body {"error": one line, "status", "code"}; clients map `code`, never the text."""
     code = code or STATUS_CODES.get(status, "error")
     return web.json_response({"error": message, "status": status, "code": code}, status=status, headers=headers)
-
-
-STORE_ROOTS = web.AppKey("store_roots", tuple)
-SERVER = web.AppKey("server", object)  # the app's Server (the S3 gateway, remote/gateway.py, serves over it)
-_REPO_LIST = re.compile(r" \(repos: [^)]*\)")
-
-
-def sanitize(message: str, roots: tuple) -> str:
-    """An error message without the server's paths or the list of other tenants' repos."""
-    for root in roots:
-        message = message.replace(f"store {root}", "the server's store").replace(root, "the server's store")
-    return _REPO_LIST.sub("", message)
 
 
 @web.middleware

@@ -33,6 +33,7 @@ from ..core import ids
 from ..core.errors import ConflictError, CorruptionError, InvalidAddressError, NotFoundError
 from ..storage import staging
 from ..storage.manifest_file import ManifestFile
+from .app import HTTPError
 
 MAX_PRESENCE_NAMES = 65536
 RECOUNT = 30.0  # seconds a token's counted journal space is trusted before the next listing
@@ -59,8 +60,6 @@ class JournalSpace:
 
     def reserve(self, owner: str, n: int) -> None:
         """Count `n` more bytes for `owner`, or a 413 when that is past the limit."""
-        from .server import HTTPError
-
         with self._lock:
             age = time.monotonic() - self._at
             if age >= RECOUNT or (self._used.get(owner, 0) + n > self.limit and age >= 1.0):
@@ -132,8 +131,6 @@ class StagingRoutes:
     def _check_readable(self, repo: str, scope, entries: dict) -> None:
         """A scoped token names only manifests `repo` reaches or whose chunks it may see: one 403
         for another tenant's manifest and for one nobody stored (no oracle, no pin on erasure)."""
-        from .server import HTTPError
-
         server = self.server
         for path, e in entries.items():
             if e is None or server.access.reaches(repo, "manifest", e.manifest):
