@@ -900,13 +900,13 @@ class RemoteStore(Backend):
             sent = Commit(sent.repo, sent.parent, sent.message, sent.time, None, sent.tree)  # a server
             answer = self._post_commit(sent, branch, expected)  # before authors: format 2, no author
         cid, author = answer["commit"], answer.get("author")
-        if isinstance(author, str) and sent.tree is not None and author != sent.author:
-            try:
-                sent = sent.with_author(author)
+        if isinstance(author, str) and author != sent.author:
+            try:  # a format 1 commit is stored as format 3 with that author (its trees built there)
+                sent = sent.with_author(author) if sent.tree is not None else sent
             except ValueError as e:
                 raise CorruptionError(f"server answered an invalid author: {e}") from None
         if cid != sent.id:
-            self._check_rebased(sent, cid)
+            self._check_rebased(sent, cid, author if isinstance(author, str) else sent.author)
         self._wrote(commit.repo, branch)
         return cid
 
@@ -915,16 +915,17 @@ class RemoteStore(Backend):
         return self._json("POST", f"/repos/{_repo(sent.repo)}/commits", body=json.dumps(doc).encode(),
                           headers={"Content-Type": "application/json"})
 
-    def _check_rebased(self, commit: Commit, landed: str) -> None:
-        """The server rebased `commit` onto a moved head: the landed commit must hold
-        our change set and nothing of ours may be lost (only the changed paths are read)."""
+    def _check_rebased(self, commit: Commit, landed: str, author: str | None) -> None:
+        """The server rebased `commit` onto a moved head (or stored a format 1 commit as format
+        3): the landed commit must hold our change set, by `author`, and nothing of ours may
+        be lost (only the changed paths are read)."""
         if not ids.is_hex_id(landed):
             raise CorruptionError(f"server answered an invalid commit id {landed!r}")
         got = self.get_commit(commit.repo, landed)
         base = self.view(commit.repo, self.get_commit(commit.repo, commit.parent)) if commit.parent else None
         changed, removed = treeobj.changes(base, self.view(commit.repo, commit))
         view = self.view(commit.repo, got)
-        if (got.message != commit.message or got.author != commit.author
+        if (got.message != commit.message or got.author != author
                 or any(view.get(p) != f for p, f in changed.items())
                 or any(view.get(p) is not None for p in removed)):
             raise CorruptionError(f"server landed commit {landed} that does not hold this commit's changes")
