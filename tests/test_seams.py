@@ -38,3 +38,15 @@ def test_the_seam_check_sees_a_private_use():
     hits = [n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
             and _is_server(n.value)]
     assert sorted(hits) == ["_io", "_json", "_send"]
+
+
+def test_the_repository_is_what_upkeep_asks_for():
+    """gc and check know the repository by `maintenance.UpkeepHost` (not by import): it must
+    keep every member the protocol names."""
+    from cdcstore.storage.maintenance import UpkeepHost
+    from cdcstore.storage.repository import Repository
+
+    methods = {n for n, v in vars(UpkeepHost).items() if callable(v) and not n.startswith("__")}
+    assert len(methods) > 20 and set(UpkeepHost.__annotations__) == {"objects", "index", "location"}
+    missing = sorted(n for n in methods | {"index"} if not hasattr(Repository, n))
+    assert missing == []

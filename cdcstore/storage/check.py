@@ -19,7 +19,7 @@ from ..core.errors import CdcError, CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
 from . import reach
-from .repository import Repository
+from .maintenance import UpkeepHost
 
 #: The repair of chunks that failed verification (the stat cache would skip an unchanged file).
 REPUSH = "push the original files again (`cdcstore push --no-stat-cache`)"
@@ -33,7 +33,7 @@ def _sample(names: list[str], fraction: float) -> set[str]:
     return set(sorted(names, key=lambda n: ids.weak_hexdigest(n.encode()))[:k])
 
 
-def rebuild_index(store: Repository, read_data: bool = False) -> dict:
+def rebuild_index(store: UpkeepHost, read_data: bool = False) -> dict:
     """Recreate the chunk index from the packs and commits, in one transaction (a
     served store's readers see the old index until the new one is complete).
 
@@ -68,13 +68,13 @@ def rebuild_index(store: Repository, read_data: bool = False) -> dict:
     return {"packs": len(packs), "bad_packs": bad, "damaged_chunks": len(damaged), **store.index.totals()}
 
 
-def _safe_damaged(store: Repository) -> set[tuple[str, bytes]]:
+def _safe_damaged(store: UpkeepHost) -> set[tuple[str, bytes]]:
     try:
         return store.index.damaged()
     except sqlite3.DatabaseError:
         return set()
 
-def _safe_rows(store: Repository) -> dict[str, list[PackEntry]]:
+def _safe_rows(store: UpkeepHost) -> dict[str, list[PackEntry]]:
     """The current index rows by pack ({} if sqlite cannot read them)."""
     out: dict[str, list[PackEntry]] = collections.defaultdict(list)
     try:
@@ -84,7 +84,7 @@ def _safe_rows(store: Repository) -> dict[str, list[PackEntry]]:
         return {}
     return out
 
-def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[str, str, str]], set[tuple[str, bytes]]]:
+def _grants_from_commits(store: UpkeepHost, bad: list[str]) -> tuple[list[tuple[str, str, str]], set[tuple[str, bytes]]]:
     """What each repo reaches through the commits its branches and tags name (`reach.walk`;
     commits that never landed grant nothing): (repo, "manifest" or "tree", name) and (repo, chunk id)."""
     out: set[tuple[str, str, str]] = set()
@@ -112,7 +112,7 @@ def _grants_from_commits(store: Repository, bad: list[str]) -> tuple[list[tuple[
 class _Stored:
     """The store as `check` walks it: trees read from the store, never a memo (a gone tree is found)."""
 
-    def __init__(self, store: Repository):
+    def __init__(self, store: UpkeepHost):
         self.store = store
         self.forgotten, self.get_commit = store.forgotten, store.get_commit
 
@@ -122,7 +122,7 @@ class _Stored:
         return treeobj.View(self.store.read_tree, commit.tree)
 
 
-def check(store: Repository, read_data: bool = False, subset: float | None = None) -> dict:
+def check(store: UpkeepHost, read_data: bool = False, subset: float | None = None) -> dict:
     """Verify the store; returns {"packs", "chunks", "problems", "details"}.
 
     Always: each pack's footer, every index row against a present pack and its
@@ -173,7 +173,7 @@ def check(store: Repository, read_data: bool = False, subset: float | None = Non
     return {"packs": len(names), "chunks": chunks, "read_packs": len(sample), "recovered_packs": recovered,
             "problems": problems, "details": details}
 
-def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict, indexed: dict, found: list) -> int:
+def _check_pack(store: UpkeepHost, name: str, size: int, read: bool, rows: dict, indexed: dict, found: list) -> int:
     """Check one pack's footer against the index rows (`indexed`: its own), and its
     bytes when `read`."""
     try:
@@ -219,7 +219,7 @@ def _check_pack(store: Repository, name: str, size: int, read: bool, rows: dict,
     return len(entries or indexed)
 
 
-def _damaged_pack(store: Repository, name: str, sound: set[bytes]) -> tuple[str, set[bytes]]:
+def _damaged_pack(store: UpkeepHost, name: str, sound: set[bytes]) -> tuple[str, set[bytes]]:
     """The problem of a pack whose bytes do not match its name, with the chunks still read from it
     (the files they belong to are named) and its one fix: gc rewrites a pack with known damaged
     copies (`maintenance.plan`); damage outside every chunk is known to no record."""
@@ -232,14 +232,14 @@ def _damaged_pack(store: Repository, name: str, sound: set[bytes]) -> tuple[str,
             f"it): {first}run `cdcstore gc`: it copies them into a new pack and deletes this one", sound)
 
 
-def _verifies(store: Repository, pack: str, e: PackEntry) -> bool:
+def _verifies(store: UpkeepHost, pack: str, e: PackEntry) -> bool:
     try:
         decode_chunk(store.read_stored(pack, e.offset, e.stored_len), e.codec, e.raw_len, e.chunk_id, e.check)
         return True
     except CorruptionError:
         return False
 
-def _check_repo_folders(store: Repository, found: list) -> None:
+def _check_repo_folders(store: UpkeepHost, found: list) -> None:
     """Folders under repos/ that are no repo: a name no repo can have (a stray object), or
     a repo whose refs remain but whose commit files are all gone (`ls` says "no repo")."""
     for folder in store.objects.folders("repos/"):
@@ -258,7 +258,7 @@ def _check_repo_folders(store: Repository, found: list) -> None:
                           {f"cdc://{folder}@{r}" for r in refs}))
 
 
-def _check_reachable(store: Repository, found: list) -> dict[bytes, set[str]]:
+def _check_reachable(store: UpkeepHost, found: list) -> dict[bytes, set[str]]:
     """Walk every commit that a branch or tag reaches (`reach.walk`); returns chunk id -> the
     files (cdc://repo@ref/path) that use it, and adds problems for what does not parse or
     is not indexed."""
@@ -293,7 +293,7 @@ def _check_reachable(store: Repository, found: list) -> dict[bytes, set[str]]:
                       f"{REPUSH}", absent - hurt))
     return users
 
-def _check_manifest(store: Repository, name: str, label: str, cache: dict, found: list) -> Manifest | None:
+def _check_manifest(store: UpkeepHost, name: str, label: str, cache: dict, found: list) -> Manifest | None:
     """The parsed manifest, or None after recording the problem (with `label` among
     the files it affects)."""
     if name not in cache:

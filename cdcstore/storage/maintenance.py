@@ -39,18 +39,22 @@ import os
 import secrets
 import socket
 import time
+from typing import Iterator, Protocol
 
 from .. import runtime
 from ..core import treeobj
 from ..core.address import DEFAULT_BRANCH
+from ..core.commit import Commit
 from ..core.errors import BusyError, CdcError, CorruptionError, InvalidAddressError, NotFoundError
 from ..core import ids
+from ..core.manifest import Manifest
 from ..core.pack import ENTRY, HEADER, LEGACY_ENTRY, LEGACY_PACK_VERSION, PACK_VERSION, TRAILER, WRITE_BUFFER, \
-    PackWriter, decode_chunk
+    PackEntry, PackWriter, decode_chunk
 from . import reach, staging
-from .objects import StorageError
-from .refs import DELETED, ref_name
-from .repository import Repository, commit_name, locations_name, manifest_name, pack_name, pack_of, tree_name
+from .index import ChunkIndex
+from .names import locations_name, manifest_name, pack_name, pack_of, tree_name
+from .objects import ObjectStore, StorageError
+from .refs import DELETED, commit_name, ref_name
 
 DEFAULT_GRACE = 24 * 3600.0  # seconds an object is spared after it was written
 DEFAULT_REPACK_DEAD = 0.5  # a pack more than half dead (by bytes) is rewritten with its live chunks
@@ -61,6 +65,71 @@ SERVER_LEASE = 600.0  # a session a server keeps for a client (sessions/srv-*) d
 SERVER_REFRESH = 60.0  # seconds between a client's refreshes of its server-side session
 SESSIONS = "sessions/"
 GC_MARKERS = "gc/"
+
+
+class UpkeepHost(Protocol):
+    """What upkeep (gc, forget, push sessions; check and rebuild-index) asks of the store it
+    works on, in this process: `repository.Repository` (which runs these commands for
+    `admin`, so they know it by this protocol, not by import)."""
+
+    objects: ObjectStore
+    index: ChunkIndex
+    location: str
+
+    def repos(self) -> list[str]: ...
+
+    def has_repo(self, repo: str) -> bool: ...
+
+    def branches(self, repo: str) -> dict[str, str]: ...
+
+    def tags(self, repo: str) -> dict[str, str]: ...
+
+    def refs(self, repo: str, damaged: list | None = None) -> dict[str, str]: ...
+
+    def ref_names(self, repo: str) -> list[str]: ...
+
+    def _read_refs(self, repo: str, kind: str, damaged: list | None = None) -> dict[str, str]:
+        """A repo's branches (or tags) read from the ref objects, whether or not the repo stands."""
+
+    def forgotten(self, repo: str) -> set[str]: ...
+
+    def forget(self, repo: str, commit_ids) -> None: ...
+
+    def log(self, repo: str, rev: str) -> Iterator[tuple[str, Commit]]: ...
+
+    def view(self, repo: str, commit: Commit) -> treeobj.View: ...
+
+    def get_commit(self, repo: str, commit_id: str) -> Commit: ...
+
+    def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree: ...
+
+    def read_tree(self, name: str) -> treeobj.Tree: ...
+
+    def get_manifest(self, name: str, repo: str | None = None) -> Manifest: ...
+
+    def read_manifest(self, name: str) -> Manifest: ...
+
+    def read_stored(self, pack: str, offset: int, length: int): ...
+
+    def read_pack_index(self, name: str, size: int | None = None) -> list[PackEntry]: ...
+
+    def pack_sizes(self) -> dict[str, int]: ...
+
+    def pack_hash(self, name: str) -> str: ...
+
+    def index_listed(self, listed: dict[str, int]) -> int: ...
+
+    def foreign_objects(self) -> list[str]: ...
+
+    def replace_damaged_index(self) -> None: ...
+
+    def tmp_path(self) -> str: ...
+
+    def recover(self, forget_gone: bool = True) -> int: ...
+
+    def sweep_anchors(self) -> int: ...
+
+    def write_all_anchors(self) -> int: ...
 
 
 @dataclasses.dataclass
@@ -112,11 +181,11 @@ class Live:
     manifests: set = dataclasses.field(default_factory=set)
     chunks: set = dataclasses.field(default_factory=set)
 
-    def add_tree(self, repo: Repository, view: treeobj.View, root: str) -> None:
+    def add_tree(self, repo: UpkeepHost, view: treeobj.View, root: str) -> None:
         """A tree and everything below it (a subtree marked before is not walked again)."""
         self.add(repo, reach.subtree(view, root, trees=self.trees))  # a missing or damaged live tree stops gc
 
-    def add(self, repo: Repository, found) -> None:
+    def add(self, repo: UpkeepHost, found) -> None:
         """What a walk (`reach.walk`, `reach.subtree`) found: files' manifests with their chunks."""
         for f in found:
             if f.kind == "file" and f.name not in self.manifests:
@@ -124,7 +193,7 @@ class Live:
                 self.chunks.update(repo.get_manifest(f.name).chunk_ids)
 
 
-def mark(repo: Repository) -> Live:
+def mark(repo: UpkeepHost) -> Live:
     """What every branch and tag reaches (`reach.walk`): commits, trees, manifests, chunks.
     A listing that contradicts what the store says of itself stops it (`_check_listing`)."""
     live = Live()
@@ -147,7 +216,7 @@ def mark(repo: Repository) -> Live:
     return live
 
 
-def _deleting(repo: Repository, name: str) -> bool:
+def _deleting(repo: UpkeepHost, name: str) -> bool:
     """Whether a delete-repo of `name` is under way or was killed (its tombstone comes first)."""
     return next(iter(repo.objects.list(f"{DELETED}{name}/")), None) is not None
 
@@ -159,7 +228,7 @@ def _refused(location: str, why: str) -> CorruptionError:
                            f"REPO`, then gc again")
 
 
-def _check_no_refs(repo: Repository, name: str) -> None:
+def _check_no_refs(repo: UpkeepHost, name: str) -> None:
     """A repo that holds commits but lists no branch or tag: a repo's last branch is never
     deleted, so only a delete-repo (tombstone first, then refs, then commits) leaves one. Else
     the listing hides its refs (issue 31: gc then deleted every pack), and gc stops."""
@@ -171,7 +240,7 @@ def _check_no_refs(repo: Repository, name: str) -> None:
                       " (a repo's last branch is never deleted), and no delete-repo of it is under way"))
 
 
-def _check_listing(repo: Repository, listed: list[str]) -> None:
+def _check_listing(repo: UpkeepHost, listed: list[str]) -> None:
     """Repos this machine's index records reach for (a server's access records) that the
     listing lacks, with no delete-repo under way: the listing hides them, and gc stops."""
     hidden = sorted(r for r in repo.index.granted_repos() - set(listed) if not _deleting(repo, r))
@@ -180,13 +249,13 @@ def _check_listing(repo: Repository, listed: list[str]) -> None:
                                       f"that the listing does not show, and no delete-repo of them is under way")
 
 
-def _heads(repo: Repository, name: str) -> set[str]:
+def _heads(repo: UpkeepHost, name: str) -> set[str]:
     """The commits a repo's branches and tags name, read from the ref objects themselves (a
     repo whose commits are gone but whose refs remain is damaged, not deleted)."""
     return {c for kind in ("branch", "tag") for c in repo._read_refs(name, kind).values()}
 
 
-def _mark_history(repo: Repository, name: str, heads: set[str], live: Live, walked: set[str]) -> None:
+def _mark_history(repo: UpkeepHost, name: str, heads: set[str], live: Live, walked: set[str]) -> None:
     """Forgotten commits stay as history (their commit objects are live); their files go."""
     def found():
         for f in reach.walk(repo, name, {h: h for h in heads}, stop=walked, trees=live.trees):
@@ -209,7 +278,7 @@ class Forgotten:
     chunks: dict = dataclasses.field(default_factory=dict)
 
 
-def forgotten_reach(repo: Repository, live: Live) -> Forgotten:
+def forgotten_reach(repo: UpkeepHost, live: Live) -> Forgotten:
     """The trees, manifests and chunks that forgotten commits (still in a ref's history)
     reach and the live set does not. Such an object was uploaded and committed: it is no
     upload in flight, so gc need not wait out the grace window for it, unless it was written
@@ -250,7 +319,7 @@ def _freed(kind: str, ref: str, where: str, error: Exception) -> None:
     it is skipped)."""
 
 
-def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = None,
+def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = None,
          repack_dead: float = DEFAULT_REPACK_DEAD, max_unused: float | None = DEFAULT_MAX_UNUSED) -> GcPlan:
     """What gc would delete now (nothing is changed). A pack more than `repack_dead` dead (by
     bytes) is rewritten with only its live chunks; then, while the dead bytes left in packs are
@@ -349,7 +418,7 @@ def plan(repo: Repository, grace: float = DEFAULT_GRACE, now: float | None = Non
                   spared_until=None if spared["latest"] is None else spared["latest"] + grace)
 
 
-def _sound_rest(repo: Repository, name: str, info, live: list, before: float) -> list:
+def _sound_rest(repo: UpkeepHost, name: str, info, live: list, before: float) -> list:
     """What of a pack with known damaged copies moves to a new pack: the chunks read from it
     (another pack's copy is read instead of a dropped or shadowed one); of an old pack only the
     live ones, of a young one every such chunk (an upload in flight may name it)."""
@@ -377,7 +446,7 @@ def _repack_until(kept: list, max_unused: float, old) -> list:
     return more
 
 
-def open_sessions(repo: Repository, grace: float, now: float | None = None) -> int:
+def open_sessions(repo: UpkeepHost, grace: float, now: float | None = None) -> int:
     """Pushes in flight on this repository (sessions that have not died). A session of a process
     of this host that no longer runs died with it (a killed push): it is removed, as restic
     removes the stale locks of its own host, so a crash does not hold gc off for hours."""
@@ -394,7 +463,7 @@ def open_sessions(repo: Repository, grace: float, now: float | None = None) -> i
     return count
 
 
-def _dead_here(repo: Repository, name: str) -> bool:
+def _dead_here(repo: UpkeepHost, name: str) -> bool:
     """Whether a session or gc marker names a process of this host that is gone."""
     try:
         doc = json.loads(bytes(repo.objects.get(name)))
@@ -425,7 +494,7 @@ def old_session(info, now: float, grace: float) -> bool:
     return now - info.mtime >= max(grace, SESSION_STALE)
 
 
-def gc(repo: Repository, grace: float = DEFAULT_GRACE, dry_run: bool = False,
+def gc(repo: UpkeepHost, grace: float = DEFAULT_GRACE, dry_run: bool = False,
        repack_dead: float = DEFAULT_REPACK_DEAD, max_unused: float | None = DEFAULT_MAX_UNUSED) -> dict:
     """Mark, plan, and (unless `dry_run`, and while no push is in flight) delete."""
     if not (isinstance(grace, (int, float)) and grace >= 0):
@@ -458,7 +527,7 @@ def gc(repo: Repository, grace: float = DEFAULT_GRACE, dry_run: bool = False,
             repo.objects.delete(marker)
 
 
-def execute(repo: Repository, p: GcPlan) -> None:
+def execute(repo: UpkeepHost, p: GcPlan) -> None:
     """Delete what the plan names: index rows first, then the objects. Sparse packs are
     rewritten first: the new pack is durable and indexed before the old one goes."""
     for name, _, live in p.repack:
@@ -484,7 +553,7 @@ def execute(repo: Repository, p: GcPlan) -> None:
         repo.sweep_anchors()  # hints last: an anchor left behind by a crash is only a miss
 
 
-def _repack(repo: Repository, name: str, live: list) -> None:
+def _repack(repo: UpkeepHost, name: str, live: list) -> None:
     """Copy a pack's live chunks (verified, stored bytes as they are) into a new pack, make it
     durable, move the index rows to it in one transaction, then delete the old pack. A crash
     before the move leaves an unindexed copy (garbage); after it, an old pack with no rows."""
@@ -518,7 +587,7 @@ class PushSession:
     WAIT = 0.1  # seconds between looks at a running gc
     REFRESH = 3600.0  # seconds between heartbeats (well under SESSION_STALE)
 
-    def __init__(self, repo: Repository, timeout: float = 600.0, name: str | None = None, heartbeat: bool = True):
+    def __init__(self, repo: UpkeepHost, timeout: float = 600.0, name: str | None = None, heartbeat: bool = True):
         self.repo, self.timeout, self.heartbeat = repo, timeout, heartbeat
         self.local = name is None  # this process pushes (a server's session belongs to its client)
         self.name = f"{SESSIONS}{name or f'{os.getpid()}-{secrets.token_hex(8)}'}"
@@ -585,7 +654,7 @@ def forget_plan(history: dict[str, list[tuple[str, float]]], tags: dict[str, str
     return sorted(seen - keep)
 
 
-def forget(repo: Repository, name: str, keep_last: int | None = None, keep_within: float | None = None,
+def forget(repo: UpkeepHost, name: str, keep_last: int | None = None, keep_within: float | None = None,
            keep_tags: bool = True, dry_run: bool = False) -> dict:
     """Apply a retention policy to a repo's history; `gc` then frees what only forgotten commits used.
     Tagged commits are always kept (`keep_tags` is accepted from older clients and changes nothing)."""

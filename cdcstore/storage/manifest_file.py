@@ -8,6 +8,7 @@ import os
 from ..core import ids
 from ..core.errors import CorruptionError
 from ..core.manifest import ENTRIES, HEADER, MAGIC
+from .names import manifest_name
 from .objects import NotFound
 
 SLICE = 65536  # chunk ids a scan yields at once (~6 MB of Python objects)
@@ -24,8 +25,6 @@ class ManifestFile:
     A small manifest (most) costs one read, as `get_manifest` does."""
 
     def __init__(self, store, name: str):
-        from .repository import manifest_name
-
         self.name, self.what = name, f"manifest {name}"
         path, obj = store.manifest_file(name), manifest_name(name)
 

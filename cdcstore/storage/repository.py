@@ -54,6 +54,7 @@ from .index import ChunkIndex
 from . import open_objects, staging
 from .local import LocalObjects, open_regular
 from .manifest_file import ManifestFile
+from .names import locations_name, manifest_name, pack_name, pack_of, tree_name  # noqa: F401 (names: the layout)
 from .objects import Conflict, NotFound, ObjectStore
 from .refs import DELETED, Refs, _suppress_not_found, commit_name  # noqa: F401 (DELETED: access.py's)
 
@@ -67,31 +68,6 @@ HINTS_MAX = 4_000_000  # chunk locations kept from location records per process 
 TREE_MEMO = 4096  # trees kept decoded per process (immutable: named by their bytes)
 MANIFEST_MEMO_CHUNKS = 1 << 18  # chunk entries of decoded manifests kept per store (~40 MB at most; see `get_manifest`)
 PUT_IDS_MEMO = 1 << 18  # chunk ids of just-stored manifests kept for their commit (about 25 MB at most)
-
-
-def pack_name(name: str) -> str:
-    return f"packs/{name[:2]}/{name}.pack"
-
-
-def pack_of(object_name: str) -> str | None:
-    """The pack an object name holds (v2: 64 hex, v1: 32), or None for anything else."""
-    base = object_name.rsplit("/", 1)[-1]
-    name = base[:-5]
-    if base.endswith(".pack") and ids.is_hex_id(name) and object_name == pack_name(name):
-        return name
-    return None
-
-
-def manifest_name(name: str) -> str:
-    return f"manifests/{name[:2]}/{name}"
-
-
-def locations_name(manifest: str) -> str:
-    return f"locations/{manifest[:2]}/{manifest}"
-
-
-def tree_name(name: str) -> str:
-    return f"trees/{name[:2]}/{name}"
 
 
 class _RangeFile:
