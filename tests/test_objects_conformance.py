@@ -88,7 +88,7 @@ class TestAsAThirdPartyWouldUseIt(ObjectStoreTests):
 # -- errors -------------------------------------------------------------------------------------------
 def test_error_codes_are_distinct_and_typed():
     codes = objmod.ERRORS_BY_CODE
-    assert len(codes) == 8 and all(issubclass(c, StorageError) for c in codes.values())
+    assert len(codes) == 9 and all(issubclass(c, StorageError) for c in codes.values())
     assert issubclass(Unavailable, ConnectionError) and Unavailable.transient
     assert issubclass(NotFound, FileNotFoundError) and issubclass(Conflict, FileExistsError)
 
@@ -160,7 +160,7 @@ def test_a_missing_bucket_is_named(s3_endpoint, monkeypatch, client):
     from cdcstore.storage.s3 import S3Objects
     s = S3Objects("s3://no-such-bucket/p", client=client, retries=1)
     for call in (lambda: s.put("a", b"x"), lambda: s.put_if_absent("a", b"x")):
-        with pytest.raises(NotFound, match="bucket 'no-such-bucket' does not exist"):
+        with pytest.raises(objmod.NoBucket, match="bucket 'no-such-bucket' does not exist"):
             call()
 
 

@@ -63,7 +63,7 @@ def test_every_abstract_call_of_a_backend_is_delegated():
 
 @pytest.mark.parametrize("cls, own", [
     (CachedBackend, {"locate", "read_chunks", "read_chunks_into", "read_chunk", "get_manifest",
-                     "get_manifest_located", "get_tree", "get_commit", "resolve_ref", "commit", "create_tag",
+                     "get_manifest_located", "get_tree", "put_trees", "get_commit", "resolve_ref", "commit", "create_tag",
                      "delete_tag", "create_branch", "delete_branch", "close", "cache_counters"}),
     (LocalSeed, {"locate", "read_chunks"}),
 ])
