@@ -167,17 +167,17 @@ def _reap_when_gone(pid: int, path: str) -> None:
                          close_fds=True)
 
 
-_watched = 0  # the process whose parent a thread watches (`exit_with_parent`)
+_watched = runtime.Local()  # set in a process whose parent a thread watches (`exit_with_parent`)
 
 
 def exit_with_parent(poll: float = 1.0) -> None:
     """In a DataLoader worker: exit within `poll` s of the parent's death (a SIGKILLed rank), even
     when blocked: at exit a worker waits to flush its batches into the pipe to the dead parent,
     which a sibling worker keeps open, so it used to wait forever. Once per process."""
-    global _watched
-    if _watched == os.getpid():
+    if _watched.here():
         return
-    _watched, parent = os.getpid(), os.getppid()
+    _watched.set(True)
+    parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
