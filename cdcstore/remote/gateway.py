@@ -39,7 +39,6 @@ from ..core.treeobj import Folder, Tree
 from ..core.commit import FileEntry
 from ..storage.reader import FileReader
 from .limits import Busy
-from ..storage.repository import MARKER
 from .app import SERVER, STORE_ROOTS, sanitize
 from .tokens import default_name, owner_id
 from .wire import NATIVE_PORT_HEADER
@@ -315,9 +314,8 @@ class Gateway:
         return _xml("ListAllMyBucketsResult", f"{owner}<Buckets>{buckets}</Buckets>")
 
     def _created(self) -> float:
-        """When the store was made (its marker's write time), each repo's CreationDate."""
-        info = next(iter(self.store.objects.list(MARKER)), None)
-        return info.mtime if info is not None and info.mtime else time.time()
+        """When the store was made, each repo's CreationDate."""
+        return self.store.created() or time.time()
 
     # -- objects -----------------------------------------------------------------------------
     def _revision(self, repo: str, rev: str):

@@ -191,6 +191,11 @@ class Repository(Backend):
                 self.objects.put_if_absent(STORE_ID, secrets.token_hex(16).encode())
             return bytes(self.objects.get(STORE_ID)).decode().strip()
 
+    def created(self) -> float | None:
+        """When the store was made: its marker's write time (None where the store keeps none)."""
+        info = next(iter(self.objects.list(MARKER)), None)
+        return info.mtime if info is not None and info.mtime else None
+
     # -- upkeep (roles.Upkeep: runs_here) and what a server asks of its store ----------------
     def admin(self, command: str, **options):
         """Run a maintenance command here (storage/commands.py): gc, check, forget, delete-repo,
