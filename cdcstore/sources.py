@@ -23,7 +23,7 @@ import fnmatch
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from . import decoded as _decoded
 from . import runtime
+from .api import Store
 from .core import decoders as _decoders
 from .core import order as _order
 from .core import pages as _pages
@@ -40,9 +41,8 @@ from .core.address import Address, parse
 from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNotFoundError
 from .core.thrift import ThriftError
 
-if TYPE_CHECKING:  # the dataset a source reads its settings from and counts its figures into
+if TYPE_CHECKING:
     from .decoded import BatchRef, DecodedUnits, PinnedTables
-    from .stream import StreamingDataset
 
 LOOK_AHEAD_STEPS = 256  # steps a stream looks ahead for the next row group to fetch while one decodes
 _GLOB = set("*?[")
@@ -62,14 +62,38 @@ class SourceFile:
         return str(Address(self.repo, self.commit, self.path))
 
 
+class SourceContext(Protocol):
+    """What a source asks of the dataset it streams for (`stream.StreamingDataset` is one): its
+    settings, and where its figures go."""
+
+    store: Store  # this process's
+    source: "Source"  # the dataset's source (this one)
+    columns: list[str] | None
+    batch_size: int | None
+    block: int  # rows per batch (or per step of a row stream)
+    format: str  # "numpy", "arrow" or "python"
+    prefetch_bytes: int
+
+    @property
+    def counts(self) -> dict:
+        """The figures a source adds to ("bytes_read", "read_seconds", "row_groups", ...)."""
+
+    def yielded(self, samples: int, batches: int = 0) -> None:
+        """`samples` rows handed to the consumer (in `batches` batches): the resume position."""
+
+    @property
+    def in_worker(self) -> bool:
+        """True in a DataLoader worker (its batches go to the main process)."""
+
+
 class Source:
     """One kind of file, streamed. `units`: (file index, unit within the file, rows) in file order.
 
     A subclass sets `noun`/`plural` (for messages), `claims` (the paths a folder source lists for
     it), `index`, `produce` and `consumer`. The dataset `ds` passed to them gives the settings
     (`columns`, `block`, `batch_size`, `format`, `prefetch_bytes`, `store`) and takes the figures:
-    a source adds to `ds._metrics` ("bytes_read", "read_seconds", ...) and to `ds._consumed` (the
-    samples it yielded), the counts `metrics()` and `state_dict()` report."""
+    a source adds to `ds.counts` ("bytes_read", "read_seconds", ...) and tells `ds.yielded(n, batches)`
+    the samples it yielded, which `metrics()` and `state_dict()` report (see `SourceContext`)."""
 
     noun: ClassVar[str] = "a file"
     plural: ClassVar[str] = "files"
@@ -84,18 +108,18 @@ class Source:
         raise NotImplementedError
 
     @classmethod
-    def index(cls, ds: "StreamingDataset", files: list[SourceFile], decode=None) -> "Source":
+    def index(cls, ds: SourceContext, files: list[SourceFile], decode=None) -> "Source":
         """The units of `files`, read once (footers, headers) through `ds.store`."""
         raise NotImplementedError
 
-    def produce(self, ds: "StreamingDataset", order: _order.EpochOrder, steps: Iterator, skip: int,
+    def produce(self, ds: SourceContext, order: _order.EpochOrder, steps: Iterator, skip: int,
                 share: "DecodedUnits | None" = None, epoch: int = 0) -> Iterator[tuple[object, int]]:
         """In the prefetch thread: (item, bytes held) for the positions of `steps` (each an array of
         positions of one step, shifted by `skip`); an item of 0 bytes is not counted in the budget.
         `share` (only for a source that `shares_decoded`) holds units decoded by other workers."""
         raise NotImplementedError
 
-    def consumer(self, ds: "StreamingDataset", progress: Callable[[int], None] | None = None,
+    def consumer(self, ds: SourceContext, progress: Callable[[int], None] | None = None,
                  pin: Callable[[int], str | None] | None = None) -> Callable[[object], Iterator | None]:
         """A function of each produced item, in order: what to yield for it (batches or rows), or
         None. `progress(past)` (with `share`): the consumer is past this position of the order.
@@ -103,7 +127,7 @@ class Source:
         shared decoded unit, to hand batches over as `decoded.BatchRef`s (None: hand the rows)."""
         raise NotImplementedError
 
-    def resolve(self, ds: "StreamingDataset", ref: "BatchRef", tables: "PinnedTables"):
+    def resolve(self, ds: SourceContext, ref: "BatchRef", tables: "PinnedTables"):
         """In the main process: the batch a worker handed over by reference (see `consumer`)."""
         raise NotImplementedError(f"{type(self).__name__} hands batches over by value")
 
@@ -115,11 +139,11 @@ class SampleSource(Source):
 
     fields: list[str]
 
-    def sizes(self, ds: "StreamingDataset", units: list[int], rows: list[int]) -> list[int]:
+    def sizes(self, ds: SourceContext, units: list[int], rows: list[int]) -> list[int]:
         """The bytes each (unit, row) will read."""
         return [1] * len(units)
 
-    def read(self, ds: "StreamingDataset", units: np.ndarray, rows: np.ndarray, readers: dict) -> list[dict]:
+    def read(self, ds: SourceContext, units: np.ndarray, rows: np.ndarray, readers: dict) -> list[dict]:
         """One dict per (unit, row); `readers` (file index -> open reader) lives as long as `produce`."""
         raise NotImplementedError
 
@@ -164,19 +188,15 @@ class SampleSource(Source):
         """One dict per sample, or one batch per block with a column per field of the dataset: a
         dict of lists ("numpy" and "python"; None where a sample lacks the field) or a RecordBatch
         ("arrow"; keys as strings, fields as bytes)."""
-        m = ds._metrics
         if ds.batch_size is None:
             for s in samples:
-                ds._consumed += 1
-                m["samples"] += 1
+                ds.yielded(1)
                 yield s
             return
         names = ["__key__", *self.fields]
         for lo in range(0, len(samples), ds.block):
             part = samples[lo:lo + ds.block]
-            ds._consumed += len(part)
-            m["samples"] += len(part)
-            m["batches"] += 1
+            ds.yielded(len(part), 1)
             cols = {k: [s.get(k) for s in part] for k in names}
             if ds.format == "arrow":
                 yield pa.RecordBatch.from_pydict(
@@ -241,7 +261,7 @@ class TarSource(SampleSource):
                 data[fi, lo] = memoryview(readers[fi].pread(lo, hi - lo))
             starts[fi] = [lo for lo, _ in spans]
         out = []
-        m = ds._metrics
+        m = ds.counts
         for fi, sample, parts in picked:
             s = {"__key__": sample.key}
             for ext, o, n in parts:
@@ -306,7 +326,7 @@ class ParquetSource(Source):
         warm = Warmer(ds) if share is None and ds.store.cache is not None else None
         located: collections.deque = collections.deque()  # steps located ahead: (pos, units, rows)
         steps = iter(steps)
-        metrics = ds._metrics
+        metrics = ds.counts
 
         def pull() -> bool:
             pos = next(steps, None)
@@ -398,7 +418,7 @@ class ParquetSource(Source):
         table = _decoded.read_row_group(reader, self.footers[fi], rg, self.columns, self.files[fi].address)
         if table.num_rows != self.units[u][2]:
             raise lying_rows(self.files[fi], rg, self.units[u][2], f"pyarrow read {table.num_rows}")
-        m = ds._metrics
+        m = ds.counts
         m["read_seconds"] += time.perf_counter() - t0
         m["bytes_read"] += self._column_bytes(fi, rg)
         m["decodes"] += 1
@@ -444,7 +464,7 @@ class ParquetSource(Source):
         gathered from them and emitted, or, with `pin`, handed over by reference (one `BatchRef`
         per block, made before the progress that lets the row groups go)."""
         held: dict[int, tuple[pa.Table, int]] = {}
-        m = ds._metrics
+        m = ds.counts
 
         def take(item):
             if item[0] == "unit":
@@ -470,7 +490,7 @@ class ParquetSource(Source):
         from .decoded import BatchRef
 
         refs, made = [], []
-        m = ds._metrics
+        m = ds.counts
         for lo in range(0, len(rows), ds.block):
             us, rs = units[lo:lo + ds.block], rows[lo:lo + ds.block]
             pins = {}
@@ -514,7 +534,7 @@ class ParquetSource(Source):
         if runs is not None:
             parts = [held[u][0].slice(first, n) for u, first, n in runs]
             table = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-            if ds.format != "arrow" or ds._slot == 0:
+            if ds.format != "arrow" or not ds.in_worker:
                 return table
             return table.combine_chunks().take(pa.array(np.arange(len(rows))))  # to a worker: compact
         ids, which = np.unique(units, return_inverse=True)
@@ -527,11 +547,9 @@ class ParquetSource(Source):
     @classmethod
     def _emit(cls, ds, table: pa.Table):
         """Rows, or one batch per block (the last one of a consumer may be short)."""
-        m = ds._metrics
         if ds.batch_size is None:
             for row in table.to_pylist():
-                ds._consumed += 1
-                m["samples"] += 1
+                ds.yielded(1)
                 yield row
             return
         for lo in range(0, table.num_rows, ds.block):
@@ -545,9 +563,7 @@ class ParquetSource(Source):
     @staticmethod
     def _count(ds, n: int) -> None:
         """One batch of `n` rows consumed (the resume position and the figures)."""
-        ds._consumed += n
-        ds._metrics["samples"] += n
-        ds._metrics["batches"] += 1
+        ds.yielded(n, 1)
 
     @staticmethod
     def _formatted(ds, table: pa.Table):
@@ -644,7 +660,7 @@ class Warmer:
     at a time; a failed one only leaves the read to fetch. Used when the store has a cache
     (a read from it costs a request), not for a local directory."""
 
-    def __init__(self, ds: "StreamingDataset"):
+    def __init__(self, ds: SourceContext):
         self._ds = ds
         self._pool = runtime.pool("warm", 2)  # the process's: streams of this process share it
         self._busy: concurrent.futures.Future | None = None
@@ -669,7 +685,7 @@ class Warmer:
                 reader = self._readers[fi] = ds.store.open(source.files[fi].address)
             for lo, n in source.spans(u):
                 reader.pread(lo, n)
-            ds._metrics["warmed"] += 1
+            ds.counts["warmed"] += 1
         except Exception:  # noqa: BLE001 - the stream's own read fetches and reports
             pass
 

@@ -262,6 +262,24 @@ class StreamingDataset:
         """This process's Store (nothing network-bound survives a fork or a pickle)."""
         return self._store.get(lambda: Store(self._store_args["location"], token=self._store_args["token"]))
 
+    # -- what a source uses besides the settings (sources.SourceContext) ----------------------
+    @property
+    def counts(self) -> dict:
+        """The figures a source adds to ("bytes_read", "read_seconds", ...): what `metrics()` sums."""
+        return self._metrics
+
+    def yielded(self, samples: int, batches: int = 0) -> None:
+        """A source handed `samples` rows to its consumer (in `batches` batches): the resume
+        position (`state_dict`) and the figures count them."""
+        self._consumed += samples
+        self._metrics["samples"] += samples
+        self._metrics["batches"] += batches
+
+    @property
+    def in_worker(self) -> bool:
+        """True in a DataLoader worker of `loader()`/`as_torch` (its batches go to the main process)."""
+        return self._slot != 0
+
     def _resolve(self, sources: list[str], kinds) -> tuple[list[SourceFile], dict[str, str]]:
         if not sources:
             raise InvalidAddressError("StreamingDataset needs at least one cdc:// source")

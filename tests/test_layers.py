@@ -120,3 +120,72 @@ def test_only_the_runtime_asks_which_process_it_is_in():
                     (node.attr == "_pid" or node.attr.endswith("_pid")):
                 wrong.append(f"{mod}:{node.lineno} keeps a pid in .{node.attr}")
     assert wrong == [], "use runtime.Local / runtime.Lock instead:\n" + "\n".join(wrong)
+
+
+def internal_imports(mod: str, path: str) -> set[str]:
+    """The cdcstore modules `mod` imports anywhere in it (top level or inside a function),
+    relative or absolute (`cdcstore.x`); a package as `pkg.__init__`."""
+    known = {m for m, _ in modules()}
+
+    def resolve(name: str) -> str | None:
+        return next((c for c in (name, f"{name}.__init__".lstrip(".")) if c in known), None)
+
+    pkg = mod.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(pkg[: len(pkg) - (node.level - 1)] + ([node.module] if node.module else []))
+            elif node.module == "cdcstore" or (node.module or "").startswith("cdcstore."):
+                base = node.module[len("cdcstore."):]
+            else:
+                continue
+            for a in node.names:  # `from ..core import ids` imports the module core.ids
+                out.add(resolve(f"{base}.{a.name}".lstrip(".")) or resolve(base))
+        elif isinstance(node, ast.Import):
+            out |= {resolve(a.name[len("cdcstore."):]) for a in node.names if a.name.startswith("cdcstore.")}
+    return out - {None, mod}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm), sorted."""
+    index, low, stack, on, groups = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(groups)
+
+
+def test_no_circles_of_imports():
+    """No modules import one another in a loop, counting imports inside functions (a lazy import
+    hides a circle; it does not break it): a shared piece goes down into a module both import."""
+    graph = {mod: internal_imports(mod, path) for mod, path in modules()}
+    circles = import_circles(graph)
+    assert circles == [], "circles of imports:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_finder_sees_a_lazy_circle():
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []

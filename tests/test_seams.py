@@ -50,3 +50,34 @@ def test_the_repository_is_what_upkeep_asks_for():
     assert len(methods) > 20 and set(UpkeepHost.__annotations__) == {"objects", "index", "location"}
     missing = sorted(n for n in methods | {"index"} if not hasattr(Repository, n))
     assert missing == []
+
+
+def private_uses(names: set[str], exempt: set[str]) -> list[str]:
+    """`x._attr` where `x` is a name in `names` (or `<anything>.x`), outside the modules `exempt`."""
+    found = []
+    for mod, path in modules():
+        if mod in exempt:
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                v = node.value
+                if (isinstance(v, ast.Name) and v.id in names) or (isinstance(v, ast.Attribute) and v.attr in names):
+                    found.append(f"{mod}:{node.lineno} uses .{node.attr}")
+    return found
+
+
+def test_sources_use_the_dataset_through_its_public_surface():
+    """A source (sources.py, decoded.py, a plug-in) asks the dataset only what `SourceContext`
+    names: settings, `counts`, `yielded`, `in_worker`; no private field of StreamingDataset."""
+    found = private_uses({"ds", "_ds", "dataset"}, {"stream"})
+    assert found == [], "use sources.SourceContext's members:\n" + "\n".join(found)
+
+
+def test_the_dataset_is_a_source_context():
+    from cdcstore.sources import SourceContext
+    from cdcstore.stream import StreamingDataset
+
+    members = {n for n, v in vars(SourceContext).items() if not n.startswith("_") and (callable(v) or
+                                                                                         isinstance(v, property))}
+    assert members == {"counts", "yielded", "in_worker"}
+    assert all(hasattr(StreamingDataset, n) for n in members)

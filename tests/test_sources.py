@@ -49,7 +49,7 @@ class LinesSource(sources.SampleSource):
                 readers[fi] = ds.store.open(self.files[fi].address)
             lo, n = self.offsets[fi][r]
             line = readers[fi].pread(lo, n)
-            ds._metrics["bytes_read"] += n
+            ds.counts["bytes_read"] += n
             out.append({"__key__": line.decode(), "line": line})
         return out
 

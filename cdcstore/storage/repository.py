@@ -51,7 +51,7 @@ from ..core.pack import PackEntry, decode_checked, decode_chunk, first_mismatch,
 from ..core.ranges import plan_ranges, slices
 from .backend import Backend, BackendCapabilities
 from .index import ChunkIndex
-from . import open_objects, staging
+from . import commands, maintenance, open_objects, staging
 from .local import LocalObjects, open_regular
 from .manifest_file import ManifestFile
 from .names import locations_name, manifest_name, pack_name, pack_of, tree_name  # noqa: F401 (names: the layout)
@@ -200,15 +200,11 @@ class Repository(Backend):
     def admin(self, command: str, **options):
         """Run a maintenance command here (storage/commands.py): gc, check, forget, delete-repo,
         rebuild-index, recover."""
-        from . import commands  # maintenance and check import this module
-
         return commands.run(self, command, **options)
 
     def push_session(self):
         """This process's push-session marker (maintenance.PushSession)."""
-        from .maintenance import PushSession
-
-        return PushSession(self)
+        return maintenance.PushSession(self)
 
     def journal(self) -> staging.Journal:
         return staging.Journal(self)
