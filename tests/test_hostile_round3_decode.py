@@ -84,7 +84,8 @@ except Exception as e:
     out["error"] = f"{type(e).__name__}: {e}"
 import gc
 gc.collect()  # the loader's workers are joined: their peak RSS counts below
-out["rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# this process's own peak (VmHWM): ru_maxrss would carry the pytest process's size over fork and exec
+out["rss_mib"] = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:")) / 1024
 out["workers_rss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 print(json.dumps(out))
 """
