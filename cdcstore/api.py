@@ -27,7 +27,7 @@ from .core.commit import MAX_AUTHOR, Commit, FileEntry, check_author as _check_a
 from .core.manifest import Manifest
 from .core.errors import CdcError, CorruptionError, InvalidAddressError, MissingChunksError, PathNotFoundError
 from .engine.history import History, as_address as _as_address
-from .engine.pull import PULL_LOCATE_CHUNKS, check_replaceable as _check_replaceable, pull_files  # noqa: F401
+from .engine.pull import PULL_LOCATE_CHUNKS, check_replaceable, pull_files  # noqa: F401 (check_replaceable: fs.py's)
 from .storage.reader import FileReader
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
@@ -333,6 +333,12 @@ class Store:
     def cache(self) -> "ChunkCache | None":
         """The local dedup cache reads from a server go through (None for a local store)."""
         return self._cache
+
+    @property
+    def identity(self) -> str:
+        """What tells this store from any other this machine reaches: the key of what a process
+        keeps of it (heads, manifests: storage/meta.py)."""
+        return self.backend.identity
 
     def repos(self) -> list[str]:
         return self.backend.repos()

@@ -38,7 +38,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -184,7 +183,7 @@ def exit_with_parent(poll: float = 1.0) -> None:
             time.sleep(poll)
         os._exit(1)
 
-    threading.Thread(target=watch, name="cdcstore-exit-with-parent", daemon=True).start()
+    runtime.thread(watch, name="exit-with-parent")
 
 
 def _remove_if_owner(path: str, owner: int) -> None:

@@ -32,7 +32,7 @@ from fsspec.transaction import Transaction
 from . import runtime
 from .core import tree
 from .core.address import SCHEME, Address, check_write_target, parse
-from .api import Store, _check_replaceable, meta
+from .api import Store, check_replaceable, meta
 from .core.commit import FileEntry
 from .core.errors import InvalidAddressError
 
@@ -214,7 +214,7 @@ class CdcFileSystem(AbstractFileSystem):
 
     def _head_key(self, a: Address) -> tuple:
         """The process's key of a head (storage/meta.py): the store's identity, the token, the rev."""
-        ident = self.store.backend.identity
+        ident = self.store.identity
         return meta.identity(ident), meta.scope(ident, self._args["token"]), a.repo, a.ref
 
     def _commit_id(self, a: Address) -> str:
@@ -333,7 +333,7 @@ class CdcFileSystem(AbstractFileSystem):
             if self.info(path)["type"] == "directory":
                 raise IsADirectoryError(f"{SCHEME}{path} is a folder")
             raise FileNotFoundError(f"{SCHEME}{path}")
-        ident = self.store.backend.identity  # manifests are immutable: kept by the process (storage/meta.py)
+        ident = self.store.identity  # manifests are immutable: kept by the process (storage/meta.py)
         m = meta.objects().remembered((meta.scope(ident, self._args["token"]), "fs-manifest", a.repo, entry.manifest),
                                       lambda: self.store.manifest(a.repo, entry.manifest))
         return self.store.reader(a.repo, m, f"{SCHEME}{path}")
@@ -370,7 +370,7 @@ class CdcFileSystem(AbstractFileSystem):
             names = ", ".join(touched[:3]) + (" ..." if len(touched) > 3 else "")
             verb = "write" if pairs or entries else "remove"
             self.store.commit_files(repo, branch, pairs, f"{verb} {names}", remove=remove, entries=entries)
-            meta.wrote(meta.identity(self.store.backend.identity), repo, branch)
+            meta.wrote(meta.identity(self.store.identity), repo, branch)
         self.invalidate_cache()
 
     def get(self, rpath, lpath, recursive=False, **kwargs):
@@ -400,7 +400,7 @@ class CdcFileSystem(AbstractFileSystem):
                     raise InvalidAddressError(f"{target!r} would be written through a symlink out of "
                                               f"{self._get_root[1]!r}: refusing; remove that symlink or get "
                                               f"elsewhere")
-            _check_replaceable(target)
+            check_replaceable(target)
         return super().get_file(rpath, lpath, callback=callback, outfile=outfile, **kwargs)
 
     def _check_absent(self, repo: str, branch: str, paths: list[str]) -> None:

@@ -256,8 +256,16 @@ def every(seconds: float, fn: Callable[[], object], name: str = "heartbeat") -> 
             except Exception:  # noqa: BLE001 - a missed beat is retried; the marker ages meanwhile
                 pass
 
-    threading.Thread(target=beat, name=f"cdcstore-{name}", daemon=True).start()
+    thread(beat, name=name)
     return stop.set
+
+
+def thread(target: Callable[..., object], *args, name: str = "thread", daemon: bool = True) -> threading.Thread:
+    """Start `target(*args)` on a thread of its own, `cdcstore-NAME` (a daemon unless told), and
+    return it: every thread the package starts outside the pools and the loop starts here."""
+    t = threading.Thread(target=target, args=args, name=f"cdcstore-{name}", daemon=daemon)
+    t.start()
+    return t
 
 
 def wait(futures) -> None:

@@ -151,8 +151,7 @@ class _Prefetcher:
         self._stop = False
         self._done = False
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="cdcstore-stream", daemon=True)
-        self._thread.start()
+        self._thread = runtime.thread(self._run, name="stream")
 
     def _run(self) -> None:
         items = self._produce()

@@ -24,9 +24,9 @@ upload and return small entries, the driver commits them once.
 from __future__ import annotations
 
 import secrets
-import threading
 from dataclasses import dataclass, field
 
+from . import runtime
 from .api import Store, TransferResult
 from .core.address import SCHEME, check_write_target, parse
 from .core.errors import InvalidAddressError
@@ -74,19 +74,13 @@ class DeferredCommit:
         with self._store() as s:
             self._base = s.branches(a.repo).get(a.ref) if a.repo in s.repos() else None
             s.journal().open(a.repo, self.job)
-        stop = threading.Event()
-        threading.Thread(target=self._beat, args=(stop,), name="cdcstore-job", daemon=True).start()
-        self._stop = stop.set
+        self._stop = runtime.every(HEARTBEAT, self._beat, name="job")
         return self
 
-    def _beat(self, stop: threading.Event) -> None:
-        """Touch the job's marker every HEARTBEAT seconds: gc keeps a live job's files."""
-        while not stop.wait(HEARTBEAT):
-            try:
-                with self._store() as s:
-                    s.journal().open(self._address().repo, self.job)
-            except Exception:  # noqa: BLE001 - a missed beat is retried; the marker ages meanwhile
-                pass
+    def _beat(self) -> None:
+        """Touch the job's marker (every HEARTBEAT seconds): gc keeps a live job's files."""
+        with self._store() as s:
+            s.journal().open(self._address().repo, self.job)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self._stop is not None:

@@ -95,6 +95,22 @@ def test_no_module_starts_its_own_pool_or_loop():
     assert found == [], found
 
 
+def test_threads_start_in_the_runtime():
+    """A thread of its own starts through `runtime.thread` (or `runtime.every`): no module but
+    runtime.py calls `threading.Thread(...)` or `threading.Timer(...)`, however imported."""
+    found = []
+    for mod, path in modules():
+        if mod == "runtime":
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+                if name in ("Thread", "Timer"):
+                    found.append(f"{mod}:{node.lineno} starts a {name}")
+    assert found == [], "use runtime.thread:\n" + "\n".join(found)
+
+
 def _compares_pid(node) -> bool:
     """A comparison with `os.getpid()` on either side (or inside a tuple or call there)."""
     if not isinstance(node, ast.Compare):

@@ -81,3 +81,21 @@ def test_the_dataset_is_a_source_context():
                                                                                          isinstance(v, property))}
     assert members == {"counts", "yielded", "in_worker"}
     assert all(hasattr(StreamingDataset, n) for n in members)
+
+
+def test_faces_reach_the_store_through_store_not_its_backend():
+    """fs, cli, stream, sources and the other faces use `Store`'s own methods (`identity`, `cache`,
+    `reader`, ...), never `store.backend`; nor do they import a private name of `api`. The
+    conformance suite (testing/) is the exception: it checks a backend itself."""
+    from test_layers import FACE, layer
+
+    found = []
+    for mod, path in modules():
+        if layer(mod)[1] != FACE or mod == "api" or mod.startswith("testing."):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Attribute) and node.attr == "backend":
+                found.append(f"{mod}:{node.lineno} uses .backend")
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("api"):
+                found += [f"{mod}:{node.lineno} imports api.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert found == [], "give Store a public method instead:\n" + "\n".join(found)

@@ -372,9 +372,7 @@ class ChunkCache:
             if not self._writer:
                 self._queue, self._pending, self._writer = queue.SimpleQueue(), 0, True
                 self._queued = {}
-                self._writer_thread = threading.Thread(target=self._write_loop, args=(self._queue,), daemon=True,
-                                                       name="cdcstore-cache-writer")
-                self._writer_thread.start()
+                self._writer_thread = runtime.thread(self._write_loop, self._queue, name="cache-writer")
                 _WRITERS.add(self)
             self._idle.wait_for(lambda: self._pending + size <= PENDING_BYTES or not self._pending, 60)
             self._pending += size

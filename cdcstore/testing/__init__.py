@@ -19,9 +19,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
+
+from .. import runtime
+
 
 def in_threads(fn, n: int) -> list:
     """`fn(i)` for i in 0..n-1, each on a thread of its own, all at once: their results in order
@@ -34,9 +36,7 @@ def in_threads(fn, n: int) -> list:
             out[i] = fn(i)
         except BaseException as e:  # noqa: BLE001 - raised below, in the caller's thread
             errors.append(e)
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
+    threads = [runtime.thread(run, i, name=f"test-{i}", daemon=False) for i in range(n)]
     for t in threads:
         t.join()
     if errors:
