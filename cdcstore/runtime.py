@@ -37,7 +37,7 @@ def _reset_after_fork() -> None:
     global _lock, _pid, _pools, _loop, _values
     _lock = threading.RLock()  # the parent's lock may have been held by a thread that is gone
     _pid, _pools, _loop, _values = os.getpid(), {}, None, {}
-    _preloads.clear()  # finished before the fork (`_finish_preloads`)
+    _preloads.clear()  # finished before the fork (`finish_preloads`)
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -70,12 +70,13 @@ def _import_quietly(name: str) -> None:
         importlib.import_module(name)
 
 
-def _finish_preloads() -> None:
+def finish_preloads() -> None:
+    """Wait for the background imports `preload` started (a fork does, before it forks)."""
     for thread in list(_preloads.values()):
         thread.join(60)
 
 
-os.register_at_fork(before=_finish_preloads)
+os.register_at_fork(before=finish_preloads)
 
 
 def pid_alive(pid: int) -> bool:

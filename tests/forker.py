@@ -28,6 +28,7 @@ import gc, json, os, runpy, sys, threading
 freeze, preload = sys.argv[1] == "freeze", sys.argv[2:]
 for name in preload:
     __import__(name)
+sys.modules["cdcstore.runtime"].finish_preloads()  # the package's own background imports end first
 assert threading.active_count() == 1, "a preload started a thread: children would inherit a broken copy"
 if freeze:
     # the collector leaves what the preload made alone: a child's exit no longer walks (and so
