@@ -76,6 +76,7 @@ class ServerConfig:
     body_idle_timeout: float = 30.0  # seconds without a body byte before 408
     min_body_rate: float = 16 * 1024  # bytes/s a body must average once past the idle timeout
     maintenance_interval: float = 600.0  # seconds between temp cleanups and recoveries
+    first_maintenance_idle: float = 2.0  # a bucket replica's first recovery waits for this long without requests
     presence_refresh: float = 2.0  # seconds between bucket listings that a chunks/query miss may start
     min_gc_grace: float = 3600.0  # the shortest grace window an admin's gc may ask for (remote/admin.py)
     limits: ServerLimits = field(default_factory=ServerLimits)  # every bound on what a client can take
@@ -258,6 +259,7 @@ class Server:
         self._maintenance: asyncio.Future | None = None
         self._token_watch: asyncio.Future | None = None
         self._listed = float("-inf")  # when a presence miss last listed the bucket's packs
+        self._serving, self._last_request = 0, time.monotonic()  # requests in flight; when one last ended
 
     # -- helpers -----------------------------------------------------------------------------
     async def io(self, fn, *args):
@@ -939,10 +941,31 @@ class Server:
 
     async def _maintenance_loop(self, now: bool = False) -> None:
         while True:
-            if not now:
+            if now:
+                await self._until_idle(self.config.first_maintenance_idle, self.config.maintenance_interval)
+            else:
                 await asyncio.sleep(self.config.maintenance_interval)
             now = False
             await self._maintain_once()
+
+    async def _until_idle(self, idle: float, most: float) -> None:
+        """Return once no request has been in flight for `idle` s, or after `most` s whatever the traffic."""
+        give_up = time.monotonic() + most
+        while (now := time.monotonic()) < give_up:
+            quiet = now - self._last_request
+            if not self._serving and quiet >= idle:
+                return
+            await asyncio.sleep(min(max(idle - quiet, 0.05), give_up - now))
+
+    @contextlib.contextmanager
+    def serving(self):
+        """Held around each request: what `_until_idle` watches."""
+        self._serving += 1
+        try:
+            yield
+        finally:
+            self._serving -= 1
+            self._last_request = time.monotonic()
 
     async def on_startup(self, app: web.Application) -> None:
         if hasattr(signal, "SIGHUP"):  # reload the tokens, never stop
@@ -953,7 +976,8 @@ class Server:
         if not bucket:
             await self._maintain_once()  # a directory: before the first request is served
         # a bucket: a replica answers at once (reads go by location records, pushes sync at their
-        # session); the listing of every pack runs in the background
+        # session); the listing of every pack runs in the background once the replica is idle, so a
+        # new replica's first reads never wait behind it (issue 32: 99 pack GETs at 20,000 files)
         self._maintenance = asyncio.ensure_future(self._maintenance_loop(now=bucket))
 
     async def _watch_tokens(self) -> None:
@@ -993,10 +1017,17 @@ async def _name_store(response: web.StreamResponse, sid: str) -> None:
     response.headers[wire.STORE_HEADER] = sid
 
 
+@web.middleware
+async def _serving_middleware(request: web.Request, handler):
+    with request.app[SERVER].serving():
+        return await handler(request)
+
+
 def make_app(store: Repository, config: ServerConfig | None = None) -> web.Application:
     config = config or ServerConfig()
     s = Server(store, config)
-    app = web.Application(middlewares=[errors_middleware], client_max_size=config.limits.max_json_bytes)
+    app = web.Application(middlewares=[_serving_middleware, errors_middleware],
+                          client_max_size=config.limits.max_json_bytes)
     app.on_startup.append(s.on_startup)
     app.on_cleanup.append(s.on_cleanup)
     roots = {store.location} | ({os.path.realpath(store.location)} if os.path.isdir(store.location) else set())

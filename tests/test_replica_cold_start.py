@@ -1,0 +1,85 @@
+"""Issue 32 item 2: a new replica's first read does not grow with the store. A `cdcstore serve` over a
+bucket with a fresh cache used to start its listing of every pack (and a GET of every footer it
+lacks) at once in the background, so the first read served meanwhile paid it: 33 requests at 2,000
+files, 134 at 20,000 (99 pack GETs). moto behind a counting proxy; the replica has a fresh cache."""
+import os
+import secrets
+import time
+
+import pytest
+
+from cdcstore import Store
+from conftest import S3_BUCKET
+from server_util import ServerProcess
+from test_hostile_bucket_stall import StallingProxy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def counted(s3_endpoint, s3_env, tmp_path, monkeypatch):
+    proxy = StallingProxy(s3_endpoint)
+    seen: list[tuple[str, str]] = []
+    proxy.rule = lambda method, path: seen.append((method, path))  # None: passed on as it is
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "writer"))
+    yield proxy.url, seen
+    proxy.close()
+
+
+def _store_of(url: str, tmp_path, packs: int) -> None:
+    """A store of `packs` packs: one small push each, all into one folder (the trees stay few)."""
+    with Store.init(url) as s:
+        for i in range(packs):
+            f = tmp_path / "src" / f"f{i}.txt"
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(f"push {i}\n" * 50)
+            s.push([str(f)], "cdc://ds/d/", message=f"v{i}")
+
+
+def _first_read(url: str, endpoint: str, home, seen) -> tuple[list, float, list]:
+    """A new replica (fresh cache) over `url`: the bucket requests and seconds of its first read,
+    then the requests it makes once idle (its deferred maintenance)."""
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "PYTHONPATH": ROOT, "XDG_CACHE_HOME": str(home)}
+    server = ServerProcess(url, env=env)
+    server.log_path = str(home) + ".log"
+    server.start()
+    try:
+        seen.clear()
+        t0 = time.perf_counter()
+        with Store(server.url, cache=False) as s:
+            assert s.cat("cdc://ds/d/f0.txt") == b"push 0\n" * 50
+        seconds = time.perf_counter() - t0
+        read = list(seen)
+        deadline = time.monotonic() + 30
+        while not _listings(seen[len(read):]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return read, seconds, seen[len(read):]
+    finally:
+        server.stop()
+
+
+def _listings(requests) -> list:
+    """Listings of the store's packs (a recovery's first step)."""
+    return [(m, p) for m, p in requests if "list-type=2" in p and "%2Fpacks%2F" in p]
+
+
+def _pack_reads(requests) -> list:
+    """Listings of the packs and reads of a pack (a footer or a chunk)."""
+    return _listings(requests) + [(m, p) for m, p in requests if "/packs/" in p]
+
+
+def test_a_new_replicas_first_read_does_not_grow_with_the_packs(counted, tmp_path):
+    endpoint, seen = counted
+    costs = {}
+    for n in (10, 50):
+        url = f"s3://{S3_BUCKET}/cold-{n}-{secrets.token_hex(4)}"
+        _store_of(url, tmp_path / f"s{n}", n)
+        read, seconds, after = _first_read(url, endpoint, tmp_path / f"replica-{n}", seen)
+        costs[n] = read
+        print(f"{n} packs: first read {len(read)} requests ({len(_pack_reads(read))} of packs), {seconds:.2f} s; "
+              f"then, idle: {len(after)} ({len(_pack_reads(after))} of packs)")
+        assert _listings(after)  # the recovery still runs, once the replica is idle
+    assert not _listings(costs[50])  # (was: a listing and 3 footer GETs a pack, 50 packs: 156)
+    assert len(_pack_reads(costs[50])) <= 2  # the read's own chunk: a HEAD and a ranged GET
+    assert len(costs[50]) <= len(costs[10]) + 2
