@@ -308,7 +308,9 @@ class Transport:
 
     # -- requests --------------------------------------------------------------------------------
     async def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None:
+        """The session, made anew when there is none or `close` closed it (a reader thread may go
+        on after another thread closed the store: what it needs is reopened)."""
+        if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.connections),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(10.0, self.timeout),
@@ -338,7 +340,6 @@ class Transport:
         A server that sends nothing is given `timeout` seconds in all (plus the time the body and
         the expected answer take at `min_rate`), whatever the retries: then RemoteError."""
         retries = self.retries
-        session = await self._get_session()
         h = dict(headers or {})
         if self.token:
             h["Authorization"] = f"Bearer {self.token}"
@@ -354,6 +355,7 @@ class Transport:
             if attempt and landed is not None and await landed():
                 return 200, b""
             base = self.base
+            session = await self._get_session()
             try:
                 data = open(body_path, "rb") if body_path else body
                 began = loop.time()
@@ -391,6 +393,10 @@ class Transport:
                                   f"it is not a cdcstore server, or something else listens on that port") from None
             except aiohttp.ClientSSLError as e:  # a scheme or certificate no retry can mend
                 raise RemoteError(_tls_failure(what, base, e)) from None
+            except RuntimeError as e:  # another thread closed the session under this request: a new one
+                if "closed" not in str(e) or attempt == retries:
+                    raise
+                reason, delay = "the session was closed meanwhile", 0.0
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError) as e:
                 failed_over = self.fail_over(base)  # every request of the protocol is idempotent
                 if isinstance(e, TimeoutError):
