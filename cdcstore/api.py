@@ -21,6 +21,7 @@ from typing import Callable, Iterable
 import platformdirs
 
 from . import runtime
+from . import settings
 from .core import ids, tree, treeobj
 from .core.address import DEFAULT_BRANCH, Address, check_name, check_write_target, normalize_path
 from .core.commit import MAX_AUTHOR, Commit, FileEntry, check_author as _check_author
@@ -39,7 +40,7 @@ from .storage import statcache
 from .storage.statcache import Seen, StatCache
 
 
-ENV_STORE = "CDCSTORE_STORE"
+ENV_STORE = settings.STORE.name
 
 
 def check_author(author) -> str:
@@ -78,7 +79,7 @@ def default_author() -> str:
 
 def default_store_path() -> str:
     """$CDCSTORE_STORE, else a directory under the user's data dir (XDG)."""
-    return os.environ.get(ENV_STORE) or os.path.join(platformdirs.user_data_dir("cdcstore"), "store")
+    return settings.STORE.get() or os.path.join(platformdirs.user_data_dir("cdcstore"), "store")
 
 
 @dataclass
@@ -257,7 +258,7 @@ class Store:
                 self._cache = c
         else:
             if create is None:  # the default store is created on first use
-                create = location is None and not os.environ.get(ENV_STORE)
+                create = location is None and not settings.STORE.is_set()
             if is_object_url(path):
                 self.backend = open_repository(path, create=bool(create))
                 c = open_cache(cache) if path.startswith("s3://") and cache is not False and cache is not None else None

@@ -13,6 +13,7 @@ import sys
 import click
 
 from .core.address import DEFAULT_BRANCH, parse
+from . import settings
 from .api import ENV_STORE, ChunkCache, Store, default_store_path, is_url, parse_size, plan_sources
 from .core.errors import CdcError, InvalidAddressError, damaged_message
 
@@ -165,7 +166,7 @@ def _announce(s: Store, path: str | None) -> None:
                    f"is not set); to use another, pass --store DIR|s3://BUCKET/PREFIX|URL or "
                    f"export CDCSTORE_STORE", err=True)
     elif not _quiet():
-        why = "--store" if path else "$CDCSTORE_STORE" if os.environ.get(ENV_STORE) else \
+        why = "--store" if path else "$CDCSTORE_STORE" if settings.STORE.is_set() else \
             "the default: no --store, no $CDCSTORE_STORE"
         click.get_current_context().find_root().meta["cdcstore.store_line"] = \
             f"cdcstore: store {shown(s.location)} ({why})"

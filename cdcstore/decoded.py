@@ -46,8 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import runtime
-from .core.decoders import setting
+from . import runtime, settings
 from .core.errors import CdcError, CorruptionError
 
 SHM = "/dev/shm"
@@ -75,7 +74,7 @@ def read_row_group(source, metadata, rg: int, columns: list[str] | None, what: s
     dictionaries expanded. Its column chunks are read in one coalesced request (pre_buffer)."""
     import pyarrow.parquet as pq
 
-    limit = setting("CDCSTORE_MAX_DECODED_BYTES", MAX_DECODED_BYTES)
+    limit = settings.MAX_DECODED_BYTES.get(MAX_DECODED_BYTES)
     schema, g = metadata.schema.to_arrow_schema(), metadata.row_group(rg)
     names = [n for n in (columns if columns is not None else schema.names) if n in schema.names]
     dicts = [n for n in names if _may_expand_past(g, schema.field(n), limit)]

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import decoded as _decoded
-from . import runtime
+from . import runtime, settings
 from .api import Store
 from .core import decoders as _decoders
 from .core import order as _order
@@ -231,7 +231,8 @@ class TarSource(SampleSource):
                 tables.append(_shards.samples(_shards.scan(r.pread, f.size, f.address), f.address))
         exts = dict.fromkeys(e for table in tables for smp in table for e, _, _ in smp.parts)
         want = None if ds.columns is None else set(ds.columns)
-        decoders = _decoders.table(ds.format != "arrow" if decode is None else decode)
+        decoders = _decoders.table(ds.format != "arrow" if decode is None else decode,
+                                   settings.MAX_IMAGE_PIXELS.get(_decoders.MAX_IMAGE_PIXELS))
         return cls(files, tables, [e for e in exts if want is None or e in want], decoders, want)
 
     def sizes(self, ds, units, rows):

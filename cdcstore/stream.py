@@ -29,6 +29,7 @@ from .core import order as _order
 from .core.address import Address, parse
 from . import decoded as _decoded
 from . import runtime
+from . import settings
 from . import sources as _sources
 from .api import Store
 from .decoded import DecodedUnits
@@ -80,7 +81,7 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     found = _torch_rank()
     if found:
         return found
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return settings.RANK.get(0), settings.WORLD_SIZE.get(1)
 
 
 class _Shared:

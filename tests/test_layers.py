@@ -11,7 +11,8 @@ import os
 import cdcstore
 
 ROOT = os.path.dirname(cdcstore.__file__)
-RANK = {"core": 0, "runtime": 0.5, "storage": 1, "remote": 2, "engine": 2}
+RANK = {"core": 0, "runtime": 0.5, "settings": 0.5, "storage": 1, "remote": 2, "engine": 2}
+BASE = ("runtime", "settings")  # modules every layer above core may use
 FACE = 3
 # a face may import api, other faces and core; these are the named exceptions, each with its reason
 FACE_EXCEPTIONS = {
@@ -65,7 +66,7 @@ def test_imports_only_go_down():
                     wrong.append(f"{mod} imports {absolute} (core is pure)")
                 continue
             t = target.split(".")
-            if t[0] in RANK and (len(t) > 1 or t[0] == "runtime"):
+            if t[0] in RANK and (len(t) > 1 or t[0] in BASE):
                 t_name, t_rank = t[0], RANK[t[0]]
                 target_mod = ".".join(t[:2])
             else:
@@ -74,7 +75,7 @@ def test_imports_only_go_down():
                 continue
             if rank < FACE and t_rank >= rank and t_name != name:
                 wrong.append(f"{mod} imports {target_mod} (same or higher layer)")
-            if rank == FACE and mod not in ("api", "__init__") and 0 < t_rank < FACE and t_name != "runtime" \
+            if rank == FACE and mod not in ("api", "__init__") and 0 < t_rank < FACE and t_name not in BASE \
                     and (mod, target_mod) not in FACE_EXCEPTIONS:
                 wrong.append(f"face {mod} imports {target_mod} (faces use api and core)")
     assert wrong == [], "\n".join(wrong)
@@ -205,3 +206,21 @@ def test_no_circles_of_imports():
 def test_the_circle_finder_sees_a_lazy_circle():
     assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_only_the_settings_module_reads_the_environment():
+    """Every environment variable is named and documented once (cdcstore/settings.py); the
+    README's settings table lists each of them."""
+    readers = []
+    for mod, path in modules():
+        if mod == "settings" or mod.startswith("testing"):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv") \
+                    and isinstance(node.value, ast.Name) and node.value.id == "os":
+                readers.append(f"{mod}:{node.lineno}")
+    assert readers == [], "read the environment through cdcstore.settings: " + ", ".join(readers)
+    from cdcstore import settings
+    readme = open(os.path.join(os.path.dirname(ROOT), "README.md")).read()
+    missing = [s.name for s in settings.ALL if f"`{s.name}`" not in readme]
+    assert missing == [], f"the README's settings table lacks {missing}"

@@ -14,9 +14,9 @@ so DataLoader workers (forked or spawned) follow the main process's.
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
-import os
 from typing import Callable
 
 import numpy as np
@@ -41,30 +41,15 @@ def _npy(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
-def setting(name: str, default: int) -> int:
-    """A decode bound from the environment variable `name` (a whole number above 0), else `default`."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n <= 0:
-        raise ValueError(f"{name}={value!r}: expected a whole number above 0")
-    return n
-
-
-def _image(data: bytes):
+def _image(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS):
     try:
         from PIL import Image
     except ImportError:  # without Pillow images stay bytes (docs/streaming.md)
         return data
     image = Image.open(io.BytesIO(data))  # reads the header only
     width, height = image.size
-    limit = setting("CDCSTORE_MAX_IMAGE_PIXELS", MAX_IMAGE_PIXELS)
-    if width * height > limit:
-        raise ValueError(f"a {width} x {height} image is {width * height} pixels, over the bound of {limit}: "
+    if width * height > max_pixels:
+        raise ValueError(f"a {width} x {height} image is {width * height} pixels, over the bound of {max_pixels}: "
                          f"set CDCSTORE_MAX_IMAGE_PIXELS to decode larger ones")
     image.load()
     return image
@@ -75,15 +60,17 @@ BASIC: dict[str, Callable[[bytes], object]] = {
     "json": _json, "jsn": _json, "npy": _npy, **{e: _image for e in IMAGES}}
 
 
-def table(spec: "bool | dict") -> dict[str, Callable[[bytes], object]]:
+def table(spec: "bool | dict", max_pixels: int = MAX_IMAGE_PIXELS) -> dict[str, Callable[[bytes], object]]:
     """The decoders of a `decode=` setting: True the basic table, a dict of extension -> function
-    the basic table with those replaced or added (None: keep that extension's bytes), False none."""
+    the basic table with those replaced or added (None: keep that extension's bytes), False none.
+    Images are refused past `max_pixels` (the caller's setting, CDCSTORE_MAX_IMAGE_PIXELS)."""
+    basic = {**BASIC, **{e: functools.partial(_image, max_pixels=max_pixels) for e in IMAGES}}
     if spec is False:
         return {}
     if spec is True:
-        return dict(BASIC)
+        return basic
     if isinstance(spec, dict):
-        return {k: v for k, v in {**BASIC, **{str(e).lower(): f for e, f in spec.items()}}.items() if v is not None}
+        return {k: v for k, v in {**basic, **{str(e).lower(): f for e, f in spec.items()}}.items() if v is not None}
     raise ValueError(f"decode must be True, False or a dict of extension -> function, not {spec!r}")
 
 

@@ -23,7 +23,7 @@ from typing import Iterable
 
 import aiohttp
 
-from .. import runtime
+from .. import runtime, settings
 from ..core import ids
 from ..core.address import check_name
 from . import wire
@@ -46,7 +46,7 @@ ADMIN_TIMEOUT = 24 * 3600.0  # seconds an admin command may run before the clien
 #: Seconds a request may wait on a server that sends nothing, all its attempts together (plus the time
 #: its body and expected answer take at `min_rate`); $CDCSTORE_TIMEOUT or `timeout=` set it.
 DEFAULT_TIMEOUT = 30.0
-ENV_TIMEOUT = "CDCSTORE_TIMEOUT"
+ENV_TIMEOUT = settings.TIMEOUT.name
 #: The longest answer the client accepts to any request but a range (a range: exactly its length). The
 #: largest honest one is a 64 MiB manifest with its chunks' locations (about 215 MiB).
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
@@ -59,7 +59,7 @@ log = logging.getLogger("cdcstore.client")
 def _refused(e: BaseException) -> bool:
     """A connection refused (nothing listens on the port), as opposed to a timeout or reset."""
     return isinstance(e, aiohttp.ClientConnectorError) and isinstance(e.os_error, ConnectionRefusedError)
-ENV_TOKEN = "CDCSTORE_TOKEN"
+ENV_TOKEN = settings.TOKEN.name
 UPLOAD_PREFIX = "cdcstore-upload-"  # + "<pid>-": temp packs, removable once that pid is gone
 
 
@@ -524,11 +524,7 @@ def _stalled(what: str, base: str, budget: float) -> RemoteError:
 def _timeout(timeout: float | None) -> float:
     """`timeout`, else $CDCSTORE_TIMEOUT, else DEFAULT_TIMEOUT (seconds; positive)."""
     if timeout is None:
-        raw = os.environ.get(ENV_TIMEOUT, "").strip()
-        try:
-            timeout = float(raw) if raw else DEFAULT_TIMEOUT
-        except ValueError:
-            raise InvalidAddressError(f"{ENV_TIMEOUT}={raw!r}: give a number of seconds") from None
+        timeout = settings.TIMEOUT.get(DEFAULT_TIMEOUT)
     if not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
     return float(timeout)
@@ -605,7 +601,7 @@ class RemoteStore(Backend):
                  range_bytes: int = RANGE_BYTES, **transport):
         self.location = ",".join(replica_urls(url))  # one store, one name: with or without /v1
         self.range_bytes = range_bytes  # largest pack range one request asks for
-        self.t = Transport(url, token if token is not None else os.environ.get(ENV_TOKEN), **transport)
+        self.t = Transport(url, token if token is not None else settings.TOKEN.get(), **transport)
         self.upload_concurrency = upload_concurrency
         self.proven_chunks = 0  # chunks proved held instead of sent (another tenant stored them)
         self._uploads: list[concurrent.futures.Future] = []

@@ -38,7 +38,7 @@ from typing import Iterable
 
 import platformdirs
 
-from .. import runtime
+from .. import runtime, settings
 from ..core import ids
 from ..core.address import is_commit_like
 from ..core import treeobj
@@ -53,8 +53,8 @@ from .sqlite import Connections, is_closed_error
 from .backend import Backend, BackendCapabilities
 from .overlay import Held, Overlay
 
-ENV_CACHE = "CDCSTORE_CACHE"
-ENV_CACHE_SIZE = "CDCSTORE_CACHE_SIZE"
+ENV_CACHE = settings.CACHE.name
+ENV_CACHE_SIZE = settings.CACHE_SIZE.name
 DEFAULT_MAX_BYTES = 20 * 1024**3
 TOUCH_EVERY = 60.0  # seconds between recency updates of one entry
 HOT_SHARE = 0.8  # share of the budget hot (read twice) entries may keep
@@ -92,7 +92,7 @@ def parse_size(text: str | int) -> int:
 
 
 def default_cache_path() -> str:
-    return os.environ.get(ENV_CACHE) or os.path.join(platformdirs.user_cache_dir("cdcstore"), "cache.sqlite")
+    return settings.CACHE.get() or os.path.join(platformdirs.user_cache_dir("cdcstore"), "cache.sqlite")
 
 
 class ChunkCache:
@@ -102,7 +102,7 @@ class ChunkCache:
     def __init__(self, path: str | None = None, max_bytes: int | str | None = None):
         self.path = os.path.abspath(os.path.expanduser(path or default_cache_path()))
         if max_bytes is None:
-            max_bytes = os.environ.get(ENV_CACHE_SIZE, DEFAULT_MAX_BYTES)
+            max_bytes = settings.CACHE_SIZE.get() or DEFAULT_MAX_BYTES
         self.max_bytes = parse_size(max_bytes)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         # a cache needs no durability (every read is verified): no fsyncs; 16 KiB pages for 64 KiB blobs

@@ -33,18 +33,18 @@ import threading
 import time
 from typing import Iterator
 
-from .. import runtime
+from .. import runtime, settings
 from ..core.errors import InvalidAddressError
 from .objects import (AccessDenied, AlreadyExists, Capabilities, Conflict, InvalidName, NoBucket, NotFound,
                       ObjectInfo, ObjectStore, StorageError, StorageFull, Unavailable,
                       check_folder_prefix, check_object_name, check_prefix, check_range)
 
 PAGE = 1000  # keys per listing request with s3fs (S3's maximum; obstore always asks 1000)
-CLIENT_ENV = "CDCSTORE_S3_CLIENT"
+CLIENT_ENV = settings.S3_CLIENT.name
 #: Seconds a request may wait on an endpoint that sends nothing, all its attempts together (plus the
 #: time its body takes at MIN_RATE): the server client's knob and default (remote/client.py), one
 #: for every peer a store talks to.
-ENV_TIMEOUT = "CDCSTORE_TIMEOUT"
+ENV_TIMEOUT = settings.TIMEOUT.name
 DEFAULT_TIMEOUT = 30.0
 MIN_RATE = 1024 * 1024  # bytes/s: a body moving slower than this counts as stalled
 LARGEST_BODY = 128 * 1024 * 1024  # the most one request moves (a pack: wire.MAX_PACK_BYTES)
@@ -72,11 +72,11 @@ def parse_url(url: str) -> tuple[str, str]:
 
 def env_settings() -> dict:
     """Endpoint, region and credentials from the standard AWS environment variables."""
-    env = os.environ
-    return {"endpoint": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"),
-            "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
-            "key": env.get("AWS_ACCESS_KEY_ID"), "secret": env.get("AWS_SECRET_ACCESS_KEY"),
-            "token": env.get("AWS_SESSION_TOKEN")}
+    s = settings
+    return {"endpoint": s.AWS_ENDPOINT_URL_S3.get() or s.AWS_ENDPOINT_URL.get(),
+            "region": s.AWS_REGION.get() or s.AWS_DEFAULT_REGION.get(),
+            "key": s.AWS_ACCESS_KEY_ID.get(), "secret": s.AWS_SECRET_ACCESS_KEY.get(),
+            "token": s.AWS_SESSION_TOKEN.get()}
 
 
 class Stalled(Unavailable):
@@ -85,16 +85,10 @@ class Stalled(Unavailable):
 
 def stall_timeout(timeout: float | None = None) -> float:
     """`timeout`, else $CDCSTORE_TIMEOUT, else DEFAULT_TIMEOUT: seconds, positive and finite."""
-    raw = None
     if timeout is None:
-        raw = os.environ.get(ENV_TIMEOUT, "").strip()
-        try:
-            timeout = float(raw) if raw else DEFAULT_TIMEOUT
-        except ValueError:
-            timeout = math.nan
+        timeout = settings.TIMEOUT.get(DEFAULT_TIMEOUT)
     if not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
-        given = f"{ENV_TIMEOUT}={raw!r}" if raw is not None else f"timeout={timeout!r}"
-        raise InvalidAddressError(f"{given}: give the seconds a bucket request may wait on a stalled "
+        raise InvalidAddressError(f"timeout={timeout!r}: give the seconds a bucket request may wait on a stalled "
                                   f"endpoint, a positive number (e.g. {ENV_TIMEOUT}=30)")
     return float(timeout)
 
@@ -117,7 +111,7 @@ _OBSTORE_HERE = runtime.Local()  # ... and it was this process
 def choose_client(forced: str | None = None) -> str:
     """'obstore' or 's3fs' for this process (see the module docstring); `forced` (else
     $CDCSTORE_S3_CLIENT) asks for one."""
-    forced = forced or os.environ.get(CLIENT_ENV)
+    forced = forced or settings.S3_CLIENT.get()
     if forced:
         if forced not in ("obstore", "s3fs"):
             raise InvalidName(f"S3 client {forced!r} is unknown: use obstore or s3fs")

@@ -24,15 +24,16 @@ from dataclasses import dataclass
 
 import platformdirs
 
+from .. import settings
 from ..core.commit import FileEntry
 
-ENV_PATH = "CDCSTORE_STAT_CACHE"
+ENV_PATH = settings.STAT_CACHE.name
 SCHEMA = 1
 _BATCH = 500
 
 
 def default_path() -> str:
-    return os.environ.get(ENV_PATH) or os.path.join(platformdirs.user_cache_dir("cdcstore"), "statcache.sqlite")
+    return settings.STAT_CACHE.get() or os.path.join(platformdirs.user_cache_dir("cdcstore"), "statcache.sqlite")
 
 
 @dataclass(frozen=True)
