@@ -100,6 +100,22 @@ def s3_endpoint():
 
 
 @pytest.fixture
+def counted_bucket(s3_endpoint, s3_env, tmp_path, monkeypatch):
+    """moto behind a loopback proxy that records every request (method, path) it passes on; the
+    AWS variables point at the proxy, and this test's machine cache is `tmp_path/writer`.
+    Yields (proxy url, the list of requests seen)."""
+    from test_hostile_bucket_stall import StallingProxy
+
+    proxy = StallingProxy(s3_endpoint)
+    seen: list[tuple[str, str]] = []
+    proxy.rule = lambda method, path: seen.append((method, path))  # None: passed on as it is
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "writer"))
+    yield proxy.url, seen
+    proxy.close()
+
+
+@pytest.fixture
 def s3_env(s3_endpoint, monkeypatch):
     """The standard AWS variables pointing at the test's S3 server (children inherit them)."""
     env = {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",

@@ -16,11 +16,11 @@ import cdcstore
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cdcstore.__file__)))  # subprocesses run the tree under test
 
 
-def cdc(*args, env: dict | None = None, cwd=None):
+def cdc(*args, env: dict | None = None, cwd=None, timeout: float = 60):
     """One `cdcstore` command in a subprocess; a traceback fails the test."""
     e = {k: v for k, v in os.environ.items() if k not in ("CDCSTORE_STORE", "CDCSTORE_TOKEN")}
     e.update(PYTHONPATH=ROOT, **(env or {}))
-    p = forker.cli(args, text=True, env=e, timeout=60, cwd=cwd)  # `python -m cdcstore`, forked preloaded
+    p = forker.cli(args, text=True, env=e, timeout=timeout, cwd=cwd)  # `python -m cdcstore`, forked preloaded
     assert "Traceback" not in p.stderr, p.stderr
     return p
 

@@ -9,28 +9,7 @@ import pytest
 
 from cdcstore import Store
 from conftest import served_store
-import forker
-
-import cdcstore
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(cdcstore.__file__)))  # subprocesses run the tree under test
-
-
-def cdc(*args, env: dict | None = None, timeout: float = 60):
-    """One `cdcstore` command in a subprocess; a traceback fails the test."""
-    e = {k: v for k, v in os.environ.items() if k not in ("CDCSTORE_STORE", "CDCSTORE_TOKEN")}
-    e.update(PYTHONPATH=ROOT, **(env or {}))
-    p = forker.cli(args, text=True, env=e, timeout=timeout)
-    assert "Traceback" not in p.stderr, p.stderr
-    return p
-
-
-def _file(folder, name: str, data: bytes) -> str:
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, name)
-    with open(path, "wb") as f:
-        f.write(data)
-    return path
+from test_newcomer import ROOT, _file, cdc  # the first week's helpers
 
 
 def _announced(srv) -> str:

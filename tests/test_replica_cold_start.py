@@ -11,20 +11,13 @@ import pytest
 from cdcstore import Store
 from conftest import S3_BUCKET
 from server_util import ServerProcess
-from test_hostile_bucket_stall import StallingProxy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
-def counted(s3_endpoint, s3_env, tmp_path, monkeypatch):
-    proxy = StallingProxy(s3_endpoint)
-    seen: list[tuple[str, str]] = []
-    proxy.rule = lambda method, path: seen.append((method, path))  # None: passed on as it is
-    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "writer"))
-    yield proxy.url, seen
-    proxy.close()
+def counted(counted_bucket):
+    return counted_bucket
 
 
 def _store_of(url: str, tmp_path, packs: int) -> None:

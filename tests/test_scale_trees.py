@@ -12,25 +12,19 @@ import pytest
 
 from cdcstore import Store
 from conftest import S3_BUCKET
-from test_hostile_bucket_stall import StallingProxy
 
 FOLDERS, PER = 12, 5
 
 
 @pytest.fixture
-def counted(s3_endpoint, s3_env, tmp_path, monkeypatch):
-    proxy = StallingProxy(s3_endpoint)
-    seen: list[tuple[str, str]] = []
-    proxy.rule = lambda method, path: seen.append((method, path))  # None: passed on as it is
-    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "writer"))
+def counted(counted_bucket, tmp_path):
+    _, seen = counted_bucket
     src = tmp_path / "src"
     for d in range(FOLDERS):
         for f in range(PER):
             (src / f"d{d:02d}").mkdir(parents=True, exist_ok=True)
             (src / f"d{d:02d}" / f"f{f}.txt").write_text(f"folder {d} file {f}\n" * 20)
-    yield f"s3://{S3_BUCKET}/trees-{secrets.token_hex(4)}", src, seen
-    proxy.close()
+    return f"s3://{S3_BUCKET}/trees-{secrets.token_hex(4)}", src, seen
 
 
 def _push_in_new_process(url: str, src, dest: str) -> None:
