@@ -201,3 +201,27 @@ def test_persistent_workers_drop_the_links_of_an_iteration_broken_off(pushed, tm
     assert links(), "batches in flight hold links until the next iteration"
     assert sum(len(b["id"]) for b in loader) == 3 * GROUPS * ROWS
     assert links() == []
+
+
+@pytest.mark.parametrize("lengths,size", [((10, 9, 3), 4), ((5, 5), 5), ((0, 7), 3), ((1,), 16)])
+def test_bundles_come_apart_in_the_order_single_batches_would(lengths, size):
+    """`Loader` hands a worker's batches over in bundles (one queue item for up to 16,384 rows);
+    taken apart they come in torch's in-order round robin of single batches, so its step count
+    stays the exact resume point: here workers of uneven lengths, bundles cut short at the end."""
+    from cdcstore.stream import _bundled, _unbundled
+
+    def round_robin(streams):  # torch's order of items: a worker's next in turn, ended ones skipped
+        its, out = [iter(s) for s in streams], []
+        live = list(range(len(its)))
+        while live:
+            for w in list(live):
+                item = next(its[w], None)
+                if item is None:
+                    live.remove(w)
+                else:
+                    out.append(item)
+        return out
+
+    batches = [[(w, i) for i in range(n)] for w, n in enumerate(lengths)]
+    bundles = round_robin([list(_bundled(iter(b), size, w)) for w, b in enumerate(batches)])
+    assert list(_unbundled(iter(bundles), len(lengths))) == round_robin(batches)
