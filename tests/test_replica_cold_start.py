@@ -6,18 +6,12 @@ import os
 import secrets
 import time
 
-import pytest
 
 from cdcstore import Store
 from conftest import S3_BUCKET
 from server_util import ServerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture
-def counted(counted_bucket):
-    return counted_bucket
 
 
 def _store_of(url: str, tmp_path, packs: int) -> None:
@@ -62,8 +56,8 @@ def _pack_reads(requests) -> list:
     return _listings(requests) + [(m, p) for m, p in requests if "/packs/" in p]
 
 
-def test_a_new_replicas_first_read_does_not_grow_with_the_packs(counted, tmp_path):
-    endpoint, seen = counted
+def test_a_new_replicas_first_read_does_not_grow_with_the_packs(counted_bucket, tmp_path):
+    endpoint, seen = counted_bucket
     costs = {}
     for n in (10, 50):
         url = f"s3://{S3_BUCKET}/cold-{n}-{secrets.token_hex(4)}"
@@ -76,3 +70,35 @@ def test_a_new_replicas_first_read_does_not_grow_with_the_packs(counted, tmp_pat
     assert not _listings(costs[50])  # (was: a listing and 3 footer GETs a pack, 50 packs: 156)
     assert len(_pack_reads(costs[50])) <= 2  # the read's own chunk: a HEAD and a ranged GET
     assert len(costs[50]) <= len(costs[10]) + 2
+
+
+def _tree_gets(requests) -> int:
+    return sum(1 for m, p in requests if m == "GET" and "/trees/" in p)
+
+
+def test_a_new_replicas_first_read_reads_the_trees_on_its_path_only(counted_bucket, tmp_path):
+    """The grant of a file a branch names walks the head's trees until it meets it: for the file
+    walked last, every tree of the head (31 tree GETs with 30 folders). Granted trees lend their
+    grant to what they name, so the read costs the trees on its path, at any width."""
+    endpoint, seen = counted_bucket
+    gets = {}
+    for n in (5, 30):
+        url = f"s3://{S3_BUCKET}/wide-{n}-{secrets.token_hex(4)}"
+        src = tmp_path / f"w{n}"
+        for i in range(n):
+            (src / f"d{i:02d}").mkdir(parents=True)
+            (src / f"d{i:02d}" / "f0.txt").write_text(f"folder {i}\n" * 50)
+        with Store.init(url) as s:
+            s.push([str(src)], "cdc://ds/", message="v1")
+        home = tmp_path / f"wide-replica-{n}"
+        env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "PYTHONPATH": ROOT, "XDG_CACHE_HOME": str(home)}
+        server = ServerProcess(url, env=env)
+        server.log_path = str(home) + ".log"
+        with server:
+            seen.clear()
+            with Store(server.url, cache=False) as s:
+                for name in ("d00", f"d{n - 1:02d}"):  # the first and the last the walk meets
+                    assert s.cat(f"cdc://ds/{name}/f0.txt") == f"folder {int(name[1:])}\n".encode() * 50
+            gets[n] = _tree_gets(seen)
+        print(f"{n} folders: {gets[n]} tree GETs, {len(seen)} requests")
+    assert gets[30] == gets[5] <= 6  # the root and two folders (each read to grant, and to send)

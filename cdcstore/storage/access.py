@@ -15,10 +15,10 @@ import contextlib
 from typing import Iterable, Protocol
 
 from .. import runtime
-from ..core import ids
+from ..core import ids, treeobj
 from ..core.address import check_name
 from ..core.commit import Commit
-from ..core.errors import InvalidAddressError
+from ..core.errors import CdcError, InvalidAddressError
 from ..core.manifest import Manifest
 from . import reach
 from .index import ChunkIndex
@@ -42,9 +42,14 @@ class Recorded(reach.Graph, Protocol):
 
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest: ...
 
+    def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree: ...
+
     def commit(self, commit: Commit, branch: str, expected: str | None, landed=None) -> str: ...
 
     def delete_repo(self, repo: str, dry_run: bool = False) -> dict: ...
+
+
+PARENTS_KEPT = 1 << 16  # entries of trees granted by `grant_if_headed` that lend them their grant
 
 
 class AccessRecords:
@@ -56,6 +61,7 @@ class AccessRecords:
         self._lock = runtime.Lock(reentrant=True)
         self._granted: dict[str, set[str]] = {}  # repo -> commits whose whole history's reach is recorded
         self._token_grants: dict[str, set[str]] = {}  # owner -> grant objects this process read
+        self._parents: dict[tuple[str, str, str], str] = {}  # (repo, kind, name) -> a granted tree naming it
 
     @property
     def index(self) -> ChunkIndex:
@@ -119,17 +125,36 @@ class AccessRecords:
         tag of `repo` names now reaches it: what a first read of a current file or folder
         needs, at the cost of the refs and their trees, not of the whole history (`refresh`)."""
         check_name("repo", repo)
+        parent = self._parents.get((repo, kind, name))
+        if parent is not None and self.index.reaches(repo, "tree", parent):  # what a reached tree names
+            self._grant_one(repo, name, kind)  # is reached: a read walking down costs its path
+            return True
         if not self.store.has_repo(repo):
             return False
         heads = {c: c for c in self.store.refs(repo).values()}
         wanted = "tree" if kind == "tree" else "file"
         for f in reach.walk(self.store, repo, heads, history=False):
             if f.kind == wanted and f.name == name:
-                self.index.grant(repo, kind, [name])
-                if kind == "manifest":
-                    self.index.grant_chunks("repo_chunks", repo, self.store.get_manifest(name).chunk_ids)
+                self._grant_one(repo, name, kind)
                 return True
         return False
+
+    def _grant_one(self, repo: str, name: str, kind: str) -> None:
+        """Grant `repo` one manifest (and its chunks) or one tree, and remember what the tree names."""
+        self.index.grant(repo, kind, [name])
+        if kind == "manifest":
+            self.index.grant_chunks("repo_chunks", repo, self.store.get_manifest(name).chunk_ids)
+            return
+        try:
+            entries = self.store.get_tree(name, repo).entries.values()
+        except CdcError:  # damaged or gone: its read reports it
+            return
+        named = {(repo, "tree", e.tree) if isinstance(e, treeobj.Folder) else (repo, "manifest", e.manifest): name
+                 for e in entries}
+        with self._lock:
+            if len(self._parents) + len(named) > PARENTS_KEPT:
+                self._parents.clear()  # a cache: a miss walks the refs' trees again
+            self._parents.update(named)
 
     def reaches(self, repo: str, kind: str, name: str) -> bool:
         """Whether `repo` is recorded as reaching manifest (or tree) `name`."""
