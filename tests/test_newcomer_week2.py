@@ -9,7 +9,7 @@ import pytest
 
 from cdcstore import Store
 from conftest import served_store
-from test_newcomer import ROOT, _file, cdc  # the first week's helpers
+from test_newcomer import ROOT, _file, _flip, cdc  # the first week's helpers
 
 
 def _announced(srv) -> str:
@@ -40,14 +40,6 @@ def test_the_url_serve_prints_works_as_store(tmp_path):
 
 
 # -- 4. damage repair ends: push again, then the one fix check names, then check exits 0 ----------
-def _flip(path: str, at: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0x40]))
-
-
 def _packs(root: str) -> list[str]:
     import glob
     return sorted(glob.glob(os.path.join(root, "packs", "*", "*.pack")))
