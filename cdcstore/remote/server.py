@@ -33,6 +33,7 @@ from .app import SERVER, STORE_ROOTS, HTTPError, sanitize
 from .limits import ANONYMOUS, Busy, ServerLimits, Slots
 from .staging import JournalSpace, StagingRoutes
 from .tokens import TokenFile, default_name, owner_id
+from .web import WebView
 from .tokens import add as add_token, revoke as revoke_token  # noqa: F401 (`cdcstore token`)
 from ..core.address import check_name, check_ref_name, check_write_target
 from ..core.commit import Commit
@@ -1060,6 +1061,7 @@ def make_app(store: Repository, config: ServerConfig | None = None) -> web.Appli
         web.get(f"{api}/repos/{{repo}}/packs/{{name}}", s.get_pack),
         *Lifecycle(s).routes(api),
         *StagingRoutes(s).routes(api),
+        *WebView(s).routes(),  # the read-only web view under /ui/ (remote/web.py)
     ])
     return app
 
