@@ -19,7 +19,7 @@ from cdcstore.storage.maintenance import gc
 from cdcstore.storage.repository import LocalStore
 from conftest import served_store
 
-FOLDERS, PER_FOLDER = 40, 50  # 2,000 files
+FOLDERS, PER_FOLDER = 40, 48  # 1,920 files; a folder of 48 is one page (wide folders: test_split_trees.py)
 DEPTH = 2  # data/dNN/fNNNN.bin: the root, data, dNN
 
 
@@ -38,7 +38,7 @@ def commits(root) -> set[str]:
 
 
 def big_repo(s: Store, tmp_path, repo="ds") -> dict[str, FileEntry]:
-    """2,000 files in 40 folders, made from a few uploaded files (entries point at their manifests)."""
+    """1,920 files in 40 folders, made from a few uploaded files (entries point at their manifests)."""
     src = tmp_path / f"seed-{repo}"
     src.mkdir()
     for i in range(5):
@@ -46,7 +46,7 @@ def big_repo(s: Store, tmp_path, repo="ds") -> dict[str, FileEntry]:
     seeds = list(s.upload([str(src)], f"cdc://{repo}/").values())
     entries = {f"data/d{d:02}/f{d * PER_FOLDER + i:04}.bin": seeds[(d + i) % len(seeds)]
                for d in range(FOLDERS) for i in range(PER_FOLDER)}
-    s.commit_entries(f"cdc://{repo}/", entries, "2,000 files")
+    s.commit_entries(f"cdc://{repo}/", entries, "1,920 files")
     return entries
 
 
@@ -63,7 +63,7 @@ def test_a_one_file_edit_writes_only_the_trees_on_its_path(store, tmp_path):
     commit_bytes = os.path.getsize(next(iter(new_commits)))
     assert commit_bytes < 400  # a commit names its root tree: no file map
     assert store.cat("cdc://ds/data/d07/f0351.bin") == b"an edited file"
-    assert store.ls("cdc://ds/data/d08")[0]["name"] == "data/d08/f0400.bin"
+    assert store.ls("cdc://ds/data/d08")[0]["name"] == f"data/d08/f{8 * PER_FOLDER:04}.bin"
     doc = json.loads(open(next(iter(new_commits)), "rb").read())
     assert doc["format"] == 3 and doc["author"] and "files" not in doc and doc["tree"] and r.changed
 
@@ -82,13 +82,13 @@ def test_listing_a_folder_reads_only_the_trees_on_its_path(store, tmp_path):
     be.objects.get = get
     s = Store.over(be)
     listing = s.ls("cdc://ds/data/d13")
-    assert len(listing) == PER_FOLDER and listing[0] == {"name": "data/d13/f0650.bin", "type": "file",
+    assert len(listing) == PER_FOLDER and listing[0] == {"name": f"data/d13/f{13 * PER_FOLDER:04}.bin", "type": "file",
                                                        "size": listing[0]["size"]}
     assert len(got) == DEPTH + 1
     folders = s.ls("cdc://ds/data")
     assert len(folders) == FOLDERS and folders[0]["type"] == "directory"
     assert folders[0]["size"] == sum(e["size"] for e in s.ls("cdc://ds/data/d00"))
-    assert s.ls("cdc://ds/data/d13/f0650.bin") == [listing[0]]
+    assert s.ls(f"cdc://ds/data/d13/f{13 * PER_FOLDER:04}.bin") == [listing[0]]
     assert len(got) <= DEPTH + 3  # the root and data were read once (kept, immutable), then d00
     fs = CdcFileSystem(store=store.location)
     assert len(fs.ls("ds/data/d02", detail=False)) == PER_FOLDER
@@ -202,7 +202,7 @@ def test_through_a_server_with_scoped_tokens(tenants, tmp_path):
         edit = tmp_path / "e.bin"
         edit.write_bytes(b"edited through the server")
         c0 = sa.counters()["requests"]
-        sa.push([str(edit)], "cdc://a/data/d03/f0150.bin")
+        sa.push([str(edit)], f"cdc://a/data/d03/f{3 * PER_FOLDER:04}.bin")
         assert len(objects(root, "trees") - trees0) <= DEPTH + 1
         assert sa.counters()["requests"] - c0 < 20  # within 2x of pushing one file, whatever the folder size
     meta.clear()  # a new machine: nothing remembered (the process keeps immutable objects: storage/meta.py)
@@ -210,7 +210,7 @@ def test_through_a_server_with_scoped_tokens(tenants, tmp_path):
         c0 = fresh.counters()["requests"]
         assert len(fresh.ls("cdc://a/data/d21")) == PER_FOLDER
         assert fresh.counters()["requests"] - c0 == 2 + DEPTH + 1  # resolve, commit, the trees on the path
-        assert fresh.cat("cdc://a/data/d03/f0150.bin") == b"edited through the server"
+        assert fresh.cat(f"cdc://a/data/d03/f{3 * PER_FOLDER:04}.bin") == b"edited through the server"
         fs = CdcFileSystem(store=tenants.url, token="tok-a", cache=False)
         meta.clear()
         c0 = fs.store.counters()["requests"]
@@ -253,7 +253,7 @@ def test_server_checks_only_the_new_entries_of_a_commit(tmp_path, monkeypatch):
     src.mkdir()
     (src / "n.bin").write_bytes(b"new")
     [entry] = s.upload([str(src)], "cdc://ds/").values()
-    c = repo.make_commit("ds", head, "one file", time.time(), {"data/d01/new.bin": entry})
+    c = repo.make_commit("ds", head, "one file", time.time(), {f"data/d01/f{PER_FOLDER:04}.bin": entry})  # replaced: the folder stays one page
     read, real = [], repo.get_manifest
     repo.get_manifest = lambda name, r=None: (read.append(name), real(name))[1]
     real_open = ManifestFile.__init__  # the commit's checks read manifests in slices

@@ -1,14 +1,26 @@
-"""Tree objects (format 2): one folder of a commit, named by the hash of its bytes.
+"""Tree objects: one folder of a commit, named by the hash of its bytes.
+
+A page (tree format 2) lists entries:
 
     {"entries": {NAME: {"manifest": id, "size": n}                       a file
                  NAME: {"files": k, "size": n, "tree": id}, ...},       a folder: its tree,
      "format": 2, "type": "tree"}                                         files and bytes below
 
-Encoded as compact JSON with sorted keys (the same folder always has the same bytes
-and so the same id). A folder entry is never empty; the root tree may be. A commit
-of format 2 names its root tree; unchanged folders keep their ids, so a commit writes
-only the trees on the paths it changed, and reading one folder reads only the trees
-on its path.
+A folder of more than LEAF_MAX entries is split by the BLAKE3 of its names, one octal
+digit (3 bits) a level (a hash trie): a split node (tree format 3) names up to 8 parts,
+each a page or a split node one digit deeper:
+
+    {"format": 3, "type": "tree", "prefix": P,
+     "slots": {D: {"entries": e, "files": k, "size": n, "tree": id}, ...}}
+
+The part in slot D holds the entries whose name digits (`name_digits`) start with P + D. The shape is
+a function of the entries alone (a part of LEAF_MAX entries or fewer is a page, a
+larger one splits), so the same folder always has the same bytes and the same id, and
+a folder of LEAF_MAX entries or fewer is the format-2 page it always was. Encoded as
+compact JSON with sorted keys. A folder entry is never empty; the root tree may be.
+A commit names its root tree; unchanged folders and parts keep their ids, so a commit
+writes only the nodes on the paths it changed (a bounded page and O(log n) split nodes
+of a wide folder, not the whole folder), and looking up one path reads only those.
 
 `View` reads a commit's tree through a loader (id -> Tree): the one API through
 which callers list, look up, walk and diff a commit's files. `apply` makes a new
@@ -25,7 +37,11 @@ from . import ids
 from .commit import FileEntry, _check_entry
 from .errors import CdcError, CorruptionError, InvalidAddressError
 
-TREE_VERSION = 2
+TREE_VERSION = 2  # a page; a split node is SPLIT_VERSION
+SPLIT_VERSION = 3
+LEAF_MAX = 48  # entries a page holds: more, and the folder (or part) splits by its names' hashes
+DIGITS = "01234567"  # a split node's slots: one octal digit of the name hash a level
+HASH_DIGITS = 85  # octal digits of a name hash (its top 255 bits): a prefix is shorter
 MAX_DEPTH = 255  # folders in a path: deeper trees are refused (and never walked: no deep recursion)
 
 
@@ -46,19 +62,62 @@ def _check_name(name) -> None:
 
 
 @dataclass(frozen=True)
+class Slot:
+    """A split node's part: its tree, and the entries, files and bytes in it."""
+    tree: str
+    entries: int
+    files: int
+    size: int
+
+
+def name_digits(name: str) -> str:
+    """Where a name goes in a split folder: the top 255 bits of the BLAKE3-256 of its UTF-8
+    bytes as 85 octal digits (digit k picks the slot at depth k)."""
+    return format(int.from_bytes(ids.digest(name.encode()), "big") >> 1, "085o")
+
+
+def _count(what: str, n, least: int = 0) -> None:
+    if not isinstance(n, int) or isinstance(n, bool) or n < least or n >= 2 ** 63:
+        raise ValueError(f"{what} must be an integer of at least {least}")
+
+
+@dataclass(frozen=True)
 class Tree:
-    """One folder: name -> FileEntry | Folder."""
+    """One node of a folder: a page (name -> FileEntry | Folder) or, when `slots` is set,
+    a split node (hash digit -> Slot) covering the names whose hashes start with `prefix`."""
     entries: Mapping[str, Entry]
+    slots: Mapping[str, Slot] | None = None
+    prefix: str = ""
+
+    @property
+    def split(self) -> bool:
+        return self.slots is not None
 
     def validate(self) -> "Tree":
+        if self.split:
+            if self.entries:
+                raise ValueError("a split node holds slots, not entries")
+            if len(self.prefix) >= HASH_DIGITS or any(c not in DIGITS for c in self.prefix):
+                raise ValueError(f"split prefix {self.prefix[:90]!r} is not octal digits shorter than a name hash")
+            for d, sl in self.slots.items():
+                if not (isinstance(d, str) and len(d) == 1 and d in DIGITS):
+                    raise ValueError(f"slot {d!r} is not one octal digit")
+                if not (isinstance(sl.tree, str) and ids.is_hex_id(sl.tree)):
+                    raise ValueError(f"slot {d!r}: tree must be a hex id")
+                _count(f"slot {d!r} entries", sl.entries, 1)
+                _count(f"slot {d!r} files", sl.files, 1)
+                _count(f"slot {d!r} size", sl.size)
+            if self.entry_count <= LEAF_MAX:
+                raise ValueError(f"a split node of {self.entry_count} entries: "
+                                 f"{LEAF_MAX} or fewer are one page")
+            return self
         for name, e in self.entries.items():
             _check_name(name)
             if isinstance(e, Folder):
                 if not (isinstance(e.tree, str) and ids.is_hex_id(e.tree)):
                     raise ValueError(f"folder {name!r}: tree must be a hex id")
-                for what, n in (("size", e.size), ("files", e.files)):
-                    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or n >= 2 ** 63:
-                        raise ValueError(f"folder {name!r}: {what} must be a non-negative integer")
+                _count(f"folder {name!r} size", e.size)
+                _count(f"folder {name!r} files", e.files)
                 if e.files < 1:
                     raise ValueError(f"folder {name!r} is empty: a folder holds at least one file")
             else:
@@ -67,9 +126,14 @@ class Tree:
 
     def encode(self) -> bytes:
         self.validate()
-        doc = {"format": TREE_VERSION, "type": "tree", "entries": {
-            n: ({"tree": e.tree, "size": e.size, "files": e.files} if isinstance(e, Folder)
-                else {"manifest": e.manifest, "size": e.size}) for n, e in self.entries.items()}}
+        if self.split:
+            doc = {"format": SPLIT_VERSION, "type": "tree", "prefix": self.prefix, "slots": {
+                d: {"tree": sl.tree, "entries": sl.entries, "files": sl.files, "size": sl.size}
+                for d, sl in self.slots.items()}}
+        else:
+            doc = {"format": TREE_VERSION, "type": "tree", "entries": {
+                n: ({"tree": e.tree, "size": e.size, "files": e.files} if isinstance(e, Folder)
+                    else {"manifest": e.manifest, "size": e.size}) for n, e in self.entries.items()}}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @property
@@ -78,11 +142,32 @@ class Tree:
 
     @property
     def size(self) -> int:
-        return sum(e.size for e in self.entries.values())
+        parts = self.slots.values() if self.split else self.entries.values()
+        return sum(e.size for e in parts)
 
     @property
     def file_count(self) -> int:
+        if self.split:
+            return sum(sl.files for sl in self.slots.values())
         return sum(e.files if isinstance(e, Folder) else 1 for e in self.entries.values())
+
+    @property
+    def entry_count(self) -> int:
+        """Entries of the folder (part) this node holds, at any depth of the split."""
+        return sum(sl.entries for sl in self.slots.values()) if self.split else len(self.entries)
+
+    def children(self) -> Iterator[str]:
+        """The trees this node names: its folders' trees, or its parts."""
+        if self.split:
+            yield from (sl.tree for sl in self.slots.values())
+        else:
+            yield from (e.tree for e in self.entries.values() if isinstance(e, Folder))
+
+    def named(self) -> Iterator[tuple[str, str]]:
+        """("tree", id) and ("manifest", id) of each object this node names."""
+        yield from (("tree", t) for t in self.children())
+        if not self.split:
+            yield from (("manifest", e.manifest) for e in self.entries.values() if isinstance(e, FileEntry))
 
     @classmethod
     def decode(cls, data: bytes, name: str = "tree") -> "Tree":
@@ -90,9 +175,19 @@ class Tree:
             doc = json.loads(data)
             if not isinstance(doc, dict):
                 raise ValueError("not a JSON object")
-            if doc.get("type") != "tree" or doc.get("format") != TREE_VERSION:
-                raise CorruptionError(f"{name} has tree format {doc.get('format')!r}; "
-                                      f"this cdcstore reads {TREE_VERSION}")
+            fmt = doc.get("format")
+            if doc.get("type") != "tree" or fmt not in (TREE_VERSION, SPLIT_VERSION) or isinstance(fmt, bool):
+                raise CorruptionError(f"{name} has tree format {fmt!r}; "
+                                      f"this cdcstore reads {TREE_VERSION} and {SPLIT_VERSION}")
+            if fmt == SPLIT_VERSION:
+                if not isinstance(doc["slots"], dict) or not isinstance(doc["prefix"], str):
+                    raise ValueError("slots must be an object and prefix a string")
+                slots = {}
+                for d, e in doc["slots"].items():
+                    if not isinstance(e, dict):
+                        raise ValueError(f"slot {d!r} is not an object")
+                    slots[d] = Slot(e["tree"], e["entries"], e["files"], e["size"])
+                return cls({}, dict(sorted(slots.items())), doc["prefix"]).validate()
             if not isinstance(doc["entries"], dict):
                 raise ValueError("entries must be an object")
             entries: dict[str, Entry] = {}
@@ -108,7 +203,47 @@ class Tree:
             raise CorruptionError(f"{name} is not a valid tree: {e}") from None
 
 
+def check_part(parent: Tree, digit: str, part: Tree) -> None:
+    """That `part`, read for slot `digit` of split node `parent`, is what the slot says:
+    its counts, and its names (or its prefix) under the slot's hash prefix."""
+    sl, prefix = parent.slots[digit], parent.prefix + digit
+    what = f"part {prefix!r} of a split folder"
+    if (part.entry_count, part.file_count, part.size) != (sl.entries, sl.files, sl.size):
+        raise CorruptionError(f"{what} holds {part.entry_count} entries, {part.file_count} files and "
+                              f"{part.size} bytes; its slot says {sl.entries}, {sl.files} and {sl.size}")
+    if part.split:
+        if part.prefix != prefix:
+            raise CorruptionError(f"{what} is a split node of prefix {part.prefix!r}")
+    else:
+        if len(part.entries) > LEAF_MAX:
+            raise CorruptionError(f"{what} is a page of {len(part.entries)} entries (at most {LEAF_MAX})")
+        for n in part.entries:
+            if not name_digits(n).startswith(prefix):
+                raise CorruptionError(f"{what} holds {n!r}, whose hash is not under it")
+
+
 EMPTY = Tree({})
+
+
+def folder_nodes(entries: Mapping[str, Entry], out: dict[str, Tree], prefix: str = "",
+                 hashes: dict[str, str] | None = None) -> Tree:
+    """The node of a folder (or of its part under hash `prefix`) holding `entries`: a page
+    when they are LEAF_MAX or fewer, else a split node; the parts below it go to `out`."""
+    if len(entries) <= LEAF_MAX:
+        return Tree(dict(sorted(entries.items())))
+    hashes = {} if hashes is None else hashes
+    groups: dict[str, dict[str, Entry]] = {}
+    at = len(prefix)
+    for n, e in entries.items():
+        h = hashes.get(n) or hashes.setdefault(n, name_digits(n))
+        groups.setdefault(h[at], {})[n] = e
+    slots = {}
+    for d in sorted(groups):
+        part = folder_nodes(groups[d], out, prefix + d, hashes)
+        pid = part.id
+        out[pid] = part
+        slots[d] = Slot(pid, part.entry_count, part.file_count, part.size)
+    return Tree({}, slots, prefix)
 
 
 def build(files: Mapping[str, FileEntry]) -> tuple[str, dict[str, Tree]]:
@@ -137,7 +272,7 @@ def build(files: Mapping[str, FileEntry]) -> tuple[str, dict[str, Tree]]:
                 entries[name] = Folder(sid, sub.size, sub.file_count)
             else:
                 entries[name] = v
-        return Tree(entries)
+        return folder_nodes(entries, nodes)
 
     root = make(nested)
     rid = root.id
@@ -171,24 +306,65 @@ class View:
             t = self._memo[tid] = self._load(tid)
         return t
 
+    def part(self, parent: Tree, digit: str) -> Tree:
+        """Slot `digit` of split node `parent`, checked against the slot (`check_part`)."""
+        t = self.node(parent.slots[digit].tree)
+        check_part(parent, digit, t)
+        return t
+
+    def contents(self, tid: str, seen: Callable[[str, Tree], None] | None = None) -> Tree:
+        """The folder whose node is `tid` as one page of all its entries, sorted (a split
+        folder's parts read, checked and passed to `seen(id, node)`)."""
+        t = self.node(tid)
+        if not t.split:
+            return t
+        entries: dict[str, Entry] = {}
+        stack = [t]
+        while stack:
+            n = stack.pop()
+            for d, sl in n.slots.items():
+                p = self.part(n, d)
+                if seen is not None:
+                    seen(sl.tree, p)
+                if p.split:
+                    stack.append(p)
+                else:
+                    entries.update(p.entries)
+        return Tree(dict(sorted(entries.items())))
+
+    def lookup(self, tid: str, name: str) -> Entry | None:
+        """The entry `name` of the folder whose node is `tid`: reads the parts on its hash's path."""
+        t, h = self.node(tid), None
+        while t.split:
+            h = h or name_digits(name)
+            d = h[len(t.prefix)]
+            if d not in t.slots:
+                return None
+            t = self.part(t, d)
+        return t.entries.get(name)
+
     # -- looking up ---------------------------------------------------------------------
-    def folder(self, path: str) -> Tree | None:
-        """The tree of the folder at `path` ('' the root), None if no folder is there."""
-        t = self.node(self.root)
+    def _folder_id(self, path: str) -> str | None:
+        tid = self.root
         for part in path.split("/") if path else ():
-            e = t.entries.get(part)
+            e = self.lookup(tid, part)
             if not isinstance(e, Folder):
                 return None
-            t = self.node(e.tree)
-        return t
+            tid = e.tree
+        return tid
+
+    def folder(self, path: str) -> Tree | None:
+        """The folder at `path` ('' the root) as one page of its entries, None if no folder is there."""
+        tid = self._folder_id(path)
+        return None if tid is None else self.contents(tid)
 
     def entry(self, path: str) -> Entry | None:
         """The file or folder entry at `path` (None for nothing; the root is no entry)."""
         if not path:
             return None
         parent, _, name = path.rpartition("/")
-        t = self.folder(parent)
-        return None if t is None else t.entries.get(name)
+        tid = self._folder_id(parent)
+        return None if tid is None else self.lookup(tid, name)
 
     def get(self, path: str) -> FileEntry | None:
         e = self.entry(path)
@@ -227,7 +403,7 @@ class View:
 
     def _walk(self, tid: str, prefix: str) -> Iterator[tuple[str, FileEntry]]:
         _check_depth(prefix)
-        for name, e in self.node(tid).entries.items():
+        for name, e in self.contents(tid).entries.items():
             p = _join(prefix, name)
             if isinstance(e, Folder):
                 yield from self._walk(e.tree, p)
@@ -257,7 +433,7 @@ class View:
                 for n, x in sorted(t.entries.items())]
 
     def tree_ids(self) -> Iterator[str]:
-        """Every tree id this commit reaches (each once)."""
+        """Every tree id this commit reaches (each once): folders' nodes and their parts."""
         seen: set[str] = set()
         stack = [self.root]
         while stack:
@@ -266,7 +442,7 @@ class View:
                 continue
             seen.add(tid)
             yield tid
-            stack.extend(e.tree for e in self.node(tid).entries.values() if isinstance(e, Folder))
+            stack.extend(self.node(tid).children())
 
 
 def _check_depth(prefix: str) -> None:
@@ -280,12 +456,13 @@ def _no_load(tid: str) -> Tree:
 
 # -- change sets ---------------------------------------------------------------------------------
 def changes(old: View | None, new: View, trees: set | None = None,
-            check: Callable[[str, Tree, Folder | None], None] | None = None
+            check: Callable[[str, Tree, Folder | Slot | None], None] | None = None
             ) -> tuple[dict[str, FileEntry], set[str]]:
     """What turns `old` into `new`: (paths added or changed -> entry, paths removed). Descends
-    only into folders whose tree ids differ: the cost follows the change. `trees`, if given,
-    receives the ids of `new`'s trees that `old` lacks on those paths; `check(path, tree,
-    entry)` sees each of them with the folder entry naming it (None for the root)."""
+    only into folders (and parts of split folders) whose tree ids differ: the cost follows the
+    change. `trees`, if given, receives the ids of `new`'s trees that `old` lacks on those
+    paths; `check(path, tree, entry)` sees each of them with the folder entry or slot naming
+    it (None for the root)."""
     changed: dict[str, FileEntry] = {}
     removed: set[str] = set()
     _diff(old, old.root if old else None, new, new.root, "", changed, removed, trees, check, None)
@@ -297,13 +474,31 @@ def _diff(a: View | None, aid: str | None, b: View, bid: str | None, prefix: str
     if aid == bid:
         return
     _check_depth(prefix)
-    ea = a.node(aid).entries if aid else {}
-    eb = b.node(bid).entries if bid else {}
-    if bid is not None:
+    na = a.node(aid) if aid else None
+    nb = b.node(bid) if bid else None
+
+    def seen(tid: str, t: Tree, entry=None) -> None:
         if trees is not None:
-            trees.add(bid)
+            trees.add(tid)
         if check is not None:
-            check(prefix, b.node(bid), folder)
+            check(prefix, t, entry)
+
+    if nb is not None:
+        seen(bid, nb, folder)
+    if na is not None and nb is not None and na.split and nb.split and na.prefix == nb.prefix:
+        for d in sorted(na.slots.keys() | nb.slots.keys()):  # parts of one folder: compared part by part
+            x, y = na.slots.get(d), nb.slots.get(d)
+            if x == y:
+                continue
+            if x is not None:
+                a.part(na, d)
+            if y is not None:
+                b.part(nb, d)
+            _diff(a, x.tree if x else None, b, y.tree if y else None, prefix, changed, removed,
+                  trees, check, y)
+        return
+    ea = a.contents(aid).entries if na is not None else {}
+    eb = b.contents(bid, lambda tid, t: seen(tid, t, None)).entries if nb is not None else {}
     for name in ea.keys() | eb.keys():
         x, y = ea.get(name), eb.get(name)
         if x == y:
@@ -333,13 +528,56 @@ class Clash(ValueError):
         self.paths = paths
 
 
+def _edit(view: View, tid: str | None, prefix: str, steps: dict, out: dict[str, Tree]) -> Tree:
+    """The node of a folder (part) `tid` under hash `prefix` with `steps` (name -> f(current
+    entry or None) -> new entry or None) applied; new nodes below it go to `out`. Reads only
+    the parts the names hash to, and a split part's siblings when it shrinks to a page."""
+    t = view.node(tid) if tid else EMPTY
+    if not t.split:
+        entries = dict(t.entries)
+        for name, step in steps.items():
+            new = step(entries.get(name))
+            if new is None:
+                entries.pop(name, None)
+            else:
+                entries[name] = new
+        return folder_nodes(entries, out, prefix)
+    groups: dict[str, dict] = {}
+    for name, step in steps.items():
+        groups.setdefault(name_digits(name)[len(prefix)], {})[name] = step
+    slots = dict(t.slots)
+    for d, group in sorted(groups.items()):
+        if d in slots:
+            view.part(t, d)
+        part = _edit(view, slots[d].tree if d in slots else None, prefix + d, group, out)
+        if part.entry_count == 0:
+            slots.pop(d, None)
+        else:
+            pid = part.id
+            out[pid] = part
+            slots[d] = Slot(pid, part.entry_count, part.file_count, part.size)
+    if sum(sl.entries for sl in slots.values()) > LEAF_MAX:
+        return Tree({}, dict(sorted(slots.items())), prefix)
+    entries: dict[str, Entry] = {}  # shrunk to a page: its parts gathered (at most LEAF_MAX entries)
+    stack = [tr for tr in (sl.tree for sl in slots.values())]
+    while stack:
+        n = out.get(stack[-1]) or view.node(stack[-1])
+        stack.pop()
+        if n.split:
+            stack.extend(sl.tree for sl in n.slots.values())
+        else:
+            entries.update(n.entries)
+    return Tree(dict(sorted(entries.items())))
+
+
 def apply(base: View | None, changed: Mapping[str, FileEntry], removed=(),
           load: Callable[[str], Tree] | None = None) -> tuple[str, dict[str, Tree]]:
     """The root of `base` with `changed` set and `removed` taken out (a removed path that is
     not a file is ignored): (new root id, trees to store). Only the folders on changed paths
-    get new trees; the rest keep their ids. Trees of `base` that are not stored yet (a format
-    1 base) and that the new root keeps are among those returned. Raises Clash when a path
-    would be both a file and a folder."""
+    get new nodes (in a split folder, only the parts the changed names hash to); the rest keep
+    their ids. Trees of `base` that are not stored yet (a format 1 base) and that the new
+    root keeps are among those returned. Raises Clash when a path would be both a file and a
+    folder."""
     view = base or View(load or _no_load, EMPTY.id, {EMPTY.id: EMPTY})
     edits: dict = {}  # nested by path part; the key "" holds the op on the path itself
     for path, f in [(p, None) for p in removed] + list(changed.items()):
@@ -352,34 +590,33 @@ def apply(base: View | None, changed: Mapping[str, FileEntry], removed=(),
     out: dict[str, Tree] = {}
     clashes: list[str] = []
 
-    def rewrite(tid: str | None, ed: dict, prefix: str) -> Tree:
-        entries = dict(view.node(tid).entries) if tid else {}
-        for name, v in ed.items():
-            p = _join(prefix, name)
-            leaf = v.get("", _MISSING)
-            subs = {k: x for k, x in v.items() if k != ""}
-            cur = entries.get(name)
-            if leaf is None and isinstance(cur, FileEntry):
-                del entries[name]
-                cur = None
-            if subs:
-                if isinstance(cur, FileEntry):
-                    if any(_adds(subs)):
-                        clashes.append(p)
-                else:
-                    sub = rewrite(cur.tree if cur else None, subs, p)
-                    if sub.entries:
-                        sid = sub.id
-                        out[sid] = sub
-                        entries[name] = Folder(sid, sub.size, sub.file_count)
-                    else:
-                        entries.pop(name, None)
-            if isinstance(leaf, FileEntry):
-                if isinstance(entries.get(name), Folder):
+    def step(p: str, v: dict, cur: Entry | None) -> Entry | None:
+        leaf = v.get("", _MISSING)
+        subs = {k: x for k, x in v.items() if k != ""}
+        if leaf is None and isinstance(cur, FileEntry):
+            cur = None
+        if subs:
+            if isinstance(cur, FileEntry):
+                if any(_adds(subs)):
                     clashes.append(p)
+            else:
+                sub = rewrite(cur.tree if cur else None, subs, p)
+                if sub.entry_count:
+                    sid = sub.id
+                    out[sid] = sub
+                    cur = Folder(sid, sub.size, sub.file_count)
                 else:
-                    entries[name] = leaf
-        return Tree(dict(sorted(entries.items())))
+                    cur = None
+        if isinstance(leaf, FileEntry):
+            if isinstance(cur, Folder):
+                clashes.append(p)
+            else:
+                cur = leaf
+        return cur
+
+    def rewrite(tid: str | None, ed: dict, prefix: str) -> Tree:
+        steps = {name: (lambda cur, p=_join(prefix, name), v=v: step(p, v, cur)) for name, v in ed.items()}
+        return _edit(view, tid, "", steps, out)
 
     root = rewrite(view.root, edits, "")
     if clashes:
@@ -398,7 +635,7 @@ def apply(base: View | None, changed: Mapping[str, FileEntry], removed=(),
             if t is None:
                 continue
             out[tid] = t
-            stack.extend(e.tree for e in t.entries.values() if isinstance(e, Folder))
+            stack.extend(t.children())
     return rid, out
 
 

@@ -52,6 +52,7 @@ WRITES_LATER = ("this S3 gateway serves reads only; writes come later: push with
                 "through cdc:// (docs/gateway.md)")
 _RANGE = re.compile(r"^bytes=\s*(\d*)\s*-\s*(\d*)\s*$")
 CONTENT_TYPE = "binary/octet-stream"  # what S3 answers for an object stored without a type (a push stores none)
+SIGNED = "cdc_sigv4"  # request key: (sigv4.Signed, token) of a request whose signature was checked
 
 
 class S3Error(Exception):
@@ -164,7 +165,7 @@ def tree_keys(view, tree: Tree, base: str, name_prefix: str, recurse: bool, afte
             if _before(key, after):
                 continue
             if recurse:
-                yield from tree_keys(view, view.node(e.tree), key, "", True, after)
+                yield from tree_keys(view, view.contents(e.tree), key, "", True, after)
             elif key > after:
                 yield "prefix", key, None
         elif key > after:
@@ -218,9 +219,10 @@ class FileBody:
 class Gateway:
     """The S3 routes over one `server.Server` (its store, tokens, read slots and limits)."""
 
-    def __init__(self, server):
+    def __init__(self, server, writes=None):
         self.server = server
         self.store = server.store
+        self.writes = writes(self) if writes is not None else None  # the write side (remote/gateway_write.py)
 
     async def _io(self, fn, *args):
         return await self.server.io(fn, *args)  # the server's blocking-work pool
@@ -262,6 +264,7 @@ class Gateway:
         payload = None if signed.presigned else request.headers.get("X-Amz-Content-Sha256")
         for token in candidates:
             if sigv4.matches(token, signed, request.method, raw_path, raw_query, headers, payload):
+                request[SIGNED] = (signed, token)  # a streaming body's chunks are signed in a chain from it
                 return tokens[token], owner_id(token)
         raise S3Error(403, "SignatureDoesNotMatch", "The request signature we calculated does not match the "
                                                     "signature you provided: the secret access key is the token")
@@ -278,8 +281,11 @@ class Gateway:
         path = unquote(raw_path).lstrip("/")
         bucket, _, key = path.partition("/")
         query = dict(sigv4.split_query(raw_query))
-        if request.method not in ("GET", "HEAD"):
-            raise S3Error(501, "NotImplemented", WRITES_LATER)
+        if request.method not in ("GET", "HEAD") or (request.method == "GET" and ("uploads" in query or
+                                                                                  "uploadId" in query)):
+            if self.writes is None:
+                raise S3Error(501, "NotImplemented", WRITES_LATER)
+            return await self.writes.handle(request, grant, bucket, key, query)
         if not bucket:
             return await self.list_buckets(grant)
         self._may_read(grant, bucket)
@@ -507,19 +513,20 @@ async def s3_errors(request: web.Request, handler):
 NATIVE_PORT = web.AppKey("native_port", object)  # the native API's port, named on errors (wire.NATIVE_PORT_HEADER)
 
 
-def make_gateway_app(server, roots: tuple = (), native_port: int | None = None) -> web.Application:
-    """The gateway's app over a `server.Server`; `roots`: the store paths its errors never name."""
-    gateway = Gateway(server)
+def make_gateway_app(server, roots: tuple = (), native_port: int | None = None, writes=None) -> web.Application:
+    """The gateway's app over a `server.Server`; `roots`: the store paths its errors never name;
+    `writes(gateway)`: the handler of writes (None: they answer 501)."""
+    gateway = Gateway(server, writes)
     app = web.Application(middlewares=[s3_errors])
     app[STORE_ROOTS], app[NATIVE_PORT] = roots, native_port or ""
     app.router.add_route("*", "/{tail:.*}", gateway.handle)
     return app
 
 
-def listen(app: web.Application, host: str, port: int, native_port: int | None = None) -> None:
+def listen(app: web.Application, host: str, port: int, native_port: int | None = None, writes=None) -> None:
     """Serve the gateway on `host:port` while `app` (the native API's, `server.make_app`, on
     `native_port`) runs, in its process, over its `Server`."""
-    runner = web.AppRunner(make_gateway_app(app[SERVER], app[STORE_ROOTS], native_port),
+    runner = web.AppRunner(make_gateway_app(app[SERVER], app[STORE_ROOTS], native_port, writes),
                            access_log=logging.getLogger("cdcstore.access"),
                            access_log_format='%a "%r" %s %b %Tfs')
 
@@ -530,7 +537,8 @@ def listen(app: web.Application, host: str, port: int, native_port: int | None =
         except OSError as e:
             raise InvalidAddressError(f"S3 gateway port {port} cannot be bound ({e.strerror or e}): "
                                       f"pick another with --s3-port") from None
-        print(f"cdcstore S3 gateway (reads) on http://{host}:{port}", flush=True)
+        print(f"cdcstore S3 gateway ({'reads and writes' if writes else 'reads'}) on http://{host}:{port}",
+              flush=True)
 
     async def stop(_app: web.Application) -> None:
         await runner.cleanup()

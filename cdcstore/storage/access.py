@@ -146,11 +146,9 @@ class AccessRecords:
             self.index.grant_chunks("repo_chunks", repo, self.store.get_manifest(name).chunk_ids)
             return
         try:
-            entries = self.store.get_tree(name, repo).entries.values()
+            named = {(repo, kind, child): name for kind, child in self.store.get_tree(name, repo).named()}
         except CdcError:  # damaged or gone: its read reports it
             return
-        named = {(repo, "tree", e.tree) if isinstance(e, treeobj.Folder) else (repo, "manifest", e.manifest): name
-                 for e in entries}
         with self._lock:
             if len(self._parents) + len(named) > PARENTS_KEPT:
                 self._parents.clear()  # a cache: a miss walks the refs' trees again

@@ -124,6 +124,9 @@ def subtree(view: treeobj.View, root: str, ref: str = "", trees: set | None = No
             continue
         if stored:
             yield Found("tree", tid, ref, path)
+        if node.split:  # a wide folder's parts: the same folder, the same path
+            stack.extend((t, path) for t in node.children())
+            continue
         for name, e in node.entries.items():
             p = f"{path}/{name}" if path else name
             if isinstance(e, treeobj.Folder):

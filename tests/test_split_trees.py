@@ -1,0 +1,314 @@
+"""Wide folders split by their names' hashes (tree format 3, issue 32): a commit under a folder
+of any width rewrites a bounded page and the split nodes above it, reads only those, and the
+same files always make the same trees however they were reached."""
+import json
+import os
+import random
+import time
+
+import boto3
+import pytest
+
+from cdcstore import Store
+from cdcstore.core import treeobj
+from cdcstore.core.commit import FileEntry, changes as flat_changes
+from cdcstore.core.errors import CorruptionError
+from cdcstore.storage import meta
+from cdcstore.storage.check import check
+from cdcstore.storage.maintenance import gc
+from cdcstore.storage.repository import LocalStore
+from cdcstore.testing import ServerProcess, free_port
+from conftest import served_store
+
+TOKEN = "writer-token-" + "w" * 20
+
+
+def _m(i: int) -> str:
+    return f"{i:064x}"
+
+
+def _wide(n: int, folder: str = "", name: str = "f{:06d}.bin") -> dict[str, FileEntry]:
+    base = f"{folder}/" if folder else ""
+    return {base + name.format(i): FileEntry(_m(i), 1000 + i) for i in range(n)}
+
+
+class Counted:
+    """A loader over built nodes that counts the nodes read."""
+
+    def __init__(self, nodes):
+        self.nodes, self.read = dict(nodes), []
+
+    def __call__(self, tid):
+        self.read.append(tid)
+        try:
+            return self.nodes[tid]
+        except KeyError:
+            raise CorruptionError(f"tree {tid} is missing") from None
+
+
+def _stored_view(files):
+    rid, nodes = treeobj.build(files)
+    load = Counted(nodes)
+    return treeobj.View(load, rid), load
+
+
+def _random_change(rng, files: dict, wide: str) -> tuple[dict, set]:
+    new = dict(files)
+    for p in rng.sample(sorted(files), min(len(files), rng.randrange(0, 40))):
+        if rng.random() < 0.5:
+            del new[p]
+        else:
+            new[p] = FileEntry(_m(rng.randrange(10 ** 9)), rng.randrange(10 ** 6))
+    for _ in range(rng.randrange(0, 60)):
+        new[f"{wide}/n{rng.randrange(10 ** 6)}.bin"] = FileEntry(_m(rng.randrange(10 ** 9)), rng.randrange(99))
+    if rng.random() < 0.3:  # a file of the wide folder becomes a folder
+        victim = next((p for p in sorted(new) if p.startswith(wide + "/")), None)
+        if victim:
+            new.pop(victim)
+            new[victim + "/inner.bin"] = FileEntry(_m(7), 7)
+    return new
+
+
+@pytest.mark.parametrize("leaf_max", [2, 5, 48])
+@pytest.mark.parametrize("seed", range(12))
+def test_split_trees_agree_with_flat_maps(monkeypatch, leaf_max, seed):
+    """Applying a change set to a tree gives the tree built from the changed files (one shape
+    for one set of entries: grown, shrunk and collapsed folders included), and diffs, listings
+    and lookups agree with the flat maps."""
+    monkeypatch.setattr(treeobj, "LEAF_MAX", leaf_max)
+    rng = random.Random(seed * 31 + leaf_max)
+    wide = "w"
+    old = _wide(rng.randrange(0, 160), wide)
+    old.update(_wide(rng.randrange(0, 20), "", "top{}.txt"))
+    old.update(_wide(rng.randrange(0, 30), "w/sub/deep"))
+    new = _random_change(rng, old, wide)
+    if seed % 4 == 0:  # most of the wide folder removed: split nodes collapse into one page
+        new = {p: f for p, f in new.items() if not p.startswith("w/") or rng.random() < 0.05}
+    ov, ol = _stored_view(old)
+    nv = treeobj.View.of_files(new)
+    assert ov.files() == dict(sorted(old.items()))
+    changed, removed = treeobj.changes(ov, nv)
+    assert (changed, removed) == flat_changes(old, new)
+    root, nodes = treeobj.apply(ov, changed, removed)
+    assert root == nv.root  # the same files, the same root, however it was reached
+    got = treeobj.View(Counted({**ol.nodes, **nodes}), root)
+    assert got.files() == dict(sorted(new.items()))
+    for path in sorted(new)[:50]:
+        assert got.get(path) == new[path]
+    assert got.get("w/no-such-file") is None and got.kind("w") == ("directory" if any(
+        p.startswith("w/") for p in new) else None)
+    for folder in ("", "w", "w/sub/deep"):
+        assert got.listing(folder) == treeobj.View.of_files(new).listing(folder)
+    for t in nodes.values():  # every node written is canonical and decodes to itself
+        assert treeobj.Tree.decode(t.encode()) == t
+        assert t.entry_count <= leaf_max or t.split
+
+
+def test_a_one_file_edit_in_a_wide_folder_costs_a_bounded_path():
+    """The cost of a commit follows the change, not the folder's width: one file edited in
+    a folder of 2,000 and of 200,000 files reads and writes a page and the split nodes above
+    it, a few kB in all (a format-2 page of 200,000 entries was ~22 MB)."""
+    cost = {}
+    for n in (2_000, 200_000):
+        files = _wide(n, "data")
+        view, load = _stored_view(files)
+        depth = 0
+        t = view.node(view.node(view.root).entries["data"].tree)
+        while t.split:
+            depth += 1
+            t = view.node(next(iter(t.slots.values())).tree)
+        load.read.clear()
+        root, nodes = treeobj.apply(view, {"data/f000123.bin": FileEntry(_m(9), 9)})
+        written = sum(len(t.encode()) for t in nodes.values())
+        cost[n] = written
+        assert len(nodes) <= depth + 2  # the root, the folder's split nodes on the path, one page
+        assert len(load.read) <= depth + 2  # and only those were read
+        assert written < 12_000, (n, written)
+        assert treeobj.View(Counted({**load.nodes, **nodes}), root).get("data/f000123.bin") == FileEntry(_m(9), 9)
+    assert cost[200_000] <= 2 * cost[2_000]
+
+
+def test_golden_split_node():
+    """Tree format 3 is a contract: 49 files in one folder (one more than a page holds)."""
+    files = {f"f{i:02d}.bin": FileEntry("2e3f0b72e8ae23128bc34f11d52cd1b1", i) for i in range(49)}
+    rid, nodes = treeobj.build(files)
+    root = nodes[rid]
+    assert root.split and root.prefix == "" and treeobj.LEAF_MAX == 48
+    assert treeobj.name_digits("f00.bin") == GOLDEN_DIGITS
+    assert root.encode() == GOLDEN_SPLIT
+    assert rid == GOLDEN_SPLIT_ID
+    assert treeobj.Tree.decode(GOLDEN_SPLIT) == root
+    # one file fewer: a page of 48 entries, the format-2 tree it always was
+    del files["f48.bin"]
+    rid, nodes = treeobj.build(files)
+    assert not nodes[rid].split and json.loads(nodes[rid].encode())["format"] == 2
+
+
+GOLDEN_DIGITS = '4777521125222743312331403143143101137241400213354005474167106153502065511130404031752'  # name_digits("f00.bin")
+GOLDEN_SPLIT = (b'{"format":3,"prefix":"","slots":{"0":{"entries":8,"files":8,"size":192,"tree":"0890987cd1e07d622f7e8'
+                b'f23f889b713a242827476702c5aed8702f557a19943"},"1":{"entries":8,"files":8,"size":156,"tree":"4f831680'
+                b'87fbce0226a97a78745df8430fcfdc24eaf83c2750ce32d3d4832336"},"2":{"entries":2,"files":2,"size":58,"tre'
+                b'e":"661e536fd25d0399a4431e5308f0ed3239a32eb2da14c604c79c34b18ca6fbc7"},"3":{"entries":5,"files":5,"s'
+                b'ize":139,"tree":"2833e49ba29c58db2c670878ac183538065cae584c7d110d288d8f1d0eda722b"},"4":{"entries":1'
+                b'1,"files":11,"size":210,"tree":"4195cc4552bbabc50e4f98a938005e6268d737a8fd023c21492e11de0564c455"},"'
+                b'5":{"entries":4,"files":4,"size":141,"tree":"528654bfd2293dd34fcbeb6fcd870746b814c053c93ed9b5cc0cbc2'
+                b'95ec0ffbd"},"6":{"entries":4,"files":4,"size":103,"tree":"ba5bd50087dbb134f1383bf28f13a24ce3b11cf095'
+                b'8d2521d3a4c9aca819a686"},"7":{"entries":7,"files":7,"size":177,"tree":"ef100774d67ea0e069cb23db1bb91'
+                b'c28e45b0f2a52d83c1199d5bf450f91af3a"}},"type":"tree"}')
+GOLDEN_SPLIT_ID = 'e77b4a4b516a25af942f60b97a482e92b9c62aa459b0b0805e880bd072fba7f4'
+
+
+@pytest.mark.parametrize("lie", ["counts", "misplaced", "small split", "wrong prefix", "missing part"])
+def test_a_forged_split_folder_is_refused_when_read(lie):
+    """A split node whose part is not what its slot says (counts), a page holding a name that
+    hashes elsewhere, a split node small enough to be a page, a part of the wrong prefix, a
+    part that is gone: each is a CorruptionError when read, never a silent wrong answer."""
+    files = _wide(100)  # one split node over 8 pages of ~12 entries
+    rid, nodes = treeobj.build(files)
+    root = nodes[rid]
+    assert root.split and not any(nodes[sl.tree].split for sl in root.slots.values())
+    slots = dict(root.slots)
+    d, sl = next(iter(slots.items()))
+    page = nodes[sl.tree]
+    if lie == "counts":
+        slots[d] = treeobj.Slot(sl.tree, sl.entries, sl.files + 1, sl.size)
+    elif lie == "misplaced":  # a name of another slot moved into this page; the counts kept true
+        other = next(n for n in files if not treeobj.name_digits(n).startswith(d))
+        entries = dict(page.entries)
+        entries[other] = files[other]
+        leaf = treeobj.Tree(dict(sorted(entries.items())))
+        nodes[leaf.id] = leaf
+        slots[d] = treeobj.Slot(leaf.id, leaf.entry_count, leaf.file_count, leaf.size)
+    elif lie == "small split":
+        with pytest.raises(ValueError, match="one page"):
+            treeobj.Tree({}, {"0": treeobj.Slot(sl.tree, 2, 2, 2)}, "").encode()
+        raw = json.dumps({"format": 3, "type": "tree", "prefix": "", "slots": {
+            "0": {"tree": sl.tree, "entries": 2, "files": 2, "size": 2}}}).encode()
+        with pytest.raises(CorruptionError, match="one page"):
+            treeobj.Tree.decode(raw)
+        return
+    elif lie == "wrong prefix":
+        inner = treeobj.Tree({}, {str(i): sl for i in range(8)}, "7")
+        nodes[inner.id] = inner
+        slots[d] = treeobj.Slot(inner.id, inner.entry_count, inner.file_count, inner.size)
+    else:
+        del nodes[sl.tree]
+    forged = treeobj.Tree({}, slots, "")
+    nodes[forged.id] = forged
+    with pytest.raises(CorruptionError):
+        treeobj.View(Counted(nodes), forged.id).files()
+    with pytest.raises(CorruptionError):
+        treeobj.changes(None, treeobj.View(Counted(nodes), forged.id))
+    with pytest.raises(CorruptionError):  # the lookup of a name in the forged part
+        v = treeobj.View(Counted(nodes), forged.id)
+        for name in page.entries:
+            v.get(name)
+        v.get(other if lie == "misplaced" else "nothing")
+        if lie == "misplaced":
+            raise AssertionError("unreachable")
+
+
+def _write_files(folder, n, version=0):
+    os.makedirs(folder, exist_ok=True)
+    for i in range(n):
+        with open(os.path.join(folder, f"img{i:05d}.bin"), "wb") as f:
+            f.write(random.Random(i * 7 + version).randbytes(200 + i % 50))
+
+
+def test_a_wide_folder_across_two_machines_through_a_server(tmp_path):
+    """Machine A pushes a folder of 1,500 files through a server; machine B (its own cache)
+    lists it, reads a file, edits one file and pushes it alone: B reads and writes only the
+    nodes on that file's path. A reads B's edit, gc keeps every part of the live folder and
+    keeps the history's, check finds nothing wrong, and the gateway lists the folder
+    in key order page by page."""
+    n = 1500
+    src = tmp_path / "a" / "images"
+    _write_files(str(src), n)
+    tokens = {TOKEN: {"scope": "write", "repos": ["ds"], "name": "tok"}}
+    with served_store(tmp_path, tokens) as srv:
+        with Store(srv.url, token=TOKEN, cache=str(tmp_path / "cache-a")) as a:
+            a.push([str(src)], "cdc://ds/images/")
+        root = str(tmp_path / "srv")
+        trees0 = set(_objects(root, "trees"))
+        meta.clear()  # machine B: nothing remembered
+        with Store(srv.url, token=TOKEN, cache=str(tmp_path / "cache-b")) as b:
+            listing = b.ls("cdc://ds/images/")
+            assert [e["name"] for e in listing] == [f"images/img{i:05d}.bin" for i in range(n)]
+            assert b.cat("cdc://ds/images/img00077.bin") == (src / "img00077.bin").read_bytes()
+        meta.clear()
+        with Store(srv.url, token=TOKEN, cache=str(tmp_path / "cache-c")) as c:  # a third, cold machine
+            edit = tmp_path / "edit.bin"
+            edit.write_bytes(b"edited on machine C")
+            r0 = c.counters()["requests"]
+            c.push([str(edit)], "cdc://ds/images/img00042.bin")
+            requests = c.counters()["requests"] - r0
+        new_trees = set(_objects(root, "trees")) - trees0
+        print("one-file push into the wide folder:", len(new_trees), "trees,", requests, "requests")
+        assert 2 <= len(new_trees) <= 6, len(new_trees)  # the root, split nodes on the path, one page
+        assert requests <= 30, requests  # a one-file push into a 1,500-file folder stays small
+        meta.clear()
+        with Store(srv.url, token=TOKEN, cache=str(tmp_path / "cache-a")) as a:
+            assert a.cat("cdc://ds/images/img00042.bin") == b"edited on machine C"
+            assert len(a.ls("cdc://ds/images/")) == n
+        # the S3 gateway lists the wide folder in key order, 400 keys a page
+        gw = ServerProcess(root, "--tokens", str(tmp_path / "tokens.json"), "--s3-port", str(free_port()))
+        gw_port = int(gw.args[-1])
+        gw.start()
+        try:
+            s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{gw_port}", aws_access_key_id="tok",
+                              aws_secret_access_key=TOKEN, region_name="us-east-1")
+            pages = s3.get_paginator("list_objects_v2").paginate(
+                Bucket="ds", Prefix="main/images/", PaginationConfig={"PageSize": 400})
+            keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
+        finally:
+            gw.stop()
+        assert keys == [f"main/images/img{i:05d}.bin" for i in range(n)]
+    store = LocalStore(root)
+    before = set(_objects(root, "trees"))
+    gc(store, grace=0)
+    after = set(_objects(root, "trees"))
+    view = store.view("ds", store.get_commit("ds", store.resolve("ds", "main")))
+    live = {os.path.basename(p) for p in after}
+    assert set(view.tree_ids()) <= live  # every part of the live folder kept
+    head = store.get_commit("ds", store.resolve("ds", "main"))
+    old = store.view("ds", store.get_commit("ds", head.parent))
+    assert set(old.tree_ids()) <= live and before == after  # history is live: its parts too
+    assert old.get("images/img00042.bin") != view.get("images/img00042.bin")
+    report = check(store)
+    assert not report["problems"], report["problems"]
+    assert len(view.files()) == n
+
+
+def _objects(root, kind):
+    for d, _, files in os.walk(os.path.join(root, kind)):
+        for f in files:
+            yield os.path.join(d, f)
+
+
+def test_a_server_refuses_a_commit_of_a_forged_part(tmp_path):
+    """A writer uploads a split folder whose part lies about its files: the server's commit
+    check refuses it (400) and the branch does not move."""
+    tokens = {TOKEN: {"scope": "write", "repos": ["ds"], "name": "tok"}}
+    with served_store(tmp_path, tokens) as srv:
+        with Store(srv.url, token=TOKEN, cache=False) as s:
+            src = tmp_path / "one"
+            src.mkdir()
+            (src / "x.bin").write_bytes(b"x" * 100)
+            [entry] = s.upload([str(src)], "cdc://ds/").values()
+            files = {f"w/f{i:03d}": entry for i in range(100)}
+            rid, nodes = treeobj.build(files)
+            root_tree = nodes[rid]
+            wid = root_tree.entries["w"].tree
+            w = nodes[wid]
+            d, sl = next(iter(w.slots.items()))
+            slots = dict(w.slots)
+            slots[d] = treeobj.Slot(sl.tree, sl.entries, sl.files, sl.size + 1)  # a lie about bytes
+            forged = treeobj.Tree({}, slots, "")
+            top = treeobj.Tree({"w": treeobj.Folder(forged.id, forged.size, forged.file_count)})
+            nodes.update({forged.id: forged, top.id: top})
+            s.backend.put_trees(nodes)
+            from cdcstore.core.commit import Commit
+            c = Commit("ds", None, "forged part", time.time(), None, top.id)
+            with pytest.raises(Exception, match="400|holds|says"):
+                s.backend.commit(c, "main", None)
+            assert not s.backend.has_repo("ds") or s.backend.resolve("ds", "main") != c.id
