@@ -186,7 +186,7 @@ def test_names_from_the_store_are_escaped(site):
 
 def preview_figures(page: str) -> dict:
     m = re.search(r'id="preview-figures">Read for this preview: ([\d,]+) chunks, ([\d,]+) bytes .*? of the file'
-                  r'&#x27;s ([\d,]+); its footer is ([\d,]+) bytes and its first row group ([\d,]+) .*? in (\d+) ms', page)
+                  r"(?:&#x27;|')s ([\d,]+); its footer is ([\d,]+) bytes and its first row group ([\d,]+) .*? in (\d+) ms", page)
     assert m, page[-3000:]
     n = [int(x.replace(",", "")) for x in m.groups()]
     return dict(zip(("chunks", "bytes", "size", "footer", "first_group", "ms"), n))

@@ -231,7 +231,7 @@ class WebView:
                     for n, c in names.items()]
             return P.table([kind, "commit", ""], rows) if rows else tag("p", f"no {kind}es" if kind == "branch"
                                                                         else f"no {kind}s", class_="dim")
-        diff_form = _diff_form(repo, default or "", "")
+        diff_form = _diff_form(repo, "", default or "")
         body = join(tag("h1", "Repo ", tag("span", repo, class_="mono")),
                     tag("p", link(url("r", repo, "tree", default, ""), "Files"), " · ",
                         link(url("r", repo, "log", default), "Log"), " of ", tag("b", default))
@@ -355,6 +355,8 @@ class WebView:
             body += [tag("p", "From ", link(url("r", repo, "commit", d["old"]), P.short(d["old"]), class_="mono"),
                          " to ", link(url("r", repo, "commit", d["new"]), P.short(d["new"]), class_="mono")),
                      diff_table(repo, d)]
+        elif old or new:
+            body.append(tag("p", "Name both revisions: a branch, a tag or a commit id.", class_="err"))
         return f"{repo} diff", join(*body)
 
     async def store_page(self, request, grant):
