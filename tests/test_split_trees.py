@@ -312,3 +312,23 @@ def test_a_server_refuses_a_commit_of_a_forged_part(tmp_path):
             with pytest.raises(Exception, match="400|holds|says"):
                 s.backend.commit(c, "main", None)
             assert not s.backend.has_repo("ds") or s.backend.resolve("ds", "main") != c.id
+
+
+def test_a_wide_folder_is_listed_level_by_level():
+    """Listing a split folder reads each level's parts in one `load_many` call (a remote
+    store's reads go out together), and gets what the one-by-one reads give."""
+    files = _wide(5_000, "w")
+    rid, nodes = treeobj.build(files)
+    one = treeobj.View(Counted(nodes), rid)
+    batches = []
+    load = Counted(nodes)
+
+    def load_many(tids):
+        batches.append(len(tids))
+        return [load(t) for t in tids]
+
+    many = treeobj.View(load, rid, load_many=load_many)
+    assert many.listing("w") == one.listing("w") and len(many.listing("w")) == 5_000
+    parts = sum(1 for t in nodes.values() if not t.split) - 1  # the pages of w (not the root page)
+    assert len(batches) <= 5 and sum(batches) >= parts  # a few levels, not one call per page
+    assert max(batches) >= 8

@@ -288,10 +288,13 @@ class View:
     """A commit's files as trees, read node by node through `load` (memoized).
 
     `nodes` may hold trees not in any store (a format 1 commit's, built in memory):
-    `apply` returns those it keeps, so that they are stored with the new commit."""
+    `apply` returns those it keeps, so that they are stored with the new commit.
+    `load_many(ids) -> trees`, if given, reads the parts of one level of a split folder
+    together (a listing of a wide folder waits on its depth, not on its part count)."""
 
-    def __init__(self, load: Callable[[str], Tree], root: str, nodes: dict[str, Tree] | None = None):
-        self._load, self.root = load, root
+    def __init__(self, load: Callable[[str], Tree], root: str, nodes: dict[str, Tree] | None = None,
+                 load_many: Callable[[list[str]], list[Tree]] | None = None):
+        self._load, self.root, self._load_many = load, root, load_many
         self.unstored: dict[str, Tree] = dict(nodes or {})
         self._memo: dict[str, Tree] = dict(self.unstored)
 
@@ -319,17 +322,22 @@ class View:
         if not t.split:
             return t
         entries: dict[str, Entry] = {}
-        stack = [t]
-        while stack:
-            n = stack.pop()
-            for d, sl in n.slots.items():
-                p = self.part(n, d)
-                if seen is not None:
-                    seen(sl.tree, p)
-                if p.split:
-                    stack.append(p)
-                else:
-                    entries.update(p.entries)
+        level = [t]
+        while level:  # level by level: each level's parts read together when `load_many` can
+            want = [sl.tree for n in level for sl in n.slots.values() if sl.tree not in self._memo]
+            if self._load_many is not None and len(want) > 1:
+                self._memo.update(zip(want, self._load_many(want)))
+            below = []
+            for n in level:
+                for d, sl in n.slots.items():
+                    p = self.part(n, d)
+                    if seen is not None:
+                        seen(sl.tree, p)
+                    if p.split:
+                        below.append(p)
+                    else:
+                        entries.update(p.entries)
+            level = below
         return Tree(dict(sorted(entries.items())))
 
     def lookup(self, tid: str, name: str) -> Entry | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from typing import Iterable, Iterator
 
+from .. import runtime
 from ..core import treeobj
 from ..core.commit import Commit, FileEntry
 from ..core.manifest import Manifest
@@ -96,7 +97,7 @@ class Backend(ChunkSource, ChunkSink, MetadataStore, RefStore, Upkeep, abc.ABC):
         load = lambda tid: self.get_tree(tid, repo)  # noqa: E731
         if commit.tree is None:
             return treeobj.View.of_files(commit.files, load)
-        return treeobj.View(load, commit.tree)
+        return treeobj.View(load, commit.tree, load_many=lambda tids: list(runtime.pool("trees", 8).map(load, tids)))
 
     def make_commit(self, repo: str, parent: str | None, message: str, time: float,
                     changed: dict[str, FileEntry], removed=(), base: Commit | None = None,
