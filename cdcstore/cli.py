@@ -776,18 +776,21 @@ def cache_clear(cache_path):
               help="Override one of the server's limits (remote/limits.py ServerLimits; bytes, seconds), "
                    "e.g. --limit max_sessions_per_token=4. Repeatable.")
 @click.option("--s3-port", default=None, type=int, metavar="PORT",
-              help="Also serve the S3-compatible read gateway on this port of --host: bucket = repo, "
-                   "key = REV/PATH; access key id = a token's name, secret = the token (docs/gateway.md).")
+              help="Also serve the S3-compatible gateway (reads, and writes into branches) on this port of "
+                   "--host: bucket = repo, key = REV/PATH; access key id = a token's name, secret = the token "
+                   "(docs/gateway.md).")
 @handle_errors
 def serve(store_path, host, port, tokens_file, allow_no_auth, max_heavy, body_timeout, min_body_rate,
           maintenance_interval, min_gc_grace, limit_items, s3_port):
     """Serve a store over HTTP (protocol v1, docs/protocol.md)."""
+    from .publish import Publisher
     from .remote.server import serve as run_server
 
     run_server(_local(store_path, "serve").location, host, port, tokens_file, allow_no_auth, max_heavy,
                body_idle_timeout=body_timeout, min_body_rate=min_body_rate,
                maintenance_interval=maintenance_interval,
-               min_gc_grace=_duration(min_gc_grace, "--min-gc-grace"), limit_items=limit_items, s3_port=s3_port)
+               min_gc_grace=_duration(min_gc_grace, "--min-gc-grace"), limit_items=limit_items, s3_port=s3_port,
+               publisher=Publisher)
 
 
 @cli.group()

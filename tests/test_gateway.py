@@ -242,14 +242,15 @@ def test_boto3_credentials_map_to_tokens(gw):
     assert e.value.code == 403 and b"<Code>SignatureDoesNotMatch</Code>" in e.value.read()
 
 
-def test_boto3_writes_are_refused_clearly(gw):
+def test_boto3_writes_of_a_read_token_are_refused_clearly(gw):
+    """Writes are served (tests/test_gateway_write.py); a read-scope token's are 403 AccessDenied."""
     s3 = client(gw)
     with pytest.raises(ClientError) as e:
         s3.put_object(Bucket="imagenet", Key="main/new.txt", Body=b"x")
-    assert _code(e) == "NotImplemented" and "writes come later" in e.value.response["Error"]["Message"]
+    assert _code(e) == "AccessDenied" and "write scope" in e.value.response["Error"]["Message"]
     with pytest.raises(ClientError) as e:
         s3.delete_object(Bucket="imagenet", Key="main/one.parquet")
-    assert _code(e) == "NotImplemented"
+    assert _code(e) == "AccessDenied"
     assert s3.head_object(Bucket="imagenet", Key="main/one.parquet")["ContentLength"] > 0
 
 

@@ -32,7 +32,7 @@ from .admin import Lifecycle
 from .app import SERVER, STORE_ROOTS, HTTPError, sanitize
 from .limits import ANONYMOUS, Busy, ServerLimits, Slots
 from .staging import JournalSpace, StagingRoutes
-from .tokens import TokenFile, default_name, owner_id
+from .tokens import TokenFile, default_name, owner_id, refusal
 from .web import WebView
 from .tokens import add as add_token, revoke as revoke_token  # noqa: F401 (`cdcstore token`)
 from ..core.address import check_name, check_ref_name, check_write_target
@@ -216,11 +216,9 @@ class Auth:
             raise HTTPError(403, "this command needs a token with admin scope (gc, check, forget, delete-repo)")
 
     def check(self, request: web.Request, repo: str | None, write: bool) -> None:
-        g = self.grant(request)
-        if write and g["scope"] not in ("write", "admin"):
-            raise HTTPError(403, "this token may only read: use a token with write scope")
-        if repo is not None and "*" not in g["repos"] and repo not in g["repos"]:
-            raise HTTPError(403, f"this token has no access to repo {repo!r}")
+        problem = refusal(self.grant(request), repo, write)  # the S3 gateway's writes ask it too
+        if problem:
+            raise HTTPError(403, problem)
 
     def scope(self, request: web.Request) -> Scope:
         """What a request's token may learn of: None for an open server or a "*" token
@@ -1093,11 +1091,12 @@ def _uploaded_commit(text) -> Commit:
 
 def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
           allow_open: bool = False, max_heavy: int | None = None, limit_items=(), s3_port: int | None = None,
-          **limits) -> None:
+          publisher=None, **limits) -> None:
     """Run the server until interrupted. Without tokens it only binds loopback,
     unless `allow_open` says otherwise explicitly. `limit_items`: NAME=VALUE overrides
     of `ServerLimits` (`cdcstore serve --limit`). `s3_port`: also serve the S3 read
-    gateway (remote/gateway.py) on that port of `host`."""
+    gateway (remote/gateway.py) on that port of `host`; `publisher(repository)` (publish.Publisher)
+    is what its writes store and commit through (None: writes answer 501)."""
     tokens = TokenFile(tokens_file) if tokens_file else None
     if tokens is None:
         if host not in LOOPBACK and not allow_open:
@@ -1111,7 +1110,8 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
     app = make_app(store, config)
     if s3_port is not None:
         from .gateway import listen
-        listen(app, host, s3_port, native_port=port)
+        from .gateway_write import writes_over
+        listen(app, host, s3_port, native_port=port, writes=writes_over(publisher(store)) if publisher else None)
 
     def announce(_msg: str) -> None:  # run_app calls this only once it listens: bind first, announce after
         if tokens is None:

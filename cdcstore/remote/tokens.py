@@ -41,6 +41,16 @@ def default_name(token: str) -> str:
     return f"token-{owner_id(token)[:8]}"
 
 
+def refusal(grant: dict, repo: str | None, write: bool) -> str | None:
+    """Why a token's grant does not allow a request on `repo` (for writing if `write`); None when
+    it does. The native API and the S3 gateway both ask this."""
+    if write and grant["scope"] not in ("write", "admin"):
+        return "this token may only read: use a token with write scope"
+    if repo is not None and "*" not in grant["repos"] and repo not in grant["repos"]:
+        return f"this token has no access to repo {repo!r}"
+    return None
+
+
 def load_tokens(path: str) -> dict:
     """Read and check a tokens file: token -> grant, each grant with its `name` filled in
     (admin: write, plus gc, check, forget and delete-repo on the server's store; repos ["*"])."""

@@ -214,13 +214,16 @@ def gc_plan(store, now: float, grace: float, stale: float) -> tuple[set[str], li
         parts = info.name[len(STAGING):].split("/")
         if len(parts) != 3:
             continue
-        job = jobs.setdefault(f"{STAGING}{parts[0]}/{parts[1]}/", {"marker": None, "entries": [], "owners": []})
+        job = jobs.setdefault(f"{STAGING}{parts[0]}/{parts[1]}/",
+                              {"marker": None, "entries": [], "owners": [], "other": []})
         if parts[2] == MARKER:
             job["marker"] = info
         elif parts[2].startswith(ENTRY_PREFIX):
             job["entries"].append(info)
         elif parts[2].startswith(OWNER_PREFIX):
             job["owners"].append(info)
+        else:  # what else a job folder holds: an S3 multipart upload's record and parts (uploads.py)
+            job["other"].append(info)
 
     def older(info, window) -> bool:
         return info.mtime is not None and now - info.mtime >= window
@@ -239,7 +242,8 @@ def gc_plan(store, now: float, grace: float, stale: float) -> tuple[set[str], li
             continue
         if marker is not None:
             doomed.append(marker.name)
-        doomed.extend(i.name for i in job["entries"] + job["owners"] if marker is not None or older(i, grace))
+        doomed.extend(i.name for i in job["entries"] + job["owners"] + job["other"]
+                      if marker is not None or older(i, grace))
     return roots, doomed
 
 

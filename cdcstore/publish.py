@@ -1,0 +1,80 @@
+"""What the S3 gateway's writes (remote/gateway_write.py) ask of the write path: the same `Store`
+calls a push makes, over the server's own repository (docs/gateway.md, "Writes").
+
+`cdcstore serve` hands a `Publisher` to the gateway (the remote layer cannot import the faces
+above it): a file the gateway received is stored as `Store.upload` stores a pushed file (chunked
+by the one chunker, Parquet page-aware, only new chunks packed, the manifest after its chunks are
+durable, all inside a push session so a gc deletes nothing under it), and committed as
+`Store.commit_files` commits (a tag refused, a commit rebased over newer ones that touch other
+paths). A write that loses a race on the same path is made again on the new head: the last
+writer wins, as on S3.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from .api import Store
+from .core.address import Address
+from .core.commit import FileEntry, check_author
+from .core.errors import ConflictError, NotFoundError, PathNotFoundError
+
+RETRIES = 8  # commits made again when another writer changed the same paths first
+
+
+class Publisher:
+    """The write path over one repository (the server's)."""
+
+    def __init__(self, repository):
+        self._repository = repository
+
+    def _store(self, author: str | None = None) -> Store:
+        store = Store.over(self._repository)
+        if author is not None:
+            store.author = check_author(author)
+        return store
+
+    def upload(self, repo: str, path: str, local: str) -> FileEntry:
+        """Store a local file's chunks and manifest as a push does; nothing is committed."""
+        entries = self._store().upload([local], Address(repo, None, path))
+        return entries[path]
+
+    def existing(self, repo: str, branch: str, paths: Iterable[str]) -> list[str]:
+        """Those of `paths` that are files on the branch's head (the default branch's for a new branch)."""
+        store = self._store()
+        try:
+            _, commit = store.resolve(Address(repo, branch, ""))
+        except NotFoundError:  # no such repo or branch yet: nothing to remove
+            return []
+        view = store.view(repo, commit)
+        return [p for p in paths if view.get(p) is not None]
+
+    def commit(self, repo: str, branch: str, entries: dict[str, FileEntry], removed: Iterable[str],
+               message: str, author: str) -> str | None:
+        """One commit on `branch` setting `entries` and removing those of `removed` that exist; the
+        landed commit id (None when nothing changed). Made again on the new head when another
+        writer changed the same paths first."""
+        removed = list(removed)
+        store = self._store(author)
+        for attempt in range(RETRIES):
+            gone = self.existing(repo, branch, removed) if removed else []
+            if not entries and not gone:
+                return None
+            try:
+                result = store.commit_files(repo, branch, [], message, entries=dict(entries), remove=gone)
+            except (ConflictError, PathNotFoundError):
+                if attempt == RETRIES - 1:
+                    raise
+                continue
+            return result.commit if result.changed else None
+        return None
+
+    def stage(self, repo: str, job: str, entries: dict[str, FileEntry], removed: Iterable[str]) -> None:
+        """Add stored files (and removals) to job `job`'s journal (opened if new): no commit."""
+        store = self._store()
+        store.journal().open(repo, job)
+        store.stage(repo, job, entries=entries, remove=list(removed))
+
+    def land(self, repo: str, branch: str, job: str, message: str, author: str) -> str | None:
+        """Land job `job` on `branch` as one commit and close it; the commit id (None: empty job)."""
+        result = self._store(author).land(Address(repo, branch, ""), job, message)
+        return None if result is None else result.commit

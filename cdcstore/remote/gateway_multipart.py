@@ -1,0 +1,249 @@
+"""Multipart uploads through the S3 gateway (docs/gateway.md, "Multipart uploads"):
+CreateMultipartUpload, UploadPart, UploadPartCopy, CompleteMultipartUpload,
+AbortMultipartUpload, ListParts, ListMultipartUploads.
+
+Parts are staged in the store (storage/uploads.py: a job folder under staging/, so every replica
+sees them and gc reclaims an upload nobody finishes); nothing is visible until Complete, which
+joins the parts into one file, stores it as a push stores a file (the whole file chunked at once:
+the same chunks, manifest and ETag-independent dedup as `cdcstore push` of it) and lands it as one
+commit. The answer's ETag is S3's multipart form: the MD5 of the parts' MD5s, `-N`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+
+from aiohttp import web
+
+from ..core.errors import NotFoundError
+from ..storage import uploads
+from ..storage.reader import FileReader
+from .gateway import MAX_KEYS, S3Error, iso_time, parse_range
+from .s3body import read_xml, receive
+from .s3forms import Target, el, parse_xml, xml
+from .staging import JournalSpace
+
+MAX_PART_BYTES = 5 * 1024 ** 3  # as S3
+MIN_PART_BYTES = 5 * 1024 ** 2  # every part but the last (as S3)
+MAX_COMPLETE_XML = 8 << 20  # 10,000 parts fit
+
+
+class Multipart:
+    """The multipart routes of one `GatewayWrites`."""
+
+    def __init__(self, writes):
+        self.writes = writes
+        self.server, self.store = writes.server, writes.store
+        self.space = JournalSpace(self.store, self.server.limits.max_upload_bytes_per_token)
+
+    def _owner(self, request: web.Request) -> str | None:
+        """Whose staged bytes a part counts in (None on an open server: no cap)."""
+        return None if self.server.auth.tokens is None else self.writes.owner(request)
+
+    async def handle(self, request: web.Request, grant: dict, t: Target, query: dict):
+        method = request.method
+        if not t.path:
+            raise S3Error(400, "InvalidArgument", f"{t.key!r}: a multipart upload writes a file's key, not a folder",
+                          Key=t.key)
+        if method == "POST" and "uploads" in query:
+            await self.writes.writable(t)
+            upload = await self.server.io(uploads.create, self.store, t.repo, t.key, self._owner(request))
+            return xml("InitiateMultipartUploadResult", el("Bucket", t.repo) + el("Key", t.key) + el("UploadId", upload))
+        upload = query.get("uploadId", "")
+        await self.server.io(self._check, t, upload)
+        if method == "PUT":
+            if "x-amz-copy-source" in request.headers:
+                return await self.upload_part_copy(request, grant, t, upload, query)
+            return await self.upload_part(request, t, upload, query)
+        if method == "POST":
+            return await self.complete(request, grant, t, upload)
+        if method == "DELETE":
+            await self.server.io(uploads.abort, self.store, t.repo, upload)
+            return web.Response(status=204)
+        raise S3Error(405, "MethodNotAllowed", f"{method} with ?uploadId is not an S3 operation")
+
+    def _check(self, t: Target, upload: str) -> dict:
+        try:
+            record = uploads.info(self.store, t.repo, upload)
+        except NotFoundError as e:
+            raise S3Error(404, "NoSuchUpload", f"The specified upload does not exist: {e}", UploadId=upload) from None
+        if record.get("key") != t.key:
+            raise S3Error(404, "NoSuchUpload", f"upload {upload} is of key {record.get('key')!r}, not {t.key!r}",
+                          UploadId=upload)
+        return record
+
+    @staticmethod
+    def _number(query: dict) -> int:
+        try:
+            n = int(query.get("partNumber", ""))
+        except ValueError:
+            n = 0
+        if not 1 <= n <= uploads.MAX_PART_NUMBER:
+            raise S3Error(400, "InvalidArgument", f"Part number must be an integer between 1 and "
+                                                  f"{uploads.MAX_PART_NUMBER}, inclusive", ArgumentName="partNumber")
+        return n
+
+    async def _stage(self, request: web.Request, t: Target, upload: str, number: int, tmp: str, md5: str,
+                     size: int) -> uploads.Part:
+        owner = self._owner(request)
+        if owner is not None:
+            await self.server.io(self._reserve, owner, size)
+        try:
+            return await self.server.io(uploads.put_part, self.store, t.repo, upload, number, tmp, md5)
+        except NotFoundError as e:
+            raise S3Error(404, "NoSuchUpload", str(e), UploadId=upload) from None
+
+    def _reserve(self, owner: str, size: int) -> None:
+        try:
+            self.space.reserve(owner, size)
+        except Exception as e:  # the journal space's 413, as S3 says it
+            if getattr(e, "status", None) == 413:
+                raise S3Error(403, "QuotaExceeded", f"{e} (max_upload_bytes_per_token: complete or abort this "
+                                                    f"token's uploads first)") from None
+            raise
+
+    async def upload_part(self, request: web.Request, t: Target, upload: str, query: dict) -> web.Response:
+        number = self._number(query)
+        async with self.writes.held(request):
+            tmp = self.store.tmp_path()
+            try:
+                got = await receive(self.server, request, tmp, MAX_PART_BYTES)
+                await self._stage(request, t, upload, number, tmp, got.md5, got.size)
+            finally:
+                await self.server.io(_unlink, tmp)
+        return web.Response(headers={"ETag": f'"{got.md5}"', "Content-Length": "0"})
+
+    async def upload_part_copy(self, request: web.Request, grant: dict, t: Target, upload: str,
+                               query: dict) -> web.Response:
+        number = self._number(query)
+        repo, key, entry, when = await self.server.io(self.writes.source, request, grant)
+        rng = request.headers.get("x-amz-copy-source-range")
+        start, stop = parse_range(rng, entry.size) or (0, entry.size) if rng else (0, entry.size)
+        if stop - start > MAX_PART_BYTES:
+            raise S3Error(400, "InvalidRequest", f"a copied part is at most {MAX_PART_BYTES} bytes")
+        async with self.writes.held(request):
+            tmp = self.store.tmp_path()
+            try:
+                md5 = await self.server.io(self._copy_range, entry, f"{repo}/{key}", start, stop, tmp)
+                await self._stage(request, t, upload, number, tmp, md5, stop - start)
+            finally:
+                await self.server.io(_unlink, tmp)
+        return xml("CopyPartResult", el("LastModified", iso_time(time.time())) + el("ETag", f'"{md5}"'))
+
+    def _copy_range(self, entry, label: str, start: int, stop: int, tmp: str) -> str:
+        """Bytes [start, stop) of a stored file into `tmp`, read through the one read core; their MD5."""
+        reader = FileReader(self.store, self.store.get_manifest(entry.manifest), label, readahead_bytes=0)
+        h = hashlib.md5()
+        try:
+            with open(tmp, "wb") as f:
+                at = start
+                while at < stop:
+                    data = reader.pread(at, min(stop - at, 8 << 20))
+                    if not data:
+                        break
+                    h.update(data)
+                    f.write(data)
+                    at += len(data)
+        finally:
+            reader.close()
+        return h.hexdigest()
+
+    async def complete(self, request: web.Request, grant: dict, t: Target, upload: str) -> web.Response:
+        root = parse_xml(await read_xml(self.server, request, MAX_COMPLETE_XML), "CompleteMultipartUpload")
+        asked = []
+        for p in root.findall("Part"):
+            try:
+                asked.append((int(p.findtext("PartNumber") or ""), (p.findtext("ETag") or "").strip().strip('"')))
+            except ValueError:
+                raise S3Error(400, "MalformedXML", "each Part of CompleteMultipartUpload needs a PartNumber") from None
+        if not asked:
+            raise S3Error(400, "MalformedXML", "You must specify at least one part")
+        if [n for n, _ in asked] != sorted({n for n, _ in asked}):
+            raise S3Error(400, "InvalidPartOrder", "The list of parts was not in ascending order. The parts list "
+                                                   "must be specified in order by part number.")
+        async with self.writes.held(request):
+            chosen = await self.server.io(self._chosen, t, upload, asked)
+            tmp = self.store.tmp_path()
+            try:
+                await self.server.io(uploads.assemble, self.store, chosen, tmp)
+                entry = await self.server.io(self.writes.publisher.upload, t.repo, t.path, tmp)
+            except NotFoundError as e:
+                raise S3Error(404, "NoSuchUpload", str(e), UploadId=upload) from None
+            finally:
+                await self.server.io(_unlink, tmp)
+            cid = await self.server.io(self.writes.land, t, {t.path: entry}, [], self.writes.author(request, grant),
+                                       f"PUT {t.path} (S3 gateway, {len(chosen)} parts)")
+            await self.server.io(uploads.abort, self.store, t.repo, upload)  # landed: the parts go
+        tag = hashlib.md5(b"".join(bytes.fromhex(p.md5) for p in chosen)).hexdigest() + f"-{len(chosen)}"
+        body = el("Location", f"/{t.repo}/{t.key}") + el("Bucket", t.repo) + el("Key", t.key) + el("ETag", f'"{tag}"')
+        resp = xml("CompleteMultipartUploadResult", body)
+        if cid:
+            resp.headers["x-cdc-commit"] = cid
+        return resp
+
+    def _chosen(self, t: Target, upload: str, asked: list[tuple[int, str]]) -> list[uploads.Part]:
+        have = {p.number: p for p in uploads.parts(self.store, t.repo, upload)}
+        chosen = []
+        for i, (n, tag) in enumerate(asked):
+            p = have.get(n)
+            if p is None or p.md5 != tag:
+                raise S3Error(400, "InvalidPart", "One or more of the specified parts could not be found. The part "
+                                                  "may not have been uploaded, or the specified entity tag may not "
+                                                  f"match the part's entity tag (part {n})", PartNumber=n, ETag=tag)
+            if i < len(asked) - 1 and p.size < MIN_PART_BYTES:
+                raise S3Error(400, "EntityTooSmall", f"Your proposed upload is smaller than the minimum allowed "
+                                                     f"size: part {n} is {p.size} bytes; every part but the last is "
+                                                     f"at least {MIN_PART_BYTES}", ProposedSize=p.size,
+                              MinSizeAllowed=MIN_PART_BYTES, PartNumber=n)
+            chosen.append(p)
+        return chosen
+
+    # -- listings ----------------------------------------------------------------------------
+    async def list_parts(self, repo: str, key: str, query: dict) -> web.Response:
+        t = Target(repo, key, "", "")
+        upload = query.get("uploadId", "")
+        await self.server.io(self._check, t, upload)
+        try:
+            limit = min(MAX_KEYS, int(query.get("max-parts", MAX_KEYS)))
+            after = int(query.get("part-number-marker", "0") or 0)
+        except ValueError:
+            raise S3Error(400, "InvalidArgument", "max-parts and part-number-marker are numbers") from None
+        parts = [p for p in await self.server.io(uploads.parts, self.store, repo, upload) if p.number > after]
+        shown, truncated = parts[:limit], len(parts) > limit
+        body = el("Bucket", repo) + el("Key", key) + el("UploadId", upload) + el("PartNumberMarker", after)
+        if truncated:
+            body += el("NextPartNumberMarker", shown[-1].number)
+        body += el("MaxParts", limit) + el("IsTruncated", "true" if truncated else "false")
+        body += el("StorageClass", "STANDARD")
+        body += "".join(f"<Part>{el('PartNumber', p.number)}{el('LastModified', iso_time(p.mtime or time.time()))}"
+                        f"{el('ETag', p.etag)}{el('Size', p.size)}</Part>" for p in shown)
+        return xml("ListPartsResult", body)
+
+    async def list_uploads(self, repo: str, query: dict) -> web.Response:
+        prefix = query.get("prefix", "")
+        found = await self.server.io(uploads.uploads, self.store, repo)
+        rows = sorted((r.get("key", ""), u, r) for u, r in found if r.get("key", "").startswith(prefix))
+        key_marker, id_marker = query.get("key-marker", ""), query.get("upload-id-marker", "")
+        rows = [row for row in rows if (row[0], row[1]) > (key_marker, id_marker)] if key_marker else rows
+        try:
+            limit = min(MAX_KEYS, int(query.get("max-uploads", MAX_KEYS)))
+        except ValueError:
+            raise S3Error(400, "InvalidArgument", "max-uploads must be a number") from None
+        shown, truncated = rows[:limit], len(rows) > limit
+        body = el("Bucket", repo) + el("KeyMarker", key_marker) + el("UploadIdMarker", id_marker)
+        if truncated:
+            body += el("NextKeyMarker", shown[-1][0]) + el("NextUploadIdMarker", shown[-1][1])
+        body += el("Prefix", prefix) + el("MaxUploads", limit) + el("IsTruncated", "true" if truncated else "false")
+        body += "".join(f"<Upload>{el('Key', k)}{el('UploadId', u)}"
+                        f"<Initiator>{el('ID', r.get('owner') or 'cdcstore')}</Initiator>"
+                        f"{el('StorageClass', 'STANDARD')}{el('Initiated', iso_time(r.get('initiated', 0)))}</Upload>"
+                        for k, u, r in shown)
+        return xml("ListMultipartUploadsResult", body)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

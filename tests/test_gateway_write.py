@@ -1,0 +1,305 @@
+"""Writes through the S3 gateway (remote/gateway_write.py, docs/gateway.md "Writes") with real
+clients against one real `cdcstore serve --s3-port` on loopback: each write is read back (through
+the gateway, and through a cdcstore client with a cache dir of its own, as another machine would),
+each refusal leaves the branch where it was."""
+import base64
+import hashlib
+import hmac
+import http.client
+import io
+import json
+import os
+
+import boto3
+import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+from botocore.exceptions import ClientError
+
+from cdcstore import Store
+from cdcstore.core import awschunked, sigv4
+from cdcstore.storage.repository import LocalStore
+from cdcstore.testing import free_port
+from server_util import ServerProcess
+
+WRITER, TEAM, READER = "writer-" + "w" * 24, "team-" + "t" * 24, "reader-" + "r" * 24
+TOKENS = {WRITER: {"scope": "write", "repos": ["*"], "name": "writer"},
+          TEAM: {"scope": "write", "repos": ["team"], "name": "team-bot"},
+          READER: {"scope": "read", "repos": ["*"], "name": "reader"}}
+KEYS = {"writer": WRITER, "team-bot": TEAM, "reader": READER}
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gwwrite")
+    (root / "d").mkdir()
+    (root / "d" / "a.txt").write_text("hello\n")
+    LocalStore.init(str(root / "srv"))
+    with Store(str(root / "srv")) as s:
+        for repo in ("ds", "team"):
+            s.push([str(root / "d")], f"cdc://{repo}/", message="v1")
+        s.tag("ds", "v1")
+    (root / "tokens.json").write_text(json.dumps(TOKENS))
+    port = free_port()
+    srv = ServerProcess(str(root / "srv"), "--tokens", str(root / "tokens.json"), "--s3-port", str(port)).start()
+    srv.s3, srv.s3_host, srv.root = f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", root
+    yield srv
+    srv.stop()
+
+
+def client(gw, name="writer", **kw):
+    return boto3.client("s3", endpoint_url=gw.s3, aws_access_key_id=name, aws_secret_access_key=KEYS[name],
+                        region_name="us-east-1", **kw)
+
+
+def local(gw) -> Store:
+    return Store(str(gw.root / "srv"))
+
+
+def head(gw, repo="ds", branch="main") -> str:
+    with local(gw) as s:
+        return s.branches(repo)[branch]
+
+
+def _code(e) -> str:
+    return e.value.response["Error"]["Code"]
+
+
+def signed_request(gw, method, path, body=b"", headers=None, name="writer", payload=None):
+    """A SigV4-signed raw request (botocore's signer), to send bodies boto3 would not."""
+    headers = dict(headers or {})
+    headers.setdefault("X-Amz-Content-SHA256", payload or hashlib.sha256(body).hexdigest())
+    req = AWSRequest(method=method, url=f"{gw.s3}{path}", data=b"", headers=headers)
+    SigV4Auth(Credentials(name, KEYS[name]), "s3", "us-east-1").add_auth(req)
+    return dict(req.headers.items())
+
+
+def send(gw, method, path, headers, body=b""):
+    conn = http.client.HTTPConnection(gw.s3_host, timeout=60)
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
+
+
+def test_put_lands_one_commit_by_the_token_with_an_md5_etag(gw):
+    s3 = client(gw)
+    before = head(gw)
+    data = b"first write\n" * 5000
+    md5 = hashlib.md5(data)
+    r = s3.put_object(Bucket="ds", Key="main/w/one.txt", Body=data,
+                      ContentMD5=base64.b64encode(md5.digest()).decode())
+    assert r["ETag"] == f'"{md5.hexdigest()}"'
+    assert s3.get_object(Bucket="ds", Key="main/w/one.txt")["Body"].read() == data
+    with local(gw) as s:
+        log = s.log("ds", "main", limit=2)
+        assert log[0]["parent"] == before and log[0]["author"] == "writer" and log[1]["commit"] == before
+        assert s.cat("cdc://ds/w/one.txt") == data
+        assert r["ResponseMetadata"]["HTTPHeaders"]["x-cdc-commit"] == log[0]["commit"]
+
+
+def test_a_write_is_read_from_another_machine_with_its_own_cache(gw, tmp_path):
+    data = os.urandom(300_000)
+    client(gw).put_object(Bucket="ds", Key="main/w/random.bin", Body=data)
+    with Store(gw.url, token=READER, cache=str(tmp_path / "cache2")) as other:
+        assert other.cat("cdc://ds/w/random.bin") == data
+    fresh = client(gw, "reader")
+    assert fresh.get_object(Bucket="ds", Key="main/w/random.bin", Range="bytes=1000-1999")["Body"].read() \
+        == data[1000:2000]
+
+
+def test_scoped_token_writes_only_its_repo_and_a_read_token_nowhere(gw):
+    team = client(gw, "team-bot")
+    team.put_object(Bucket="team", Key="main/mine.txt", Body=b"ours")
+    assert client(gw).get_object(Bucket="team", Key="main/mine.txt")["Body"].read() == b"ours"
+    with local(gw) as s:
+        assert s.log("team", "main", limit=1)[0]["author"] == "team-bot"
+    before = head(gw)
+    for call in (lambda: team.put_object(Bucket="ds", Key="main/theirs.txt", Body=b"x"),
+                 lambda: team.delete_object(Bucket="ds", Key="main/a.txt"),
+                 lambda: team.copy_object(Bucket="ds", Key="main/c.txt", CopySource="team/main/mine.txt"),
+                 lambda: team.copy_object(Bucket="team", Key="main/c.txt", CopySource="ds/main/a.txt"),
+                 lambda: team.create_multipart_upload(Bucket="ds", Key="main/m.bin"),
+                 lambda: client(gw, "reader").put_object(Bucket="ds", Key="main/r.txt", Body=b"x")):
+        with pytest.raises(ClientError) as e:
+            call()
+        assert _code(e) == "AccessDenied", e.value
+    assert head(gw) == before
+
+
+def test_tags_and_commits_are_immutable(gw):
+    s3 = client(gw)
+    before, tag = head(gw), None
+    with local(gw) as s:
+        tag = s.tags("ds")["v1"]
+    for key in ("v1/x.txt", f"{before}/x.txt", f"{before[:8]}/x.txt"):
+        with pytest.raises(ClientError) as e:
+            s3.put_object(Bucket="ds", Key=key, Body=b"x")
+        assert _code(e) == "AccessDenied" and "immutable" in e.value.response["Error"]["Message"]
+    with pytest.raises(ClientError) as e:
+        s3.delete_object(Bucket="ds", Key="v1/a.txt")
+    assert _code(e) == "AccessDenied"
+    with local(gw) as s:
+        assert s.tags("ds")["v1"] == tag and s.branches("ds")["main"] == before
+
+
+def test_copy_delete_and_delete_objects(gw):
+    s3 = client(gw)
+    s3.put_object(Bucket="ds", Key="main/cp/src.txt", Body=b"copy me")
+    r = s3.copy_object(Bucket="ds", Key="main/cp/dst.txt", CopySource={"Bucket": "ds", "Key": "main/cp/src.txt"})
+    src_tag = s3.head_object(Bucket="ds", Key="main/cp/src.txt")["ETag"]
+    assert r["CopyObjectResult"]["ETag"] == src_tag  # the same stored file: no byte copied
+    s3.copy_object(Bucket="team", Key="main/from-ds.txt", CopySource="ds/v1/a.txt")  # a tag as the source
+    assert client(gw).get_object(Bucket="team", Key="main/from-ds.txt")["Body"].read() == b"hello\n"
+    with pytest.raises(ClientError) as e:
+        s3.copy_object(Bucket="ds", Key="main/cp/x.txt", CopySource="ds/main/cp/nothing.txt")
+    assert _code(e) == "NoSuchKey"
+    with pytest.raises(ClientError) as e:
+        s3.copy_object(Bucket="ds", Key="main/cp/x.txt", CopySource="ds/main/cp/src.txt", CopySourceIfMatch='"nope"')
+    assert _code(e) == "PreconditionFailed"
+    before = head(gw)
+    s3.delete_object(Bucket="ds", Key="main/cp/never-was.txt")  # 204, as S3, and no commit
+    assert head(gw) == before
+    s3.delete_object(Bucket="ds", Key="main/cp/src.txt")
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket="ds", Key="main/cp/src.txt")
+    assert e.value.response["Error"]["Code"] == "404"
+    for i in range(3):
+        s3.put_object(Bucket="ds", Key=f"main/many/{i}.txt", Body=b"%d" % i)
+    before = head(gw)
+    r = s3.delete_objects(Bucket="ds", Delete={"Objects": [{"Key": f"main/many/{i}.txt"} for i in range(3)]
+                                               + [{"Key": "v1/a.txt"}, {"Key": "main/cp/dst.txt"}]})
+    assert sorted(d["Key"] for d in r["Deleted"]) == ["main/cp/dst.txt"] + [f"main/many/{i}.txt" for i in range(3)]
+    assert [(x["Key"], x["Code"]) for x in r["Errors"]] == [("v1/a.txt", "AccessDenied")]
+    with local(gw) as s:
+        log = s.log("ds", "main", limit=2)
+        assert log[1]["commit"] == before  # four deletes on one branch: one commit
+        assert s.ls("cdc://ds/") and not any(e["name"].startswith(("many", "cp")) for e in s.ls("cdc://ds/"))
+
+
+def test_only_new_chunks_are_stored(gw):
+    s3 = client(gw)
+    data = os.urandom(4 << 20)
+    s3.put_object(Bucket="ds", Key="main/dedup/one.bin", Body=data)
+    with local(gw) as s:
+        before = s.stats()
+    s3.put_object(Bucket="ds", Key="main/dedup/two.bin", Body=data)  # the same bytes under another name
+    s3.put_object(Bucket="ds", Key="main/dedup/three.bin", Body=data[:2 << 20] + b"edit" + data[2 << 20:])
+    with local(gw) as s:
+        after = s.stats()
+    grown = after["stored_bytes"] - before["stored_bytes"]
+    assert 0 < grown < 400_000, (before, after)  # one edited region's chunks, not 8 MiB
+
+
+def test_bad_bodies_get_s3_errors_and_change_nothing(gw):
+    before = head(gw)
+    body = b"the bytes"
+    h = signed_request(gw, "PUT", "/ds/main/bad.txt", body,
+                       {"Content-MD5": base64.b64encode(hashlib.md5(b"other").digest()).decode()})
+    status, _, text = send(gw, "PUT", "/ds/main/bad.txt", h, body)
+    assert status == 400 and b"<Code>BadDigest</Code>" in text
+    h = signed_request(gw, "PUT", "/ds/main/bad.txt", body)
+    status, _, text = send(gw, "PUT", "/ds/main/bad.txt", h, b"the bytez")  # changed on the way
+    assert status == 400 and b"<Code>XAmzContentSHA256Mismatch</Code>" in text
+    h = signed_request(gw, "PUT", "/ds/main/bad.txt", body, {"x-amz-checksum-crc32": "AAAAAA=="})
+    status, _, text = send(gw, "PUT", "/ds/main/bad.txt", h, body)
+    assert status == 400 and b"<Code>BadDigest</Code>" in text and b"CRC32" in text
+    s3 = client(gw)
+    for key in ("main/a//b.txt", "bad name/x.txt", "ma:in/x.txt", "main/./b.txt", "main/a/../b.txt"):
+        with pytest.raises(ClientError) as e:
+            s3.put_object(Bucket="ds", Key=key, Body=body)
+        assert _code(e) == "InvalidArgument", key
+    assert head(gw) == before
+
+
+def _chunked(gw, key, pieces, tamper=False, trailer_form=False):
+    """A `STREAMING-AWS4-HMAC-SHA256-PAYLOAD` PUT (or the unsigned-trailer form), built here
+    chunk by chunk as the AWS SDKs build it."""
+    data = b"".join(pieces)
+    form = awschunked.UNSIGNED_TRAILER if trailer_form else awschunked.SIGNED
+    extra = {"Content-Encoding": "aws-chunked", "X-Amz-Decoded-Content-Length": str(len(data))}
+    if trailer_form:
+        extra["X-Amz-Trailer"] = "x-amz-checksum-crc32"
+    h = signed_request(gw, "PUT", f"/ds/{key}", headers=extra, payload=form)
+    body = b""
+    if trailer_form:
+        import zlib
+        for p in pieces + [b""]:
+            body += b"%x\r\n" % len(p) + p + (b"\r\n" if p else b"")
+        crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
+        if tamper:
+            crc = "AAAAAA=="
+        body += f"x-amz-checksum-crc32:{crc}\r\n\r\n".encode()
+    else:
+        auth = sigv4.parse_header(h["Authorization"], h["X-Amz-Date"])
+        key_ = sigv4.signing_key(KEYS["writer"], auth.date, auth.region, auth.service)
+        prev = auth.signature
+        for p in pieces + [b""]:
+            sts = awschunked.chunk_string_to_sign(auth.amz_date, auth.scope, prev, hashlib.sha256(p).hexdigest())
+            prev = hmac.new(key_, sts.encode(), hashlib.sha256).hexdigest()
+            sent = p[:-1] + b"X" if tamper and p else p
+            body += b"%x;chunk-signature=%s\r\n" % (len(p), prev.encode()) + sent + b"\r\n"
+    h["Content-Length"] = str(len(body))
+    return send(gw, "PUT", f"/ds/{key}", h, body)
+
+
+def test_aws_chunked_bodies_signed_chunk_by_chunk_and_with_a_trailer(gw):
+    pieces = [os.urandom(65536), os.urandom(65536), os.urandom(1000)]
+    status, headers, text = _chunked(gw, "main/chunked/signed.bin", pieces)
+    assert status == 200, text
+    assert headers["ETag"] == f'"{hashlib.md5(b"".join(pieces)).hexdigest()}"'
+    s3 = client(gw)
+    assert s3.get_object(Bucket="ds", Key="main/chunked/signed.bin")["Body"].read() == b"".join(pieces)
+    status, _, text = _chunked(gw, "main/chunked/trailer.bin", pieces, trailer_form=True)
+    assert status == 200, text
+    assert s3.get_object(Bucket="ds", Key="main/chunked/trailer.bin")["Body"].read() == b"".join(pieces)
+    before = head(gw)
+    status, _, text = _chunked(gw, "main/chunked/tampered.bin", pieces, tamper=True)
+    assert status == 403 and b"<Code>SignatureDoesNotMatch</Code>" in text
+    status, _, text = _chunked(gw, "main/chunked/tampered.bin", pieces, tamper=True, trailer_form=True)
+    assert status == 400 and b"<Code>BadDigest</Code>" in text
+    assert head(gw) == before
+
+
+def test_aws_published_streaming_example_verifies():
+    """AWS's "Signature Calculations for the Authorization Header: Transferring Payload in Multiple
+    Chunks" example: 64 KiB and 1 KiB of 'a', and its published chunk signatures."""
+    signed = sigv4.Signed("AKIAIOSFODNN7EXAMPLE", "20130524", "us-east-1", "s3", (),
+                          "4f232c4386841ef735655705268965c44a0e4690baa4adea153f7db9fa80a0a9", "20130524T000000Z", False)
+    sigs = ["ad80c730a21e5b8d04586a2213dd63b9a0e99e0e2307b0ade35a65485a288648",
+            "0055627c9e194cb4542bae2aa5492e3c1575bbb81b612b7d234b86a503ef5497",
+            "b6c6ea8a5354eaf15b3cb7646744f4275b71ea724fed81ceb9323e279d449df9"]
+    body = b"".join(b"%x;chunk-signature=%s\r\n" % (len(d), s.encode()) + d + b"\r\n"
+                    for d, s in zip([b"a" * 65536, b"a" * 1024, b""], sigs))
+    dec = awschunked.Decoder(awschunked.SIGNED, awschunked.Signer("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", signed),
+                             66560)
+    out = b"".join(b"".join(dec.feed(body[i:i + 5000])) for i in range(0, len(body), 5000))
+    dec.finish()
+    assert out == b"a" * 66560
+    bad = awschunked.Decoder(awschunked.SIGNED, awschunked.Signer("wrong", signed), 66560)
+    with pytest.raises(awschunked.ChunkError):
+        bad.feed(body)
+
+
+def test_folder_markers_store_nothing(gw):
+    s3 = client(gw)
+    before = head(gw)
+    r = s3.put_object(Bucket="ds", Key="main/newdir/", Body=b"")
+    assert r["ETag"] == '"d41d8cd98f00b204e9800998ecf8427e"'
+    assert head(gw) == before
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket="ds", Key="main/newdir/", Body=b"bytes")
+    assert _code(e) == "InvalidArgument"
+
+
+def test_boto3_upload_fileobj_many_at_once_each_lands(gw):
+    s3 = client(gw)
+    files = {f"main/par/{i}.bin": os.urandom(50_000 + i) for i in range(12)}
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(6) as ex:
+        list(ex.map(lambda kv: s3.upload_fileobj(io.BytesIO(kv[1]), "ds", kv[0]), files.items()))
+    for k, v in files.items():
+        assert s3.get_object(Bucket="ds", Key=k)["Body"].read() == v
