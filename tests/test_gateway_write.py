@@ -303,3 +303,133 @@ def test_boto3_upload_fileobj_many_at_once_each_lands(gw):
         list(ex.map(lambda kv: s3.upload_fileobj(io.BytesIO(kv[1]), "ds", kv[0]), files.items()))
     for k, v in files.items():
         assert s3.get_object(Bucket="ds", Key=k)["Body"].read() == v
+
+
+MiB = 1 << 20
+
+
+def _staged(gw, upload: str) -> list[str]:
+    """The objects an upload holds in the store (storage/uploads.py: staging/REPO/UPLOAD/)."""
+    folder = gw.root / "srv" / "staging" / "ds" / upload
+    return sorted(os.listdir(folder)) if folder.exists() else []
+
+
+def test_multipart_is_invisible_until_complete_then_one_commit_and_s3s_etag(gw):
+    s3 = client(gw)
+    before = head(gw)
+    up = s3.create_multipart_upload(Bucket="ds", Key="main/mp/big.bin")["UploadId"]
+    p1, p2, p3 = os.urandom(5 * MiB), os.urandom(5 * MiB), os.urandom(123_456)
+    e1 = s3.upload_part(Bucket="ds", Key="main/mp/big.bin", UploadId=up, PartNumber=1, Body=os.urandom(5 * MiB))["ETag"]
+    e1 = s3.upload_part(Bucket="ds", Key="main/mp/big.bin", UploadId=up, PartNumber=1, Body=p1)["ETag"]  # again: replaces
+    e3 = s3.upload_part(Bucket="ds", Key="main/mp/big.bin", UploadId=up, PartNumber=3, Body=p3)["ETag"]
+    e2 = s3.upload_part(Bucket="ds", Key="main/mp/big.bin", UploadId=up, PartNumber=2, Body=p2)["ETag"]
+    assert e1 == f'"{hashlib.md5(p1).hexdigest()}"'
+    listed = s3.list_parts(Bucket="ds", Key="main/mp/big.bin", UploadId=up)["Parts"]
+    assert [(p["PartNumber"], p["ETag"], p["Size"]) for p in listed] == [(1, e1, 5 * MiB), (2, e2, 5 * MiB),
+                                                                        (3, e3, 123_456)]
+    assert [u["UploadId"] for u in s3.list_multipart_uploads(Bucket="ds")["Uploads"]] == [up]
+    with pytest.raises(ClientError):
+        s3.head_object(Bucket="ds", Key="main/mp/big.bin")  # nothing visible yet
+    assert head(gw) == before and len([n for n in _staged(gw, up) if n.startswith("p-")]) == 3
+    parts = [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}, {"PartNumber": 3, "ETag": e3}]
+    for bad, code in (([parts[1], parts[0], parts[2]], "InvalidPartOrder"),
+                      ([parts[0], {"PartNumber": 2, "ETag": '"%s"' % ("0" * 32)}, parts[2]], "InvalidPart"),
+                      ([parts[0], {**parts[2], "PartNumber": 4}], "InvalidPart")):
+        with pytest.raises(ClientError) as e:
+            s3.complete_multipart_upload(Bucket="ds", Key="main/mp/big.bin", UploadId=up,
+                                         MultipartUpload={"Parts": bad})
+        assert _code(e) == code
+    r = s3.complete_multipart_upload(Bucket="ds", Key="main/mp/big.bin", UploadId=up, MultipartUpload={"Parts": parts})
+    digests = b"".join(hashlib.md5(p).digest() for p in (p1, p2, p3))
+    assert r["ETag"] == f'"{hashlib.md5(digests).hexdigest()}-3"'
+    assert s3.get_object(Bucket="ds", Key="main/mp/big.bin")["Body"].read() == p1 + p2 + p3
+    with local(gw) as s:
+        log = s.log("ds", "main", limit=2)
+        assert log[1]["commit"] == before and log[0]["author"] == "writer"  # one commit
+    assert _staged(gw, up) == [] and s3.list_multipart_uploads(Bucket="ds").get("Uploads", []) == []
+    with pytest.raises(ClientError) as e:
+        s3.upload_part(Bucket="ds", Key="main/mp/big.bin", UploadId=up, PartNumber=4, Body=b"late")
+    assert _code(e) == "NoSuchUpload"
+
+
+def test_multipart_refusals(gw):
+    s3 = client(gw)
+    up = s3.create_multipart_upload(Bucket="ds", Key="main/mp/small.bin")["UploadId"]
+    e1 = s3.upload_part(Bucket="ds", Key="main/mp/small.bin", UploadId=up, PartNumber=1, Body=b"tiny")["ETag"]
+    e2 = s3.upload_part(Bucket="ds", Key="main/mp/small.bin", UploadId=up, PartNumber=2, Body=b"last")["ETag"]
+    with pytest.raises(ClientError) as e:  # every part but the last is at least 5 MiB, as S3
+        s3.complete_multipart_upload(Bucket="ds", Key="main/mp/small.bin", UploadId=up, MultipartUpload={
+            "Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
+    assert _code(e) == "EntityTooSmall"
+    with pytest.raises(ClientError) as e:  # an upload id belongs to its key
+        s3.upload_part(Bucket="ds", Key="main/mp/other.bin", UploadId=up, PartNumber=1, Body=b"x")
+    assert _code(e) == "NoSuchUpload"
+    for n in (0, 10001):
+        with pytest.raises(ClientError) as e:
+            s3.upload_part(Bucket="ds", Key="main/mp/small.bin", UploadId=up, PartNumber=n, Body=b"x")
+        assert _code(e) == "InvalidArgument"
+    with pytest.raises(ClientError) as e:
+        s3.create_multipart_upload(Bucket="ds", Key="v1/x.bin")
+    assert _code(e) == "AccessDenied"
+    with pytest.raises(ClientError) as e:  # another repo's token cannot touch it
+        client(gw, "team-bot").abort_multipart_upload(Bucket="ds", Key="main/mp/small.bin", UploadId=up)
+    assert _code(e) == "AccessDenied"
+    s3.abort_multipart_upload(Bucket="ds", Key="main/mp/small.bin", UploadId=up)
+    assert _staged(gw, up) == []
+    with pytest.raises(ClientError) as e:
+        s3.list_parts(Bucket="ds", Key="main/mp/small.bin", UploadId=up)
+    assert _code(e) == "NoSuchUpload"
+
+
+def test_boto3_managed_upload_and_copy_use_multipart_and_part_copy(gw):
+    from boto3.s3.transfer import TransferConfig
+    s3 = client(gw)
+    cfg = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB, max_concurrency=4)
+    data = os.urandom(12 * MiB + 1000)
+    s3.upload_fileobj(io.BytesIO(data), "ds", "main/mp/managed.bin", Config=cfg)
+    got = s3.head_object(Bucket="ds", Key="main/mp/managed.bin")
+    assert got["ContentLength"] == len(data)
+    s3.copy({"Bucket": "ds", "Key": "main/mp/managed.bin"}, "team", "main/copied.bin", Config=cfg)  # UploadPartCopy
+    assert s3.get_object(Bucket="team", Key="main/copied.bin")["Body"].read() == data
+    log = gw.log_text()
+    assert "PUT /ds/main/mp/managed.bin?uploadId=" in log.replace("partNumber", "").replace("?&", "?") or \
+        "PUT /ds/main/mp/managed.bin?" in log
+    assert "PUT /team/main/copied.bin?" in log and "GET /ds/main/mp/managed.bin" not in log  # no byte went out
+
+
+def test_an_interrupted_upload_leaves_nothing_visible_and_gc_reclaims_its_parts(tmp_path):
+    """Parts are staged, the server is killed in the middle of the next part: nothing is visible;
+    gc keeps a live upload's parts, and deletes them once the upload's marker is stale."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("v1")
+    LocalStore.init(str(tmp_path / "srv"))
+    with Store(str(tmp_path / "srv")) as s:
+        s.push([str(tmp_path / "d")], "cdc://ds/", message="v1")
+        before = s.branches("ds")["main"]
+    port = free_port()
+    srv = ServerProcess(str(tmp_path / "srv"), "--s3-port", str(port)).start()
+    try:
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="any",
+                          aws_secret_access_key="any", region_name="us-east-1")
+        up = s3.create_multipart_upload(Bucket="ds", Key="main/big.bin")["UploadId"]
+        s3.upload_part(Bucket="ds", Key="main/big.bin", UploadId=up, PartNumber=1, Body=os.urandom(5 * MiB))
+        conn = http.client.HTTPConnection(f"127.0.0.1:{port}", timeout=30)  # part 2: half its body, then
+        conn.putrequest("PUT", f"/ds/main/big.bin?uploadId={up}&partNumber=2")  # the server dies
+        conn.putheader("Content-Length", str(5 * MiB))
+        conn.endheaders()
+        conn.send(os.urandom(2 * MiB))
+    finally:
+        srv.kill()
+        srv.stop()
+    staged = tmp_path / "srv" / "staging" / "ds" / up
+    assert any(n.startswith("p-00001-") for n in os.listdir(staged))
+    with Store(str(tmp_path / "srv")) as s:
+        assert s.branches("ds")["main"] == before and [e["name"] for e in s.ls("cdc://ds/")] == ["a.txt"]
+        s.gc(grace=0)
+        assert any(n.startswith("p-00001-") for n in os.listdir(staged))  # a live upload keeps its parts
+        old = os.path.getmtime(staged / "job") - 7 * 3600  # no part for 7 hours: the client is gone
+        for name in os.listdir(staged):
+            os.utime(staged / name, (old, old))
+        plan = s.gc(grace=0)
+        assert not staged.exists() or os.listdir(staged) == [], plan
+        assert s.branches("ds")["main"] == before and s.check()["problems"] == []
