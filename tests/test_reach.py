@@ -104,7 +104,7 @@ def test_a_damaged_tree_is_a_problem_for_check_and_stops_gc(history):
     head = be.get_commit("ds", cids[3])
     path = be.objects.local_path(f"trees/{head.tree[:2]}/{head.tree}")
     os.unlink(path)
-    be._trees.clear()
+    be.metadata._trees.clear()
     problems = check.check(be)["problems"]
     assert any(head.tree in p and "cdc://ds@main" in p for p in problems)
     with pytest.raises(Exception, match=head.tree):

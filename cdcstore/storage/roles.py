@@ -11,11 +11,14 @@ narrowest role it uses; a third party implements a role by shape (these are `typ
 or by subclassing it to inherit the default bodies. What differs between implementations is
 declared in `capabilities` (`BackendCapabilities`), never found by probing the object
 (docs/architecture.md, "Backends and capabilities"; tests/test_roles.py enforces it).
+A store composed of role objects offers their methods as its own with `delegate`.
 """
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
+import operator
 from typing import ContextManager, Iterable, Protocol
 
 from ..core import treeobj
@@ -221,3 +224,25 @@ class Upkeep(Protocol):
         rebuild-index and recover) with its options; its report."""
         raise InvalidAddressError(f"{command} works on a store directory, a bucket or a server, "
                                   f"not {self.location}")
+
+
+def delegate(role: str, *names: str):
+    """A class decorator: each of `names` becomes a method that calls the method of that name
+    of the role object the instance holds at `role` (an attribute path: "packs.anchors"). Thin
+    delegation: the code lives in the role, and callers keep the store's one face."""
+    held = operator.attrgetter(role)
+
+    def forwarder(name: str):
+        def method(self, *args, **kwargs):
+            return getattr(held(self), name)(*args, **kwargs)
+        method.__name__, method.__doc__ = name, f"`self.{role}.{name}`"
+        return method
+
+    def decorate(cls):
+        for name in names:
+            method = forwarder(name)
+            method.__qualname__ = f"{cls.__qualname__}.{name}"
+            setattr(cls, name, method)
+        abc.update_abstractmethods(cls)
+        return cls
+    return decorate

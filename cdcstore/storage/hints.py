@@ -1,0 +1,208 @@
+"""How a bucket store finds chunks without listing it: dedup anchors and location records.
+
+Both are hints a machine follows, never the truth it acknowledges on (DESIGN §9b): an anchor
+names the pack that holds a chunk, whose footer is then read and indexed; a location record
+says where a manifest's chunks are, and a read verifies every chunk it takes from there.
+A directory store has neither (its index sees every pack this machine writes).
+
+    anchors/<ab>/<chunk id>.<pack>     empty objects (core/anchors.py)
+    locations/ab/<manifest>            a manifest's chunk locations (core/locations.py)
+"""
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+from .. import runtime
+from ..core import anchors, locations
+from ..core.errors import CorruptionError
+from ..core.manifest import Manifest
+from ..core.pack import PackEntry
+from .names import locations_name
+from .objects import NotFound, ObjectStore
+
+ANCHORED = "anchored"  # every pack of this store has its dedup anchors (core/anchors.py)
+HINTS_MAX = 4_000_000  # chunk locations kept from location records per process (~1 GB at most)
+
+
+class HintHost(Protocol):
+    """What the hints ask of the store they serve (read at each call: `objects` may be replaced)."""
+
+    objects: ObjectStore
+    shared: bool
+
+
+class Anchors:
+    """The dedup anchors of a bucket store: a push finds the packs that hold what it shares by
+    a listing per anchor, so its cost follows the new data, not the store."""
+
+    def __init__(self, host: HintHost, packs):
+        self._host, self._packs = host, packs  # packs: `packs.Packs` (its index and footers)
+        self._misses: set[bytes] = set()  # anchors looked up in this push and not found
+        self._anchored: bool | None = None
+
+    def forget_misses(self) -> None:
+        """A new push (or a read after a repack) looks up again what was not found."""
+        self._misses.clear()
+
+    def anchored(self) -> bool:
+        """Whether every pack of this store has its anchors (a new bucket store, or an old one
+        after a gc wrote them): then a push needs no index of every chunk."""
+        if self._anchored is None:
+            self._anchored = self._host.objects.exists(ANCHORED)
+        return self._anchored
+
+    def find_anchored(self, unknown: list[bytes]) -> int:
+        """Index the packs that these unknown anchor chunks' anchors name: one listing per
+        anchor and one footer per pack found, 8 at a time, so the cost follows the new data,
+        not the store. A miss (no anchor, or only gone packs) is remembered for the push.
+        Returns how many packs were indexed."""
+        wanted = [c for c in dict.fromkeys(unknown) if c not in self._misses]
+        if not wanted:
+            return 0
+        objects, index = self._host.objects, self._packs.index
+
+        def look(cid: bytes) -> list[str]:
+            found = (anchors.parse(i.name) for i in objects.list(anchors.prefix(cid)))
+            return [a[1] for a in found if a is not None]
+
+        named: dict[str, list[bytes]] = {}
+        for cid, packs in zip(wanted, runtime.pool("io", 8).map(look, wanted)):
+            if not packs:
+                self._misses.add(cid)
+            elif not any(index.has_pack(p) for p in packs):
+                named.setdefault(packs[0], []).append(cid)  # one copy is enough
+
+        def footer(pack: str):
+            try:
+                size = self._packs.pack_size(pack)
+                return size, self._packs.read_pack_index(pack, size)
+            except (NotFound, CorruptionError):
+                return None  # gone (a gc) or damaged (`check` reports it): a miss
+
+        added = 0
+        for pack, got in zip(named, runtime.pool("io", 8).map(footer, list(named))):
+            if got is None:
+                self._misses.update(named[pack])
+                continue
+            self._packs.index.add_pack(pack, got[0], got[1])
+            added += 1
+        return added
+
+    def put_anchors(self, pack: str, chunk_ids: Iterable[bytes]) -> None:
+        """Store the anchors of these chunks of `pack` (a bucket store): empty objects whose
+        names say which pack holds which chunk."""
+        if not self._host.shared:
+            return
+        names = [anchors.name(c, pack) for c in dict.fromkeys(chunk_ids)]
+        if names:
+            objects = self._host.objects
+            list(runtime.pool("io", 8).map(lambda n: objects.put(n, b"", exist_ok=True), names))
+
+    def sweep_anchors(self) -> int:
+        """After a gc deleted or rewrote packs (the index then agrees with the listing): an
+        anchor naming a pack that is gone is deleted, and put again naming the pack that now
+        holds its chunk, if any (a repack). Only names are listed, no object is read.
+        Returns how many anchors were deleted."""
+        if not self._host.shared:
+            return 0
+        objects, index = self._host.objects, self._packs.index
+        live = index.packs()
+        dead = [(i.name, anchors.parse(i.name)) for i in objects.list(anchors.PREFIX)]
+        dead = [(n, a) for n, a in dead if a is None or a[1] not in live]
+        moved: dict[str, list[bytes]] = {}
+        for cid, (pack, _) in index.locate([a[0] for _, a in dead if a is not None]).items():
+            moved.setdefault(pack, []).append(cid)
+        for pack, cids in moved.items():
+            self.put_anchors(pack, cids)
+        list(runtime.pool("io", 8).map(objects.delete, [n for n, _ in dead]))
+        return len(dead)
+
+    def write_all_anchors(self) -> int:
+        """Give every indexed pack the anchors of its rule-picked chunks and mark the store
+        anchored (an old bucket store, once, at a gc that has just brought the index up to the
+        listing; files' first chunks get theirs as their manifests are pushed again).
+        Returns the packs."""
+        if not self._host.shared or self.anchored():
+            return 0
+        by_pack: dict[str, list[bytes]] = {}
+        for pack, e in self._packs.index.all_rows():
+            by_pack.setdefault(pack, [])
+            if anchors.is_anchor(e.chunk_id):
+                by_pack[pack].append(e.chunk_id)
+        for pack, cids in by_pack.items():
+            self.put_anchors(pack, cids)
+        self._host.objects.put(ANCHORED, b"", exist_ok=True)
+        self._anchored = True
+        return len(by_pack)
+
+
+class LocationHints:
+    """Chunk locations read from manifests' location records (a bucket store), kept per process
+    beside the index: a new machine reads a file without listing the bucket or reading any
+    pack footer."""
+
+    def __init__(self, host: HintHost, packs):
+        self._host, self._packs = host, packs  # packs: `packs.Packs` (what its index knows)
+        self._hints: dict[bytes, tuple[str, PackEntry]] = {}  # chunk locations from location records
+        self._hint_packs: set[str] = set()  # the packs they name
+
+    def add(self, wanted: list[bytes], found: dict) -> None:
+        """Into `found`, the hinted locations of the chunks of `wanted` it lacks."""
+        hints = self._hints
+        if hints:
+            found.update((c, hints[c]) for c in wanted if c not in found and c in hints)
+
+    def names(self, pack: str) -> bool:
+        return pack in self._hint_packs
+
+    def in_pack(self, pack: str, start: int, end: int) -> list[PackEntry]:
+        """Hinted chunks of `pack` whose bytes overlap [start, end)."""
+        if pack not in self._hint_packs:
+            return []
+        return [e for p, e in list(self._hints.values())
+                if p == pack and e.offset < end and e.offset + e.stored_len > start]
+
+    def drop_pack(self, pack: str) -> None:
+        """Forget the hints naming a pack found gone."""
+        if pack in self._hint_packs:
+            self._hints = {c: v for c, v in self._hints.items() if v[0] != pack}
+            self._hint_packs.discard(pack)
+
+    def load_locations(self, name: str, manifest: Manifest) -> None:
+        """Learn where a manifest's chunks are from its location record (a bucket store),
+        unless the index knows them all: a new machine reads a file without listing the
+        bucket or reading any pack footer. One GET; a missing or damaged record is no error."""
+        if not self._host.shared or not manifest.chunk_ids:
+            return
+        if len(self._packs.locate_known(list(dict.fromkeys(manifest.chunk_ids)))) == len(set(manifest.chunk_ids)):
+            return
+        try:
+            found = locations.decode(bytes(self._host.objects.get(locations_name(name))), manifest,
+                                     f"location record of manifest {name}")
+        except (NotFound, CorruptionError):
+            return
+        if len(self._hints) > HINTS_MAX:
+            self._hints, self._hint_packs = {}, set()
+        self._hints.update(found)
+        self._hint_packs.update(p for p, _ in found.values())
+
+    def put_locations(self, manifests: list[tuple[str, Manifest]]) -> None:
+        """Write each manifest's location record (a bucket store, all chunks located)."""
+        if not self._host.shared:
+            return
+        objects = self._host.objects
+        where = self._packs.locate_known(list({c for _, m in manifests for c in m.chunk_ids}))
+
+        def put(item):
+            record = locations.encode(item[1], where)
+            if record is not None:
+                objects.put(locations_name(item[0]), record, exist_ok=True)
+            first = item[1].chunk_ids[0] if item[1].size >= anchors.FIRST_MIN else None
+            if first is not None and first in where:  # a large file's first chunk is an anchor (core/anchors.py)
+                objects.put(anchors.name(first, where[first][0]), b"", exist_ok=True)
+
+        if len(manifests) <= 4:
+            for item in manifests:
+                put(item)
+        else:
+            list(runtime.pool("io", 8).map(put, manifests))

@@ -1,0 +1,267 @@
+"""The metadata objects of a store: manifests, trees and commits, immutable and named by their hashes.
+
+`Metadata` plays `roles.MetadataStore` for a `repository.Repository`: it writes each object
+once (one stored before is made young again, so gc's grace window covers it anew), reads it
+checked against its name, keeps decoded trees and manifests (bounded), and says what a commit
+adds to its parent (`new_reach`, asked by `refs.Refs.commit`). Object names (docs/format.md):
+
+    manifests/ab/<name>                    file manifests
+    trees/ab/<name>                        trees (one folder of a format 2 commit)
+    repos/<repo>/commits/<id>.json         commits, named by BLAKE3-256 of their JSON
+
+(storage/meta.py is another thing: the metadata a *process* keeps of any store, remote ones too.)
+"""
+from __future__ import annotations
+
+import collections
+from typing import Protocol
+
+from .. import runtime
+from ..core import ids, treeobj
+from ..core.address import check_name
+from ..core.commit import Commit
+from ..core.errors import CdcError, CorruptionError, RevisionNotFoundError
+from ..core.manifest import LEGACY_MANIFEST_VERSION, Manifest
+from .manifest_file import ManifestFile
+from .names import manifest_name, tree_name
+from .objects import NotFound, ObjectStore
+from .refs import commit_name
+
+TREE_MEMO = 4096  # trees kept decoded per process (immutable: named by their bytes)
+MANIFEST_MEMO_CHUNKS = 1 << 18  # chunk entries of decoded manifests kept per store (~40 MB at most; see `get_manifest`)
+PUT_IDS_MEMO = 1 << 18  # chunk ids of just-stored manifests kept for their commit (about 25 MB at most)
+
+
+class MetadataHost(Protocol):
+    """What `Metadata` asks of the repository it serves (read at each call: `objects` may be
+    replaced): its objects, where chunk locations go (`packs.hints`), and the commit view."""
+
+    objects: ObjectStore
+    location: str
+
+    def get_commit(self, repo: str, commit_id: str) -> Commit: ...
+
+    def view(self, repo: str, commit: Commit) -> treeobj.View: ...
+
+    def bound(self, repo: str, commit: Commit) -> Commit: ...
+
+
+class Metadata:
+    """Manifests, trees and commits of one store (`roles.MetadataStore`)."""
+
+    def __init__(self, host: MetadataHost, hints, refs):
+        self._host = host
+        self._hints = hints  # hints.LocationHints: manifests' location records
+        self._refs = refs  # refs.Refs: a missing commit of a missing repo says so
+        self._trees: dict[str, treeobj.Tree] = {}  # decoded trees (immutable), at most TREE_MEMO
+        self._manifests: collections.OrderedDict[str, Manifest] = collections.OrderedDict()  # `get_manifest`
+        self._manifest_chunks = 0  # chunk entries held by `_manifests`
+        self._manifests_lock = runtime.Lock()
+        self._put_ids: collections.OrderedDict[str, list[bytes]] = collections.OrderedDict()  # see `_written_ids`
+        self._put_ids_count = 0
+        self._put_ids_lock = runtime.Lock()
+
+    @property
+    def objects(self) -> ObjectStore:
+        return self._host.objects
+
+    def _get_named(self, name: str, object_name: str, what: str, missing: Exception) -> bytes:
+        """The bytes of an object, checked against the hash that names it."""
+        try:
+            data = bytes(self.objects.get(object_name))
+        except NotFound:
+            raise missing from None
+        if not ids.matches(data, name):
+            raise CorruptionError(f"{what} does not match its name (damaged)")
+        return data
+
+    # -- manifests ----------------------------------------------------------------------------
+    def has_manifest(self, name: str) -> bool:
+        return self.objects.exists(manifest_name(name))
+
+    def manifests_present(self, repo: str, names: list[str]) -> set[str]:
+        """Which of these manifests are stored (a look at each object; `repo` is not checked)."""
+        names = list(dict.fromkeys(names))
+        found = runtime.pool("io", 8).map(self.has_manifest, names) if len(names) > 1 else map(self.has_manifest, names)
+        return {n for n, ok in zip(names, list(found)) if ok}
+
+    def put_manifest_file(self, name: str, path: str) -> None:
+        """Store a manifest received into a local file (its name checked by the caller); one
+        stored before is made young again, as `put_manifests` does."""
+        if not self.objects.put_file(manifest_name(name), path, exist_ok=True):
+            self.objects.touch(manifest_name(name))
+
+    def manifest_file(self, name: str) -> str | None:
+        return self.objects.local_path(manifest_name(name)) if self.objects.capabilities.local_path else None
+
+    def manifest_bytes(self, name: str) -> bytes:
+        """A stored manifest's bytes as stored (NotFound if absent)."""
+        return bytes(self.objects.get(manifest_name(name)))
+
+    def put_manifest(self, manifest: Manifest) -> str:
+        return self.put_manifests([manifest])[0]
+
+    def put_manifests(self, manifests: list[Manifest]) -> list[str]:
+        """Store many manifests durably (written once each; on a few threads, as each put
+        waits on a disk or a network, not on the GIL)."""
+        encoded = [m.encode() for m in manifests]
+        names = [ids.legacy_hexdigest(d) if m.version == LEGACY_MANIFEST_VERSION else ids.hexdigest(d)
+                 for m, d in zip(manifests, encoded)]
+        todo = dict(zip(names, encoded))
+
+        def put(item):  # one stored before is made young again: gc's grace window covers it anew
+            if not self.objects.put(manifest_name(item[0]), item[1], exist_ok=True):
+                self.objects.touch(manifest_name(item[0]))
+
+        if len(todo) <= 4:
+            for item in todo.items():
+                put(item)
+        else:
+            list(runtime.pool("io", 8).map(put, todo.items()))
+        self._hints.put_locations(list(dict(zip(names, manifests)).items()))
+        self._remember_ids(zip(names, manifests))
+        return names
+
+    def _remember_ids(self, pairs) -> None:
+        """Keep the chunk ids of manifests this process just stored (at most `PUT_IDS_MEMO` ids, the
+        latest), so that the commit naming them need not read them back (one request each on a
+        bucket). Sound whoever stored them: a manifest's name is the hash of the bytes they came from."""
+        with self._put_ids_lock:
+            for name, m in pairs:
+                if name not in self._put_ids:
+                    self._put_ids[name] = m.chunk_ids
+                    self._put_ids_count += len(m.chunk_ids)
+            while self._put_ids_count > PUT_IDS_MEMO and self._put_ids:
+                self._put_ids_count -= len(self._put_ids.popitem(last=False)[1])
+
+    def _written_ids(self, name: str) -> list[bytes] | None:
+        """The chunk ids of a manifest this process stored lately (taken: a commit uses them once)."""
+        with self._put_ids_lock:
+            got = self._put_ids.pop(name, None)
+            if got is not None:
+                self._put_ids_count -= len(got)
+            return got
+
+    def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
+        """A manifest, checked against its name. Decoded manifests are kept (immutable: named by
+        their bytes) up to `MANIFEST_MEMO_CHUNKS` chunk entries in all, least recently used
+        first out: the next range read of a file (the gateway's, a server's) decodes nothing.
+        The bound is in entries, which is what a decoded manifest's memory follows; a larger
+        manifest is decoded for each use and never kept."""
+        with self._manifests_lock:
+            m = self._manifests.get(name)
+            if m is not None:
+                self._manifests.move_to_end(name)
+                return m
+        m = self.read_manifest(name)
+        self._hints.load_locations(name, m)
+        n = len(m.chunk_ids)
+        if n <= MANIFEST_MEMO_CHUNKS // 4:
+            with self._manifests_lock:
+                if name not in self._manifests:
+                    self._manifests[name] = m
+                    self._manifest_chunks += n
+                while self._manifest_chunks > MANIFEST_MEMO_CHUNKS:
+                    _, old = self._manifests.popitem(last=False)
+                    self._manifest_chunks -= len(old.chunk_ids)
+        return m
+
+    def read_manifest(self, name: str) -> Manifest:
+        """A manifest read from the store now (never the memo), checked against its name."""
+        data = self._get_named(name, manifest_name(name), f"manifest {name}",
+                               CorruptionError(f"manifest {name} is missing from {self._host.location}"))
+        return Manifest.decode(data, f"manifest {name}")
+
+    # -- trees ------------------------------------------------------------------------------------
+    def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
+        """Store trees durably, written once each (one stored before is made young again,
+        as a manifest is: gc's grace window covers it anew)."""
+        def put(item):
+            name, tree = item
+            data = tree.encode()
+            if not ids.matches(data, name):
+                raise ValueError(f"tree {name} does not match its bytes")
+            if not self.objects.put(tree_name(name), data, exist_ok=True):
+                self.objects.touch(tree_name(name))
+            self._trees[name] = tree
+
+        if len(trees) <= 4:
+            for item in trees.items():
+                put(item)
+        else:
+            list(runtime.pool("io", 8).map(put, trees.items()))
+
+    def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
+        tree = self._trees.get(name)
+        if tree is None:
+            tree = self.read_tree(name)
+            if len(self._trees) >= TREE_MEMO:
+                self._trees.pop(next(iter(self._trees)))
+            self._trees[name] = tree
+        return tree
+
+    def read_tree(self, name: str) -> treeobj.Tree:
+        """A tree read from the store now (never the memo), checked against its name."""
+        data = self._get_named(name, tree_name(name), f"tree {name}",
+                               CorruptionError(f"tree {name} is missing from {self._host.location}"))
+        return treeobj.Tree.decode(data, f"tree {name}")
+
+    def tree_bytes(self, name: str) -> bytes:
+        """A stored tree's bytes as stored (NotFound if absent)."""
+        return bytes(self.objects.get(tree_name(name)))
+
+    def tree_names(self) -> dict[str, tuple[int, float]]:
+        """Every stored tree: name -> (size, mtime)."""
+        out = {}
+        for info in self.objects.list("trees/"):
+            base = info.name.rsplit("/", 1)[-1]
+            if ids.is_hex_id(base):
+                out[base] = (info.size, info.mtime)
+        return out
+
+    # -- commits, and what a commit adds (asked by `Refs.commit`) ---------------------------------
+    def put_commit(self, commit: Commit) -> str:
+        check_name("repo", commit.repo)
+        data = commit.encode()
+        cid = ids.hexdigest(data)  # BLAKE3: a new commit gets a 64-hex name
+        self.objects.put(commit_name(commit.repo, cid), data, exist_ok=True)
+        return cid
+
+    def get_commit(self, repo: str, commit_id: str) -> Commit:
+        check_name("repo", repo)
+        if not ids.is_hex_id(commit_id):
+            raise RevisionNotFoundError(f"no commit {commit_id!r} in repo {repo!r}")
+        try:
+            data = self._get_named(commit_id, commit_name(repo, commit_id), f"commit {commit_id} in repo {repo!r}",
+                                   RevisionNotFoundError(f"no commit {commit_id} in repo {repo!r}"))
+        except RevisionNotFoundError:
+            self._refs.require_repo(repo)
+            raise
+        return self._host.bound(repo, Commit.decode(data, f"commit {commit_id}"))
+
+    def new_reach(self, commit: Commit) -> tuple[set[str], set[str], set[bytes]]:
+        """The trees and manifests a commit names that its parent does not, and their chunks.
+        Only what is new since the parent is walked: the trees whose ids differ, and the
+        files in them."""
+        host = self._host
+        parent = None
+        if commit.parent:
+            try:
+                pc = host.get_commit(commit.repo, commit.parent)
+                # a format 1 parent's trees were granted to no one: walk all of this commit's
+                parent = host.view(commit.repo, pc) if pc.tree is not None else None
+            except CdcError:
+                pass
+        trees: set[str] = set()
+        view = host.view(commit.repo, commit)
+        changed, _ = treeobj.changes(parent, view, trees)
+        names = {f.manifest for f in changed.values()}
+        chunk_ids: set[bytes] = set()
+        for n in names:  # in slices: memory follows the new distinct chunks, not the manifests' sizes
+            known = self._written_ids(n)
+            if known is not None:  # stored by this process moments ago: not read back
+                chunk_ids.update(known)
+                continue
+            for part in ManifestFile(host, n).scan():
+                chunk_ids.update(part)
+        return trees - set(view.unstored), names, chunk_ids
