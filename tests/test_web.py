@@ -295,3 +295,18 @@ def test_a_revoked_token_stops_at_once(site, tmp_path):
         assert s.get(site.url + "/ui/r/ds/", allow_redirects=False).status_code == 303
     finally:
         tokens.write_text(json.dumps(TOKENS))
+
+
+def test_an_open_server_shows_everything_without_signing_in(tmp_path):
+    (tmp_path / "a.txt").write_text("open\n")
+    LocalStore.init(str(tmp_path / "srv"))
+    with Store(str(tmp_path / "srv")) as s:
+        s.push([str(tmp_path / "a.txt")], "cdc://one/", message="m")
+        s.push([str(tmp_path / "a.txt")], "cdc://two/", message="m")
+    with ServerProcess(str(tmp_path / "srv")) as srv:
+        index = requests.get(srv.url + "/ui/")
+        assert index.status_code == 200 and "open server" in index.text and "sign out" not in index.text
+        assert 'href="/ui/r/one/"' in index.text and 'href="/ui/r/two/"' in index.text
+        assert requests.get(srv.url + "/ui/r/two/raw/main/a.txt").content == b"open\n"
+        assert "no tokens" in requests.get(srv.url + "/ui/login").text
+        assert requests.get(srv.url + "/", allow_redirects=False).headers["Location"] == "/ui/"

@@ -25,6 +25,7 @@ from urllib.parse import quote, urlsplit
 
 from aiohttp import web
 
+from .. import runtime
 from ..core.address import check_name
 from ..core.errors import BusyError, CdcError, InvalidAddressError, RepoNotFoundError, RevisionNotFoundError
 from .app import STORE_ROOTS, HTTPError, sanitize
@@ -135,6 +136,7 @@ class WebView:
         """A page handler (request, grant) -> (title, body HTML), answered as an HTML page; errors
         as HTML pages too; a request without a valid token goes to the sign-in form."""
         async def run(request: web.Request) -> web.Response:
+            runtime.preload("pyarrow.parquet")  # once: a Parquet preview later finds it imported
             try:
                 grant, token, _ = self.grant(request)
             except HTTPError:
@@ -316,7 +318,9 @@ class WebView:
     async def file(self, request, grant):
         repo = self.visible(grant, request.match_info["repo"])
         rev, path = request.match_info["rev"], request.match_info["path"]
-        f = await self.io(self.browse.file, repo, rev, path)
+        parquet = path.lower().endswith(data.PARQUET_SUFFIXES)
+        f, preview = await asyncio.gather(self.io(self.browse.file, repo, rev, path),
+                                          self._parquet(repo, rev, path) if parquet else _nothing())
         e, prev = f["entry"], f["previous"]
         figs = [["size", size(e.size)], ["chunks", f"{f['chunks']:,} ({f['unique_chunks']:,} distinct)"],
                 ["distinct chunk bytes", size(f["unique_bytes"])], ["stored (compressed)", size(f["stored"])],
@@ -335,8 +339,8 @@ class WebView:
                 tag("table", join(*(tag("tr", tag("td", k), tag("td", v)) for k, v in figs)), class_="figs"),
                 tag("p", link(url("r", repo, "raw", rev, path), "raw bytes"), " · ",
                     link(url("r", repo, "log", rev), "log"))]
-        if path.lower().endswith(data.PARQUET_SUFFIXES):
-            body.append(await self._parquet(repo, rev, path))
+        if parquet:
+            body.append(preview)
         return f"{repo}/{path}", join(*body)
 
     async def _parquet(self, repo: str, rev: str, path: str):
@@ -423,6 +427,10 @@ class WebView:
 
 
 Markup = P.Markup
+
+
+async def _nothing() -> str:
+    return ""
 
 
 def _headers() -> dict:

@@ -40,12 +40,15 @@ WALK_CHUNKS_KEPT = 4_000_000  # a chunk set larger than this is not kept (about 
 
 class CountingSource:
     """A chunk source over the store that counts what reads through it fetch (chunks, raw and
-    stored bytes). It declares plain random reads (no runs, no read-into) so that the reader
-    fetches exactly the chunks each read touches."""
+    stored bytes). It declares no capability (no runs, no read-into, no local reads), so the
+    reader fetches exactly the chunks each read touches and locates them by blocks of chunks
+    around them, not the whole file (a 1 GB file's 9,233 chunks: locating all of them took as
+    long as the rest of the preview)."""
 
     def __init__(self, store):
         self.store = store
-        self.capabilities = BackendCapabilities(local_reads=store.capabilities.local_reads)
+        # declared remote-like: the reader locates the blocks of chunks it reads, not the whole file
+        self.capabilities = BackendCapabilities()
         self.chunks = self.raw_bytes = self.stored_bytes = self.calls = 0
 
     def locate(self, chunk_ids, repo=None):
