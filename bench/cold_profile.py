@@ -43,7 +43,7 @@ def staged_read(url: str, commit: str, files: list[str], cache_path: str) -> dic
             c = time.perf_counter()
             st["metadata"] += c - a
             with s.reader("bench", m, p) as f:
-                f._locate(list(range(len(m.chunk_ids))))
+                f._plan.locate(list(range(len(m.chunk_ids))))
                 d = time.perf_counter()
                 st["locate"] += d - c
                 data = f.read()  # fetch, verify, place into one buffer (storage/reader.py _pread_direct)

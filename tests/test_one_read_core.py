@@ -22,7 +22,7 @@ from cdcstore import Store
 from cdcstore.core.address import parse
 from cdcstore.core.commit import FileEntry
 from cdcstore.core.manifest import ChunkIds, Manifest
-from cdcstore.storage import reader as reader_mod
+from cdcstore.storage import fileplan
 from cdcstore.storage.repository import LocalStore
 from cdcstore.testing import free_port
 from server_util import ServerProcess
@@ -61,8 +61,8 @@ def _store_with_file(tmp_path, size: int, seed: int = 5) -> tuple[str, bytes]:
 
 
 def test_a_file_planned_in_segments_reads_every_range_right(tmp_path, monkeypatch):
-    monkeypatch.setattr(reader_mod, "PLAN_CHUNKS", 7)  # segments of 7 chunks: many segment edges
-    monkeypatch.setattr(reader_mod, "PLAN_SEGMENTS_KEPT", 2)
+    monkeypatch.setattr(fileplan, "PLAN_CHUNKS", 7)  # segments of 7 chunks: many segment edges
+    monkeypatch.setattr(fileplan, "PLAN_SEGMENTS_KEPT", 2)
     store, data = _store_with_file(tmp_path, 6 << 20)
     rnd = random.Random(1)
     with Store(store) as s:
@@ -73,7 +73,7 @@ def test_a_file_planned_in_segments_reads_every_range_right(tmp_path, monkeypatc
                 lo = rnd.randrange(len(data))
                 n = rnd.choice([1, 100, 70_000, 300_000, 2 << 20])
                 assert f.pread(lo, n) == data[lo:lo + n]
-            assert len(f._segs) <= 2
+            assert len(f._plan._segs) <= 2
             f.seek(0)
             got = b"".join(iter(lambda: f.read(65536), b""))  # the window path
             assert got == data

@@ -31,15 +31,11 @@ from concurrent.futures import Future
 
 from .. import runtime
 from ..core.errors import CorruptionError, PackMissingError
-from ..core.ids import digest
 from ..core.manifest import Manifest
-from ..core.pack import CODEC_RAW, PackEntry
-from ..core.ranges import Run, file_runs
+from .fileplan import FilePlan
 from .roles import ChunkSource
 
 
-LOCATE_ALL_CHUNKS = 65536  # local files up to ~4 GiB are located in one go at their first read
-LOCATE_BLOCK = 512  # chunks located together on a server (~32 MiB of file)
 READ_THREADS = max(8, 2 * (os.cpu_count() or 2))  # tasks wait on the network or decode (GIL released)
 
 
@@ -51,48 +47,6 @@ DIRECT_MIN = 1024 * 1024  # reads this large land straight in their result (see 
 WINDOW = 4 * 1024 * 1024  # small sequential reads of a local store are served from a window this large
 RUNS_MIN = 256 * 1024  # local reads this large land in their result run by run (see `_pread_runs`)
 PARALLEL_DECODE_MIN = 2 * 1024 * 1024  # compressed chunks of a read this large decode on two threads
-RUN_PIECE = 1024 * 1024  # bytes read at once before they are hashed (still in the CPU's cache)
-PLANS_MAX_RUNS = 1 << 16  # runs of the file plans kept per local store
-PLAN_CHUNKS = 1 << 16  # a local file is planned in segments of this many chunks (~4 GiB), located when first read
-PLAN_SEGMENTS_KEPT = 4  # segments' plans a reader keeps (a scan moves on; a segment holds at most PLAN_CHUNKS runs)
-
-
-class _Plans:
-    """Each local store's file plans (`file_runs`) by their file's chunk list, kept while
-    the store's index is unchanged (`index_stamp`): a file opened again reads without
-    locating. Bounded by runs (a file written by one push has a few runs per pack)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._by_source: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-    def get(self, source, key: bytes, stamp) -> tuple | None:
-        with self._lock:
-            plans = self._by_source.get(source)
-            got = plans.get(key) if plans is not None else None
-            if got is None or got[0] != stamp:
-                return None
-            plans.move_to_end(key)
-            return got[1]
-
-    def put(self, source, key: bytes, stamp, plan: tuple, size: int) -> None:
-        with self._lock:
-            plans = self._by_source.setdefault(source, collections.OrderedDict())
-            plans[key] = (stamp, plan, size)
-            plans.move_to_end(key)
-            while plans and sum(p[2] for p in plans.values()) > PLANS_MAX_RUNS:
-                plans.popitem(last=False)  # a plan larger than the bound is not kept at all
-
-    def drop(self, source, key: bytes) -> None:
-        with self._lock:
-            plans = self._by_source.get(source)
-            if plans is not None:
-                plans.pop(key, None)
-
-
-def _plans() -> _Plans:
-    """This process's file plans (a forked child starts with none, and a fresh lock)."""
-    return runtime.per_process(_Plans, _Plans)
 
 
 @functools.lru_cache(maxsize=1)
@@ -190,7 +144,7 @@ class FileReader(io.RawIOBase):
         self._repo = repo
         self.name = name
         self._pos = 0
-        self._locs: dict[bytes, tuple[str, object]] = locations if locations is not None else {}  # may be shared
+        self._plan = FilePlan(source, manifest, name, repo, locations)  # where the chunks are
         self._lru: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._lru_cap = cache_chunks
         self._pending: dict[int, Future] = {}
@@ -203,7 +157,6 @@ class FileReader(io.RawIOBase):
         self._streak = readahead_bytes if sequential else 0  # bytes read back to back so far
         self._handed = False  # pyarrow reads through this file (`read_buffer`)
         self._by_runs = source.capabilities.reads_runs  # a local store: see `_pread_runs`
-        self._segs: collections.OrderedDict[int, tuple] = collections.OrderedDict()  # see `_runs`
         self._lock = runtime.Lock(reentrant=True)  # one read at a time (`pread`, `read`, `close`)
 
     # -- io.RawIOBase ---------------------------------------------------------------
@@ -372,18 +325,18 @@ class FileReader(io.RawIOBase):
                 places.setdefault(ids[i], []).append((cs + lo - offset, lo, hi))
         if places:
             wanted = [i for i in span if ids[i] in places]
-            self._locate(wanted)
-            self._check_lengths(span)
+            self._plan.locate(wanted)
+            self._plan.check_lengths(span)
             for attempt in (1, 2):
                 try:
-                    self._src.read_chunks_into([self._location(cid) for cid in places], places, out, self._repo,
+                    self._src.read_chunks_into([self._plan.location(cid) for cid in places], places, out, self._repo,
                                                keep=memoryview(result) if result is not None else out)
                     break
                 except PackMissingError:  # a gc moved them since they were located: locate again, once
                     if attempt == 2:
                         raise
-                    self._relocate(wanted)
-                    self._check_lengths(span)
+                    self._plan.relocate(wanted)
+                    self._plan.check_lengths(span)
         del out
         if result is None:
             return None
@@ -409,7 +362,7 @@ class FileReader(io.RawIOBase):
         try:
             self._fill(offset, end, out)
         except PackMissingError:
-            self._relocate(())
+            self._plan.relocate(())
             self._fill(offset, end, out)
         del out
         if result is None:
@@ -447,7 +400,7 @@ class FileReader(io.RawIOBase):
         """Whole chunks [first, stop) into `out` (which holds the file from byte `base`).
         Raw runs are read in this thread (splitting them over two was measured slower);
         compressed chunks are decoded half here, half on the read-ahead pool."""
-        pieces, packed = self._pieces(first, stop)
+        pieces, packed = self._plan.pieces(first, stop)
         ends, lens = self._m.ends, self._m.lengths
         half = None
         if len(packed) >= 2 and sum(lens[i] for i in packed) >= PARALLEL_DECODE_MIN:
@@ -465,34 +418,6 @@ class FileReader(io.RawIOBase):
             if half is not None and not half.done():
                 half.cancel()
 
-    def _pieces(self, first: int, stop: int) -> tuple[list[tuple], list[int]]:
-        """Chunks [first, stop) as reads of pack ranges of at most `RUN_PIECE` bytes (pack,
-        offset, first chunk, stop chunk, their checksums or None), and the compressed chunks
-        among them."""
-        lens, ends = self._m.lengths, self._m.ends
-        pieces, packed = [], []
-        for seg in range(first // PLAN_CHUNKS, (stop - 1) // PLAN_CHUNKS + 1):
-            base = seg * PLAN_CHUNKS
-            lo, hi = max(first, base), min(stop, base + PLAN_CHUNKS)
-            runs, firsts = self._runs(seg)
-            k = bisect.bisect_right(firsts, lo - base) - 1
-            while k < len(runs) and base + runs[k].first < hi:
-                r = runs[k]
-                k += 1
-                r_first = base + r.first
-                if r.entry is not None:
-                    packed.append(r_first)
-                    continue
-                run_start = ends[r_first] - lens[r_first]
-                i, b = max(r_first, lo), min(base + r.stop, hi)
-                while i < b:
-                    start = ends[i] - lens[i]
-                    j = max(i + 1, bisect.bisect_right(ends, start + RUN_PIECE, i, b))
-                    checks = r.checks[i - r_first:j - r_first] if r.checks is not None else None
-                    pieces.append((r.pack, r.offset + start - run_start, i, j, checks))
-                    i = j
-        return pieces, packed
-
     def _read_pieces(self, pieces: list, base: int, out: memoryview) -> None:
         """Each piece read straight into its place in `out` and checked there (against the
         pack entries' checksums: the store's own packs, docs/architecture.md "Trust model")."""
@@ -501,85 +426,6 @@ class FileReader(io.RawIOBase):
         for pack, offset, i, j, checks in pieces:
             at = ends[i] - lens[i] - base
             read(pack, offset, out[at:ends[j - 1] - base], ids[i:j], lens[i:j], checks)
-
-    def _runs(self, seg: int, fresh: bool = False) -> tuple[list[Run], list[int]]:
-        """The runs (`file_runs`, chunk indices counted from the segment's first) of segment
-        `seg` of the file (chunks [seg * PLAN_CHUNKS, (seg + 1) * PLAN_CHUNKS)) and their first
-        chunks: located in one batch at its first read (chunks the reader was given locations
-        of are not asked again, unless `fresh`), or taken from a file opened before while the
-        index is unchanged. A file of any size costs a read at most a segment's plan, and a
-        reader keeps the plans of `PLAN_SEGMENTS_KEPT` segments."""
-        plan = self._segs.get(seg)
-        if plan is not None:
-            self._segs.move_to_end(seg)
-            return plan
-        base = seg * PLAN_CHUNKS
-        ids = self._m.chunk_ids[base:base + PLAN_CHUNKS]
-        key, stamp = self._plan_key(ids), self._src.index_stamp()  # the stamp before locating
-        plan = None if fresh else _plans().get(self._src, key, stamp)
-        if plan is None:
-            wanted = list(dict.fromkeys(ids))
-            known = {} if fresh else {c: self._locs[c] for c in wanted if c in self._locs}
-            missing = [c for c in wanted if c not in known]
-            located = known | self._src.locate(missing, self._repo) if missing else known
-            for cid in missing:
-                if cid not in located:
-                    raise self._not_in_store(cid)
-            self._locs.update(located)  # a pull shares them between its files
-            self._check_lengths(range(base, base + len(ids)))
-            runs = file_runs(ids, located)
-            plan = (runs, [r.first for r in runs])
-            if not known:  # all located now: true while the stamp holds
-                _plans().put(self._src, key, stamp, plan, len(runs))
-        self._segs[seg] = plan
-        while len(self._segs) > PLAN_SEGMENTS_KEPT:
-            self._segs.popitem(last=False)
-        return plan
-
-    @staticmethod
-    def _plan_key(ids: list[bytes]) -> bytes:
-        """A segment's chunk list, hashed (the key of its plan)."""
-        return digest(b"".join(ids))
-
-    def _relocate(self, indices) -> None:
-        """Locate chunks again (a pack named by their old location is gone)."""
-        if self._by_runs:
-            ids = self._m.chunk_ids
-            segs = sorted({i // PLAN_CHUNKS for i in indices} | set(self._segs)) or [0]
-            for seg in segs:
-                _plans().drop(self._src, self._plan_key(ids[seg * PLAN_CHUNKS:(seg + 1) * PLAN_CHUNKS]))
-            self._segs.clear()
-            for seg in segs:
-                self._runs(seg, fresh=True)
-        else:
-            ids = self._m.chunk_ids
-            self._locs.update(self._src.locate(list(dict.fromkeys(ids[i] for i in indices)), self._repo))
-
-    def _item(self, i: int) -> tuple[str, PackEntry]:
-        """Where chunk i lives (from the runs, on a local store)."""
-        if not self._by_runs:
-            return self._location(self._m.chunk_ids[i])
-        seg = i // PLAN_CHUNKS
-        base = seg * PLAN_CHUNKS
-        runs, firsts = self._runs(seg)
-        r = runs[bisect.bisect_right(firsts, i - base) - 1]
-        if r.entry is not None:
-            return r.pack, r.entry
-        ends, lens, r_first = self._m.ends, self._m.lengths, base + r.first
-        offset = r.offset + (ends[i] - lens[i]) - (ends[r_first] - lens[r_first])
-        check = r.checks[i - r_first] if r.checks is not None else None
-        return r.pack, PackEntry(self._m.chunk_ids[i], offset, lens[i], lens[i], CODEC_RAW, check)
-
-    def _location(self, cid: bytes):
-        loc = self._locs.get(cid)
-        if loc is None:
-            raise self._not_in_store(cid)
-        return loc
-
-    def _not_in_store(self, cid: bytes) -> CorruptionError:
-        return CorruptionError(f"chunk {cid.hex()} of {self.name or 'file'} is not in the store (a damaged "
-                               f"copy was dropped, or the index lacks it): run `cdcstore check`, which names "
-                               f"the files affected and the fix")
 
     def pieces(self, offset: int, length: int) -> list:
         """The bytes [offset, offset+length) as a list of bytes-like pieces (views of
@@ -631,7 +477,7 @@ class FileReader(io.RawIOBase):
                     fut.cancel()
         need = [i for i in span if i not in self._lru and i not in self._pending]
         later = [i for i in ahead if i not in self._lru and i not in self._pending]
-        self._locate(need + later)
+        self._plan.locate(need + later)
         pool = _prefetch_pool()
         group: list[int] = []
         size = 0
@@ -662,58 +508,22 @@ class FileReader(io.RawIOBase):
         while len(self._lru) > self._lru_cap:
             self._lru.popitem(last=False)
 
-    def _locate(self, indices: list[int]) -> None:
-        """Learn where chunks live. A local store locates the whole file at the first
-        read (one batched lookup, so later reads need none); a server is asked for the
-        aligned blocks of `LOCATE_BLOCK` chunks that hold what this read and its
-        read-ahead need (locating a whole 1 GB file would cost ~1 MB; a block ~28 KB)."""
-        ids = self._m.chunk_ids
-        if self._by_runs:
-            for seg in sorted({i // PLAN_CHUNKS for i in indices}):
-                self._runs(seg)
-            return
-        if self._src.capabilities.local_reads:
-            if not self._locs and len(ids) <= LOCATE_ALL_CHUNKS:
-                indices = range(len(ids))
-        else:
-            blocks = sorted({i // LOCATE_BLOCK for i in indices if ids[i] not in self._locs})
-            indices = [k for b in blocks for k in range(b * LOCATE_BLOCK, min(len(ids), (b + 1) * LOCATE_BLOCK))]
-        missing = [c for c in dict.fromkeys(ids[i] for i in indices) if c not in self._locs]
-        if missing:
-            self._locs.update(self._src.locate(missing, self._repo))
-        self._check_lengths(indices)
-
-    def _check_lengths(self, indices) -> None:
-        """The manifest's length of each chunk is the one its pack entry records: a manifest that
-        lists a chunk longer or shorter than it is (damaged or forged) fails the read, never
-        gives a short or padded file."""
-        ids, lens, locs = self._m.chunk_ids, self._m.lengths, self._locs
-        for i in indices:
-            loc = locs.get(ids[i])
-            if loc is not None and loc[1].raw_len != lens[i]:
-                raise CorruptionError(
-                    f"{self.name or 'file'}: its manifest lists chunk {i} ({ids[i].hex()[:16]}...) as {lens[i]} "
-                    f"bytes, but that chunk holds {loc[1].raw_len}: the manifest is damaged; the file cannot be read")
-
     def _fetch(self, indices: list[int]) -> dict[int, bytes]:
         """Chunks by index, verified; a pack gone since they were located (a gc moved
         them) makes them located again, once."""
         try:
             return self._fetch_once(indices)
         except PackMissingError:
-            self._relocate(indices)
+            self._plan.relocate(indices)
             return self._fetch_once(indices)
 
     def _fetch_once(self, indices: list[int]) -> dict[int, bytes]:
         ids = self._m.chunk_ids
-        items = {}
-        for i in indices:
-            items[ids[i]] = self._item(i)
-        data = self._src.read_chunks(list(items.values()), self._repo)
+        data = self._src.read_chunks(self._plan.items(indices), self._repo)
         out = {i: data[ids[i]] for i in indices}
         for i, chunk in out.items():  # whatever the source: never a short (or long) chunk
             if len(chunk) != self._m.lengths[i]:
-                self._check_lengths([i])
+                self._plan.check_lengths([i])
                 raise CorruptionError(f"{self.name or 'file'}: chunk {i} ({ids[i].hex()[:16]}...) holds "
                                       f"{len(chunk)} bytes, its manifest says {self._m.lengths[i]}: the manifest "
                                       f"is damaged; the file cannot be read")
