@@ -4,6 +4,7 @@ is compared: status, error code, body, and the headers clients act on (Content-L
 Content-Range, Content-Type), listings key by key. The differences are printed; only those
 docs/gateway.md lists as intended may remain (`INTENDED`)."""
 import email.utils
+import hashlib
 import http.client
 import time
 import xml.etree.ElementTree as ET
@@ -227,3 +228,132 @@ def test_paging_walks_the_same_keys(sides):
         gw_keys, gw_pages = walk(sides["gateway"], v2)
         assert gw_keys == s3_keys and gw_pages == s3_pages
         assert len(s3_keys) == len(FILES)
+
+
+# -- writes (issue 35): the same boto3 calls to moto and to the gateway, answers compared ------------------
+MiB = 1 << 20
+# differences docs/gateway.md names as intended for writes: (case name prefix, field) -> why
+WRITE_INTENDED = {
+    ("get", "ETag"): "a GET's ETag is the file's manifest id (docs/gateway.md); PUT and Complete answer S3's MD5 forms",
+    ("copy", "copy etag"): "a copy answers the source's ETag as a GET of it does (the manifest id)",
+}
+# where moto answers otherwise than AWS S3 documents, AWS's answer stands in (moto is not sent the case)
+WRITE_AWS_SAYS = {
+    "put bad md5": ({"status": 400, "code": "BadDigest"}, "moto does not check Content-MD5"),
+    "complete out of order": ({"status": 400, "code": "InvalidPartOrder"}, "moto completes parts in any order"),
+    "complete wrong etag": ({"status": 400, "code": "InvalidPart"}, "moto completes with a part's ETag wrong"),
+    "part after complete": ({"status": 404, "code": "NoSuchUpload"}, "moto answers 500 (a traceback)"),
+}
+
+
+def _answer(call) -> dict:
+    """What a client acts on: status, error code, ETag (and, for listings, the keys)."""
+    from botocore.exceptions import ClientError
+    try:
+        r = call()
+    except ClientError as e:
+        return {"status": e.response["ResponseMetadata"]["HTTPStatusCode"], "code": e.response["Error"]["Code"]}
+    out = {"status": r["ResponseMetadata"]["HTTPStatusCode"]}
+    for k in ("ETag",):
+        if k in r:
+            out[k] = r[k]
+    if "Body" in r:
+        out["body"] = hashlib.sha256(r["Body"].read()).hexdigest()
+    if "Contents" in r or "KeyCount" in r:
+        out["keys"] = [(o["Key"], o["Size"]) for o in r.get("Contents", [])]
+    if "Deleted" in r or "Errors" in r:
+        out["deleted"] = sorted(d["Key"] for d in r.get("Deleted", []))
+        out["errors"] = sorted((d["Key"], d["Code"]) for d in r.get("Errors", []))
+    if "Parts" in r:
+        out["parts"] = [(p["PartNumber"], p["ETag"], p["Size"]) for p in r["Parts"]]
+    if "CopyObjectResult" in r:
+        out["copy etag"] = r["CopyObjectResult"]["ETag"]
+    return out
+
+
+def write_cases(s3, bucket: str, reference: bool = False) -> list[tuple[str, dict]]:
+    """The write operations, in order, each with what it answered; later reads check what landed.
+    On the `reference` side (moto) a case of WRITE_AWS_SAYS is not sent: AWS's answer stands in."""
+    import base64
+    rng = __import__("random").Random(35)
+    big = [rng.randbytes(5 * MiB), rng.randbytes(5 * MiB), rng.randbytes(70_000)]
+    out = []
+
+    def case(name, call):
+        out.append((name, WRITE_AWS_SAYS[name][0] if reference and name in WRITE_AWS_SAYS else _answer(call)))
+
+    case("put", lambda: s3.put_object(Bucket=bucket, Key="main/w/a.txt", Body=b"alpha\n" * 100))
+    case("put md5", lambda: s3.put_object(Bucket=bucket, Key="main/w/b.txt", Body=b"beta",
+                                          ContentMD5=base64.b64encode(hashlib.md5(b"beta").digest()).decode()))
+    case("put bad md5", lambda: s3.put_object(Bucket=bucket, Key="main/w/c.txt", Body=b"gamma",
+                                              ContentMD5=base64.b64encode(hashlib.md5(b"x").digest()).decode()))
+    case("put empty", lambda: s3.put_object(Bucket=bucket, Key="main/w/empty.bin", Body=b""))
+    case("put replace", lambda: s3.put_object(Bucket=bucket, Key="main/w/a.txt", Body=b"alpha v2\n"))
+    case("get replaced", lambda: s3.get_object(Bucket=bucket, Key="main/w/a.txt"))
+    case("copy", lambda: s3.copy_object(Bucket=bucket, Key="main/w/copy.txt", CopySource=f"{bucket}/main/w/b.txt"))
+    case("copy missing", lambda: s3.copy_object(Bucket=bucket, Key="main/w/x.txt",
+                                                CopySource=f"{bucket}/main/w/nothing.txt"))
+    case("get copy", lambda: s3.get_object(Bucket=bucket, Key="main/w/copy.txt"))
+    case("delete", lambda: s3.delete_object(Bucket=bucket, Key="main/w/b.txt"))
+    case("delete missing", lambda: s3.delete_object(Bucket=bucket, Key="main/w/never.txt"))
+    case("get deleted", lambda: s3.get_object(Bucket=bucket, Key="main/w/b.txt"))
+    for i in range(3):
+        case(f"put many {i}", lambda i=i: s3.put_object(Bucket=bucket, Key=f"main/many/{i}.txt", Body=b"%d" % i))
+    case("delete objects", lambda: s3.delete_objects(Bucket=bucket, Delete={"Objects": [
+        {"Key": "main/many/0.txt"}, {"Key": "main/many/2.txt"}, {"Key": "main/many/none.txt"}]}))
+    up = s3.create_multipart_upload(Bucket=bucket, Key="main/mp/big.bin")["UploadId"]
+    tags = []
+    for n, part in enumerate(big, 1):
+        r = _answer(lambda: s3.upload_part(Bucket=bucket, Key="main/mp/big.bin", UploadId=up, PartNumber=n,
+                                           Body=part))
+        out.append((f"upload part {n}", r))
+        tags.append({"PartNumber": n, "ETag": r.get("ETag")})
+    case("list parts", lambda: s3.list_parts(Bucket=bucket, Key="main/mp/big.bin", UploadId=up))
+    case("get before complete", lambda: s3.get_object(Bucket=bucket, Key="main/mp/big.bin"))
+    case("complete out of order", lambda: s3.complete_multipart_upload(
+        Bucket=bucket, Key="main/mp/big.bin", UploadId=up, MultipartUpload={"Parts": [tags[1], tags[0], tags[2]]}))
+    case("complete wrong etag", lambda: s3.complete_multipart_upload(
+        Bucket=bucket, Key="main/mp/big.bin", UploadId=up,
+        MultipartUpload={"Parts": [tags[0], {"PartNumber": 2, "ETag": '"%s"' % ("0" * 32)}, tags[2]]}))
+    case("complete", lambda: s3.complete_multipart_upload(Bucket=bucket, Key="main/mp/big.bin", UploadId=up,
+                                                          MultipartUpload={"Parts": tags}))
+    case("get completed", lambda: s3.get_object(Bucket=bucket, Key="main/mp/big.bin"))
+    case("part after complete", lambda: s3.upload_part(Bucket=bucket, Key="main/mp/big.bin", UploadId=up,
+                                                       PartNumber=4, Body=b"late"))
+    small = s3.create_multipart_upload(Bucket=bucket, Key="main/mp/small.bin")["UploadId"]
+    t1 = s3.upload_part(Bucket=bucket, Key="main/mp/small.bin", UploadId=small, PartNumber=1, Body=b"a")["ETag"]
+    t2 = s3.upload_part(Bucket=bucket, Key="main/mp/small.bin", UploadId=small, PartNumber=2, Body=b"b")["ETag"]
+    case("complete too small", lambda: s3.complete_multipart_upload(
+        Bucket=bucket, Key="main/mp/small.bin", UploadId=small,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": t1}, {"PartNumber": 2, "ETag": t2}]}))
+    case("abort", lambda: s3.abort_multipart_upload(Bucket=bucket, Key="main/mp/small.bin", UploadId=small))
+    case("list parts aborted", lambda: s3.list_parts(Bucket=bucket, Key="main/mp/small.bin", UploadId=small))
+    case("list after writes", lambda: s3.list_objects_v2(Bucket=bucket, Prefix="main/"))
+    return out
+
+
+def test_writes_answer_as_s3_does(tmp_path, s3_endpoint):
+    (tmp_path / "seed").mkdir()
+    (tmp_path / "seed" / "keep.txt").write_bytes(b"kept")
+    LocalStore.init(str(tmp_path / "st"))
+    with Store(str(tmp_path / "st")) as s:
+        s.push([str(tmp_path / "seed")], "cdc://wds/", message="seed")
+    kw = dict(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
+    moto = boto3.client("s3", endpoint_url=s3_endpoint, **kw)
+    moto.create_bucket(Bucket="wds")
+    moto.put_object(Bucket="wds", Key="main/keep.txt", Body=b"kept")
+    port = free_port()
+    srv = ServerProcess(str(tmp_path / "st"), "--s3-port", str(port)).start()
+    try:
+        gateway = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", **kw)
+        want, got = write_cases(moto, "wds", reference=True), write_cases(gateway, "wds")
+    finally:
+        srv.stop()
+    diffs = []
+    for (name, a), (_, b) in zip(want, got):
+        for field in sorted(set(a) | set(b)):
+            intended = any(name.startswith(case) and field == f for case, f in WRITE_INTENDED)
+            if a.get(field) != b.get(field) and not intended:
+                diffs.append(f"{name}: {field}: S3 {a.get(field)!r}, gateway {b.get(field)!r}")
+    print("\n".join(diffs))
+    assert len(want) == len(got) >= 30 and diffs == []
