@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from .api import Store
-from .core.address import Address
+from .core.address import DEFAULT_BRANCH, Address
 from .core.commit import FileEntry, check_author
 from .core.errors import ConflictError, NotFoundError, PathNotFoundError
 
@@ -67,6 +67,10 @@ class Publisher:
                 continue
             return result.commit if result.changed else None
         return None
+
+    def create(self, repo: str, author: str) -> str:
+        """A new repo: an empty first commit on the default branch (S3 CreateBucket)."""
+        return self._store(author).commit_files(repo, DEFAULT_BRANCH, [], "create repo (S3 CreateBucket)").commit
 
     def stage(self, repo: str, job: str, entries: dict[str, FileEntry], removed: Iterable[str]) -> None:
         """Add stored files (and removals) to job `job`'s journal (opened if new): no commit."""

@@ -433,3 +433,15 @@ def test_an_interrupted_upload_leaves_nothing_visible_and_gc_reclaims_its_parts(
         plan = s.gc(grace=0)
         assert not staged.exists() or os.listdir(staged) == [], plan
         assert s.branches("ds")["main"] == before and s.check()["problems"] == []
+
+
+def test_create_bucket_makes_a_repo_with_an_empty_first_commit(gw):
+    s3 = client(gw)
+    s3.create_bucket(Bucket="fresh")
+    s3.create_bucket(Bucket="fresh")  # one's own bucket again: 200 (as S3 in us-east-1)
+    assert s3.list_objects_v2(Bucket="fresh", Prefix="main/")["KeyCount"] == 0
+    with pytest.raises(ClientError) as e:
+        client(gw, "team-bot").create_bucket(Bucket="not-theirs")
+    assert _code(e) == "AccessDenied"
+    with local(gw) as s:
+        assert "not-theirs" not in s.repos() and s.log("fresh", "main")[0]["author"] == "writer"

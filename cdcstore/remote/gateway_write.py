@@ -163,10 +163,9 @@ class GatewayWrites:
         if request.method == "POST" and "delete" in query:
             return await self.delete_objects(request, grant, bucket)
         if request.method == "PUT" and not query:  # CreateBucket
-            if await self.io(self.store.has_repo, bucket):
-                return web.Response(headers={"Location": f"/{bucket}", "Content-Length": "0"})
-            raise S3Error(501, "NotImplemented", f"repo {bucket!r} does not exist: a repo is made by its first "
-                                                 f"write (PUT an object to {bucket}/main/PATH) or push")
+            if not await self.io(self.store.has_repo, bucket):  # S3 in us-east-1: 200 for one's own bucket
+                await self.io(self.publisher.create, bucket, self.author(request, grant))
+            return web.Response(headers={"Location": f"/{bucket}", "Content-Length": "0"})
         raise S3Error(501, "NotImplemented", f"{request.method} of a bucket{' with ?' + next(iter(query)) if query else ''}"
                                              f" is not served by this gateway (repos are deleted with "
                                              f"`cdcstore delete-repo`)")
