@@ -46,10 +46,12 @@ from ..core.commit import Commit
 from ..core.errors import CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
+from . import cache_tables
+from .eviction import Eviction
 from .segments import SEGMENT_BYTES, Segments
 from . import meta
 from .meta import HEAD_TTL
-from .sqlite import Connections, is_closed_error
+from .sqlite import Connections, ints, is_closed_error
 from .backend import Backend, BackendCapabilities
 from .overlay import Held, Overlay
 
@@ -57,13 +59,11 @@ ENV_CACHE = settings.CACHE.name
 ENV_CACHE_SIZE = settings.CACHE_SIZE.name
 DEFAULT_MAX_BYTES = 20 * 1024**3
 TOUCH_EVERY = 60.0  # seconds between recency updates of one entry
-HOT_SHARE = 0.8  # share of the budget hot (read twice) entries may keep
 PUT_TXN_BYTES = 2 * 1024 * 1024  # bytes a background write holds the write lock for, at most
 PENDING_BYTES = 256 * 1024 * 1024  # background cache writes waiting at most (then readers wait)
 TAG_PREFIX = "tag/"  # heads rows of tags (kept without a time limit: tags never move)
 RECENT_IDS = 1 << 16  # ids of chunks this process wrote to the cache that `fetched_here` remembers
 FLIGHT_WAIT = 120.0  # seconds a read waits for another thread's fetch of the same chunk before its own
-ABANDONED = 600.0  # seconds after its last write that another process may reclaim an unsealed segment
 STORE_ID_PREFIX = "store-id:"  # heads rows naming the store id a location's server named last (repo = prefix + location)
 _BATCH = 500
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -108,27 +108,14 @@ class ChunkCache:
         # a cache needs no durability (every read is verified): no fsyncs; 16 KiB pages for 64 KiB blobs
         self._conns = Connections(self.path, synchronous="OFF", page_size=16384)
         self._proc = runtime.Local()  # set once this process's in-memory state is made (`_here`)
-        self._wlock = runtime.Lock()  # this process's cache writers queue on it (`_txn`)
+        self._wlock = runtime.Lock()  # this process's cache writers queue on it (`transaction`)
         self._here()
-        with self.conn:
-            self.conn.executescript("""
-                CREATE TABLE IF NOT EXISTS chunks (id BLOB PRIMARY KEY, codec INTEGER NOT NULL,
-                    raw_len INTEGER NOT NULL, size INTEGER NOT NULL, used REAL NOT NULL, data BLOB NOT NULL);
-                CREATE INDEX IF NOT EXISTS chunks_used ON chunks(used);
-                CREATE TABLE IF NOT EXISTS objects (kind TEXT NOT NULL, name TEXT NOT NULL, data BLOB NOT NULL,
-                    PRIMARY KEY (kind, name));
-                CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-                CREATE TABLE IF NOT EXISTS heads (repo TEXT NOT NULL, rev TEXT NOT NULL, revcommit TEXT NOT NULL,
-                    at REAL NOT NULL, PRIMARY KEY (repo, rev));
-                INSERT OR IGNORE INTO meta VALUES ('bytes', 0);
-                DROP TRIGGER IF EXISTS chunks_add;
-                CREATE TRIGGER IF NOT EXISTS chunks_del AFTER DELETE ON chunks
-                    BEGIN UPDATE meta SET value = value - OLD.size WHERE key = 'bytes'; END;
-            """)
-        self._add_segments()
+        cache_tables.create(self.conn)
+        cache_tables.add_hot(self.conn)
         self._files = Segments(self.path + "-chunks")
+        self._eviction = Eviction(self, self._files)  # the budget (eviction.py)
         self._writing = runtime.Local()  # [segment, fd, end]: the segment this process appends to
-        self._add_files()
+        cache_tables.add_segments(self.conn)
 
     def _here(self) -> None:
         """This process's in-memory state (the writer queue and the condition guarding it). A
@@ -147,58 +134,13 @@ class ChunkCache:
         self._busy = threading.Lock()  # held by the background writer while it is in sqlite
         return True
 
-    def _add_segments(self) -> None:
-        """The `hot` column (0 probation, 1 hot) and its eviction index; a cache made by an
-        older version gets them here, its entries on probation."""
-        if "hot" in [r[1] for r in self.conn.execute("PRAGMA table_info(chunks)")]:
-            return
-        try:
-            with self.conn:
-                self.conn.execute("BEGIN IMMEDIATE")
-                if "hot" not in [r[1] for r in self.conn.execute("PRAGMA table_info(chunks)")]:
-                    self.conn.execute("ALTER TABLE chunks ADD COLUMN hot INTEGER NOT NULL DEFAULT 0")
-        except sqlite3.OperationalError as e:  # another process added it first
-            if "duplicate column" not in str(e):
-                raise
-        with self.conn:
-            self.conn.execute("CREATE INDEX IF NOT EXISTS chunks_evict ON chunks(hot, used)")
-
-    def _add_files(self) -> None:
-        """Where each chunk's bytes are (`seg`, `off`: NULL for an entry of an older version, whose
-        bytes are in its `data` column) and the segments table, whose `live` bytes `_put_part` and
-        triggers (deletes, moves) keep."""
-        cols = [r[1] for r in self.conn.execute("PRAGMA table_info(chunks)")]
-        if "seg" not in cols:
-            try:
-                with self.conn:
-                    self.conn.execute("BEGIN IMMEDIATE")
-                    if "seg" not in [r[1] for r in self.conn.execute("PRAGMA table_info(chunks)")]:
-                        self.conn.execute("ALTER TABLE chunks ADD COLUMN seg INTEGER")
-                        self.conn.execute("ALTER TABLE chunks ADD COLUMN off INTEGER")
-            except sqlite3.OperationalError as e:  # another process added them first
-                if "duplicate column" not in str(e):
-                    raise
-        with self.conn:
-            self.conn.executescript("""
-                CREATE TABLE IF NOT EXISTS segments (seg INTEGER PRIMARY KEY AUTOINCREMENT,
-                    size INTEGER NOT NULL DEFAULT 0, live INTEGER NOT NULL DEFAULT 0,
-                    sealed INTEGER NOT NULL DEFAULT 0, owner INTEGER NOT NULL DEFAULT 0, at REAL NOT NULL DEFAULT 0);
-                CREATE INDEX IF NOT EXISTS chunks_seg ON chunks(seg);
-                DROP TRIGGER IF EXISTS seg_add;
-                CREATE TRIGGER IF NOT EXISTS seg_del AFTER DELETE ON chunks WHEN OLD.seg IS NOT NULL
-                    BEGIN UPDATE segments SET live = live - OLD.size WHERE seg = OLD.seg; END;
-                CREATE TRIGGER IF NOT EXISTS seg_move AFTER UPDATE OF seg ON chunks
-                    BEGIN UPDATE segments SET live = live - OLD.size WHERE seg = OLD.seg;
-                          UPDATE segments SET live = live + NEW.size WHERE seg = NEW.seg; END;
-            """)
-
     @property
     def conn(self) -> sqlite3.Connection:
         """This thread's connection (a new one after a fork)."""
         return self._conns.conn
 
     @contextlib.contextmanager
-    def _txn(self):
+    def transaction(self):
         """A write transaction. Writers of this process queue on a lock, so that a small
         write (a manifest, a head) waits for one short background transaction rather than
         in sqlite's busy handler, which sleeps up to 100 ms a round."""
@@ -218,7 +160,7 @@ class ChunkCache:
             batch = wanted[i:i + _BATCH]
             q = f"SELECT id, codec, raw_len, size FROM chunks WHERE id IN ({','.join('?' * len(batch))})"
             for cid, codec, raw_len, size in self.conn.execute(q, batch):
-                if _ints(codec, raw_len, size):  # a row of the wrong types is a miss (`get` drops it)
+                if ints(codec, raw_len, size):  # a row of the wrong types is a miss (`get` drops it)
                     out[cid] = PackEntry(cid, 0, size, raw_len, codec)
         return out
 
@@ -244,10 +186,10 @@ class ChunkCache:
                  f"WHERE id IN ({','.join('?' * len(batch))}) ORDER BY seg, off")
             for cid, codec, raw_len, used, hot, data, seg, off, size in self.conn.execute(q, batch).fetchall():
                 try:
-                    if not (_ints(codec, raw_len, hot) and isinstance(used, (int, float)) and isinstance(data, bytes)):
+                    if not (ints(codec, raw_len, hot) and isinstance(used, (int, float)) and isinstance(data, bytes)):
                         raise CorruptionError("a cache row of the wrong types")
                     if seg is not None:
-                        if not _ints(seg, off, size):
+                        if not ints(seg, off, size):
                             raise CorruptionError("a cache row of the wrong types")
                         data = self._files.read(seg, off, size)
                         if data is None:
@@ -262,7 +204,7 @@ class ChunkCache:
                 except CorruptionError:
                     bad.append((cid, seg))
         if bad or stale or promote:
-            with self._txn():  # a bad row goes only if it still names what was read (not moved since)
+            with self.transaction():  # a bad row goes only if it still names what was read (not moved since)
                 self.conn.executemany("DELETE FROM chunks WHERE id = ? AND seg IS ?", bad)
                 self.conn.executemany("UPDATE chunks SET used = ? WHERE id = ?", [(now, c) for c in stale])
                 self.conn.executemany("UPDATE chunks SET used = ?, hot = 1 WHERE id = ?",
@@ -299,7 +241,7 @@ class ChunkCache:
             return
         now = time.time()
         for part in _parts(entries, PUT_TXN_BYTES):
-            with self._txn():
+            with self.transaction():
                 self._put_part(part, now)
             time.sleep(0)  # let a waiting writer of this process have the lock
         if self.bytes() > self.max_bytes:
@@ -318,7 +260,7 @@ class ChunkCache:
                 new.append(e)
         if not new:
             return
-        seg, offsets = self._append([e[3] for e in new], now)
+        seg, offsets = self.append([e[3] for e in new], now)
         self.conn.executemany(
             "INSERT INTO chunks (id, codec, raw_len, size, used, data, seg, off) VALUES (?, ?, ?, ?, ?, x'', ?, ?)",
             [(cid, codec, raw_len, len(data), now, seg, off) for (cid, codec, raw_len, data), off in zip(new, offsets)])
@@ -333,7 +275,7 @@ class ChunkCache:
         if "seg_add" not in counted:
             self.conn.execute("UPDATE segments SET live = live + ? WHERE seg = ?", (added, seg))
 
-    def _append(self, buffers: list, now: float) -> tuple[int, list[int]]:
+    def append(self, buffers: list, now: float) -> tuple[int, list[int]]:
         """Inside a write transaction: write `buffers` to this process's segment (a new one when
         it is full, or when another process reclaimed it or its file was deleted); (segment, offsets)."""
         size = sum(len(b) for b in buffers)
@@ -350,6 +292,11 @@ class ChunkCache:
         w[2] += size
         self.conn.execute("UPDATE segments SET size = ?, at = ? WHERE seg = ?", (w[2], now, w[0]))
         return w[0], offsets
+
+    def appending(self) -> int | None:
+        """The segment this process appends to, if any."""
+        w = self._writing.here()
+        return w[0] if w is not None else None
 
     def _seal(self) -> None:
         """This process writes no more to its segment (inside a write transaction)."""
@@ -422,7 +369,7 @@ class ChunkCache:
             self._writer_thread.join(60)
         if self._writing.here() is not None:
             try:
-                with self._txn():
+                with self.transaction():
                     self._seal()
             except sqlite3.Error:  # a broken cache: its file is let go all the same
                 w = self._writing.here()
@@ -440,91 +387,7 @@ class ChunkCache:
         least recently used first (hot entries past `HOT_SHARE` are demoted first), then
         delete the segments that leaves empty and copy forward the live entries of the
         emptiest others until the folder fits `max_bytes`; returns the bytes evicted."""
-        limit = self.max_bytes if max_bytes is None else max_bytes
-        freed = self._evict(limit, max_bytes is not None)
-        self._reclaim(limit)
-        return freed
-
-    def _evict(self, limit: int, asked: bool) -> int:
-        target = int(limit * 0.9) if self.bytes() > limit or asked else limit
-        freed = 0
-        self._demote(int(target * HOT_SHARE))
-        while True:
-            excess = self.bytes() - target
-            if excess <= 0:
-                return freed
-            with self._txn():
-                rows = self.conn.execute("SELECT id, size FROM chunks ORDER BY hot, used LIMIT 1000").fetchall()
-                if not rows:
-                    return freed
-                drop, total = [], 0
-                for cid, size in rows:
-                    drop.append((cid,))
-                    total += size
-                    if total >= excess:
-                        break
-                self.conn.executemany("DELETE FROM chunks WHERE id = ?", drop)
-                freed += total
-
-    def _reclaim(self, limit: int) -> None:
-        """Delete the segments no live entry is in, and while the folder holds more than `limit`
-        bytes, move the live entries of the emptiest segments to this process's segment and
-        delete those too. Only closed segments: sealed, or their writer gone or idle for
-        `ABANDONED` s (a writer finds its segment gone and starts another). Files are deleted
-        after the rows stop naming them; a reader that looked before finds none: a miss."""
-        now = time.time()
-        gone: list[int] = []
-        with self._txn():
-            own = (self._writing.here() or [None])[0]
-            rows = self.conn.execute("SELECT seg, size, live, sealed, owner, at FROM segments").fetchall()
-            closed = [r for r in rows if r[0] != own and
-                      (r[3] or r[5] < now - ABANDONED or runtime.dead_elsewhere(r[4]))]
-            gone = [r[0] for r in closed if r[2] <= 0]
-            disk = sum(r[1] for r in rows) - sum(r[1] for r in closed if r[2] <= 0)
-            for seg, size, live, *_ in sorted((r for r in closed if r[2] > 0), key=lambda r: r[2] / max(r[1], 1)):
-                if disk <= limit:
-                    break
-                self._move_out(seg, now)
-                gone.append(seg)
-                disk += live - size
-            self.conn.executemany("DELETE FROM segments WHERE seg = ?", [(g,) for g in gone])
-            known = {r[0] for r in self.conn.execute("SELECT seg FROM segments")}
-        for seg in gone:
-            self._files.remove(seg)
-        for seg in self._files.numbers() - known:  # left by a lost database or an aborted write
-            try:
-                if os.path.getmtime(self._files.path(seg)) < now - 60:
-                    self._files.remove(seg)
-            except FileNotFoundError:
-                pass
-
-    def _move_out(self, seg: int, now: float) -> None:
-        """Inside a write transaction: copy the live entries of segment `seg` to this process's
-        segment (entries whose bytes are lost or short are dropped)."""
-        rows = self.conn.execute("SELECT id, off, size FROM chunks WHERE seg = ?", (seg,)).fetchall()
-        keep, lost = [], []
-        for cid, off, size in rows:
-            data = self._files.read(seg, off, size) if _ints(off, size) else None
-            (keep if data is not None and len(data) == size else lost).append((cid, data))
-        self.conn.executemany("DELETE FROM chunks WHERE id = ? AND seg = ?", [(c, seg) for c, _ in lost])
-        if keep:
-            to, offsets = self._append([d for _, d in keep], now)
-            self.conn.executemany("UPDATE chunks SET seg = ?, off = ? WHERE id = ? AND seg = ?",
-                                  [(to, off, cid, seg) for (cid, _), off in zip(keep, offsets)])
-
-    def _demote(self, cap: int) -> None:
-        """Move the oldest hot entries to probation until hot ones hold at most `cap` bytes."""
-        with self._txn():
-            excess = self.conn.execute("SELECT COALESCE(SUM(size), 0) FROM chunks WHERE hot = 1").fetchone()[0] - cap
-            if excess <= 0:
-                return
-            drop, total = [], 0
-            for cid, size in self.conn.execute("SELECT id, size FROM chunks WHERE hot = 1 ORDER BY used"):
-                if total >= excess:
-                    break
-                drop.append((cid,))
-                total += size
-            self.conn.executemany("UPDATE chunks SET hot = 0 WHERE id = ?", drop)
+        return self._eviction.prune(max_bytes)
 
     # -- immutable objects (manifests, commits) ------------------------------------------------
     def get_object(self, kind: str, name: str) -> bytes | None:
@@ -538,7 +401,7 @@ class ChunkCache:
         return row[0]
 
     def put_object(self, kind: str, name: str, data: bytes) -> None:
-        with self._txn():
+        with self.transaction():
             self.conn.execute("INSERT OR IGNORE INTO objects (kind, name, data) VALUES (?, ?, ?)", (kind, name, data))
 
     # -- branch heads, briefly ----------------------------------------------------------------
@@ -550,11 +413,11 @@ class ChunkCache:
         return row[0] if row and isinstance(row[0], str) and ids.is_hex_id(row[0]) else None
 
     def put_head(self, repo: str, rev: str, commit_id: str) -> None:
-        with self._txn():
+        with self.transaction():
             self.conn.execute("INSERT OR REPLACE INTO heads VALUES (?, ?, ?, ?)", (repo, rev, commit_id, time.time()))
 
     def forget_head(self, repo: str, rev: str) -> None:
-        with self._txn():
+        with self.transaction():
             self.conn.execute("DELETE FROM heads WHERE repo = ? AND rev = ?", (repo, rev))
 
     # -- housekeeping --------------------------------------------------------------------------
@@ -566,7 +429,7 @@ class ChunkCache:
                 "objects": objects, "max_bytes": self.max_bytes, "segments": segs, "segment_bytes": disk}
 
     def clear(self) -> None:
-        with self._txn():
+        with self.transaction():
             self._seal()
             for table in ("chunks", "objects", "heads", "segments"):
                 self.conn.execute(f"DELETE FROM {table}")
@@ -600,10 +463,6 @@ _LANDED = threading.Event()  # a claim whose chunks are in the cache already
 _LANDED.set()
 
 _EMPTY_ANSWER = {"has": dict, "get": dict, "fetched_here": dict, "queued": set}  # a broken cache's answers (else None)
-
-
-def _ints(*values) -> bool:
-    return all(type(v) is int for v in values)
 
 
 def _warn_cache(path: str, err: Exception) -> None:

@@ -325,7 +325,8 @@ class Packs:
             # a repack moved chunks (a stale location record): their anchors name the new pack
             self.anchors.forget_misses()
             first = wanted[:1]  # a reader locating a file passes its first chunk first (an anchor)
-            if self.anchors.find_anchored([c for c in wanted if c not in found and (anchors.is_anchor(c) or c in first)]):
+            unknown = [c for c in wanted if c not in found and (anchors.is_anchor(c) or c in first)]
+            if self.anchors.find_anchored(unknown):
                 found = self.locate_known(wanted)
         if len(found) < len(wanted):
             # packs another machine wrote (a bucket), or a repack moved chunks: look at the listing

@@ -16,6 +16,11 @@ from .. import runtime
 _INHERITED: list = []  # connections inherited across fork: kept, never used or closed
 
 
+def ints(*values) -> bool:
+    """Whether each value read from a row is an int (sqlite keeps whatever type was written)."""
+    return all(type(v) is int for v in values)
+
+
 def _holding(base, name: str, lock=lambda obj: obj.connection.in_use):
     """`base.name`, called while holding the connection's `in_use` lock."""
     method = getattr(base, name)
