@@ -310,3 +310,48 @@ def test_an_open_server_shows_everything_without_signing_in(tmp_path):
         assert requests.get(srv.url + "/ui/r/two/raw/main/a.txt").content == b"open\n"
         assert "no tokens" in requests.get(srv.url + "/ui/login").text
         assert requests.get(srv.url + "/", allow_redirects=False).headers["Location"] == "/ui/"
+
+
+class CountingStore:
+    """The real store, with its manifest reads counted (what a history walk costs)."""
+
+    def __init__(self, store):
+        self._store, self.manifest_reads = store, 0
+
+    def get_manifest(self, name, repo=None):
+        self.manifest_reads += 1
+        return self._store.get_manifest(name, repo)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+def test_a_newer_head_walks_only_what_it_adds_and_forgotten_commits_show_as_such(tmp_path):
+    LocalStore.init(str(tmp_path / "srv"))
+    with Store(str(tmp_path / "srv")) as s:
+        for i in range(6):
+            for k in range(3):
+                (tmp_path / f"f{k}.bin").write_bytes(np.random.default_rng(i * 10 + k).bytes(20_000) if k == i % 3
+                                                     or i == 0 else (tmp_path / f"f{k}.bin").read_bytes())
+            s.push([str(tmp_path / f"f{k}.bin") for k in range(3)], "cdc://r/", message=f"v{i}")
+        counted = CountingStore(open_repository(str(tmp_path / "srv")))
+        try:
+            b = web_data.Browser(counted)
+            heads = [cid for cid, _ in counted.log("r", "main")]
+            figs = b.figures("r", heads[1])  # all but the newest
+            assert len(figs) == 5 and counted.manifest_reads == 3 + 4  # v0: 3 files, then one a commit
+            assert all(f.new_raw == 20_000 for cid, f in figs.items() if cid != heads[-1])
+            assert figs[heads[-1]].new_raw == 60_000
+            before = counted.manifest_reads
+            figs = b.figures("r", heads[0])
+            assert counted.manifest_reads == before + 1 and figs[heads[0]].new_raw == 20_000
+            assert b.figures("r", heads[0]) == figs and counted.manifest_reads == before + 1  # all kept
+        finally:
+            counted.close()
+        s.forget("r", keep_last=2)
+        s.gc(grace=0)
+    with ServerProcess(str(tmp_path / "srv")) as srv:
+        log = requests.get(srv.url + "/ui/r/r/log/main")
+        assert log.status_code == 200 and log.text.count("forgotten") >= 4
+        pages = crawl(srv, requests.Session())
+        assert {u: r.status_code for u, r in pages.items() if r.status_code != 200} == {}

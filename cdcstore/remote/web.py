@@ -252,11 +252,15 @@ class WebView:
             c, f = e["commit_obj"], e["figures"]
             files = join(tag("span", f"+{f.added}", class_="added"), " ", tag("span", f"~{f.changed}",
                          class_="changed"), " ", tag("span", f"-{f.removed}", class_="removed")) if f else ""
-            rows.append([link(url("r", repo, "commit", e["commit"]), P.short(e["commit"]), class_="mono"),
-                         c.author or tag("span", "(none)", class_="dim"), P.first_line(c.message), P.when(c.time),
-                         files, f.files if f else "", size(f.logical if f else None),
+            gone = e["forgotten"] or f is None
+            cid = tag("span", P.short(e["commit"]), class_="mono") if e["forgotten"] else \
+                link(url("r", repo, "commit", e["commit"]), P.short(e["commit"]), class_="mono")
+            rows.append([cid, c.author or tag("span", "(none)", class_="dim"), P.first_line(c.message),
+                         P.when(c.time), files, f.files if f else "", size(f.logical if f else None),
                          size(f.new_raw if f else None), size(f.new_stored if f else None),
-                         link(url("r", repo, "tree", e["commit"], ""), "files")])
+                         tag("span", "forgotten", class_="dim", title="`cdcstore forget`: its files are freed "
+                                                                      "or about to be") if gone
+                         else link(url("r", repo, "tree", e["commit"], ""), "files")])
         nav = link(url("r", repo, "log", rev, query={"skip": skip + LOG_PAGE}), "older commits") if more else ""
         body = join(crumbs(repo, rev, None), tag("h1", "Log of ", tag("span", rev, class_="mono")),
                     P.table(["commit", "author", "message", "time", "files changed", "files", "bytes",
@@ -271,17 +275,24 @@ class WebView:
 
     async def commit_page(self, request, grant):
         repo = self.visible(grant, request.match_info["repo"])
-        cid, c = await self.io(self.browse.resolve, repo, request.match_info["rev"])
+        cid, c, forgotten = await self.io(self.browse.commit, repo, request.match_info["rev"])
         parent = c.parent
+        files = tag("span", "forgotten (`cdcstore forget`): its files are freed or about to be", class_="dim") \
+            if forgotten else link(url("r", repo, "tree", cid, ""), "browse the files at this commit")
         info = [["commit", tag("span", cid, class_="mono")], ["author", c.author or "(none)"],
                 ["time", P.when(c.time)], ["message", tag("pre", c.message)],
                 ["parent", link(url("r", repo, "commit", parent), parent, class_="mono") if parent else "(none)"],
-                ["files", link(url("r", repo, "tree", cid, ""), "browse the files at this commit")]]
-        body = [crumbs(repo, cid, None), tag("h1", "Commit ", tag("span", P.short(cid), class_="mono")),
+                ["files", files]]
+        body = [crumbs(repo, None if forgotten else cid, None),
+                tag("h1", "Commit ", tag("span", P.short(cid), class_="mono")),
                 tag("table", join(*(tag("tr", tag("td", k), tag("td", v)) for k, v in info)), class_="figs")]
-        if parent:
-            d = await self.io(self.browse.diff, repo, parent, cid)
-            body += [tag("h2", "Changes from the parent"), diff_table(repo, d)]
+        if parent and not forgotten:
+            try:
+                d = await self.io(self.browse.diff, repo, parent, cid)
+            except CdcError:  # the parent was forgotten: its files are gone
+                body.append(tag("p", "The parent was forgotten: no diff.", class_="dim"))
+            else:
+                body += [tag("h2", "Changes from the parent"), diff_table(repo, d)]
         return f"{repo} {P.short(cid)}", join(*body)
 
     async def tree(self, request, grant):

@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass
 
 from .. import runtime
-from ..core import treeobj
+from ..core import ids, treeobj
 from ..core.address import DEFAULT_BRANCH
 from ..core.commit import FileEntry
-from ..core.errors import CdcError
+from ..core.errors import CdcError, RevisionNotFoundError
 from ..storage.reader import FileReader
 from ..storage.roles import BackendCapabilities
 
@@ -73,7 +73,7 @@ class CountingSource:
 @dataclass
 class Figures:
     """One version of a repo: its files and bytes, what changed from its parent, and the bytes of
-    chunks no earlier version of the repo held (None when its files are gone: forgotten)."""
+    chunks no earlier version of the repo held (a commit whose files are gone has none)."""
     files: int
     logical: int
     added: int
@@ -129,6 +129,17 @@ class Browser:
         cid, _ = self.store.resolve_ref(repo, rev)
         return cid, self.store.get_commit(repo, cid)
 
+    def commit(self, repo: str, rev: str) -> tuple[str, object, bool]:
+        """(id, commit, forgotten) of a revision; a forgotten commit (`cdcstore forget`: its files
+        are freed or about to be) is still shown, by its full id, history only."""
+        try:
+            cid, commit = self.resolve(repo, rev)
+        except RevisionNotFoundError:
+            if not ids.is_hex_id(rev) or rev not in (self.store.forgotten(repo) or ()):
+                raise
+            return rev, self.store.get_commit(repo, rev), True
+        return cid, commit, False
+
     def view(self, repo: str, rev: str):
         cid, commit = self.resolve(repo, rev)
         return cid, commit, self.store.view(repo, commit)
@@ -139,6 +150,7 @@ class Browser:
         follow. Each with its `Figures`."""
         cid = self.store.resolve_ref(repo, rev)[0]
         figures = self.figures(repo, cid)
+        forgotten = self.store.forgotten(repo) or set()
         out, more = [], False
         for i, (c_id, c) in enumerate(self._history(repo, cid)):
             if i < skip:
@@ -146,7 +158,8 @@ class Browser:
             if len(out) == limit:
                 more = True
                 break
-            out.append({"commit": c_id, "commit_obj": c, "figures": figures.get(c_id)})
+            out.append({"commit": c_id, "commit_obj": c, "figures": figures.get(c_id),
+                        "forgotten": c_id in forgotten})
         return out, more
 
     def _history(self, repo: str, cid: str | None):
@@ -170,8 +183,9 @@ class Browser:
             for cid, c in reversed(chain):
                 walk.view, fig = self._step(repo, walk, c)
                 walk.tip = cid
-                self._figures[(repo, cid)] = fig
-                self._figures.move_to_end((repo, cid))
+                if fig is not None:
+                    self._figures[(repo, cid)] = fig
+                    self._figures.move_to_end((repo, cid))
             while len(self._figures) > FIGURES_KEPT:
                 self._figures.popitem(last=False)
             if len(walk.chunks) <= WALK_CHUNKS_KEPT:
@@ -181,7 +195,7 @@ class Browser:
             return {cid: f for cid, _ in self._history(repo, head)
                     if (f := self._figures.get((repo, cid))) is not None}
 
-    def _step(self, repo: str, walk: Walk, commit) -> tuple[treeobj.View | None, Figures]:
+    def _step(self, repo: str, walk: Walk, commit) -> tuple[treeobj.View | None, Figures | None]:
         view = self.store.view(repo, commit)
         try:
             changed, removed = treeobj.changes(walk.view, view)
@@ -201,7 +215,7 @@ class Browser:
             fig = Figures(view.file_count(), view.size(), added, len(changed) - added, len(removed),
                           sum(new_ids.values()), stored)
         except CdcError:  # a forgotten commit: its files are gone, history only
-            return walk.view, Figures(0, 0, 0, 0, 0, None, None)
+            return walk.view, None
         return view, fig
 
     def _stored(self, chunk_ids: list[bytes], repo: str) -> int | None:
@@ -227,7 +241,7 @@ class Browser:
         chain = list(self._history(repo, head))[::-1]
         out, whole, kept, raw = [], 0, 0, 0
         for cid, c in chain:
-            f = figures.get(cid) or Figures(0, 0, 0, 0, 0, None, None)
+            f = figures.get(cid) or Figures(0, 0, 0, 0, 0, 0, 0)  # forgotten: its files are gone
             whole += f.logical
             kept += f.new_stored or 0
             raw += f.new_raw or 0
@@ -264,9 +278,11 @@ class Browser:
         return out
 
     def _previous(self, repo: str, cid: str, commit, path: str, entry: FileEntry):
-        """(commit that last changed the file, (commit id, entry) of the version before or None)."""
+        """(commit that last changed the file, (commit id, entry) of the version before or None).
+        The walk stops at a forgotten commit (its files are freed or about to be)."""
+        forgotten = self.store.forgotten(repo) or set()
         for _ in range(PREVIOUS_WALK):
-            if not commit.parent:
+            if not commit.parent or commit.parent in forgotten:
                 return cid, None
             parent = self.store.get_commit(repo, commit.parent)
             try:
