@@ -252,6 +252,15 @@ def test_new_bytes_per_version_come_from_the_history(site):
             distinct.update(zip(m.chunk_ids, m.lengths))
         assert first.new_raw == sum(distinct.values())
         assert 0 < drop.new_raw < first.new_raw / 4  # dropping rows at the end rewrites the last row group
+        # the file page: the commit that last changed big.parquet, its previous version, the bytes they share
+        f = b.file("ds", "main", "big.parquet")
+        assert f["changed_in"] == entries[1]["commit"] and f["previous"]["commit"] == entries[2]["commit"]
+        now = store.get_manifest(f["entry"].manifest, "ds")
+        before = set(store.get_manifest(f["previous"]["entry"].manifest, "ds").chunk_ids)
+        shared = sum(n for c, n in zip(now.chunk_ids, now.lengths) if c in before)
+        assert f["previous"]["shared"] == shared and 0.75 * now.size < shared < now.size
+        assert b.file("ds", "main", "notes.txt")["previous"]["shared"] == 0  # v1 -> v2: no byte kept
+        assert b.file("ds", "main", "copy/notes.txt")["previous"] is None  # new in the last commit
         # figures kept: a second call walks nothing new, and agrees
         again = b.figures("ds", entries[0]["commit"])
         assert again[entries[2]["commit"]] == first
@@ -355,3 +364,27 @@ def test_a_newer_head_walks_only_what_it_adds_and_forgotten_commits_show_as_such
         assert log.status_code == 200 and log.text.count("forgotten") >= 4
         pages = crawl(srv, requests.Session())
         assert {u: r.status_code for u, r in pages.items() if r.status_code != 200} == {}
+
+
+def test_the_preview_of_wide_nested_and_odd_columns(tmp_path):
+    n = 300
+    cols = {"text": pa.array(["<td>x</td>" if i == 0 else "y" * 500 for i in range(n)]),
+            "nested": pa.array([{"a": i, "b": [i, i + 1]} for i in range(n)]),
+            "when": pa.array(np.arange(n).astype("datetime64[s]")),
+            "blob": pa.array([bytes([i % 256]) * 100 for i in range(n)])}
+    cols.update({f"c{i:02d}": np.arange(n) * i for i in range(45)})  # wider than the rows table shows
+    pq.write_table(pa.table(cols), tmp_path / "odd.parquet", row_group_size=100)
+    (tmp_path / "fake.parquet").write_bytes(b"not parquet at all" * 10)
+    LocalStore.init(str(tmp_path / "srv"))
+    with Store(str(tmp_path / "srv")) as s:
+        s.push([str(tmp_path / "odd.parquet"), str(tmp_path / "fake.parquet")], "cdc://odd/", message="m")
+    with ServerProcess(str(tmp_path / "srv")) as srv:
+        page = requests.get(srv.url + "/ui/r/odd/file/main/odd.parquet").text
+        assert "300 rows in 3 row groups, 49 columns" in page and "(the first 40 of 49 columns)" in page
+        assert "&lt;td&gt;x&lt;/td&gt;" in page and "<td>x</td>" not in page
+        assert "y" * 199 + "…" in page and "y" * 201 not in page  # long values cut
+        assert "<th>nested</th>" in page and "{&#x27;a&#x27;: 0, &#x27;b&#x27;: [0, 1]}" in page
+        assert "<td>1970-01-01 00:00:00</td>" in page and "<td>" + "00" * 64 + "</td>" not in page
+        assert "<td>c44</td>" in page and "<th>c44</th>" not in page  # in the schema, past the 40 shown
+        fake = requests.get(srv.url + "/ui/r/odd/file/main/fake.parquet")
+        assert fake.status_code == 200 and "not read as Parquet" in fake.text
