@@ -5,7 +5,9 @@ reads the footer and the first row group's chunks, no more. The browser tests ar
 test_web_browser.py."""
 import html
 import json
+import os
 import re
+import secrets
 import time
 from urllib.parse import urljoin, urlsplit
 
@@ -18,6 +20,7 @@ import requests
 from cdcstore import Store
 from cdcstore.remote import web_data
 from cdcstore.storage.repository import LocalStore, open_repository
+from conftest import S3_BUCKET
 from server_util import ServerProcess
 
 ALL = "web-all-" + "a" * 24
@@ -388,3 +391,32 @@ def test_the_preview_of_wide_nested_and_odd_columns(tmp_path):
         assert "<td>c44</td>" in page and "<th>c44</th>" not in page  # in the schema, past the 40 shown
         fake = requests.get(srv.url + "/ui/r/odd/file/main/fake.parquet")
         assert fake.status_code == 200 and "not read as Parquet" in fake.text
+
+
+def test_the_view_of_a_store_in_a_bucket(s3_env, tmp_path, monkeypatch):
+    """The same pages over a store in a bucket (moto's S3 server): a crawl of every link, the
+    Parquet preview within its bound, the scoped token kept out."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "writer"))
+    url = f"s3://{S3_BUCKET}/web-{secrets.token_hex(4)}"
+    Store.init(url).close()
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(table(60_000), data / "t.parquet", row_group_size=20_000)
+    (data / SECRET_FILE).write_bytes(SECRET_BYTES)
+    with Store(url) as s:
+        s.push([str(data / "t.parquet")], "cdc://ds/", message="one")
+        pq.write_table(table(59_000), data / "t.parquet", row_group_size=20_000)
+        s.push([str(data / "t.parquet")], "cdc://ds/", message="two")
+        s.push([str(data / SECRET_FILE)], f"cdc://{SECRET_REPO}/", message="hidden")
+    (tmp_path / "tokens.json").write_text(json.dumps(TOKENS))
+    env = {**os.environ, **s3_env, "XDG_CACHE_HOME": str(tmp_path / "server")}
+    with ServerProcess(url, "--tokens", str(tmp_path / "tokens.json"), env=env) as srv:
+        pages = crawl(srv, session(srv, ALL))
+        assert {u: r.status_code for u, r in pages.items() if r.status_code != 200} == {}
+        assert any(urlsplit(u).path == f"/ui/r/{SECRET_REPO}/" for u in pages) and len(pages) >= 15
+        f = preview_figures(pages[srv.url + "/ui/r/ds/file/main/t.parquet"].text)
+        assert 0 < f["bytes"] <= 2 * (f["footer"] + f["first_group"]) and f["bytes"] < f["size"] / 2
+        for u, r in crawl(srv, session(srv, SCOPED)).items():
+            assert r.status_code == 200 and SECRET_REPO not in r.text and SECRET_FILE not in r.text, u
+        s = session(srv, SCOPED)
+        assert s.get(f"{srv.url}/ui/r/{SECRET_REPO}/raw/main/{SECRET_FILE}").status_code == 404
