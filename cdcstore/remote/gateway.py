@@ -1,9 +1,10 @@
-"""The S3-compatible read gateway of `cdcstore serve --s3-port PORT` (docs/gateway.md).
+"""The S3-compatible gateway of `cdcstore serve --s3-port PORT` (docs/gateway.md): its reads.
 
 Any S3 client reads a store: the bucket is a REPO, the key is REV/PATH (REV a branch, a tag
 or a commit id), addressed path-style (`http://HOST:PORT/REPO/REV/PATH`). GetObject (one
 Range), HeadObject, ListObjectsV2 (and v1), ListBuckets, HeadBucket and GetBucketLocation are
-served; every write answers 501 NotImplemented (writes come later). Bytes are read through the
+served here; writes go to the `writes` handler the app is given (remote/gateway_write.py; 501
+without one). Bytes are read through the
 read core every reader uses (`storage.reader.FileReader`: each chunk verified by its origin,
 docs/protocol.md "Trust by origin"), and are streamed in `ServerLimits.send_block` pieces under
 a read slot, as the native API's pack ranges are. The gateway has no read logic or cache of its
@@ -260,7 +261,7 @@ class Gateway:
         if problem:
             raise S3Error(403, "AccessDenied" if signed.presigned else "RequestTimeTooSkewed", problem)
         headers = {k.lower(): ",".join(request.headers.getall(k)) for k in set(request.headers.keys())}
-        # the payload hash is taken as the client signed it: no body is ever read (writes are refused)
+        # the payload hash is taken as the client signed it; a write's body is checked against it (s3body.py)
         payload = None if signed.presigned else request.headers.get("X-Amz-Content-Sha256")
         for token in candidates:
             if sigv4.matches(token, signed, request.method, raw_path, raw_query, headers, payload):
