@@ -1117,6 +1117,7 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
         if tokens is None:
             log.warning("serving without authentication (no --tokens): anyone who can connect can write")
         print(f"cdcstore serving {store.location} on http://{host}:{port}{wire.API}", flush=True)
+        print(f"cdcstore web view (read-only) on http://{host}:{port}/ui/", flush=True)
 
     try:
         web.run_app(app, host=host, port=port, print=announce,
