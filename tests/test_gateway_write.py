@@ -445,3 +445,42 @@ def test_create_bucket_makes_a_repo_with_an_empty_first_commit(gw):
     assert _code(e) == "AccessDenied"
     with local(gw) as s:
         assert "not-theirs" not in s.repos() and s.log("fresh", "main")[0]["author"] == "writer"
+
+
+def test_an_upload_started_on_one_replica_completes_on_another(s3_env, tmp_path, monkeypatch):
+    """Two servers over one bucket store (two machines): parts staged through either are in the
+    bucket, so a multipart upload started on A, continued on B and completed on B lands, A reads it,
+    and its staging objects are gone."""
+    import secrets
+    import cdcstore
+    from conftest import S3_BUCKET
+    url = f"s3://{S3_BUCKET}/gw-replicas-{secrets.token_hex(4)}"
+    Store.init(url).close()
+    (tmp_path / "tokens.json").write_text(json.dumps(TOKENS))
+    root = os.path.dirname(os.path.dirname(cdcstore.__file__))
+    servers = []
+    for name in "ab":
+        port = free_port()
+        env = {**os.environ, **s3_env, "PYTHONPATH": root, "XDG_CACHE_HOME": str(tmp_path / f"replica-{name}")}
+        srv = ServerProcess(url, "--tokens", str(tmp_path / "tokens.json"), "--s3-port", str(port), env=env)
+        srv.s3 = f"http://127.0.0.1:{port}"
+        servers.append(srv.start())
+    try:
+        a, b = (boto3.client("s3", endpoint_url=s.s3, aws_access_key_id="writer", aws_secret_access_key=WRITER,
+                             region_name="us-east-1") for s in servers)
+        a.create_bucket(Bucket="ds")
+        p1, p2 = os.urandom(5 * MiB), os.urandom(300_000)
+        up = a.create_multipart_upload(Bucket="ds", Key="main/big.bin")["UploadId"]
+        e1 = a.upload_part(Bucket="ds", Key="main/big.bin", UploadId=up, PartNumber=1, Body=p1)["ETag"]
+        e2 = b.upload_part(Bucket="ds", Key="main/big.bin", UploadId=up, PartNumber=2, Body=p2)["ETag"]
+        assert [p["PartNumber"] for p in a.list_parts(Bucket="ds", Key="main/big.bin", UploadId=up)["Parts"]] == [1, 2]
+        b.complete_multipart_upload(Bucket="ds", Key="main/big.bin", UploadId=up, MultipartUpload={
+            "Parts": [{"PartNumber": 1, "ETag": e1}, {"PartNumber": 2, "ETag": e2}]})
+        assert a.get_object(Bucket="ds", Key="main/big.bin")["Body"].read() == p1 + p2
+        raw = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
+                           aws_secret_access_key="testing", region_name="us-east-1")
+        prefix = url.split("/", 3)[3] + "/staging/"
+        assert raw.list_objects_v2(Bucket=S3_BUCKET, Prefix=prefix).get("KeyCount", 0) == 0
+    finally:
+        for s in servers:
+            s.stop()

@@ -25,6 +25,7 @@ from .s3forms import Target, el, parse_xml, xml
 from .staging import JournalSpace
 
 MAX_PART_BYTES = 5 * 1024 ** 3  # as S3
+MAX_HELD_PART_BYTES = 1024 ** 3  # over a bucket a part is put and read back whole: held in memory
 MIN_PART_BYTES = 5 * 1024 ** 2  # every part but the last (as S3)
 MAX_COMPLETE_XML = 8 << 20  # 10,000 parts fit
 
@@ -108,11 +109,16 @@ class Multipart:
         async with self.writes.held(request):
             tmp = self.store.tmp_path()
             try:
-                got = await receive(self.server, request, tmp, MAX_PART_BYTES)
+                got = await receive(self.server, request, tmp, self._part_limit())
                 await self._stage(request, t, upload, number, tmp, got.md5, got.size)
             finally:
                 await self.server.io(_unlink, tmp)
         return web.Response(headers={"ETag": f'"{got.md5}"', "Content-Length": "0"})
+
+    def _part_limit(self) -> int:
+        """5 GiB where parts are files (a directory store); 1 GiB over a bucket, where a part is
+        put and read back as one object in memory (boto3 and the CLI send 8 MiB parts)."""
+        return MAX_PART_BYTES if self.store.objects.capabilities.local_path else MAX_HELD_PART_BYTES
 
     async def upload_part_copy(self, request: web.Request, grant: dict, t: Target, upload: str,
                                query: dict) -> web.Response:
@@ -120,8 +126,8 @@ class Multipart:
         repo, key, entry, when = await self.server.io(self.writes.source, request, grant)
         rng = request.headers.get("x-amz-copy-source-range")
         start, stop = parse_range(rng, entry.size) or (0, entry.size) if rng else (0, entry.size)
-        if stop - start > MAX_PART_BYTES:
-            raise S3Error(400, "InvalidRequest", f"a copied part is at most {MAX_PART_BYTES} bytes")
+        if stop - start > self._part_limit():
+            raise S3Error(400, "InvalidRequest", f"a copied part is at most {self._part_limit()} bytes here")
         async with self.writes.held(request):
             tmp = self.store.tmp_path()
             try:
