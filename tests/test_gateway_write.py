@@ -484,3 +484,46 @@ def test_an_upload_started_on_one_replica_completes_on_another(s3_env, tmp_path,
     finally:
         for s in servers:
             s.stop()
+
+
+def test_a_parquet_file_put_through_the_gateway_is_the_file_a_push_stores(gw, tmp_path):
+    """The gateway chunks as a push chunks (Parquet pages, the same manifest): the same file put by
+    boto3 and pushed by cdcstore has one manifest id (the GET ETag) and the second stores nothing."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rng = np.random.default_rng(5)
+    t = pa.table({"id": np.arange(200_000), "x": rng.random(200_000),
+                  "s": pa.array([f"name-{i % 5000}" for i in range(200_000)])})
+    pq.write_table(t, tmp_path / "f.parquet", row_group_size=50_000)
+    data = (tmp_path / "f.parquet").read_bytes()
+    s3 = client(gw)
+    s3.put_object(Bucket="ds", Key="main/pq/put.parquet", Body=data)
+    with local(gw) as s:
+        before = s.stats()["stored_bytes"]
+        r = s.push([str(tmp_path / "f.parquet")], "cdc://ds/pq/pushed.parquet", message="push")
+        assert r.new_bytes == 0 and s.stats()["stored_bytes"] == before
+        assert r.files_detail["pq/pushed.parquet"]["chunking"] == "parquet-pages"
+    tags = {k: s3.head_object(Bucket="ds", Key=f"main/pq/{k}.parquet")["ETag"] for k in ("put", "pushed")}
+    assert tags["put"] == tags["pushed"]
+
+
+def test_a_tokens_staged_parts_are_capped(tmp_path):
+    """max_upload_bytes_per_token: a token's parts past it are 403 QuotaExceeded, nothing staged."""
+    LocalStore.init(str(tmp_path / "srv"))
+    (tmp_path / "tokens.json").write_text(json.dumps(TOKENS))
+    port = free_port()
+    srv = ServerProcess(str(tmp_path / "srv"), "--tokens", str(tmp_path / "tokens.json"), "--s3-port", str(port),
+                        "--limit", f"max_upload_bytes_per_token={7 * MiB}").start()
+    try:
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="team-bot",
+                          aws_secret_access_key=TEAM, region_name="us-east-1")
+        s3.create_bucket(Bucket="team")
+        up = s3.create_multipart_upload(Bucket="team", Key="main/big.bin")["UploadId"]
+        s3.upload_part(Bucket="team", Key="main/big.bin", UploadId=up, PartNumber=1, Body=os.urandom(5 * MiB))
+        with pytest.raises(ClientError) as e:
+            s3.upload_part(Bucket="team", Key="main/big.bin", UploadId=up, PartNumber=2, Body=os.urandom(5 * MiB))
+        assert _code(e) == "QuotaExceeded" and "max_upload_bytes_per_token" in e.value.response["Error"]["Message"]
+        assert [p["PartNumber"] for p in s3.list_parts(Bucket="team", Key="main/big.bin", UploadId=up)["Parts"]] == [1]
+    finally:
+        srv.stop()
