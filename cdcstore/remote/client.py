@@ -25,10 +25,11 @@ import aiohttp
 
 from .. import runtime, settings
 from ..core import ids
-from ..core.address import check_name
 from . import wire
+from .refs import RemoteRefs
 from .receiver import Receiver, Stalled, Unserved
 from .staging import RemoteJournal, manifests_present
+from .wire import url_repo
 from ..core import treeobj
 from ..core.commit import Commit
 from ..core.errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError, NotFoundError,
@@ -38,6 +39,7 @@ from ..core.pack import PackEntry, decode_chunk
 from ..core.ranges import ByteRange, lands, plan_ranges, scatter, slices
 from ..storage import meta
 from ..storage.backend import Backend, BackendCapabilities
+from ..storage.roles import delegate
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
@@ -75,11 +77,6 @@ def clean_upload_temps(tmpdir: str | None = None) -> int:
                     os.unlink(os.path.join(tmpdir, name))
                     removed += 1
     return removed
-
-
-def _repo(repo: str | None) -> str | None:
-    """A repo name checked before it goes into a URL (one clear error, as a local store gives)."""
-    return repo if repo is None else check_name("repo", repo)
 
 
 def _header_bytes(headers) -> int:
@@ -591,8 +588,11 @@ class _Answer(dict):
         raise RemoteError(f"{self.what} lacks {key!r}: is it a cdcstore server (of a version this client knows)?")
 
 
+@delegate("_refs", "commit", "resolve_ref", "branches", "forgotten", "tags", "create_tag", "create_branch",
+          "delete_tag", "delete_branch", "has_repo", "repos")
 class RemoteStore(Backend):
-    """A store behind `cdcstore serve`, used exactly like a local one."""
+    """A store behind `cdcstore serve`, used exactly like a local one: chunks, packs, manifests,
+    trees and commits here; its refs are `refs.RemoteRefs`'s, offered as its own."""
 
     capabilities = BackendCapabilities(counts_requests=True, proves_possession=True, remote_admin=True,
                                        reads_into=True)
@@ -609,9 +609,10 @@ class RemoteStore(Backend):
         self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
         self._api = wire.API
         self.t.store_location = self.location
-        self._scope = meta.scope(self.location, self.t.token)  # immutable objects are kept in `meta` per it
-        self._legacy_trees = False  # the server predates protocol 1.5 (no tree routes)
+        self.scope = meta.scope(self.location, self.t.token)  # immutable objects are kept in `meta` per it
+        self.legacy_trees = False  # the server predates protocol 1.5 (no tree routes)
         self._local_trees: dict[str, treeobj.Tree] = {}  # trees this process made (and uploaded)
+        self._refs = RemoteRefs(self)  # repos, branches, tags, and the commit that moves a branch
         clean_upload_temps()
 
     def _remembered(self, key: tuple, fetch):
@@ -621,11 +622,7 @@ class RemoteStore(Backend):
         def fetched():
             meta.count("objects_server")
             return fetch()
-        return meta.objects().remembered((self._scope, *key), fetched)
-
-    def _wrote(self, repo: str, rev: str) -> None:
-        """The one invalidation rule (storage/meta.py): this write moved `rev`'s heads."""
-        meta.wrote(meta.identity(self.location), repo, rev)
+        return meta.objects().remembered((self.scope, *key), fetched)
 
     def _call(self, method: str, path: str, **kw) -> bytes:
         return self.t.run(self.t.request(method, self._api + path, **kw))[1]
@@ -755,7 +752,7 @@ class RemoteStore(Backend):
         step = wire.MAX_IDS_PER_REQUEST
         for width, wanted in wire.by_width(dict.fromkeys(chunk_ids)).items():  # v1 data: 16-byte ids
             for i in range(0, len(wanted), step):
-                body = self._call("POST", f"/repos/{_repo(repo)}/locate", body=wire.encode_ids(wanted[i:i + step]),
+                body = self._call("POST", f"/repos/{url_repo(repo)}/locate", body=wire.encode_ids(wanted[i:i + step]),
                                   headers=wire.id_headers(width))
                 out.update(wire.decode_locations(body, width))
         return out
@@ -765,8 +762,8 @@ class RemoteStore(Backend):
         """Verified chunks by id, fetched in merged range requests; `stored`, if given,
         receives each chunk's stored (compressed) bytes too (for a cache)."""
         ranges = plan_ranges(items, max_range=self.range_bytes)
-        futures = {self.t.submit(self.t.get_range(f"{self._api}/repos/{_repo(repo)}/packs/{r.pack}", r.start, r.end)): r
-                   for r in ranges}
+        futures = {self.t.submit(self.t.get_range(f"{self._api}/repos/{url_repo(repo)}/packs/{r.pack}",
+                                                  r.start, r.end)): r for r in ranges}
         out: dict[bytes, bytes] = {}
         try:
             for fut in concurrent.futures.as_completed(futures):  # verify each range while the rest arrive
@@ -831,7 +828,7 @@ class RemoteStore(Backend):
         return self._remembered(("manifest", repo, name), lambda: self._fetch_manifest(name, repo))
 
     def _fetch_manifest(self, name: str, repo: str | None) -> Manifest:
-        return self._checked_manifest(name, self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}",
+        return self._checked_manifest(name, self._call("GET", f"/repos/{url_repo(repo)}/manifests/{name}",
                                                        limit=MAX_MANIFEST_BYTES))
 
     @staticmethod
@@ -845,10 +842,10 @@ class RemoteStore(Backend):
         before it answers the manifest alone: no locations). A manifest fetched before
         costs no request and comes without locations (a reader locates as it reads)."""
         key = ("manifest", repo, name)
-        kept = meta.objects().get((self._scope, *key))
+        kept = meta.objects().get((self.scope, *key))
         if kept is not None:
             return kept, {}
-        data, found = wire.decode_located(self._call("GET", f"/repos/{_repo(repo)}/manifests/{name}?locations=1"))
+        data, found = wire.decode_located(self._call("GET", f"/repos/{url_repo(repo)}/manifests/{name}?locations=1"))
         meta.count("objects_server")
         m = self._checked_manifest(name, data)
         return self._remembered(key, lambda: m), found
@@ -859,12 +856,12 @@ class RemoteStore(Backend):
         protocol 1.5 has no tree route: the trees are then kept here and `commit` sends
         the commit in format 1 (its whole file map), as such a server expects."""
         def send(batch: list[bytes]) -> None:
-            if self._legacy_trees:
+            if self.legacy_trees:
                 return
             try:
                 got = self._json("POST", "/trees", body=wire.encode_blobs(batch))["trees"]
             except NotFoundError:  # a server before protocol 1.5
-                self._legacy_trees = True
+                self.legacy_trees = True
                 return
             if got != [ids.hexdigest(b) for b in batch]:
                 raise CorruptionError("server named the trees differently than their hashes")
@@ -882,131 +879,23 @@ class RemoteStore(Backend):
         return self._remembered(("tree", repo, name), lambda: self._fetch_tree(name, repo))
 
     def _fetch_tree(self, name: str, repo: str | None) -> treeobj.Tree:
-        data = self._call("GET", f"/repos/{_repo(repo)}/trees/{name}")
+        data = self._call("GET", f"/repos/{url_repo(repo)}/trees/{name}")
         if not ids.matches(data, name):
             raise CorruptionError(f"tree {name} from the server does not match its name")
         return treeobj.Tree.decode(data, f"tree {name}")
 
-    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
-        """Send `commit`. A server with tokens records the token's name as its author (the
-        answer's "author"): the commit it stores is ours with that author, rebased or not."""
-        sent = commit  # stored as given: `make_commit` makes format 2 and 3 commits
-        if self._legacy_trees and commit.tree is not None:  # a server before protocol 1.5 takes format 1 only
-            sent = Commit(commit.repo, commit.parent, commit.message, commit.time,
-                          self.view(commit.repo, commit).files())
-        try:
-            answer = self._post_commit(sent, branch, expected)
-        except CdcError as e:
-            if sent.author is None or "commit format 3" not in str(e):
-                raise
-            sent = Commit(sent.repo, sent.parent, sent.message, sent.time, None, sent.tree)  # a server
-            answer = self._post_commit(sent, branch, expected)  # before authors: format 2, no author
-        cid, author = answer["commit"], answer.get("author")
-        if isinstance(author, str) and author != sent.author:
-            try:  # a format 1 commit is stored as format 3 with that author (its trees built there)
-                sent = sent.with_author(author) if sent.tree is not None else sent
-            except ValueError as e:
-                raise CorruptionError(f"server answered an invalid author: {e}") from None
-        if cid != sent.id:
-            self._check_rebased(sent, cid, author if isinstance(author, str) else sent.author)
-        self._wrote(commit.repo, branch)
-        return cid
-
-    def _post_commit(self, sent: Commit, branch: str, expected: str | None) -> dict:
-        doc = {"commit": sent.encode().decode(), "branch": branch, "expected": expected}
-        return self._json("POST", f"/repos/{_repo(sent.repo)}/commits", body=json.dumps(doc).encode(),
-                          headers={"Content-Type": "application/json"})
-
-    def _check_rebased(self, commit: Commit, landed: str, author: str | None) -> None:
-        """The server rebased `commit` onto a moved head (or stored a format 1 commit as format
-        3): the landed commit must hold our change set, by `author`, and nothing of ours may
-        be lost (only the changed paths are read)."""
-        if not ids.is_hex_id(landed):
-            raise CorruptionError(f"server answered an invalid commit id {landed!r}")
-        got = self.get_commit(commit.repo, landed)
-        base = self.view(commit.repo, self.get_commit(commit.repo, commit.parent)) if commit.parent else None
-        changed, removed = treeobj.changes(base, self.view(commit.repo, commit))
-        view = self.view(commit.repo, got)
-        if (got.message != commit.message or got.author != author
-                or any(view.get(p) != f for p, f in changed.items())
-                or any(view.get(p) is not None for p in removed)):
-            raise CorruptionError(f"server landed commit {landed} that does not hold this commit's changes")
-
     def get_commit(self, repo: str, commit_id: str) -> Commit:
         if not ids.is_hex_id(commit_id):  # a full id only, as a local store takes it
-            raise RevisionNotFoundError(f"no commit {commit_id!r} in repo {_repo(repo)!r}")
+            raise RevisionNotFoundError(f"no commit {commit_id!r} in repo {url_repo(repo)!r}")
         # kept per process: bound to this store's trees (another RemoteStore of the scope may have kept it)
         kept = self._remembered(("commit", repo, commit_id), lambda: self._fetch_commit(repo, commit_id))
         return self.bound(repo, kept)
 
     def _fetch_commit(self, repo: str, commit_id: str) -> Commit:
-        data = self._call("GET", f"/repos/{_repo(repo)}/commits/{commit_id}")
+        data = self._call("GET", f"/repos/{url_repo(repo)}/commits/{commit_id}")
         if not ids.matches(data, commit_id):
             raise CorruptionError(f"commit {commit_id} from the server does not match its id")
         return self.bound(repo, Commit.decode(data, f"commit {commit_id}"))
-
-    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
-        """Asks the server every time (heads are kept by the callers that may serve them stale:
-        the chunk cache, the filesystem; storage/meta.py); the answer is noted for them."""
-        if ids.is_hex_id(rev) and meta.objects().has((self._scope, "commit", repo, rev.lower())):  # a pinned commit seen
-            return rev.lower(), "commit"
-        doc = self._json("GET", f"/repos/{_repo(repo)}/resolve/{rev}")
-        cid, kind = doc["commit"], doc.get("kind", "branch")
-        if not ids.is_hex_id(cid) or (kind == "commit" and not cid.startswith(rev.lower())):
-            raise CorruptionError(f"the server resolved {rev!r} to {cid!r}, which is not that commit")
-        meta.count("heads_server")
-        meta.heads().put((meta.identity(self.location), self._scope, repo, rev), cid, kind)
-        return cid, kind
-
-    def branches(self, repo: str) -> dict[str, str]:
-        return self._json("GET", f"/repos/{_repo(repo)}/branches")["branches"]
-
-    def forgotten(self, repo: str) -> set[str] | None:
-        """The repo's forgotten commits; None from a server without the route (before it)."""
-        try:
-            doc = self._json("GET", f"/repos/{_repo(repo)}/forgotten")
-        except RepoNotFoundError:
-            raise
-        except NotFoundError as e:
-            if "no repo" in str(e) or getattr(e, "code", "") == "repo_not_found":
-                raise
-            return None
-        return {c for c in doc.get("forgotten", []) if isinstance(c, str)}
-
-    def tags(self, repo: str) -> dict[str, str]:
-        return self._json("GET", f"/repos/{_repo(repo)}/tags")["tags"]
-
-    def _create_ref(self, repo: str, kinds: str, name: str, commit_id: str) -> None:
-        self._json("POST", f"/repos/{_repo(repo)}/{kinds}", body=json.dumps({"name": name, "commit": commit_id}).encode(),
-                   headers={"Content-Type": "application/json"})
-
-    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
-        self._create_ref(repo, "tags", name, commit_id)
-        self._wrote(repo, name)
-
-    def create_branch(self, repo: str, name: str, commit_id: str) -> None:
-        self._create_ref(repo, "branches", name, commit_id)
-        self._wrote(repo, name)
-
-    def delete_tag(self, repo: str, name: str) -> str:
-        cid = self._json("DELETE", f"/repos/{_repo(repo)}/tags/{name}")["commit"]
-        self._wrote(repo, name)
-        return cid
-
-    def delete_branch(self, repo: str, name: str) -> str:
-        cid = self._json("DELETE", f"/repos/{_repo(repo)}/branches/{name}")["commit"]
-        self._wrote(repo, name)
-        return cid
-
-    def has_repo(self, repo: str) -> bool:
-        try:
-            self.branches(repo)
-            return True
-        except RepoNotFoundError:
-            return False
-
-    def repos(self) -> list[str]:
-        return self._json("GET", "/repos")["repos"]
 
     def totals(self) -> dict:
         return self._json("GET", "/stats")

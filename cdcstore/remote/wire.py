@@ -14,6 +14,7 @@ import hashlib
 import struct
 
 from ..core import ids as _ids
+from ..core.address import check_name
 from ..core.chunker import MAX_CHUNK_BYTES
 from ..core.errors import CorruptionError
 from ..core.pack import PackEntry
@@ -37,6 +38,11 @@ MAX_JSON_BYTES = 16 * 1024 * 1024
 LOCATES = {ID: struct.Struct("<32s32sQIIB3x"), LEGACY_ID: struct.Struct("<16s16sQIIB3x")}
 LOCATE = LOCATES[ID]
 _LEN = struct.Struct("<I")
+
+
+def url_repo(repo: str | None) -> str | None:
+    """A repo name checked before it goes into a URL (one clear error, as a local store gives)."""
+    return repo if repo is None else check_name("repo", repo)
 
 
 def id_width(header: str | None) -> int:
