@@ -382,6 +382,10 @@ def test_sigkill_mid_push_of_parquet_loses_nothing_acknowledged(tmp_path):
     with Forker(tmp_path, preload=("cdcstore", "pyarrow.parquet")) as fk:
         for seed in range(12):
             p = fk.run([root, str(seed)], code=PARQUET_KILLED_WORKER)
+            if seed % 3 == 0:  # some workers acknowledge a push first: on a loaded machine one may take seconds
+                end = time.monotonic() + 120
+                while not p.stdout().strip() and not p.exited() and time.monotonic() < end:
+                    time.sleep(0.05)
             time.sleep(0.2 + rng.random() * 0.6)
             p.send_signal(signal.SIGKILL)
             kills += p.wait() == -signal.SIGKILL
