@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import binascii
 import hashlib
 import re
@@ -168,43 +169,57 @@ def _trailer_names(headers) -> list[str]:
 
 
 async def _pump(server, request: web.Request, sink: _Sink, decoder, limit: int) -> None:
+    """Read the body into `sink`. A MiB gathered is hashed and written on the server's pool while
+    the next one is read (one batch in flight: the order holds, and the socket is drained
+    meanwhile instead of the client waiting on this request's disk and hashes)."""
     idle = server.config.body_idle_timeout
     pending, pending_bytes, got = [], 0, 0
-    while True:
-        try:
-            async with asyncio.timeout(idle):
-                block = await request.content.readany()
-        except TimeoutError:
-            raise S3Error(400, "RequestTimeout", f"Your socket connection to the server was not read from or written "
-                                                 f"to within the timeout period ({idle:g} s)") from None
-        except (ConnectionError, HttpProcessingError, RequestPayloadError) as e:
-            raise S3Error(400, "IncompleteBody", f"the request body could not be read: {type(e).__name__}") from None
-        if not block:
-            break
+    inflight = None
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(idle):
+                    block = await request.content.readany()
+            except TimeoutError:
+                raise S3Error(400, "RequestTimeout", f"Your socket connection to the server was not read from or "
+                                                     f"written to within the timeout period ({idle:g} s)") from None
+            except (ConnectionError, HttpProcessingError, RequestPayloadError) as e:
+                raise S3Error(400, "IncompleteBody", f"the request body could not be read: {type(e).__name__}") from None
+            if not block:
+                break
+            if decoder is not None:
+                try:
+                    pieces = decoder.feed(block)
+                except awschunked.ChunkError as e:
+                    raise S3Error(400 if e.code != "SignatureDoesNotMatch" else 403, e.code, str(e)) from None
+            else:
+                pieces = [block]
+            for p in pieces:
+                got += len(p)
+                pending.append(p)
+                pending_bytes += len(p)
+            if got > limit:
+                raise S3Error(400, "EntityTooLarge", f"the body is over the maximum allowed size of {limit} bytes",
+                              MaxSizeAllowed=limit)
+            if pending_bytes >= HANDOFF:
+                if inflight is not None:
+                    await inflight
+                inflight = asyncio.ensure_future(server.io(sink.write, pending))
+                pending, pending_bytes = [], 0
         if decoder is not None:
             try:
-                pieces = decoder.feed(block)
+                decoder.finish()
             except awschunked.ChunkError as e:
-                raise S3Error(400 if e.code != "SignatureDoesNotMatch" else 403, e.code, str(e)) from None
-        else:
-            pieces = [block]
-        for p in pieces:
-            got += len(p)
-            pending.append(p)
-            pending_bytes += len(p)
-        if got > limit:
-            raise S3Error(400, "EntityTooLarge", f"the body is over the maximum allowed size of {limit} bytes",
-                          MaxSizeAllowed=limit)
-        if pending_bytes >= HANDOFF:
+                raise S3Error(400, e.code, str(e)) from None
+        if inflight is not None:
+            await inflight
+            inflight = None
+        if pending:
             await server.io(sink.write, pending)
-            pending, pending_bytes = [], 0
-    if decoder is not None:
-        try:
-            decoder.finish()
-        except awschunked.ChunkError as e:
-            raise S3Error(400, e.code, str(e)) from None
-    if pending:
-        await server.io(sink.write, pending)
+    finally:
+        if inflight is not None:  # a failed request: its last batch lands before the file is closed
+            with contextlib.suppress(Exception):
+                await inflight
     if decoder is None and request.content_length is not None and got != request.content_length:
         raise S3Error(400, "IncompleteBody", f"You did not provide the number of bytes specified by the "
                                              f"Content-Length HTTP header ({got} of {request.content_length})")
