@@ -12,23 +12,12 @@ from typing import Iterable
 
 from ..core.errors import CdcError, CorruptionError, damaged_message
 from ..core.pack import PackEntry
+from . import index_tables
 from .sqlite import Connections
 
-SCHEMA_VERSION = 5  # 2: repo_chunks, token_chunks, chunks_by_pack (and chunks.xsum, added in place); 3: dup_chunks, store_id; 4: damaged_chunks; 5: own_packs
 _ROW = "id, pack, offset, stored_len, raw_len, codec, xsum"
 _BATCH = 500  # ids per IN (...) query, below sqlite's variable limit
 _PRESENT_BATCH = 8192  # ids per presence query where sqlite allows that many variables (3.32+)
-
-
-# The tables a new index starts with (schema 1; later versions add theirs in `_ensure_schema`).
-_SCHEMA = (
-    "CREATE TABLE packs (name TEXT PRIMARY KEY, size INTEGER, chunks INTEGER)",
-    "CREATE TABLE chunks (id BLOB PRIMARY KEY, pack TEXT NOT NULL, offset INTEGER NOT NULL,"
-    " stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL, codec INTEGER NOT NULL, xsum INTEGER) WITHOUT ROWID",
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)",
-    # what each repo's commits reach (the server's access checks; rebuildable from commits)
-    "CREATE TABLE repo_objects (repo TEXT, kind TEXT, name TEXT, PRIMARY KEY (repo, kind, name))",
-)
 
 
 def _present_batch(conn: sqlite3.Connection) -> int:
@@ -60,7 +49,7 @@ class ChunkIndex:
                                   f"{os.path.basename(path)}.damaged and builds the index again)")
         self._conns = Connections(path)
         try:
-            self._ensure_schema()
+            index_tables.ensure(self.conn)
         except sqlite3.OperationalError as e:  # cannot open or write: not damage
             raise CdcError(f"cannot use the chunk index {path} ({e}): the store directory must be "
                            f"writable, for reads too (sqlite WAL mode); check its permissions and disk") from None
@@ -76,25 +65,6 @@ class ChunkIndex:
         """This thread's connection (a new one after a fork)."""
         return self._conns.conn
 
-    def _has_schema(self) -> bool:
-        return self.conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='chunks'").fetchone() is not None
-
-    def _ensure_schema(self) -> None:
-        if not self._has_schema():
-            self._create_schema()
-        self._ensure_reach_tables()
-        self._ensure_checksums()
-        self._ensure_dup_table()
-        self._ensure_damage_table()
-        self._ensure_own_table()
-
-    def _ensure_own_table(self) -> None:
-        """Schema 5: the packs this machine wrote, or read and verified in full (name and every
-        chunk). In a bucket a push deduplicates against another pack's chunk only after reading
-        it and checking it against its id (trust by origin, docs/protocol.md)."""
-        self._ensure_table("own_packs", "CREATE TABLE IF NOT EXISTS own_packs (name TEXT PRIMARY KEY) WITHOUT ROWID")
-
     def own_packs(self, names: Iterable[str]) -> set[str]:
         """Which of these packs this machine wrote or verified in full."""
         names = list(set(names))
@@ -105,51 +75,9 @@ class ChunkIndex:
                 f"SELECT name FROM own_packs WHERE name IN ({','.join('?' * len(batch))})", batch))
         return out
 
-    def _ensure_damage_table(self) -> None:
-        """Schema 4: the stored copies known damaged (a read or `check` found them failing
-        verification), so that `rebuild-index`, which reads only footers, does not make them
-        readable again. A copy stays recorded until its pack is gone (gc) or it verifies again."""
-        self._ensure_table("damaged_chunks", "CREATE TABLE IF NOT EXISTS damaged_chunks (id BLOB NOT NULL,"
-                           " pack TEXT NOT NULL, PRIMARY KEY (id, pack)) WITHOUT ROWID")
-
-    def _ensure_table(self, name: str, *ddl: str) -> None:
-        """Run `ddl` once, when table `name` is missing, and record the schema version."""
-        conn = self.conn
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name=?", (name,)).fetchone():
-            return
-        with conn:
-            conn.execute("BEGIN IMMEDIATE")
-            for statement in ddl:
-                conn.execute(statement)
-            conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-
     def damaged(self) -> set[tuple[str, bytes]]:
         """(pack, chunk id) of every stored copy known damaged."""
         return {(p, c) for c, p in self.conn.execute("SELECT id, pack FROM damaged_chunks")}
-
-    def _ensure_checksums(self) -> None:
-        """`chunks.xsum`: a v2 pack entry's xxh3-64 checksum (NULL for v1 chunks, and for rows
-        indexed before the column existed), so a local read checks damage without BLAKE3."""
-        conn = self.conn
-        if any(r[1] == "xsum" for r in conn.execute("PRAGMA table_info(chunks)")):
-            return
-        with conn:
-            conn.execute("BEGIN IMMEDIATE")
-            if not any(r[1] == "xsum" for r in conn.execute("PRAGMA table_info(chunks)")):
-                conn.execute("ALTER TABLE chunks ADD COLUMN xsum INTEGER")
-
-    def _ensure_dup_table(self) -> None:
-        """Schema 3: the other copies of chunks that more than one pack holds (two writers
-        raced, a repack in flight). `chunks` keeps one row a chunk (where reads go);
-        `dup_chunks` keeps the rest, so that when a pack is gone a chunk's other copy takes
-        its place and gc sees every pack that holds a live chunk. An index made before
-        schema 3 lacks the duplicates it ignored until `rebuild-index` (a dedup miss at worst:
-        gc counts the duplicate's pack as dead only if it marks from this index alone)."""
-        self._ensure_table("dup_chunks",
-                           "CREATE TABLE IF NOT EXISTS dup_chunks (id BLOB NOT NULL, pack TEXT NOT NULL,"
-                           " offset INTEGER NOT NULL, stored_len INTEGER NOT NULL, raw_len INTEGER NOT NULL,"
-                           " codec INTEGER NOT NULL, xsum INTEGER, PRIMARY KEY (id, pack)) WITHOUT ROWID",
-                           "CREATE INDEX IF NOT EXISTS dup_chunks_by_pack ON dup_chunks (pack)")
 
     # -- whose index this is ------------------------------------------------------------------
     def store_id(self) -> str | None:
@@ -172,36 +100,8 @@ class ChunkIndex:
             conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('store_id', ?)", (store_id,))
         return True
 
-    def _ensure_reach_tables(self) -> None:
-        """Chunk-level reach (schema 2): which chunks each repo's landed commits name, and
-        which chunks each token uploaded. A store indexed before schema 2 is marked
-        `reach_stale` until its grants are rebuilt from the commits (the server does so at start)."""
-        conn = self.conn
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='repo_chunks'").fetchone():
-            return
-        with conn:
-            conn.execute("BEGIN IMMEDIATE")
-            if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='repo_chunks'").fetchone():
-                return
-            conn.execute("CREATE TABLE repo_chunks (repo TEXT NOT NULL, id BLOB NOT NULL, PRIMARY KEY (repo, id))"
-                         " WITHOUT ROWID")
-            conn.execute("CREATE TABLE token_chunks (owner TEXT NOT NULL, id BLOB NOT NULL, PRIMARY KEY (owner, id))"
-                         " WITHOUT ROWID")
-            conn.execute("CREATE INDEX IF NOT EXISTS chunks_by_pack ON chunks (pack, offset)")
-            if conn.execute("SELECT 1 FROM repo_objects LIMIT 1").fetchone():
-                conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('reach_stale', '1')")
-
     def reach_stale(self) -> bool:
         return self.conn.execute("SELECT 1 FROM meta WHERE key='reach_stale'").fetchone() is not None
-
-    def _create_schema(self) -> None:
-        # plain DDL: sqlite-utils imported pandas and numpy to do this (0.8 s of every new index)
-        with self.conn:
-            self.conn.execute("BEGIN IMMEDIATE")
-            if not self._has_schema():
-                for ddl in _SCHEMA:
-                    self.conn.execute(ddl)
-                self.conn.execute("INSERT INTO meta (key, value) VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
 
     def present(self, chunk_ids: Iterable[bytes]) -> set[bytes]:
         """The subset of `chunk_ids` that the index knows: one query per `_PRESENT_BATCH`
