@@ -332,3 +332,22 @@ def test_a_wide_folder_is_listed_level_by_level():
     parts = sum(1 for t in nodes.values() if not t.split) - 1  # the pages of w (not the root page)
     assert len(batches) <= 5 and sum(batches) >= parts  # a few levels, not one call per page
     assert max(batches) >= 8
+
+
+def test_a_wide_page_written_before_splits_is_read_and_split_by_its_next_commit(monkeypatch):
+    """A folder of 500 entries stored as one format-2 page (as every cdcstore before tree
+    format 3 wrote it) reads as it is; the first commit that changes it writes the canonical
+    split folder, the tree a fresh build of the new files gives."""
+    files = _wide(500, "old")
+    monkeypatch.setattr(treeobj, "LEAF_MAX", 10 ** 9)
+    rid, nodes = treeobj.build(files)
+    monkeypatch.undo()
+    assert treeobj.LEAF_MAX == 48 and not any(t.split for t in nodes.values())
+    view = treeobj.View(Counted(nodes), rid)
+    assert view.get("old/f000499.bin") == files["old/f000499.bin"] and len(view.listing("old")) == 500
+    new = dict(files)
+    new["old/f000007.bin"] = FileEntry(_m(77), 77)
+    root, written = treeobj.apply(view, {"old/f000007.bin": new["old/f000007.bin"]})
+    assert root == treeobj.View.of_files(new).root
+    assert treeobj.changes(view, treeobj.View(Counted({**nodes, **written}), root)) == (
+        {"old/f000007.bin": new["old/f000007.bin"]}, set())
