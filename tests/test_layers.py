@@ -225,3 +225,29 @@ def test_only_the_settings_module_reads_the_environment():
     readme = open(os.path.join(os.path.dirname(ROOT), "README.md")).read()
     missing = [s.name for s in settings.ALL if f"`{s.name}`" not in readme]
     assert missing == [], f"the README's settings table lacks {missing}"
+
+
+MAX_CLASS_LINES = 400  # a class past this does more than one role: carve it into role objects (issue 34)
+# The only classes allowed past it, each with its reason. Both are being carved by others this session
+# (2026-12-04): the server (S3 writes and the web view add routes to it) and the API's `Store` (its write
+# path). Take a name out of here once its class is under the bound; never add one.
+BIG_CLASSES = {
+    ("remote.server", "Server"),
+    ("api", "Store"),
+}
+
+
+def test_no_class_is_over_400_lines():
+    """Each class of cdcstore (nested ones too) spans at most `MAX_CLASS_LINES` lines, decorators
+    included; a store composed of role objects offers their methods with `roles.delegate`."""
+    big, sizes = [], {}
+    for mod, path in modules():
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ClassDef):
+                lines = node.end_lineno - min([d.lineno for d in node.decorator_list] + [node.lineno]) + 1
+                sizes[(mod, node.name)] = lines
+                if lines > MAX_CLASS_LINES and (mod, node.name) not in BIG_CLASSES:
+                    big.append(f"{mod}.{node.name}: {lines} lines")
+    assert big == [], f"classes over {MAX_CLASS_LINES} lines (carve them into role objects):\n" + "\n".join(big)
+    done = sorted(f"{m}.{c}" for m, c in BIG_CLASSES if sizes.get((m, c), 0) <= MAX_CLASS_LINES)
+    assert done == [], f"{done} are no longer over {MAX_CLASS_LINES} lines: take them out of BIG_CLASSES"
