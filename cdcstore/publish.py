@@ -49,13 +49,18 @@ class Publisher:
         return [p for p in paths if view.get(p) is not None]
 
     def commit(self, repo: str, branch: str, entries: dict[str, FileEntry], removed: Iterable[str],
-               message: str, author: str) -> str | None:
+               message: str, author: str, expect: dict[str, str | None] | None = None) -> str | None:
         """One commit on `branch` setting `entries` and removing those of `removed` that exist; the
         landed commit id (None when nothing changed). Made again on the new head when another
-        writer changed the same paths first."""
+        writer changed the same paths first. `expect`: path -> the manifest id the head must hold
+        there, or None for no file (S3's If-Match / If-None-Match: *); FileExistsError otherwise,
+        checked against each head a commit is made on (a race on the path is a conflict, then a
+        new check)."""
         removed = list(removed)
         store = self._store(author)
         for attempt in range(RETRIES):
+            if expect:
+                self._check_expected(store, repo, branch, expect)
             gone = self.existing(repo, branch, removed) if removed else []
             if not entries and not gone:
                 return None
@@ -67,6 +72,19 @@ class Publisher:
                 continue
             return result.commit if result.changed else None
         return None
+
+    @staticmethod
+    def _check_expected(store: Store, repo: str, branch: str, expect: dict[str, str | None]) -> None:
+        try:
+            _, commit = store.resolve(Address(repo, branch, ""))
+            view = store.view(repo, commit)
+        except NotFoundError:
+            view = None
+        for path, want in expect.items():
+            entry = view.get(path) if view is not None else None
+            if (entry.manifest if entry is not None else None) != want:
+                raise FileExistsError(f"{path!r} is {'there' if entry is not None else 'absent'} on {branch!r}, "
+                                      f"not as the write's condition says")
 
     def create(self, repo: str, author: str) -> str:
         """A new repo: an empty first commit on the default branch (S3 CreateBucket)."""

@@ -288,6 +288,11 @@ def write_cases(s3, bucket: str, reference: bool = False) -> list[tuple[str, dic
     case("put bad md5", lambda: s3.put_object(Bucket=bucket, Key="main/w/c.txt", Body=b"gamma",
                                               ContentMD5=base64.b64encode(hashlib.md5(b"x").digest()).decode()))
     case("put empty", lambda: s3.put_object(Bucket=bucket, Key="main/w/empty.bin", Body=b""))
+    case("put if-none-match new", lambda: s3.put_object(Bucket=bucket, Key="main/w/once.txt", Body=b"1",
+                                                        IfNoneMatch="*"))
+    case("put if-none-match taken", lambda: s3.put_object(Bucket=bucket, Key="main/w/once.txt", Body=b"2",
+                                                          IfNoneMatch="*"))
+    case("get once", lambda: s3.get_object(Bucket=bucket, Key="main/w/once.txt"))
     case("put replace", lambda: s3.put_object(Bucket=bucket, Key="main/w/a.txt", Body=b"alpha v2\n"))
     case("get replaced", lambda: s3.get_object(Bucket=bucket, Key="main/w/a.txt"))
     case("copy", lambda: s3.copy_object(Bucket=bucket, Key="main/w/copy.txt", CopySource=f"{bucket}/main/w/b.txt"))

@@ -179,7 +179,8 @@ class Multipart:
             finally:
                 await self.server.io(_unlink, tmp)
             cid = await self.server.io(self.writes.land, t, {t.path: entry}, [], self.writes.author(request, grant),
-                                       f"PUT {t.path} (S3 gateway, {len(chosen)} parts)")
+                                       f"PUT {t.path} (S3 gateway, {len(chosen)} parts)",
+                                       self.writes.conditions(request, t))
             await self.server.io(uploads.abort, self.store, t.repo, upload)  # landed: the parts go
         tag = hashlib.md5(b"".join(bytes.fromhex(p.md5) for p in chosen)).hexdigest() + f"-{len(chosen)}"
         body = el("Location", f"/{t.repo}/{t.key}") + el("Bucket", t.repo) + el("Key", t.key) + el("ETag", f'"{tag}"')

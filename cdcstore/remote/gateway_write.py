@@ -109,10 +109,12 @@ class GatewayWrites:
         await self.io(self._writable, t)
 
     # -- landing -----------------------------------------------------------------------------------
-    def land(self, t: Target, entries: dict, removed: list, author: str, message: str) -> str | None:
-        """Commit (or stage, for a job) what one write changes; the landed commit id, if any."""
+    def land(self, t: Target, entries: dict, removed: list, author: str, message: str,
+             expect: dict | None = None) -> str | None:
+        """Commit (or stage, for a job) what one write changes; the landed commit id, if any.
+        `expect`: the write's conditions (`conditions`), checked against the head it lands on."""
         if t.job is None:
-            return self._commit(t, entries, removed, author, message)
+            return self._commit(t, entries, removed, author, message, expect)
         try:
             self.publisher.stage(t.repo, t.job, entries, removed)
             if t.lands:
@@ -121,11 +123,33 @@ class GatewayWrites:
             raise _refused(t, e) from None
         return None
 
-    def _commit(self, t: Target, entries: dict, removed: list, author: str, message: str) -> str | None:
+    def _commit(self, t: Target, entries: dict, removed: list, author: str, message: str,
+                expect: dict | None = None) -> str | None:
         try:
-            return self.publisher.commit(t.repo, t.branch, entries, removed, message, author)
+            return self.publisher.commit(t.repo, t.branch, entries, removed, message, author, expect)
         except InvalidAddressError as e:
             raise _refused(t, e) from None
+        except FileExistsError as e:
+            raise S3Error(412, "PreconditionFailed", f"At least one of the pre-conditions you specified did not "
+                                                     f"hold: {e}", Condition="If-None-Match" if expect and
+                          None in expect.values() else "If-Match", Key=t.key) from None
+
+    @staticmethod
+    def conditions(request: web.Request, t: Target) -> dict | None:
+        """A write's If-None-Match: * (create only) or If-Match: ETAG (the file as read: a GET's
+        ETag, its manifest id) as {path: manifest id or None}; None when it has neither."""
+        none_match, match = request.headers.get("If-None-Match"), request.headers.get("If-Match")
+        if none_match is None and match is None:
+            return None
+        if t.job is not None:
+            raise S3Error(501, "NotImplemented", f"{t.key!r}: a conditional write to a job (BRANCH@JOB) is not "
+                                                 f"served: its condition could only be checked when the job lands")
+        if none_match is not None:
+            if none_match.strip() != "*":
+                raise S3Error(501, "NotImplemented", "If-None-Match on a write takes only '*' (as S3)")
+            return {t.path: None}
+        tag = match.strip().strip('"')
+        return {t.path: tag}
 
     # -- dispatch --------------------------------------------------------------------------------
     async def handle(self, request: web.Request, grant: dict, bucket: str, key: str, query: dict):
@@ -179,6 +203,7 @@ class GatewayWrites:
         async with self.held(request):
             tmp = self.store.tmp_path()
             try:
+                expect = self.conditions(request, t) if t.path else None
                 got = await receive(self.server, request, tmp, MAX_PUT_BYTES)
                 if not t.path:  # a folder marker (pyarrow's create_dir, the console's "folders"): no file
                     if got.size:
@@ -187,7 +212,7 @@ class GatewayWrites:
                     return web.Response(headers={"ETag": f'"{EMPTY_MD5}"', "Content-Length": "0"})
                 entry = await self.io(self.publisher.upload, t.repo, t.path, tmp)
                 cid = await self.io(self.land, t, {t.path: entry}, [], self.author(request, grant),
-                                    f"PUT {t.path} (S3 gateway)")
+                                    f"PUT {t.path} (S3 gateway)", expect)
             finally:
                 await self.io(_unlink, tmp)
         return web.Response(headers={"ETag": f'"{got.md5}"', "Content-Length": "0", **_commit_header(cid)})
