@@ -558,3 +558,36 @@ def test_conditional_writes_if_none_match_and_if_match(gw):
             return False
     with ThreadPoolExecutor(6) as ex:
         assert sum(ex.map(create, range(6))) == 1  # exactly one writer creates it
+
+
+def test_a_long_complete_answers_200_at_once_then_its_xml_or_its_error(tmp_path):
+    """A Complete still working after `gateway_keepalive` s answers as S3 does: 200 and spaces while
+    the file is chunked (no client read timeout), then the result, or the <Error> in that 200."""
+    LocalStore.init(str(tmp_path / "srv"))
+    port = free_port()
+    srv = ServerProcess(str(tmp_path / "srv"), "--s3-port", str(port), "--limit", "gateway_keepalive=0.01").start()
+    try:
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="any",
+                          aws_secret_access_key="any", region_name="us-east-1")
+        s3.create_bucket(Bucket="ds")
+        parts = [os.urandom(5 * MiB), os.urandom(5 * MiB), b"tail"]
+
+        def upload(key, **kw):
+            up = s3.create_multipart_upload(Bucket="ds", Key=key)["UploadId"]
+            tags = [{"PartNumber": n, "ETag": s3.upload_part(Bucket="ds", Key=key, UploadId=up, PartNumber=n,
+                                                             Body=p)["ETag"]} for n, p in enumerate(parts, 1)]
+            return s3.complete_multipart_upload(Bucket="ds", Key=key, UploadId=up, MultipartUpload={"Parts": tags},
+                                                **kw)
+
+        r = upload("main/slow.bin")
+        digests = b"".join(hashlib.md5(p).digest() for p in parts)
+        assert r["ETag"] == f'"{hashlib.md5(digests).hexdigest()}-3"'
+        assert s3.get_object(Bucket="ds", Key="main/slow.bin")["Body"].read() == b"".join(parts)
+        with pytest.raises(ClientError) as e:  # the condition fails after the 200 went out
+            upload("main/slow.bin", IfNoneMatch="*")
+        assert _code(e) == "PreconditionFailed"
+    finally:
+        srv.stop()
+    import re
+    answers = re.findall(r'"POST /ds/main/slow.bin\?uploadId=\w+ HTTP/1.1" (\d+)', srv.log_text())
+    assert set(answers) == {"200"} and len(answers) >= 3  # the failing one too: 200, an <Error>, retried

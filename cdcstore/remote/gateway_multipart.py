@@ -10,19 +10,23 @@ commit. The answer's ETag is S3's multipart form: the MD5 of the parts' MD5s, `-
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import os
 import time
 
 from aiohttp import web
 
-from ..core.errors import NotFoundError
+from ..core.errors import BusyError, NotFoundError
 from ..storage import uploads
 from ..storage.reader import FileReader
 from .gateway import MAX_KEYS, S3Error, iso_time, parse_range
 from .s3body import read_xml, receive
 from .s3forms import Target, el, parse_xml, xml
 from .staging import JournalSpace
+
+log = logging.getLogger("cdcstore.gateway")
 
 MAX_PART_BYTES = 5 * 1024 ** 3  # as S3
 MAX_HELD_PART_BYTES = 1024 ** 3  # over a bucket a part is put and read back whole: held in memory
@@ -168,20 +172,26 @@ class Multipart:
         if [n for n, _ in asked] != sorted({n for n, _ in asked}):
             raise S3Error(400, "InvalidPartOrder", "The list of parts was not in ascending order. The parts list "
                                                    "must be specified in order by part number.")
+        expect = self.writes.conditions(request, t)
         async with self.writes.held(request):
             chosen = await self.server.io(self._chosen, t, upload, asked)
-            tmp = self.store.tmp_path()
-            try:
-                await self.server.io(uploads.assemble, self.store, chosen, tmp)
-                entry = await self.server.io(self.writes.publisher.upload, t.repo, t.path, tmp)
-            except NotFoundError as e:
-                raise S3Error(404, "NoSuchUpload", str(e), UploadId=upload) from None
-            finally:
-                await self.server.io(_unlink, tmp)
-            cid = await self.server.io(self.writes.land, t, {t.path: entry}, [], self.writes.author(request, grant),
-                                       f"PUT {t.path} (S3 gateway, {len(chosen)} parts)",
-                                       self.writes.conditions(request, t))
-            await self.server.io(uploads.abort, self.store, t.repo, upload)  # landed: the parts go
+            return await answer_slowly(request, self._land(request, grant, t, upload, chosen, expect),
+                                       self.server.limits.gateway_keepalive)
+
+    async def _land(self, request: web.Request, grant: dict, t: Target, upload: str, chosen: list,
+                    expect: dict | None) -> web.Response:
+        """Complete's work once its parts are checked: join, store as a push stores a file, land."""
+        tmp = self.store.tmp_path()
+        try:
+            await self.server.io(uploads.assemble, self.store, chosen, tmp)
+            entry = await self.server.io(self.writes.publisher.upload, t.repo, t.path, tmp)
+        except NotFoundError as e:
+            raise S3Error(404, "NoSuchUpload", str(e), UploadId=upload) from None
+        finally:
+            await self.server.io(_unlink, tmp)
+        cid = await self.server.io(self.writes.land, t, {t.path: entry}, [], self.writes.author(request, grant),
+                                   f"PUT {t.path} (S3 gateway, {len(chosen)} parts)", expect)
+        await self.server.io(uploads.abort, self.store, t.repo, upload)  # landed: the parts go
         tag = hashlib.md5(b"".join(bytes.fromhex(p.md5) for p in chosen)).hexdigest() + f"-{len(chosen)}"
         body = el("Location", f"/{t.repo}/{t.key}") + el("Bucket", t.repo) + el("Key", t.key) + el("ETag", f'"{tag}"')
         resp = xml("CompleteMultipartUploadResult", body)
@@ -254,3 +264,38 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+async def answer_slowly(request: web.Request, work, keepalive: float) -> web.StreamResponse:
+    """The answer of a long Complete, as S3 gives it: when `work` (a coroutine making the answer)
+    takes over `keepalive` seconds, a 200 with the XML declaration goes out at once, then a space
+    every `keepalive` seconds (a client's read timeout never fires while a big file is chunked),
+    then the answer's XML, or S3's <Error> document in that 200 (the SDKs look for one after
+    CompleteMultipartUpload and retry). The work goes on if the client leaves: it lands or not."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait([task], timeout=keepalive)
+    if done:
+        return task.result()
+    resp = web.StreamResponse(status=200, headers={"Content-Type": "application/xml"})
+    try:
+        await resp.prepare(request)
+        await resp.write(b'<?xml version="1.0" encoding="UTF-8"?>\n')
+        while not done:
+            done, _ = await asyncio.wait([task], timeout=keepalive)
+            if not done:
+                await resp.write(b" ")
+        try:
+            answer = task.result()
+            text = answer.text.split("?>", 1)[-1].lstrip()
+        except S3Error as e:
+            text = (f"<Error>{el('Code', e.code)}{el('Message', str(e))}"
+                    + "".join(el(k, v) for k, v in e.extra.items()) + "</Error>")
+        except Exception as e:  # the status is out: the error goes in the body, as S3 sends it
+            log.exception("CompleteMultipartUpload of %s failed", request.path)
+            code = "SlowDown" if isinstance(e, BusyError) else "InternalError"
+            text = f"<Error>{el('Code', code)}{el('Message', f'{type(e).__name__}: the upload was not completed')}</Error>"
+        await resp.write(text.encode())
+        await resp.write_eof()
+    except ConnectionError:  # the client left: the work still lands (or fails) on its own
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    return resp
