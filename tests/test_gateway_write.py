@@ -374,6 +374,12 @@ def test_multipart_refusals(gw):
     with pytest.raises(ClientError) as e:  # another repo's token cannot touch it
         client(gw, "team-bot").abort_multipart_upload(Bucket="ds", Key="main/mp/small.bin", UploadId=up)
     assert _code(e) == "AccessDenied"
+    for call in (lambda c: c.list_parts(Bucket="ds", Key="main/mp/small.bin", UploadId=up),
+                 lambda c: c.list_multipart_uploads(Bucket="ds")):
+        for name in ("team-bot", "reader"):  # nor see it, nor may a read token (uploads are writers' business)
+            with pytest.raises(ClientError) as e:
+                call(client(gw, name))
+            assert _code(e) == "AccessDenied"
     s3.abort_multipart_upload(Bucket="ds", Key="main/mp/small.bin", UploadId=up)
     assert _staged(gw, up) == []
     with pytest.raises(ClientError) as e:

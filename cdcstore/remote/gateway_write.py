@@ -160,8 +160,8 @@ class GatewayWrites:
             check_name("repo", bucket)
         except InvalidAddressError as e:
             raise S3Error(400, "InvalidBucketName", str(e), BucketName=bucket) from None
-        if method == "GET":  # ?uploads, ?uploadId: listings of uploads in flight
-            self.may(grant, bucket, write=False)
+        if method == "GET":  # ?uploads, ?uploadId: uploads in flight are their writers' business
+            self.may(grant, bucket, write=True)
             if "uploadId" in query and key:
                 return await self.multipart.list_parts(bucket, key, query)
             return await self.multipart.list_uploads(bucket, query)
