@@ -19,7 +19,7 @@ import time
 from aiohttp import web
 
 from ..core.errors import BusyError, NotFoundError
-from ..storage import uploads
+from ..storage import staging, uploads
 from ..storage.reader import FileReader
 from .gateway import MAX_KEYS, S3Error, iso_time, parse_range
 from .s3body import read_xml, receive
@@ -53,7 +53,10 @@ class Multipart:
                           Key=t.key)
         if method == "POST" and "uploads" in query:
             await self.writes.writable(t)
-            upload = await self.server.io(uploads.create, self.store, t.repo, t.key, self._owner(request))
+            owner = self._owner(request)
+            if owner is not None:  # the upload's marker, record and owner record count in its space
+                await self.server.io(self._reserve, owner, 3 * staging.MIN_CHARGE)
+            upload = await self.server.io(uploads.create, self.store, t.repo, t.key, owner)
             return xml("InitiateMultipartUploadResult", el("Bucket", t.repo) + el("Key", t.key) + el("UploadId", upload))
         upload = query.get("uploadId", "")
         await self.server.io(self._check, t, upload)
