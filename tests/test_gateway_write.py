@@ -597,3 +597,49 @@ def test_a_long_complete_answers_200_at_once_then_its_xml_or_its_error(tmp_path)
     import re
     answers = re.findall(r'"POST /ds/main/slow.bin\?uploadId=\w+ HTTP/1.1" (\d+)', srv.log_text())
     assert set(answers) == {"200"} and len(answers) >= 3  # the failing one too: 200, an <Error>, retried
+
+
+def test_a_server_killed_in_the_middle_of_a_put_leaves_the_store_as_it_was(tmp_path):
+    """SIGKILL while a PUT's body arrives, and a client that hangs up mid-body: the branch does not
+    move, check finds no problem, and the killed server's temp file is gone after the next start."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("v1")
+    LocalStore.init(str(tmp_path / "srv"))
+    with Store(str(tmp_path / "srv")) as s:
+        s.push([str(tmp_path / "d")], "cdc://ds/", message="v1")
+        before = s.branches("ds")["main"]
+    port = free_port()
+    srv = ServerProcess(str(tmp_path / "srv"), "--s3-port", str(port)).start()
+    conn = http.client.HTTPConnection(f"127.0.0.1:{port}", timeout=30)
+    try:
+        conn.putrequest("PUT", "/ds/main/big.bin")
+        conn.putheader("Content-Length", str(30 * MiB))
+        conn.endheaders()
+        conn.send(os.urandom(10 * MiB))
+        temps = lambda: [n for n in os.listdir(tmp_path / "srv" / "tmp") if n.endswith(".tmp")]  # noqa: E731
+        for _ in range(50):  # the body is being written to a temp file
+            if temps():
+                break
+            import time
+            time.sleep(0.1)
+        assert temps()
+    finally:
+        srv.kill()
+        srv.stop()
+        conn.close()
+    srv = ServerProcess(str(tmp_path / "srv"), "--s3-port", str(port)).start()  # cleans dead writers' temps
+    try:
+        c = http.client.HTTPConnection(f"127.0.0.1:{port}", timeout=30)  # a client that hangs up mid-body
+        c.putrequest("PUT", "/ds/main/other.bin")
+        c.putheader("Content-Length", str(8 * MiB))
+        c.endheaders()
+        c.send(os.urandom(1 * MiB))
+        c.close()
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="any",
+                          aws_secret_access_key="any", region_name="us-east-1")
+        assert [o["Key"] for o in s3.list_objects_v2(Bucket="ds", Prefix="main/")["Contents"]] == ["main/a.txt"]
+    finally:
+        srv.stop()
+    assert temps() == []
+    with Store(str(tmp_path / "srv")) as s:
+        assert s.branches("ds")["main"] == before and s.check()["problems"] == []
