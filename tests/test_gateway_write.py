@@ -643,3 +643,25 @@ def test_a_server_killed_in_the_middle_of_a_put_leaves_the_store_as_it_was(tmp_p
     assert temps() == []
     with Store(str(tmp_path / "srv")) as s:
         assert s.branches("ds")["main"] == before and s.check()["problems"] == []
+
+
+def test_a_presigned_put_url_writes_once_signed_and_only_where_it_says(gw):
+    """A presigned PutObject URL (what a service hands an uploader that holds no token): the bytes
+    land under the signer's name; the URL does not write another key."""
+    import urllib.error
+    import urllib.request
+    from botocore.config import Config
+    s3 = client(gw, config=Config(signature_version="s3v4"))
+    url = s3.generate_presigned_url("put_object", Params={"Bucket": "ds", "Key": "main/presigned/x.bin"},
+                                    ExpiresIn=300)
+    data = os.urandom(100_000)
+    with urllib.request.urlopen(urllib.request.Request(url, data=data, method="PUT")) as r:
+        assert r.status == 200 and r.headers["ETag"] == f'"{hashlib.md5(data).hexdigest()}"'
+    assert s3.get_object(Bucket="ds", Key="main/presigned/x.bin")["Body"].read() == data
+    with local(gw) as s:
+        assert s.log("ds", "main", limit=1)[0]["author"] == "writer"
+    before = head(gw)
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(url.replace("/x.bin", "/y.bin"), data=data, method="PUT"))
+    assert e.value.code == 403 and b"<Code>SignatureDoesNotMatch</Code>" in e.value.read()
+    assert head(gw) == before
