@@ -21,7 +21,7 @@ from cdcstore import Store
 from cdcstore.core import awschunked, sigv4
 from cdcstore.storage.repository import LocalStore
 from cdcstore.testing import free_port
-from server_util import ServerProcess
+from server_util import ServerProcess, seeded_gateway
 
 WRITER, TEAM, READER = "writer-" + "w" * 24, "team-" + "t" * 24, "reader-" + "r" * 24
 TOKENS = {WRITER: {"scope": "write", "repos": ["*"], "name": "writer"},
@@ -32,18 +32,8 @@ KEYS = {"writer": WRITER, "team-bot": TEAM, "reader": READER}
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gwwrite")
-    (root / "d").mkdir()
-    (root / "d" / "a.txt").write_text("hello\n")
-    LocalStore.init(str(root / "srv"))
-    with Store(str(root / "srv")) as s:
-        for repo in ("ds", "team"):
-            s.push([str(root / "d")], f"cdc://{repo}/", message="v1")
-        s.tag("ds", "v1")
-    (root / "tokens.json").write_text(json.dumps(TOKENS))
-    port = free_port()
-    srv = ServerProcess(str(root / "srv"), "--tokens", str(root / "tokens.json"), "--s3-port", str(port)).start()
-    srv.s3, srv.s3_host, srv.root = f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", root
+    srv = seeded_gateway(tmp_path_factory.mktemp("gwwrite"), {"a.txt": "hello\n"}, ["ds", "team"], TOKENS,
+                         folder="d", tag="v1")
     yield srv
     srv.stop()
 
@@ -76,7 +66,7 @@ def signed_request(gw, method, path, body=b"", headers=None, name="writer", payl
 
 
 def send(gw, method, path, headers, body=b""):
-    conn = http.client.HTTPConnection(gw.s3_host, timeout=60)
+    conn = http.client.HTTPConnection(gw.hostport, timeout=60)
     try:
         conn.request(method, path, body=body, headers=headers)
         r = conn.getresponse()
@@ -406,14 +396,10 @@ def test_boto3_managed_upload_and_copy_use_multipart_and_part_copy(gw):
 def test_an_interrupted_upload_leaves_nothing_visible_and_gc_reclaims_its_parts(tmp_path):
     """Parts are staged, the server is killed in the middle of the next part: nothing is visible;
     gc keeps a live upload's parts, and deletes them once the upload's marker is stale."""
-    (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "a.txt").write_text("v1")
-    LocalStore.init(str(tmp_path / "srv"))
+    srv = seeded_gateway(tmp_path, {"a.txt": "v1"}, ["ds"], folder="d")
+    port = int(srv.hostport.rsplit(":", 1)[1])
     with Store(str(tmp_path / "srv")) as s:
-        s.push([str(tmp_path / "d")], "cdc://ds/", message="v1")
         before = s.branches("ds")["main"]
-    port = free_port()
-    srv = ServerProcess(str(tmp_path / "srv"), "--s3-port", str(port)).start()
     try:
         s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="any",
                           aws_secret_access_key="any", region_name="us-east-1")
@@ -602,14 +588,10 @@ def test_a_long_complete_answers_200_at_once_then_its_xml_or_its_error(tmp_path)
 def test_a_server_killed_in_the_middle_of_a_put_leaves_the_store_as_it_was(tmp_path):
     """SIGKILL while a PUT's body arrives, and a client that hangs up mid-body: the branch does not
     move, check finds no problem, and the killed server's temp file is gone after the next start."""
-    (tmp_path / "d").mkdir()
-    (tmp_path / "d" / "a.txt").write_text("v1")
-    LocalStore.init(str(tmp_path / "srv"))
+    srv = seeded_gateway(tmp_path, {"a.txt": "v1"}, ["ds"], folder="d")
+    port = int(srv.hostport.rsplit(":", 1)[1])
     with Store(str(tmp_path / "srv")) as s:
-        s.push([str(tmp_path / "d")], "cdc://ds/", message="v1")
         before = s.branches("ds")["main"]
-    port = free_port()
-    srv = ServerProcess(str(tmp_path / "srv"), "--s3-port", str(port)).start()
     conn = http.client.HTTPConnection(f"127.0.0.1:{port}", timeout=30)
     try:
         conn.putrequest("PUT", "/ds/main/big.bin")

@@ -3,7 +3,6 @@ the AWS CLI (`aws s3 cp`, `aws s3 sync`), pyarrow's `write_dataset` on its S3Fil
 polars `to_parquet`/`write_parquet` to `s3://`, s3fs. Each write is read back and checked row by row;
 the dedup test syncs v2 of a Parquet dataset written by plain pyarrow over v1 and compares the new
 bytes stored with `cdcstore push` of the same v2 into a store of its own."""
-import json
 import os
 import subprocess
 import time
@@ -16,8 +15,7 @@ import pytest
 
 from cdcstore import Store
 from cdcstore.storage.repository import LocalStore
-from cdcstore.testing import free_port
-from server_util import ServerProcess
+from server_util import seeded_gateway
 
 WRITER = "writer-" + "w" * 24
 TOKENS = {WRITER: {"scope": "write", "repos": ["*"], "name": "pipeline"}}
@@ -25,17 +23,8 @@ TOKENS = {WRITER: {"scope": "write", "repos": ["*"], "name": "pipeline"}}
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gwclients")
-    (root / "seed").mkdir()
-    (root / "seed" / "README").write_text("datasets\n")
-    LocalStore.init(str(root / "srv"))
-    with Store(str(root / "srv")) as s:
-        for repo in ("ds", "sync", "jobs"):
-            s.push([str(root / "seed")], f"cdc://{repo}/", message="start")
-    (root / "tokens.json").write_text(json.dumps(TOKENS))
-    port = free_port()
-    srv = ServerProcess(str(root / "srv"), "--tokens", str(root / "tokens.json"), "--s3-port", str(port)).start()
-    srv.s3, srv.hostport, srv.root = f"http://127.0.0.1:{port}", f"127.0.0.1:{port}", root
+    srv = seeded_gateway(tmp_path_factory.mktemp("gwclients"), {"README": "datasets\n"}, ["ds", "sync", "jobs"],
+                         TOKENS, message="start")
     yield srv
     srv.stop()
 
