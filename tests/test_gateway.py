@@ -5,7 +5,6 @@ source files. The SigV4 math is pinned by AWS's published example figures."""
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import urllib.error
@@ -22,6 +21,7 @@ from cdcstore.core import sigv4
 from cdcstore.storage.repository import LocalStore
 from cdcstore.testing import free_port
 from server_util import ServerProcess
+from tool_venvs import aws_cli
 
 import boto3  # noqa: E402 - in the test extra
 from botocore import UNSIGNED  # noqa: E402
@@ -293,12 +293,12 @@ def test_s3fs_lists_and_reads(gw):
     assert checksum(t) == checksum(pq.read_table(gw.data / "train" / "part-1.parquet"))
 
 
-@pytest.mark.skipif(shutil.which("aws") is None, reason="the AWS CLI is not installed")
 def test_aws_cli_syncs_a_folder(gw, tmp_path):
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "reader", "AWS_SECRET_ACCESS_KEY": READER,
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
     env.pop("AWS_ENDPOINT_URL", None)
-    run = lambda *a: subprocess.run(["aws", "--endpoint-url", gw.s3, "s3", *a], env=env, capture_output=True,  # noqa
+    aws = aws_cli()
+    run = lambda *a: subprocess.run([aws, "--endpoint-url", gw.s3, "s3", *a], env=env, capture_output=True,  # noqa
                                     text=True, timeout=60)
     sync = run("sync", "s3://imagenet/main/train/", str(tmp_path / "train"))  # a listing, then a GET per file
     assert sync.returncode == 0, sync.stderr

@@ -16,6 +16,7 @@ import pytest
 from cdcstore import Store
 from cdcstore.storage.repository import LocalStore
 from server_util import seeded_gateway
+from tool_venvs import aws_cli
 
 WRITER = "writer-" + "w" * 24
 TOKENS = {WRITER: {"scope": "write", "repos": ["*"], "name": "pipeline"}}
@@ -46,7 +47,7 @@ def aws(gw, *args, timeout=300):
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
            "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_EC2_METADATA_DISABLED": "true"}
     env.pop("AWS_ENDPOINT_URL", None)
-    r = subprocess.run(["aws", "--endpoint-url", gw.s3, "s3", *args], env=env, capture_output=True, text=True,
+    r = subprocess.run([aws_cli(), "--endpoint-url", gw.s3, "s3", *args], env=env, capture_output=True, text=True,
                        timeout=timeout)
     assert r.returncode == 0, r.stderr + r.stdout
     return r

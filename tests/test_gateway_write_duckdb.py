@@ -6,33 +6,24 @@ saying why (never a skip)."""
 import json
 import os
 import subprocess
-import sys
 import textwrap
 
 import boto3
-import pytest
 
 from cdcstore import Store
 from cdcstore.storage.repository import LocalStore
 from cdcstore.testing import ServerProcess, free_port
+from tool_venvs import tool_venv
 
 DUCKDB = "1.5.5"
-VENV = os.path.join(os.path.expanduser("~"), ".cache", "cdcstore-tests", f"duckdb-{DUCKDB}")
 TOKEN = "duck-" + "d" * 24
 
 
 def duckdb_python() -> str:
-    """The venv's python, with duckdb and its httpfs extension, made if absent."""
-    py = os.path.join(VENV, "bin", "python")
-    probe = [py, "-c", "import duckdb, duckdb_extension_httpfs; print(duckdb.__version__)"]
-    if os.path.exists(py) and subprocess.run(probe, capture_output=True, text=True).stdout.strip() == DUCKDB:
-        return py
-    subprocess.run([sys.executable, "-m", "venv", VENV], check=True, timeout=300)
-    r = subprocess.run([py, "-m", "pip", "install", "-q", f"duckdb=={DUCKDB}", f"duckdb-extension-httpfs=={DUCKDB}"],
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        pytest.fail(f"cannot install duckdb {DUCKDB} with its httpfs extension into {VENV}: {r.stderr[-1500:]}")
-    return py
+    """The python of a venv with duckdb and its httpfs extension (tool_venvs), made if absent."""
+    probe = f"import duckdb, duckdb_extension_httpfs; assert duckdb.__version__ == {DUCKDB!r}"
+    return os.path.join(tool_venv(f"duckdb-{DUCKDB}", [f"duckdb=={DUCKDB}", f"duckdb-extension-httpfs=={DUCKDB}"],
+                                  probe), "python")
 
 
 def test_duckdb_copy_to_s3_lands_and_a_job_lands_once(tmp_path):
