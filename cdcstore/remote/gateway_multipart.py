@@ -125,7 +125,7 @@ class Multipart:
     def _part_limit(self) -> int:
         """5 GiB where parts are files (a directory store); 1 GiB over a bucket, where a part is
         put and read back as one object in memory (boto3 and the CLI send 8 MiB parts)."""
-        return MAX_PART_BYTES if self.store.objects.capabilities.local_path else MAX_HELD_PART_BYTES
+        return MAX_PART_BYTES if self.store.on_local_disk else MAX_HELD_PART_BYTES
 
     async def upload_part_copy(self, request: web.Request, grant: dict, t: Target, upload: str,
                                query: dict) -> web.Response:

@@ -166,6 +166,11 @@ class Repository(Backend):
         return info.mtime if info is not None and info.mtime else None
 
     @property
+    def on_local_disk(self) -> bool:
+        """Its objects are files on this machine (a directory store), not objects held remotely."""
+        return self.objects.capabilities.local_path
+
+    @property
     def shared(self) -> bool:
         """Other machines write this store too (a bucket), so what this index holds may lag."""
         return self._shared
