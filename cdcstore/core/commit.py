@@ -9,7 +9,7 @@ Format 3 (written by this cdcstore) is format 2 plus who committed it:
 `author` is one line of at most 256 characters: a server's token name on a push to a server
 with tokens (the server sets it), else what the writer says (`--author`, git's user, the OS
 user). Format 2 (still read, and written for a commit without an author) names the root tree
-of the revision's files (`treeobj.Tree`, one object per folder):
+of the revision's files (`treeobj.Tree`: a page a folder, a wide folder split into pages and split nodes):
 
     {"format": 2, "repo": ..., "parent": id | null, "message": ..., "time": epoch seconds,
      "tree": root tree id}
