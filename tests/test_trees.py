@@ -260,15 +260,15 @@ def test_server_checks_only_the_new_entries_of_a_commit(tmp_path, monkeypatch):
     monkeypatch.setattr(ManifestFile, "__init__", lambda f, store, name: (read.append(name), real_open(f, store, name))[1])
     trees_read, real_tree = [], repo.get_tree
     repo.get_tree = lambda name, r=None: (trees_read.append(name), real_tree(name))[1]
-    assert server._commit("ds", c, "main", head) == c.id
+    assert server.refs.land("ds", c, "main", head) == c.id
     assert set(read) == {entry.manifest}  # checked, then granted
     assert len(trees_read) < 20  # the changed paths in both commits: never the 40 folders
     bad = repo.make_commit("ds", c.id, "a lie", time.time(), {"data/d02/lie.bin": FileEntry(entry.manifest, 999)})
     with pytest.raises(Exception, match="does not match manifest"):
-        server._commit("ds", bad, "main", c.id)
+        server.refs.land("ds", bad, "main", c.id)
     missing = Commit("ds", c.id, "names a tree never uploaded", time.time(), None, "ab" * 16)
     with pytest.raises(Exception, match="not on the server"):
-        server._commit("ds", missing, "main", c.id)
+        server.refs.land("ds", missing, "main", c.id)
 
 
 # -- the pure tree logic against the flat-map logic it replaces ----------------------------------------

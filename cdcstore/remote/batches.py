@@ -52,7 +52,7 @@ def _read(f, offset: int, n: int) -> bytes:
 
 
 class ManifestBatch:
-    """Check and store the manifests of one spooled batch, for `server` (a remote.server.Server)."""
+    """Check and store the manifests of one spooled batch, for `server` (a serve_metadata.MetadataRoutes)."""
 
     def __init__(self, server, path: str, scope):
         self.server, self.store, self.path, self.scope = server, server.store, path, scope
@@ -81,7 +81,7 @@ class ManifestBatch:
         return self.server.add_manifests(group, self.scope) if group else []
 
     def _check_ids(self, chunk_ids: list[bytes]) -> None:
-        """As `Server._add_manifests` checks the chunks of a batch (`Server._require_named`)."""
+        """As `MetadataRoutes.add_manifests` checks the chunks of a batch (`require_named`)."""
         self.server.require_named(self.scope, chunk_ids)
 
     def _large(self, f, offset: int, n: int) -> str:

@@ -1,0 +1,157 @@
+"""The server's manifests and trees: batches uploaded, checked against the chunks the token may
+see, and stored; served to a repo that reaches them, a manifest with where its chunks are
+(`MetadataRoutes`)."""
+from __future__ import annotations
+
+import os
+
+from aiohttp import web
+
+from ..core import ids, treeobj
+from ..core.errors import CorruptionError
+from ..core.manifest import MANIFEST_VERSION, Manifest
+from ..storage.manifest_file import ManifestFile, ManifestMissing
+from ..storage.objects import NotFound
+from . import batches, wire
+from .app import HTTPError
+from .auth import Scope
+
+
+class MetadataRoutes:
+    """Manifest and tree handlers of a `server.Server`; `batches.ManifestBatch` stores through it."""
+
+    def __init__(self, server):
+        self.server, self.store, self.access = server, server.store, server.access
+        self.auth, self.limits, self.io = server.auth, server.limits, server.io
+
+    def routes(self, api: str) -> list:
+        return [
+            web.post(f"{api}/manifests", self.put_manifests),
+            web.post(f"{api}/trees", self.put_trees),
+            web.get(f"{api}/repos/{{repo}}/manifests/{{name}}", self.get_manifest),
+            web.get(f"{api}/repos/{{repo}}/trees/{{name}}", self.get_tree),
+        ]
+
+    async def put_manifests(self, request):
+        self.auth.check(request, None, write=True)
+        with self.server.slot(self.server.writes, request):
+            async with self.server.spooled(request) as path:
+                batch = batches.ManifestBatch(self, path, self.auth.scope(request))
+                names = await self.io(batch.run)
+        return web.json_response({"manifests": names})
+
+    def add_manifests(self, blobs: list[bytes], scope: Scope | None = None) -> list[str]:
+        """Decode, check (`require_named`) and store uploaded manifests; their names."""
+        manifests = [Manifest.decode(b, "uploaded manifest") for b in blobs]
+        if any(m.version != MANIFEST_VERSION for m in manifests):
+            raise HTTPError(400, f"a format-v1 manifest was uploaded: {ids.LEGACY_REFUSED}")
+        self.require_named(scope, list({c for m in manifests for c in m.chunk_ids}))
+        return self.store.put_manifests(manifests)
+
+    def require_named(self, scope: Scope | None, chunk_ids: list[bytes]) -> None:
+        """The chunks a manifest names must be ones the token may see (403 for a scoped token,
+        whether the server holds them or not: one answer, no presence oracle) and held (409)."""
+        if scope is not None:
+            self.server.require_visible(scope, set(chunk_ids), "a manifest")  # what it may see is held
+            return
+        missing = set(chunk_ids) - self.store.present(chunk_ids)
+        if missing and self.store.recover():  # packs stored through another replica
+            missing -= self.store.present(list(missing))
+        if missing:
+            raise HTTPError(409, f"{len(missing)} chunks named by the manifests are not on the server "
+                                 f"(e.g. {next(iter(missing)).hex()}): upload their packs first")
+
+    async def put_trees(self, request):
+        """Trees (protocol 1.5), checked for their format; a commit naming them checks the rest."""
+        self.auth.check(request, None, write=True)
+        with self.server.slot(self.server.writes, request):
+            async with self.server.spooled(request) as path:
+                names = await self.io(self._add_trees, path)
+        return web.json_response({"trees": names})
+
+    def _add_trees(self, path: str) -> list[str]:
+        names = []
+        for group in batches.tree_groups(path, self.limits):
+            trees = {}
+            for b in group:
+                try:
+                    trees[ids.hexdigest(b)] = treeobj.Tree.decode(b, "uploaded tree")
+                except CorruptionError as e:
+                    raise HTTPError(400, str(e)) from None
+                names.append(ids.hexdigest(b))
+            self.store.put_trees(trees)
+        return names
+
+    async def get_tree(self, request):
+        repo = self.server.checked_repo(request)
+        name = request.match_info["name"]
+        if not ids.is_hex_id(name) or not await self.io(self._reaches, repo, name, "tree"):
+            raise HTTPError(404, f"no tree {name} in repo {repo!r}")
+        try:
+            body = await self.io(self.store.tree_bytes, name)
+        except NotFound:
+            raise HTTPError(404, f"tree {name} is missing on the server: run `cdcstore check` there") from None
+        return web.Response(body=body, content_type="application/json")
+
+    async def get_manifest(self, request):
+        repo = self.server.checked_repo(request)
+        name = request.match_info["name"]
+        if not ids.is_hex_id(name) or not await self.io(self._reaches, repo, name):
+            raise HTTPError(404, f"no manifest {name} in repo {repo!r}")
+        missing = HTTPError(404, f"manifest {name} is missing on the server: run `cdcstore check` there")
+        if request.query.get("locations") == "1":  # protocol 1.3: the manifest and where its chunks are
+            await self.server.wait_read(request)
+            with self.server.slot(self.server.reads, request):
+                try:
+                    body = await self.io(self._manifest_located, repo, name, self.auth.scope(request))
+                except (NotFound, FileNotFoundError):
+                    raise missing from None
+                if isinstance(body, bytes):
+                    return web.Response(body=body, content_type="application/octet-stream")
+                return await self.server.send_range(request, 0, body.size, body.block, status=200)
+        path = self.store.manifest_file(name)
+        if path is not None:
+            if not os.path.isfile(path):
+                raise missing
+            return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
+        try:
+            body = await self.io(self.store.manifest_bytes, name)
+        except NotFound:
+            raise missing from None
+        return web.Response(body=body, content_type="application/octet-stream")
+
+    def _manifest_located(self, repo: str, name: str, scope: Scope | None):
+        """A manifest's bytes and the locations of its first and last `LOCATED_ENDS` chunks
+        that `repo` may see (what `locate` would answer): one round trip instead of two for
+        a small file, and for where reads of a large one start (a scan, a Parquet footer).
+        A manifest over `limits.decode_bytes` is never read whole: a `batches.LocatedBody` to stream."""
+        try:
+            large = ManifestFile(self.store, name)
+        except ManifestMissing:
+            raise NotFound(name) from None
+        if large.bytes > self.limits.decode_bytes:  # never decoded whole: streamed
+            found = self.server.locate_reached(repo, list(dict.fromkeys(large.ends(wire.LOCATED_ENDS))), scope)
+            return batches.LocatedBody(large, found)
+        data = large.data  # a small manifest came whole with its first read
+        if data is None:
+            path = self.store.manifest_file(name)
+            if path is not None:
+                with open(path, "rb") as f:
+                    data = f.read()
+            else:
+                data = self.store.manifest_bytes(name)
+        manifest = Manifest.decode(data, f"manifest {name}")
+        self.store.load_locations(name, manifest)  # a new replica: no listing, no footers for this file
+        chunks, ends = manifest.chunk_ids, wire.LOCATED_ENDS
+        picked = chunks if len(chunks) <= 2 * ends else chunks[:ends] + chunks[-ends:]  # where reads start
+        return wire.encode_located(data, self.server.locate_reached(repo, list(dict.fromkeys(picked)), scope))
+
+    def _reaches(self, repo: str, name: str, kind: str = "manifest") -> bool:
+        """Whether `repo` reaches manifest (or tree) `name`, asking the bucket on a miss (a
+        commit landed through another replica)."""
+        if self.access.reaches(repo, kind, name):
+            return True
+        if self.access.grant_if_headed(repo, name, kind):  # in a branch or tag now: no walk of the history
+            return True
+        self.access.refresh(repo)  # 0 when a request that ran first granted it: ask the index again
+        return self.access.reaches(repo, kind, name)
