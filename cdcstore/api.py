@@ -20,35 +20,26 @@ from typing import Callable, Iterable
 
 import platformdirs
 
-from . import runtime
 from . import settings
 from .core import ids, tree, treeobj
-from .core.address import DEFAULT_BRANCH, Address, check_name, check_write_target, normalize_path
-from .core.commit import MAX_AUTHOR, Commit, FileEntry, check_author as _check_author
+from .core.address import DEFAULT_BRANCH, Address, check_name, normalize_path
+from .core.commit import MAX_AUTHOR, Commit, FileEntry
 from .core.manifest import Manifest
-from .core.errors import CdcError, CorruptionError, InvalidAddressError, MissingChunksError, PathNotFoundError
+from .core.errors import InvalidAddressError, PathNotFoundError
+from .engine.commits import Commits, TransferResult, check_author, wire_since
 from .engine.history import History, as_address as _as_address
 from .engine.pull import PULL_LOCATE_CHUNKS, check_replaceable, pull_files  # noqa: F401 (check_replaceable: fs.py's)
 from .storage.reader import FileReader
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
-from .storage import meta, staging  # meta: the process's heads and objects (fs.py uses it through here)
+from .storage import meta  # meta: the process's heads and objects (fs.py uses it through here)
 from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD
 from .storage.repository import LocalStore, is_object_url, no_such_path, open_repository
-from .engine.push import Ingest, IngestOptions
-from .storage import statcache
-from .storage.statcache import Seen, StatCache
+from .engine.push import IngestOptions
+from .engine.stats import stats as stats_of
 
 
 ENV_STORE = settings.STORE.name
-
-
-def check_author(author) -> str:
-    """`author` as given, or InvalidAddressError saying what an author may be."""
-    try:
-        return _check_author(author)
-    except ValueError as e:
-        raise InvalidAddressError(str(e)) from None
 
 
 # -- who a commit is by, when nobody says (a push to a server with tokens: the token's name) --
@@ -80,42 +71,6 @@ def default_author() -> str:
 def default_store_path() -> str:
     """$CDCSTORE_STORE, else a directory under the user's data dir (XDG)."""
     return settings.STORE.get() or os.path.join(platformdirs.user_data_dir("cdcstore"), "store")
-
-
-@dataclass
-class TransferResult:
-    """What a push or pull did. `new_bytes` counts raw bytes of chunks the target lacked."""
-
-    files: int
-    bytes: int
-    new_bytes: int
-    stored_bytes: int  # chunk records written into packs (compressed chunks), as `stats` counts them
-    seconds: float
-    commit: str | None
-    chunks: int = 0
-    pack_bytes: int = 0  # the pack files written: stored_bytes plus each pack's header, index and trailer
-    new_chunks: int = 0
-    changed: bool = True
-    sent_bytes: int = 0  # on the wire, bodies and headers (remote stores)
-    received_bytes: int = 0
-    requests: int = 0
-    files_detail: dict | None = None  # per pushed file: bytes, new_bytes, chunks, chunking
-    unread_files: int = 0  # files the push stat cache vouched for: not read (statcache.py)
-
-    @property
-    def new_bytes_by_file(self) -> dict[str, int]:
-        """Where the new bytes of a push landed, largest first (files with none left out).
-        A chunk new to the store counts for the first file that contains it."""
-        d = self.files_detail or {}
-        return dict(sorted(((p, f["new_bytes"]) for p, f in d.items() if f["new_bytes"]),
-                           key=lambda kv: (-kv[1], kv[0])))
-
-    def to_dict(self, detail: bool = False) -> dict:
-        d = asdict(self)
-        d["new_bytes_by_file"] = self.new_bytes_by_file
-        if not detail or d["files_detail"] is None:
-            del d["files_detail"]
-        return d
 
 
 @dataclass
@@ -207,11 +162,6 @@ def plan_sources(sources: Iterable[str], dest: str, dest_is_dir: bool,
     return pairs
 
 
-def _clash(paths: list[str]) -> InvalidAddressError:
-    return InvalidAddressError(f"{sorted(paths)[0]!r} would be both a file and a folder: "
-                               f"push to another path or remove one of them")
-
-
 def is_url(location: str) -> bool:
     """True for an http(s):// server URL; False for a folder or an object store URL
     (s3://, memory://); any other `scheme://` is refused."""
@@ -221,6 +171,34 @@ def is_url(location: str) -> bool:
                                   f"an object store URL (s3://BUCKET/PREFIX), or a server URL "
                                   f"starting with http:// or https://")
     return bool(m) and not is_object_url(location)
+
+
+def _open(location: str | None, token: str | None, create: bool | None, cache, transport: dict):
+    """(backend, cache, created) for a `Store` over `location`: a server or a bucket read through the
+    machine's dedup cache (None when off or when it cannot be opened: warned about once), or a
+    directory; `created`: this call made the store (the default one, on first use)."""
+    path = location or default_store_path()
+    from .storage.cache import CachedBackend, open_cache
+
+    if is_url(path):
+        from .remote.client import RemoteStore
+
+        remote = RemoteStore(path, token, **transport)
+        c = open_cache(cache) if cache is not False and cache is not None else None
+        return (remote, None, False) if c is None else \
+            (CachedBackend(remote, c, remote.t.token, owns_cache=c.owned), c, False)
+    if create is None:  # the default store is created on first use
+        create = location is None and not settings.STORE.is_set()
+    if is_object_url(path):
+        backend = open_repository(path, create=bool(create))
+        c = open_cache(cache) if path.startswith("s3://") and cache is not False and cache is not None else None
+        if c is None:
+            return backend, None, False
+        return CachedBackend(backend, c, None, owns_cache=c.owned), c, False  # shared as a server's reads share it
+    created = bool(create) and not os.path.exists(os.path.join(path, "cdcstore.json"))
+    if created:
+        LocalStore.init(path, exist_ok=True)
+    return LocalStore(path), None, created
 
 
 class Store:
@@ -241,35 +219,8 @@ class Store:
 
     def __init__(self, location: str | None = None, *, token: str | None = None, create: bool | None = None,
                  cache: ChunkCache | str | bool = True, author: str | None = None, **transport):
-        path = location or default_store_path()
-        self._cache = None
-        self.created = False  # this call made the store (the default one, on first use)
         self.author = check_author(author) if author is not None else None
-        from .storage.cache import CachedBackend, open_cache
-
-        if is_url(path):
-            from .remote.client import RemoteStore
-
-            remote = RemoteStore(path, token, **transport)
-            self.backend = remote
-            c = open_cache(cache) if cache is not False and cache is not None else None
-            if c is not None:  # a cache that cannot be opened was warned about once
-                self.backend = CachedBackend(remote, c, remote.t.token, owns_cache=c.owned)
-                self._cache = c
-        else:
-            if create is None:  # the default store is created on first use
-                create = location is None and not settings.STORE.is_set()
-            if is_object_url(path):
-                self.backend = open_repository(path, create=bool(create))
-                c = open_cache(cache) if path.startswith("s3://") and cache is not False and cache is not None else None
-                if c is not None:  # a bucket read directly shares the machine's dedup cache, as a server's reads do
-                    self.backend = CachedBackend(self.backend, c, None, owns_cache=c.owned)
-                    self._cache = c
-            else:
-                if create and not os.path.exists(os.path.join(path, "cdcstore.json")):
-                    LocalStore.init(path, exist_ok=True)
-                    self.created = True
-                self.backend = LocalStore(path)
+        self.backend, self._cache, self.created = _open(location, token, create, cache, transport)
         self.location = self.backend.location
 
     @classmethod
@@ -429,7 +380,12 @@ class Store:
     def delete_branch(self, repo: str, name: str) -> str:
         return self.history.delete_branch(repo, name)
 
-    # -- writing -------------------------------------------------------------------------
+    # -- writing (engine/commits.py) ------------------------------------------------------
+    @property
+    def commits(self) -> Commits:
+        """The write path of this store (`engine.commits.Commits`): ingest, check, commit, land."""
+        return Commits(self.backend, self.location, lambda: self.author or default_author())
+
     def push(self, sources: Iterable[str] | str, dest: str | Address, message: str = "",
              *, delete: bool = False, options: IngestOptions | None = None,
              progress: Callable[[int], None] | None = None,
@@ -455,37 +411,8 @@ class Store:
         keep = (lambda p: tree.selected(p[cut:], include, exclude)) if include or exclude else None
         if keep:  # globs match the path below DEST; --delete removes only what they select
             pairs = [(f, p) for f, p in pairs if keep(p)]
-        under = (a.path + "/" if a.path else "") if delete else None
-        cache = StatCache() if stat_cache else None
-        identity = self._identity()
-        seen_ns = statcache.now_ns()  # before any stat: the racy-file reference (statcache.py)
-        seen = {os.path.abspath(f): Seen.of(f, seen_ns) for f, _ in pairs}
-        hits = cache.lookup(identity, {f: s for f, s in seen.items() if s is not None}) if cache else {}
-        known = {p: hits[os.path.abspath(f)] for f, p in pairs if os.path.abspath(f) in hits}
-        try:
-            result = self.commit_files(a.repo, a.ref, pairs, message, remove_under=under, options=options,
-                                       progress=progress, remove_filter=keep, known=known, author=author)
-            if cache is not None:
-                read = getattr(result, "_read", {})
-                cache.record(identity, [(os.path.abspath(f), seen[os.path.abspath(f)], read[p]) for f, p in pairs
-                                        if p in read and seen[os.path.abspath(f)] is not None])
-            return result
-        finally:
-            if cache is not None:
-                cache.close()
-
-    def _identity(self) -> str:
-        """The store's identity for caches on this machine: its location (a real path for a
-        directory) and, for a bucket, the endpoint (two services may share a bucket name)."""
-        inner = self.backend.uncached()
-        loc = os.path.realpath(self.location) if os.path.isdir(self.location) else inner.identity
-        return f"{type(inner).__name__}:{loc}"
-
-    def _manifests_present(self, repo: str, names: list[str]) -> set[str]:
-        """Which of these manifests the store holds, in one request to a server (protocol 1.5;
-        an older server: none, so the files are read) or a look at each object here."""
-        names = list(dict.fromkeys(names))
-        return self.backend.uncached().manifests_present(repo, names) if names else set()
+        return self.commits.push(a, pairs, message, delete=delete, keep=keep, stat_cache=stat_cache,
+                                 options=options, progress=progress, author=author)
 
     def commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "",
                      **kw) -> TransferResult:
@@ -501,98 +428,7 @@ class Store:
         A commit refused because a chunk this machine's index listed is gone from the store
         (`MissingChunksError`: a gc elsewhere deleted its pack) is pushed again once, every file
         read: the refusal made the index forget that pack, so the chunks are sent this time."""
-        try:
-            return self._commit_files(repo, branch, pairs, message, **kw)
-        except MissingChunksError:
-            kw.pop("known", None)  # a file the stat cache vouched for may name the gone chunks
-            return self._commit_files(repo, branch, pairs, message, **kw)
-
-    def _commit_files(self, repo: str, branch: str, pairs: list[tuple[str, str]], message: str = "", *,
-                      remove: Iterable[str] = (), remove_under: str | None = None,
-                      entries: dict[str, FileEntry] | None = None, options: IngestOptions | None = None,
-                      progress: Callable[[int], None] | None = None, parent: str | None = None,
-                      remove_filter: Callable[[str], bool] | None = None,
-                      known: dict[str, FileEntry] | None = None, author: str | None = None) -> TransferResult:
-        t0, c0 = time.perf_counter(), self.counters()
-        check_name("repo", repo)
-        check_write_target(branch)
-        author = check_author(author or self.author or default_author())  # before any work
-        be = self.backend
-        branches = be.branches(repo) if be.has_repo(repo) else {}
-        if branches and branch not in branches and branch in be.tags(repo):
-            raise InvalidAddressError(f"{branch!r} is a tag of repo {repo!r}: a tag is immutable: push to a branch")
-        expected = branches.get(branch)
-        if parent is not None:  # the change is made against PARENT; newer commits rebase it or conflict
-            if expected is None:
-                raise InvalidAddressError(f"branch {branch!r} of repo {repo!r} does not exist: "
-                                          f"commit without parent= to create it")
-            parent = expected = self.history.resolve_now(repo, parent)
-        else:
-            parent = expected or branches.get(DEFAULT_BRANCH)
-        base = be.get_commit(repo, parent) if parent else None
-        view = be.view(repo, base) if base else None
-        removed: set[str] = set()
-        for path in remove:
-            p = normalize_path(path)
-            if view is None or view.get(p) is None:
-                raise no_such_path(repo, branch, path)
-            removed.add(p)
-
-        with self._push_session():  # a gc deletes nothing while this push is in flight
-            # manifests the base names at the pushed paths are in the store (reachable): not re-put
-            held = {e.manifest for e in (view.get(p) for _, p in pairs) if e is not None} if view is not None else set()
-            unread = self._vouched(repo, known or {}, held)
-            todo = [(f, p) for f, p in pairs if p not in unread]
-            ingest, added, per_file = self._ingest(todo, options, progress, skip=held)
-            read = dict(added)
-            added.update(unread)
-            per_file.update({p: {"bytes": e.size, "new_bytes": 0, "chunks": None, "chunking": "unchanged"}
-                             for p, e in unread.items()})  # not read: the stat cache vouched for them
-            if progress and unread:
-                progress(sum(e.size for e in unread.values()))
-            folder = (remove_under or "").rstrip("/")
-            if remove_under is not None and view is not None and view.kind(folder) == "directory":
-                adding = set(added)
-                removed.update(p for p, _ in view.walk(folder) if p not in adding
-                               and (remove_filter is None or remove_filter(p)))
-            updates = dict(added)
-            for path, entry in (entries or {}).items():
-                updates[normalize_path(path)] = entry
-            removed -= set(updates)
-            updates = {p: e for p, e in updates.items() if view is None or view.get(p) != e}
-            changed = base is None or bool(updates) or bool(removed) or expected is None
-            commit_id = parent
-            if changed:
-                try:
-                    commit = be.make_commit(repo, parent, message, time.time(), updates, removed, base=base,
-                                            author=author)
-                except treeobj.Clash as e:
-                    raise _clash(e.paths) from None
-                commit_id = be.commit(commit, branch, expected)
-                meta.wrote(meta.identity(be.identity), repo, branch)  # the one invalidation rule (storage/meta.py)
-        result = TransferResult(
-            files=len(pairs), bytes=ingest.bytes + sum(e.size for e in unread.values()), new_bytes=ingest.new_bytes,
-            stored_bytes=ingest.stored_bytes, pack_bytes=ingest.pack_bytes, seconds=time.perf_counter() - t0,
-            commit=commit_id,
-            chunks=ingest.chunks, new_chunks=ingest.new_chunks, changed=changed,
-            files_detail=per_file, unread_files=len(unread), **self._wire(c0))
-        result._read = read  # what was read, for the stat cache
-        return result
-
-    def _vouched(self, repo: str, known: dict[str, FileEntry], held: set[str]) -> dict[str, FileEntry]:
-        """The stat cache's entries whose manifests the store holds: those the commit being
-        built on names (reachable, so kept), and those one presence batch answers for."""
-        ok = {p: e for p, e in known.items() if e.manifest in held}
-        rest = {p: e for p, e in known.items() if p not in ok}
-        if rest:
-            present = self._manifests_present(repo, [e.manifest for e in rest.values()])
-            ok.update({p: e for p, e in rest.items() if e.manifest in present})
-        return ok
-
-    def _push_session(self):
-        """The marker of a push in flight, where the store is (a directory, a bucket, or a
-        server's side): a gc deletes nothing while it is open."""
-        return self.backend.uncached().push_session()
+        return self.commits.commit_files(repo, branch, pairs, message, **kw)
 
     def forget(self, repo: str, keep_last: int | None = None, keep_within: float | None = None,
                keep_tags: bool = False, dry_run: bool = False) -> dict:
@@ -616,29 +452,6 @@ class Store:
         report the plan. On a server, its admin route runs it (an admin token)."""
         return self._admin("gc", grace=grace, dry_run=dry_run, repack_dead=repack_dead, max_unused=max_unused)
 
-    def _ingest(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
-                progress: Callable[[int], None] | None,
-                skip: set[str] = frozenset()) -> tuple[Ingest, dict[str, FileEntry], dict]:
-        """Store the files' chunks (durable) and then their manifests: (ingest, path ->
-        entry, per-file detail). Nothing is committed. Manifests named in `skip` (the store
-        holds them: the commit being built on names them) are not stored again."""
-        ingest = Ingest(self.backend, options, progress)
-        try:
-            manifests = list(zip([p for _, p in pairs], ingest.add_files(pairs)))
-            ingest.finish()
-        finally:
-            ingest.close()
-        per_file = {path: {"bytes": m.size, "new_bytes": ingest.file_new[path], "chunks": len(m.chunk_ids),
-                           "chunking": ingest.file_mode[path]} for path, m in manifests}
-        names = [ids.hexdigest(m.encode()) for _, m in manifests]
-        todo = {n: m for (_, m), n in zip(manifests, names) if n not in skip}
-        if todo:  # only after their chunks are durable
-            stored = self.backend.put_manifests(list(todo.values()))
-            if stored != list(todo):
-                raise CorruptionError("the store named the manifests differently than their hashes")
-        added = {path: FileEntry(name, m.size) for (path, m), name in zip(manifests, names)}
-        return ingest, added, per_file
-
     # -- many writers, one commit --------------------------------------------------------------
     def upload(self, sources: Iterable[str] | str, dest: str | Address, *, options: IngestOptions | None = None,
                progress: Callable[[int], None] | None = None,
@@ -652,8 +465,7 @@ class Store:
         if isinstance(sources, str):
             sources = [sources]
         pairs = plan_sources(sources, a.path, isinstance(dest, str) and dest.endswith("/"), on_skip)
-        with self._push_session():  # a gc deletes nothing while chunks are being deduplicated against
-            return self._ingest(pairs, options, progress)[1]
+        return self.commits.upload(pairs, options, progress)
 
     def commit_entries(self, dest: str | Address, entries: dict[str, FileEntry] | Iterable[dict[str, FileEntry]],
                        message: str = "", *, parent: str | None = None, remove: Iterable[str] = (),
@@ -667,7 +479,7 @@ class Store:
         ConflictError); by default it is made against the branch head."""
         a = _as_address(dest)
         merged = _merge_entries(entries)
-        self._check_entries(a.repo, merged)
+        self.commits.check_entries(a.repo, merged)
         return self.commit_files(a.repo, a.ref, [], message or f"commit {len(merged)} uploaded files",
                                  remove=remove, remove_under=remove_under, entries=merged, parent=parent)
 
@@ -675,7 +487,7 @@ class Store:
     def journal(self):
         """The journal role where the store is: its objects (a directory, a bucket) or a server's
         job routes (protocol 1.5). Methods: open, add, batches, close (repo, job id)."""
-        return self.backend.uncached().journal()
+        return self.commits.journal()
 
     def stage(self, repo: str, job: str, pairs: list[tuple[str, str]] = (), *,
               entries: dict[str, FileEntry] | None = None, remove: Iterable[str] = (),
@@ -684,119 +496,35 @@ class Store:
         `remove` (paths), to job `job` of `repo` as ONE journal entry object; no commit.
         The entry is written inside the push session, so gc never sees the manifests
         unprotected (young while uploading, named by a live job after). Returns the entries."""
-        check_name("repo", repo)
-        staging.check_job(job)
-        batch: dict[str, FileEntry | None] = {normalize_path(p): None for p in remove}
-        with self._push_session():
-            added = self._ingest(list(pairs), options, None)[1] if pairs else {}
-            batch.update({normalize_path(p): e for p, e in (entries or {}).items()})
-            batch.update(added)
-            if batch:
-                self.journal().add(repo, job, batch)
-        return {p: e for p, e in batch.items() if e is not None}
+        return self.commits.stage(repo, job, pairs, entries, remove, options)
 
     def land(self, dest: str | Address, job: str, message: str = "", *, parent: str | None = None,
              exclusive: Iterable[str] = ()) -> "TransferResult | None":
         """Land job `job` on DEST's branch as ONE commit (made against `parent`, rebased onto newer
         commits that touch other paths) and close the job; None when it holds nothing. The job
         is closed whether it lands or fails. Two different entries for one path are refused."""
-        a = _as_address(dest)
-        journal = self.journal()
-        try:
-            files, removed = staging.merge(journal.batches(a.repo, job))
-            if not files and not removed:
-                return None
-            taken = [p for p in exclusive if p in files]
-            if taken and self.backend.has_repo(a.repo):
-                head = self.backend.uncached().branches(a.repo).get(a.ref)
-                now = self.get_commit(a.repo, head).files if head else {}
-                if any(p in now for p in taken):
-                    raise FileExistsError(f"cdc://{a.repo}@{a.ref}/{next(p for p in taken if p in now)} exists "
-                                          f"(mode 'xb'): nothing was committed")
-            if files:
-                self._check_entries(a.repo, files)
-            names = sorted(files) or removed
-            message = message or f"write {len(files)} files: {', '.join(names[:3])}" + (" ..." if len(names) > 3 else "")
-            return self.commit_files(a.repo, a.ref, [], message, remove=removed, entries=files, parent=parent)
-        finally:
-            journal.close(a.repo, job)
-
-    def _check_entries(self, repo: str, entries: dict[str, FileEntry]) -> None:
-        """Each entry names a manifest this store holds, of the entry's size. A server
-        checks this itself when it receives the commit (uncommitted manifests are not
-        readable through a repo), so only local and object stores are read here."""
-        inner = self.backend.uncached()
-        if not inner.capabilities.runs_here:
-            return
-        sizes: dict[str, set[int]] = {}
-        for path, e in entries.items():
-            sizes.setdefault(e.manifest, set()).add(e.size)
-        def fetch(name):
-            try:
-                return inner.get_manifest(name)
-            except (CdcError, OSError):
-                return None
-
-        names = list(sizes)
-        found = map(fetch, names) if len(names) <= 4 else runtime.pool("io", 8).map(fetch, names)
-        for name, m in zip(names, list(found)):
-            wanted = sizes[name]
-            if m is None:
-                path = next(p for p, e in entries.items() if e.manifest == name)
-                raise InvalidAddressError(f"{path!r}: manifest {name} is not in the store {self.location}: "
-                                          f"upload the file to this store first (Store.upload)")
-            if wanted != {m.size}:
-                path = next(p for p, e in entries.items() if e.manifest == name and e.size != m.size)
-                raise InvalidAddressError(f"{path!r}: the entry says {entries[path].size} bytes but manifest "
-                                          f"{name} holds {m.size}: pass the entries `upload` returned, unchanged")
+        return self.commits.land(_as_address(dest), job, message, parent, exclusive)
 
     def remove(self, addr: str | Address, recursive: bool = False, message: str = "") -> TransferResult:
         """A commit without a file, or (recursive) without a folder."""
-        a = _as_address(addr)
-        _, view, found = self._entries(a)
-        if not recursive and view.get(a.path) is None:
-            raise IsADirectoryError(f"{a} is a folder: remove it with recursive=True")
-        return self.commit_files(a.repo, a.ref, [], message or f"remove {a.path}", remove=list(found))
+        return self.commits.remove(_as_address(addr), recursive, message)
 
     def copy(self, src: str | Address, dst: str | Address, message: str = "") -> TransferResult:
         """A commit on DST's branch holding SRC's file (or folder) at DST, made from
         SRC's manifests: no data is read or written. DST may be in another repo."""
-        s, d = _as_address(src), _as_address(dst)
-        _, view, found = self._entries(s)
-        if view.get(s.path) is not None:
-            entries = {d.path: found[s.path]}
-        else:
-            cut = len(s.path) + 1 if s.path else 0
-            entries = {"/".join(q for q in (d.path, p[cut:]) if q): f for p, f in found.items()}
-        if not all(entries):
-            raise InvalidAddressError(f"copy {s} to a file path, not to the root of {d.repo}")
-        return self.commit_files(d.repo, d.ref, [], message or f"copy {s} to {d}", entries=entries)
+        return self.commits.copy(_as_address(src), _as_address(dst), message)
 
     # -- reading -------------------------------------------------------------------------
-    def _view(self, a: Address) -> tuple[str, treeobj.View]:
-        """The commit a.ref names and its files; PathNotFoundError if nothing is at a.path
-        (reads only the trees on the path)."""
-        cid, commit = self.resolve(a)
-        view = self.backend.view(a.repo, commit)
-        if a.path and view.kind(a.path) is None:
-            raise no_such_path(a.repo, a.ref, a.path)
-        return cid, view
-
-    def _entries(self, a: Address) -> tuple[str, treeobj.View, dict[str, FileEntry]]:
-        """The files at or under a.path, keyed by their full path."""
-        cid, view = self._view(a)
-        return cid, view, view.under(a.path)
-
     def ls(self, addr: str | Address, recursive: bool = False) -> list[dict]:
         """Entries under an address: {"name", "type": "file"|"directory", "size"}. Reads the
         trees on the path only (and every tree below when `recursive`)."""
         a = _as_address(addr)
-        _, view = self._view(a)
+        _, view = self.history.at(a)
         return view.listing(a.path, recursive)
 
     def open(self, addr: str | Address) -> FileReader:
         a = _as_address(addr)
-        _, view = self._view(a)
+        _, view = self.history.at(a)
         entry = view.get(a.path)
         if entry is None:
             if view.kind(a.path) == "directory":
@@ -822,14 +550,10 @@ class Store:
         """
         t0, c0 = time.perf_counter(), self.counters()
         a = _as_address(addr)
-        cid, view, found = self._entries(a)
+        cid, view, found = self.history.files(a)
         done = pull_files(self.backend, a.repo, a.path, found, view.get(a.path) is not None, local, progress,
                           include, exclude)
-        return PullResult(**done, seconds=time.perf_counter() - t0, commit=cid, **self._wire(c0))
-
-    def _wire(self, before: dict) -> dict:
-        now = self.counters()
-        return {k: now[k] - before[k] for k in ("sent_bytes", "received_bytes", "requests")}
+        return PullResult(**done, seconds=time.perf_counter() - t0, commit=cid, **wire_since(self.backend, c0))
 
     # -- housekeeping ------------------------------------------------------------------------
     def stats(self, addr: str | Address | None = None) -> dict:
@@ -847,66 +571,7 @@ class Store:
         (`stored_bytes` is then their stored size), and `hidden` names what it may not see
         (`packs`, `pack_bytes`: packs are shared with other repos).
         """
-        be = self.backend
-        t0 = time.perf_counter()
-        totals = be.totals()
-        out: dict = {"store": self.location, "repos": len(be.repos()), **totals}
-        if addr is not None:
-            a = _as_address(addr)
-            cid, view, found = self._entries(a)
-            commit = be.get_commit(a.repo, cid)
-            chunks = self._chunk_sizes(found.values(), a.repo)
-            parent = {}
-            if commit.parent:
-                pview = be.view(a.repo, be.get_commit(a.repo, commit.parent))
-                parent = self._chunk_sizes(pview.under(a.path).values(), a.repo)
-            new = [c for c in chunks if c not in parent]
-            out.update({"commit": cid, "files": len(found), "bytes": sum(f.size for f in found.values()),
-                        "unique_bytes": sum(chunks.values()), "new_bytes": sum(chunks[c] for c in new),
-                        "stored_bytes": sum(e.stored_len for _, e in be.locate(new, a.repo).values())})
-        else:
-            heads = [(r, c) for r in be.repos() for c in set(be.branches(r).values())]
-            files = bytes_ = 0
-            for repo, cid in heads:
-                view = be.view(repo, be.get_commit(repo, cid))
-                files += view.file_count()
-                bytes_ += view.size()
-            versions = history = 0
-            for r in be.repos():  # every version the store keeps: what storing each in full would take
-                seen: set[str] = set()
-                forgotten = self.history.forgotten(r) or set()
-                for head in set(be.branches(r).values()) | set(be.tags(r).values()):
-                    for cid, c in be.log(r, head):
-                        if cid in seen:
-                            break
-                        seen.add(cid)
-                        if cid in forgotten:
-                            continue  # history only: its files are not kept
-                        try:
-                            history += be.view(r, c).size()
-                        except CdcError:
-                            if not self.history.was_forgotten(r, cid):
-                                raise
-                            forgotten.add(cid)
-                versions += len(seen - forgotten)
-            # a token limited to some repos sees the chunks they reach, not the store's packs
-            hidden = [k for k in ("packs", "pack_bytes") if k not in totals]
-            stored = totals["chunk_stored_bytes"] if hidden else totals["pack_bytes"]
-            out.update({"commit": None, "files": files, "bytes": bytes_,
-                        "new_bytes": totals["chunk_raw_bytes"], "stored_bytes": totals["chunk_stored_bytes"],
-                        "versions": versions, "history_bytes": history,
-                        "dedup_ratio": history / stored if stored else 0.0})
-            if hidden:
-                out["hidden"] = hidden
-        out["seconds"] = time.perf_counter() - t0
-        return out
-
-    def _chunk_sizes(self, entries, repo: str) -> dict[bytes, int]:
-        sizes: dict[bytes, int] = {}
-        for f in entries:
-            m = self.backend.get_manifest(f.manifest, repo)
-            sizes.update(zip(m.chunk_ids, m.lengths))
-        return sizes
+        return stats_of(self.backend, self.location, addr)
 
 
 def _merge_entries(entries) -> dict[str, FileEntry]:

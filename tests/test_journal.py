@@ -247,7 +247,7 @@ def test_a_scoped_token_learns_nothing_of_another_repos_files_through_jobs(tmp_p
         api, job = srv.url + "/v1", new_job()
         assert _call(f"{api}/repos/b/jobs/{job}", "tok-a", "PUT", b"{}")[0] == 403
         with Store(srv.url, token="tok-a", cache=False) as sa:
-            assert sa._manifests_present("a", [theirs.manifest, "0" * 32]) == set()
+            assert sa.commits.manifests_present("a", [theirs.manifest, "0" * 32]) == set()
             sa.journal().open("a", job)
             other = new_job()
             sa.journal().open("a", other)

@@ -115,7 +115,7 @@ def test_huge_manifests_through_the_gateway_keep_the_server_small(tmp_path):
     n = 1_800_000
     with Store(str(tmp_path / "st")) as s:
         s.push([str(tmp_path / "one.bin")], "cdc://bomb/one.bin")
-        one = s.backend.get_manifest(s._view(parse("cdc://bomb/one.bin"))[1].get("one.bin").manifest)
+        one = s.backend.get_manifest(s.history.at(parse("cdc://bomb/one.bin"))[1].get("one.bin").manifest)
         entries = {}
         for k in range(3):
             m = Manifest(list(one.chunk_ids) * (n + k), list(one.lengths) * (n + k), 4096 * (n + k), one.file_hash)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..core import tree
+from ..core import tree, treeobj
 from ..core.address import DEFAULT_BRANCH, Address, check_name, check_ref_name, normalize_path, parse
 from ..core.commit import Commit, FileEntry
 from ..core.errors import CdcError, InvalidAddressError
 from ..storage.backend import Backend
+from ..storage.repository import no_such_path
 
 
 def as_address(addr: str | Address) -> Address:
@@ -36,6 +37,20 @@ class History:
         a = as_address(addr)
         cid = self.store.resolve(a.repo, a.ref)
         return cid, self.store.get_commit(a.repo, cid)
+
+    def at(self, a: Address) -> tuple[str, treeobj.View]:
+        """The commit a.ref names and its files; PathNotFoundError if nothing is at a.path
+        (reads only the trees on the path)."""
+        cid, commit = self.resolve(a)
+        view = self.store.view(a.repo, commit)
+        if a.path and view.kind(a.path) is None:
+            raise no_such_path(a.repo, a.ref, a.path)
+        return cid, view
+
+    def files(self, a: Address) -> tuple[str, treeobj.View, dict[str, FileEntry]]:
+        """The commit a.ref names, its files, and those at or under a.path, keyed by their full path."""
+        cid, view = self.at(a)
+        return cid, view, view.under(a.path)
 
     def log(self, repo: str, rev: str = DEFAULT_BRANCH, limit: int | None = None,
             path: str | None = None) -> list[dict]:
