@@ -351,3 +351,55 @@ def test_a_wide_page_written_before_splits_is_read_and_split_by_its_next_commit(
     assert root == treeobj.View.of_files(new).root
     assert treeobj.changes(view, treeobj.View(Counted({**nodes, **written}), root)) == (
         {"old/f000007.bin": new["old/f000007.bin"]}, set())
+
+
+def test_a_cold_listing_of_a_wide_folder_through_a_server_asks_for_a_level_at_a_time(tmp_path):
+    """A new machine lists a folder of 3,000 files through a server: each level of its split
+    reaches the server as one POST .../trees/get, not one GET a page; the answer is the same as
+    one by one (a server before protocol 2.1), and another repo's token gets none of its trees."""
+    import urllib.error
+    import urllib.request
+    n = 3000
+    src = tmp_path / "images"
+    _write_files(str(src), n)
+    other = "other-token-" + "o" * 20
+    tokens = {TOKEN: {"scope": "write", "repos": ["ds"], "name": "tok"},
+              other: {"scope": "write", "repos": ["elsewhere"], "name": "other"}}
+    with served_store(tmp_path, tokens) as srv:
+        with Store(srv.url, token=TOKEN, cache=False) as a:
+            a.push([str(src)], "cdc://ds/images/")
+        counts = {}
+        for batched in (True, False):
+            meta.clear()
+            with Store(srv.url, token=TOKEN, cache=str(tmp_path / f"cache-{batched}")) as b:
+                b.backend.uncached().batch_trees = batched
+                r0 = b.counters()["requests"]
+                names = [e["name"] for e in b.ls("cdc://ds/images/")]
+                counts[batched] = b.counters()["requests"] - r0
+            assert names == [f"images/img{i:05d}.bin" for i in range(n)]
+        store = LocalStore(str(tmp_path / "srv"))
+        view = store.view("ds", store.get_commit("ds", store.resolve("ds", "main")))
+        parts = sum(1 for _ in view.tree_ids())
+        assert counts[False] >= parts  # one GET a tree
+        assert counts[True] <= 12, counts  # resolve, commit, the root, the folder, a POST a level
+        print("cold ls of 3,000 files:", counts[True], "requests batched,", counts[False], "one by one;", parts, "trees")
+
+        def post(token, body):
+            req = urllib.request.Request(f"{srv.url}/v1/repos/ds/trees/get", data=body, method="POST",
+                                         headers={"Authorization": f"Bearer {token}",
+                                                  "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status, r.read()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read()
+
+        some = json.dumps({"names": list(view.tree_ids())[:20]}).encode()
+        status, body = post(TOKEN, some)
+        from cdcstore.remote import wire
+        assert status == 200 and all(wire.decode_blobs(body))
+        assert post(other, some)[0] == 403  # a token of another repo: refused before any tree is read
+        assert post(TOKEN, json.dumps({"names": ["ab" * 32] * 2000}).encode())[0] == 400  # too many
+        assert post(TOKEN, b"{not json")[0] == 400
+        status, body = post(TOKEN, json.dumps({"names": ["ab" * 32]}).encode())
+        assert status == 200 and wire.decode_blobs(body) == [b""]  # not reached: empty, asked alone after

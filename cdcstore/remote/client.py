@@ -611,6 +611,7 @@ class RemoteStore(Backend):
         self.t.store_location = self.location
         self.scope = meta.scope(self.location, self.t.token)  # immutable objects are kept in `meta` per it
         self.legacy_trees = False  # the server predates protocol 1.5 (no tree routes)
+        self.batch_trees = True  # until a server before protocol 2.1 says it has no POST .../trees/get
         self._local_trees: dict[str, treeobj.Tree] = {}  # trees this process made (and uploaded)
         self._refs = RemoteRefs(self)  # repos, branches, tags, and the commit that moves a branch
         clean_upload_temps()
@@ -877,6 +878,32 @@ class RemoteStore(Backend):
         if local is not None:
             return local
         return self._remembered(("tree", repo, name), lambda: self._fetch_tree(name, repo))
+
+    def get_trees(self, names: list[str], repo: str | None = None) -> list[treeobj.Tree]:
+        """Many trees in one request (a level of a split folder; protocol 2.1), each checked against
+        its name; one the answer leaves out, or a server without the route, is asked for alone."""
+        want = [n for n in dict.fromkeys(names) if n not in self._local_trees]
+        got: dict[str, treeobj.Tree] = {}
+        for at in range(0, len(want) if self.batch_trees and len(want) > 1 else 0, wire.TREES_PER_GET):
+            part = want[at:at + wire.TREES_PER_GET]
+            try:
+                blobs = wire.decode_blobs(self._call("POST", f"/repos/{url_repo(repo)}/trees/get",
+                                                     body=json.dumps({"names": part}).encode(),
+                                                     headers={"Content-Type": "application/json"}))
+            except NotFoundError:  # a server before protocol 2.1
+                self.batch_trees = False
+                break
+            except ValueError as e:
+                raise CorruptionError(f"the server's answer of {len(part)} trees is damaged: {e}") from None
+            if len(blobs) != len(part):
+                raise CorruptionError(f"the server answered {len(blobs)} trees for {len(part)} asked")
+            for name, data in zip(part, blobs):
+                if data:
+                    if not ids.matches(data, name):
+                        raise CorruptionError(f"tree {name} from the server does not match its name")
+                    tree = treeobj.Tree.decode(bytes(data), f"tree {name}")
+                    got[name] = self._remembered(("tree", repo, name), lambda t=tree: t)
+        return [got[n] if n in got else self.get_tree(n, repo) for n in names]
 
     def _fetch_tree(self, name: str, repo: str | None) -> treeobj.Tree:
         data = self._call("GET", f"/repos/{url_repo(repo)}/trees/{name}")

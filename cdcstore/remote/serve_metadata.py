@@ -17,6 +17,9 @@ from .app import HTTPError
 from .auth import Scope
 
 
+TREES_GET_BYTES = 16 << 20  # and the bytes of its answer (the rest: empty, fetched one by one)
+
+
 class MetadataRoutes:
     """Manifest and tree handlers of a `server.Server`; `batches.ManifestBatch` stores through it."""
 
@@ -30,6 +33,7 @@ class MetadataRoutes:
             web.post(f"{api}/trees", self.put_trees),
             web.get(f"{api}/repos/{{repo}}/manifests/{{name}}", self.get_manifest),
             web.get(f"{api}/repos/{{repo}}/trees/{{name}}", self.get_tree),
+            web.post(f"{api}/repos/{{repo}}/trees/get", self.get_trees),
         ]
 
     async def put_manifests(self, request):
@@ -92,6 +96,34 @@ class MetadataRoutes:
         except NotFound:
             raise HTTPError(404, f"tree {name} is missing on the server: run `cdcstore check` there") from None
         return web.Response(body=body, content_type="application/json")
+
+    async def get_trees(self, request):
+        """Many trees in one answer (a level of a split folder: protocol 2.1): the body names them,
+        `{"names": [id, ...]}` (at most wire.TREES_PER_GET); the answer is their bytes, length-prefixed
+        in that order, an empty blob for one the repo does not reach, the server lacks, or that
+        would take the answer past TREES_GET_BYTES (the client asks for those one by one)."""
+        repo = self.server.checked_repo(request)
+        names = (await self.server.read_json(request)).get("names")
+        if not (isinstance(names, list) and len(names) <= wire.TREES_PER_GET
+                and all(isinstance(n, str) and ids.is_hex_id(n) for n in names)):
+            raise HTTPError(400, f"names must be a list of at most {wire.TREES_PER_GET} tree ids")
+        await self.server.wait_read(request)
+        with self.server.slot(self.server.reads, request):
+            body = await self.io(self._trees_body, repo, names)
+        return web.Response(body=body, content_type="application/octet-stream")
+
+    def _trees_body(self, repo: str, names: list[str]) -> bytes:
+        blobs, size = [], 0
+        for name in names:
+            data = b""
+            if size < TREES_GET_BYTES and self._reaches(repo, name, "tree"):
+                try:
+                    data = self.store.tree_bytes(name)
+                except NotFound:
+                    pass
+            size += len(data)
+            blobs.append(data if size <= TREES_GET_BYTES else b"")
+        return wire.encode_blobs(blobs)
 
     async def get_manifest(self, request):
         repo = self.server.checked_repo(request)

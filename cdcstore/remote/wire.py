@@ -190,6 +190,9 @@ def decode_located(body: bytes) -> tuple[bytes, dict[bytes, tuple[str, PackEntry
     return manifest, decode_locations(body[head + n:], _manifest_id_width(manifest))
 
 
+TREES_PER_GET = 1024  # trees one POST /repos/{repo}/trees/get names at most (protocol 2.1)
+
+
 def encode_blobs(blobs: list[bytes]) -> bytes:
     """Length-prefixed concatenation (manifest batches)."""
     return b"".join(_LEN.pack(len(b)) + b for b in blobs)

@@ -749,6 +749,28 @@ class CachedBackend(Overlay):
 
         return meta.objects().remembered((self._scope, "tree", repo, name), load)
 
+    def get_trees(self, names: list[str], repo: str | None = None) -> list:
+        """Trees from this process and this machine where kept; the rest from the store in one
+        `inner.get_trees` (a server: one request), then kept as `get_tree` keeps them."""
+        kind, memo = f"tree:{self._scope}", meta.objects()
+        got, want = {}, []
+        for name in dict.fromkeys(names):
+            tree = memo.get((self._scope, "tree", repo, name))
+            if tree is None:
+                data = self._object(kind, name)()
+                if data is not None:
+                    tree = treeobj.Tree.decode(data, f"tree {name}")
+            if tree is None:
+                want.append(name)
+            else:
+                got[name] = tree
+        for name, tree in zip(want, self.inner.get_trees(want, repo) if want else []):
+            self.cache.put_object(kind, name, tree.encode())
+            got[name] = tree
+        for name, tree in got.items():
+            memo.put((self._scope, "tree", repo, name), tree)
+        return [got[n] for n in names]
+
     def put_trees(self, trees: dict) -> None:
         """Store trees, and keep them in this machine's cache as `get_tree` keeps the trees it reads:
         the writer's next push, in any process, walks the trees it made from disk (a cold push of a
