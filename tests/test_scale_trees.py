@@ -60,3 +60,26 @@ def test_commits_made_by_upload_and_commit_entries_are_kept_too(counted):
     seen.clear()
     _push_in_new_process(url, src, "cdc://ds/")
     assert _tree_gets(seen) <= 2  # the old root and d03: the commit's check of what it adds (was 13: all)
+
+
+def test_a_commit_of_uploaded_files_reads_each_manifest_once(counted):
+    """A commit of 20 files uploaded by another process (the dask/Ray path): the entry check
+    reads each manifest once, and the commit's reach of what it adds reuses what it decoded
+    (was two GETs a manifest)."""
+    url, src, seen = counted
+    with Store.init(url) as s:
+        s.push([str(src / "d00")], "cdc://ds/", message="v1")
+    new = src / "new"
+    new.mkdir()
+    for i in range(20):
+        (new / f"n{i:02d}.bin").write_bytes(os.urandom(300))
+    code = ("import sys, pickle; from cdcstore import Store\n"
+            "with Store(sys.argv[1]) as s: sys.stdout.buffer.write(pickle.dumps(s.upload([sys.argv[2]], 'cdc://ds/new/')))")
+    import pickle
+    up = pickle.loads(subprocess.run([sys.executable, "-c", code, url, str(new)], check=True,
+                                     capture_output=True, env=dict(os.environ)).stdout)
+    seen.clear()
+    with Store(url) as s:
+        s.commit_entries("cdc://ds/", up, message="20 uploaded files")
+        assert sum(1 for m, p in seen if m == "GET" and "/manifests/" in p) == 20  # once each
+        assert s.cat("cdc://ds/new/n07.bin") == (new / "n07.bin").read_bytes()

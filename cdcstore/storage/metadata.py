@@ -262,6 +262,11 @@ class Metadata:
             if known is not None:  # stored by this process moments ago: not read back
                 chunk_ids.update(known)
                 continue
+            with self._manifests_lock:
+                m = self._manifests.get(n)
+            if m is not None:  # decoded moments ago (the commit's entry check), verified: not read again
+                chunk_ids.update(m.chunk_ids)
+                continue
             for part in ManifestFile(host, n).scan():
                 chunk_ids.update(part)
         return trees - set(view.unstored), names, chunk_ids
