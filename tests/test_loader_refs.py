@@ -209,18 +209,7 @@ def test_bundles_come_apart_in_the_order_single_batches_would(lengths, size):
     taken apart they come in torch's in-order round robin of single batches, so its step count
     stays the exact resume point: here workers of uneven lengths, bundles cut short at the end."""
     from cdcstore.stream import _bundled, _unbundled
-
-    def round_robin(streams):  # torch's order of items: a worker's next in turn, ended ones skipped
-        its, out = [iter(s) for s in streams], []
-        live = list(range(len(its)))
-        while live:
-            for w in list(live):
-                item = next(its[w], None)
-                if item is None:
-                    live.remove(w)
-                else:
-                    out.append(item)
-        return out
+    from test_stream import _round_robin as round_robin  # torch's order: a worker's next in turn
 
     batches = [[(w, i) for i in range(n)] for w, n in enumerate(lengths)]
     bundles = round_robin([list(_bundled(iter(b), size, w)) for w, b in enumerate(batches)])

@@ -567,10 +567,10 @@ def _edit(view: View, tid: str | None, prefix: str, steps: dict, out: dict[str, 
     if sum(sl.entries for sl in slots.values()) > LEAF_MAX:
         return Tree({}, dict(sorted(slots.items())), prefix)
     entries: dict[str, Entry] = {}  # shrunk to a page: its parts gathered (at most LEAF_MAX entries)
-    stack = [tr for tr in (sl.tree for sl in slots.values())]
+    stack = [sl.tree for sl in slots.values()]
     while stack:
-        n = out.get(stack[-1]) or view.node(stack[-1])
-        stack.pop()
+        tid = stack.pop()
+        n = out.get(tid) or view.node(tid)  # a part written by this edit is not stored yet
         if n.split:
             stack.extend(sl.tree for sl in n.slots.values())
         else:
