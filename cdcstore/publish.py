@@ -59,13 +59,15 @@ class Publisher:
         removed = list(removed)
         store = self._store(author)
         for attempt in range(RETRIES):
-            if expect:
-                self._check_expected(store, repo, branch, expect)
+            # the commit is made on the head the conditions were checked on: a writer landing in
+            # between makes it a rebase, and a rebase over the same path a conflict (then a new check)
+            base = self._check_expected(store, repo, branch, expect) if expect else None
             gone = self.existing(repo, branch, removed) if removed else []
             if not entries and not gone:
                 return None
             try:
-                result = store.commit_files(repo, branch, [], message, entries=dict(entries), remove=gone)
+                result = store.commit_files(repo, branch, [], message, entries=dict(entries), remove=gone,
+                                            **({"parent": base} if base else {}))
             except (ConflictError, PathNotFoundError):
                 if attempt == RETRIES - 1:
                     raise
@@ -74,17 +76,19 @@ class Publisher:
         return None
 
     @staticmethod
-    def _check_expected(store: Store, repo: str, branch: str, expect: dict[str, str | None]) -> None:
+    def _check_expected(store: Store, repo: str, branch: str, expect: dict[str, str | None]) -> str | None:
+        """The head `expect` holds on (None: no such branch yet); FileExistsError when it does not."""
         try:
             _, commit = store.resolve(Address(repo, branch, ""))
             view = store.view(repo, commit)
         except NotFoundError:
-            view = None
+            commit, view = None, None
         for path, want in expect.items():
             entry = view.get(path) if view is not None else None
             if (entry.manifest if entry is not None else None) != want:
                 raise FileExistsError(f"{path!r} is {'there' if entry is not None else 'absent'} on {branch!r}, "
                                       f"not as the write's condition says")
+        return commit.id if commit is not None else None
 
     def create(self, repo: str, author: str) -> str:
         """A new repo: an empty first commit on the default branch (S3 CreateBucket)."""
