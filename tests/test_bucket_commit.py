@@ -27,8 +27,10 @@ def test_a_bucket_push_never_reads_back_the_manifests_it_wrote(bucket_url, tmp_p
         counting = CountingObjects(repo.objects)
         repo.objects = counting
         s.push([str(folder)], "cdc://ds/")
-        reads = {k: v for k, v in counting.by_folder.items() if k[1] == "manifests" and k[0] in ("get", "get_range", "stat")}
+        reads = {k: v for k, v in counting.by_folder.items()
+                 if k[1] in ("manifests", "bundles") and k[0] in ("get", "get_range", "stat")}
         assert reads == {}, reads  # before: one ranged read per new manifest (40)
-        assert counting.by_folder[("put", "manifests")] == 40
+        assert counting.by_folder[("put", "bundles")] == 1  # the 40 manifests in one bundle
+        assert counting.by_folder[("put", "manifests")] == 0 and counting.by_folder[("put", "locations")] == 0
     with Store(bucket_url) as fresh:  # what was committed reads back whole
         assert {n: fresh.cat(f"cdc://ds/{n}") for n in files} == files

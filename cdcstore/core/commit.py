@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import ids
 from .address import check_name, normalize_path
@@ -47,8 +47,12 @@ MAX_SIZE = 2 ** 53  # file sizes stay exact in every JSON reader
 
 @dataclass(frozen=True)
 class FileEntry:
+    """A file of a commit: its manifest and size. `bundle` names the manifest bundle that holds
+    the manifest (core/bundle.py), a hint for finding it: not part of what the file is (two
+    entries of one manifest and size are equal whatever their bundles)."""
     manifest: str
     size: int
+    bundle: str | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -199,6 +203,8 @@ def _check_entry(path: str, f) -> None:
         raise ValueError(f"file {path!r}: manifest must be 64 lowercase hex digits (32 for format v1)")
     if not isinstance(f.size, int) or isinstance(f.size, bool) or not 0 <= f.size < MAX_SIZE:
         raise ValueError(f"file {path!r}: size must be an integer between 0 and 2**53")
+    if f.bundle is not None and not (isinstance(f.bundle, str) and ids.is_new_hex_id(f.bundle)):
+        raise ValueError(f"file {path!r}: bundle must be 64 lowercase hex digits")
 
 
 def _check_tree(files: dict) -> None:

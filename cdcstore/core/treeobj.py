@@ -2,9 +2,12 @@
 
 A page (tree format 2) lists entries:
 
-    {"entries": {NAME: {"manifest": id, "size": n}                       a file
+    {"entries": {NAME: {"manifest": id, "size": n[, "bundle": id]}        a file
                  NAME: {"files": k, "size": n, "tree": id}, ...},       a folder: its tree,
      "format": 2, "type": "tree"}                                         files and bytes below
+
+A file's "bundle" (optional) names the manifest bundle holding its manifest: a hint where to
+find it (core/bundle.py), not part of what the file is.
 
 A folder of more than LEAF_MAX entries is split by the BLAKE3 of its names, one octal
 digit (3 bits) a level (a hash trie): a split node (tree format 3) names up to 8 parts,
@@ -54,6 +57,14 @@ class Folder:
 
 
 Entry = FileEntry | Folder
+
+
+def file_doc(e: FileEntry) -> dict:
+    """A file entry as a page holds it."""
+    doc = {"manifest": e.manifest, "size": e.size}
+    if e.bundle is not None:
+        doc["bundle"] = e.bundle
+    return doc
 
 
 def _check_name(name) -> None:
@@ -133,7 +144,7 @@ class Tree:
         else:
             doc = {"format": TREE_VERSION, "type": "tree", "entries": {
                 n: ({"tree": e.tree, "size": e.size, "files": e.files} if isinstance(e, Folder)
-                    else {"manifest": e.manifest, "size": e.size}) for n, e in self.entries.items()}}
+                    else file_doc(e)) for n, e in self.entries.items()}}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @property
@@ -169,6 +180,12 @@ class Tree:
         if not self.split:
             yield from (("manifest", e.manifest) for e in self.entries.values() if isinstance(e, FileEntry))
 
+    def bundled(self) -> Iterator[tuple[str, str]]:
+        """(manifest, bundle) of each file entry that names its manifest's bundle."""
+        if not self.split:
+            yield from ((e.manifest, e.bundle) for e in self.entries.values()
+                        if isinstance(e, FileEntry) and e.bundle is not None)
+
     @classmethod
     def decode(cls, data: bytes, name: str = "tree") -> "Tree":
         try:
@@ -195,7 +212,7 @@ class Tree:
                 if not isinstance(e, dict):
                     raise ValueError(f"entry {n!r} is not an object")
                 entries[n] = (Folder(e["tree"], e["size"], e["files"]) if "tree" in e
-                              else FileEntry(e["manifest"], e["size"]))
+                              else FileEntry(e["manifest"], e["size"], e.get("bundle")))
             return cls(entries).validate()
         except CorruptionError:
             raise
@@ -618,7 +635,7 @@ def apply(base: View | None, changed: Mapping[str, FileEntry], removed=(),
         if isinstance(leaf, FileEntry):
             if isinstance(cur, Folder):
                 clashes.append(p)
-            else:
+            elif not (leaf == cur and leaf.bundle is None):  # the same file: its bundle hint is kept
                 cur = leaf
         return cur
 

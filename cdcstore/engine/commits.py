@@ -161,6 +161,9 @@ class Commits:
                 raise no_such_path(repo, branch, path)
             removed.add(p)
 
+        inner = be.uncached()
+        if inner.capabilities.bundles:  # the bundles the caller's entries name (a hint for reading them)
+            inner.learn_bundles([(e.manifest, e.bundle) for e in [*(entries or {}).values(), *(known or {}).values()]])
         with self.session():  # a gc deletes nothing while this push is in flight
             # manifests the base names at the pushed paths are in the store (reachable): not re-put
             held = {e.manifest for e in (view.get(p) for _, p in pairs) if e is not None} if view is not None else set()
@@ -256,7 +259,9 @@ class Commits:
             stored = self.backend.put_manifests(list(todo.values()))
             if stored != list(todo):
                 raise CorruptionError("the store named the manifests differently than their hashes")
-        added = {path: FileEntry(name, m.size) for (path, m), name in zip(manifests, names)}
+        inner = self.backend.uncached()
+        where = inner.bundle_of if inner.capabilities.bundles else (lambda _: None)
+        added = {path: FileEntry(name, m.size, where(name)) for (path, m), name in zip(manifests, names)}
         return ingest, added, per_file
 
     def upload(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
@@ -313,6 +318,8 @@ class Commits:
         inner = self.backend.uncached()
         if not inner.capabilities.runs_here:
             return
+        if inner.capabilities.bundles:
+            inner.learn_bundles([(e.manifest, e.bundle) for e in entries.values()])
         sizes: dict[str, set[int]] = {}
         for path, e in entries.items():
             sizes.setdefault(e.manifest, set()).add(e.size)

@@ -747,7 +747,14 @@ class CachedBackend(Overlay):
                 return data
             return treeobj.Tree.decode(self._once(self._object(kind, name), fetch), f"tree {name}")
 
-        return meta.objects().remembered((self._scope, "tree", repo, name), load)
+        return self._learn([meta.objects().remembered((self._scope, "tree", repo, name), load)])[0]
+
+    def _learn(self, trees: list) -> list:
+        """Hand the inner store the manifest bundles these trees' files name (`learn_bundles`:
+        it may not have read them itself, when they came from this machine's cache)."""
+        if self.inner.capabilities.bundles:
+            self.inner.learn_bundles([p for t in trees for p in t.bundled()])
+        return trees
 
     def get_trees(self, names: list[str], repo: str | None = None) -> list:
         """Trees from this process and this machine where kept; the rest from the store in one
@@ -769,7 +776,7 @@ class CachedBackend(Overlay):
             got[name] = tree
         for name, tree in got.items():
             memo.put((self._scope, "tree", repo, name), tree)
-        return [got[n] for n in names]
+        return self._learn([got[n] for n in names])
 
     def put_trees(self, trees: dict) -> None:
         """Store trees, and keep them in this machine's cache as `get_tree` keeps the trees it reads:

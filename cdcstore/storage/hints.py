@@ -172,37 +172,73 @@ class LocationHints:
         """Learn where a manifest's chunks are from its location record (a bucket store),
         unless the index knows them all: a new machine reads a file without listing the
         bucket or reading any pack footer. One GET; a missing or damaged record is no error."""
-        if not self._host.shared or not manifest.chunk_ids:
-            return
-        if len(self._packs.locate_known(list(dict.fromkeys(manifest.chunk_ids)))) == len(set(manifest.chunk_ids)):
+        if not self._wanted(manifest):
             return
         try:
-            found = locations.decode(bytes(self._host.objects.get(locations_name(name))), manifest,
-                                     f"location record of manifest {name}")
-        except (NotFound, CorruptionError):
+            data = bytes(self._host.objects.get(locations_name(name)))
+        except NotFound:
+            return
+        self.learn_record(name, manifest, data, wanted_checked=True)
+
+    def _wanted(self, manifest: Manifest) -> bool:
+        if not self._host.shared or not manifest.chunk_ids:
+            return False
+        return len(self._packs.locate_known(list(dict.fromkeys(manifest.chunk_ids)))) < len(set(manifest.chunk_ids))
+
+    def learn_record(self, name: str, manifest: Manifest, record: bytes, wanted_checked: bool = False) -> None:
+        """Learn where a manifest's chunks are from its location record's bytes (read from its
+        own object or taken from a manifest bundle); a damaged record is no error."""
+        if not record or (not wanted_checked and not self._wanted(manifest)):
+            return
+        try:
+            found = locations.decode(record, manifest, f"location record of manifest {name}")
+        except CorruptionError:
             return
         if len(self._hints) > HINTS_MAX:
             self._hints, self._hint_packs = {}, set()
         self._hints.update(found)
         self._hint_packs.update(p for p, _ in found.values())
 
+    def records(self, manifests: list[tuple[str, Manifest]]) -> dict[str, bytes]:
+        """The location record of each manifest whose chunks are all located (a bucket store)."""
+        if not self._host.shared:
+            return {}
+        where = self._packs.locate_known(list({c for _, m in manifests for c in m.chunk_ids}))
+        out = {}
+        for name, m in manifests:
+            record = locations.encode(m, where)
+            if record is not None:
+                out[name] = record
+        return out
+
+    def put_first_anchors(self, manifests: list[tuple[str, Manifest]]) -> None:
+        """The anchor of each large file's first chunk (core/anchors.py; a bucket store)."""
+        large = [m for _, m in manifests if m.size >= anchors.FIRST_MIN and m.chunk_ids]
+        if not self._host.shared or not large:
+            return
+        where = self._packs.locate_known(list({m.chunk_ids[0] for m in large}))
+        objects = self._host.objects
+        names = {anchors.name(m.chunk_ids[0], where[m.chunk_ids[0]][0]) for m in large if m.chunk_ids[0] in where}
+        if len(names) <= 4:
+            for n in names:
+                objects.put(n, b"", exist_ok=True)
+        else:
+            list(runtime.pool("io", 8).map(lambda n: objects.put(n, b"", exist_ok=True), names))
+
     def put_locations(self, manifests: list[tuple[str, Manifest]]) -> None:
-        """Write each manifest's location record (a bucket store, all chunks located)."""
+        """Write each manifest's location record (a bucket store, all chunks located), and the
+        anchors of large files' first chunks."""
         if not self._host.shared:
             return
         objects = self._host.objects
-        where = self._packs.locate_known(list({c for _, m in manifests for c in m.chunk_ids}))
+        records = list(self.records(manifests).items())
 
         def put(item):
-            record = locations.encode(item[1], where)
-            if record is not None:
-                objects.put(locations_name(item[0]), record, exist_ok=True)
-            first = item[1].chunk_ids[0] if item[1].size >= anchors.FIRST_MIN else None
-            if first is not None and first in where:  # a large file's first chunk is an anchor (core/anchors.py)
-                objects.put(anchors.name(first, where[first][0]), b"", exist_ok=True)
+            objects.put(locations_name(item[0]), item[1], exist_ok=True)
 
-        if len(manifests) <= 4:
-            for item in manifests:
+        if len(records) <= 4:
+            for item in records:
                 put(item)
         else:
-            list(runtime.pool("io", 8).map(put, manifests))
+            list(runtime.pool("io", 8).map(put, records))
+        self.put_first_anchors(manifests)

@@ -15,7 +15,10 @@
   journal names (`staging.py`: a `deferred_commit` still running) are roots too, whatever their age.
   A pack with a copy recorded damaged (`check`, a read) is rewritten whatever its age and dead
   share, with the chunks still read from it (`_sound_rest`), or deleted when none is.
-- execute: sparse packs rewritten first; dead jobs' journals; then commits, trees, manifests, packs
+- manifest bundles (storage/bundles.py) go with the manifests: one holding any live manifest
+  stays whole; one holding none goes past the grace window; a young one's manifests are roots.
+- execute: sparse packs rewritten first; dead jobs' journals; then commits, trees, manifests
+  and bundles, packs
   (what points before what it points to; a pack's index rows before its object, so presence queries stop finding its
   chunks). A crash between any two steps leaves a consistent store: an object whose rows are gone
   is garbage the next run removes; nothing reachable is ever touched.
@@ -50,9 +53,9 @@ from ..core import ids
 from ..core.manifest import Manifest
 from ..core.pack import ENTRY, HEADER, LEGACY_ENTRY, LEGACY_PACK_VERSION, PACK_VERSION, TRAILER, WRITE_BUFFER, \
     PackEntry, PackWriter, decode_chunk
-from . import reach, staging
+from . import bundles, reach, staging
 from .index import ChunkIndex
-from .names import locations_name, manifest_name, pack_name, pack_of, tree_name
+from .names import bundle_name, locations_name, manifest_name, pack_name, pack_of, tree_name
 from .objects import ObjectStore, StorageError
 from .refs import DELETED, commit_name, ref_name
 
@@ -141,6 +144,7 @@ class GcPlan:
     commits: list[tuple[str, str]]  # (repo, commit id)
     trees: list[str] = dataclasses.field(default_factory=list)
     repack: list[tuple[str, int, list]] = dataclasses.field(default_factory=list)  # (name, size, live entries)
+    bundles: list[str] = dataclasses.field(default_factory=list)  # manifest bundles none of whose manifests is live
     live_chunks: int = 0
     live_packs: int = 0
     spared_young: int = 0  # unreachable objects inside the grace window
@@ -156,7 +160,8 @@ class GcPlan:
 
     def to_dict(self) -> dict:
         return {"delete_packs": len(self.packs), "repack_packs": len(self.repack), "bytes_freed": self.bytes_freed,
-                "delete_manifests": len(self.manifests), "delete_trees": len(self.trees),
+                "delete_manifests": len(self.manifests), "delete_bundles": len(self.bundles),
+                "delete_trees": len(self.trees),
                 "delete_commits": len(self.commits),
                 "live_chunks": self.live_chunks, "live_packs": self.live_packs,
                 "spared_young": self.spared_young, "spared_bytes": self.spared_bytes,
@@ -376,6 +381,7 @@ def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = Non
             manifests.append(m)
         else:  # a young manifest is a root: an upload whose commit comes later (or a push in flight)
             live_chunks.update(repo.get_manifest(m).chunk_ids)
+    bundles = _plan_bundles(repo, live_manifests, live_chunks, forgotten, old)
     live_in: dict[str, list] = {}
     reached_at: dict[str, float | None] = {}  # pack -> when a forgotten commit last vouched for all its dead chunks
     for pack, e in repo.index.all_rows():  # every copy: a pack holding a live chunk's other copy is live too
@@ -413,9 +419,31 @@ def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = Non
             cid = info.name.rsplit("/", 1)[-1].removesuffix(".json")
             if (name, cid) not in live_commits and old(info):
                 commits.append((name, cid))
-    return GcPlan(packs, manifests, commits, trees, repack, live_chunks=len(live_chunks), live_packs=len(live_in),
+    return GcPlan(packs, manifests, commits, trees, repack, bundles=bundles, live_chunks=len(live_chunks), live_packs=len(live_in),
                   spared_young=young, staging=doomed_staging, spared_bytes=spared["bytes"],
                   spared_until=None if spared["latest"] is None else spared["latest"] + grace)
+
+
+def _plan_bundles(repo: UpkeepHost, live_manifests: set, live_chunks: set, forgotten, old) -> list[str]:
+    """The manifest bundles to delete: those holding no live manifest, past the grace window (or
+    holding only what forgotten commits reached and landed after them). A young bundle's
+    manifests are roots, as a young manifest is; a damaged or unreadable one is kept (check
+    reports it). A bundle with one live manifest is kept whole."""
+    doomed = []
+    for bid, info in bundles.listing(repo.objects):
+        try:
+            entries = bundles.read_stored(repo.objects, bid)
+        except (CorruptionError, StorageError, OSError):
+            continue
+        if not entries or any(n in live_manifests for n in entries):
+            continue
+        when = [forgotten.manifests.get(n) for n in entries]
+        if old(info, None if None in when else min(when)):
+            doomed.append(bid)
+        else:
+            for data, _ in entries.values():
+                live_chunks.update(Manifest.decode(data, f"manifest of bundle {bid}").chunk_ids)
+    return doomed
 
 
 def _sound_rest(repo: UpkeepHost, name: str, info, live: list, before: float) -> list:
@@ -546,6 +574,8 @@ def execute(repo: UpkeepHost, p: GcPlan) -> None:
     for m in p.manifests:
         repo.objects.delete(locations_name(m))  # a hint first: a crash leaves no record without its manifest
         repo.objects.delete(manifest_name(m))
+    for b in p.bundles:
+        repo.objects.delete(bundle_name(b))
     for name, _ in p.packs:
         repo.index.drop_pack(name)  # no presence query finds its chunks any more
         repo.objects.delete(pack_name(name))

@@ -27,6 +27,9 @@ class ManifestFile:
     def __init__(self, store, name: str):
         self.name, self.what = name, f"manifest {name}"
         path, obj = store.manifest_file(name), manifest_name(name)
+        bundled = store.bundled_manifest(name) if store.capabilities.bundles else None
+        if bundled is not None:  # small: whole, from its bundle (checked against its name there)
+            path, obj = None, None
 
         def read(lo: int, n: int) -> bytes:
             if path is not None:
@@ -35,9 +38,11 @@ class ManifestFile:
             return bytes(store.objects.get_range(obj, lo, n))
 
         try:
-            first = read(0, FIRST_READ)
+            first = bundled if bundled is not None else read(0, FIRST_READ)
         except (FileNotFoundError, NotFound):
-            raise ManifestMissing(f"manifest {name} is missing from {store.location}") from None
+            first = store.bundled_manifest(name, search=True) if store.capabilities.bundles else None
+            if first is None:
+                raise ManifestMissing(f"manifest {name} is missing from {store.location}") from None
         self.head = first[:HEADER.size]
         if len(self.head) < HEADER.size or self.head[:8] != MAGIC:
             raise CorruptionError(f"{self.what} is not a cdcstore manifest: run `cdcstore check` on the server")

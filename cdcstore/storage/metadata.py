@@ -6,6 +6,8 @@ checked against its name, keeps decoded trees and manifests (bounded), and says 
 adds to its parent (`new_reach`, asked by `refs.Refs.commit`). Object names (docs/format.md):
 
     manifests/ab/<name>                    file manifests
+    bundles/ab/<id>                        many small files' manifests (a bucket store's pushes;
+                                           storage/bundles.py)
     trees/ab/<name>                        trees (one folder of a format 2 commit)
     repos/<repo>/commits/<id>.json         commits, named by BLAKE3-256 of their JSON
 
@@ -17,11 +19,12 @@ import collections
 from typing import Protocol
 
 from .. import runtime
-from ..core import ids, treeobj
+from ..core import bundle, ids, treeobj
 from ..core.address import check_name
 from ..core.commit import Commit
 from ..core.errors import CdcError, CorruptionError, RevisionNotFoundError
 from ..core.manifest import LEGACY_MANIFEST_VERSION, Manifest
+from .bundles import Bundles
 from .manifest_file import ManifestFile
 from .names import manifest_name, tree_name
 from .objects import NotFound, ObjectStore
@@ -38,6 +41,7 @@ class MetadataHost(Protocol):
 
     objects: ObjectStore
     location: str
+    shared: bool  # a bucket: pushes bundle small files' manifests
 
     def get_commit(self, repo: str, commit_id: str) -> Commit: ...
 
@@ -60,6 +64,7 @@ class Metadata:
         self._put_ids: collections.OrderedDict[str, list[bytes]] = collections.OrderedDict()  # see `_written_ids`
         self._put_ids_count = 0
         self._put_ids_lock = runtime.Lock()
+        self.bundles = Bundles(host)
 
     @property
     def objects(self) -> ObjectStore:
@@ -77,13 +82,39 @@ class Metadata:
 
     # -- manifests ----------------------------------------------------------------------------
     def has_manifest(self, name: str) -> bool:
-        return self.objects.exists(manifest_name(name))
+        return self.bundles.take(name) is not None or self.objects.exists(manifest_name(name)) or \
+            (self._host.shared and bool(self.bundles.find([name])) and self.bundles.take(name) is not None)
 
     def manifests_present(self, repo: str, names: list[str]) -> set[str]:
-        """Which of these manifests are stored (a look at each object; `repo` is not checked)."""
+        """Which of these manifests are stored (a look at each object, then one look through
+        the bundles for the rest; `repo` is not checked)."""
         names = list(dict.fromkeys(names))
-        found = runtime.pool("io", 8).map(self.has_manifest, names) if len(names) > 1 else map(self.has_manifest, names)
-        return {n for n, ok in zip(names, list(found)) if ok}
+        found = {n for n in names if self.bundles.take(n) is not None}
+        rest = [n for n in names if n not in found]
+        exists = lambda n: self.objects.exists(manifest_name(n))
+        held = runtime.pool("io", 8).map(exists, rest) if len(rest) > 1 else map(exists, rest)
+        found.update(n for n, ok in zip(rest, list(held)) if ok)
+        rest = [n for n in rest if n not in found]
+        if rest and self._host.shared:
+            found.update(n for n in self.bundles.find(rest) if self.bundles.take(n) is not None)
+        return found
+
+    def learn_bundles(self, pairs) -> None:
+        """Remember which bundle holds which manifest: (manifest, bundle) pairs, e.g. from
+        entries a caller hands in (a hint: every manifest is checked against its name)."""
+        self.bundles.learn(pairs)
+
+    def bundle_of(self, name: str) -> str | None:
+        """The bundle this store's pointers say holds a manifest (None: its own object, or unknown)."""
+        return self.bundles.where(name)
+
+    def bundled_manifest(self, name: str, search: bool = False) -> bytes | None:
+        """A manifest's bytes from the bundle a pointer names (checked against its name), or
+        None; `search`: look through the store's bundles when no pointer is known."""
+        got = self.bundles.take(name)
+        if got is None and search and self._host.shared and self.bundles.find([name]):
+            got = self.bundles.take(name)
+        return got[0] if got else None
 
     def put_manifest_file(self, name: str, path: str) -> None:
         """Store a manifest received into a local file (its name checked by the caller); one
@@ -96,21 +127,33 @@ class Metadata:
 
     def manifest_bytes(self, name: str) -> bytes:
         """A stored manifest's bytes as stored (NotFound if absent)."""
-        return bytes(self.objects.get(manifest_name(name)))
+        try:
+            return self._stored(name)[0]
+        except CorruptionError:
+            raise NotFound(manifest_name(name)) from None
 
     def put_manifest(self, manifest: Manifest) -> str:
         return self.put_manifests([manifest])[0]
 
     def put_manifests(self, manifests: list[Manifest]) -> list[str]:
         """Store many manifests durably (written once each; on a few threads, as each put
-        waits on a disk or a network, not on the GIL)."""
+        waits on a disk or a network, not on the GIL). In a bucket, small ones go into
+        bundles with their location records (`bundle_of` names them after)."""
         encoded = [m.encode() for m in manifests]
         names = [ids.legacy_hexdigest(d) if m.version == LEGACY_MANIFEST_VERSION else ids.hexdigest(d)
                  for m, d in zip(manifests, encoded)]
-        todo = dict(zip(names, encoded))
+        todo = dict(zip(names, zip(manifests, encoded)))
+        if self._host.shared:
+            small = {n: v for n, v in todo.items() if v[0].version != LEGACY_MANIFEST_VERSION and bundle.fits(v[1])}
+            if small:
+                pairs = [(n, m) for n, (m, _) in small.items()]
+                records = self._hints.records(pairs)
+                self.bundles.put([(n, d, records.get(n, b"")) for n, (_, d) in small.items()])
+                self._hints.put_first_anchors(pairs)
+                todo = {n: v for n, v in todo.items() if n not in small}
 
         def put(item):  # one stored before is made young again: gc's grace window covers it anew
-            if not self.objects.put(manifest_name(item[0]), item[1], exist_ok=True):
+            if not self.objects.put(manifest_name(item[0]), item[1][1], exist_ok=True):
                 self.objects.touch(manifest_name(item[0]))
 
         if len(todo) <= 4:
@@ -118,7 +161,7 @@ class Metadata:
                 put(item)
         else:
             list(runtime.pool("io", 8).map(put, todo.items()))
-        self._hints.put_locations(list(dict(zip(names, manifests)).items()))
+        self._hints.put_locations([(n, m) for n, (m, _) in todo.items()])
         self._remember_ids(zip(names, manifests))
         return names
 
@@ -153,8 +196,12 @@ class Metadata:
             if m is not None:
                 self._manifests.move_to_end(name)
                 return m
-        m = self.read_manifest(name)
-        self._hints.load_locations(name, m)
+        data, record = self._stored(name)
+        m = Manifest.decode(data, f"manifest {name}")
+        if record is None:
+            self._hints.load_locations(name, m)
+        else:
+            self._hints.learn_record(name, m, record)
         n = len(m.chunk_ids)
         if n <= MANIFEST_MEMO_CHUNKS // 4:
             with self._manifests_lock:
@@ -168,9 +215,25 @@ class Metadata:
 
     def read_manifest(self, name: str) -> Manifest:
         """A manifest read from the store now (never the memo), checked against its name."""
-        data = self._get_named(name, manifest_name(name), f"manifest {name}",
-                               CorruptionError(f"manifest {name} is missing from {self._host.location}"))
-        return Manifest.decode(data, f"manifest {name}")
+        return Manifest.decode(self._stored(name, fresh=True)[0], f"manifest {name}")
+
+    def _stored(self, name: str, fresh: bool = False) -> tuple[bytes, bytes | None]:
+        """A manifest's bytes, checked against its name, and its location record when it came
+        from a bundle (None: its own object): from the bundle a pointer names, else its own
+        object, else a look through the store's bundles."""
+        got = self.bundles.take(name, fresh)
+        if got is not None:
+            return got
+        missing = CorruptionError(f"manifest {name} is missing from {self._host.location}")
+        try:
+            return self._get_named(name, manifest_name(name), f"manifest {name}", missing), None
+        except CorruptionError as e:
+            if e is not missing or not self._host.shared or not self.bundles.find([name]):
+                raise
+        got = self.bundles.take(name, fresh)
+        if got is None:
+            raise missing
+        return got
 
     # -- trees ------------------------------------------------------------------------------------
     def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
@@ -204,7 +267,9 @@ class Metadata:
         """A tree read from the store now (never the memo), checked against its name."""
         data = self._get_named(name, tree_name(name), f"tree {name}",
                                CorruptionError(f"tree {name} is missing from {self._host.location}"))
-        return treeobj.Tree.decode(data, f"tree {name}")
+        tree = treeobj.Tree.decode(data, f"tree {name}")
+        self.bundles.learn(tree.bundled())
+        return tree
 
     def tree_bytes(self, name: str) -> bytes:
         """A stored tree's bytes as stored (NotFound if absent)."""

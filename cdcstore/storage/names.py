@@ -26,5 +26,9 @@ def locations_name(manifest: str) -> str:
     return f"locations/{manifest[:2]}/{manifest}"
 
 
+def bundle_name(name: str) -> str:
+    return f"bundles/{name[:2]}/{name}"
+
+
 def tree_name(name: str) -> str:
     return f"trees/{name[:2]}/{name}"

@@ -97,7 +97,8 @@ def default_index_path(identity: str) -> str:
 @delegate("packs.hints", "load_locations")
 @delegate("metadata", "has_manifest", "manifests_present", "put_manifest_file", "manifest_file", "manifest_bytes",
           "put_manifest", "put_manifests", "get_manifest", "read_manifest", "put_trees", "get_tree", "read_tree",
-          "tree_bytes", "tree_names", "put_commit", "get_commit", "new_reach")
+          "tree_bytes", "tree_names", "put_commit", "get_commit", "new_reach", "learn_bundles", "bundle_of",
+          "bundled_manifest")
 @delegate("_refs", "repos", "ref_names", "has_repo", "ensure_repo", "resolve_ref", "delete_repo", "forgotten",
           "forget", "_read_refs", "branches", "tags", "refs", "create_ref", "create_tag", "create_branch",
           "delete_ref", "delete_tag", "delete_branch", "commit", "update_branch")
@@ -127,6 +128,7 @@ class Repository(Backend):
         self._shared = not objects.capabilities.local_path  # a bucket: other machines write it too
         self.packs = self.pack_store(self, index_path)
         if self._shared:
+            self.capabilities = dataclasses.replace(self.capabilities, bundles=True)
             self.packs.adopt_store(self.store_id)  # an index of another store by that name is emptied
         self._refs = Refs(self)  # repos, branches, tags, commit by compare-and-swap
         self.metadata = Metadata(self, self.packs.hints, self._refs)

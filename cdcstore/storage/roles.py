@@ -48,6 +48,9 @@ class BackendCapabilities:
       into a caller's buffer (one pread) and checks them there: a directory store. Its packs
       are local files, so a pull does not seed from an older local copy of a file.
     The reader (storage/reader.py) picks its read strategy from these two.
+    bundles: small files' manifests may be stored in manifest bundles (a bucket store):
+      `bundle_of(name)` names the bundle a push put a manifest in (for its tree entry), and
+      `learn_bundles(pairs)` takes (manifest, bundle) pointers read elsewhere.
     """
 
     local_reads: bool = False
@@ -57,6 +60,7 @@ class BackendCapabilities:
     runs_here: bool = False
     reads_into: bool = False
     reads_runs: bool = False
+    bundles: bool = False
 
 
 class ChunkSource(Protocol):

@@ -8,7 +8,8 @@ A job (a `deferred_commit` block, an fsspec transaction) is a folder of small ob
                                       journal space counts the job's objects (`usage`)
 
 Each writer that closes a file stores its chunks and manifest as a push does, then writes ONE
-entry object: {"format": 1, "entries": [{"path", "manifest", "size"} | {"path", "remove": true}]}.
+entry object: {"format": 1, "entries": [{"path", "manifest", "size"[, "bundle"]} | {"path", "remove": true}]}
+("bundle": the manifest bundle holding the manifest, a hint; older readers ignore it).
 No commit per file: the driver lists the journal once at the end, merges, and lands one commit.
 A task run twice writes the same bytes, so the same object: a retry never doubles a file.
 
@@ -68,7 +69,8 @@ def encode(entries: dict[str, FileEntry | None]) -> bytes:
             rows.append({"path": p, "remove": True})
         else:
             _check_entry(p, e)
-            rows.append({"path": p, "manifest": e.manifest, "size": e.size})
+            rows.append({"path": p, "manifest": e.manifest, "size": e.size}
+                        | ({"bundle": e.bundle} if e.bundle is not None else {}))
     return json.dumps({"format": JOURNAL_VERSION, "entries": rows}, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -92,7 +94,8 @@ def decode(data: bytes, what: str = "journal entry") -> list[tuple[str, FileEntr
             if row.get("remove") is True:
                 out.append((path, None))
             else:
-                e = FileEntry(row["manifest"], row["size"])
+                b = row.get("bundle")
+                e = FileEntry(row["manifest"], row["size"], b if isinstance(b, str) and ids.is_new_hex_id(b) else None)
                 _check_entry(path, e)
                 out.append((path, e))
         return out

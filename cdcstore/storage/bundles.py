@@ -1,0 +1,168 @@
+"""Manifest bundles in a store (core/bundle.py): written by a bucket store's pushes, read by
+anyone who holds a manifest's name.
+
+A push of small files writes their manifests and location records as a few bundles,
+`bundles/ab/<id>`, instead of two objects a file. The tree entries of those files name the
+bundle (`FileEntry.bundle`), and `Bundles` learns those pointers as trees are decoded, so a
+reader takes a manifest from its bundle in one GET (kept: the next file of the same push costs
+nothing). A pointer is a hint: a manifest is always checked against its name, and one whose
+bundle is not known, or gone, is looked for as its own object and then in every bundle of
+the store (`find`: a listing and a read of each bundle not read before; the slow path, for a
+name that came without its tree)."""
+from __future__ import annotations
+
+import collections
+
+from .. import runtime
+from ..core import bundle, ids
+from ..core.errors import CorruptionError
+from .names import bundle_name
+from .objects import NotFound
+
+WHERE_MAX = 1 << 18  # manifest -> bundle pointers kept per store (least recently learned out first)
+KEPT_BUNDLES = 16  # decoded bundles kept per store (each at most bundle.MAX_BYTES)
+PREFIX = "bundles/"
+
+
+def bundle_of(object_name: str) -> str | None:
+    """The bundle an object name holds, or None for anything else."""
+    base = object_name.rsplit("/", 1)[-1]
+    return base if ids.is_new_hex_id(base) and object_name == bundle_name(base) else None
+
+
+def read_stored(objects, bid: str) -> dict[str, tuple[bytes, bytes]] | None:
+    """A stored bundle's entries, checked against its name and each manifest against its own
+    (None if it is not stored; CorruptionError if damaged)."""
+    try:
+        data = bytes(objects.get(bundle_name(bid)))
+    except NotFound:
+        return None
+    if not ids.matches(data, bid):
+        raise CorruptionError(f"manifest bundle {bid} does not match its name (damaged)")
+    return bundle.decode(data, f"manifest bundle {bid}")
+
+
+def listing(objects):
+    """Every stored bundle: (id, ObjectInfo)."""
+    for info in objects.list(PREFIX):
+        bid = bundle_of(info.name)
+        if bid is not None:
+            yield bid, info
+
+
+class Bundles:
+    """The manifest bundles of one store: write them, know which holds a manifest, read them."""
+
+    def __init__(self, host):
+        self._host = host  # objects, location
+        self._where: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._kept: collections.OrderedDict[str, dict] = collections.OrderedDict()
+        self._reading: dict[str, object] = {}  # bundle -> the lock of the thread reading it
+        self._scanned: set[str] = set()  # bundles `find` has read (their pointers learned)
+        self._lock = runtime.Lock()
+        self._scan_lock = runtime.Lock()
+
+    # -- pointers ---------------------------------------------------------------------------------
+    def learn(self, pairs) -> None:
+        """Remember (manifest, bundle) pointers, from a tree's entries or a caller's."""
+        with self._lock:
+            for name, b in pairs:
+                if b is not None:
+                    self._where[name] = b
+                    self._where.move_to_end(name)
+            while len(self._where) > WHERE_MAX:
+                self._where.popitem(last=False)
+
+    def where(self, name: str) -> str | None:
+        with self._lock:
+            return self._where.get(name)
+
+    # -- bundles ------------------------------------------------------------------------------
+    def put(self, items: list[tuple[str, bytes, bytes]]) -> dict[str, str]:
+        """Store (name, manifest, location record) triples as bundles, durably: manifest name ->
+        bundle. A bundle stored before is made young again (gc's grace window covers it anew)."""
+        groups = bundle.plan(items)
+        out: dict[str, str] = {}
+
+        def put(group):
+            data = bundle.encode(group)
+            bid = ids.hexdigest(data)
+            objects = self._host.objects
+            if not objects.put(bundle_name(bid), data, exist_ok=True):
+                objects.touch(bundle_name(bid))
+            self._keep(bid, {n: (m, r) for n, m, r in group})
+            return bid, group
+
+        done = map(put, groups) if len(groups) <= 1 else runtime.pool("io", 8).map(put, groups)
+        for bid, group in done:
+            out.update((n, bid) for n, _, _ in group)
+        self.learn(out.items())
+        return out
+
+    def read(self, bid: str, fresh: bool = False) -> dict[str, tuple[bytes, bytes]] | None:
+        """A bundle's entries, checked (None if it is not stored). `fresh`: read the store
+        now, not what this process keeps (check). Threads asking for one bundle read it once."""
+        if fresh:
+            return read_stored(self._host.objects, bid)
+        with self._lock:
+            one = self._reading.setdefault(bid, runtime.Lock())
+        with one:
+            with self._lock:
+                got = self._kept.get(bid)
+                if got is not None:
+                    self._kept.move_to_end(bid)
+                    return got
+            try:
+                entries = read_stored(self._host.objects, bid)
+                if entries is not None:
+                    self._keep(bid, entries)
+                return entries
+            finally:
+                with self._lock:
+                    self._reading.pop(bid, None)
+
+    def _keep(self, bid: str, entries: dict) -> None:
+        with self._lock:
+            self._kept[bid] = entries
+            self._kept.move_to_end(bid)
+            while len(self._kept) > KEPT_BUNDLES:
+                self._kept.popitem(last=False)
+
+    def take(self, name: str, fresh: bool = False) -> tuple[bytes, bytes] | None:
+        """(manifest bytes, location record) from the bundle a pointer names, or None (no
+        pointer, the bundle gone, or it does not hold the manifest: the pointer is dropped)."""
+        bid = self.where(name)
+        if bid is None:
+            return None
+        try:
+            entries = self.read(bid, fresh)
+        except CorruptionError:
+            if fresh:
+                raise
+            entries = None
+        got = entries.get(name) if entries else None
+        if got is None:
+            with self._lock:
+                if self._where.get(name) == bid:
+                    del self._where[name]
+        return got
+
+    def find(self, names) -> set[str]:
+        """Which of `names` some bundle of the store holds, learning the pointers of every bundle
+        not read before (a listing, and a GET a new bundle): the path of a name that came
+        without its tree. A damaged bundle is passed over (check reports it)."""
+        names = set(names)
+        with self._scan_lock:
+            new = [b for b, _ in listing(self._host.objects) if b not in self._scanned]
+
+            def scan(bid):
+                try:
+                    return bid, self.read(bid)
+                except CorruptionError:
+                    return bid, None
+
+            for bid, entries in (runtime.pool("io", 8).map(scan, new) if len(new) > 1 else map(scan, new)):
+                self._scanned.add(bid)
+                if entries:
+                    self.learn((n, bid) for n in entries)
+        return {n for n in names if self.where(n) is not None}
