@@ -130,16 +130,12 @@ class Bundles:
 
     def take(self, name: str, fresh: bool = False) -> tuple[bytes, bytes] | None:
         """(manifest bytes, location record) from the bundle a pointer names, or None (no
-        pointer, the bundle gone, or it does not hold the manifest: the pointer is dropped)."""
+        pointer, the bundle gone, or it does not hold the manifest: the pointer is dropped);
+        CorruptionError if that bundle is damaged."""
         bid = self.where(name)
         if bid is None:
             return None
-        try:
-            entries = self.read(bid, fresh)
-        except CorruptionError:
-            if fresh:
-                raise
-            entries = None
+        entries = self.read(bid, fresh)  # CorruptionError: the bundle is damaged
         got = entries.get(name) if entries else None
         if got is None:
             with self._lock:

@@ -81,22 +81,29 @@ class Metadata:
         return data
 
     # -- manifests ----------------------------------------------------------------------------
+    def _in_bundle(self, name: str) -> bool:
+        """Whether the bundle a pointer names holds the manifest (a damaged one does not)."""
+        try:
+            return self.bundles.take(name) is not None
+        except CorruptionError:
+            return False
+
     def has_manifest(self, name: str) -> bool:
-        return self.bundles.take(name) is not None or self.objects.exists(manifest_name(name)) or \
-            (self._host.shared and bool(self.bundles.find([name])) and self.bundles.take(name) is not None)
+        return self._in_bundle(name) or self.objects.exists(manifest_name(name)) or \
+            (self._host.shared and bool(self.bundles.find([name])) and self._in_bundle(name))
 
     def manifests_present(self, repo: str, names: list[str]) -> set[str]:
         """Which of these manifests are stored (a look at each object, then one look through
         the bundles for the rest; `repo` is not checked)."""
         names = list(dict.fromkeys(names))
-        found = {n for n in names if self.bundles.take(n) is not None}
+        found = {n for n in names if self._in_bundle(n)}
         rest = [n for n in names if n not in found]
         exists = lambda n: self.objects.exists(manifest_name(n))
         held = runtime.pool("io", 8).map(exists, rest) if len(rest) > 1 else map(exists, rest)
         found.update(n for n, ok in zip(rest, list(held)) if ok)
         rest = [n for n in rest if n not in found]
         if rest and self._host.shared:
-            found.update(n for n in self.bundles.find(rest) if self.bundles.take(n) is not None)
+            found.update(n for n in self.bundles.find(rest) if self._in_bundle(n))
         return found
 
     def learn_bundles(self, pairs) -> None:
@@ -221,10 +228,14 @@ class Metadata:
         """A manifest's bytes, checked against its name, and its location record when it came
         from a bundle (None: its own object): from the bundle a pointer names, else its own
         object, else a look through the store's bundles."""
-        got = self.bundles.take(name, fresh)
+        damage = None
+        try:
+            got = self.bundles.take(name, fresh)
+        except CorruptionError as e:  # the bundle its pointer names is damaged: reported unless found elsewhere
+            got, damage = None, e
         if got is not None:
             return got
-        missing = CorruptionError(f"manifest {name} is missing from {self._host.location}")
+        missing = damage or CorruptionError(f"manifest {name} is missing from {self._host.location}")
         try:
             return self._get_named(name, manifest_name(name), f"manifest {name}", missing), None
         except CorruptionError as e:
