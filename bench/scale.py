@@ -80,7 +80,8 @@ _HOP = {"host", "connection", "keep-alive", "transfer-encoding", "te", "trailer"
         "proxy-authorization", "proxy-authenticate", "content-length"}
 
 
-KINDS = ("packs", "manifests", "repos", "grants", "sessions", "gc", "server", "cdcstore.json")
+KINDS = ("packs", "manifests", "bundles", "trees", "locations", "anchors", "repos", "grants", "sessions", "gc", "server",
+         "cdcstore.json")
 
 
 def object_kind(path: str, prefix: str = "") -> str:

@@ -447,7 +447,7 @@ class CdcFileSystem(AbstractFileSystem):
             raise FileNotFoundError(f"{SCHEME}{self._strip_protocol(path1)}")
         if not dst.path:
             raise IsADirectoryError(f"{SCHEME}{self._strip_protocol(path2)} names a repo, not a file")
-        self._defer(_Pending(dst, entries={dst.path: FileEntry(entry.manifest, entry.size)}))
+        self._defer(_Pending(dst, entries={dst.path: FileEntry(entry.manifest, entry.size, entry.bundle)}))
 
     def copy(self, path1, path2, recursive=False, maxdepth=None, on_error=None, **kwargs):
         """One commit per destination branch, made from stored manifests."""

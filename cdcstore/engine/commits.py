@@ -186,6 +186,9 @@ class Commits:
                 updates[normalize_path(path)] = entry
             removed -= set(updates)
             updates = {p: e for p, e in updates.items() if view is None or view.get(p) != e}
+            if inner.capabilities.bundles:  # an entry without its bundle gets the one this store knows
+                updates = {p: e if e.bundle else FileEntry(e.manifest, e.size, inner.bundle_of(e.manifest))
+                           for p, e in updates.items()}
             changed = base is None or bool(updates) or bool(removed) or expected is None
             commit_id = parent
             if changed:
