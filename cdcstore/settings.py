@@ -87,6 +87,9 @@ CACHE = Text("CDCSTORE_CACHE", "the machine's dedup cache file, shared by proces
                                "XDG cache dir)")
 CACHE_SIZE = Text("CDCSTORE_CACHE_SIZE", "the dedup cache's bound, e.g. 20GB")
 STAT_CACHE = Text("CDCSTORE_STAT_CACHE", "the push stat cache file (default under the XDG cache dir)")
+INDEX_MAX_CHUNKS = Count("CDCSTORE_INDEX_MAX_CHUNKS", "the most chunk rows a bucket store's index on this machine "
+                                                      "keeps (default 2,000,000, ~600 MB): the least recently used "
+                                                      "packs' rows go first")
 
 # -- decode bounds (docs/streaming.md "Decode bounds") -------------------------------------------
 MAX_DECODED_BYTES = Count("CDCSTORE_MAX_DECODED_BYTES", "the most bytes one Parquet row group may decode to "

@@ -143,6 +143,7 @@ class ChunkIndex:
     def _add(conn, name: str, size: int, entries: list[PackEntry]) -> None:
         if conn.execute("SELECT 1 FROM packs WHERE name=?", (name,)).fetchone():
             return
+        conn.execute("DELETE FROM evicted WHERE name=?", (name,))
         conn.execute("INSERT INTO packs (name, size, chunks) VALUES (?, ?, ?)", (name, size, len(entries)))
         rows = [(e.chunk_id, name, e.offset, e.stored_len, e.raw_len, e.codec, _xsum(e.check)) for e in entries]
         before = conn.total_changes
@@ -199,7 +200,57 @@ class ChunkIndex:
         conn.execute("DELETE FROM damaged_chunks WHERE pack=?", (pack,))
         conn.execute("DELETE FROM own_packs WHERE name=?", (pack,))
         conn.execute("DELETE FROM packs WHERE name=?", (pack,))
+        conn.execute("DELETE FROM evicted WHERE name=?", (pack,))
+        conn.execute("DELETE FROM pack_use WHERE name=?", (pack,))
         cls._promote(conn, gone)
+
+    # -- bounded (a bucket store's index on a machine: a cache of the pack footers) -------------
+    def evicted(self) -> dict[str, int]:
+        """The packs whose rows `evict` dropped: name -> size."""
+        return dict(self.conn.execute("SELECT name, size FROM evicted"))
+
+    def forget_evicted(self, names: Iterable[str]) -> None:
+        """No longer remember these evicted packs (gone from the store)."""
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany("DELETE FROM evicted WHERE name=?", [(n,) for n in names])
+
+    def evict(self, max_chunks: int, used: dict[str, float], keep: set[str] = frozenset()) -> list[str]:
+        """Record when packs were last used (`used`: name -> time), then, when the index holds
+        more than `max_chunks` chunk rows, drop the rows of the least recently used packs
+        (never those in `keep`, nor a pack with a copy recorded damaged) until it holds 3/4
+        of that, and remember them in `evicted`. Their chunks count as unknown: a push stores
+        them again or finds them by their anchors, a read indexes the pack again, gc keeps
+        the pack. Returns the packs evicted."""
+        conn = self.conn
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            known = {r[0] for r in conn.execute("SELECT name FROM packs")} if used else set()
+            conn.executemany("INSERT OR REPLACE INTO pack_use (name, used) VALUES (?, ?)",
+                             [(p, t) for p, t in used.items() if p in known])
+            total = conn.execute("SELECT coalesce(sum(chunks), 0) FROM packs").fetchone()[0]
+            if total <= max_chunks:
+                return []
+            target, out = max_chunks * 3 // 4, []
+            rows = conn.execute("SELECT p.name, p.size, p.chunks FROM packs p LEFT JOIN pack_use u ON u.name = p.name"
+                                " WHERE NOT EXISTS (SELECT 1 FROM damaged_chunks d WHERE d.pack = p.name)"
+                                " ORDER BY coalesce(u.used, 0), p.name").fetchall()
+            for name, size, n in rows:
+                if total <= target:
+                    break
+                if name in keep:
+                    continue
+                gone = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE pack=?", (name,))]
+                conn.execute("DELETE FROM chunks WHERE pack=?", (name,))
+                conn.execute("DELETE FROM dup_chunks WHERE pack=?", (name,))
+                conn.execute("DELETE FROM packs WHERE name=?", (name,))
+                conn.execute("DELETE FROM pack_use WHERE name=?", (name,))
+                conn.execute("INSERT OR REPLACE INTO evicted (name, size) VALUES (?, ?)", (name, size))
+                self._promote(conn, gone)
+                total -= n or 0
+                out.append(name)
+            return out
 
     def replace_pack(self, old: str, new: str, size: int, entries: list[PackEntry]) -> None:
         """Move chunks from pack `old` to its repacked copy `new`, in one transaction (a reader
@@ -330,7 +381,7 @@ class ChunkIndex:
         conn = self.conn
         with conn:
             conn.execute("BEGIN IMMEDIATE")
-            for table in ("chunks", "packs", "repo_objects", "repo_chunks", "damaged_chunks"):
+            for table in ("chunks", "packs", "repo_objects", "repo_chunks", "damaged_chunks", "evicted"):
                 conn.execute(f"DELETE FROM {table}")
             conn.executemany("INSERT OR IGNORE INTO damaged_chunks (id, pack) VALUES (?, ?)",
                              [(c, p) for p, c in damaged])
@@ -349,7 +400,8 @@ class ChunkIndex:
 
     @staticmethod
     def _clear(conn, tokens: bool = False) -> None:
-        for table in ("chunks", "dup_chunks", "packs", "repo_objects", "repo_chunks", "damaged_chunks") + (
+        for table in ("chunks", "dup_chunks", "packs", "repo_objects", "repo_chunks", "damaged_chunks", "evicted",
+                      "pack_use") + (
                 ("token_chunks",) if tokens else ()):
             conn.execute(f"DELETE FROM {table}")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 
-SCHEMA_VERSION = 5  # 2: repo_chunks, token_chunks, chunks_by_pack (and chunks.xsum, added in place); 3: dup_chunks, store_id; 4: damaged_chunks; 5: own_packs
+SCHEMA_VERSION = 6  # 2: repo_chunks, token_chunks, chunks_by_pack (and chunks.xsum, added in place); 3: dup_chunks, store_id; 4: damaged_chunks; 5: own_packs; 6: evicted, pack_use
 
 # The tables a new index starts with (schema 1; later versions add theirs in `ensure`).
 _SCHEMA = (
@@ -29,6 +29,7 @@ def ensure(conn: sqlite3.Connection) -> None:
     _add_dup_table(conn)
     _add_damage_table(conn)
     _add_own_table(conn)
+    _add_eviction_tables(conn)
 
 
 def _has_chunks(conn: sqlite3.Connection) -> bool:
@@ -114,3 +115,11 @@ def _add_own_table(conn: sqlite3.Connection) -> None:
     chunk). In a bucket a push deduplicates against another pack's chunk only after reading
     it and checking it against its id (trust by origin, docs/protocol.md)."""
     _add_table(conn, "own_packs", "CREATE TABLE IF NOT EXISTS own_packs (name TEXT PRIMARY KEY) WITHOUT ROWID")
+
+
+def _add_eviction_tables(conn: sqlite3.Connection) -> None:
+    """Schema 6: a bucket store's index on a machine is bounded (`ChunkIndex.evict`): the packs
+    whose rows it dropped (`evicted`: indexed again when needed, never counted as absent) and
+    when each pack was last used (`pack_use`, least recently used out first)."""
+    _add_table(conn, "evicted", "CREATE TABLE IF NOT EXISTS evicted (name TEXT PRIMARY KEY, size INTEGER) WITHOUT ROWID",
+               "CREATE TABLE IF NOT EXISTS pack_use (name TEXT PRIMARY KEY, used REAL NOT NULL) WITHOUT ROWID")

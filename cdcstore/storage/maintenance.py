@@ -128,7 +128,7 @@ class UpkeepHost(Protocol):
 
     def tmp_path(self) -> str: ...
 
-    def recover(self, forget_gone: bool = True) -> int: ...
+    def recover(self, forget_gone: bool = True, whole: bool = False) -> int: ...
 
     def sweep_anchors(self) -> int: ...
 
@@ -330,7 +330,7 @@ def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = Non
     bytes) is rewritten with only its live chunks; then, while the dead bytes left in packs are
     over `max_unused` of the live ones, the most dead packs are rewritten too (None: never)."""
     now = time.time() if now is None else now
-    repo.recover()  # durable packs a killed push left unindexed are counted as what they are
+    repo.recover(whole=True)  # durable packs a killed push left unindexed (or a bounded index let go) are counted
     live = mark(repo)
     forgotten = forgotten_reach(repo, live)  # before young roots add to `live`: what only they reach
     live_commits, live_manifests, live_chunks = live.commits, live.manifests, live.chunks
@@ -392,10 +392,13 @@ def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = Non
             reached_at[pack] = None if t is None or reached_at.get(pack, t) is None else min(t, reached_at.get(pack, t))
     packs, repack, kept = [], [], []
     damaged = {pack for pack, _ in repo.index.damaged()}
+    indexed, bad = repo.index.packs(), repo.index.bad_packs()
     for info in repo.objects.list("packs/"):
         name = pack_of(info.name)
         if name is None:  # not named as a pack is: not ours to delete (check reports it)
             continue
+        if name not in indexed and name not in bad:  # its footer unread (listed after the mark, or let go
+            continue  # by another process's bounded index): what it holds is unknown, so it stays
         live = sorted(live_in.get(name, []), key=lambda e: e.offset)
         reached = reached_at.get(name)
         if name in damaged:  # whatever its age and dead share: the damage goes, sound chunks move

@@ -12,9 +12,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import time
 from typing import Iterable, Iterator, Protocol
 
-from .. import runtime
+from .. import runtime, settings
 from ..core import anchors, ids
 from ..core.errors import CdcError, CorruptionError, MissingChunksError, PackMissingError
 from ..core.pack import PackEntry, decode_checked, decode_chunk, first_mismatch, read_index, read_verified
@@ -28,6 +29,7 @@ from .objects import NotFound, ObjectStore
 MAX_OPEN = 256  # open pack descriptors per process (directory stores)
 LOCAL_RUN = 4 << 20  # bytes per pread: larger buffers are fresh pages each time (~10x slower here)
 REMOTE_RUN = 16 << 20  # bytes per ranged GET on an object store
+INDEX_MAX_CHUNKS = 2_000_000  # chunk rows a bucket store's index keeps on a machine (~600 MB; CDCSTORE_INDEX_MAX_CHUNKS)
 
 
 class PackHost(Protocol):
@@ -71,6 +73,7 @@ class Packs:
         except CorruptionError as e:  # only `rebuild_index` works then
             self._index_error = e
         self._recover_lock = runtime.Lock()
+        self._used: dict[str, float] = {}  # packs this process used since it last bounded the index
         self.anchors = Anchors(host, self)
         self.hints = LocationHints(host, self)
 
@@ -167,6 +170,16 @@ class Packs:
             self.index.replace_pack(name, name, size, entries)
         else:
             self.index.add_pack(name, size, entries, own=True)
+        self._bound({name})
+
+    def _bound(self, keep: set[str]) -> None:
+        """Keep a bucket store's index on this machine within `settings.INDEX_MAX_CHUNKS` chunk
+        rows (`ChunkIndex.evict`: least recently used packs first, never those in `keep`)."""
+        if not self._host.shared:
+            return
+        now = time.time()
+        used, self._used = {**self._used, **dict.fromkeys(keep, now)}, {}
+        self.index.evict(settings.INDEX_MAX_CHUNKS.get(INDEX_MAX_CHUNKS), used, keep)
 
     def _repair_pack(self, name: str, tmp: str) -> bool:
         """The same pack written again (its chunks were out of the index) where a copy known
@@ -255,19 +268,23 @@ class Packs:
             raise CorruptionError(f"pack {name} is missing") from None
         return read_index(_RangeFile(self.objects, pack_name(name), size), size, f"pack {name}")
 
-    def recover(self, forget_gone: bool = True) -> int:
+    def recover(self, forget_gone: bool = True, whole: bool = False) -> int:
         """Make the index agree with the store's pack listing: index packs that are stored
         but not indexed (a push killed between making a pack durable and indexing it; for a
         bucket, packs another machine wrote) and, with `forget_gone`, forget the rows of
         indexed packs that are gone (a gc or repack on another machine): the index is a
-        cache, the listing is the truth. Returns how many packs were added."""
+        cache, the listing is the truth. Packs evicted from a bounded index stay out unless
+        `whole` (gc). Returns how many packs were added."""
         with self._recover_lock:
             known = self.index.packs()  # read before the listing: a pack indexed later was put before it
+            evicted = self.index.evicted()
             listed = self.pack_sizes()
             gone = known - listed.keys()
             if forget_gone and gone:
                 self.index.drop_packs(gone)
-            return self._index_unknown(listed, known)
+            if evicted.keys() - listed.keys():
+                self.index.forget_evicted(evicted.keys() - listed.keys())
+            return self._index_unknown(listed, known if whole else known | evicted.keys())
 
     def index_listed(self, listed: dict[str, int]) -> int:
         """Index the packs of one listing (`pack_sizes()`) that the index lacks, forgetting
@@ -332,6 +349,13 @@ class Packs:
             # packs another machine wrote (a bucket), or a repack moved chunks: look at the listing
             if self.recover() or not self.objects.capabilities.local_path:
                 found = self.index.locate(wanted)
+            if len(found) < len(wanted) and shared and self.index.evicted():
+                self.recover(whole=True)  # the chunks may be in packs a bounded index let go
+                found = self.index.locate(wanted)
+            self._bound({p for p, _ in found.values()})
+        elif shared and found:
+            now = time.time()
+            self._used.update((p, now) for p, _ in found.values())
         return found
 
     def locate_known(self, wanted: list[bytes]) -> dict[bytes, tuple[str, PackEntry]]:
