@@ -99,3 +99,30 @@ def test_a_bad_bound_is_a_clear_error(bucket, tmp_path, monkeypatch):
     with pytest.raises(CdcError, match="CDCSTORE_INDEX_MAX_CHUNKS='lots'.*whole number"):
         with Store(bucket) as s:
             s.push([str(tmp_path / "a.bin")], "cdc://ds/a.bin")
+
+
+def test_a_push_beyond_the_bound_keeps_its_own_packs_until_it_has_landed(bucket, tmp_path, monkeypatch):
+    """The bound applies between pushes: a push's own packs stay indexed until its manifests'
+    location records are written (every file of the push gets one) and its commit is checked."""
+    import boto3
+
+    from cdcstore.core import bundle
+
+    monkeypatch.setenv("CDCSTORE_INDEX_MAX_CHUNKS", "5")
+    _push_batches(bucket, tmp_path, 2, per=3)  # something to evict first
+    folder = tmp_path / "big-push"
+    folder.mkdir()
+    for i in range(40):
+        (folder / f"g{i}.bin").write_bytes(os.urandom(700 + i))
+    with Store(bucket) as s:
+        s.push([str(folder)], "cdc://ds/big/")
+    s3 = boto3.client("s3")
+    prefix = bucket.split("/", 3)[3]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=S3_BUCKET, Prefix=f"{prefix}/bundles/")["Contents"]]
+    records = {}
+    for k in keys:
+        records.update(bundle.decode(s3.get_object(Bucket=S3_BUCKET, Key=k)["Body"].read()))
+    assert len(records) == 46 and all(r for _, r in records.values())  # every manifest has its record
+    repo = open_repository(bucket)
+    repo.begin_push()  # the next push bounds the index again
+    assert _rows(repo) <= 5

@@ -170,11 +170,15 @@ class Packs:
             self.index.replace_pack(name, name, size, entries)
         else:
             self.index.add_pack(name, size, entries, own=True)
-        self._bound({name})
+        if self._host.shared:
+            self._used[name] = time.time()
 
-    def _bound(self, keep: set[str]) -> None:
+    def bound(self, keep: set[str] = frozenset()) -> None:
         """Keep a bucket store's index on this machine within `settings.INDEX_MAX_CHUNKS` chunk
-        rows (`ChunkIndex.evict`: least recently used packs first, never those in `keep`)."""
+        rows (`ChunkIndex.evict`: least recently used packs first, never those in `keep`).
+        Run before a push (`Repository.begin_push`) and after a read indexed packs, never
+        during a push: its own packs stay until its manifests' location records and its
+        commit's check have located their chunks (the index may hold one push beyond the bound)."""
         if not self._host.shared:
             return
         now = time.time()
@@ -352,7 +356,7 @@ class Packs:
             if len(found) < len(wanted) and shared and self.index.evicted():
                 self.recover(whole=True)  # the chunks may be in packs a bounded index let go
                 found = self.index.locate(wanted)
-            self._bound({p for p, _ in found.values()})
+            self.bound({p for p, _ in found.values()})
         elif shared and found:
             now = time.time()
             self._used.update((p, now) for p, _ in found.values())

@@ -220,6 +220,7 @@ class Repository(Backend):
         """Before a push: clean temp files; bring the index up to the listing, unless the
         store's anchors let the push find what it shares as it goes (a bucket store)."""
         self.clean_tmp()
+        self.packs.bound()
         self.packs.anchors.forget_misses()
         if not (self._shared and self.packs.anchors.anchored()):
             self.packs.recover()
