@@ -129,12 +129,18 @@ def _small_files(root, n: int, tag: str = "") -> dict[str, bytes]:
     return files
 
 
-def test_a_push_of_many_small_files_writes_bundles_and_another_machine_reads_them(bucket, tmp_path, monkeypatch):
-    url, prefix = bucket
+def _pushed(url, tmp_path, monkeypatch, n: int) -> dict[str, bytes]:
+    """n small files pushed to cdc://ds/ by machine "a"."""
     src = tmp_path / "src"
-    files = _small_files(src, 1_500)
+    files = _small_files(src, n)
     with Machine(url, tmp_path / "a", monkeypatch).store() as s:
         s.push([str(src)], "cdc://ds/")
+    return files
+
+
+def test_a_push_of_many_small_files_writes_bundles_and_another_machine_reads_them(bucket, tmp_path, monkeypatch):
+    url, prefix = bucket
+    files = _pushed(url, tmp_path, monkeypatch, 1_500)
     assert _keys(prefix, "manifests/") == [] and _keys(prefix, "locations/") == []
     assert len(_keys(prefix, "bundles/")) == 2  # 1,024 + 476
     b = Machine(url, tmp_path / "b", monkeypatch)
@@ -225,10 +231,7 @@ def test_a_young_unreferenced_bundle_keeps_its_chunks(bucket, tmp_path, monkeypa
 
 def test_a_damaged_bundle_is_an_error_naming_it_never_a_wrong_file(bucket, tmp_path, monkeypatch):
     url, prefix = bucket
-    src = tmp_path / "src"
-    files = _small_files(src, 10)
-    with Machine(url, tmp_path / "a", monkeypatch).store() as s:
-        s.push([str(src)], "cdc://ds/")
+    files = _pushed(url, tmp_path, monkeypatch, 10)
     key, = _keys(prefix, "bundles/")
     s3 = boto3.client("s3")
     data = bytearray(s3.get_object(Bucket=S3_BUCKET, Key=key)["Body"].read())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 
-from . import ids
+from . import header, ids
 from .errors import CorruptionError
 
 BUNDLE_VERSION = 1
@@ -67,13 +67,7 @@ def decode(data, what: str = "manifest bundle") -> dict[str, tuple[bytes, bytes]
     """Manifest name -> (manifest bytes, location record bytes); CorruptionError if the bundle
     is malformed or any manifest does not match its name."""
     data = memoryview(data)
-    if len(data) < HEADER.size:
-        raise CorruptionError(f"{what} is truncated")
-    magic, version, n, body = HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise CorruptionError(f"{what} is not a cdcstore manifest bundle")
-    if version != BUNDLE_VERSION:
-        raise CorruptionError(f"{what} has bundle format {version}; this cdcstore reads {BUNDLE_VERSION}")
+    n, body = header.unpack(data, HEADER, MAGIC, BUNDLE_VERSION, "manifest bundle", what)
     start = HEADER.size + n * ENTRY.size
     if not 0 < n <= MAX_ENTRIES or start + body != len(data):
         raise CorruptionError(f"{what} is damaged ({n} entries, {len(data)} bytes)")

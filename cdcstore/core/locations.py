@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 
+from . import header
 from .errors import CorruptionError
 from .manifest import Manifest
 from .pack import PackEntry
@@ -43,13 +44,7 @@ def encode(manifest: Manifest, where: dict[bytes, tuple[str, PackEntry]]) -> byt
 def decode(data: bytes, manifest: Manifest, what: str = "location record") -> dict[bytes, tuple[str, PackEntry]]:
     """Chunk id -> (pack, entry) for every chunk of `manifest`; CorruptionError if the record
     is malformed or does not fit the manifest."""
-    if len(data) < HEADER.size:
-        raise CorruptionError(f"{what} is truncated")
-    magic, version, npacks, n = HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise CorruptionError(f"{what} is not a cdcstore location record")
-    if version != LOCATIONS_VERSION:
-        raise CorruptionError(f"{what} has version {version}; this cdcstore reads {LOCATIONS_VERSION}")
+    npacks, n = header.unpack(data, HEADER, MAGIC, LOCATIONS_VERSION, "location record", what)
     if n != len(manifest.chunk_ids):
         raise CorruptionError(f"{what} lists {n} chunks; its manifest has {len(manifest.chunk_ids)}")
     pos, packs = HEADER.size, []
