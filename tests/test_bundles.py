@@ -267,3 +267,31 @@ def test_a_forged_bundle_from_a_cotenant_is_never_served(bucket, tmp_path, monke
     assert ids.hexdigest(m.encode()) == victim
     with Machine(url, tmp_path / "c", monkeypatch).store() as s:
         assert {p: s.cat(f"cdc://ds/{p}") for p in files} == files
+
+
+def test_a_push_through_a_server_over_a_bucket_names_the_servers_bundles(bucket, tmp_path, monkeypatch):
+    """A server over a bucket stores small manifests in bundles and names them in its answer
+    (protocol 2.2): the client's tree entries carry them, so a machine reading the bucket
+    directly takes each manifest from its bundle without looking through them all."""
+    import json
+
+    from cdcstore.testing import ServerProcess
+
+    url, prefix = bucket
+    token = "tok-bundles-" + "c" * 16
+    (tmp_path / "tokens.json").write_text(json.dumps({token: {"scope": "write", "repos": ["ds"]}}))
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "server")}
+    server = ServerProcess(url, "--tokens", str(tmp_path / "tokens.json"), env=env).start()
+    try:
+        src = tmp_path / "src"
+        files = _small_files(src, 60)
+        with Store(server.url, token=token, cache=False) as s:
+            s.push([str(src)], "cdc://ds/")
+            assert s.cat(f"cdc://ds/{sorted(files)[0]}") == files[sorted(files)[0]]
+    finally:
+        server.stop()
+    assert _keys(prefix, "manifests/") == [] and len(_keys(prefix, "bundles/")) == 1
+    with Machine(url, tmp_path / "direct", monkeypatch).store() as s:
+        view = s.backend.view("ds", s.backend.get_commit("ds", s.backend.branches("ds")["main"]))
+        assert all(e.bundle is not None for _, e in view.walk(""))
+        assert {p: s.cat(f"cdc://ds/{p}") for p in files} == files

@@ -53,6 +53,7 @@ ENV_TIMEOUT = settings.TIMEOUT.name
 #: largest honest one is a 64 MiB manifest with its chunks' locations (about 215 MiB).
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
 MAX_ERROR_BYTES = 64 * 1024  # an error answer is read this far at most (its message is in the first bytes)
+BUNDLES_KEPT = 1 << 18  # manifest -> server-side bundle pointers a RemoteStore keeps for its commits
 MEMO_OBJECTS = 256  # (x16) trees a RemoteStore made keeps for its commits (objects read: storage/meta.py)
 NOTE_AFTER = 1.0  # seconds: a retry waiting this long is logged (the CLI prints it unless -q)
 log = logging.getLogger("cdcstore.client")
@@ -595,7 +596,7 @@ class RemoteStore(Backend):
     trees and commits here; its refs are `refs.RemoteRefs`'s, offered as its own."""
 
     capabilities = BackendCapabilities(counts_requests=True, proves_possession=True, remote_admin=True,
-                                       reads_into=True)
+                                       reads_into=True, bundles=True)
 
     def __init__(self, url: str, token: str | None = None, *, upload_concurrency: int = 4,
                  range_bytes: int = RANGE_BYTES, **transport):
@@ -613,6 +614,7 @@ class RemoteStore(Backend):
         self.legacy_trees = False  # the server predates protocol 1.5 (no tree routes)
         self.batch_trees = True  # until a server before protocol 2.1 says it has no POST .../trees/get
         self._local_trees: dict[str, treeobj.Tree] = {}  # trees this process made (and uploaded)
+        self._bundles: dict[str, str] = {}  # manifest -> the bundle the server put it in (protocol 2.2)
         self._refs = RemoteRefs(self)  # repos, branches, tags, and the commit that moves a branch
         clean_upload_temps()
 
@@ -815,15 +817,32 @@ class RemoteStore(Backend):
         names: list[str] = []
 
         def send(batch: list[bytes]) -> None:
-            got = self._json("POST", "/manifests", body=wire.encode_blobs(batch))["manifests"]
+            answer = self._json("POST", "/manifests", body=wire.encode_blobs(batch))
+            got = answer["manifests"]
             expect = [ids.hexdigest(b) for b in batch]
             if got != expect:
                 raise CorruptionError("server named the manifests differently than their hashes")
             names.extend(got)
+            where = answer.get("bundles")  # a server over a bucket: its bundles (a hint; protocol 2.2)
+            if isinstance(where, dict):
+                self.learn_bundles((n, b) for n, b in where.items()
+                                   if n in expect and isinstance(b, str) and ids.is_new_hex_id(b))
 
         for batch in _batches(m.encode() for m in manifests):
             send(batch)
         return names
+
+    def learn_bundles(self, pairs) -> None:
+        """Remember which server-side bundle holds a manifest (the server's answer to a put),
+        for the tree entries this client writes (`bundle_of`); at most BUNDLES_KEPT."""
+        for name, b in pairs:
+            if b is not None:
+                if len(self._bundles) >= BUNDLES_KEPT:
+                    self._bundles.clear()
+                self._bundles[name] = b
+
+    def bundle_of(self, name: str) -> str | None:
+        return self._bundles.get(name)
 
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
         return self._remembered(("manifest", repo, name), lambda: self._fetch_manifest(name, repo))

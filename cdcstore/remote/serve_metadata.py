@@ -42,7 +42,11 @@ class MetadataRoutes:
             async with self.server.spooled(request) as path:
                 batch = batches.ManifestBatch(self, path, self.auth.scope(request))
                 names = await self.io(batch.run)
-        return web.json_response({"manifests": names})
+        answer = {"manifests": names}
+        if self.store.capabilities.bundles:  # where a bucket store put them (protocol 2.2, additive)
+            where = {n: self.store.bundle_of(n) for n in names}
+            answer["bundles"] = {n: b for n, b in where.items() if b is not None}
+        return web.json_response(answer)
 
     def add_manifests(self, blobs: list[bytes], scope: Scope | None = None) -> list[str]:
         """Decode, check (`require_named`) and store uploaded manifests; their names."""

@@ -48,7 +48,8 @@ class BackendCapabilities:
       into a caller's buffer (one pread) and checks them there: a directory store. Its packs
       are local files, so a pull does not seed from an older local copy of a file.
     The reader (storage/reader.py) picks its read strategy from these two.
-    bundles: small files' manifests may be stored in manifest bundles (a bucket store):
+    bundles: small files' manifests may be stored in manifest bundles (a bucket store, or a
+      server over one, which names them in its answer to a put):
       `bundle_of(name)` names the bundle a push put a manifest in (for its tree entry), and
       `learn_bundles(pairs)` takes (manifest, bundle) pointers read elsewhere.
     """
