@@ -73,7 +73,9 @@ def test_plan_bounds_bundles():
     groups = bundle.plan(many)
     assert [len(g) for g in groups] == [bundle.MAX_ENTRIES, bundle.MAX_ENTRIES, 5]
     big = b"\x00" * (bundle.MAX_MANIFEST)
-    assert len(bundle.plan([(f"{i:064x}", big, b"") for i in range(130)])) == 3  # 4 MiB a bundle at most
+    groups = bundle.plan([(f"{i:064x}", big, b"") for i in range(130)])
+    assert [len(g) for g in groups] == [15] * 8 + [10]  # 1 MiB a bundle at most
+    assert all(len(bundle.encode(g)) <= bundle.MAX_BYTES for g in groups)
     assert not bundle.fits(b"\x00" * (bundle.MAX_MANIFEST + 1))
 
 

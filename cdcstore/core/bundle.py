@@ -24,7 +24,7 @@ HEADER = struct.Struct("<8sIIQ")
 ENTRY = struct.Struct("<32sII")
 MAX_ENTRIES = 1024  # manifests a bundle holds at most
 MAX_MANIFEST = 64 * 1024  # a larger manifest (a file of ~1,800+ chunks) is stored on its own
-MAX_BYTES = 4 * 1024 * 1024  # a bundle's size at most (a reader takes it whole)
+MAX_BYTES = 1024 * 1024  # a bundle's size at most (a reader takes it whole: opening one file reads its bundle)
 
 
 def fits(manifest: bytes) -> bool:
