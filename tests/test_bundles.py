@@ -297,3 +297,25 @@ def test_a_push_through_a_server_over_a_bucket_names_the_servers_bundles(bucket,
         view = s.backend.view("ds", s.backend.get_commit("ds", s.backend.branches("ds")["main"]))
         assert all(e.bundle is not None for _, e in view.walk(""))
         assert {p: s.cat(f"cdc://ds/{p}") for p in files} == files
+
+
+def test_a_wrong_pointer_after_a_look_through_the_bundles_is_recovered_from(bucket, tmp_path, monkeypatch):
+    """A caller's entry names the wrong bundle for a manifest this process already found by a
+    look through the bundles: the wrong pointer is dropped and the manifest is found again."""
+    url, _ = bucket
+    _pushed(url, tmp_path, monkeypatch, 5)
+    with Machine(url, tmp_path / "a", monkeypatch).store() as s:
+        view = s.backend.view("ds", s.backend.get_commit("ds", s.backend.branches("ds")["main"]))
+        name = next(e.manifest for _, e in view.walk(""))
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x.bin").write_bytes(os.urandom(300))
+    with Machine(url, tmp_path / "a", monkeypatch).store() as s:
+        s.push([str(other)], "cdc://elsewhere/")
+        wrong = next(e.bundle for _, e in s.backend.view("elsewhere", s.backend.get_commit(
+            "elsewhere", s.backend.branches("elsewhere")["main"])).walk(""))
+    fresh = Machine(url, tmp_path / "b", monkeypatch).repository()
+    assert fresh.manifests_present("ds", [name]) == {name}  # found by a look through them all
+    fresh.learn_bundles([(name, wrong)])
+    fresh.metadata._manifests.clear()
+    assert ids.hexdigest(fresh.get_manifest(name).encode()) == name

@@ -58,7 +58,7 @@ class Bundles:
         self._where: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._kept: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self._reading: dict[str, object] = {}  # bundle -> the lock of the thread reading it
-        self._scanned: set[str] = set()  # bundles `find` has read (their pointers learned)
+        self._scanned: dict[str, frozenset[str]] = {}  # bundles `find` has read -> the manifests they hold
         self._lock = runtime.Lock()
         self._scan_lock = runtime.Lock()
 
@@ -158,7 +158,10 @@ class Bundles:
                     return bid, None
 
             for bid, entries in (runtime.pool("io", 8).map(scan, new) if len(new) > 1 else map(scan, new)):
-                self._scanned.add(bid)
+                self._scanned[bid] = frozenset(entries or ())
                 if entries:
                     self.learn((n, bid) for n in entries)
+            lost = [n for n in names if self.where(n) is None]  # e.g. a wrong pointer, dropped
+            if lost and self._scanned:
+                self.learn((n, bid) for n in lost for bid, held in self._scanned.items() if n in held)
         return {n for n in names if self.where(n) is not None}
