@@ -25,7 +25,7 @@ from ..core.commit import Commit
 from ..core.errors import CdcError, CorruptionError, RevisionNotFoundError
 from ..core.manifest import LEGACY_MANIFEST_VERSION, Manifest
 from .bundles import Bundles
-from .manifest_file import ManifestFile
+from .manifest_file import ManifestFile, ManifestMissing
 from .names import manifest_name, tree_name
 from .objects import NotFound, ObjectStore
 from .refs import commit_name
@@ -136,7 +136,7 @@ class Metadata:
         """A stored manifest's bytes as stored (NotFound if absent)."""
         try:
             return self._stored(name)[0]
-        except CorruptionError:
+        except ManifestMissing:  # damage is raised as it is
             raise NotFound(manifest_name(name)) from None
 
     def put_manifest(self, manifest: Manifest) -> str:
@@ -235,7 +235,7 @@ class Metadata:
             got, damage = None, e
         if got is not None:
             return got
-        missing = damage or CorruptionError(f"manifest {name} is missing from {self._host.location}")
+        missing = damage or ManifestMissing(f"manifest {name} is missing from {self._host.location}")
         try:
             return self._get_named(name, manifest_name(name), f"manifest {name}", missing), None
         except CorruptionError as e:
