@@ -319,3 +319,16 @@ def test_a_wrong_pointer_after_a_look_through_the_bundles_is_recovered_from(buck
     fresh.learn_bundles([(name, wrong)])
     fresh.metadata._manifests.clear()
     assert ids.hexdigest(fresh.get_manifest(name).encode()) == name
+
+
+def test_check_reports_a_damaged_bundle_no_file_names(bucket, tmp_path, monkeypatch):
+    """gc keeps a bundle it cannot read (it cannot tell which manifests it held), so check
+    names it, whether or not a file reaches it."""
+    url, prefix = bucket
+    _pushed(url, tmp_path, monkeypatch, 3)
+    bid = "ab" * 32
+    boto3.client("s3").put_object(Bucket=S3_BUCKET, Key=f"{prefix}/bundles/ab/{bid}", Body=b"CDCBNDL\x00junk")
+    with Machine(url, tmp_path / "a", monkeypatch).store() as s:
+        problems = s.check()["problems"]
+        assert len(problems) == 1 and f"manifest bundle {bid}" in problems[0] and f"bundles/ab/{bid}" in problems[0]
+        assert s.gc(grace=0)["delete_bundles"] == 0  # kept: gc cannot tell what it held

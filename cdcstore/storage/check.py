@@ -18,8 +18,9 @@ from ..core.address import check_name
 from ..core.errors import CdcError, CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
-from . import reach
+from . import bundles, reach
 from .maintenance import UpkeepHost
+from .names import bundle_name
 
 #: The repair of chunks that failed verification (the stat cache would skip an unchanged file).
 REPUSH = "push the original files again (`cdcstore push --no-stat-cache`)"
@@ -162,6 +163,7 @@ def check(store: UpkeepHost, read_data: bool = False, subset: float | None = Non
     for obj in store.foreign_objects():
         found.append((f"object {obj} is named like no pack of this store (a stray or foreign object; "
                       f"it is ignored): remove it", set()))
+    _check_bundles(store, found)
     _check_repo_folders(store, found)
     users = _check_reachable(store, found)
     problems, details = [], []
@@ -292,6 +294,17 @@ def _check_reachable(store: UpkeepHost, found: list) -> dict[bytes, set[str]]:
                       f"`cdcstore rebuild-index` (it reads the pack footers); if they stay missing, "
                       f"{REPUSH}", absent - hurt))
     return users
+
+def _check_bundles(store: UpkeepHost, found: list) -> None:
+    """Every manifest bundle reads and holds true manifests (gc keeps a damaged one: it cannot
+    tell which manifests it held)."""
+    for bid, _ in bundles.listing(store.objects):
+        try:
+            bundles.read_stored(store.objects, bid)
+        except CorruptionError as e:
+            found.append((f"{e}: a file whose manifest only it held is reported below; push such files "
+                          f"again, then delete {bundle_name(bid)}", set()))
+
 
 def _check_manifest(store: UpkeepHost, name: str, label: str, cache: dict, found: list) -> Manifest | None:
     """The parsed manifest, or None after recording the problem (with `label` among
