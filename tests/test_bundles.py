@@ -332,3 +332,20 @@ def test_check_reports_a_damaged_bundle_no_file_names(bucket, tmp_path, monkeypa
         problems = s.check()["problems"]
         assert len(problems) == 1 and f"manifest bundle {bid}" in problems[0] and f"bundles/ab/{bid}" in problems[0]
         assert s.gc(grace=0)["delete_bundles"] == 0  # kept: gc cannot tell what it held
+
+
+def test_a_huge_object_among_the_bundles_is_refused_without_reading_it_whole(bucket, tmp_path, monkeypatch):
+    """A co-tenant puts 8 MiB under bundles/: a look through the bundles reads at most
+    bundle.MAX_BYTES + 1 of it, passes over it, and check names it."""
+    url, prefix = bucket
+    files = _pushed(url, tmp_path, monkeypatch, 3)
+    bid = "cd" * 32
+    boto3.client("s3").put_object(Bucket=S3_BUCKET, Key=f"{prefix}/bundles/cd/{bid}", Body=os.urandom(8 << 20))
+    fresh = Machine(url, tmp_path / "b", monkeypatch).repository()
+    before = fresh.objects.counters()["received_bytes"]
+    names = fresh.manifests_present("ds", [ids.hexdigest(_manifest(b"absent"))])
+    received = fresh.objects.counters()["received_bytes"] - before
+    assert names == set() and received <= 2 * (bundle.MAX_BYTES + 1)  # not the 8 MiB
+    with Machine(url, tmp_path / "c", monkeypatch).store() as s:
+        assert {p: s.cat(f"cdc://ds/{p}") for p in files} == files
+        assert any(f"manifest bundle {bid} is over" in p for p in s.check()["problems"])

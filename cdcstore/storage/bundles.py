@@ -33,10 +33,12 @@ def bundle_of(object_name: str) -> str | None:
 def read_stored(objects, bid: str) -> dict[str, tuple[bytes, bytes]] | None:
     """A stored bundle's entries, checked against its name and each manifest against its own
     (None if it is not stored; CorruptionError if damaged)."""
-    try:
-        data = bytes(objects.get(bundle_name(bid)))
+    try:  # at most one byte past the largest bundle: a huge object there is refused, not read whole
+        data = bytes(objects.get_range(bundle_name(bid), 0, bundle.MAX_BYTES + 1))
     except NotFound:
         return None
+    if len(data) > bundle.MAX_BYTES:
+        raise CorruptionError(f"manifest bundle {bid} is over {bundle.MAX_BYTES} bytes (damaged or not a bundle)")
     if not ids.matches(data, bid):
         raise CorruptionError(f"manifest bundle {bid} does not match its name (damaged)")
     return bundle.decode(data, f"manifest bundle {bid}")
