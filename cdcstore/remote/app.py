@@ -1,10 +1,23 @@
 """What the server's route modules (server, staging, batches, admin, gateway) share, below them
-all: the error a route raises to answer with a status, the app's keys, and error-message sanitizing."""
+all: the base of a group of handlers, the error a route raises to answer with a status, the app's
+keys, and error-message sanitizing."""
 from __future__ import annotations
 
 import re
 
 from aiohttp import web
+
+
+class RouteGroup:
+    """A group of a `server.Server`'s handlers (packs, metadata, refs): what each reaches of it."""
+
+    def __init__(self, server):
+        self.server, self.store, self.access = server, server.store, server.access
+        self.auth, self.limits, self.io = server.auth, server.limits, server.io
+
+    def routes(self, api: str) -> list:
+        """The group's aiohttp routes under `api`."""
+        raise NotImplementedError
 
 
 class HTTPError(Exception):

@@ -13,19 +13,15 @@ from ..core.manifest import MANIFEST_VERSION, Manifest
 from ..storage.manifest_file import ManifestFile, ManifestMissing
 from ..storage.objects import NotFound
 from . import batches, wire
-from .app import HTTPError
+from .app import HTTPError, RouteGroup
 from .auth import Scope
 
 
 TREES_GET_BYTES = 16 << 20  # and the bytes of its answer (the rest: empty, fetched one by one)
 
 
-class MetadataRoutes:
+class MetadataRoutes(RouteGroup):
     """Manifest and tree handlers of a `server.Server`; `batches.ManifestBatch` stores through it."""
-
-    def __init__(self, server):
-        self.server, self.store, self.access = server, server.store, server.access
-        self.auth, self.limits, self.io = server.auth, server.limits, server.io
 
     def routes(self, api: str) -> list:
         return [

@@ -12,7 +12,7 @@ from ..core.chunker import MAX_CHUNK_BYTES
 from ..core.pack import PACK_VERSION, TRAILER as PACK_TRAILER, WRITE_BUFFER, decode_chunk, pack_version, read_index
 from ..storage.objects import NotFound
 from . import wire
-from .app import HTTPError
+from .app import HTTPError, RouteGroup
 from .auth import Scope
 
 MAX_STORED_BYTES = MAX_CHUNK_BYTES + MAX_CHUNK_BYTES // 128 + 4096  # a chunk's stored record (zstd's worst case)
@@ -31,12 +31,11 @@ def _require_new_ids(request, what: str) -> None:
                              f"{ids.LEGACY_REFUSED}")
 
 
-class PackRoutes:
+class PackRoutes(RouteGroup):
     """Chunk and pack handlers of a `server.Server` (its store, access records, slots and bodies)."""
 
     def __init__(self, server):
-        self.server, self.store, self.access = server, server.store, server.access
-        self.auth, self.limits, self.io = server.auth, server.limits, server.io
+        super().__init__(server)
         self._listed = float("-inf")  # when a presence miss last listed the bucket's packs
 
     def routes(self, api: str) -> list:

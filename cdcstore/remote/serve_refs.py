@@ -9,7 +9,7 @@ from ..core.address import check_name, check_ref_name, check_write_target
 from ..core.commit import Commit
 from ..core.errors import CdcError, CorruptionError, InvalidAddressError
 from ..storage.manifest_file import ManifestFile
-from .app import HTTPError
+from .app import HTTPError, RouteGroup
 from .auth import Scope
 
 REF_KINDS = {"tags": "tag", "branches": "branch"}  # URL segment -> kind of name
@@ -25,12 +25,8 @@ def _uploaded_commit(text) -> Commit:
         raise HTTPError(400, str(e)) from None
 
 
-class RefRoutes:
+class RefRoutes(RouteGroup):
     """Ref and commit handlers of a `server.Server`; `land` is the commit check."""
-
-    def __init__(self, server):
-        self.server, self.store, self.access = server, server.store, server.access
-        self.auth, self.limits, self.io = server.auth, server.limits, server.io
 
     def routes(self, api: str) -> list:
         return [
