@@ -287,11 +287,11 @@ def test_a_new_machine_reads_a_file_without_listing_the_bucket(bucket_url, tmp_p
     repo.objects = counting
     assert fresh.cat("cdc://ds/f1.bin") == files[1]
     # resolving the branch lists refs (branches, tags); the file is one ranged read: no pack listing, no footer
-    assert counting.calls["list"] <= 2 and counting.calls["get_range"] == 1, counting.calls
+    assert counting.calls["list"] <= 2 and counting.by_folder[("get_range", "packs")] == 1, counting.by_folder
     assert sum(counting.calls.values()) <= 12, counting.calls
     assert repo.index.totals()["packs"] == 0  # no pack footer was read
     assert fresh.cat("cdc://ds/f1.bin") == files[1]  # again: from the machine's chunk cache
-    assert counting.calls["get_range"] == 1 and fresh.cache_counters()["cache_hits"] > 0
+    assert counting.by_folder[("get_range", "packs")] == 1 and fresh.cache_counters()["cache_hits"] > 0
 
 
 def test_a_location_record_made_stale_by_a_repack_falls_back(bucket_url, tmp_path, monkeypatch):

@@ -205,6 +205,10 @@ class ChunkIndex:
         cls._promote(conn, gone)
 
     # -- bounded (a bucket store's index on a machine: a cache of the pack footers) -------------
+    def chunk_count(self) -> int:
+        """Chunk rows, as the packs count them (one query over the packs, not the chunks)."""
+        return self.conn.execute("SELECT coalesce(sum(chunks), 0) FROM packs").fetchone()[0]
+
     def evicted(self) -> dict[str, int]:
         """The packs whose rows `evict` dropped: name -> size."""
         return dict(self.conn.execute("SELECT name, size FROM evicted"))

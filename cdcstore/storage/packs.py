@@ -179,11 +179,11 @@ class Packs:
         Run before a push (`Repository.begin_push`) and after a read indexed packs, never
         during a push: its own packs stay until its manifests' location records and its
         commit's check have located their chunks (the index may hold one push beyond the bound)."""
-        if not self._host.shared:
+        limit = settings.INDEX_MAX_CHUNKS.get(INDEX_MAX_CHUNKS)
+        if not self._host.shared or self.index.chunk_count() <= limit:  # a read, no write lock
             return
-        now = time.time()
-        used, self._used = {**self._used, **dict.fromkeys(keep, now)}, {}
-        self.index.evict(settings.INDEX_MAX_CHUNKS.get(INDEX_MAX_CHUNKS), used, keep)
+        used, self._used = {**self._used, **dict.fromkeys(keep, time.time())}, {}
+        self.index.evict(limit, used, keep)
 
     def _repair_pack(self, name: str, tmp: str) -> bool:
         """The same pack written again (its chunks were out of the index) where a copy known
