@@ -19,6 +19,7 @@ branch are uploaded and added to the job's journal instead of committed, so many
 processes' writes land as one commit at the end (a transaction there adds ONE entry).
 """
 from __future__ import annotations
+import contextlib
 
 import io
 import os
@@ -245,7 +246,8 @@ class CdcFileSystem(AbstractFileSystem):
         got = self._views.get((a.repo, cid))
         if got is None:
             if len(self._views) >= 64:
-                self._views.pop(next(iter(self._views)))
+                with contextlib.suppress(StopIteration, RuntimeError):  # another thread got there first
+                    self._views.pop(next(iter(self._views)), None)
             commit = self.store.get_commit(a.repo, cid)
             got = self._views[(a.repo, cid)] = (commit, self.store.view(a.repo, commit))
         return got

@@ -99,16 +99,30 @@ def s3_endpoint():
     server.stop()
 
 
+class Seen(list):
+    """Requests (method, path) a counting proxy passed on, and `down`: their answers' body lengths."""
+
+    def __init__(self):
+        super().__init__()
+        self.down: list[int] = []
+
+    def clear(self) -> None:
+        super().clear()
+        self.down.clear()
+
+
 @pytest.fixture
 def counted_bucket(s3_endpoint, s3_env, tmp_path, monkeypatch):
     """moto behind a loopback proxy that records every request (method, path) it passes on; the
     AWS variables point at the proxy, and this test's machine cache is `tmp_path/writer`.
-    Yields (proxy url, the list of requests seen)."""
+    Yields (proxy url, the list of requests seen); `seen.down` holds the body length of each
+    answer passed on (bytes down), and `seen.clear()` empties both."""
     from test_hostile_bucket_stall import StallingProxy
 
     proxy = StallingProxy(s3_endpoint)
-    seen: list[tuple[str, str]] = []
+    seen = Seen()
     proxy.rule = lambda method, path: seen.append((method, path))  # None: passed on as it is
+    proxy.rewrite = lambda method, path, data: (seen.down.append(len(data)), data)[1]
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "writer"))
     yield proxy.url, seen

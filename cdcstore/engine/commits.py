@@ -169,7 +169,7 @@ class Commits:
             held = {e.manifest for e in (view.get(p) for _, p in pairs) if e is not None} if view is not None else set()
             unread = self.vouched(repo, known or {}, held)
             todo = [(f, p) for f, p in pairs if p not in unread]
-            ingest, added, per_file = self.ingest(todo, options, progress, skip=held)
+            ingest, added, per_file = self.ingest(todo, options, progress, skip=held, history=self.history(view))
             read = dict(added)
             added.update(unread)
             per_file.update({p: {"bytes": e.size, "new_bytes": 0, "chunks": None, "chunking": "unchanged"}
@@ -242,13 +242,32 @@ class Commits:
         server's side): a gc deletes nothing while it is open."""
         return self.backend.uncached().push_session()
 
+    def history(self, view: treeobj.View | None) -> Callable[[str], list[bytes]] | None:
+        """Trust by history (docs/protocol.md): path -> the chunk ids of the file the landed
+        commit being built on holds there (its manifest read only when a push doubts one of the
+        file's chunks, so the cost follows the files that share chunks with packs this machine
+        did not write). None where nothing is doubted: a store that reads nothing to trust it."""
+        inner = self.backend.uncached()
+        if view is None or not inner.capabilities.doubts_foreign_packs:
+            return None
+
+        def held(path: str) -> list[bytes]:
+            try:
+                e = view.get(path)
+                return list(inner.get_manifest(e.manifest).chunk_ids) if e is not None else []
+            except (CdcError, OSError):  # unreadable: it vouches for nothing, the chunks are read
+                return []
+        return held
+
     def ingest(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
                progress: Callable[[int], None] | None,
-               skip: set[str] = frozenset()) -> tuple[Ingest, dict[str, FileEntry], dict]:
+               skip: set[str] = frozenset(),
+               history: Callable[[str], list[bytes]] | None = None) -> tuple[Ingest, dict[str, FileEntry], dict]:
         """Store the files' chunks (durable) and then their manifests: (ingest, path ->
         entry, per-file detail). Nothing is committed. Manifests named in `skip` (the store
-        holds them: the commit being built on names them) are not stored again."""
-        ingest = Ingest(self.backend, options, progress)
+        holds them: the commit being built on names them) are not stored again; `history`
+        (`Commits.history`) vouches for chunks the landed commit holds at a file's path."""
+        ingest = Ingest(self.backend, options, progress, history)
         try:
             manifests = list(zip([p for _, p in pairs], ingest.add_files(pairs)))
             ingest.finish()

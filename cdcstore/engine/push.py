@@ -11,10 +11,11 @@ bytes at a time, so memory does not grow with file size.
 """
 from __future__ import annotations
 
+import collections
 import os
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from .. import runtime
 from ..core import anchors, ids
@@ -42,6 +43,7 @@ class IngestOptions:
 
 
 ENCODE_TASK_BYTES = 1024 * 1024
+VOUCHED_FILES = 64  # files whose landed chunk ids an `Ingest` keeps between presence batches
 
 
 class FileChunks:
@@ -177,8 +179,10 @@ class Ingest:
     """One push session: add files, then `finish` to make every new chunk durable."""
 
     def __init__(self, store: ChunkSink, opts: IngestOptions | None = None,
-                 progress: Callable[[int], None] | None = None):
+                 progress: Callable[[int], None] | None = None,
+                 history: Callable[[str], Iterable[bytes]] | None = None):
         self.store = store
+        self.history = history  # file key -> the chunk ids a landed commit holds at that path
         self.opts = opts or IngestOptions()
         self.progress = progress
         self.sink = PackSink(store, self.opts)
@@ -197,6 +201,7 @@ class Ingest:
         self.file_new: dict[str, int] = {}  # file key -> new bytes it brought (complete after finish)
         self.file_mode: dict[str, str] = {}  # file key -> "parquet-pages" or "bytes"
         self._lock = threading.RLock()  # guards everything below the chunking of one file
+        self._vouched_by: collections.OrderedDict[str, frozenset] = collections.OrderedDict()  # `_vouch`
         store.begin_push()
 
     def add_files(self, pairs: list[tuple[str, str]]) -> list[Manifest]:
@@ -264,7 +269,13 @@ class Ingest:
         if candidates:
             data = {cid: c for cid, c, _, _ in batch}
             firsts = [c for c in candidates if c in self._firsts]
-            self._seen.update(self.store.present_or_prove({cid: data[cid] for cid in candidates}, firsts))
+            vouched = None
+            if self.history is not None:
+                keys: dict[bytes, list[str]] = {}
+                for cid, _, key, _ in batch:
+                    keys.setdefault(cid, []).append(key)
+                vouched = lambda doubt: self._vouch(doubt, keys)  # noqa: E731 - asked only for doubtful chunks
+            self._seen.update(self.store.present_or_prove({cid: data[cid] for cid in candidates}, firsts, vouched))
         task: list[tuple[bytes, bytes, bool]] = []
         task_bytes = 0
         for cid, data, key, worth in batch:
@@ -281,6 +292,21 @@ class Ingest:
                 task, task_bytes = [], 0
         if task:
             self._submit(task, task_bytes)
+
+    def _vouch(self, doubt: set[bytes], keys: dict[bytes, list[str]]) -> set[bytes]:
+        """Of these doubtful chunks (a store would read them to trust them), those the landed
+        commit holds in the file at a path they are pushed to (`history`): asked only of files
+        with a doubtful chunk, each file's ids kept for the next batches (the latest few)."""
+        out: set[bytes] = set()
+        for key in dict.fromkeys(k for c in doubt for k in keys.get(c, ())):
+            held = self._vouched_by.get(key)
+            if held is None:
+                held = frozenset(self.history(key) or ())
+                self._vouched_by[key] = held
+                while len(self._vouched_by) > VOUCHED_FILES:
+                    self._vouched_by.popitem(last=False)
+            out |= doubt & held
+        return out
 
     def _submit(self, task: list[tuple[bytes, bytes, bool]], nbytes: int) -> None:
         """Encode and store `task` on the pool, once in-flight bytes leave room for it."""

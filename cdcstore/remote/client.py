@@ -651,10 +651,11 @@ class RemoteStore(Backend):
     def present(self, chunk_ids: list[bytes]) -> set[bytes]:
         return self.present_or_prove(dict.fromkeys(chunk_ids))
 
-    def present_or_prove(self, chunks: dict[bytes, bytes | None], firsts=()) -> set[bytes]:
+    def present_or_prove(self, chunks: dict[bytes, bytes | None], firsts=(), vouched=None) -> set[bytes]:
         """Presence, with proof of possession when the chunks' bytes are given: chunks
         this token cannot see (flagged 2, held or not) are proved by a keyed hash of their
-        bytes; those the server holds (another tenant's) are not sent again (docs/protocol.md)."""
+        bytes; those the server holds (another tenant's) are not sent again (docs/protocol.md).
+        `vouched` is not used: the server verified every chunk it holds when it received it."""
         out: set[bytes] = set()
         can_prove = all(v is not None for v in chunks.values())
         step = wire.MAX_IDS_PER_REQUEST

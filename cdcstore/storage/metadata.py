@@ -57,7 +57,8 @@ class Metadata:
         self._host = host
         self._hints = hints  # hints.LocationHints: manifests' location records
         self._refs = refs  # refs.Refs: a missing commit of a missing repo says so
-        self._trees: dict[str, treeobj.Tree] = {}  # decoded trees (immutable), at most TREE_MEMO
+        self._trees: collections.OrderedDict[str, treeobj.Tree] = collections.OrderedDict()  # `_keep_tree`
+        self._trees_lock = runtime.Lock()
         self._manifests: collections.OrderedDict[str, Manifest] = collections.OrderedDict()  # `get_manifest`
         self._manifest_chunks = 0  # chunk entries held by `_manifests`
         self._manifests_lock = runtime.Lock()
@@ -257,7 +258,7 @@ class Metadata:
                 raise ValueError(f"tree {name} does not match its bytes")
             if not self.objects.put(tree_name(name), data, exist_ok=True):
                 self.objects.touch(tree_name(name))
-            self._trees[name] = tree
+            self._keep_tree(name, tree)
 
         if len(trees) <= 4:
             for item in trees.items():
@@ -266,13 +267,23 @@ class Metadata:
             list(runtime.pool("io", 8).map(put, trees.items()))
 
     def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
-        tree = self._trees.get(name)
-        if tree is None:
-            tree = self.read_tree(name)
-            if len(self._trees) >= TREE_MEMO:
-                self._trees.pop(next(iter(self._trees)))
-            self._trees[name] = tree
+        with self._trees_lock:
+            tree = self._trees.get(name)
+            if tree is not None:
+                self._trees.move_to_end(name)
+                return tree
+        tree = self.read_tree(name)
+        self._keep_tree(name, tree)
         return tree
+
+    def _keep_tree(self, name: str, tree: treeobj.Tree) -> None:
+        """Keep a decoded tree, at most `TREE_MEMO`, least recently used first out (under a lock:
+        the web view and the gateway ask from many threads at once)."""
+        with self._trees_lock:
+            self._trees[name] = tree
+            self._trees.move_to_end(name)
+            while len(self._trees) > TREE_MEMO:
+                self._trees.popitem(last=False)
 
     def read_tree(self, name: str) -> treeobj.Tree:
         """A tree read from the store now (never the memo), checked against its name."""

@@ -13,7 +13,7 @@ import collections
 import contextlib
 import os
 import time
-from typing import Iterable, Iterator, Protocol
+from typing import Callable, Iterable, Iterator, Protocol
 
 from .. import runtime, settings
 from ..core import anchors, ids
@@ -109,7 +109,8 @@ class Packs:
     def present(self, chunk_ids: list[bytes]) -> set[bytes]:
         return self.present_or_prove(dict.fromkeys(chunk_ids))
 
-    def present_or_prove(self, chunks: dict, firsts: Iterable[bytes] = ()) -> set[bytes]:
+    def present_or_prove(self, chunks: dict, firsts: Iterable[bytes] = (),
+                         vouched: Callable[[set[bytes]], set[bytes]] | None = None) -> set[bytes]:
         wanted = list(chunks)
         found = self.index.present(wanted)
         shared = self._host.shared
@@ -119,19 +120,25 @@ class Packs:
             if unknown and self.anchors.find_anchored(unknown):
                 found = self.index.present(wanted)
         if shared and found:
-            found -= self._unverified(found)
+            found -= self._unverified(found, vouched)
         return found
 
-    def _unverified(self, chunk_ids: set[bytes]) -> set[bytes]:
+    def _unverified(self, chunk_ids: set[bytes],
+                    vouched: Callable[[set[bytes]], set[bytes]] | None = None) -> set[bytes]:
         """Of these indexed chunks of a bucket store, those a push must not deduplicate
-        against: held in a pack another machine wrote (`own_packs`) whose bytes, read now,
-        do not match the chunk's id, or cannot be read. A copy that fails is recorded damaged
-        and dropped from the index (another copy takes its place), so the push uploads the
-        chunk and later reads go to the copy it uploads. A co-tenant's well-formed pack of
-        the right ids over other bytes is thus never trusted for what its footer says."""
+        against: held in a pack another machine wrote (`own_packs`), not vouched for by a landed
+        commit (`vouched`, trust by history), and whose bytes, read now, do not match the
+        chunk's id, or cannot be read. A copy that fails is recorded damaged and dropped from
+        the index (another copy takes its place), so the push uploads the chunk and later reads
+        go to the copy it uploads. A co-tenant's well-formed pack of the right ids over other
+        bytes is thus never trusted for what its footer says; a chunk a landed commit reaches is
+        deduplicated by id (a genuine copy exists: readers verify every chunk and fall back to it)."""
         located = self.index.locate(chunk_ids)
         own = self.index.own_packs({p for p, _ in located.values()})
         doubt = [(p, e) for p, e in located.values() if p not in own]
+        if doubt and vouched is not None:
+            trusted = vouched({e.chunk_id for _, e in doubt})
+            doubt = [(p, e) for p, e in doubt if e.chunk_id not in trusted]
         bad: set[bytes] = set()
         dropped: set[bytes] = set()
         for r in plan_ranges(doubt, max_hole=0, max_range=self.run):
@@ -153,7 +160,7 @@ class Packs:
         if dropped:  # another copy took a dropped one's place: it is asked about in turn
             again = self.index.present(dropped)
             if again:
-                bad -= again - self._unverified(again)
+                bad -= again - self._unverified(again, vouched)
         return bad
 
     def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None:

@@ -128,7 +128,7 @@ class Repository(Backend):
         self._shared = not objects.capabilities.local_path  # a bucket: other machines write it too
         self.packs = self.pack_store(self, index_path)
         if self._shared:
-            self.capabilities = dataclasses.replace(self.capabilities, bundles=True)
+            self.capabilities = dataclasses.replace(self.capabilities, bundles=True, doubts_foreign_packs=True)
             self.packs.adopt_store(self.store_id)  # an index of another store by that name is emptied
         self._refs = Refs(self)  # repos, branches, tags, commit by compare-and-swap
         self.metadata = Metadata(self, self.packs.hints, self._refs)

@@ -19,7 +19,7 @@ import abc
 import contextlib
 import dataclasses
 import operator
-from typing import ContextManager, Iterable, Protocol
+from typing import Callable, ContextManager, Iterable, Protocol
 
 from ..core import treeobj
 from ..core.commit import Commit
@@ -52,6 +52,9 @@ class BackendCapabilities:
       server over one, which names them in its answer to a put):
       `bundle_of(name)` names the bundle a push put a manifest in (for its tree entry), and
       `learn_bundles(pairs)` takes (manifest, bundle) pointers read elsewhere.
+    doubts_foreign_packs: `present_or_prove` reads a chunk held only in packs another machine
+      wrote before a push may deduplicate against it (a bucket store), unless the writer's
+      `vouched` says a landed commit reaches it (trust by history, docs/protocol.md).
     """
 
     local_reads: bool = False
@@ -62,6 +65,7 @@ class BackendCapabilities:
     reads_into: bool = False
     reads_runs: bool = False
     bundles: bool = False
+    doubts_foreign_packs: bool = False
 
 
 class ChunkSource(Protocol):
@@ -112,12 +116,17 @@ class ChunkSink(Protocol):
     def present(self, chunk_ids: list[bytes]) -> set[bytes]:
         ...
 
-    def present_or_prove(self, chunks: dict[bytes, bytes], firsts: Iterable[bytes] = ()) -> set[bytes]:
+    def present_or_prove(self, chunks: dict[bytes, bytes], firsts: Iterable[bytes] = (),
+                         vouched: Callable[[set[bytes]], set[bytes]] | None = None) -> set[bytes]:
         """Which of these chunks (id -> raw bytes) the store holds for this writer. A
         server may hold a chunk that the writer's token cannot see yet; the writer then
         proves it holds the bytes (docs/protocol.md) instead of sending them. `firsts` are
         the pushed files' first chunks: a store that finds what it shares by lookups
-        (a bucket's anchors) looks those up too."""
+        (a bucket's anchors) looks those up too. `vouched(doubtful)` names which of the chunks
+        a store would have to read before trusting them (a bucket's, in packs this machine did
+        not write) a landed commit of the writer's history reaches: those are trusted by id
+        (trust by history, docs/protocol.md); a store that decides trust elsewhere (a server)
+        ignores it."""
         return self.present(list(chunks))
 
     def begin_push(self) -> None:

@@ -1,0 +1,121 @@
+"""Issue 42: a push from a new machine (a CI runner) downloads no chunk bytes it does not upload
+when a landed commit vouches for them (trust by history, docs/protocol.md).
+
+Before, a one-file edit of a folder of Parquet files pushed from a fresh cache read every chunk it
+deduplicated against from the bucket to check it against its id (trust by origin): 1.67 GB down to
+push one edited 40 MB file into 1.94 GB. A chunk the branch's landed commit reaches at the pushed
+path was verified or uploaded when that commit landed, so a genuine copy exists; only chunks known
+solely from a pack nobody's landed commit reaches are still read (the co-tenant forgery of issue 30,
+tests/test_trust_by_origin.py). moto behind a counting proxy; two cache dirs are two machines;
+real-shaped Parquet written by plain pyarrow.
+"""
+import secrets
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cdcstore import Store
+from conftest import S3_BUCKET
+from test_trust_by_origin import _forge
+
+FILES, ROWS = 4, 120_000
+
+
+def _table(seed: int, rows: int = ROWS) -> pa.Table:
+    import random
+    rnd = random.Random(seed)
+    return pa.table({
+        "id": pa.array(range(seed * 10_000_000, seed * 10_000_000 + rows), pa.int64()),
+        "x": pa.array([rnd.random() for _ in range(rows)], pa.float64()),
+        "tag": pa.array([f"t{rnd.randrange(10_000):05d}-{rnd.randrange(1 << 30):x}" for _ in range(rows)]),
+    })
+
+
+@pytest.fixture
+def lake(counted_bucket, tmp_path, monkeypatch):
+    """A bucket store (behind the counting proxy) holding FILES Parquet files pushed by machine A;
+    down: the bytes of every answer the proxy passed on since the last `clear`."""
+    _, seen = counted_bucket
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(FILES):
+        pq.write_table(_table(i), src / f"part-{i}.parquet")
+    url = f"s3://{S3_BUCKET}/cold-{secrets.token_hex(4)}"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine-a"))
+    with Store.init(url) as s:
+        s.push([str(src)], "cdc://lake/data/", message="v1")
+    return url, src, seen, seen.down
+
+
+def _edit(src, i: int = 1) -> None:
+    """1% of one file's rows changed in one place, written again by plain pyarrow."""
+    t = _table(i)
+    x = t.column("x").to_pylist()
+    for r in range(ROWS // 2, ROWS // 2 + ROWS // 100):
+        x[r] = -1.0
+    pq.write_table(t.set_column(1, "x", pa.array(x, pa.float64())), src / f"part-{i}.parquet")
+
+
+def _stored(url) -> int:
+    import boto3
+    s3 = boto3.client("s3")
+    prefix = url.split(f"{S3_BUCKET}/", 1)[1] + "/packs/"
+    return sum(o["Size"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=S3_BUCKET, Prefix=prefix)
+               for o in page.get("Contents", []))
+
+
+def test_an_edit_pushed_from_a_new_machine_downloads_no_chunk_it_dedups_against(lake, tmp_path, monkeypatch):
+    url, src, seen, down = lake
+    packs = _stored(url)
+    _edit(src)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine-b"))  # a new machine: a CI runner
+    seen.clear()
+    with Store(url) as s:
+        r = s.push([str(src)], "cdc://lake/data/", message="v2")
+    assert r.new_bytes < r.bytes * 0.25 / FILES * 2, r  # it deduplicated: about the edit is new
+    pack_reads = sum(1 for m, p in seen if m == "GET" and "/packs/" in p)
+    print(f"cold edit push: {len(seen)} requests, {sum(down)} B down, store {packs} B, new {r.new_bytes} of {r.bytes}")
+    # footers of the packs its anchors named, never their chunks: far under 1% of the store
+    assert sum(down) <= max(packs // 100, 256 << 10), (sum(down), packs, pack_reads)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine-c"))
+    with Store(url) as s:  # what it acknowledged reads back, verified, on a third machine
+        for i in range(FILES):
+            assert s.cat(f"cdc://lake/data/part-{i}.parquet") == (src / f"part-{i}.parquet").read_bytes()
+
+
+def test_a_chunk_no_landed_commit_reaches_is_still_read_and_a_forgery_uploaded_again(lake, tmp_path, monkeypatch):
+    """History vouches only for what the branch's commit reaches at the pushed path: a new file whose
+    chunks a co-tenant forged (no landed commit reaches them) is checked and uploaded as before."""
+    url, src, seen, down = lake
+    prefix = url.split(f"{S3_BUCKET}/", 1)[1]
+    new = src / "new.bin"
+    new.write_bytes(secrets.token_bytes(3 << 20))
+    forged = _forge(prefix, str(new))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine-b"))
+    with Store(url) as s:
+        r = s.push([str(src)], "cdc://lake/data/", message="v2")
+        assert r.new_bytes >= new.stat().st_size  # every forged chunk failed its id: uploaded
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine-c"))
+    with Store(url) as s:
+        assert s.cat("cdc://lake/data/new.bin") == new.read_bytes()
+        problems = s.check(read_data=True)["problems"]
+        assert any(forged in p for p in problems), problems
+
+
+def test_a_forgery_of_chunks_history_vouches_for_never_reaches_a_reader(lake, tmp_path, monkeypatch):
+    """A co-tenant forges a pack of chunks the landed commit reaches (a genuine copy exists): the
+    new machine's push deduplicates against them by id without reading them; every reader still
+    gets only verified bytes, from the genuine copy."""
+    url, src, seen, down = lake
+    prefix = url.split(f"{S3_BUCKET}/", 1)[1]
+    _forge(prefix, str(src / "part-2.parquet"))
+    _edit(src, 2)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine-b"))
+    with Store(url) as s:
+        s.push([str(src)], "cdc://lake/data/", message="v2")
+    for machine in ("machine-b", "machine-c"):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / machine))
+        with Store(url) as s:
+            for _ in range(2):
+                assert s.cat("cdc://lake/data/part-2.parquet") == (src / "part-2.parquet").read_bytes()
