@@ -12,6 +12,7 @@ name that came without its tree)."""
 from __future__ import annotations
 
 import collections
+import contextlib
 
 from .. import runtime
 from ..core import bundle, ids
@@ -63,6 +64,26 @@ class Bundles:
         self._scanned: dict[str, frozenset[str]] = {}  # bundles `find` has read -> the manifests they hold
         self._lock = runtime.Lock()
         self._scan_lock = runtime.Lock()
+        self._run: dict[str, object] | None = None  # `run`: bundle -> entries, None or the damage
+        self._runs = 0
+
+    @contextlib.contextmanager
+    def run(self):
+        """One maintenance run (check, gc): each bundle is read from the store once, checked,
+        and its entries kept until the run ends, so a run costs a read per bundle, not one per
+        manifest (issue 42). Memory follows the store's manifests, as the run's own walk does
+        (gc's live chunks, check's decoded manifests). Runs may nest; the outermost ends it."""
+        with self._lock:
+            self._runs += 1
+            if self._run is None:
+                self._run = {}
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._runs -= 1
+                if not self._runs:
+                    self._run = None
 
     # -- pointers ---------------------------------------------------------------------------------
     def learn(self, pairs) -> None:
@@ -103,25 +124,41 @@ class Bundles:
 
     def read(self, bid: str, fresh: bool = False) -> dict[str, tuple[bytes, bytes]] | None:
         """A bundle's entries, checked (None if it is not stored). `fresh`: read the store
-        now, not what this process keeps (check). Threads asking for one bundle read it once."""
-        if fresh:
+        now, not what this process kept before (check); within a `run`, what the run read.
+        Threads asking for one bundle read it once."""
+        if fresh and self._run is None:
             return read_stored(self._host.objects, bid)
         with self._lock:
             one = self._reading.setdefault(bid, runtime.Lock())
         with one:
             with self._lock:
-                got = self._kept.get(bid)
+                if self._run is not None and bid in self._run:
+                    got = self._run[bid]
+                    if isinstance(got, CorruptionError):
+                        raise got
+                    return got  # type: ignore[return-value]
+                got = None if fresh else self._kept.get(bid)
                 if got is not None:
                     self._kept.move_to_end(bid)
                     return got
             try:
-                entries = read_stored(self._host.objects, bid)
+                try:
+                    entries = read_stored(self._host.objects, bid)
+                except CorruptionError as e:
+                    self._in_run(bid, e)
+                    raise
+                self._in_run(bid, entries)
                 if entries is not None:
                     self._keep(bid, entries)
                 return entries
             finally:
                 with self._lock:
                     self._reading.pop(bid, None)
+
+    def _in_run(self, bid: str, got) -> None:
+        with self._lock:
+            if self._run is not None:
+                self._run[bid] = got
 
     def _keep(self, bid: str, entries: dict) -> None:
         with self._lock:

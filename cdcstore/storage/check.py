@@ -300,7 +300,7 @@ def _check_bundles(store: UpkeepHost, found: list) -> None:
     tell which manifests it held)."""
     for bid, _ in bundles.listing(store.objects):
         try:
-            bundles.read_stored(store.objects, bid)
+            store.read_bundle(bid)
         except CorruptionError as e:
             found.append((f"{e}: a file whose manifest only it held is reported below; push such files "
                           f"again, then delete {bundle_name(bid)}", set()))

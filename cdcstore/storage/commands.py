@@ -8,11 +8,14 @@ from . import check, maintenance
 
 
 def run(store, command: str, **options) -> dict | int:
-    """Run `command` on `store` (a `Repository`) with its options; its report."""
+    """Run `command` on `store` (a `Repository`) with its options; its report. gc and check read
+    each manifest bundle once (`maintenance_run`)."""
     if command == "gc":
-        return maintenance.gc(store, **options)
+        with store.maintenance_run():
+            return maintenance.gc(store, **options)
     if command == "check":
-        return check.check(store, **options)
+        with store.maintenance_run():
+            return check.check(store, **options)
     if command == "forget":
         return maintenance.forget(store, options.pop("repo"), **options)
     if command == "delete-repo":

@@ -112,6 +112,9 @@ class UpkeepHost(Protocol):
 
     def read_manifest(self, name: str) -> Manifest: ...
 
+    def read_bundle(self, bid: str) -> dict[str, tuple[bytes, bytes]] | None:
+        """A stored manifest bundle's entries, checked (read once per maintenance run)."""
+
     def read_stored(self, pack: str, offset: int, length: int): ...
 
     def read_pack_index(self, name: str, size: int | None = None) -> list[PackEntry]: ...
@@ -435,7 +438,7 @@ def _plan_bundles(repo: UpkeepHost, live_manifests: set, live_chunks: set, forgo
     doomed = []
     for bid, info in bundles.listing(repo.objects):
         try:
-            entries = bundles.read_stored(repo.objects, bid)
+            entries = repo.read_bundle(bid)
         except (CorruptionError, StorageError, OSError):
             continue
         if not entries or any(n in live_manifests for n in entries):

@@ -112,6 +112,15 @@ class Metadata:
         entries a caller hands in (a hint: every manifest is checked against its name)."""
         self.bundles.learn(pairs)
 
+    def maintenance_run(self):
+        """A context in which each manifest bundle is read from the store once (`Bundles.run`):
+        check and gc run inside one."""
+        return self.bundles.run()
+
+    def read_bundle(self, bid: str) -> dict[str, tuple[bytes, bytes]] | None:
+        """A stored bundle's entries read now (once per `maintenance_run`), checked; None if absent."""
+        return self.bundles.read(bid, fresh=True)
+
     def bundle_of(self, name: str) -> str | None:
         """The bundle this store's pointers say holds a manifest (None: its own object, or unknown)."""
         return self.bundles.where(name)
