@@ -326,3 +326,39 @@ def test_a_server_kept_session_is_a_lease_that_a_dead_client_stops_renewing(tmp_
     marker("7-" + "c" * 16, maintenance.SERVER_LEASE + 5, {"host": "another-host", "pid": 7})
     assert maintenance.open_sessions(store, grace=0, now=now) == 2  # a live lease; a push of another host
     assert maintenance.SERVER_REFRESH * 5 <= maintenance.SERVER_LEASE
+
+
+def test_a_push_lands_during_a_long_mark_and_what_it_dedups_against_survives(store, tmp_path, monkeypatch):
+    """Issue 42: gc's mark runs with no marker, so a push during it does not wait (a 20-file upload
+    waited 183 s at 200,000 files). The hazard is the push that deduplicates against garbage the
+    mark has judged dead: gc marks again under its marker what landed meanwhile, so it survives."""
+    import time
+
+    from cdcstore.storage import maintenance
+
+    blob = os.urandom(1 << 20)
+    store.push(_file(tmp_path / "d", "x.bin", blob), "cdc://ds@exp/x.bin")
+    store.push(_file(tmp_path / "m", "y.bin", b"y"), "cdc://ds/y.bin")
+    store.delete_branch("ds", "exp")  # x's chunks are garbage now ...
+    marking, real = threading.Event(), maintenance._mark_history
+
+    def slow(*a, **kw):
+        real(*a, **kw)
+        if not marking.is_set():
+            marking.set()
+            time.sleep(3)  # a long mark: the push below lands inside it
+
+    monkeypatch.setattr(maintenance, "_mark_history", slow)
+    out = {}
+    t = threading.Thread(target=lambda: out.update(gc(LocalStore(store.location), grace=0)))
+    t.start()
+    assert marking.wait(30)
+    t0 = time.monotonic()
+    r = Store(store.location).push(_file(tmp_path / "again", "x.bin", blob), "cdc://ds/x.bin")  # ... wanted again
+    waited = time.monotonic() - t0
+    t.join()
+    assert r.new_bytes == 0  # it deduplicated against the garbage
+    assert waited < 2.5, waited  # it did not wait for the mark (3 s)
+    assert out["deleted"] and out["open_sessions"] == 0
+    assert store.cat("cdc://ds/x.bin") == blob
+    assert store.check(read_data=True)["problems"] == []

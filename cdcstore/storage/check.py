@@ -45,6 +45,11 @@ def rebuild_index(store: UpkeepHost, read_data: bool = False) -> dict:
     would make damage readable again. `read_data` verifies every chunk before it is
     admitted (all data is read: for an index lost with its damage record). A garbage
     index file is moved aside to <index>.damaged and a new one is built."""
+    with store.maintenance_run():  # each manifest bundle read once
+        return _rebuild_index(store, read_data)
+
+
+def _rebuild_index(store: UpkeepHost, read_data: bool) -> dict:
     try:
         old_rows = _safe_rows(store)
         known = _safe_damaged(store)
@@ -133,6 +138,11 @@ def check(store: UpkeepHost, read_data: bool = False, subset: float | None = Non
     chunk whose stored copy fails verification loses its index row, so the next
     push of its file stores it again. Each problem names the files it affects.
     Durable packs that a killed push left unindexed are indexed first (`recover`)."""
+    with store.maintenance_run():  # each manifest bundle read once
+        return _check(store, read_data, subset)
+
+
+def _check(store: UpkeepHost, read_data: bool, subset: float | None) -> dict:
     if subset is not None and not (isinstance(subset, (int, float)) and not isinstance(subset, bool)
                                    and 0 <= subset <= 1):
         raise InvalidAddressError(f"check's subset is the share of packs to read, 0 to 1 (0.1 = 10%), not {subset!r}")

@@ -8,14 +8,11 @@ from . import check, maintenance
 
 
 def run(store, command: str, **options) -> dict | int:
-    """Run `command` on `store` (a `Repository`) with its options; its report. gc and check read
-    each manifest bundle once (`maintenance_run`)."""
+    """Run `command` on `store` (a `Repository`) with its options; its report."""
     if command == "gc":
-        with store.maintenance_run():
-            return maintenance.gc(store, **options)
+        return maintenance.gc(store, **options)
     if command == "check":
-        with store.maintenance_run():
-            return check.check(store, **options)
+        return check.check(store, **options)
     if command == "forget":
         return maintenance.forget(store, options.pop("repo"), **options)
     if command == "delete-repo":

@@ -24,9 +24,13 @@
   is garbage the next run removes; nothing reachable is ever touched.
 
 Racing pushes: a push writes a session object (`sessions/<id>`) before its first presence query
-and removes it when its commit has landed (or failed). gc writes `gc/<id>` first, then lists
-sessions: while any session is open, or was open when gc started, gc deletes nothing (its plan is
-reported, not run). A push lists `gc/` after writing its session and waits while a gc runs. Both
+and removes it when its commit has landed (or failed). gc marks first with no marker, so pushes
+land while it walks the store (issue 42: a push waited out whole marks). Then it writes `gc/<id>`,
+lists sessions and waits up to DRAIN seconds for those in flight to land; while any is still open
+gc deletes nothing (its plan is reported, not run). Under the marker it marks again what landed
+since its first mark (`mark(repo, live)`: the walk stops at commits walked before), so a push that
+deduplicated against garbage the first mark judged dead keeps it. A push lists `gc/` after writing
+its session and waits while a marker stands (the second mark, the plan and the deletes). Both
 write before they read, so at least one of the two sees the other. A session older than both the
 grace window and 6 hours belongs to a push that died and is ignored (a running push's heartbeat
 touches its marker hourly), and so does one whose process on this host is gone; so is a gc marker
@@ -42,7 +46,7 @@ import os
 import secrets
 import socket
 import time
-from typing import Iterator, Protocol
+from typing import ContextManager, Iterator, Protocol
 
 from .. import runtime
 from ..core import treeobj
@@ -68,6 +72,7 @@ SERVER_LEASE = 600.0  # a session a server keeps for a client (sessions/srv-*) d
 SERVER_REFRESH = 60.0  # seconds between a client's refreshes of its server-side session
 SESSIONS = "sessions/"
 GC_MARKERS = "gc/"
+DRAIN = 2.0  # seconds gc waits, its marker up, for pushes in flight to land before it gives up deleting
 
 
 class UpkeepHost(Protocol):
@@ -114,6 +119,9 @@ class UpkeepHost(Protocol):
 
     def read_bundle(self, bid: str) -> dict[str, tuple[bytes, bytes]] | None:
         """A stored manifest bundle's entries, checked (read once per maintenance run)."""
+
+    def maintenance_run(self) -> ContextManager:
+        """A context in which each manifest bundle is read once (gc and check run in one)."""
 
     def read_stored(self, pack: str, offset: int, length: int): ...
 
@@ -188,6 +196,7 @@ class Live:
     trees: set = dataclasses.field(default_factory=set)
     manifests: set = dataclasses.field(default_factory=set)
     chunks: set = dataclasses.field(default_factory=set)
+    walked: dict = dataclasses.field(default_factory=dict)  # repo -> commits walked (a later mark stops there)
 
     def add_tree(self, repo: UpkeepHost, view: treeobj.View, root: str) -> None:
         """A tree and everything below it (a subtree marked before is not walked again)."""
@@ -201,17 +210,20 @@ class Live:
                 self.chunks.update(repo.get_manifest(f.name).chunk_ids)
 
 
-def mark(repo: UpkeepHost) -> Live:
+def mark(repo: UpkeepHost, live: Live | None = None) -> Live:
     """What every branch and tag reaches (`reach.walk`): commits, trees, manifests, chunks.
-    A listing that contradicts what the store says of itself stops it (`_check_listing`)."""
-    live = Live()
+    A listing that contradicts what the store says of itself stops it (`_check_listing`).
+    Given the `live` of an earlier mark, only what landed since is walked (commits walked
+    before stop the walk; trees marked before are skipped): gc's second mark, under its marker,
+    costs what pushes landed while the first one ran."""
+    live = Live() if live is None else live
     listed = repo.repos()
     _check_listing(repo, listed)
     for name in listed:
         heads = _heads(repo, name)
         if not heads:
             _check_no_refs(repo, name)
-        walked: set[str] = set()
+        walked: set[str] = live.walked.setdefault(name, set())
         while heads:
             try:
                 _mark_history(repo, name, heads, live, walked)
@@ -328,13 +340,15 @@ def _freed(kind: str, ref: str, where: str, error: Exception) -> None:
 
 
 def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = None,
-         repack_dead: float = DEFAULT_REPACK_DEAD, max_unused: float | None = DEFAULT_MAX_UNUSED) -> GcPlan:
+         repack_dead: float = DEFAULT_REPACK_DEAD, max_unused: float | None = DEFAULT_MAX_UNUSED,
+         live: Live | None = None) -> GcPlan:
     """What gc would delete now (nothing is changed). A pack more than `repack_dead` dead (by
     bytes) is rewritten with only its live chunks; then, while the dead bytes left in packs are
-    over `max_unused` of the live ones, the most dead packs are rewritten too (None: never)."""
+    over `max_unused` of the live ones, the most dead packs are rewritten too (None: never).
+    `live`: an earlier mark, brought up to date here (`mark`)."""
     now = time.time() if now is None else now
     repo.recover(whole=True)  # durable packs a killed push left unindexed (or a bounded index let go) are counted
-    live = mark(repo)
+    live = mark(repo, live)
     forgotten = forgotten_reach(repo, live)  # before young roots add to `live`: what only they reach
     live_commits, live_manifests, live_chunks = live.commits, live.manifests, live.chunks
     # the manifests of jobs still running (a deferred commit's journal) are roots; dead jobs' journals go
@@ -497,6 +511,17 @@ def open_sessions(repo: UpkeepHost, grace: float, now: float | None = None) -> i
     return count
 
 
+def drain_sessions(repo: UpkeepHost, grace: float, wait: float | None = None) -> int:
+    """Pushes in flight once gc's marker is up (new ones wait on it), after waiting up to `wait`
+    seconds (DRAIN) for them to land: 0 lets gc delete."""
+    deadline = time.monotonic() + (DRAIN if wait is None else wait)
+    while True:
+        count = open_sessions(repo, grace)
+        if not count or time.monotonic() >= deadline:
+            return count
+        time.sleep(0.05)
+
+
 def _dead_here(repo: UpkeepHost, name: str) -> bool:
     """Whether a session or gc marker names a process of this host that is gone."""
     try:
@@ -530,7 +555,13 @@ def old_session(info, now: float, grace: float) -> bool:
 
 def gc(repo: UpkeepHost, grace: float = DEFAULT_GRACE, dry_run: bool = False,
        repack_dead: float = DEFAULT_REPACK_DEAD, max_unused: float | None = DEFAULT_MAX_UNUSED) -> dict:
-    """Mark, plan, and (unless `dry_run`, and while no push is in flight) delete."""
+    """Mark, plan, and (unless `dry_run`, and while no push is in flight) delete; each manifest
+    bundle is read once (`maintenance_run`)."""
+    with repo.maintenance_run():
+        return _gc(repo, grace, dry_run, repack_dead, max_unused)
+
+
+def _gc(repo: UpkeepHost, grace: float, dry_run: bool, repack_dead: float, max_unused: float | None) -> dict:
     if not (isinstance(grace, (int, float)) and grace >= 0):
         raise InvalidAddressError(f"the grace window is seconds, 0 or more, not {grace!r}")
     if not (isinstance(repack_dead, (int, float)) and 0 <= repack_dead < 1):
@@ -539,26 +570,32 @@ def gc(repo: UpkeepHost, grace: float = DEFAULT_GRACE, dry_run: bool = False,
     if max_unused is not None and not (isinstance(max_unused, (int, float)) and max_unused >= 0):
         raise InvalidAddressError(f"max_unused is the dead bytes left in packs as a share of the live ones, "
                                   f"0 or more (0.1 = 10%), or None to never repack for it; not {max_unused!r}")
-    marker = f"{GC_MARKERS}{int(time.time())}-{secrets.token_hex(6)}"
-    if not dry_run:  # who runs it: a push ignores the marker of a gc whose process on this host is gone
-        owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-        repo.objects.put(marker, json.dumps(owner).encode(), exist_ok=True)
-    try:
-        # sessions are counted before the mark: a push that ends after this count landed its commit
-        # before the mark sees it, and a push that starts after it sees our marker and waits
-        pushes = open_sessions(repo, grace)
+    if dry_run:
         p = plan(repo, grace, repack_dead=repack_dead, max_unused=max_unused)
+        p.open_sessions = open_sessions(repo, grace)
+        return {"dry_run": True, **p.to_dict(), "deleted": False}
+    # the long mark runs with no marker: pushes land meanwhile (they waited on it: issue 42)
+    live = mark(repo)
+    marker = f"{GC_MARKERS}{int(time.time())}-{secrets.token_hex(6)}"
+    # who runs it: a push ignores the marker of a gc whose process on this host is gone
+    owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    repo.objects.put(marker, json.dumps(owner).encode(), exist_ok=True)
+    try:
+        # sessions are counted after the marker: a push that starts after it waits, one in flight
+        # is waited for (DRAIN) or holds the deletion off; what pushes landed during the first
+        # mark, or while draining, the second mark (`plan`) walks before anything is planned
+        pushes = drain_sessions(repo, grace)
+        p = plan(repo, grace, repack_dead=repack_dead, max_unused=max_unused, live=live)
         p.open_sessions = pushes
         out = {"dry_run": dry_run, **p.to_dict(), "deleted": False}
-        if dry_run or pushes:
+        if pushes:
             return out
         execute(repo, p)
         out["deleted"] = True
         out["anchored_packs"] = repo.write_all_anchors()  # an old bucket store: once, index now whole
         return out
     finally:
-        if not dry_run:
-            repo.objects.delete(marker)
+        repo.objects.delete(marker)
 
 
 def execute(repo: UpkeepHost, p: GcPlan) -> None:
