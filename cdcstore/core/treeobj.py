@@ -369,7 +369,8 @@ class View:
         return t.entries.get(name)
 
     # -- looking up ---------------------------------------------------------------------
-    def _folder_id(self, path: str) -> str | None:
+    def folder_id(self, path: str) -> str | None:
+        """The tree id of the folder at `path` ('' the root), None if no folder is there."""
         tid = self.root
         for part in path.split("/") if path else ():
             e = self.lookup(tid, part)
@@ -380,7 +381,7 @@ class View:
 
     def folder(self, path: str) -> Tree | None:
         """The folder at `path` ('' the root) as one page of its entries, None if no folder is there."""
-        tid = self._folder_id(path)
+        tid = self.folder_id(path)
         return None if tid is None else self.contents(tid)
 
     def entry(self, path: str) -> Entry | None:
@@ -388,7 +389,7 @@ class View:
         if not path:
             return None
         parent, _, name = path.rpartition("/")
-        tid = self._folder_id(parent)
+        tid = self.folder_id(parent)
         return None if tid is None else self.lookup(tid, name)
 
     def get(self, path: str) -> FileEntry | None:
