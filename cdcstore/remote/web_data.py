@@ -34,6 +34,7 @@ PREVIEW_BUFFER = 64 * 1024  # pyarrow reads a column chunk in pieces this large:
 PREVIOUS_WALK = 200  # commits walked back to find a file's previous version
 DIFF_ALL_FILES = 5000  # a diff's old revision with at most this many files: new bytes against all of them
 FIGURES_KEPT = 200_000  # commits whose figures are kept
+COMMITS_KEPT = 100_000  # decoded commits kept (a few hundred bytes each)
 WALKS_KEPT = 8  # repos whose last walked head's chunk set is kept
 WALK_CHUNKS_KEPT = 4_000_000  # a chunk set larger than this is not kept (about 200 MB)
 
@@ -100,6 +101,8 @@ class Browser:
         self.store = store
         self._figures: collections.OrderedDict[tuple[str, str], Figures] = collections.OrderedDict()
         self._walks: collections.OrderedDict[tuple[str, str], Walk] = collections.OrderedDict()  # by (repo, tip)
+        self._commits: collections.OrderedDict[tuple[str, str], object] = collections.OrderedDict()  # `_commit`
+        self._commits_lock = runtime.Lock()
         self._lock = runtime.Lock()
 
     # -- repos and refs ---------------------------------------------------------------------
@@ -164,9 +167,25 @@ class Browser:
 
     def _history(self, repo: str, cid: str | None):
         while cid:
-            c = self.store.get_commit(repo, cid)
+            c = self._commit(repo, cid)
             yield cid, c
             cid = c.parent
+
+    def _commit(self, repo: str, cid: str):
+        """A commit, kept decoded (immutable: named by its bytes; at most COMMITS_KEPT): the log
+        and store pages walk a history on every view, which read every commit object again
+        (issue 42: 82 s a store page over 2,000 commits under 50 parallel views)."""
+        with self._commits_lock:
+            c = self._commits.get((repo, cid))
+            if c is not None:
+                self._commits.move_to_end((repo, cid))
+                return c
+        c = self.store.get_commit(repo, cid)
+        with self._commits_lock:
+            self._commits[(repo, cid)] = c
+            while len(self._commits) > COMMITS_KEPT:
+                self._commits.popitem(last=False)
+        return c
 
     def figures(self, repo: str, head: str) -> dict[str, Figures]:
         """`Figures` of every commit from `head` back to the first (see the module's docstring):
