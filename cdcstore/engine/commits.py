@@ -6,6 +6,7 @@ manifests are stored only after their chunks are durable, and the commit only af
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -164,7 +165,9 @@ class Commits:
         inner = be.uncached()
         if inner.capabilities.bundles:  # the bundles the caller's entries name (a hint for reading them)
             inner.learn_bundles([(e.manifest, e.bundle) for e in [*(entries or {}).values(), *(known or {}).values()]])
-        with self.session():  # a gc deletes nothing while this push is in flight
+        runs = inner.bundle_run() if inner.capabilities.bundles and inner.capabilities.runs_here \
+            else contextlib.nullcontext()
+        with self.session(), runs:  # a gc deletes nothing while this push is in flight; a bundle is read once
             # manifests the base names at the pushed paths are in the store (reachable): not re-put
             held = {e.manifest for e in (view.get(p) for _, p in pairs) if e is not None} if view is not None else set()
             unread = self.vouched(repo, known or {}, held)

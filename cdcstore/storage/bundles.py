@@ -69,10 +69,12 @@ class Bundles:
 
     @contextlib.contextmanager
     def run(self):
-        """One maintenance run (check, gc): each bundle is read from the store once, checked,
+        """One run of check, gc or a push: each bundle is read from the store once, checked,
         and its entries kept until the run ends, so a run costs a read per bundle, not one per
-        manifest (issue 42). Memory follows the store's manifests, as the run's own walk does
-        (gc's live chunks, check's decoded manifests). Runs may nest; the outermost ends it."""
+        manifest (issue 42; bundles group manifests by name, not by path, so a walk in path order
+        met them at random and a 16-bundle memo missed). Memory follows the manifests the run
+        reads, as its own work does (gc's live chunks, check's decoded manifests, a push's files).
+        Runs may nest; the outermost ends it."""
         with self._lock:
             self._runs += 1
             if self._run is None:

@@ -45,7 +45,7 @@ def rebuild_index(store: UpkeepHost, read_data: bool = False) -> dict:
     would make damage readable again. `read_data` verifies every chunk before it is
     admitted (all data is read: for an index lost with its damage record). A garbage
     index file is moved aside to <index>.damaged and a new one is built."""
-    with store.maintenance_run():  # each manifest bundle read once
+    with store.bundle_run():  # each manifest bundle read once
         return _rebuild_index(store, read_data)
 
 
@@ -138,7 +138,7 @@ def check(store: UpkeepHost, read_data: bool = False, subset: float | None = Non
     chunk whose stored copy fails verification loses its index row, so the next
     push of its file stores it again. Each problem names the files it affects.
     Durable packs that a killed push left unindexed are indexed first (`recover`)."""
-    with store.maintenance_run():  # each manifest bundle read once
+    with store.bundle_run():  # each manifest bundle read once
         return _check(store, read_data, subset)
 
 

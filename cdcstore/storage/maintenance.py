@@ -120,8 +120,8 @@ class UpkeepHost(Protocol):
     def read_bundle(self, bid: str) -> dict[str, tuple[bytes, bytes]] | None:
         """A stored manifest bundle's entries, checked (read once per maintenance run)."""
 
-    def maintenance_run(self) -> ContextManager:
-        """A context in which each manifest bundle is read once (gc and check run in one)."""
+    def bundle_run(self) -> ContextManager:
+        """A context in which each manifest bundle is read once (check, gc and a push run in one)."""
 
     def read_stored(self, pack: str, offset: int, length: int): ...
 
@@ -556,8 +556,8 @@ def old_session(info, now: float, grace: float) -> bool:
 def gc(repo: UpkeepHost, grace: float = DEFAULT_GRACE, dry_run: bool = False,
        repack_dead: float = DEFAULT_REPACK_DEAD, max_unused: float | None = DEFAULT_MAX_UNUSED) -> dict:
     """Mark, plan, and (unless `dry_run`, and while no push is in flight) delete; each manifest
-    bundle is read once (`maintenance_run`)."""
-    with repo.maintenance_run():
+    bundle is read once (`bundle_run`)."""
+    with repo.bundle_run():
         return _gc(repo, grace, dry_run, repack_dead, max_unused)
 
 

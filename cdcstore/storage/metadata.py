@@ -112,13 +112,13 @@ class Metadata:
         entries a caller hands in (a hint: every manifest is checked against its name)."""
         self.bundles.learn(pairs)
 
-    def maintenance_run(self):
+    def bundle_run(self):
         """A context in which each manifest bundle is read from the store once (`Bundles.run`):
-        check and gc run inside one."""
+        check, gc and a push run inside one."""
         return self.bundles.run()
 
     def read_bundle(self, bid: str) -> dict[str, tuple[bytes, bytes]] | None:
-        """A stored bundle's entries read now (once per `maintenance_run`), checked; None if absent."""
+        """A stored bundle's entries read now (once per `bundle_run`), checked; None if absent."""
         return self.bundles.read(bid, fresh=True)
 
     def bundle_of(self, name: str) -> str | None:

@@ -98,7 +98,7 @@ def default_index_path(identity: str) -> str:
 @delegate("metadata", "has_manifest", "manifests_present", "put_manifest_file", "manifest_file", "manifest_bytes",
           "put_manifest", "put_manifests", "get_manifest", "read_manifest", "put_trees", "get_tree", "read_tree",
           "tree_bytes", "tree_names", "put_commit", "get_commit", "new_reach", "learn_bundles", "bundle_of",
-          "bundled_manifest", "maintenance_run", "read_bundle")
+          "bundled_manifest", "bundle_run", "read_bundle")
 @delegate("_refs", "repos", "ref_names", "has_repo", "ensure_repo", "resolve_ref", "delete_repo", "forgotten",
           "forget", "_read_refs", "branches", "tags", "refs", "create_ref", "create_tag", "create_branch",
           "delete_ref", "delete_tag", "delete_branch", "commit", "update_branch")
