@@ -421,7 +421,8 @@ class Store:
         remove every file under that prefix that is not being added. `entries` sets
         paths to stored files (manifests already in the store: a copy reads no data).
         Returns the landed commit (a rebased one if another writer moved the branch).
-        `parent` bases the change on that commit instead of the branch head. `known` maps
+        `parent` bases the change on that commit instead of the branch head (a branch that does
+        not exist yet is made from it). `known` maps
         paths of `pairs` to the entries the stat cache vouches for: one whose manifest the
         store holds is used without reading the file.
 
@@ -476,7 +477,8 @@ class Store:
         manifest must be in this store and its size must match (a server checks it too).
         With `parent` (a commit id), the change is made against that commit and lands
         on the branch only if the branch's newer commits touch other paths (else
-        ConflictError); by default it is made against the branch head."""
+        ConflictError); a branch that does not exist yet is made from `parent`. By default
+        it is made against the branch head."""
         a = _as_address(dest)
         merged = _merge_entries(entries)
         self.commits.check_entries(a.repo, merged)

@@ -77,12 +77,18 @@ class Publisher:
 
     @staticmethod
     def _check_expected(store: Store, repo: str, branch: str, expect: dict[str, str | None]) -> str | None:
-        """The head `expect` holds on (None: no such branch yet); FileExistsError when it does not."""
-        try:
-            _, commit = store.resolve(Address(repo, branch, ""))
-            view = store.view(repo, commit)
-        except NotFoundError:
-            commit, view = None, None
+        """The head `expect` holds on: the branch's, or for a branch not made yet the default
+        branch's head it will be made from (issue 43: a create-only write on a new branch was
+        checked against no files and landed over an inherited one); None when there is none.
+        FileExistsError when it does not hold."""
+        commit = view = None
+        for rev in (branch, DEFAULT_BRANCH):
+            try:
+                _, commit = store.resolve(Address(repo, rev, ""))
+                view = store.view(repo, commit)
+                break
+            except NotFoundError:
+                continue
         for path, want in expect.items():
             entry = view.get(path) if view is not None else None
             if (entry.manifest if entry is not None else None) != want:

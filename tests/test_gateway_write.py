@@ -649,3 +649,23 @@ def test_a_presigned_put_url_writes_once_signed_and_only_where_it_says(gw):
         urllib.request.urlopen(urllib.request.Request(url.replace("/x.bin", "/y.bin"), data=data, method="PUT"))
     assert e.value.code == 403 and b"<Code>SignatureDoesNotMatch</Code>" in e.value.read()
     assert head(gw) == before
+
+
+def test_a_create_only_write_on_a_new_branch_is_checked_against_the_head_it_starts_from(gw):
+    """Issue 43 case 3: `feature` does not exist; a create-only write of a key that main holds was
+    checked against "no branch" (200) while the new branch started from main's head, which holds
+    the key: the file was overwritten. The condition is checked against the head the branch is
+    made from, and the branch is made from exactly that head."""
+    s3 = client(gw)
+    s3.put_object(Bucket="ds", Key="main/inherit/k", Body=b"a")
+    with pytest.raises(ClientError) as e:
+        s3.put_object(Bucket="ds", Key="fresh-43/inherit/k", Body=b"B", IfNoneMatch="*")
+    assert _code(e) == "PreconditionFailed"
+    with pytest.raises(ClientError):  # nothing landed: no branch was made
+        s3.head_object(Bucket="ds", Key="fresh-43/inherit/k")
+    tag = s3.head_object(Bucket="ds", Key="main/inherit/k")["ETag"]  # If-Match of the inherited file: holds
+    s3.put_object(Bucket="ds", Key="fresh-43b/inherit/k", Body=b"C", IfMatch=tag)
+    assert s3.get_object(Bucket="ds", Key="fresh-43b/inherit/k")["Body"].read() == b"C"
+    assert s3.get_object(Bucket="ds", Key="main/inherit/k")["Body"].read() == b"a"
+    s3.put_object(Bucket="ds", Key="fresh-43c/inherit/new", Body=b"D", IfNoneMatch="*")  # a new key: created
+    assert s3.get_object(Bucket="ds", Key="fresh-43c/inherit/k")["Body"].read() == b"a"  # from main's head

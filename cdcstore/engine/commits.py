@@ -147,10 +147,10 @@ class Commits:
             raise InvalidAddressError(f"{branch!r} is a tag of repo {repo!r}: a tag is immutable: push to a branch")
         expected = branches.get(branch)
         if parent is not None:  # the change is made against PARENT; newer commits rebase it or conflict
-            if expected is None:
-                raise InvalidAddressError(f"branch {branch!r} of repo {repo!r} does not exist: "
-                                          f"commit without parent= to create it")
-            parent = expected = History(be).resolve_now(repo, parent)
+            # a branch that does not exist yet is made from PARENT (must-not-exist compare-and-swap:
+            # one another writer made meanwhile rebases the commit, or conflicts on the same paths)
+            parent = History(be).resolve_now(repo, parent)
+            expected = parent if expected is not None else None
         else:
             parent = expected or branches.get(DEFAULT_BRANCH)
         base = be.get_commit(repo, parent) if parent else None
