@@ -50,6 +50,17 @@ def read_page_header(buf, pos: int = 0) -> tuple[int, int, int]:
     return d.pos - pos, ptype, size
 
 
+def read_page_sizes(buf, pos: int = 0) -> tuple[int, int, int, int]:
+    """(header length, page type, compressed size, uncompressed size) of the PageHeader at `pos`:
+    what a page decodes to, which a reader checks before it lets a decoder allocate for it."""
+    d = Decoder(buf, pos)
+    h = d.struct()
+    ptype, raw, size = h.get(1), h.get(2), h.get(3)
+    if not all(isinstance(v, int) for v in (ptype, raw, size)) or size < 0 or raw < 0:
+        raise ThriftError("page header lacks type or sizes")
+    return d.pos - pos, ptype, size, raw
+
+
 DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 2, 3
 
 

@@ -500,12 +500,19 @@ def diff_table(repo: str, d: dict) -> Markup:
                 else tag("p", "no changes", class_="dim"), tag("p", note, class_="note"))
 
 
+SCHEMA_SHOWN = 1000  # schema fields listed on a file's page (a 50,000-column file made a 3.7 MB page)
+
+
 def parquet_section(pq: dict) -> Markup:
     groups = [[i, f"{g['rows']:,}", size(g["bytes"]), size(g["span"][1] - g["span"][0])]
               for i, g in enumerate(pq["groups"][:200])]
     more_groups = tag("p", f"... and {len(pq['groups']) - 200} more row groups", class_="dim") \
         if len(pq["groups"]) > 200 else ""
-    schema = [[f[0], tag("span", f[1], class_="mono"), "yes" if f[2] else "no"] for f in pq["schema"]]
+    schema = [[f[0], tag("span", f[1], class_="mono"), "yes" if f[2] else "no"] for f in pq["schema"][:SCHEMA_SHOWN]]
+    more_fields = tag("p", f"... and {len(pq['schema']) - SCHEMA_SHOWN:,} more columns", class_="dim") \
+        if len(pq["schema"]) > SCHEMA_SHOWN else ""
+    skipped = tag("p", "Not shown: " + "; ".join(f"{name}: {why}" for name, why in pq["skipped"].items()),
+                  class_="note") if pq.get("skipped") else ""
     bound = pq["footer"] + pq["first_group"]
     read = (f"Read for this preview: {pq['fetched_chunks']:,} chunks, {pq['fetched_bytes']:,} bytes "
             f"({pq['fetched_stored']:,} as stored) of the file's {pq['size']:,}; its footer is {pq['footer']:,} "
@@ -518,8 +525,8 @@ def parquet_section(pq: dict) -> Markup:
                          f"columns; written by {pq['created_by'] or 'unknown'}."),
                 tag("p", read, class_="note", id="preview-figures"),
                 tag("h2", f"First {len(pq['rows'])} rows{more_cols}"),
-                P.table(cols, pq["rows"], class_="rows"),
-                tag("h2", "Schema"), P.table(["column", "type", "nullable"], schema),
+                P.table(cols, pq["rows"], class_="rows"), skipped,
+                tag("h2", "Schema"), P.table(["column", "type", "nullable"], schema), more_fields,
                 tag("h2", "Row groups"), P.table(["#", "rows", "bytes (uncompressed)", "bytes in the file"], groups),
                 more_groups)
 

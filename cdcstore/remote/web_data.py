@@ -20,16 +20,20 @@ import time
 from dataclasses import dataclass
 
 from .. import runtime
-from ..core import ids, treeobj
+from ..core import ids, pages, treeobj
 from ..core.address import DEFAULT_BRANCH
 from ..core.commit import FileEntry
 from ..core.errors import CdcError, RevisionNotFoundError
+from ..core.thrift import ThriftError
 from ..storage.reader import FileReader
 from ..storage.roles import BackendCapabilities
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 PREVIEW_ROWS = 20
 PREVIEW_COLUMNS = 40  # columns shown in the rows table (all are in the schema)
+PREVIEW_PAGE_BYTES = 16 << 20  # a column whose first pages decode to more is not previewed
+PREVIEW_HEADER_BYTES = 64 << 10  # a page header read to check it (statistics can make one long)
+CELL_CHARS = 200  # characters of a value shown in a cell
 PREVIEW_BUFFER = 64 * 1024  # pyarrow reads a column chunk in pieces this large: the first rows read little
 PREVIOUS_WALK = 200  # commits walked back to find a file's previous version
 DIFF_ALL_FILES = 5000  # a diff's old revision with at most this many files: new bytes against all of them
@@ -341,16 +345,25 @@ class Browser:
                 rg = md.row_group(i)
                 groups.append({"rows": rg.num_rows, "bytes": rg.total_byte_size, "span": _rg_span(rg)})
             columns = [f[0] for f in schema[:PREVIEW_COLUMNS]]
+            skipped: dict[str, str] = {}
             batch = pa.RecordBatch.from_pylist([], schema=pa.schema([]))
             if md.num_row_groups and md.row_group(0).num_rows:
-                batch = next(pf.iter_batches(batch_size=rows, row_groups=[0], columns=columns, use_threads=False))
-                batch = batch.slice(0, rows)
-            table = [[_cell(v) for v in row.values()] for row in batch.to_pylist()]
+                skipped = _too_large(reader, md.row_group(0), columns)
+                keep = [c for c in columns if c not in skipped]
+                if keep:  # strings stay dictionaries: a row names a value, never a copy of it
+                    texts = [f.name for f in pf.schema_arrow if f.name in keep and _is_text(f.type)]
+                    pf = pq.ParquetFile(reader, metadata=md, pre_buffer=False, buffer_size=PREVIEW_BUFFER,
+                                        read_dictionary=texts or None)
+                    batch = next(pf.iter_batches(batch_size=rows, row_groups=[0], columns=keep, use_threads=False))
+                    batch = batch.slice(0, rows)
+            cells = [_cells(batch.column(i)) for i in range(batch.num_columns)]
+            table = [[c[r] for c in cells] for r in range(batch.num_rows)]
         finally:
             reader.close()
         footer = md.serialized_size + 8
         first = groups[0]["span"][1] - groups[0]["span"][0] if groups else 0
-        return {"schema": schema, "groups": groups, "rows": table, "columns": columns, "num_rows": md.num_rows,
+        return {"schema": schema, "groups": groups, "rows": table, "columns": [c for c in columns if c not in skipped],
+                "skipped": skipped, "num_rows": md.num_rows,
                 "created_by": md.created_by, "footer": footer, "first_group": first, "size": entry.size,
                 "fetched_chunks": source.chunks, "fetched_bytes": source.raw_bytes,
                 "fetched_stored": source.stored_bytes, "seconds": time.perf_counter() - began}
@@ -384,6 +397,70 @@ class Browser:
                          "new": new})
         rows.sort(key=lambda r: r["path"])
         return {"old": a_id, "new": b_id, "rows": rows, "whole": whole, "new_bytes": sum(r["new"] for r in rows)}
+
+
+def _is_text(t) -> bool:
+    import pyarrow as pa
+    return pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t)
+
+
+def _too_large(reader, rg, columns: list[str]) -> dict[str, str]:
+    """Columns of row group `rg` the preview must not decode (issue 43: a 2 KB file of one 48 MiB
+    dictionary string took the server to 1.3 GB, one 512 MiB value to 2.1 GB): a column whose
+    first pages (its dictionary, its first data page), as their own headers say, decode to more
+    than PREVIEW_PAGE_BYTES, or whose headers cannot be read within PREVIEW_HEADER_BYTES. The
+    preview decodes only those pages; a footer may lie about sizes, a page header is what a
+    decoder allocates by. {column: why}."""
+    wanted = set(columns)
+    out: dict[str, str] = {}
+    for j in range(rg.num_columns):
+        c = rg.column(j)
+        name = c.path_in_schema.split(".", 1)[0]
+        if name not in wanted or name in out:
+            continue
+        start = c.dictionary_page_offset if c.has_dictionary_page and c.dictionary_page_offset else c.data_page_offset
+        end = start + c.total_compressed_size
+        pos = start
+        for _ in range(2):  # the dictionary page (if any) and the first data page
+            if pos >= end:
+                break
+            reader.seek(pos)
+            head = reader.read(min(PREVIEW_HEADER_BYTES, end - pos))
+            try:
+                hlen, ptype, size, raw = pages.read_page_sizes(head)
+            except ThriftError:
+                out[name] = "its page header does not read within the preview's bounds"
+                break
+            if raw > PREVIEW_PAGE_BYTES:
+                out[name] = f"a page decodes to {raw:,} bytes, over the preview's {PREVIEW_PAGE_BYTES:,}"
+                break
+            if ptype != pages.DICTIONARY_PAGE:
+                break
+            pos += hlen + size
+    return out
+
+
+def _cells(column) -> list[str]:
+    """A column's values as table cells: a dictionary's value is cut (or, for bytes, measured)
+    before it is taken, so a row costs its cell, not its value."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    if not (pa.types.is_dictionary(column.type) and _is_text(column.type.value_type)):
+        return [_cell(v, CELL_CHARS) for v in column.to_pylist()]
+    values, text = column.dictionary, pa.types.is_string(column.type.value_type) or \
+        pa.types.is_large_string(column.type.value_type)
+    out = []
+    for i in column.indices.to_pylist():
+        if i is None:
+            out.append(_cell(None))
+            continue
+        one = values.slice(i, 1)
+        if text:
+            out.append(_cell(pc.utf8_slice_codeunits(one, 0, CELL_CHARS + 1)[0].as_py(), CELL_CHARS))
+        else:
+            n = pc.binary_length(one)[0].as_py()
+            out.append(_cell(one[0].as_py(), CELL_CHARS) if n <= 64 else f"<{n} bytes>")
+    return out
 
 
 def _rg_span(rg) -> tuple[int, int]:
