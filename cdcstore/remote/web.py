@@ -40,7 +40,10 @@ log = logging.getLogger("cdcstore.web")
 
 COOKIE = "cdcstore_ui"
 SESSION_SECONDS = 12 * 3600
-MAX_SESSIONS = 10_000
+MAX_SESSIONS_PER_TOKEN = 64  # sessions one token keeps (its oldest goes: it signs only itself out)
+SIGNIN_FAILURES = 20  # failed sign-ins an address may make in SIGNIN_WINDOW seconds before 429
+SIGNIN_WINDOW = 60.0
+THROTTLED_ADDRESSES = 100_000  # addresses whose failures are remembered (oldest out first)
 LOG_PAGE = 50
 TREE_PAGE = 1000
 OPEN = {"scope": "read", "repos": ["*"], "name": None}
@@ -51,27 +54,86 @@ class NotHere(Exception):
 
 
 class Sessions:
-    """Session id -> (token, expiry), in this server's memory (a restart signs everyone out)."""
+    """Session id -> (token, expiry), in this server's memory (a restart signs everyone out).
+    Each token keeps at most MAX_SESSIONS_PER_TOKEN, its oldest dropped first, so no token's
+    sign-ins can sign another token out (issue 43: one pool of 10,000 for all tokens let a
+    read-only token sign the admin out); the tokens file bounds how many tokens there are."""
 
     def __init__(self):
-        self._by_id: collections.OrderedDict[str, tuple[str, float]] = collections.OrderedDict()
+        self._by_id: dict[str, tuple[str, float]] = {}
+        self._of: dict[str, collections.OrderedDict[str, None]] = {}  # token -> its session ids, oldest first
 
     def new(self, token: str) -> str:
         sid = secrets.token_urlsafe(32)
         self._by_id[sid] = (token, time.time() + SESSION_SECONDS)
-        while len(self._by_id) > MAX_SESSIONS:
-            self._by_id.popitem(last=False)
+        mine = self._of.setdefault(token, collections.OrderedDict())
+        mine[sid] = None
+        while len(mine) > MAX_SESSIONS_PER_TOKEN:
+            self._by_id.pop(mine.popitem(last=False)[0], None)
         return sid
 
     def token(self, sid: str | None) -> str | None:
         got = self._by_id.get(sid) if sid else None
-        if got is None or got[1] < time.time():
-            self._by_id.pop(sid, None)
+        if got is None:
+            return None
+        if got[1] < time.time():
+            self.drop(sid)
             return None
         return got[0]
 
     def drop(self, sid: str | None) -> None:
-        self._by_id.pop(sid, None)
+        got = self._by_id.pop(sid, None) if sid else None
+        if got is not None:
+            mine = self._of.get(got[0], {})
+            mine.pop(sid, None)
+            if not mine:
+                self._of.pop(got[0], None)
+
+
+class Throttle:
+    """Failed sign-ins by address: more than SIGNIN_FAILURES within SIGNIN_WINDOW seconds and the
+    address waits (429 with Retry-After) for every sign-in, a real token's too, so guessing gains
+    nothing (issue 43: 2,000 wrong tokens at 142/s, all answered)."""
+
+    def __init__(self):
+        self._fails: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
+
+    def wait(self, address: str) -> float:
+        """Seconds this address must wait before it may sign in (0: now)."""
+        fails = self._fails.get(address)
+        now = time.monotonic()
+        while fails and now - fails[0] >= SIGNIN_WINDOW:
+            fails.popleft()
+        if fails is not None and not fails:
+            del self._fails[address]
+            return 0.0
+        if fails is None or len(fails) < SIGNIN_FAILURES:
+            return 0.0
+        return SIGNIN_WINDOW - (now - fails[0])
+
+    def failed(self, address: str) -> None:
+        fails = self._fails.setdefault(address, collections.deque())
+        self._fails.move_to_end(address)
+        fails.append(time.monotonic())
+        while len(fails) > SIGNIN_FAILURES:
+            fails.popleft()
+        while len(self._fails) > THROTTLED_ADDRESSES:
+            self._fails.popitem(last=False)
+
+
+def cross_site(request: web.Request) -> bool:
+    """Whether a form POST comes from another site (login CSRF): the browser says so in
+    Sec-Fetch-Site, or its Origin names another host. `Origin: null` alone is not taken for one:
+    these pages send `Referrer-Policy: no-referrer`, under which a browser's own same-origin form
+    sends it (with `Sec-Fetch-Site: same-origin`). A client that sends neither (curl, an older
+    browser) is not taken for one."""
+    fetch_site = request.headers.get("Sec-Fetch-Site", "").lower()
+    if fetch_site == "cross-site":
+        return True
+    origin = request.headers.get("Origin", "").strip()
+    if not origin or origin.lower() == "null":
+        return False
+    return urlsplit(origin).netloc.lower() != request.host.lower()
 
 
 class WebView:
@@ -81,6 +143,7 @@ class WebView:
         self.server = server
         self.browse = data.Browser(server.store)
         self.sessions = Sessions()
+        self.throttle = Throttle()
 
     def routes(self) -> list:
         h = self._page
@@ -187,12 +250,24 @@ class WebView:
         return web.Response(text=text, content_type="text/html", headers=_headers())
 
     async def login(self, request: web.Request) -> web.Response:
+        if cross_site(request):
+            text = P.login_page("a sign-in from another site is refused: sign in on this server's own page",
+                                False, "")
+            return web.Response(text=text, status=403, content_type="text/html", headers=_headers())
+        address = request.remote or ""
+        wait = self.throttle.wait(address)
+        if wait > 0:
+            text = P.login_page(f"too many failed sign-ins from this address: try again in {wait:.0f} s",
+                                False, "")
+            return web.Response(text=text, status=429, content_type="text/html",
+                                headers={**_headers(), "Retry-After": str(max(1, int(wait + 0.999)))})
         form = await request.post()
         token, nxt = str(form.get("token", "")).strip(), _local(str(form.get("next", "")))
         tokens = self.server.auth.tokens
         if tokens is None:
             raise web.HTTPSeeOther(nxt or url(""))
         if not token or tokens.get(token) is None:
+            self.throttle.failed(address)
             text = P.login_page("that is no token of this server", False, nxt)
             return web.Response(text=text, status=401, content_type="text/html", headers=_headers())
         resp = web.HTTPSeeOther(nxt or url(""))
