@@ -197,6 +197,7 @@ class Live:
     manifests: set = dataclasses.field(default_factory=set)
     chunks: set = dataclasses.field(default_factory=set)
     walked: dict = dataclasses.field(default_factory=dict)  # repo -> commits walked (a later mark stops there)
+    bundles: set = dataclasses.field(default_factory=set)  # bundles live file entries name (their pointers)
 
     def add_tree(self, repo: UpkeepHost, view: treeobj.View, root: str) -> None:
         """A tree and everything below it (a subtree marked before is not walked again)."""
@@ -205,6 +206,8 @@ class Live:
     def add(self, repo: UpkeepHost, found) -> None:
         """What a walk (`reach.walk`, `reach.subtree`) found: files' manifests with their chunks."""
         for f in found:
+            if f.kind == "file" and f.bundle is not None:
+                self.bundles.add(f.bundle)
             if f.kind == "file" and f.name not in self.manifests:
                 self.manifests.add(f.name)
                 self.chunks.update(repo.get_manifest(f.name).chunk_ids)
@@ -398,7 +401,7 @@ def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = Non
             manifests.append(m)
         else:  # a young manifest is a root: an upload whose commit comes later (or a push in flight)
             live_chunks.update(repo.get_manifest(m).chunk_ids)
-    bundles = _plan_bundles(repo, live_manifests, live_chunks, forgotten, old)
+    bundles = _plan_bundles(repo, live_manifests, live_chunks, forgotten, old, live.bundles)
     live_in: dict[str, list] = {}
     reached_at: dict[str, float | None] = {}  # pack -> when a forgotten commit last vouched for all its dead chunks
     for pack, e in repo.index.all_rows():  # every copy: a pack holding a live chunk's other copy is live too
@@ -444,16 +447,23 @@ def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = Non
                   spared_until=None if spared["latest"] is None else spared["latest"] + grace)
 
 
-def _plan_bundles(repo: UpkeepHost, live_manifests: set, live_chunks: set, forgotten, old) -> list[str]:
+def _plan_bundles(repo: UpkeepHost, live_manifests: set, live_chunks: set, forgotten, old,
+                  named: set = frozenset()) -> list[str]:
     """The manifest bundles to delete: those holding no live manifest, past the grace window (or
     holding only what forgotten commits reached and landed after them). A young bundle's
-    manifests are roots, as a young manifest is; a damaged or unreadable one is kept (check
-    reports it). A bundle with one live manifest is kept whole."""
+    manifests are roots, as a young manifest is. A damaged one (junk a co-tenant left under
+    bundles/, a forgery) goes past the grace window unless a live file entry names it (`named`:
+    then check reports it and the files it held); one that cannot be read now is kept. A bundle
+    with one live manifest is kept whole."""
     doomed = []
     for bid, info in bundles.listing(repo.objects):
         try:
             entries = repo.read_bundle(bid)
-        except (CorruptionError, StorageError, OSError):
+        except CorruptionError:
+            if bid not in named and old(info):
+                doomed.append(bid)
+            continue
+        except (StorageError, OSError):
             continue
         if not entries or any(n in live_manifests for n in entries):
             continue

@@ -44,6 +44,7 @@ class Found:
     path: str = ""  # a tree's or file's path in its commit
     kept: bool = True  # a commit: False when forgotten (history only: it reaches nothing)
     commit: Commit | None = None  # a commit: the commit itself
+    bundle: str | None = None  # a file: the manifest bundle its entry names (a hint), if any
 
 
 Problem = Callable[[str, str, str, Exception], None]  # (kind, ref, commit id or path, error)
@@ -132,7 +133,7 @@ def subtree(view: treeobj.View, root: str, ref: str = "", trees: set | None = No
             if isinstance(e, treeobj.Folder):
                 stack.append((e.tree, p))
             else:
-                yield Found("file", e.manifest, ref, p)
+                yield Found("file", e.manifest, ref, p, bundle=e.bundle)
 
 
 def _base(graph: Graph, repo: str, commit: Commit, commit_of, forgotten) -> treeobj.View | None:
@@ -164,4 +165,4 @@ def _added(graph: Graph, repo: str, view: treeobj.View, base: treeobj.View | Non
     for tid in trees - set(view.unstored):
         yield Found("tree", tid, ref)
     for path, entry in changed.items():
-        yield Found("file", entry.manifest, ref, path)
+        yield Found("file", entry.manifest, ref, path, bundle=entry.bundle)
