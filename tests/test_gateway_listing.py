@@ -8,7 +8,7 @@ import pytest
 
 from cdcstore.core import treeobj
 from cdcstore.core.commit import FileEntry
-from cdcstore.remote import gateway
+from cdcstore.remote import listing
 
 WIDE = 5_000
 
@@ -29,7 +29,7 @@ def view():
 
 def _all(view, folder: str, name_prefix: str, recurse: bool, after: str = "") -> list[str]:
     base = "main/" + (folder + "/" if folder else "")
-    return [k for _, k, _ in gateway.tree_keys(view, view.folder_id(folder), base, name_prefix, recurse, after)]
+    return [k for _, k, _ in listing.tree_keys(view, view.folder_id(folder), base, name_prefix, recurse, after)]
 
 
 def _reference(files, folder: str, name_prefix: str, recurse: bool, after: str) -> list[str]:
@@ -59,14 +59,14 @@ def test_pages_of_a_wide_folder_match_a_plain_sort(view, prefix, recurse):
 
 def test_a_wide_folder_is_sorted_once_for_all_its_pages(view, monkeypatch):
     v, files = view
-    monkeypatch.setattr(gateway, "SORTED", gateway.SortedFolders())
+    monkeypatch.setattr(listing, "SORTED", listing.SortedFolders())
     calls = []
     real = v.contents
     monkeypatch.setattr(v, "contents", lambda tid, *a: (calls.append(tid), real(tid, *a))[1])
     after, pages = "", 0
     while True:
         page = []
-        for _, k, _ in gateway.tree_keys(v, v.folder_id("wide"), "main/wide/", "", False, after):
+        for _, k, _ in listing.tree_keys(v, v.folder_id("wide"), "main/wide/", "", False, after):
             page.append(k)
             if len(page) == 100:
                 break
