@@ -477,6 +477,9 @@ async def s3_errors(request: web.Request, handler):
         return _error_response(request, S3Error(400, "InvalidArgument", str(e)))
     except asyncio.CancelledError:
         raise
+    except ConnectionResetError as e:  # the client hung up (aiohttp's ClientConnectionResetError too): one quiet line
+        log.info("%s %s: the client hung up (%s)", request.method, request.path, type(e).__name__)
+        return _error_response(request, S3Error(400, "RequestTimeout", "the client hung up"))
     except web.HTTPException as e:
         return _error_response(request, S3Error(e.status, "InvalidRequest", e.reason or "error"))
     except Exception as e:

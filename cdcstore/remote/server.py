@@ -136,6 +136,9 @@ async def _handle_errors(request: web.Request, handler):
     except ClientGone as e:  # nobody reads the answer; one quiet line
         log.info("%s %s: %s", request.method, request.path, e)
         return _error(400, str(e))
+    except ConnectionResetError as e:  # the client hung up mid-answer (aiohttp's ClientConnectionResetError)
+        log.info("%s %s: the client hung up (%s)", request.method, request.path, type(e).__name__)
+        return _error(400, "the client hung up")
     except asyncio.CancelledError:
         raise
     except Exception as e:

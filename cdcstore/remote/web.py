@@ -234,6 +234,9 @@ class WebView:
             return 503, "the server is busy: try again in a moment"
         if isinstance(e, (CdcError, ValueError)):
             return 400, sanitize(str(e), request.app[STORE_ROOTS])
+        if isinstance(e, ConnectionResetError):  # the client hung up: nobody reads the answer
+            log.info("web view: %s %s: the client hung up", request.method, request.path)
+            return 400, "the client hung up"
         log.exception("web view: %s %s", request.method, request.path)
         return 500, f"internal error: {type(e).__name__}"
 
