@@ -19,6 +19,7 @@ from botocore.exceptions import ClientError
 
 from cdcstore import Store
 from cdcstore.core import awschunked, sigv4
+from cdcstore.core.errors import InvalidAddressError
 from cdcstore.storage.repository import LocalStore
 from cdcstore.testing import free_port
 from server_util import ServerProcess, seeded_gateway
@@ -669,3 +670,21 @@ def test_a_create_only_write_on_a_new_branch_is_checked_against_the_head_it_star
     assert s3.get_object(Bucket="ds", Key="main/inherit/k")["Body"].read() == b"a"
     s3.put_object(Bucket="ds", Key="fresh-43c/inherit/new", Body=b"D", IfNoneMatch="*")  # a new key: created
     assert s3.get_object(Bucket="ds", Key="fresh-43c/inherit/k")["Body"].read() == b"a"  # from main's head
+
+
+def test_names_no_file_system_could_hold_are_refused_before_the_body(gw, tmp_path):
+    """Issue 43 case 9: a 2,000-byte name was stored (S3 caps a key at 1,024 bytes, Linux a name at
+    255), and no pull could then write the file. Refused through the gateway and by a push, naming
+    the limit; a 255-byte name is fine."""
+    s3 = client(gw)
+    before = head(gw)
+    for key, code in ((f"main/{'n' * 2000}", "KeyTooLongError"), (f"main/{'d/' * 520}f", "KeyTooLongError")):
+        with pytest.raises(ClientError) as e:
+            s3.put_object(Bucket="ds", Key=key, Body=b"x")
+        assert _code(e) == code, key[:40]
+    assert head(gw) == before
+    s3.put_object(Bucket="ds", Key=f"main/{'n' * 255}", Body=b"ok")
+    f = tmp_path / "f.txt"
+    f.write_text("x")
+    with pytest.raises(InvalidAddressError, match="at most 255"):
+        local(gw).push([str(f)], f"cdc://ds/{'m' * 300}")

@@ -65,6 +65,25 @@ def normalize_path(path: str) -> str:
     return "/".join(parts)
 
 
+MAX_NAME_BYTES = 255  # one path part (Linux's NAME_MAX: a pull must be able to write the file)
+MAX_PATH_BYTES = 1024  # a whole path (S3 caps a key at 1,024 bytes)
+
+
+def check_write_path(path: str) -> str:
+    """A path a commit may add (normalized): within MAX_NAME_BYTES a part and MAX_PATH_BYTES in
+    all, UTF-8. Paths already in a store are read whatever their length; only new ones are held
+    to this (issue 43: a 2,000-byte name was stored, then no pull could write it)."""
+    p = normalize_path(path)
+    if len(p.encode()) > MAX_PATH_BYTES:
+        raise InvalidAddressError(f"path {p[:60]!r}... is {len(p.encode())} bytes: at most {MAX_PATH_BYTES} "
+                                  f"(S3's key limit): shorten it")
+    for part in p.split("/"):
+        if len(part.encode()) > MAX_NAME_BYTES:
+            raise InvalidAddressError(f"name {part[:60]!r}... is {len(part.encode())} bytes: at most "
+                                      f"{MAX_NAME_BYTES} a name (no file system could hold it): shorten it")
+    return p
+
+
 @dataclass(frozen=True)
 class Address:
     repo: str

@@ -14,7 +14,8 @@ from typing import Callable, Iterable
 
 from .. import runtime
 from ..core import ids, treeobj
-from ..core.address import DEFAULT_BRANCH, Address, check_name, check_write_target, normalize_path
+from ..core.address import (DEFAULT_BRANCH, Address, check_name, check_write_path, check_write_target,
+                            normalize_path)
 from ..core.commit import FileEntry, check_author as _check_author
 from ..core.errors import CdcError, CorruptionError, InvalidAddressError, MissingChunksError
 from ..storage import meta, staging, statcache
@@ -141,6 +142,8 @@ class Commits:
         check_name("repo", repo)
         check_write_target(branch)
         author = check_author(author or self.author())  # before any work
+        for path in [p for _, p in pairs] + list(entries or ()):  # names a pull can write, before any read
+            check_write_path(path)
         be = self.backend
         branches = be.branches(repo) if be.has_repo(repo) else {}
         if branches and branch not in branches and branch in be.tags(repo):

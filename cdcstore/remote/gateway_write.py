@@ -18,7 +18,7 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from ..core.address import check_name, check_ref_name, is_commit_like, normalize_path
+from ..core.address import check_name, check_ref_name, check_write_path, is_commit_like, normalize_path
 from ..core.errors import CdcError, InvalidAddressError, NotFoundError
 from .gateway import S3Error, SIGNED, etag, etag_matches, http_date, iso_time
 from .gateway_multipart import Multipart
@@ -100,7 +100,11 @@ class GatewayWrites:
                       job_id(repo, branch, job_name) if job_name else None)
 
     def _writable(self, t: Target) -> None:
-        """Refuse a tag before reading a byte of the body."""
+        """Refuse a tag, or a key no file system could hold, before reading a byte of the body."""
+        try:
+            check_write_path(t.path)
+        except InvalidAddressError as e:
+            raise S3Error(400, "KeyTooLongError" if "bytes" in str(e) else "InvalidArgument", str(e), Key=t.key) from None
         if self.store.has_repo(t.repo) and t.branch in self.store.tags(t.repo):
             raise S3Error(403, "AccessDenied", f"{t.branch!r} is a tag of repo {t.repo!r}: a tag is immutable: "
                                                f"write to a branch", Key=t.key)
