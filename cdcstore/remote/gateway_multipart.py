@@ -29,7 +29,8 @@ from .staging import JournalSpace
 log = logging.getLogger("cdcstore.gateway")
 
 MAX_PART_BYTES = 5 * 1024 ** 3  # as S3
-MAX_HELD_PART_BYTES = 1024 ** 3  # over a bucket a part is put and read back whole: held in memory
+MAX_HELD_PART_BYTES = 64 * 1024 ** 2  # over a bucket a part is put as one object, held in memory while it is
+# put (issue 43: 1 GiB parts took a server to +2 GB); clients' parts are 5-64 MiB (boto3 and the AWS CLI 8)
 MIN_PART_BYTES = 5 * 1024 ** 2  # every part but the last (as S3)
 MAX_COMPLETE_XML = 8 << 20  # 10,000 parts fit
 

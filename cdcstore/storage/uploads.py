@@ -152,13 +152,17 @@ def assemble(store, chosen: list[Part], out_path: str) -> int:
                         n = _copy(f.fileno(), out.fileno(), p.size)
                 except FileNotFoundError:
                     raise NoSuchUpload(f"part {p.number} is gone (the upload ended meanwhile)") from None
-            else:
+            else:  # a block at a time: a part is never held whole
+                n = 0
                 try:
-                    data = store.objects.get(p.name)
+                    while n < p.size:
+                        data = store.objects.get_range(p.name, n, min(COPY_BLOCK, p.size - n))
+                        if not len(data):
+                            break
+                        out.write(data)
+                        n += len(data)
                 except NotFound:
                     raise NoSuchUpload(f"part {p.number} is gone (the upload ended meanwhile)") from None
-                out.write(data)
-                n = len(data)
             if n != p.size:
                 raise NoSuchUpload(f"part {p.number} changed while it was read: complete the upload again")
             total += n
