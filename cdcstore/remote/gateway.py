@@ -49,6 +49,7 @@ log = logging.getLogger("cdcstore.gateway")
 NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 MAX_KEYS = 1000  # the most keys one listing answers (as S3)
 REGION = "us-east-1"
+NOBODY = secrets.token_hex(32)  # a token no one holds: unknown access key ids are checked against it
 WRITES_LATER = ("this S3 gateway serves reads only; writes come later: push with `cdcstore push` or write "
                 "through cdc:// (docs/gateway.md)")
 _RANGE = re.compile(r"^bytes=\s*(\d*)\s*-\s*(\d*)\s*$")
@@ -227,21 +228,21 @@ class Gateway:
             raise S3Error(403, "AccessDenied", "anonymous requests are refused: sign them with a token "
                                                "(access key id: the token's name, secret access key: the token)")
         candidates = [t for t, g in tokens.items() if (g.get("name") or default_name(t)) == signed.access_key]
-        if not candidates:
-            raise S3Error(403, "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist in our "
-                                                     "records: use a token's name (`cdcstore token add NAME`)")
         problem = sigv4.time_problem(signed, time.time())
         if problem:
             raise S3Error(403, "AccessDenied" if signed.presigned else "RequestTimeTooSkewed", problem)
         headers = {k.lower(): ",".join(request.headers.getall(k)) for k in set(request.headers.keys())}
         # the payload hash is taken as the client signed it; a write's body is checked against it (s3body.py)
         payload = None if signed.presigned else request.headers.get("X-Amz-Content-Sha256")
-        for token in candidates:
-            if sigv4.matches(token, signed, request.method, raw_path, raw_query, headers, payload):
+        # an unknown name is checked against a token nobody holds: it answers as a wrong secret does,
+        # in about the same time, so token names cannot be told by their answers (issue 43)
+        for token in candidates or [NOBODY]:
+            if sigv4.matches(token, signed, request.method, raw_path, raw_query, headers, payload) and candidates:
                 request[SIGNED] = (signed, token)  # a streaming body's chunks are signed in a chain from it
                 return tokens[token], owner_id(token)
         raise S3Error(403, "SignatureDoesNotMatch", "The request signature we calculated does not match the "
-                                                    "signature you provided: the secret access key is the token")
+                                                    "signature you provided: the access key id is a token's name "
+                                                    "and the secret access key is that token")
 
     @staticmethod
     def _may_read(grant: dict, repo: str) -> None:
