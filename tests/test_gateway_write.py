@@ -731,3 +731,27 @@ def test_parts_over_a_bucket_are_bounded_and_never_held_whole(s3_env, tmp_path):
         assert grew < 256 * MiB, grew
     finally:
         srv.stop()
+
+
+def test_a_tokens_open_uploads_are_capped_by_count(tmp_path):
+    """Issue 43 case 5: 2,000 open uploads by one token hit no cap (each charged 768 B against a
+    64 GiB quota, about 89 M allowed, while each costs 4 objects, and every recount and upload listing
+    walks them all). `max_open_uploads_per_token` caps them: past it 403 QuotaExceeded naming the
+    limit; an aborted upload frees its place."""
+    LocalStore.init(str(tmp_path / "srv"))
+    (tmp_path / "tokens.json").write_text(json.dumps(TOKENS))
+    port = free_port()
+    srv = ServerProcess(str(tmp_path / "srv"), "--tokens", str(tmp_path / "tokens.json"), "--s3-port", str(port),
+                        "--limit", "max_open_uploads_per_token=5").start()
+    try:
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="team-bot",
+                          aws_secret_access_key=TEAM, region_name="us-east-1")
+        s3.create_bucket(Bucket="team")
+        ups = [s3.create_multipart_upload(Bucket="team", Key=f"main/u{i}.bin")["UploadId"] for i in range(5)]
+        with pytest.raises(ClientError) as e:
+            s3.create_multipart_upload(Bucket="team", Key="main/one-more.bin")
+        assert _code(e) == "QuotaExceeded" and "max_open_uploads_per_token" in e.value.response["Error"]["Message"]
+        s3.abort_multipart_upload(Bucket="team", Key="main/u0.bin", UploadId=ups[0])
+        s3.create_multipart_upload(Bucket="team", Key="main/one-more.bin")
+    finally:
+        srv.stop()

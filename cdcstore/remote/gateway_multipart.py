@@ -57,6 +57,7 @@ class Multipart:
             owner = self._owner(request)
             if owner is not None:  # the upload's marker, record and owner record count in its space
                 await self.server.io(self._reserve, owner, 3 * staging.MIN_CHARGE)
+                await self.server.io(self._open_upload, owner)
             upload = await self.server.io(uploads.create, self.store, t.repo, t.key, owner)
             return xml("InitiateMultipartUploadResult", el("Bucket", t.repo) + el("Key", t.key) + el("UploadId", upload))
         upload = query.get("uploadId", "")
@@ -69,6 +70,7 @@ class Multipart:
             return await self.complete(request, grant, t, upload)
         if method == "DELETE":
             await self.server.io(uploads.abort, self.store, t.repo, upload)
+            self.space.forget()  # its place and bytes are free: counted again at the next request
             return web.Response(status=204)
         raise S3Error(405, "MethodNotAllowed", f"{method} with ?uploadId is not an S3 operation")
 
@@ -102,6 +104,16 @@ class Multipart:
             return await self.server.io(uploads.put_part, self.store, t.repo, upload, number, tmp, md5)
         except NotFoundError as e:
             raise S3Error(404, "NoSuchUpload", str(e), UploadId=upload) from None
+
+    def _open_upload(self, owner: str) -> None:
+        """One more open upload for `owner`, or 403 QuotaExceeded past max_open_uploads_per_token
+        (each costs objects and a place in every listing of uploads, whatever its bytes)."""
+        try:
+            self.space.open_job(owner, self.server.limits.max_open_uploads_per_token)
+        except Exception as e:
+            if getattr(e, "status", None) == 413:
+                raise S3Error(403, "QuotaExceeded", str(e)) from None
+            raise
 
     def _reserve(self, owner: str, size: int) -> None:
         try:
@@ -196,6 +208,7 @@ class Multipart:
         cid = await self.server.io(self.writes.land, t, {t.path: entry}, [], self.writes.author(request, grant),
                                    f"PUT {t.path} (S3 gateway, {len(chosen)} parts)", expect)
         await self.server.io(uploads.abort, self.store, t.repo, upload)  # landed: the parts go
+        self.space.forget()
         tag = hashlib.md5(b"".join(bytes.fromhex(p.md5) for p in chosen)).hexdigest() + f"-{len(chosen)}"
         body = el("Location", f"/{t.repo}/{t.key}") + el("Bucket", t.repo) + el("Key", t.key) + el("ETag", f'"{tag}"')
         resp = xml("CompleteMultipartUploadResult", body)

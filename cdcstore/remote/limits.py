@@ -49,6 +49,7 @@ class ServerLimits:
     # job journals (remote/staging.py)
     max_journal_bytes_per_token: int = 1024 * MiB  # staging objects of the jobs one token opened or wrote to (413 past it)
     max_upload_bytes_per_token: int = 64 * 1024 * MiB  # S3 gateway: multipart parts one token has staged (403 QuotaExceeded)
+    max_open_uploads_per_token: int = 1000  # S3 gateway: multipart uploads one token holds open (403 QuotaExceeded)
     gateway_keepalive: float = 5.0  # S3 gateway: a Complete still working after this answers 200 and sends spaces
     # push sessions
     max_sessions: int = 256  # open push sessions kept by this server

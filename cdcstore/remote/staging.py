@@ -48,6 +48,7 @@ class JournalSpace:
         self.store, self.limit = store, limit
         self._lock = threading.Lock()
         self._used: dict[str, int] = {}
+        self._jobs: dict[str, int] = {}  # owner -> jobs it holds open (journal jobs and uploads)
         self._at = -RECOUNT
 
     def forget(self) -> None:
@@ -56,7 +57,20 @@ class JournalSpace:
             self._at = -RECOUNT
 
     def _recount(self) -> None:
-        self._used, self._at = staging.usage(self.store), time.monotonic()
+        (self._used, self._jobs), self._at = staging.usage_and_jobs(self.store), time.monotonic()
+
+    def open_job(self, owner: str, most: int, what: str = "max_open_uploads_per_token") -> None:
+        """Count one more open job for `owner`, or a 413 naming `what` when it holds `most` already
+        (counted again first, at most once a second: jobs may have ended meanwhile)."""
+        with self._lock:
+            age = time.monotonic() - self._at
+            if age >= RECOUNT or (self._jobs.get(owner, 0) + 1 > most and age >= 1.0):
+                self._recount()
+            held = self._jobs.get(owner, 0)
+            if held + 1 > most:
+                raise HTTPError(413, f"this token holds {held} open jobs or uploads, the most it may ({what}: "
+                                     f"{most}): complete or abort some first (gc ends abandoned ones)")
+            self._jobs[owner] = held + 1
 
     def reserve(self, owner: str, n: int) -> None:
         """Count `n` more bytes for `owner`, or a 413 when that is past the limit."""

@@ -131,18 +131,26 @@ def charge(size: int | None) -> int:
 
 def usage(store) -> dict[str, int]:
     """owner -> the bytes (`charge`) of the jobs it claimed, from one listing of staging/."""
+    return usage_and_jobs(store)[0]
+
+
+def usage_and_jobs(store) -> tuple[dict[str, int], dict[str, int]]:
+    """owner -> the bytes (`charge`) of the jobs it claimed, and owner -> how many jobs (journal
+    jobs and multipart uploads), from one listing of staging/."""
     jobs: dict[str, list] = {}
     for info in store.objects.list(STAGING):
         base, _, leaf = info.name.rpartition("/")
         jobs.setdefault(base, []).append((leaf, info.size))
     out: dict[str, int] = {}
+    count: dict[str, int] = {}
     for objects in jobs.values():
         total = sum(charge(size) for _, size in objects)
         for leaf, _ in objects:
             if leaf.startswith(OWNER_PREFIX):
                 owner = leaf[len(OWNER_PREFIX):]
                 out[owner] = out.get(owner, 0) + total
-    return out
+                count[owner] = count.get(owner, 0) + 1
+    return out, count
 
 
 def open_job(store, repo: str, job: str) -> None:
