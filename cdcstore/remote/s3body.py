@@ -4,9 +4,9 @@
   (400 XAmzContentSHA256Mismatch); `UNSIGNED-PAYLOAD` is taken as is; the `STREAMING-*` forms are
   `aws-chunked` bodies (core/awschunked.py), each chunk's signature checked against the request's.
 - `Content-MD5` (400 BadDigest, or InvalidDigest when it is no base64 MD5), and the checksums
-  the SDKs add (`x-amz-checksum-crc32`, `-sha1`, `-sha256`, in a header or the aws-chunked
-  trailer: 400 BadDigest). `crc32c` and `crc64nvme` have no implementation here and are taken
-  unchecked (the MD5 and the signed payload still are).
+  the SDKs add (`x-amz-checksum-crc32`, `-crc32c`, `-crc64nvme`, `-sha1`, `-sha256`, in a header
+  or the aws-chunked trailer: 400 BadDigest; CRC-32C and CRC-64/NVME are core/_crc.c, issue 43:
+  they were taken unchecked).
 - A body over the limit is 400 EntityTooLarge, one that stalls is 400 RequestTimeout (the
   server's `body_idle_timeout`), one that ends early is 400 IncompleteBody.
 
@@ -26,7 +26,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..core import awschunked, sigv4
+from ..core import _crc, awschunked, sigv4
 from ..core.pack import WRITE_BUFFER
 from .gateway import SIGNED, S3Error
 
@@ -34,19 +34,21 @@ HANDOFF = 1 << 20  # bytes gathered on the event loop before they are hashed and
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
-class _Crc32:
-    def __init__(self):
-        self.value = 0
+class _Crc:
+    """A running CRC (`step(data, previous)`) of `width` bytes, digested big-endian as S3 sends it."""
+
+    def __init__(self, step, width: int):
+        self.step, self.width, self.value = step, width, 0
 
     def update(self, data) -> None:
-        self.value = zlib.crc32(data, self.value)
+        self.value = self.step(data, self.value)
 
     def digest(self) -> bytes:
-        return self.value.to_bytes(4, "big")
+        return self.value.to_bytes(self.width, "big")
 
 
-CHECKSUMS = {"crc32": _Crc32, "sha1": hashlib.sha1, "sha256": hashlib.sha256}
-UNCHECKED = ("crc32c", "crc64nvme")
+CHECKSUMS = {"crc32": lambda: _Crc(zlib.crc32, 4), "crc32c": lambda: _Crc(_crc.crc32c, 4),
+             "crc64nvme": lambda: _Crc(_crc.crc64nvme, 8), "sha1": hashlib.sha1, "sha256": hashlib.sha256}
 
 
 class _Sink:
