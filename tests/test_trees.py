@@ -343,3 +343,21 @@ def test_a_path_too_deep_is_refused_not_a_crash():
         view.files()
     with pytest.raises(CorruptionError, match="folders deep"):
         treeobj.changes(None, view)
+
+
+def test_a_tree_naming_a_lone_surrogate_is_refused():
+    """Issue 43 case 8: a name holding a lone surrogate (JSON's "\\ud800" escape) made every
+    listing of its folder fail (boto3's ListObjectsV2: 400). A tree holding one does not decode:
+    a server refuses it at upload, a reader names it damaged."""
+    import json
+
+    from cdcstore.core import treeobj
+    from cdcstore.core.errors import CorruptionError
+    m = "ab" * 32
+    good = {"entries": {"ok.txt": {"manifest": m, "size": 1}}, "format": 2, "type": "tree"}
+    treeobj.Tree.decode(json.dumps(good).encode())
+    bad = {"entries": {"x\ud800y": {"manifest": m, "size": 1}}, "format": 2, "type": "tree"}
+    data = json.dumps(bad).encode()  # ensure_ascii: the surrogate travels as an escape
+    assert b"\\ud800" in data
+    with pytest.raises(CorruptionError, match="not UTF-8"):
+        treeobj.Tree.decode(data, "tree t")

@@ -70,6 +70,10 @@ def file_doc(e: FileEntry) -> dict:
 def _check_name(name) -> None:
     if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\x00" in name:
         raise ValueError(f"invalid tree entry name {name!r}: one path part, without '/'")
+    try:  # JSON's \ud800 escapes decode to lone surrogates, which no key or file name can hold
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"invalid tree entry name {name!r}: not UTF-8 (a lone surrogate)") from None
 
 
 @dataclass(frozen=True)
