@@ -679,12 +679,12 @@ def test_a_create_only_write_on_a_new_branch_is_checked_against_the_head_it_star
 
 def test_crc32c_and_crc64nvme_bodies_are_checked_and_land(gw):
     """The checksums S3 clients may ask for besides CRC32 (boto3 ChecksumAlgorithm=...): a right one
-    lands, a wrong one is 400 BadDigest (core/_crc.c, pinned by the CRCs' published check values)."""
-    from cdcstore.core import _crc
-    assert _crc.crc32c(b"123456789") == 0xE3069283 and _crc.crc64nvme(b"123456789") == 0xAE8B14860A799888
-    assert _crc.crc32c(b"6789", _crc.crc32c(b"12345")) == 0xE3069283  # continued, as zlib.crc32
+    lands, a wrong one is 400 BadDigest (core/checksums.py, pinned by the CRCs' published check values)."""
+    from cdcstore.core import checksums
+    assert checksums.crc32c(b"123456789") == 0xE3069283 and checksums.crc64nvme(b"123456789") == 0xAE8B14860A799888
+    assert checksums.crc32c(b"6789", checksums.crc32c(b"12345")) == 0xE3069283  # continued, as zlib.crc32
     s3 = client(gw)  # (boto3 computes these two only with botocore[crt]: the headers are made here)
-    for name, crc, width in (("crc32c", _crc.crc32c, 4), ("crc64nvme", _crc.crc64nvme, 8)):
+    for name, crc, width in (("crc32c", checksums.crc32c, 4), ("crc64nvme", checksums.crc64nvme, 8)):
         body = b"the bytes " + name.encode()
         value = base64.b64encode(crc(body).to_bytes(width, "big")).decode()
         h = signed_request(gw, "PUT", f"/ds/main/sums/{name}.txt", body, {f"x-amz-checksum-{name}": value})

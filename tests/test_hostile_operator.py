@@ -277,6 +277,7 @@ def test_ls_log_and_diff_escape_terminal_sequences_in_names(local, tmp_path, mon
     name escaped); one committed before the rule (made here with the old, permissive path check)
     is shown escaped by ls, log and diff."""
     import cdcstore.api
+    import cdcstore.engine.commits
 
     evil = "red\x1b[31m\x07\rfake.bin"
     d = tmp_path / "evil"
@@ -289,6 +290,7 @@ def test_ls_log_and_diff_escape_terminal_sequences_in_names(local, tmp_path, mon
         return "/".join(p for p in path.replace("\\", "/").split("/") if p not in ("", "."))
 
     monkeypatch.setattr(cdcstore.api, "normalize_path", old_rule)
+    monkeypatch.setattr(cdcstore.engine.commits, "check_write_path", old_rule)
     with Store(local) as s:
         s.push([str(d)], "cdc://a/", message="msg\x1b]0;title\x07")
     for args in (["ls", "cdc://a/"], ["log", "cdc://a/"], ["diff", "cdc://a@main/", "cdc://a@main/"]):

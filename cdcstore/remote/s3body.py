@@ -5,7 +5,7 @@
   `aws-chunked` bodies (core/awschunked.py), each chunk's signature checked against the request's.
 - `Content-MD5` (400 BadDigest, or InvalidDigest when it is no base64 MD5), and the checksums
   the SDKs add (`x-amz-checksum-crc32`, `-crc32c`, `-crc64nvme`, `-sha1`, `-sha256`, in a header
-  or the aws-chunked trailer: 400 BadDigest; CRC-32C and CRC-64/NVME are core/_crc.c, issue 43:
+  or the aws-chunked trailer: 400 BadDigest; CRC-32C and CRC-64/NVME are core/checksums.py, issue 43:
   they were taken unchecked).
 - A body over the limit is 400 EntityTooLarge, one that stalls is 400 RequestTimeout (the
   server's `body_idle_timeout`), one that ends early is 400 IncompleteBody.
@@ -26,7 +26,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..core import _crc, awschunked, sigv4
+from ..core import awschunked, checksums, sigv4
 from ..core.pack import WRITE_BUFFER
 from .gateway import SIGNED, S3Error
 
@@ -47,8 +47,8 @@ class _Crc:
         return self.value.to_bytes(self.width, "big")
 
 
-CHECKSUMS = {"crc32": lambda: _Crc(zlib.crc32, 4), "crc32c": lambda: _Crc(_crc.crc32c, 4),
-             "crc64nvme": lambda: _Crc(_crc.crc64nvme, 8), "sha1": hashlib.sha1, "sha256": hashlib.sha256}
+CHECKSUMS = {"crc32": lambda: _Crc(zlib.crc32, 4), "crc32c": lambda: _Crc(checksums.crc32c, 4),
+             "crc64nvme": lambda: _Crc(checksums.crc64nvme, 8), "sha1": hashlib.sha1, "sha256": hashlib.sha256}
 
 
 class _Sink:
