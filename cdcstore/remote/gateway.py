@@ -53,6 +53,7 @@ NOBODY = secrets.token_hex(32)  # a token no one holds: unknown access key ids a
 WRITES_LATER = ("this S3 gateway serves reads only; writes come later: push with `cdcstore push` or write "
                 "through cdc:// (docs/gateway.md)")
 _RANGE = re.compile(r"^bytes=\s*(\d*)\s*-\s*(\d*)\s*$")
+_XML_UNFIT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")  # no XML 1.0 char
 CONTENT_TYPE = "binary/octet-stream"  # what S3 answers for an object stored without a type (a push stores none)
 SIGNED = "cdc_sigv4"  # request key: (sigv4.Signed, token) of a request whose signature was checked
 
@@ -415,6 +416,12 @@ class Gateway:
         items, truncated = await self._io(self._page, bucket, prefix, delimiter, after, limit)
         url = query.get("encoding-type") == "url"
         enc = (lambda s: quote(s, safe="/")) if url else (lambda s: s)
+        if not url:  # XML 1.0 cannot carry some characters at all, not even as references (issue 43)
+            bad = next((key for _, key, _, _ in items if _XML_UNFIT.search(key)), None)
+            if bad is not None:
+                raise S3Error(400, "InvalidArgument", f"key {quote(bad, safe='/')!r} (percent-encoded here) holds "
+                                                      f"characters an XML listing cannot carry: list with "
+                                                      f"encoding-type=url (the AWS SDKs ask for it by default)")
         parts = [_el("Name", bucket), _el("Prefix", enc(prefix))]
         if v2:
             parts.append(_el("KeyCount", len(items)))
