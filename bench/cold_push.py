@@ -6,8 +6,9 @@ fresh cache into a bucket store that holds the folder (issue 42).
 moto's S3 server (a child) behind the request-counting proxy of bench/scale.py; every push and
 upload runs in a child process with its own XDG_CACHE_HOME (a new machine). The folder is real
 Parquet written by plain pyarrow (an int64 id, a float64 and a string column; one row group of
-at most 1 M rows per file). Version 1 is pushed by machine A; then 1% of one file's rows change in
-one place (plain pyarrow writes it again) and each run a NEW machine pushes the whole folder.
+at most 1 M rows per file). Version 2 is version 1 with 1% of one file's rows changed in one place
+(plain pyarrow writes it again). Each run makes a store of its own, machine A pushes version 1 into
+it, and a NEW machine pushes version 2's whole folder: every run is the same operation.
 
 Measured for each side (medians of --repeat runs, each on a fresh machine):
   ours          `Store.push([folder], "cdc://lake/data/")`: requests, bytes down, bytes up, seconds,
@@ -116,23 +117,32 @@ def main() -> None:
         t0 = time.perf_counter()
         fig["folder_bytes"] = write_folder(folder, a.files, a.rows)
         print(f"{a.files} Parquet files, {fig['folder_bytes'] / 1e6:.0f} MB, written in {time.perf_counter() - t0:.0f} s")
-        location = f"s3://{BUCKET}/lake"
         env = {**machines.base, "AWS_ENDPOINT_URL": proxy.url}
-        subprocess.run([sys.executable, "-m", "cdcstore", "init", "--store", location], check=True, env=env,
-                       capture_output=True)
         scale = os.path.join(HERE, "scale.py")
-        first = child(machines, counter, [scale, "--_op", "push", location, f"{folder}|cdc://lake/data/"])
-        fig["first_push"] = first
-        fig["store_bytes"] = packs_bytes(moto.url, "lake/packs/")
-        print(f"first push: {first['seconds']:.1f} s, {first['requests']} requests, store {fig['store_bytes'] / 1e6:.0f} MB")
         edited = a.files // 2
-        edit(folder, edited, a.rows)
-        edited_path = os.path.join(folder, f"part-{edited:03d}.parquet")
+        v2 = os.path.join(root, "data-v2")  # version 2: one file edited, the others the same files (links)
+        os.makedirs(v2)
+        for f in os.listdir(folder):
+            if f != f"part-{edited:03d}.parquet":
+                os.link(os.path.join(folder, f), os.path.join(v2, f))
+        edit(v2, edited, a.rows)
+        edited_path = os.path.join(v2, f"part-{edited:03d}.parquet")
         fig["edited_bytes"] = os.path.getsize(edited_path)
         runs = {"ours": [], "peer_file": [], "peer_folder": []}
-        files = sorted(os.path.join(folder, f) for f in os.listdir(folder))
+        files = sorted(os.path.join(v2, f) for f in os.listdir(v2))
         for rep in range(a.repeat):
-            sides = [("ours", [scale, "--_op", "push", location, f"{folder}|cdc://lake/data/"]),
+            # each run: a store of its own holding version 1 (pushed by machine A), then a new machine
+            # pushes version 2: every run is the same operation, none dedups against an earlier run
+            location = f"s3://{BUCKET}/lake{rep}"
+            subprocess.run([sys.executable, "-m", "cdcstore", "init", "--store", location], check=True, env=env,
+                           capture_output=True)
+            first = child(machines, counter, [scale, "--_op", "push", location, f"{folder}|cdc://lake/data/"])
+            fig.setdefault("first_push", first)
+            store = packs_bytes(moto.url, f"lake{rep}/packs/")
+            fig.setdefault("store_bytes", store)
+            print(f"run {rep + 1}: first push {first['seconds']:.1f} s, {first['requests']} requests, "
+                  f"store {store / 1e6:.0f} MB")
+            sides = [("ours", [scale, "--_op", "push", location, f"{v2}|cdc://lake/data/"]),
                      ("peer_file", ["-c", UPLOAD, BUCKET, edited_path]),
                      ("peer_folder", ["-c", UPLOAD, BUCKET, *files])]
             for name, argv in sides[rep % 3:] + sides[:rep % 3]:  # sides alternated

@@ -149,3 +149,20 @@ def test_a_cold_edit_push_of_many_small_files_reads_each_bundle_once(counted_buc
     assert sum(seen.down) < 2 << 20, sum(seen.down)
     with Store(url) as s:
         assert s.cat("cdc://ds/d07/f03.bin") == b"edited"
+
+
+def test_an_unchanged_folder_pushed_from_a_new_machine_uploads_nothing(lake, tmp_path, monkeypatch):
+    """A chunk the landed commit holds but no dedup anchor leads a new machine to (anchors sample 1
+    chunk in 64) was uploaded again. The landed manifests' location records name its pack, whose
+    footer is indexed: nothing of an unchanged folder is sent again."""
+    url, src, seen, down = lake
+    _edit(src)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine-b"))
+    with Store(url) as s:  # the edit lands, its new chunks in a small pack of their own
+        assert s.push([str(src)], "cdc://lake/data/", message="v2").new_bytes > 0
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine-c"))
+    seen.clear()
+    with Store(url) as s:
+        r = s.push([str(src)], "cdc://lake/data/", message="same")
+    assert r.new_bytes == 0 and not r.changed, r
+    assert not any(m == "PUT" and "/packs/" in p for m, p in seen)

@@ -72,21 +72,10 @@ class Anchors:
             elif not any(index.has_pack(p) for p in packs):
                 named.setdefault(packs[0], []).append(cid)  # one copy is enough
 
-        def footer(pack: str):
-            try:
-                size = self._packs.pack_size(pack)
-                return size, self._packs.read_pack_index(pack, size)
-            except (NotFound, CorruptionError):
-                return None  # gone (a gc) or damaged (`check` reports it): a miss
-
-        added = 0
-        for pack, got in zip(named, runtime.pool("io", 8).map(footer, list(named))):
-            if got is None:
-                self._misses.update(named[pack])
-                continue
-            self._packs.index.add_pack(pack, got[0], got[1])
-            added += 1
-        return added
+        indexed = self._packs.index_footers(list(named))
+        for pack in set(named) - indexed:  # gone (a gc) or damaged (`check` reports it): a miss
+            self._misses.update(named[pack])
+        return len(indexed)
 
     def put_anchors(self, pack: str, chunk_ids: Iterable[bytes]) -> None:
         """Store the anchors of these chunks of `pack` (a bucket store): empty objects whose
