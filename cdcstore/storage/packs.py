@@ -120,42 +120,11 @@ class Packs:
             if unknown and self.anchors.find_anchored(unknown):
                 found = self.index.present(wanted)
         if shared and vouched is not None and len(found) < len(wanted):
-            if self._index_vouched([c for c in wanted if c not in found], vouched):
+            if self.hints.index_vouched([c for c in wanted if c not in found], vouched):
                 found = self.index.present(wanted)
         if shared and found:
             found -= self._unverified(found, vouched)
         return found
-
-    def _index_vouched(self, missing: list[bytes], vouched: Callable[[set[bytes]], set[bytes]]) -> int:
-        """Chunks a landed commit holds (`vouched`) that this machine's index lacks, because no
-        dedup anchor led to their pack (anchors sample 1 chunk in 64; a small pack of an edit may
-        have none): the landed manifests, read to vouch, taught the location hints their packs,
-        whose footers are indexed now. Without this a new machine uploaded them again (an
-        unchanged folder: 670 KB of 14.6 MB in tests/test_cold_push.py). How many packs it indexed."""
-        held = vouched(set(missing))
-        if not held:
-            return 0
-        where: dict = {}
-        self.hints.add(list(held), where)
-        fresh = sorted({p for p, _ in where.values() if not self.index.has_pack(p)})
-        return len(self.index_footers(fresh)) if fresh else 0
-
-    def index_footers(self, packs: list[str]) -> set[str]:
-        """Read and index these packs' footers, 8 at a time; the packs indexed (one gone, or
-        whose footer is damaged, is passed over: `check` reports it)."""
-        def footer(pack: str):
-            try:
-                size = self.pack_size(pack)
-                return size, self.read_pack_index(pack, size)
-            except (NotFound, CorruptionError):
-                return None
-
-        done = set()
-        for pack, got in zip(packs, runtime.pool("io", 8).map(footer, packs)):
-            if got is not None:
-                self.index.add_pack(pack, got[0], got[1])
-                done.add(pack)
-        return done
 
     def _unverified(self, chunk_ids: set[bytes],
                     vouched: Callable[[set[bytes]], set[bytes]] | None = None) -> set[bytes]:
