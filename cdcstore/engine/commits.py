@@ -248,7 +248,7 @@ class Commits:
         server's side): a gc deletes nothing while it is open."""
         return self.backend.uncached().push_session()
 
-    def history(self, view: treeobj.View | None) -> Callable[[str], list[bytes]] | None:
+    def history(self, view: treeobj.View | None) -> Callable[[str], Iterable[bytes]] | None:
         """Trust by history (docs/protocol.md): path -> the chunk ids of the file the landed
         commit being built on holds there (its manifest read only when a push doubts one of the
         file's chunks, so the cost follows the files that share chunks with packs this machine
@@ -257,18 +257,18 @@ class Commits:
         if view is None or not inner.capabilities.doubts_foreign_packs:
             return None
 
-        def held(path: str) -> list[bytes]:
+        def held(path: str) -> Iterable[bytes]:
             try:
                 e = view.get(path)
-                return list(inner.get_manifest(e.manifest).chunk_ids) if e is not None else []
+                return inner.get_manifest(e.manifest).chunk_ids if e is not None else ()
             except (CdcError, OSError):  # unreadable: it vouches for nothing, the chunks are read
-                return []
+                return ()
         return held
 
     def ingest(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
                progress: Callable[[int], None] | None,
                skip: set[str] = frozenset(),
-               history: Callable[[str], list[bytes]] | None = None) -> tuple[Ingest, dict[str, FileEntry], dict]:
+               history: Callable[[str], Iterable[bytes]] | None = None) -> tuple[Ingest, dict[str, FileEntry], dict]:
         """Store the files' chunks (durable) and then their manifests: (ingest, path ->
         entry, per-file detail). Nothing is committed. Manifests named in `skip` (the store
         holds them: the commit being built on names them) are not stored again; `history`

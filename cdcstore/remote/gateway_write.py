@@ -102,9 +102,9 @@ class GatewayWrites:
     def _writable(self, t: Target) -> None:
         """Refuse a tag, or a key no file system could hold, before reading a byte of the body."""
         try:
-            check_write_path(t.path)
+            check_write_path(t.path)  # `target` normalized it: only its length can fail here
         except InvalidAddressError as e:
-            raise S3Error(400, "KeyTooLongError" if "bytes" in str(e) else "InvalidArgument", str(e), Key=t.key) from None
+            raise S3Error(400, "KeyTooLongError", str(e), Key=t.key) from None
         if self.store.has_repo(t.repo) and t.branch in self.store.tags(t.repo):
             raise S3Error(403, "AccessDenied", f"{t.branch!r} is a tag of repo {t.repo!r}: a tag is immutable: "
                                                f"write to a branch", Key=t.key)
