@@ -263,6 +263,9 @@ def test_anchor_rule_and_names_golden():
 GOLDEN_SUBTREE = b'{"entries":{"b.parquet":{"manifest":"2e3f0b72e8ae23128bc34f11d52cd1b1","size":4011}},"format":2,"type":"tree"}'
 GOLDEN_ROOT_TREE = (b'{"entries":{"a":{"files":1,"size":4011,"tree":"e8bcc34db5164baec6edd0aa519097baa78c76bf0f23eb0a36a3accb359f65e2"},'
                     b'"c.txt":{"manifest":"2e3f0b72e8ae23128bc34f11d52cd1b1","size":4011}},"format":2,"type":"tree"}')
+GOLDEN_ROOT_TREE4 = (b'{"entries":{"a":{"content":"3b01696803afa514f2ee2576e0a7520706fe8c6d449231bd7453fc156edb8503",'
+                     b'"files":1,"size":4011,"tree":"e8bcc34db5164baec6edd0aa519097baa78c76bf0f23eb0a36a3accb359f65e2"},'
+                     b'"c.txt":{"manifest":"2e3f0b72e8ae23128bc34f11d52cd1b1","size":4011}},"format":4,"type":"tree"}')
 GOLDEN_COMMIT_V2 = (b'{"format":2,"message":"v2","parent":null,"repo":"demo","time":1700000000.0,'
                     b'"tree":"9144ec38d993023cc5aa7a3f195c60522460e23b18c6a90aa3aeacaab46492a6"}')
 
@@ -272,11 +275,15 @@ def test_tree_and_commit_format_2_are_canonical_and_golden():
     of these exact bytes (they change with the id hash, the bytes do not)."""
     from cdcstore.core import treeobj
     m = "2e3f0b72e8ae23128bc34f11d52cd1b1"
-    root, nodes = treeobj.build({"c.txt": FileEntry(m, 4011), "a/b.parquet": FileEntry(m, 4011)})
-    assert {n.encode() for n in nodes.values()} == {GOLDEN_SUBTREE, GOLDEN_ROOT_TREE}
+    new_root, nodes = treeobj.build({"c.txt": FileEntry(m, 4011), "a/b.parquet": FileEntry(m, 4011)})
+    # what cdcstore writes now: the page of files is format 2, the root names its folder's content id (format 4)
+    assert {n.encode() for n in nodes.values()} == {GOLDEN_SUBTREE, GOLDEN_ROOT_TREE4}
+    assert new_root == "d0c86c0b4edc14ba201ecf15f2d5de03d1a6ea2974180b46fb17082eb14788e1"
     assert ids.hexdigest(GOLDEN_SUBTREE) == "e8bcc34db5164baec6edd0aa519097baa78c76bf0f23eb0a36a3accb359f65e2"
-    assert root == ids.hexdigest(GOLDEN_ROOT_TREE) == "9144ec38d993023cc5aa7a3f195c60522460e23b18c6a90aa3aeacaab46492a6"
+    root = ids.hexdigest(GOLDEN_ROOT_TREE)  # format 2, as written before content ids: still read
+    assert root == "9144ec38d993023cc5aa7a3f195c60522460e23b18c6a90aa3aeacaab46492a6"
     assert treeobj.Tree.decode(GOLDEN_ROOT_TREE).encode() == GOLDEN_ROOT_TREE
+    assert treeobj.Tree.decode(GOLDEN_ROOT_TREE).content is None
     c = Commit("demo", None, "v2", 1700000000.0, None, root)
     assert c.encode() == GOLDEN_COMMIT_V2 and c.id == "ae2251d75a55413caaf52eea45cff24ef6bbb85268c3276c4313b0c2a1030c20"
     assert Commit.decode(GOLDEN_COMMIT_V2) == c and Commit.decode(GOLDEN_COMMIT_V2).format == 2

@@ -447,3 +447,27 @@ def test_a_manifest_file_is_read_in_slices_and_checked_against_its_name(tmp_path
         ManifestFile(store, name)
     with pytest.raises(ManifestMissing):
         ManifestFile(store, "ab" * 32)
+
+
+@pytest.mark.parametrize("lie", [True, False])
+def test_a_folder_claiming_content_its_tree_does_not_hold_is_refused(served, lie):
+    """A folder entry's content id is what a new machine's push trusts to skip unchanged files
+    (tree format 4): a writer claiming another folder's content would make others' pushes keep its
+    files. The server checks each new folder's claim against its tree when the commit lands."""
+    from cdcstore.core import treeobj
+    from cdcstore.core.commit import FileEntry
+    s = served()
+    cid = _store_chunk(s, "w-a", b"block" * 100)
+    status, body = s.call("w-a", "POST", "/manifests", wire.encode_blobs([big_manifest(cid, 500, 1)]))
+    assert status == 200, body
+    name = json.loads(body)["manifests"][0]
+    sub = treeobj.Tree({"x.bin": FileEntry(name, 500)})
+    root = treeobj.Tree({"d": treeobj.Folder(sub.id, 500, 1, "ab" * 32 if lie else sub.content)})
+    assert s.call("w-a", "POST", "/trees", wire.encode_blobs([sub.encode(), root.encode()]))[0] == 200
+    commit = json.dumps({"format": 2, "repo": "a", "parent": None, "message": "m", "time": 1.0, "tree": root.id})
+    status, body = s.call("w-a", "POST", "/repos/a/commits",
+                          json.dumps({"commit": commit, "branch": "main", "expected": None}).encode())
+    if lie:
+        assert status == 400 and b"claims content" in body, (status, body)
+    else:
+        assert status == 201, body

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from cdcstore import Store
 from cdcstore.cli import cli
 from cdcstore.core.commit import FileEntry
-from cdcstore.engine import push as push_engine
+from cdcstore.engine import commits as commits_engine, push as push_engine
 from cdcstore.storage.statcache import Seen, StatCache
 
 
@@ -25,7 +25,7 @@ def _folder(root, n, size=2048):
 
 @pytest.fixture
 def reads(monkeypatch):
-    """The local files a push reads (Ingest.add_file), by path."""
+    """The local files a push reads (Ingest.add_file, and the content comparison's manifest_of), by name."""
     seen = []
     real = push_engine.Ingest.add_file
 
@@ -34,6 +34,13 @@ def reads(monkeypatch):
         return real(self, path, key)
 
     monkeypatch.setattr(push_engine.Ingest, "add_file", add_file)
+    real_of = commits_engine.manifest_of
+
+    def manifest_of(path, opts):  # a push from a machine the stat cache knows nothing of compares first
+        seen.append(os.path.basename(path))
+        return real_of(path, opts)
+
+    monkeypatch.setattr(commits_engine, "manifest_of", manifest_of)
     return seen
 
 

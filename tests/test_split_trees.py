@@ -129,15 +129,19 @@ def test_a_one_file_edit_in_a_wide_folder_costs_a_bounded_path():
 
 
 def test_golden_split_node():
-    """Tree format 3 is a contract: 49 files in one folder (one more than a page holds)."""
+    """Tree formats 3 and 5 are a contract: 49 files in one folder (one more than a page
+    holds). cdcstore writes format 5 (slots with content ids); format 3 is still read."""
     files = {f"f{i:02d}.bin": FileEntry("2e3f0b72e8ae23128bc34f11d52cd1b1", i) for i in range(49)}
     rid, nodes = treeobj.build(files)
     root = nodes[rid]
     assert root.split and root.prefix == "" and treeobj.LEAF_MAX == 48
     assert treeobj.name_digits("f00.bin") == GOLDEN_DIGITS
-    assert root.encode() == GOLDEN_SPLIT
-    assert rid == GOLDEN_SPLIT_ID
-    assert treeobj.Tree.decode(GOLDEN_SPLIT) == root
+    assert json.loads(root.encode())["slots"]["0"]["content"] == GOLDEN_SLOT0_CONTENT
+    assert rid == GOLDEN_SPLIT5_ID and root.content == GOLDEN_SPLIT_CONTENT
+    assert treeobj.Tree.decode(root.encode()) == root
+    old = treeobj.Tree.decode(GOLDEN_SPLIT)  # format 3: the same folder, with no content ids
+    assert old.id == GOLDEN_SPLIT_ID and old.content is None
+    assert {d: sl.tree for d, sl in old.slots.items()} == {d: sl.tree for d, sl in root.slots.items()}
     # one file fewer: a page of 48 entries, the format-2 tree it always was
     del files["f48.bin"]
     rid, nodes = treeobj.build(files)
@@ -156,13 +160,45 @@ GOLDEN_SPLIT = (b'{"format":3,"prefix":"","slots":{"0":{"entries":8,"files":8,"s
                 b'8d2521d3a4c9aca819a686"},"7":{"entries":7,"files":7,"size":177,"tree":"ef100774d67ea0e069cb23db1bb91'
                 b'c28e45b0f2a52d83c1199d5bf450f91af3a"}},"type":"tree"}')
 GOLDEN_SPLIT_ID = 'e77b4a4b516a25af942f60b97a482e92b9c62aa459b0b0805e880bd072fba7f4'
+GOLDEN_SPLIT5_ID = 'b81806b4b2925ae9e58da2e28a1ea9fcdcf8e27156c46d2c008ecd9d83288591'
+GOLDEN_SPLIT_CONTENT = '2af011ad736c490350ff552697a2c2b3edd8572e5a1d86c94e27e7c3dbeb168e'
+GOLDEN_SLOT0_CONTENT = '525b7c44539eae7662f4dbd6bd09158da3eb6d01e6aced3a7dcc69b2c15c7ddd'
+GOLDEN_PAGE4 = (b'{"entries":{"a":{"content":"4f432e450956af0ba4cd1c3634c62e439c1c55d02e35703c0df8d5d7ad4375a4","files":'
+                b'1,"size":3,"tree":"157f859d2a571faccd4bf21e4acb3e638acdd4455e6f2ae7fa38e033f221a0f1"},"b.bin":{"bun'
+                b'dle":"abababababababababababababababababababababababababababababababab","manifest":"2e3f0b72e8ae23128'
+                b'bc34f11d52cd1b1","size":4}},"format":4,"type":"tree"}')
 
 
-@pytest.mark.parametrize("lie", ["counts", "misplaced", "small split", "wrong prefix", "missing part"])
+def test_golden_content_page():
+    """Tree format 4 is a contract: a page whose folder entries carry content ids. A content
+    id leaves out trees' ids and bundle hints: the same files hashed on any machine give it."""
+    m = "2e3f0b72e8ae23128bc34f11d52cd1b1"
+    rid, nodes = treeobj.build({"a/x.bin": FileEntry(m, 3), "b.bin": FileEntry(m, 4, "ab" * 32)})
+    assert nodes[rid].encode() == GOLDEN_PAGE4
+    assert treeobj.Tree.decode(GOLDEN_PAGE4) == nodes[rid]
+    assert nodes[rid].content == '9452cea20ad351681318d58e4eb3dd1cf94aaa0fcb1abd1b70fbf5a9d403886b'
+    bare, _ = treeobj.build({"a/x.bin": FileEntry(m, 3), "b.bin": FileEntry(m, 4)})  # no bundle hint
+    assert bare != rid and _[bare].content == nodes[rid].content
+
+
+@pytest.mark.parametrize("doc", [
+    {"format": 2, "type": "tree", "entries": {"a": {"tree": "00" * 32, "files": 1, "size": 1, "content": "11" * 32}}},
+    {"format": 4, "type": "tree", "entries": {"a": {"tree": "00" * 32, "files": 1, "size": 1}}},
+    {"format": 4, "type": "tree", "entries": {"a": {"tree": "00" * 32, "files": 1, "size": 1, "content": "xyz"}}},
+    {"format": 6, "type": "tree", "entries": {}}])
+def test_content_ids_only_where_the_format_says(doc):
+    """Content ids appear in formats 4 and 5 only (and those carry one at least): each tree
+    has one encoding. An unknown format names the upgrade."""
+    with pytest.raises(CorruptionError, match="tree"):
+        treeobj.Tree.decode(json.dumps(doc).encode())
+
+
+@pytest.mark.parametrize("lie", ["counts", "misplaced", "small split", "wrong prefix", "missing part", "content"])
 def test_a_forged_split_folder_is_refused_when_read(lie):
     """A split node whose part is not what its slot says (counts), a page holding a name that
     hashes elsewhere, a split node small enough to be a page, a part of the wrong prefix, a
-    part that is gone: each is a CorruptionError when read, never a silent wrong answer."""
+    part that is gone, a slot claiming another part's content id: each is a CorruptionError
+    when read, never a silent wrong answer."""
     files = _wide(100)  # one split node over 8 pages of ~12 entries
     rid, nodes = treeobj.build(files)
     root = nodes[rid]
@@ -172,6 +208,8 @@ def test_a_forged_split_folder_is_refused_when_read(lie):
     page = nodes[sl.tree]
     if lie == "counts":
         slots[d] = treeobj.Slot(sl.tree, sl.entries, sl.files + 1, sl.size)
+    elif lie == "content":  # what a writer would claim to make a new machine skip its changed files
+        slots[d] = treeobj.Slot(sl.tree, sl.entries, sl.files, sl.size, "ab" * 32)
     elif lie == "misplaced":  # a name of another slot moved into this page; the counts kept true
         other = next(n for n in files if not treeobj.name_digits(n).startswith(d))
         entries = dict(page.entries)
@@ -403,3 +441,37 @@ def test_a_cold_listing_of_a_wide_folder_through_a_server_asks_for_a_level_at_a_
         assert post(TOKEN, b"{not json")[0] == 400
         status, body = post(TOKEN, json.dumps({"names": ["ab" * 32]}).encode())
         assert status == 200 and wire.decode_blobs(body) == [b""]  # not reached: empty, asked alone after
+
+
+@pytest.mark.parametrize("content_ids", [True, False])
+@pytest.mark.parametrize("seed", range(6))
+def test_same_files_matches_a_flat_comparison_and_reads_only_changed_paths(seed, content_ids, monkeypatch):
+    """`same_files` (a push from a new machine) against a flat reference, on random edits of a
+    wide folder and small ones, with trees written with content ids (format 4/5) and without
+    (format 2/3, a store from before them: everything is read, and the answer is the same).
+    Bundle hints differ between the store's entries and the machine's: they are not content."""
+    rng = random.Random(seed)
+    old = {**_wide(400, "wide"), **{f"d{d}/f{i}.bin": FileEntry(_m(d * 100 + i), i) for d in range(12)
+                                    for i in range(rng.randrange(1, 30))}}
+    stored = {p: FileEntry(e.manifest, e.size, "cd" * 32) for p, e in old.items()}
+    if not content_ids:
+        monkeypatch.setattr(treeobj.Tree, "content", property(lambda self: None))
+    view, load = _stored_view(stored)
+    monkeypatch.undo()
+    new = _random_change(rng, old, "wide")
+    mine = treeobj.View.of_files(new)
+    for under in (None, "", "wide", "d3"):
+        load.read.clear()
+        same, extra = treeobj.same_files(view, mine, under)
+        assert same == {p for p, e in new.items() if p in old and (old[p].manifest, old[p].size) == (e.manifest, e.size)}
+        want = set() if under is None else {p for p in old if p not in new and (not under or p.startswith(under + "/"))}
+        assert extra == want, (under, extra ^ want)
+    load.read.clear()
+    view = treeobj.View(load, view.root)  # a new machine: nothing read yet
+    one = {**old, "wide/f000123.bin": FileEntry(_m(10 ** 9), 5)}  # a one-file edit in the wide folder
+    same, _ = treeobj.same_files(view, treeobj.View.of_files(one))
+    assert same == set(old) - {"wide/f000123.bin"}
+    if content_ids:  # a content descent: the root, the wide folder's split nodes on the name's path, a page
+        assert len(load.read) <= 5, len(load.read)
+    else:  # no content ids: every node is read
+        assert len(load.read) == len(load.nodes)

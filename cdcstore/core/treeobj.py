@@ -42,6 +42,9 @@ from .errors import CdcError, CorruptionError, InvalidAddressError
 
 TREE_VERSION = 2  # a page; a split node is SPLIT_VERSION
 SPLIT_VERSION = 3
+CONTENT_PAGE_VERSION = 4  # a page whose folder entries carry content ids
+CONTENT_SPLIT_VERSION = 5  # a split node whose slots carry content ids
+READ_VERSIONS = (TREE_VERSION, SPLIT_VERSION, CONTENT_PAGE_VERSION, CONTENT_SPLIT_VERSION)
 LEAF_MAX = 48  # entries a page holds: more, and the folder (or part) splits by its names' hashes
 DIGITS = "01234567"  # a split node's slots: one octal digit of the name hash a level
 HASH_DIGITS = 85  # octal digits of a name hash (its top 255 bits): a prefix is shorter
@@ -50,10 +53,12 @@ MAX_DEPTH = 255  # folders in a path: deeper trees are refused (and never walked
 
 @dataclass(frozen=True)
 class Folder:
-    """A tree entry naming a subtree: its id, and the files and bytes under it."""
+    """A tree entry naming a subtree: its id, the files and bytes under it, and (tree format 4)
+    its content id (`content_id`), None where the subtree was written without one."""
     tree: str
     size: int
     files: int
+    content: str | None = None
 
 
 Entry = FileEntry | Folder
@@ -83,6 +88,7 @@ class Slot:
     entries: int
     files: int
     size: int
+    content: str | None = None  # the part's content id (tree format 5)
 
 
 def name_digits(name: str) -> str:
@@ -119,6 +125,8 @@ class Tree:
                     raise ValueError(f"slot {d!r} is not one octal digit")
                 if not (isinstance(sl.tree, str) and ids.is_hex_id(sl.tree)):
                     raise ValueError(f"slot {d!r}: tree must be a hex id")
+                if sl.content is not None and not (isinstance(sl.content, str) and ids.is_hex_id(sl.content)):
+                    raise ValueError(f"slot {d!r}: content must be a hex id")
                 _count(f"slot {d!r} entries", sl.entries, 1)
                 _count(f"slot {d!r} files", sl.files, 1)
                 _count(f"slot {d!r} size", sl.size)
@@ -131,6 +139,8 @@ class Tree:
             if isinstance(e, Folder):
                 if not (isinstance(e.tree, str) and ids.is_hex_id(e.tree)):
                     raise ValueError(f"folder {name!r}: tree must be a hex id")
+                if e.content is not None and not (isinstance(e.content, str) and ids.is_hex_id(e.content)):
+                    raise ValueError(f"folder {name!r}: content must be a hex id")
                 _count(f"folder {name!r} size", e.size)
                 _count(f"folder {name!r} files", e.files)
                 if e.files < 1:
@@ -142,14 +152,43 @@ class Tree:
     def encode(self) -> bytes:
         self.validate()
         if self.split:
-            doc = {"format": SPLIT_VERSION, "type": "tree", "prefix": self.prefix, "slots": {
-                d: {"tree": sl.tree, "entries": sl.entries, "files": sl.files, "size": sl.size}
-                for d, sl in self.slots.items()}}
+            doc = {"format": CONTENT_SPLIT_VERSION if self._carries_content() else SPLIT_VERSION,
+                   "type": "tree", "prefix": self.prefix,
+                   "slots": {d: _with_content({"tree": sl.tree, "entries": sl.entries, "files": sl.files,
+                                               "size": sl.size}, sl.content) for d, sl in self.slots.items()}}
         else:
-            doc = {"format": TREE_VERSION, "type": "tree", "entries": {
-                n: ({"tree": e.tree, "size": e.size, "files": e.files} if isinstance(e, Folder)
-                    else file_doc(e)) for n, e in self.entries.items()}}
+            doc = {"format": CONTENT_PAGE_VERSION if self._carries_content() else TREE_VERSION,
+                   "type": "tree", "entries": {
+                       n: (_with_content({"tree": e.tree, "size": e.size, "files": e.files}, e.content)
+                           if isinstance(e, Folder) else file_doc(e)) for n, e in self.entries.items()}}
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+    def _carries_content(self) -> bool:
+        parts = self.slots.values() if self.split else (e for e in self.entries.values() if isinstance(e, Folder))
+        return any(p.content is not None for p in parts)
+
+    @property
+    def content(self) -> str | None:
+        """This node's content id: what the folder (or part) holds - names, manifests, sizes and
+        the content ids below - without the trees' ids or bundle hints, so a machine computes it
+        from its own files and compares it with the store's (`same_files`). None when a folder or
+        part below was written without one (a tree from before format 4)."""
+        if self.split:
+            if any(sl.content is None for sl in self.slots.values()):
+                return None
+            doc = {"type": "content", "prefix": self.prefix,
+                   "slots": {d: sl.content for d, sl in self.slots.items()}}
+        else:
+            entries = {}
+            for n, e in self.entries.items():
+                if isinstance(e, Folder):
+                    if e.content is None:
+                        return None
+                    entries[n] = {"content": e.content}
+                else:
+                    entries[n] = {"manifest": e.manifest, "size": e.size}
+            doc = {"type": "content", "entries": entries}
+        return ids.hexdigest(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
 
     @property
     def id(self) -> str:
@@ -197,41 +236,66 @@ class Tree:
             if not isinstance(doc, dict):
                 raise ValueError("not a JSON object")
             fmt = doc.get("format")
-            if doc.get("type") != "tree" or fmt not in (TREE_VERSION, SPLIT_VERSION) or isinstance(fmt, bool):
-                raise CorruptionError(f"{name} has tree format {fmt!r}; "
-                                      f"this cdcstore reads {TREE_VERSION} and {SPLIT_VERSION}")
-            if fmt == SPLIT_VERSION:
+            if doc.get("type") != "tree" or fmt not in READ_VERSIONS or isinstance(fmt, bool):
+                raise CorruptionError(f"{name} has tree format {fmt!r}; this cdcstore reads "
+                                      f"{', '.join(map(str, READ_VERSIONS))}: upgrade cdcstore")
+            content = fmt in (CONTENT_PAGE_VERSION, CONTENT_SPLIT_VERSION)  # content ids allowed (and one at least)
+            if fmt in (SPLIT_VERSION, CONTENT_SPLIT_VERSION):
                 if not isinstance(doc["slots"], dict) or not isinstance(doc["prefix"], str):
                     raise ValueError("slots must be an object and prefix a string")
                 slots = {}
                 for d, e in doc["slots"].items():
                     if not isinstance(e, dict):
                         raise ValueError(f"slot {d!r} is not an object")
-                    slots[d] = Slot(e["tree"], e["entries"], e["files"], e["size"])
-                return cls({}, dict(sorted(slots.items())), doc["prefix"]).validate()
-            if not isinstance(doc["entries"], dict):
-                raise ValueError("entries must be an object")
-            entries: dict[str, Entry] = {}
-            for n, e in doc["entries"].items():
-                if not isinstance(e, dict):
-                    raise ValueError(f"entry {n!r} is not an object")
-                entries[n] = (Folder(e["tree"], e["size"], e["files"]) if "tree" in e
-                              else FileEntry(e["manifest"], e["size"], e.get("bundle")))
-            return cls(entries).validate()
+                    slots[d] = Slot(e["tree"], e["entries"], e["files"], e["size"], _content(e, content))
+                t = cls({}, dict(sorted(slots.items())), doc["prefix"])
+            else:
+                if not isinstance(doc["entries"], dict):
+                    raise ValueError("entries must be an object")
+                entries: dict[str, Entry] = {}
+                for n, e in doc["entries"].items():
+                    if not isinstance(e, dict):
+                        raise ValueError(f"entry {n!r} is not an object")
+                    entries[n] = (Folder(e["tree"], e["size"], e["files"], _content(e, content)) if "tree" in e
+                                  else FileEntry(e["manifest"], e["size"], e.get("bundle")))
+                t = cls(entries)
+            if content != t._carries_content():
+                raise ValueError(f"tree format {fmt} with{'out' if content else ''} content ids")
+            return t.validate()
         except CorruptionError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError, CdcError) as e:
             raise CorruptionError(f"{name} is not a valid tree: {e}") from None
 
 
+def _with_content(doc: dict, content: str | None) -> dict:
+    if content is not None:
+        doc["content"] = content
+    return doc
+
+
+def _content(e: dict, allowed: bool) -> str | None:
+    if "content" in e and not allowed:
+        raise ValueError("a content id in a tree of format 2 or 3")
+    return e.get("content")
+
+
+def check_content(what: str, claimed: str | None, node: Tree) -> None:
+    """That a folder entry's or a slot's content id (if it has one) is its node's."""
+    if claimed is not None and node.content != claimed:
+        raise CorruptionError(f"{what} claims content {claimed[:16]}..., its tree holds "
+                              f"{(node.content or 'none')[:16]}...")
+
+
 def check_part(parent: Tree, digit: str, part: Tree) -> None:
     """That `part`, read for slot `digit` of split node `parent`, is what the slot says:
-    its counts, and its names (or its prefix) under the slot's hash prefix."""
+    its counts, its content id, and its names (or its prefix) under the slot's hash prefix."""
     sl, prefix = parent.slots[digit], parent.prefix + digit
     what = f"part {prefix!r} of a split folder"
     if (part.entry_count, part.file_count, part.size) != (sl.entries, sl.files, sl.size):
         raise CorruptionError(f"{what} holds {part.entry_count} entries, {part.file_count} files and "
                               f"{part.size} bytes; its slot says {sl.entries}, {sl.files} and {sl.size}")
+    check_content(what, sl.content, part)
     if part.split:
         if part.prefix != prefix:
             raise CorruptionError(f"{what} is a split node of prefix {part.prefix!r}")
@@ -263,8 +327,18 @@ def folder_nodes(entries: Mapping[str, Entry], out: dict[str, Tree], prefix: str
         part = folder_nodes(groups[d], out, prefix + d, hashes)
         pid = part.id
         out[pid] = part
-        slots[d] = Slot(pid, part.entry_count, part.file_count, part.size)
+        slots[d] = slot_of(pid, part)
     return Tree({}, slots, prefix)
+
+
+def slot_of(tid: str, part: Tree) -> Slot:
+    """The slot naming `part` (stored as `tid`)."""
+    return Slot(tid, part.entry_count, part.file_count, part.size, part.content)
+
+
+def folder_of(tid: str, sub: Tree) -> Folder:
+    """The folder entry naming the folder node `sub` (stored as `tid`)."""
+    return Folder(tid, sub.size, sub.file_count, sub.content)
 
 
 def build(files: Mapping[str, FileEntry]) -> tuple[str, dict[str, Tree]]:
@@ -290,7 +364,7 @@ def build(files: Mapping[str, FileEntry]) -> tuple[str, dict[str, Tree]]:
                 sub = make(v)
                 sid = sub.id
                 nodes[sid] = sub
-                entries[name] = Folder(sid, sub.size, sub.file_count)
+                entries[name] = folder_of(sid, sub)
             else:
                 entries[name] = v
         return folder_nodes(entries, nodes)
@@ -545,6 +619,58 @@ def _diff(a: View | None, aid: str | None, b: View, bid: str | None, prefix: str
             changed[p] = y
 
 
+def same_files(old: View, new: View, extra_under: str | None = None) -> tuple[set[str], set[str]]:
+    """(paths of `new`'s files that `old` holds with the same manifest and size, paths of
+    `old`'s files under the folder `extra_under` that `new` lacks; none when it is None),
+    reading `old` only where content ids differ (or `old` has none: a tree from before
+    format 4). A folder or part whose content id `new` shares holds the same files and is
+    not read: a Merkle descent. `new` is typically a machine's own files (`View.of_files`):
+    then a push finds what changed by reading the trees on the changed paths only."""
+    same: set[str] = set()
+    extra: set[str] = set()
+    _same(old, old.root, old.node(old.root).content, new, new.root, "", same, extra, extra_under)
+    return same, extra
+
+
+def _under(path: str, folder: str | None) -> bool:
+    return folder is not None and (not folder or path == folder or path.startswith(folder + "/"))
+
+
+def _same(a: View, aid: str, acontent: str | None, b: View, bid: str, prefix: str,
+          same: set, extra: set, within: str | None) -> None:
+    _check_depth(prefix)
+    nb = b.node(bid)
+    if acontent is not None and acontent == nb.content:
+        same.update(p for p, _ in b._walk(bid, prefix))
+        return
+    na = a.node(aid)
+    if na.split and nb.split and na.prefix == nb.prefix:
+        for d, x in na.slots.items():
+            y = nb.slots.get(d)
+            if y is not None and x.content is not None and x.content == y.content:
+                same.update(p for p, _ in b._walk(y.tree, prefix))  # the part is not read
+            elif y is not None:
+                a.part(na, d)
+                _same(a, x.tree, x.content, b, y.tree, prefix, same, extra, within)
+            elif _under(prefix, within):
+                a.part(na, d)
+                extra.update(p for p, _ in a._walk(x.tree, prefix))
+        return
+    ea, eb = a.contents(aid).entries, b.contents(bid).entries
+    for name, x in ea.items():
+        p, y = _join(prefix, name), eb.get(name)
+        if isinstance(x, Folder) and isinstance(y, Folder):
+            if within is not None and (_under(p, within) or _under(within, p)):
+                _same(a, x.tree, x.content, b, y.tree, p, same, extra, within)
+            else:
+                _same(a, x.tree, x.content, b, y.tree, p, same, set(), None)
+        elif isinstance(x, FileEntry) and isinstance(y, FileEntry) and (x.manifest, x.size) == (y.manifest, y.size):
+            same.add(p)
+        elif _under(p, within) and (y is None or isinstance(x, Folder) != isinstance(y, Folder)):
+            # old's alone, or a file where new has a folder (or the reverse)
+            extra.update(q for q, _ in a._walk(x.tree, p)) if isinstance(x, Folder) else extra.add(p)
+
+
 def touched(old: View | None, new: View) -> set[str]:
     changed, removed = changes(old, new)
     return set(changed) | removed
@@ -585,7 +711,7 @@ def _edit(view: View, tid: str | None, prefix: str, steps: dict, out: dict[str, 
         else:
             pid = part.id
             out[pid] = part
-            slots[d] = Slot(pid, part.entry_count, part.file_count, part.size)
+            slots[d] = slot_of(pid, part)
     if sum(sl.entries for sl in slots.values()) > LEAF_MAX:
         return Tree({}, dict(sorted(slots.items())), prefix)
     entries: dict[str, Entry] = {}  # shrunk to a page: its parts gathered (at most LEAF_MAX entries)
@@ -634,7 +760,7 @@ def apply(base: View | None, changed: Mapping[str, FileEntry], removed=(),
                 if sub.entry_count:
                     sid = sub.id
                     out[sid] = sub
-                    cur = Folder(sid, sub.size, sub.file_count)
+                    cur = folder_of(sid, sub)
                 else:
                     cur = None
         if isinstance(leaf, FileEntry):

@@ -23,7 +23,9 @@ from ..storage.backend import Backend
 from ..storage.repository import no_such_path
 from ..storage.statcache import Seen, StatCache
 from .history import History
-from .push import Ingest, IngestOptions
+from .push import Ingest, IngestOptions, manifest_of
+
+PREPASS_MIN = 8  # pushed files from which a push compares content ids before it ingests
 
 
 def check_author(author) -> str:
@@ -165,6 +167,8 @@ class Commits:
                 raise no_such_path(repo, branch, path)
             removed.add(p)
 
+        # the pushed files the base holds already, found by content ids: only changed paths' trees read
+        same, extra = self.unchanged(view, pairs, known or {}, options, remove_under) if view else ({}, None)
         inner = be.uncached()
         if inner.capabilities.bundles:  # the bundles the caller's entries name (a hint for reading them)
             inner.learn_bundles([(e.manifest, e.bundle) for e in [*(entries or {}).values(), *(known or {}).values()]])
@@ -172,11 +176,12 @@ class Commits:
             else contextlib.nullcontext()
         with self.session(), runs:  # a gc deletes nothing while this push is in flight; a bundle is read once
             # manifests the base names at the pushed paths are in the store (reachable): not re-put
-            held = {e.manifest for e in (view.get(p) for _, p in pairs) if e is not None} if view is not None else set()
-            unread = self.vouched(repo, known or {}, held)
+            held = ({e.manifest for e in (view.get(p) for _, p in pairs if p not in same) if e is not None}
+                    if view is not None else set())
+            unread = {**same, **self.vouched(repo, {p: e for p, e in (known or {}).items() if p not in same}, held)}
             todo = [(f, p) for f, p in pairs if p not in unread]
             ingest, added, per_file = self.ingest(todo, options, progress, skip=held, history=self.history(view))
-            read = dict(added)
+            read = {**added, **{p: e for p, e in same.items() if p not in (known or {})}}
             added.update(unread)
             per_file.update({p: {"bytes": e.size, "new_bytes": 0, "chunks": None, "chunking": "unchanged"}
                              for p, e in unread.items()})  # not read: the stat cache vouched for them
@@ -185,13 +190,14 @@ class Commits:
             folder = (remove_under or "").rstrip("/")
             if remove_under is not None and view is not None and view.kind(folder) == "directory":
                 adding = set(added)
-                removed.update(p for p, _ in view.walk(folder) if p not in adding
-                               and (remove_filter is None or remove_filter(p)))
+                gone = extra if extra is not None else (p for p, _ in view.walk(folder))
+                removed.update(p for p in gone if p not in adding and (remove_filter is None or remove_filter(p)))
             updates = dict(added)
             for path, entry in (entries or {}).items():
                 updates[normalize_path(path)] = entry
             removed -= set(updates)
-            updates = {p: e for p, e in updates.items() if view is None or view.get(p) != e}
+            updates = {p: e for p, e in updates.items()  # what the base holds already is no update
+                       if view is None or (p not in same or p in (entries or {})) and view.get(p) != e}
             if inner.capabilities.bundles:  # an entry without its bundle gets the one this store knows
                 updates = {p: e if e.bundle else FileEntry(e.manifest, e.size, inner.bundle_of(e.manifest))
                            for p, e in updates.items()}
@@ -210,7 +216,7 @@ class Commits:
             stored_bytes=ingest.stored_bytes, pack_bytes=ingest.pack_bytes, seconds=time.perf_counter() - t0,
             commit=commit_id,
             chunks=ingest.chunks, new_chunks=ingest.new_chunks, changed=changed,
-            files_detail=per_file, unread_files=len(unread), **wire_since(be, c0))
+            files_detail=per_file, unread_files=len(unread) - len(read.keys() & unread.keys()), **wire_since(be, c0))
         result._read = read  # what was read, for the stat cache
         return result
 
@@ -232,6 +238,33 @@ class Commits:
         if not all(entries):
             raise InvalidAddressError(f"copy {s} to a file path, not to the root of {d.repo}")
         return self.commit_files(d.repo, d.ref, [], message or f"copy {s} to {d}", entries=entries)
+
+    def unchanged(self, view: treeobj.View, pairs: list[tuple[str, str]], known: dict[str, FileEntry],
+                  options: IngestOptions | None, remove_under: str | None
+                  ) -> tuple[dict[str, FileEntry], set[str] | None]:
+        """(path -> entry of each pushed file the base holds with the same content, the base's
+        files under `remove_under` that the push lacks, or None when not found here). When the
+        base has the folder the push writes into, the files are chunked and hashed here, with no
+        store I/O, and compared by content ids (`treeobj.same_files`): the store's trees are read
+        only on the changed paths, so a new machine's push reads what it changes, not the whole
+        tree. A changed or new file is hashed again by the ingest (local work, faster than
+        sending it); below PREPASS_MIN files, lookups path by path cost less. Where the stat cache
+        knows files (a machine that pushed before), the ones it does not know are the changed
+        ones and are not read twice: that push goes path by path, as its trees are cached."""
+        if known:
+            return {}, None
+        cand = list(pairs)
+        common = os.path.commonpath([p.rpartition("/")[0] or "." for _, p in cand]) if cand else "."
+        if len(cand) < PREPASS_MIN or view.kind("" if common == "." else common) != "directory":
+            return {}, None  # nothing to compare with: the base has no folder the push writes into
+        opts = options or IngestOptions()
+        local: dict[str, FileEntry] = {}
+        pool = runtime.pool("chunk", max(1, opts.file_threads))
+        for (_, p), m in zip(cand, pool.map(lambda fp: manifest_of(fp[0], opts), cand)):
+            local[p] = FileEntry(ids.hexdigest(m.encode()), m.size)
+        folder = None if remove_under is None else remove_under.rstrip("/")
+        same, extra = treeobj.same_files(view, treeobj.View.of_files(local), folder)
+        return {p: local[p] for p in same}, extra if folder is not None else None
 
     def vouched(self, repo: str, known: dict[str, FileEntry], held: set[str]) -> dict[str, FileEntry]:
         """The stat cache's entries whose manifests the store holds: those the commit being

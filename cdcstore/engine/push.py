@@ -75,6 +75,25 @@ class FileChunks:
         yield b"", self.chunker.finish()
 
 
+def manifest_of(path: str, opts: IngestOptions) -> Manifest:
+    """The manifest `Ingest.add_file` would give a local file, with no store: chunked and
+    hashed only (what a push compares with the store's trees before it sends anything)."""
+    file_hash = ids.weak_hasher()
+    chunk_ids: list[bytes] = []
+    lengths: list[int] = []
+    size = 0
+    with open(path, "rb") as f:
+        for block, chunks in FileChunks(f, opts.params, opts.parquet_pages, opts.block_size):
+            file_hash.update(block)
+            size += len(block)
+            chunk_ids.extend(ids.digest(c) for c in chunks)
+            lengths.extend(len(c) for c in chunks)
+            if len(chunk_ids) > max_entries():
+                raise InvalidAddressError(f"{path}: over {max_entries()} chunks after {size} bytes, more than one "
+                                          f"manifest holds: split the file (any file up to {MAX_FILE_BYTES} bytes fits)")
+    return Manifest(chunk_ids, lengths, size, file_hash.digest())
+
+
 class GatherFile:
     """A binary file written with `os.writev` of the pieces it was given, `WRITE_BUFFER` bytes
     at a time: the pieces (views of the read blocks, or compressed chunks) are not copied into

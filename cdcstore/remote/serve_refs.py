@@ -152,6 +152,11 @@ class RefRoutes(RouteGroup):
             if entry is not None and (entry.size, entry.files) != (tree.size, tree.file_count):
                 raise HTTPError(400, f"folder {path!r} of the commit says {entry.files} files and {entry.size} "
                                      f"bytes, but its tree holds {tree.file_count} and {tree.size}")
+            if entry is not None:  # a content id no tree holds would make a new machine skip changed files
+                try:
+                    treeobj.check_content(f"folder {path!r} of the commit", entry.content, tree)
+                except CorruptionError as e:
+                    raise HTTPError(400, str(e)) from None
 
         changed, _ = treeobj.changes(base, view, check=check_tree)
         new_chunks: set[bytes] = set()
