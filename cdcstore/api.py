@@ -377,8 +377,9 @@ class Store:
         """A new branch at the commit `rev` resolves to; returns the commit id."""
         return self.history.create_ref("branch", repo, name, rev)
 
-    def delete_branch(self, repo: str, name: str) -> str:
-        return self.history.delete_branch(repo, name)
+    def delete_branch(self, repo: str, name: str, force: bool = False) -> str:
+        """Remove a branch; the default branch (`main`) only with `force`. Returns the commit it named."""
+        return self.history.delete_branch(repo, name, force)
 
     # -- writing (engine/commits.py) ------------------------------------------------------
     @property

@@ -454,7 +454,7 @@ def log(repo, limit, store_path, token, as_json):
 
 
 def _refs_command(kind: str, repo: str, name: str | None, rev: str | None, delete: bool,
-                  store_path, token, as_json) -> None:
+                  store_path, token, as_json, force: bool = False) -> None:
     """List, create or delete the branches or tags of a repo (one code path for both)."""
     s = _store(store_path, token)
     if name is None:
@@ -471,7 +471,7 @@ def _refs_command(kind: str, repo: str, name: str | None, rev: str | None, delet
     if delete:
         if rev:
             raise InvalidAddressError(f"--delete takes no revision: cdcstore {kind} {repo} {name} --delete")
-        cid = s.delete_tag(repo, name) if kind == "tag" else s.delete_branch(repo, name)
+        cid = s.delete_tag(repo, name) if kind == "tag" else s.delete_branch(repo, name, force)
         action = "deleted"
     else:
         rev = rev or DEFAULT_BRANCH
@@ -501,12 +501,13 @@ def tag(repo, name, rev, delete, store_path, token, as_json):
 @click.argument("name", required=False)
 @click.argument("rev", required=False, metavar="[REV]")
 @click.option("--delete", is_flag=True, help="Delete the branch NAME (its commits stay reachable by id).")
+@click.option("--force", is_flag=True, help="With --delete: delete even the default branch (main).")
 @store_option
 @json_option
 @handle_errors
-def branch(repo, name, rev, delete, store_path, token, as_json):
+def branch(repo, name, rev, delete, force, store_path, token, as_json):
     """List branches; with NAME, create a branch at REV (default: main); NAME --delete removes it."""
-    _refs_command("branch", repo, name, rev, delete, store_path, token, as_json)
+    _refs_command("branch", repo, name, rev, delete, store_path, token, as_json, force)
 
 
 @cli.command()

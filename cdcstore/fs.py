@@ -295,8 +295,10 @@ class CdcFileSystem(AbstractFileSystem):
         kind = view.kind(a.path)
         if kind is None:
             raise FileNotFoundError(f"{SCHEME}{path}")
-        return {"name": form + self._name(a, a.path), "size": view.size(a.path), "type": kind,
-                "mtime": commit.time}
+        out = {"name": form + self._name(a, a.path), "size": view.size(a.path), "type": kind, "mtime": commit.time}
+        if kind == "file":  # what caches keyed by URL compare (HF `datasets` downloads): the file's content
+            out["ETag"] = view.get(a.path).manifest
+        return out
 
     def find(self, path, maxdepth=None, withdirs=False, detail=False, **kwargs):
         out = super().find(path, maxdepth=maxdepth, withdirs=withdirs, detail=detail, **kwargs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import difflib
 import fnmatch
 import os
 import time
@@ -279,6 +280,22 @@ class TarSource(SampleSource):
         return samples
 
 
+def check_columns(columns: list[str], md: pq.FileMetaData, what) -> None:
+    """That each column asked for is in the file (a top-level field, or a nested one's dotted
+    path): a misspelled name is an error naming it and the closest names, never a column
+    silently left out (pyarrow raises too)."""
+    schema = md.schema.to_arrow_schema()
+    known = set(schema.names) | {md.schema.column(j).path for j in range(md.num_columns)}
+    missing = [c for c in columns if c not in known]
+    if missing:
+        close = difflib.get_close_matches(missing[0], sorted(known), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(map(repr, close))}? " if close else ""
+        raise InvalidAddressError(
+            f"no column {missing[0]!r} in {what}: {hint}its columns are "
+            f"{', '.join(schema.names[:20])}{' ...' if len(schema.names) > 20 else ''}"
+            + (f" ({len(missing) - 1} more not found: {', '.join(map(repr, missing[1:4]))})" if len(missing) > 1 else ""))
+
+
 class ParquetSource(Source):
     """Parquet files: a unit is a row group, read whole (the columns asked for) once per consumer
     in order of first need, held until its rows are consumed; a step's rows are gathered from the
@@ -292,6 +309,9 @@ class ParquetSource(Source):
                                  for fi, md in enumerate(footers) for rg in range(md.num_row_groups)])
         self.footers, self.columns = footers, columns
         self.want = None if columns is None else set(columns)
+        if columns is not None:
+            for f, md in zip(files, footers):
+                check_columns(columns, md, f.address)
 
     @classmethod
     def claims(cls, path: str) -> bool:

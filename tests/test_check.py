@@ -341,3 +341,58 @@ def test_a_pack_pushed_while_check_lists_is_not_reported_missing(pushed, tmp_pat
     with Store(store.location) as s:
         assert s.cat("cdc://ds/c.bin") == data
         assert s.check()["problems"] == []
+
+
+def test_damage_only_an_older_commit_reaches_names_that_commit_and_its_fix_works(store, tmp_path):
+    """A flipped byte in a chunk only an older commit reaches was reported as affecting the branch
+    head's file (`cdc://ds@main/a.bin`), whose re-push changed nothing. check names the commit by
+    id, and its advice - push that version again on a scratch branch, then delete the branch -
+    repairs it: the old commit reads back."""
+    v1, v2 = golden_input(1_000_000), os.urandom(1_000_000)
+    src = tmp_path / "a.bin"
+    src.write_bytes(v1)
+    old = store.push([str(src)], "cdc://ds/a.bin", message="v1").commit
+    [pack] = packs(store)
+    src.write_bytes(v2)
+    store.push([str(src)], "cdc://ds/a.bin", message="v2")
+    flip(pack, 100_000)
+    r = Store(store.location).check(read_data=True)
+    hurt = [p for p in r["problems"] if "fail verification" in p]
+    assert hurt and f"cdc://ds@{old}/a.bin" in hurt[0] and "cdc://ds@main/a.bin" not in hurt[0], r["problems"]
+    assert "scratch branch" in hurt[0]
+    src.write_bytes(v1)  # the fix it names, by the CLI
+    Store(store.location).push([str(src)], "cdc://ds@scratch/a.bin", message="repair")
+    Store(store.location).delete_branch("ds", "scratch")
+    r = Store(store.location).check(read_data=True)
+    assert [p for p in r["problems"] if "does not match its name" not in p] == [], r["problems"]
+    assert Store(store.location).cat(f"cdc://ds@{old}/a.bin") == v1
+
+
+def test_a_pull_into_a_read_only_folder_names_the_folder_and_the_fix(store, tmp_path):
+    """A pull into a read-only file system printed `[Errno 30] Read-only file system:
+    '.../part-0.parquet.cdcstore-10967.part'` (a temp name the user never chose). It names the
+    file, the folder and the fix, in one line, and leaves nothing behind. A real read-only tmpfs."""
+    write(str(tmp_path / "src" / "part-0.parquet"), b"x" * 1000)
+    store.push([str(tmp_path / "src" / "part-0.parquet")], "cdc://ds/part-0.parquet")
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        r = cli("pull", "cdc://ds/part-0.parquet", str(mnt / "part-0.parquet"), "--store", store.location)
+        err = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and len([e for e in err if "error" in e]) == 1, r.stderr
+        assert f"cannot write part-0.parquet into {mnt}: the folder is on a read-only file system" in r.stderr
+        assert ".part" not in r.stderr and "Errno" not in r.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_bad_cache_size_names_the_variable(tmp_path, monkeypatch):
+    """`CDCSTORE_CACHE_SIZE=lots` said "invalid size 'lots'" without naming the variable."""
+    from cdcstore.settings import SettingError
+    from cdcstore.storage.cache import ChunkCache
+    monkeypatch.setenv("CDCSTORE_CACHE_SIZE", "lots")
+    with pytest.raises(SettingError, match=r"CDCSTORE_CACHE_SIZE='lots': expected a size such as 20GB"):
+        ChunkCache(str(tmp_path / "c.sqlite"))
+    monkeypatch.setenv("CDCSTORE_CACHE_SIZE", "2G")
+    assert ChunkCache(str(tmp_path / "c2.sqlite")).max_bytes == 2 << 30

@@ -1,7 +1,6 @@
 """Scripts that read cdc:// with pyarrow or pandas exit with code 0 (apache/arrow#34314:
 pyarrow threads freeing Python objects during interpreter teardown abort with 134)."""
 import gc
-import time
 import weakref
 
 import numpy as np
@@ -64,11 +63,9 @@ def test_exit_wait_ends_when_pyarrow_lets_go_and_is_bounded_when_objects_live(tm
     pf = pq.ParquetFile(f)  # a live object keeps the file and what was read through it
     del f
     assert pf.read().num_rows == 20000
-    start = time.monotonic()
+    # gives up (False) while a live object holds the reader: the main thread frees `pf` later, safely
     assert not reader.arrow_settled(patience=0.2)
-    assert time.monotonic() - start < 2  # gives up soon: the main thread frees `pf` later, safely
     del pf
     gc.collect()
-    start = time.monotonic()
-    reader.arrow_settled()
-    assert freed() is None and time.monotonic() - start < 5  # pyarrow let go of the reader (within its timeout)
+    assert reader.arrow_settled()  # pyarrow let go of the reader
+    assert freed() is None

@@ -173,3 +173,21 @@ def test_pickles_with_a_cache_object(served, tmp_path):
     clone = pickle.loads(pickle.dumps(fs))
     assert clone.cat_file("ds/data/small.parquet", 0, 4) == b"PAR1"
     assert clone.store.cache.max_bytes == 1024**3
+
+
+def test_hf_datasets_sees_a_moved_branch_when_loaded_by_commit(tmp_path, store):
+    """HF `datasets` caches downloads by URL (use_etag=False): a branch URL loaded again after the
+    branch moved gave the old rows (docs/engines.md). Loaded by the commit the branch names, the new
+    rows come; `info` gives each file's content as its ETag for caches that do compare one."""
+    import datasets
+    opts = {"store": store.location}
+    fs = CdcFileSystem(**opts)
+    rows = {}
+    for n in (3, 5):
+        pq.write_table(pa.table({"a": list(range(n))}), tmp_path / "x.parquet")
+        store.push([str(tmp_path / "x.parquet")], "cdc://hf/x.parquet")
+        rev, _ = store.resolve("cdc://hf@main/")
+        d = datasets.load_dataset("parquet", data_files=f"cdc://hf@{rev}/x.parquet", storage_options=opts,
+                                  split="train", cache_dir=str(tmp_path / "hf"))
+        rows[n] = (len(d), fs.info("cdc://hf/x.parquet")["ETag"])
+    assert rows[3][0] == 3 and rows[5][0] == 5 and rows[3][1] != rows[5][1]

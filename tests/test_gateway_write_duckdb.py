@@ -40,6 +40,7 @@ def test_duckdb_copy_to_s3_lands_and_a_job_lands_once(tmp_path):
             ext = glob.glob(os.path.join(os.path.dirname(duckdb_extension_httpfs.__file__), "extensions", "*",
                                          "httpfs.duckdb_extension"))[0]
             con = duckdb.connect()
+            con.execute("SET enable_progress_bar = false")  # a slow machine's run draws one on stdout
             con.execute(f"LOAD '{{ext}}'")
             con.execute("CREATE SECRET gw (TYPE s3, KEY_ID 'duck', SECRET '{TOKEN}', REGION 'us-east-1', "
                         "ENDPOINT '127.0.0.1:{port}', URL_STYLE 'path', USE_SSL false)")
@@ -56,7 +57,7 @@ def test_duckdb_copy_to_s3_lands_and_a_job_lands_once(tmp_path):
         """)
         r = subprocess.run([py, "-c", script], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
-        assert r.stdout.strip() == str((2_000_000, sum(range(2_000_000))))
+        assert str((2_000_000, sum(range(2_000_000)))) in r.stdout.strip().splitlines(), r.stdout[-500:]
         import pyarrow.parquet as pq
         with Store(str(tmp_path / "srv")) as s:
             log = s.log("lake", "main")

@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from cdcstore import Store
+from cdcstore.core.errors import CdcError
 from cdcstore.storage.maintenance import gc
 from cdcstore.storage.repository import LocalStore, open_repository
 from conftest import S3_BUCKET, golden_input
@@ -187,3 +188,33 @@ def test_gc_and_delete_repo_racing_through_a_server(tmp_path):
     finally:
         srv.stop()
     _assert_whole(root, keep)
+
+
+@pytest.mark.parametrize("location", ["dir", "bucket"])
+def test_gc_after_delete_repo_frees_at_once_what_only_that_repo_reached(location, tmp_path, request):
+    """delete-repo then gc spared everything for 24 hours ("2 younger objects spared"): what the
+    deleted repo's commits reached was committed, so it is no upload in flight. The tombstone lists
+    the commits' root trees and landing times; gc frees what only they reached at once. An upload
+    no commit names yet, and what a live repo shares, stay."""
+    if location == "bucket":
+        request.getfixturevalue("s3_env")
+        url = f"s3://{S3_BUCKET}/delrepo-{secrets.token_hex(4)}"
+    else:
+        url = str(tmp_path / "store")
+    s = Store.init(url)
+    shared, alone, pending = (os.urandom(300_000) for _ in range(3))
+    for name, data in (("shared.bin", shared), ("alone.bin", alone), ("pending.bin", pending)):
+        (tmp_path / name).write_bytes(data)
+    s.push([str(tmp_path / "shared.bin"), str(tmp_path / "alone.bin")], "cdc://gone/", message="v1")
+    (tmp_path / "alone.bin").write_bytes(alone[:100_000] + os.urandom(200_000))
+    s.push([str(tmp_path / "alone.bin")], "cdc://gone/", message="v2")  # an older commit's data, too
+    s.push([str(tmp_path / "shared.bin")], "cdc://kept/", message="shares a file")
+    s.upload([str(tmp_path / "pending.bin")], "cdc://other/pending.bin")  # in flight: named by no commit
+    s.delete_repo("gone")
+    r = s.gc()
+    assert r["delete_packs"] + r["repack_packs"] >= 1 and r["bytes_freed"] >= 500_000, r
+    assert r["spared_young"] >= 1, r  # the pending upload's pack
+    assert Store(url).cat("cdc://kept/shared.bin") == shared
+    assert Store(url).check()["problems"] == []
+    with pytest.raises(CdcError):
+        Store(url).cat("cdc://gone/alone.bin")

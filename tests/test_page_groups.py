@@ -340,7 +340,7 @@ def test_a_page_header_of_huge_containers_is_refused_at_once(tmp_path, header):
     path.write_bytes(bytes(data))
     t0 = time.monotonic()
     assert pages.page_cuts(str(path)) is None
-    assert time.monotonic() - t0 < 1
+    assert time.monotonic() - t0 < 10  # a walk of the claimed elements would take hours
 
 
 PARQUET_KILLED_WORKER = """

@@ -114,7 +114,7 @@ def test_branches_create_delete_and_names_shared_with_tags(location, tmp_path):
         assert s.branches("r") == {"dev": v1, "main": v1}
         assert s.delete_branch("r", "dev") == v1
         with pytest.raises(CdcError, match="only branch"):
-            s.delete_branch("r", "main")
+            s.delete_branch("r", "main", force=True)
         assert s.branches("r") == {"main": v1}
 
 
@@ -306,5 +306,21 @@ def test_cli_tag_branch_and_log(tmp_path):
     assert branches["dev"] == v1 and set(branches) == {"dev", "main"}
     assert "hex digits" in _cli("branch", "r", "deadbeef", store=store, ok=False).stderr.decode()
     _cli("branch", "r", "dev", "--delete", store=store)
-    assert "only branch" in _cli("branch", "r", "main", "--delete", store=store, ok=False).stderr.decode()
+    assert "only branch" in _cli("branch", "r", "main", "--delete", "--force", store=store, ok=False).stderr.decode()
     _cli("tag", "r", "--delete", store=store, ok=False)
+
+
+def test_deleting_the_default_branch_needs_force(tmp_path):
+    """Deleting `main` while other branches lived was allowed, and then every address without a
+    revision (`cdc://r/`) failed with "no branch or tag 'main'". It is refused, naming --force."""
+    store = str(tmp_path / "s")
+    s = Store.init(store)
+    v1 = s.push(_file(tmp_path, "a", b"v1"), "cdc://r/x").commit
+    s.create_branch("r", "dev")
+    with pytest.raises(InvalidAddressError, match="default branch.*--force"):
+        s.delete_branch("r", "main")
+    err = _cli("branch", "r", "main", "--delete", store=store, ok=False).stderr.decode()
+    assert "default branch" in err and "--force" in err and err.count("\n") == 1, err
+    assert s.branches("r") == {"dev": v1, "main": v1} and s.cat("cdc://r/x") == b"v1"
+    assert _cli("branch", "r", "main", "--delete", "--force", store=store).returncode == 0
+    assert s.branches("r") == {"dev": v1}

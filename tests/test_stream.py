@@ -389,3 +389,13 @@ def test_the_order_is_kept_per_step_not_per_batch(ds_store, monkeypatch):
     got = ids_of(make(ds_store, batch_size=1, shuffle=False))
     assert got == list(range(TOTAL))
     assert len(calls) <= -(-TOTAL // 128) + 1, f"{len(calls)} locates for {TOTAL} one-row batches"
+
+
+@pytest.mark.parametrize("columns", [["x", "ident"], ["ident"]])
+def test_a_misspelled_column_is_an_error_naming_the_closest(ds_store, columns):
+    """A column no file has was dropped silently: batches of the other columns only, or empty
+    `{}` batches while `len` counted rows. Now an error names it and the closest names, as pyarrow
+    does for an unknown column; nothing is yielded."""
+    with pytest.raises(InvalidAddressError, match=r"no column 'ident' in .*did you mean 'id'") as e:
+        list(make(ds_store, columns=columns))  # at once, when the footers are read
+    assert "its columns are id, x, s" in str(e.value)

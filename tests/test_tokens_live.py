@@ -144,7 +144,7 @@ def test_a_revoked_token_is_refused_on_a_session_it_already_holds(tmp_path):
         took = _within(1.5, lambda: _status(srv, "tok-ci", "PUT", f"/v1/sessions/{sid}") == 401)
         assert took < 1.5
         assert _status(srv, "tok-ops") == 200  # the others stay
-        with pytest.raises(AccessDeniedError, match="unknown token"):
+        with pytest.raises(AccessDeniedError, match="does not know the token"):
             with Store(srv.url, token="tok-ci", cache=False) as s:
                 s.push([_files(tmp_path / "src", **{"a.bin": b"x" * 1000})], "cdc://ds/")
         # a revoke of a name the file does not hold says which names it does
@@ -280,3 +280,15 @@ def test_concurrent_token_edits_all_land_and_a_revoke_stays_revoked(tmp_path):
         assert boss not in doc  # revoked, and stayed so
         names = {g["name"] for g in doc.values()}
         assert {f"r{rnd}p{i}-{k}" for i in range(6) for k in range(10)} <= names  # no add lost
+
+
+def test_a_wrong_token_is_told_apart_from_a_missing_one(tmp_path, monkeypatch):
+    """A wrong `--token` was told "missing or unknown token: pass --token or set CDCSTORE_TOKEN",
+    advice for someone who passed none. The two cases say what happened."""
+    monkeypatch.delenv("CDCSTORE_TOKEN", raising=False)
+    with served_store(tmp_path, {"tok-a": {"scope": "write", "repos": ["*"]}}) as srv:
+        wrong = CliRunner().invoke(cli, ["ls", "cdc://r/", "--store", srv.url, "--token", "tok-typo"])
+        none = CliRunner().invoke(cli, ["ls", "cdc://r/", "--store", srv.url])
+    assert wrong.exit_code != 0 and "does not know the token given: check --token" in wrong.output, wrong.output
+    assert "pass --token" not in wrong.output
+    assert none.exit_code != 0 and "needs a token: pass --token or set CDCSTORE_TOKEN" in none.output, none.output

@@ -154,5 +154,13 @@ class History:
     def delete_tag(self, repo: str, name: str) -> str:
         return self.store.delete_tag(check_name("repo", repo), check_name("tag", name))
 
-    def delete_branch(self, repo: str, name: str) -> str:
-        return self.store.delete_branch(check_name("repo", repo), check_name("branch", name))
+    def delete_branch(self, repo: str, name: str, force: bool = False) -> str:
+        """Remove a branch. The default branch only with `force`: an address without a revision
+        (`cdc://REPO/path`) reads it, and would fail while the repo's other branches live on."""
+        check_name("repo", repo), check_name("branch", name)
+        if name == DEFAULT_BRANCH and not force:
+            raise InvalidAddressError(
+                f"{name!r} is the default branch of repo {repo!r}: addresses without a revision "
+                f"(cdc://{repo}/...) read it. Delete it anyway with --force (force=True), or make "
+                f"another branch the one you read by naming it (cdc://{repo}@BRANCH/...)")
+        return self.store.delete_branch(repo, name)

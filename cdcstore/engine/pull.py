@@ -4,6 +4,8 @@ one that differs seeds the read with the chunks it still has, unless the store's
 files: `reads_runs`)."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import stat
 from typing import Callable, Iterable
@@ -11,7 +13,7 @@ from typing import Callable, Iterable
 from .. import runtime
 from ..core import ids, tree
 from ..core.commit import FileEntry
-from ..core.errors import CorruptionError, InvalidAddressError
+from ..core.errors import AccessDeniedError, CorruptionError, InvalidAddressError
 from ..core.chunker import DEFAULT_PARAMS
 from ..core.ids import digest
 from ..core.manifest import Manifest
@@ -99,10 +101,23 @@ def _write_file(store: Backend, repo: str, path: str, m: Manifest, target: str, 
             raise CorruptionError(f"{path}: reassembled file does not match its hash; "
                                   f"run `cdcstore check`")
         os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    except OSError as e:
+        _drop(tmp)
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and e.filename in (tmp, target):
+            folder = os.path.dirname(os.path.abspath(target))
+            why = "is on a read-only file system" if e.errno == errno.EROFS else "is not writable by you"
+            raise AccessDeniedError(f"cannot write {os.path.basename(target)} into {folder}: the folder {why}; "
+                                    f"pull into a folder you can write (cdcstore pull SRC OTHER_FOLDER)") from None
         raise
+    except BaseException:
+        _drop(tmp)
+        raise
+
+
+def _drop(tmp: str) -> None:
+    if os.path.exists(tmp):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def _commit_parts(rel: str, path: str) -> list[str]:

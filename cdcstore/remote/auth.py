@@ -59,7 +59,9 @@ class Auth:
         token = token.strip() if scheme.lower() == "bearer" else ""
         grant = tokens.get(token) if token else None
         if grant is None:
-            raise HTTPError(401, "missing or unknown token: pass --token or set CDCSTORE_TOKEN",
+            raise HTTPError(401, "this server does not know the token given: check --token or CDCSTORE_TOKEN "
+                                 "(mistyped, revoked, or another server's)" if token else
+                                 "this server needs a token: pass --token or set CDCSTORE_TOKEN",
                             {"WWW-Authenticate": "Bearer"})
         return grant
 

@@ -101,9 +101,14 @@ class ChunkCache:
 
     def __init__(self, path: str | None = None, max_bytes: int | str | None = None):
         self.path = os.path.abspath(os.path.expanduser(path or default_cache_path()))
-        if max_bytes is None:
-            max_bytes = settings.CACHE_SIZE.get() or DEFAULT_MAX_BYTES
-        self.max_bytes = parse_size(max_bytes)
+        if max_bytes is None and settings.CACHE_SIZE.is_set():
+            raw = settings.CACHE_SIZE.get()
+            try:
+                max_bytes = parse_size(raw)
+            except InvalidAddressError:
+                raise settings.SettingError(f"{settings.CACHE_SIZE.name}={raw!r}: expected a size such as 20GB, "
+                                            f"512M or a number of bytes") from None
+        self.max_bytes = parse_size(DEFAULT_MAX_BYTES if max_bytes is None else max_bytes)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         # a cache needs no durability (every read is verified): no fsyncs; 16 KiB pages for 64 KiB blobs
         self._conns = Connections(self.path, synchronous="OFF", page_size=16384)

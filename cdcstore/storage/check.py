@@ -175,11 +175,14 @@ def _check(store: UpkeepHost, read_data: bool, subset: float | None) -> dict:
                       f"it is ignored): remove it", set()))
     _check_bundles(store, found)
     _check_repo_folders(store, found)
-    users = _check_reachable(store, found)
+    older: set[str] = set()
+    users = _check_reachable(store, found, older)
     problems, details = [], []
     for text, cids in found:
         files = sorted({f for c in cids for f in ((c,) if isinstance(c, str) else users.get(c, ()))})
         shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+        if REPUSH in text and older.intersection(files):
+            text += OLDER
         problems.append(text + (f"; affects {shown}" if files else ""))
         details.append({"problem": text, "files": files})
     return {"packs": len(names), "chunks": chunks, "read_packs": len(sample), "recovered_packs": recovered,
@@ -270,10 +273,11 @@ def _check_repo_folders(store: UpkeepHost, found: list) -> None:
                           {f"cdc://{folder}@{r}" for r in refs}))
 
 
-def _check_reachable(store: UpkeepHost, found: list) -> dict[bytes, set[str]]:
+def _check_reachable(store: UpkeepHost, found: list, older: set[str]) -> dict[bytes, set[str]]:
     """Walk every commit that a branch or tag reaches (`reach.walk`); returns chunk id -> the
-    files (cdc://repo@ref/path) that use it, and adds problems for what does not parse or
-    is not indexed."""
+    files that use it: cdc://repo@ref/path for a branch or tag's head, cdc://repo@commit/path
+    for a file first met in an older commit (those labels go to `older` too). Adds problems for
+    what does not parse or is not indexed."""
     users: dict[bytes, set[str]] = collections.defaultdict(set)
     manifests: dict[str, Manifest | None] = {}
     graph = _Stored(store)
@@ -286,9 +290,15 @@ def _check_reachable(store: UpkeepHost, found: list) -> dict[bytes, set[str]]:
             at = f"cdc://{repo}@{ref.removeprefix('tag:')}"
             found.append((f"{e}: restore it from a copy", {at if kind == "commit" or not where else f"{at}/{where}"}))
 
+        at = f_commit = ""
         for f in reach.walk(graph, repo, refs, by_path=True, problem=problem):
-            if f.kind == "file":
-                label = f"cdc://{repo}@{f.ref.removeprefix('tag:')}/{f.path}"
+            if f.kind == "commit":  # a file first met in an older commit is named by that commit's id
+                at = f.ref.removeprefix("tag:") if f.name == refs[f.ref] else f.name
+                f_commit = f.name
+            elif f.kind == "file":
+                label = f"cdc://{repo}@{at}/{f.path}"
+                if at == f_commit:
+                    older.add(label)
                 m = _check_manifest(store, f.name, label, manifests, found)
                 for c in m.chunk_ids if m else ():
                     users[c].add(label)
@@ -304,6 +314,11 @@ def _check_reachable(store: UpkeepHost, found: list) -> dict[bytes, set[str]]:
                       f"`cdcstore rebuild-index` (it reads the pack footers); if they stay missing, "
                       f"{REPUSH}", absent - hurt))
     return users
+
+OLDER = ("; a file named at a commit id is an older version: push that version of the file to a scratch "
+         "branch (`cdcstore push FILE cdc://REPO@scratch/PATH`, then `cdcstore branch REPO scratch --delete`), "
+         "or restore the pack from a copy")
+
 
 def _check_bundles(store: UpkeepHost, found: list) -> None:
     """Every manifest bundle reads and holds true manifests (gc keeps a damaged one: it cannot

@@ -337,6 +337,45 @@ def forgotten_reach(repo: UpkeepHost, live: Live) -> Forgotten:
     return out
 
 
+def deleted_reach(repo: UpkeepHost, live: Live, out: Forgotten, since: float) -> None:
+    """Add to `out` what the commits of repos deleted after `since` (their tombstones list each
+    commit's root tree and landing time, `Refs.delete_repo`) reached and the live set does not:
+    committed, so no upload in flight, as for forgotten commits. Tombstones older than the grace
+    window (`since`) are not read: what they reached is past it anyway."""
+    walked = set(live.trees)
+    for info in repo.objects.list(DELETED):
+        if info.mtime is None or info.mtime < since or not info.size:
+            continue
+        try:
+            body = repo.objects.get(info.name)
+        except (StorageError, OSError):
+            continue
+        for line in bytes(body[:MAX_TOMBSTONE_BYTES]).decode("utf-8", "replace").splitlines():
+            try:
+                doc = json.loads(line)
+                tree, when = doc["tree"], float(doc["landed"])
+                if not ids.is_hex_id(tree):
+                    continue
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut by the bound, or not ours: nothing freed early by it
+            view = treeobj.View(repo.read_tree, tree)
+            for f in reach.subtree(view, tree, trees=walked, problem=_freed):
+                if f.kind == "tree":
+                    out.trees.setdefault(f.name, when)
+                elif f.name not in live.manifests and f.name not in out.manifests:
+                    out.manifests[f.name] = when
+                    try:
+                        chunk_ids = repo.get_manifest(f.name).chunk_ids
+                    except (CdcError, StorageError, OSError):
+                        continue
+                    for c in chunk_ids:
+                        if c not in live.chunks:
+                            out.chunks.setdefault(c, when)
+
+
+MAX_TOMBSTONE_BYTES = 64 << 20  # a tombstone's commit list read at most this far (~500,000 commits)
+
+
 def _freed(kind: str, ref: str, where: str, error: Exception) -> None:
     """A tree of a forgotten commit that cannot be read: an earlier gc freed it (what is below
     it is skipped)."""
@@ -353,6 +392,7 @@ def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = Non
     repo.recover(whole=True)  # durable packs a killed push left unindexed (or a bounded index let go) are counted
     live = mark(repo, live)
     forgotten = forgotten_reach(repo, live)  # before young roots add to `live`: what only they reach
+    deleted_reach(repo, live, forgotten, now - grace)
     live_commits, live_manifests, live_chunks = live.commits, live.manifests, live.chunks
     # the manifests of jobs still running (a deferred commit's journal) are roots; dead jobs' journals go
     staged, doomed_staging = staging.gc_plan(repo, now, grace, SESSION_STALE)

@@ -17,6 +17,7 @@ repository (commits, views, new trees, what a commit adds) is the small `RefHost
 from __future__ import annotations
 
 import contextlib
+import json
 import secrets
 import time
 from typing import Iterable, Iterator, Protocol
@@ -24,7 +25,7 @@ from typing import Iterable, Iterator, Protocol
 from ..core import ids, treeobj
 from ..core.address import check_name, check_ref_name, check_write_target, is_commit_like
 from ..core.commit import Commit
-from ..core.errors import (ConflictError, CorruptionError, InvalidAddressError, RefExistsError,
+from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, RefExistsError,
                            RepoNotFoundError, RevisionNotFoundError)
 from .objects import Conflict, NotFound, ObjectStore
 
@@ -141,18 +142,34 @@ class Refs:
         """Remove a repo: its branches and tags first (from then on nothing reaches its data),
         then its commits and records. gc frees the packs and manifests only it used."""
         self.require_repo(repo)
-        names = [i.name for i in self.objects.list(f"repos/{repo}/")]
+        infos = list(self.objects.list(f"repos/{repo}/"))
+        names = [i.name for i in infos]
         refs = [n for n in names if n.split("/")[2] in ("branches", "tags")]
         out = {"repo": repo, "refs": len(refs), "commits": sum(1 for n in names if n.split("/")[2] == "commits"),
                "objects": len(names), "dry_run": dry_run}
         if not dry_run:
-            # a tombstone first: every replica drops the repo's reach when it sees it
+            # a tombstone first: every replica drops the repo's reach when it sees it; it lists what
+            # the commits landed (root tree, time), so gc frees what only they reached without
+            # waiting out the grace window (`maintenance.deleted_reach`)
             tombstone = f"{DELETED}{repo}/{time.time_ns()}-{secrets.token_hex(4)}"
-            self.objects.put(tombstone, b"", exist_ok=True)
+            self.objects.put(tombstone, self._landed(repo, infos), exist_ok=True)
             for n in refs + [n for n in names if n not in refs]:
                 self.objects.delete(n)
             self._host.dropped_repo(repo, tombstone)
         return out
+
+    def _landed(self, repo: str, infos) -> bytes:
+        """A tombstone's body: a JSON line {"tree", "landed"} for each commit of the repo that
+        names a root tree (commit format 2 and 3), `landed` its object's mtime."""
+        folder = f"repos/{repo}/commits/"
+        lines = []
+        for i in infos:
+            if i.name.startswith(folder) and i.name.endswith(".json") and i.mtime is not None:
+                with contextlib.suppress(CdcError, NotFound, ValueError):
+                    tree = self._host.get_commit(repo, i.name[len(folder):-len(".json")]).tree
+                    if tree is not None:
+                        lines.append(json.dumps({"tree": tree, "landed": i.mtime}, sort_keys=True))
+        return "".join(line + "\n" for line in lines).encode()
 
     def forgotten(self, repo: str) -> set[str]:
         """Commits of `repo` that `forget` dropped: kept as history, their files are not."""
