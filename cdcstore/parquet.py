@@ -17,7 +17,7 @@ import os
 # chunking keeps unchanged pages byte-identical; dictionaries only for columns with
 # few values, sorted for strings, so that an edit does not renumber the pages after it.
 
-WRITER_VERSION = 3
+WRITER_VERSION = 4
 WRITER_METADATA_KEY = b"cdcstore.writer"
 #: Arrow CDC options used by the writer, recorded in every file it writes.
 CDC_OPTIONS = {"min_chunk_size": 64 * 1024, "max_chunk_size": 512 * 1024, "norm_level": 0}
@@ -32,6 +32,11 @@ DEFAULT_ROW_GROUP_BYTES = 32 * 1024 * 1024
 #: Version 3: no row limit per page (Arrow's default ends a page every 20,000 rows, a cut by count
 #: that an insert or delete moves), so every data page boundary is Arrow CDC's, by content.
 MAX_ROWS_PER_PAGE = 1 << 30
+#: Version 4: a table smaller than GROUPS_PER_TABLE row groups of `row_group_bytes` gets smaller
+#: row groups (its rows / GROUPS_PER_TABLE, a power of two, at least MIN_GROUP_ROWS): with one or
+#: two row groups a file's column chunks are a page or two, and any edit rewrote all of them.
+GROUPS_PER_TABLE = 8
+MIN_GROUP_ROWS = 1024
 _SLICE_ROWS = 65536
 
 
@@ -187,11 +192,18 @@ def _target_rows(table, nbytes: int) -> int:
     return 1 << max(0, round(math.log2(rows)))
 
 
+def _small_table_rows(n: int) -> int:
+    """The row-group target of a table too small for GROUPS_PER_TABLE groups of the byte target:
+    n / GROUPS_PER_TABLE rounded to a power of two (it moves only when the table doubles or halves,
+    and then the cuts of the larger target are among the smaller one's: half the groups stay)."""
+    return max(MIN_GROUP_ROWS, 1 << max(0, round(math.log2(max(1, n / GROUPS_PER_TABLE)))))
+
+
 def _row_group_ends(table, row_group_bytes: int, fps, target: int | None = None) -> list[int]:
     n = table.num_rows
     if n == 0:
         return []
-    target = target or _target_rows(table, row_group_bytes)
+    target = target or min(_target_rows(table, row_group_bytes), _small_table_rows(n))
     if fps is None:  # nothing to hash: fixed-size groups
         return list(range(target, n, target)) + [n]
     return plan_row_groups(fps, target, max(1, target // 4), target * 32)
