@@ -573,8 +573,21 @@ class ParquetSource(Source):
                 ds.yielded(1)
                 yield row
             return
+        if ds.format == "python" or not table.num_rows:
+            for lo in range(0, table.num_rows, ds.block):
+                yield cls._format(ds, table.slice(lo, ds.block))
+            return
+        if any(c.num_chunks > 1 for c in table.columns):
+            table = table.combine_chunks()  # once a step: each block is then a zero-copy slice
+        if ds.format == "arrow":
+            for batch in table.to_batches(max_chunksize=ds.block):  # in C++, no copy
+                cls._count(ds, batch.num_rows)
+                yield batch
+            return
+        arrays = cls._formatted(ds, table)  # numpy: each column copied once a step (writable)
         for lo in range(0, table.num_rows, ds.block):
-            yield cls._format(ds, table.slice(lo, ds.block))
+            cls._count(ds, min(ds.block, table.num_rows - lo))
+            yield {name: a[lo:lo + ds.block] for name, a in arrays.items()}
 
     @classmethod
     def _format(cls, ds, table: pa.Table):
@@ -591,7 +604,11 @@ class ParquetSource(Source):
         """One block's rows in the dataset's format."""
         n = table.num_rows
         if ds.format == "arrow":
-            return table.combine_chunks().to_batches()[0] if n else pa.RecordBatch.from_pylist([], table.schema)
+            if not n:
+                return pa.RecordBatch.from_pylist([], table.schema)
+            if all(c.num_chunks == 1 for c in table.columns):  # a slice of a combined step: no copy
+                return pa.RecordBatch.from_arrays([c.chunk(0) for c in table.columns], schema=table.schema)
+            return table.combine_chunks().to_batches()[0]
         if ds.format == "python":
             return table.to_pydict()
         table = table.combine_chunks()  # writable arrays: torch takes them without a warning

@@ -38,6 +38,15 @@ class _Cursor(sqlite3.Cursor):
     execute, executemany, fetchone, fetchmany, fetchall, __next__ = (
         _holding(sqlite3.Cursor, n) for n in ("execute", "executemany", "fetchone", "fetchmany", "fetchall", "__next__"))
 
+    def __iter__(self):
+        """Rows a batch at a time: the lock is taken per ITER_ROWS rows, not per row (a file's
+        chunk lookups paid ~50 us a row under threads), and memory stays bounded."""
+        while rows := self.fetchmany(ITER_ROWS):
+            yield from rows
+
+
+ITER_ROWS = 1024
+
 
 class _Connection(sqlite3.Connection):
     """A connection that another thread may close while its own thread uses it: each call and
