@@ -29,7 +29,7 @@ from .core.errors import InvalidAddressError, PathNotFoundError
 from .engine.commits import Commits, TransferResult, check_author, wire_since
 from .engine.history import History, as_address as _as_address
 from .engine.pull import PULL_LOCATE_CHUNKS, check_replaceable, pull_files  # noqa: F401 (check_replaceable: fs.py's)
-from .storage.reader import FileReader
+from .storage.reader import FileReader, filesystem_made  # noqa: F401 (filesystem_made: fs.py's)
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
 from .storage import meta  # meta: the process's heads and objects (fs.py uses it through here)

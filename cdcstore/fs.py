@@ -33,7 +33,7 @@ from fsspec.transaction import Transaction
 from . import runtime
 from .core import tree
 from .core.address import SCHEME, Address, check_write_target, parse
-from .api import Store, check_replaceable, meta
+from .api import Store, check_replaceable, filesystem_made, meta
 from .core.commit import FileEntry
 from .core.errors import InvalidAddressError
 
@@ -164,6 +164,7 @@ class CdcFileSystem(AbstractFileSystem):
         self._given = dict(resolved or {})  # heads resolved by the instance this one was pickled from
         self._get_root: tuple[str, str] | None = None  # a recursive get's destination: (absolute, real)
         self._store = runtime.Local()  # this process's Store (nothing network-bound survives a fork)
+        filesystem_made()  # the exit hook then looks for pyarrow's wrappers of it
         self._heads: dict[tuple[str, str], str] = dict(resolved or {})  # (repo, rev) -> commit id, for pickling
         self._asked: dict[tuple[str, str], float] = {}  # (repo, branch) -> when this instance last asked the store
         self._views: dict = {}  # (repo, commit id) -> (Commit, treeobj.View): derived from immutable commits

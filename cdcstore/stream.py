@@ -45,9 +45,6 @@ SUMMED = ("samples", "batches", "by_reference", "bytes_read", "row_groups", "dec
           "read_seconds", "requests", "received_bytes", "cache_hits", "cache_misses")
 STORE_FIGURES = ("requests", "received_bytes", "cache_hits", "cache_misses")
 FIGURES = SUMMED + ("max_rows_held", "started")
-# a stream mostly reads a server: its client (aiohttp and its TLS setup, ~0.2 s to import) loads on a
-# background thread from this import on, while the caller's own setup runs, not on the first batch's path
-runtime.preload(f"{__package__}.remote.client")
 
 STEP_ROWS = 16384  # positions per step of a consumer: the order's bookkeeping is per step, batches are cut from it
 SLOTS = 65  # figure slots: this process, then DataLoader workers 0..63 (worker w uses slot w % 64 + 1)
@@ -235,8 +232,8 @@ class StreamingDataset:
         self.block = int(batch_size or block_size or 1)
         self.prefetch_bytes, self.prefetch_row_groups = int(prefetch_bytes), int(prefetch_row_groups)
         self.drop_last = drop_last
-        # pyarrow imports pandas (about 1 s) at a process's first to_numpy or array of numpy: meanwhile
-        runtime.preload("pyarrow.compute", "pandas")
+        if format != "arrow":  # pyarrow imports pandas (0.2-1 s) at a process's first to_numpy: meanwhile
+            runtime.preload("pandas")  # (Arrow batches need no pandas: no import competing with the first batch)
         given = None if store is None or isinstance(store, str) else store  # a Store, else a location or None
         self._store_args = {"location": store if given is None else given.location, "token": token}
         self._store = runtime.Local(given) if given is not None else runtime.Local()  # this process's

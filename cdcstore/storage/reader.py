@@ -82,6 +82,7 @@ def _new_bytes(n: int) -> tuple[bytes, memoryview]:
 
 _arrow_held: dict[int, weakref.ref] = {}  # readers and buffers pyarrow may still hold, by id
 _arrow_read = threading.Event()  # set once pyarrow has read through a FileReader
+_filesystems_made = threading.Event()  # set once a `cdc://` filesystem exists (fs.py): pyarrow may wrap it
 
 
 def _hand_to_arrow(obj):
@@ -95,7 +96,7 @@ def _forget(ref: weakref.ref) -> None:
     _arrow_held.pop(id(ref), None)
 
 
-def arrow_settled(timeout: float = 5.0, patience: float = 0.5) -> bool:
+def arrow_settled(timeout: float = 5.0, patience: float = 0.1) -> bool:
     """Wait, with the GIL released, until pyarrow has freed what it read through a
     FileReader: True when all is freed. Stops early when nothing was freed for
     `patience` seconds (the rest is held by live Python objects, which the main
@@ -103,8 +104,9 @@ def arrow_settled(timeout: float = 5.0, patience: float = 0.5) -> bool:
     if not _arrow_read.is_set():
         return True
     gc.collect()  # frees pyarrow objects kept in reference cycles, here, with the GIL
-    for handler in _fsspec_handlers():
-        _hand_to_arrow(handler)
+    if _filesystems_made.is_set():  # a scan of every object (0.1 s in a large process): only if there can be any
+        for handler in _fsspec_handlers():
+            _hand_to_arrow(handler)
     now = time.monotonic()
     deadline, last_progress, left = now + timeout, now, len(_arrow_held)
     while _arrow_held and now < deadline and now - last_progress < patience:
@@ -113,6 +115,11 @@ def arrow_settled(timeout: float = 5.0, patience: float = 0.5) -> bool:
         if len(_arrow_held) < left:
             last_progress, left = now, len(_arrow_held)
     return not _arrow_held
+
+
+def filesystem_made() -> None:
+    """A `cdc://` filesystem was made in this process (pyarrow may hold it in an FSSpecHandler)."""
+    _filesystems_made.set()
 
 
 def _fsspec_handlers() -> list:
