@@ -28,7 +28,7 @@ from ..core import ids
 from . import wire
 from .refs import RemoteRefs
 from .receiver import Receiver, Stalled, Unserved
-from .staging import RemoteJournal, manifests_present
+from .journal import RemoteJournal, manifests_present
 from .wire import url_repo
 from ..core import treeobj
 from ..core.commit import Commit

@@ -101,8 +101,8 @@ def arrow_settled(timeout: float = 5.0, patience: float = 0.1) -> bool:
     FileReader: True when all is freed. Stops early when nothing was freed for
     `patience` seconds (the rest is held by live Python objects, which the main
     thread frees later, safely) and after `timeout` seconds in any case."""
-    if not _arrow_read.is_set():
-        return True
+    if not _arrow_read.is_set() or not (_arrow_held or _filesystems_made.is_set()):
+        return True  # nothing held: no collection of a large heap at every exit
     gc.collect()  # frees pyarrow objects kept in reference cycles, here, with the GIL
     if _filesystems_made.is_set():  # a scan of every object (0.1 s in a large process): only if there can be any
         for handler in _fsspec_handlers():
