@@ -255,12 +255,22 @@ def _check_no_refs(repo: UpkeepHost, name: str) -> None:
     """A repo that holds commits but lists no branch or tag: a repo's last branch is never
     deleted, so only a delete-repo (tombstone first, then refs, then commits) leaves one. Else
     the listing hides its refs (issue 31: gc then deleted every pack), and gc stops."""
-    if _deleting(repo, name):
+    if _deleting(repo, name) or _never_landed(repo, name):
         return
     direct = repo.objects.exists(ref_name(name, "branch", DEFAULT_BRANCH))
     raise _refused(repo.location, f"the listing shows commits of repo {name!r} but no branch or tag"
                    + (f", and a direct read finds its branch {DEFAULT_BRANCH!r}" if direct else
                       " (a repo's last branch is never deleted), and no delete-repo of it is under way"))
+
+
+def _never_landed(repo: UpkeepHost, name: str) -> bool:
+    """Whether every commit of a ref-less repo is a root commit whose landing marker is still there
+    (`Refs.commit`): its first push was killed before its branch named it, so no ref was lost and
+    nothing of it was ever acknowledged. Its objects are unreachable uploads (the grace window)."""
+    folder, marks = f"repos/{name}/commits/", f"repos/{name}/landing/"
+    commits = {i.name[len(folder):].removesuffix(".json") for i in repo.objects.list(folder)}
+    landing = {i.name[len(marks):] for i in repo.objects.list(marks)}
+    return bool(commits) and commits <= landing
 
 
 def _check_listing(repo: UpkeepHost, listed: list[str]) -> None:

@@ -44,6 +44,11 @@ def commit_name(repo: str, cid: str) -> str:
     return f"repos/{repo}/commits/{cid}.json"
 
 
+def landing_name(repo: str, cid: str) -> str:
+    """A root commit's marker while its branch does not name it yet (`Refs.commit`)."""
+    return f"repos/{repo}/landing/{cid}"
+
+
 def forgotten_name(repo: str, cid: str) -> str:
     return f"repos/{repo}/forgotten/{cid}"
 
@@ -291,9 +296,18 @@ class Refs:
                                       f"base the commit on the branch head")
         added = self._host.new_reach(commit)
         self._host.require_stored(added[2])  # the truth, not this machine's index, acknowledges a commit
+        # a root commit (a repo's first) is marked until a branch names it: a push killed in between
+        # leaves a repo of commits and no ref, which gc then knows was never landed (not refs lost)
+        pending = landing_name(commit.repo, commit.id) if commit.parent is None else None
+        if pending is not None:
+            self.objects.put(pending, b"", exist_ok=True)
         cid = self._host.put_commit(commit)
-        return self.update_branch(commit.repo, branch, expected, cid, commit,
-                                  landed=None if landed is None else lambda c: landed(c, added))
+        out = self.update_branch(commit.repo, branch, expected, cid, commit,
+                                 landed=None if landed is None else lambda c: landed(c, added))
+        if pending is not None:
+            with contextlib.suppress(CdcError, NotFound, OSError):  # a marker left names a commit that landed
+                self.objects.delete(pending)
+        return out
 
     def update_branch(self, repo: str, branch: str, expected: str | None, new: str,
                       commit: Commit | None = None, landed=None) -> str:
