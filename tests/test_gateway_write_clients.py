@@ -68,7 +68,9 @@ def test_aws_cli_cp_a_file_and_a_folder(gw, tmp_path):
     with local(gw) as s:
         assert s.cat("cdc://ds/cli/one.bin") == (tmp_path / "one.bin").read_bytes()
         assert sorted(e["name"] for e in s.ls("cdc://ds/cli/tree/sub")) == [f"cli/tree/sub/{i}.txt" for i in range(5)]
-        assert {c["author"] for c in s.log("ds", "main", limit=6)} == {"pipeline"}
+        ours = [c for c in s.log("ds", "main", limit=20) if "cli/" in c["message"]]
+        assert ours and {c["author"] for c in ours} == {"pipeline"}
+        assert len(ours) <= 6  # the 5 files the CLI sends at once may land as one group commit
     aws(gw, "rm", "s3://ds/main/cli/one.bin")
     with local(gw) as s:
         assert [e["name"] for e in s.ls("cdc://ds/cli")] == ["cli/tree"]
