@@ -27,6 +27,7 @@ from .core.commit import MAX_AUTHOR, Commit, FileEntry
 from .core.manifest import Manifest
 from .core.errors import InvalidAddressError, PathNotFoundError
 from .engine.commits import Commits, TransferResult, check_author, wire_since
+from .engine.groups import GroupCommits  # noqa: F401 (the faces' group commit: publish.py, fs.py)
 from .engine.history import History, as_address as _as_address
 from .engine.pull import PULL_LOCATE_CHUNKS, check_replaceable, pull_files  # noqa: F401 (check_replaceable: fs.py's)
 from .storage.reader import FileReader, filesystem_made  # noqa: F401 (filesystem_made: fs.py's)

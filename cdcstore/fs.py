@@ -33,7 +33,7 @@ from fsspec.transaction import Transaction
 from . import runtime
 from .core import tree
 from .core.address import SCHEME, Address, check_write_target, parse
-from .api import Store, check_replaceable, filesystem_made, meta
+from .api import GroupCommits, Store, check_replaceable, filesystem_made, meta
 from .core.commit import FileEntry
 from .core.errors import InvalidAddressError
 
@@ -374,7 +374,10 @@ class CdcFileSystem(AbstractFileSystem):
             touched = [p for _, p in pairs] + list(entries) + remove
             names = ", ".join(touched[:3]) + (" ..." if len(touched) > 3 else "")
             verb = "write" if pairs or entries else "remove"
-            self.store.commit_files(repo, branch, pairs, f"{verb} {names}", remove=remove, entries=entries)
+            if pairs:  # stored first (chunks, then manifests); then committed with the writes in flight
+                entries = {**self.store.commits.upload(pairs, None, None), **entries}
+            self._groups().commit(repo, branch, entries, remove, f"{verb} {names}", None,
+                                  {p: None for p in exclusive} or None)
             meta.wrote(meta.identity(self.store.identity), repo, branch)
         self.invalidate_cache()
 
@@ -407,6 +410,12 @@ class CdcFileSystem(AbstractFileSystem):
                                               f"elsewhere")
             check_replaceable(target)
         return super().get_file(rpath, lpath, callback=callback, outfile=outfile, **kwargs)
+
+    def _groups(self) -> GroupCommits:
+        """This process's group committer for the store (`engine.groups`): writes from many threads
+        to one branch (zarr's, a thread pool's `put_file`s) land together while a commit is made."""
+        return runtime.per_process(("fs-groups", self.store.identity, self._args["token"]),
+                                   lambda: GroupCommits(lambda author: self.store))
 
     def _check_absent(self, repo: str, branch: str, paths: list[str]) -> None:
         """Mode "xb": the paths must not exist on the branch now."""

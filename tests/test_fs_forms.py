@@ -135,10 +135,12 @@ def test_fsspec_writers_land_one_commit_as_documented(tmp_path):
     assert back.num_rows == 1000 and sorted(back["v"].to_pylist()) == list(range(1000))
     assert len(fs.find("cdc://imagenet@main/v4/")) == 4  # four files, one commit
 
-    # outside a transaction each file is its own commit: what the docs warn about
+    # outside a transaction the files land as they close, several at once in a group commit (up to
+    # one commit each): what the docs warn about
     ds.write_dataset(table, "cdc://imagenet@main/v5/", filesystem=fs, format="parquet",
                      partitioning=["label"], partitioning_flavor="hive")
-    assert commits(str(tmp_path / "s"), "imagenet") == 1 + 4
+    assert 1 + 1 <= commits(str(tmp_path / "s"), "imagenet") <= 1 + 4
+    assert len(fs.find("cdc://imagenet@main/v5/")) == 4
 
     opts = {"store": str(tmp_path / "s")}
     ddf = dd.from_pandas(pd.DataFrame({"v": range(600)}), npartitions=6)
@@ -148,6 +150,6 @@ def test_fsspec_writers_land_one_commit_as_documented(tmp_path):
             ddf.to_parquet("cdc://r@main/one/", storage_options=opts, write_metadata_file=False)
         assert commits(str(tmp_path / "s"), "r") == 1
         ddf.to_parquet("cdc://r@main/many/", storage_options=opts, write_metadata_file=False)
-    assert commits(str(tmp_path / "s"), "r") == 1 + 6
+    assert 1 + 1 <= commits(str(tmp_path / "s"), "r") <= 1 + 6
     assert sorted(dd.read_parquet("cdc://r/one/", storage_options=opts).compute()["v"]) == list(range(600))
 

@@ -12,6 +12,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from cdcstore import Store
+from cdcstore.engine.groups import GroupCommits
 from cdcstore.publish import Publisher
 from cdcstore.storage.repository import LocalStore, open_repository
 from cdcstore.testing import ServerProcess, free_port
@@ -32,7 +33,7 @@ def held(tmp_path, monkeypatch):
     Store(root).push([str(_seed(tmp_path))], "cdc://r/seed.bin")
     pub = Publisher(open_repository(root))
     gate, entered = threading.Event(), threading.Event()
-    real = Publisher._commit_group
+    real = GroupCommits._commit_group
     first = [True]
 
     def slow(self, *a, **kw):
@@ -42,7 +43,7 @@ def held(tmp_path, monkeypatch):
             gate.wait(30)
         return real(self, *a, **kw)
 
-    monkeypatch.setattr(Publisher, "_commit_group", slow)
+    monkeypatch.setattr(GroupCommits, "_commit_group", slow)
     return root, pub, gate, entered
 
 
@@ -55,7 +56,7 @@ def _seed(tmp_path):
 def _queued(pub, n: int) -> None:
     """Until `n` writes wait in the branch's queue (behind the held commit)."""
     for _ in range(3000):
-        if len(pub._queues.get(("r", "main", "w"), [])) >= n:
+        if len(pub._groups._queues.get(("r", "main", "w"), [])) >= n:
             return
         time.sleep(0.01)
     raise AssertionError(f"{n} writes never queued")
