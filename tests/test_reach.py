@@ -73,7 +73,7 @@ def test_gc_check_rebuild_and_access_records_share_one_live_set(history, tmp_pat
     assert _rows(be.index, "manifest") == granted and _rows(be.index, "tree") == _rows(fresh.index, "tree")
     assert _chunks(be.index) == live.chunks
     found: list = []
-    assert set(check._check_reachable(be, found)) == live.chunks and found == []
+    assert set(check._check_reachable(be, found, set())) == live.chunks and found == []
 
 
 def test_a_tag_at_a_forgotten_commit_grants_nothing(history, tmp_path):

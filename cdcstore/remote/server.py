@@ -520,7 +520,7 @@ def serve(store_path: str, host: str, port: int, tokens_file: str | None = None,
                 f"refusing to serve {host} without --tokens: anyone could read and write. "
                 f"Pass --tokens FILE, bind 127.0.0.1, or add --allow-no-auth to accept the risk")
     # said at once: opening a large store (its index, packs a killed push left) and binding can take a while
-    print(f"cdcstore serve: opening {store_path} and starting on {host}:{port} ...", file=sys.stderr, flush=True)
+    print(f"cdcstore serve: opening {store_path} and starting on {host}:{port} ...", flush=True)
     store = open_repository(store_path)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("aiohttp.server").addFilter(OneLineErrors())
