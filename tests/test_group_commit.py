@@ -155,3 +155,31 @@ def test_concurrent_puts_through_the_gateway_take_fewer_commits(tmp_path):
         assert commits < 32
     finally:
         srv.stop()
+
+
+def test_a_job_lands_by_a_marker_that_is_no_file(tmp_path):
+    """A write session through the gateway without a file left in the data: writes under
+    BRANCH@JOB/ are staged (nothing visible), and a PUT of BRANCH@JOB/.cdc-land lands them as ONE
+    commit; `.cdc-land` itself is not stored (`_SUCCESS`, the other marker, stays in the data)."""
+    root = str(tmp_path / "srv")
+    LocalStore.init(root)
+    port = free_port()
+    srv = ServerProcess(root, "--s3-port", str(port)).start()
+    try:
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="x",
+                          aws_secret_access_key="x", region_name="us-east-1")
+        s3.create_bucket(Bucket="lake")
+        for name in ("a.bin", "b.bin"):
+            s3.put_object(Bucket="lake", Key=f"main@run1/arr/{name}", Body=name.encode())
+        assert "Contents" not in s3.list_objects_v2(Bucket="lake", Prefix="main/")  # nothing visible yet
+        r = s3.put_object(Bucket="lake", Key="main@run1/.cdc-land", Body=b"")
+        landed = r["ResponseMetadata"]["HTTPHeaders"].get("x-cdc-commit")
+        empty = s3.put_object(Bucket="lake", Key="main@nothing/.cdc-land", Body=b"")  # an empty job: no commit
+        assert "x-cdc-commit" not in empty["ResponseMetadata"]["HTTPHeaders"]
+        with Store(root) as st:
+            assert sorted(e["name"] for e in st.ls("cdc://lake/", recursive=True)) == ["arr/a.bin", "arr/b.bin"]
+            log = st.log("lake", "main")
+            assert len(log) == 2 and log[0]["commit"] == landed  # the bucket's creation, then the job
+            assert st.cat("cdc://lake/arr/b.bin") == b"b.bin"
+    finally:
+        srv.stop()

@@ -6,7 +6,8 @@ A key of a write is `BRANCH/PATH` in the bucket REPO. The bytes are stored as a 
 chunks packed) and each write lands as one commit on the branch, by the token's name. A tag or a
 commit id is refused (403 AccessDenied: they are immutable). A key `BRANCH@JOB/PATH` stages the
 write in job JOB's journal instead (nothing visible); writing `BRANCH@JOB/.../_SUCCESS` (what Spark
-and Hadoop write when a job commits) lands every staged write of the job as ONE commit.
+and Hadoop write when a job commits) lands every staged write of the job as ONE commit, and
+`BRANCH@JOB/.cdc-land` does the same without storing a file.
 
 A token writes only where the native API lets it (`tokens.refusal`: write scope, its repos).
 """
@@ -120,7 +121,8 @@ class GatewayWrites:
         if t.job is None:
             return self._commit(t, entries, removed, author, message, expect)
         try:
-            self.publisher.stage(t.repo, t.job, entries, removed)
+            if entries or removed:
+                self.publisher.stage(t.repo, t.job, entries, removed)
             if t.lands:
                 return self.publisher.land(t.repo, t.branch, t.job, f"S3 job {t.key.partition('/')[0]}", author)
         except (ValueError, NotFoundError, CdcError) as e:
@@ -214,6 +216,10 @@ class GatewayWrites:
                         raise S3Error(400, "InvalidArgument", f"{t.key!r} ends with '/': a folder is no file here "
                                                               f"and cannot hold bytes", Key=t.key)
                     return web.Response(headers={"ETag": f'"{EMPTY_MD5}"', "Content-Length": "0"})
+                if t.marker_only:  # BRANCH@JOB/.cdc-land: the job lands, the marker is no file of it
+                    cid = await self.io(self.land, t, {}, [], self.author(request, grant), "", expect)
+                    return web.Response(headers={"ETag": f'"{got.md5}"', "Content-Length": "0",
+                                                 **_commit_header(cid)})
                 entry = await self.io(self.publisher.upload, t.repo, t.path, tmp)
                 cid = await self.io(self.land, t, {t.path: entry}, [], self.author(request, grant),
                                     f"PUT {t.path} (S3 gateway)", expect)

@@ -13,6 +13,7 @@ from aiohttp import web
 from .gateway import NS, S3Error
 
 JOB_LANDS = "_SUCCESS"  # the file whose write under BRANCH@JOB/ lands the job
+JOB_LANDS_ALONE = ".cdc-land"  # the same, but no file: the job lands and nothing of the marker is kept
 EMPTY_MD5 = hashlib.md5(b"").hexdigest()
 
 
@@ -27,8 +28,13 @@ class Target:
 
     @property
     def lands(self) -> bool:
-        """Whether this write lands its job (BRANCH@JOB/.../_SUCCESS)."""
-        return self.job is not None and self.path.rpartition("/")[2] == JOB_LANDS
+        """Whether this write lands its job (BRANCH@JOB/.../_SUCCESS, or .cdc-land)."""
+        return self.job is not None and self.path.rpartition("/")[2] in (JOB_LANDS, JOB_LANDS_ALONE)
+
+    @property
+    def marker_only(self) -> bool:
+        """A job's landing marker that is no file (BRANCH@JOB/.cdc-land): nothing of it is stored."""
+        return self.job is not None and self.path.rpartition("/")[2] == JOB_LANDS_ALONE
 
 
 def job_id(repo: str, branch: str, name: str) -> str:
