@@ -9,6 +9,7 @@ solely from a pack nobody's landed commit reaches are still read (the co-tenant 
 tests/test_trust_by_origin.py). moto behind a counting proxy; two cache dirs are two machines;
 real-shaped Parquet written by plain pyarrow.
 """
+import os
 import secrets
 
 import pyarrow as pa
@@ -238,3 +239,50 @@ def test_a_new_machine_mirror_push_removes_what_it_lacks_reading_the_changed_pat
         top = {e["name"].rsplit("/", 1)[-1] for e in s.ls("cdc://ds/")}
         assert "d004" not in top and "d005" in top and "outside" not in top  # the mirror is of ds/ itself
         assert len(s.ls("cdc://ds/d005/")) == 20
+
+
+OLD_SERVER = """
+import sys
+from cdcstore.core import treeobj
+treeobj.READ_VERSIONS = (treeobj.TREE_VERSION, treeobj.SPLIT_VERSION)  # a server from before content ids
+from cdcstore.cli import main
+sys.argv = ["cdcstore", "serve", "--store", sys.argv[1], "--port", sys.argv[2]]
+main()
+"""
+
+
+def test_a_push_to_a_server_before_content_ids_still_lands(tmp_path):
+    """A server from before tree formats 4 and 5 refuses our trees (400 "has tree format 4"): the
+    client then sends the commit's file map (format 1), as for a server before protocol 1.5, and
+    the server builds trees of its own format. A real server process, patched to read 2 and 3 only."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from cdcstore.storage.repository import LocalStore
+    from cdcstore.testing import free_port
+    root, port = str(tmp_path / "srv"), free_port()
+    LocalStore.init(root)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.Popen([sys.executable, "-c", OLD_SERVER, root, str(port)], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.05)
+        src = tmp_path / "src"
+        _small_files(src, 3, 5, 60)  # folders under the root: the root is a format 4 page
+        with Store(f"http://127.0.0.1:{port}", cache=False) as s:
+            s.push([str(src)], "cdc://ds/", message="v1")
+            (src / "d001" / "f02.bin").write_bytes(b"edited")
+            s.push([str(src)], "cdc://ds/", message="v2")
+            assert s.cat("cdc://ds/d001/f02.bin") == b"edited" and len(s.ls("cdc://ds/wide/")) == 60
+            assert s.backend.uncached().legacy_trees  # it fell back to file maps (the server built the trees)
+        with Store(root) as local:
+            assert [c["message"] for c in local.log("ds")] == ["v2", "v1"]
+    finally:
+        p.terminate()
+        p.wait(10)

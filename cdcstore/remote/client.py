@@ -874,14 +874,20 @@ class RemoteStore(Backend):
     # -- trees (protocol 1.5) ------------------------------------------------------------------
     def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
         """Upload trees (before the commit that names them), in batches. A server before
-        protocol 1.5 has no tree route: the trees are then kept here and `commit` sends
-        the commit in format 1 (its whole file map), as such a server expects."""
+        protocol 1.5 has no tree route, and one before tree format 4 refuses our trees: the
+        trees are then kept here and `commit` sends the commit in format 1 (its whole file
+        map), from which such a server builds trees of its own format."""
         def send(batch: list[bytes]) -> None:
             if self.legacy_trees:
                 return
             try:
                 got = self._json("POST", "/trees", body=wire.encode_blobs(batch))["trees"]
             except NotFoundError:  # a server before protocol 1.5
+                self.legacy_trees = True
+                return
+            except CdcError as e:  # a server before tree formats 4 and 5 (content ids) refuses them:
+                if "tree format" not in str(e):  # it then gets the commit's file map and builds its own
+                    raise
                 self.legacy_trees = True
                 return
             if got != [ids.hexdigest(b) for b in batch]:
