@@ -39,7 +39,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -202,7 +201,11 @@ class DecodedUnits:
         _reap_when_gone(os.getpid(), self.path)
         self._progress = multiprocessing.get_context().Array("q", slots, lock=False)
         self._loops = multiprocessing.get_context().Value("q", 0, lock=False)  # the loader's iterations begun
-        self._finalizer = weakref.finalize(self, _remove_if_owner, self.path, os.getpid())
+        # removed when collected, or at exit AFTER multiprocessing has stopped the daemonic DataLoader
+        # workers (exitpriority < 0): a worker still writing into the folder kept it alive past an
+        # atexit removal (weakref.finalize runs before that), and a script's exit left it behind
+        from multiprocessing import util
+        self._finalizer = util.Finalize(self, _remove_if_owner, args=(self.path, os.getpid()), exitpriority=-1)
         self.decodes = 0  # row groups this process decoded
         self._scanned = (None, None, 0)  # (slowest position at the last scan, earliest release left, calls since)
         self._pins = itertools.count()
