@@ -380,3 +380,5 @@ def test_a_first_push_killed_before_its_branch_leaves_gc_working(location, tmp_p
     assert Store(url).push([str(tmp_path / "a.bin")], "cdc://newrepo/a.bin").commit
     assert Store(url).cat("cdc://newrepo/a.bin") == (tmp_path / "a.bin").read_bytes()
     assert Store(url).gc()["delete_packs"] == 0 and Store(url).check()["problems"] == []
+    Store(url).gc(grace=0)  # the never-landed commit goes, and its marker after it
+    assert list(objects.list("repos/newrepo/landing/")) == []

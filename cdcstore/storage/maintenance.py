@@ -61,7 +61,7 @@ from . import bundles, reach, staging
 from .index import ChunkIndex
 from .names import bundle_name, locations_name, manifest_name, pack_name, pack_of, tree_name
 from .objects import ObjectStore, StorageError
-from .refs import DELETED, commit_name, ref_name
+from .refs import DELETED, commit_name, landing_name, ref_name
 
 DEFAULT_GRACE = 24 * 3600.0  # seconds an object is spared after it was written
 DEFAULT_REPACK_DEAD = 0.5  # a pack more than half dead (by bytes) is rewritten with its live chunks
@@ -672,6 +672,8 @@ def execute(repo: UpkeepHost, p: GcPlan) -> None:
         repo.objects.delete(commit_name(r, cid))
         for info in list(repo.objects.list(f"repos/{r}/applied/{cid}")):
             repo.objects.delete(info.name)
+        with contextlib.suppress(StorageError, OSError):  # a never-landed root commit's marker, after it
+            repo.objects.delete(landing_name(r, cid))
     for t in p.trees:  # parents before children need no order: no live tree names a dead one
         repo.objects.delete(tree_name(t))
     for m in p.manifests:
