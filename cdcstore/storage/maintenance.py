@@ -672,8 +672,7 @@ def execute(repo: UpkeepHost, p: GcPlan) -> None:
         repo.objects.delete(commit_name(r, cid))
         for info in list(repo.objects.list(f"repos/{r}/applied/{cid}")):
             repo.objects.delete(info.name)
-        with contextlib.suppress(StorageError, OSError):  # a never-landed root commit's marker, after it
-            repo.objects.delete(landing_name(r, cid))
+        repo.objects.delete(landing_name(r, cid))  # a never-landed root commit's marker, after it (if any)
     for t in p.trees:  # parents before children need no order: no live tree names a dead one
         repo.objects.delete(tree_name(t))
     for m in p.manifests:
