@@ -776,3 +776,43 @@ def test_a_tokens_open_uploads_are_capped_by_count(tmp_path):
         s3.create_multipart_upload(Bucket="team", Key="main/one-more.bin")
     finally:
         srv.stop()
+
+
+def test_an_abort_during_complete_never_says_aborted_while_the_object_lands(gw):
+    """An Abort that arrived while a Complete of the same upload was landing answered 204, and
+    the object landed all the same. Now it waits for the Complete: 404 NoSuchUpload when the object
+    landed, an abort when it did not. Either way the two answers agree with what the branch holds."""
+    import threading
+    import time
+    s3 = client(gw)
+    outcomes = []
+    for round_ in range(4):
+        key = f"main/mp/race-{round_}.bin"
+        up = s3.create_multipart_upload(Bucket="ds", Key=key)["UploadId"]
+        parts = [s3.upload_part(Bucket="ds", Key=key, UploadId=up, PartNumber=n, Body=os.urandom(6 << 20))["ETag"]
+                 for n in (1, 2, 3)]
+        done = {}
+
+        def complete():
+            try:
+                s3.complete_multipart_upload(Bucket="ds", Key=key, UploadId=up, MultipartUpload={
+                    "Parts": [{"PartNumber": n, "ETag": tag} for n, tag in zip((1, 2, 3), parts)]})
+                done["complete"] = "ok"
+            except ClientError as e:
+                done["complete"] = e.response["Error"]["Code"]
+        t = threading.Thread(target=complete)
+        t.start()
+        time.sleep(0.05 * round_)  # aborts at different moments of the Complete
+        try:
+            s3.abort_multipart_upload(Bucket="ds", Key=key, UploadId=up)
+            aborted = True
+        except ClientError as e:
+            assert e.response["Error"]["Code"] == "NoSuchUpload", e.response
+            aborted = False
+        t.join(120)
+        with local(gw) as s:
+            landed = any(e["name"] == f"mp/race-{round_}.bin" for e in s.ls("cdc://ds/mp/"))
+        outcomes.append((aborted, landed, done["complete"]))
+        assert aborted != landed, outcomes  # told "aborted" only when nothing landed
+        assert (done["complete"] == "ok") == landed, outcomes
+    print(outcomes)

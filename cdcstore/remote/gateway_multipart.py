@@ -42,6 +42,7 @@ class Multipart:
         self.writes = writes
         self.server, self.store = writes.server, writes.store
         self.space = JournalSpace(self.store, self.server.limits.max_upload_bytes_per_token)
+        self._completing: dict[str, asyncio.Future] = {}  # upload -> its Complete in flight here (True: it landed)
 
     def _owner(self, request: web.Request) -> str | None:
         """Whose staged bytes a part counts in (None on an open server: no cap)."""
@@ -69,6 +70,10 @@ class Multipart:
         if method == "POST":
             return await self.complete(request, grant, t, upload)
         if method == "DELETE":
+            running = self._completing.get(upload)
+            if running is not None and await asyncio.shield(running):  # an Abort during Complete: the object
+                raise S3Error(404, "NoSuchUpload", f"upload {upload} was completed while this abort waited for "
+                                                   f"it: its object landed", UploadId=upload)  # landed, not aborted
             await self.server.io(uploads.abort, self.store, t.repo, upload)
             self.space.forget()  # its place and bytes are free: counted again at the next request
             return web.Response(status=204)
@@ -191,8 +196,22 @@ class Multipart:
         expect = self.writes.conditions(request, t)
         async with self.writes.held(request):
             chosen = await self.server.io(self._chosen, t, upload, asked)
-            return await answer_slowly(request, self._land(request, grant, t, upload, chosen, expect),
+            return await answer_slowly(request, self._tracked(upload, self._land(request, grant, t, upload,
+                                                                                  chosen, expect)),
                                        self.server.limits.gateway_keepalive)
+
+    async def _tracked(self, upload: str, work):
+        """`work` (a Complete's landing), known to an Abort of the same upload that comes meanwhile:
+        it waits, then learns whether the object landed (the work goes on if the client leaves)."""
+        done = self._completing[upload] = asyncio.get_running_loop().create_future()
+        landed = False
+        try:
+            out = await work
+            landed = True
+            return out
+        finally:
+            self._completing.pop(upload, None)
+            done.set_result(landed)
 
     async def _land(self, request: web.Request, grant: dict, t: Target, upload: str, chosen: list,
                     expect: dict | None) -> web.Response:
