@@ -19,7 +19,6 @@ from typing import Iterable
 from .api import GroupCommits, Store
 from .core.address import DEFAULT_BRANCH, Address
 from .core.commit import FileEntry, check_author
-from .core.errors import NotFoundError
 
 class Publisher:
     """The write path over one repository (the server's)."""
@@ -38,16 +37,6 @@ class Publisher:
         """Store a local file's chunks and manifest as a push does; nothing is committed."""
         entries = self._store().upload([local], Address(repo, None, path))
         return entries[path]
-
-    def existing(self, repo: str, branch: str, paths: Iterable[str]) -> list[str]:
-        """Those of `paths` that are files on the branch's head (the default branch's for a new branch)."""
-        store = self._store()
-        try:
-            _, commit = store.resolve(Address(repo, branch, ""))
-        except NotFoundError:  # no such repo or branch yet: nothing to remove
-            return []
-        view = store.view(repo, commit)
-        return [p for p in paths if view.get(p) is not None]
 
     def commit(self, repo: str, branch: str, entries: dict[str, FileEntry], removed: Iterable[str],
                message: str, author: str, expect: dict[str, str | None] | None = None) -> str | None:

@@ -47,6 +47,24 @@ def held(tmp_path, monkeypatch):
     return root, pub, gate, entered
 
 
+@pytest.fixture
+def lake(tmp_path):
+    """(store root, boto3 client with a pool of 16) of a real `cdcstore serve --s3-port` on a new
+    directory store, open on loopback, with a bucket `lake`."""
+    root = str(tmp_path / "srv")
+    LocalStore.init(root)
+    port = free_port()
+    srv = ServerProcess(root, "--s3-port", str(port)).start()
+    try:
+        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="x",
+                          aws_secret_access_key="x", region_name="us-east-1",
+                          config=Config(max_pool_connections=16, retries={"max_attempts": 1}))
+        s3.create_bucket(Bucket="lake")
+        yield root, s3
+    finally:
+        srv.stop()
+
+
 def _seed(tmp_path):
     p = tmp_path / "seed.bin"
     p.write_bytes(b"seed")
@@ -120,66 +138,47 @@ def test_create_only_writes_in_one_group_have_one_winner(held, tmp_path):
     assert after.cat("cdc://r/seed.bin") == b"seed"
 
 
-def test_concurrent_puts_through_the_gateway_take_fewer_commits(tmp_path):
+def test_concurrent_puts_through_the_gateway_take_fewer_commits(lake):
     """32 PUTs from 8 threads of one client through a real server's S3 gateway: every one answered
     200 and read back; the branch took fewer commits than writes (one a PUT before)."""
-    root = str(tmp_path / "srv")
-    LocalStore.init(root)
-    port = free_port()
-    srv = ServerProcess(root, "--s3-port", str(port)).start()
-    try:
-        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="x",
-                          aws_secret_access_key="x", region_name="us-east-1",
-                          config=Config(max_pool_connections=16, retries={"max_attempts": 1}))
-        s3.create_bucket(Bucket="lake")
-        blobs = {f"main/z/c{i:02d}": os.urandom(2000 + i) for i in range(32)}
-        errors = []
+    root, s3 = lake
+    blobs = {f"main/z/c{i:02d}": os.urandom(2000 + i) for i in range(32)}
+    errors = []
 
-        def put(keys):
-            for k in keys:
-                try:
-                    s3.put_object(Bucket="lake", Key=k, Body=blobs[k])
-                except ClientError as e:
-                    errors.append(e)
-        threads = [threading.Thread(target=put, args=(list(blobs)[i::8],)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert errors == []
-        with Store(root) as st:
-            for k, v in blobs.items():
-                assert st.cat(f"cdc://lake/{k.split('/', 1)[1]}") == v
-            commits = len(st.log("lake", "main")) - 1  # less the bucket's creation
-        print(f"32 PUTs from 8 threads: {commits} commits")
-        assert commits < 32
-    finally:
-        srv.stop()
+    def put(keys):
+        for k in keys:
+            try:
+                s3.put_object(Bucket="lake", Key=k, Body=blobs[k])
+            except ClientError as e:
+                errors.append(e)
+    threads = [threading.Thread(target=put, args=(list(blobs)[i::8],)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    with Store(root) as st:
+        for k, v in blobs.items():
+            assert st.cat(f"cdc://lake/{k.split('/', 1)[1]}") == v
+        commits = len(st.log("lake", "main")) - 1  # less the bucket's creation
+    print(f"32 PUTs from 8 threads: {commits} commits")
+    assert commits < 32
 
 
-def test_a_job_lands_by_a_marker_that_is_no_file(tmp_path):
+def test_a_job_lands_by_a_marker_that_is_no_file(lake):
     """A write session through the gateway without a file left in the data: writes under
     BRANCH@JOB/ are staged (nothing visible), and a PUT of BRANCH@JOB/.cdc-land lands them as ONE
     commit; `.cdc-land` itself is not stored (`_SUCCESS`, the other marker, stays in the data)."""
-    root = str(tmp_path / "srv")
-    LocalStore.init(root)
-    port = free_port()
-    srv = ServerProcess(root, "--s3-port", str(port)).start()
-    try:
-        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", aws_access_key_id="x",
-                          aws_secret_access_key="x", region_name="us-east-1")
-        s3.create_bucket(Bucket="lake")
-        for name in ("a.bin", "b.bin"):
-            s3.put_object(Bucket="lake", Key=f"main@run1/arr/{name}", Body=name.encode())
-        assert "Contents" not in s3.list_objects_v2(Bucket="lake", Prefix="main/")  # nothing visible yet
-        r = s3.put_object(Bucket="lake", Key="main@run1/.cdc-land", Body=b"")
-        landed = r["ResponseMetadata"]["HTTPHeaders"].get("x-cdc-commit")
-        empty = s3.put_object(Bucket="lake", Key="main@nothing/.cdc-land", Body=b"")  # an empty job: no commit
-        assert "x-cdc-commit" not in empty["ResponseMetadata"]["HTTPHeaders"]
-        with Store(root) as st:
-            assert sorted(e["name"] for e in st.ls("cdc://lake/", recursive=True)) == ["arr/a.bin", "arr/b.bin"]
-            log = st.log("lake", "main")
-            assert len(log) == 2 and log[0]["commit"] == landed  # the bucket's creation, then the job
-            assert st.cat("cdc://lake/arr/b.bin") == b"b.bin"
-    finally:
-        srv.stop()
+    root, s3 = lake
+    for name in ("a.bin", "b.bin"):
+        s3.put_object(Bucket="lake", Key=f"main@run1/arr/{name}", Body=name.encode())
+    assert "Contents" not in s3.list_objects_v2(Bucket="lake", Prefix="main/")  # nothing visible yet
+    r = s3.put_object(Bucket="lake", Key="main@run1/.cdc-land", Body=b"")
+    landed = r["ResponseMetadata"]["HTTPHeaders"].get("x-cdc-commit")
+    empty = s3.put_object(Bucket="lake", Key="main@nothing/.cdc-land", Body=b"")  # an empty job: no commit
+    assert "x-cdc-commit" not in empty["ResponseMetadata"]["HTTPHeaders"]
+    with Store(root) as st:
+        assert sorted(e["name"] for e in st.ls("cdc://lake/", recursive=True)) == ["arr/a.bin", "arr/b.bin"]
+        log = st.log("lake", "main")
+        assert len(log) == 2 and log[0]["commit"] == landed  # the bucket's creation, then the job
+        assert st.cat("cdc://lake/arr/b.bin") == b"b.bin"

@@ -18,7 +18,6 @@ import logging
 import os
 import signal
 import sqlite3
-import sys
 import time
 from dataclasses import dataclass, field
 

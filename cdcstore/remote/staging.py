@@ -23,7 +23,6 @@ The client side is `remote/journal.py` (it imports no server code).
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
 

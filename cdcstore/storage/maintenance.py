@@ -328,22 +328,11 @@ def forgotten_reach(repo: UpkeepHost, live: Live) -> Forgotten:
                   for i in repo.objects.list(f"repos/{name}/commits/")}
         # newest landing first: an object shared by several forgotten commits gets the latest time
         todo = sorted(((landed[c], c) for c in gone if landed.get(c) is not None), reverse=True)
-        walked = set(live.trees)  # live trees, and those an earlier forgotten commit walked, are skipped
+        views = []
         for when, cid in todo:
             with contextlib.suppress(CdcError, StorageError, OSError):  # what an earlier gc freed
-                view = repo.view(name, repo.get_commit(name, cid))
-                for f in reach.subtree(view, view.root, trees=walked, problem=_freed):
-                    if f.kind == "tree":
-                        out.trees.setdefault(f.name, when)
-                    elif f.name not in live.manifests and f.name not in out.manifests:
-                        out.manifests[f.name] = when
-                        try:
-                            chunk_ids = repo.get_manifest(f.name).chunk_ids
-                        except (CdcError, StorageError, OSError):
-                            continue
-                        for c in chunk_ids:
-                            if c not in live.chunks:
-                                out.chunks.setdefault(c, when)
+                views.append((when, repo.view(name, repo.get_commit(name, cid))))
+        _add_reach(repo, live, out, views)
     return out
 
 
@@ -352,24 +341,33 @@ def deleted_reach(repo: UpkeepHost, live: Live, out: Forgotten, since: float) ->
     commit's root tree and landing time, `Refs.delete_repo`) reached and the live set does not:
     committed, so no upload in flight, as for forgotten commits. Tombstones older than the grace
     window (`since`) are not read: what they reached is past it anyway."""
-    walked = set(live.trees)
+    roots: list[tuple[float, str]] = []
     for info in repo.objects.list(DELETED):
         if info.mtime is None or info.mtime < since or not info.size:
             continue
-        try:
-            body = repo.objects.get(info.name)
+        try:  # read at most the bound: a tombstone is no memory bomb
+            body = repo.objects.get_range(info.name, 0, min(info.size, MAX_TOMBSTONE_BYTES))
         except (StorageError, OSError):
             continue
-        for line in bytes(body[:MAX_TOMBSTONE_BYTES]).decode("utf-8", "replace").splitlines():
+        for line in bytes(body).decode("utf-8", "replace").splitlines():
             try:
                 doc = json.loads(line)
-                tree, when = doc["tree"], float(doc["landed"])
-                if not ids.is_hex_id(tree):
-                    continue
+                if ids.is_hex_id(doc["tree"]):
+                    roots.append((float(doc["landed"]), doc["tree"]))
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut by the bound, or not ours: nothing freed early by it
-            view = treeobj.View(repo.read_tree, tree)
-            for f in reach.subtree(view, tree, trees=walked, problem=_freed):
+    roots.sort(reverse=True)
+    _add_reach(repo, live, out, [(when, treeobj.View(repo.read_tree, tree)) for when, tree in roots])
+
+
+def _add_reach(repo: UpkeepHost, live: Live, out: Forgotten, views: list) -> None:
+    """Add to `out` what these (landing time, view) commits reach and `live` does not, each object
+    with the time of the first (newest) commit that reaches it: trees, manifests, their chunks. A
+    subtree is walked once; a tree an earlier gc freed is skipped with what is below it."""
+    walked = set(live.trees)  # live trees, and those an earlier commit here walked, are skipped
+    for when, view in views:
+        with contextlib.suppress(CdcError, StorageError, OSError):  # what an earlier gc freed
+            for f in reach.subtree(view, view.root, trees=walked, problem=_freed):
                 if f.kind == "tree":
                     out.trees.setdefault(f.name, when)
                 elif f.name not in live.manifests and f.name not in out.manifests:
@@ -381,7 +379,6 @@ def deleted_reach(repo: UpkeepHost, live: Live, out: Forgotten, since: float) ->
                     for c in chunk_ids:
                         if c not in live.chunks:
                             out.chunks.setdefault(c, when)
-
 
 MAX_TOMBSTONE_BYTES = 64 << 20  # a tombstone's commit list read at most this far (~500,000 commits)
 
