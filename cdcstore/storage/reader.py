@@ -34,6 +34,7 @@ from ..core.errors import CorruptionError, PackMissingError
 from ..core.manifest import Manifest
 from .fileplan import FilePlan
 from .roles import ChunkSource
+from .window import ReadWindow
 
 
 READ_THREADS = max(8, 2 * (os.cpu_count() or 2))  # tasks wait on the network or decode (GIL released)
@@ -44,8 +45,9 @@ def _prefetch_pool():
     return runtime.pool("read", READ_THREADS)
 
 DIRECT_MIN = 1024 * 1024  # reads this large land straight in their result (see `_pread_direct`)
-WINDOW = 4 * 1024 * 1024  # small sequential reads of a local store are served from a window this large
-RUNS_MIN = 256 * 1024  # local reads this large land in their result run by run (see `_pread_runs`)
+RUNS_MIN = 256 * 1024  # local reads this large land in their result run by run (see `_pread_runs`);
+#                        smaller sequential ones are copied out of a `window.ReadWindow`
+PARALLEL_RUNS_MIN = 2 * 1024 * 1024  # raw runs of a read this large are read and checked on two threads
 PARALLEL_DECODE_MIN = 2 * 1024 * 1024  # compressed chunks of a read this large decode on two threads
 
 
@@ -156,8 +158,8 @@ class FileReader(io.RawIOBase):
         self._lru_cap = cache_chunks
         self._pending: dict[int, Future] = {}
         self._ahead_end = 0  # chunks below this were scheduled for read-ahead (see `_chunks`)
-        self._win, self._win_at = memoryview(b""), 0  # a local store's window of small sequential reads
-        self._win_buf: bytearray | None = None  # its memory, kept: refilled in place (no fresh pages)
+        self._win = ReadWindow(manifest.ends, manifest.lengths, self._fill_located, self._plan_window,
+                               self._run_window, _prefetch_pool)  # a local store's small sequential reads
         self._readahead = readahead_bytes
         self._batch = batch_bytes
         self._last_end = 0 if sequential else -1  # a sequential reader prefetches from its first read
@@ -240,7 +242,7 @@ class FileReader(io.RawIOBase):
                 fut.cancel()
             self._pending.clear()
             self._lru.clear()
-            self._win, self._win_buf = memoryview(b""), None
+            self._win.close()
         super().close()
 
     # -- ranges ----------------------------------------------------------------------
@@ -251,8 +253,8 @@ class FileReader(io.RawIOBase):
 
     def _pread(self, offset: int, length: int) -> bytes:
         if self._by_runs and offset < self._m.size:
-            if 0 < length <= WINDOW // 4 and (offset == self._last_end or self._in_window(offset, length)):
-                return bytes(self._pread_window(offset, length))
+            if 0 < length < RUNS_MIN and (offset == self._last_end or self._win.covers(offset, length)):
+                return self._pread_window(offset, min(offset + length, self._m.size))
             if length >= RUNS_MIN:
                 return self._pread_runs(offset, min(offset + length, self._m.size))
         if length >= DIRECT_MIN and self._direct_ok(offset, length):
@@ -267,8 +269,8 @@ class FileReader(io.RawIOBase):
         each landing in the caller's buffer instead of a new one."""
         length = end - offset
         if self._by_runs:
-            if length <= WINDOW // 4 and (offset == self._last_end or self._in_window(offset, length)):
-                out[:] = self._pread_window(offset, length)
+            if length < RUNS_MIN and (offset == self._last_end or self._win.covers(offset, length)):
+                self._pread_window(offset, end, out)
                 return
             if length >= RUNS_MIN:
                 self._pread_runs(offset, end, out)
@@ -282,27 +284,48 @@ class FileReader(io.RawIOBase):
             out[at:at + n] = piece
             at += n
 
-    def _in_window(self, offset: int, length: int) -> bool:
-        at = self._win_at
-        return at <= offset and offset + length <= at + len(self._win)
-
-    def _pread_window(self, offset: int, length: int) -> memoryview:
-        """A small sequential read of a local store, served from a window of `WINDOW` bytes
-        read (and verified) run by run into memory the reader keeps: one copy out of it a read,
-        as a buffered file does, instead of a walk through the chunks for each 64 KiB. The
-        view returned is valid until the next read."""
-        end = min(offset + length, self._m.size)
-        if not self._in_window(offset, end - offset):
-            self._win = memoryview(b"")  # a failed fill leaves no window
-            stop = min(self._m.size, offset + max(WINDOW, end - offset))
-            if self._win_buf is None or len(self._win_buf) < stop - offset:
-                self._win_buf = bytearray(max(WINDOW, stop - offset))
-            win = memoryview(self._win_buf)[:stop - offset]
-            self._pread_runs(offset, stop, win)
-            self._win, self._win_at = win, offset
+    def _pread_window(self, offset: int, end: int, into: memoryview | None = None) -> bytes | None:
+        """A small sequential read of a local store, copied out of the window (see
+        `window.ReadWindow`): into `into`, or into new bytes returned."""
         self._last_end = end
-        lo = offset - self._win_at
-        return self._win[lo:lo + end - offset]
+        if into is not None:
+            self._win.copy(offset, end, into)
+            return None
+        if self._win.covers(offset, end - offset):
+            return bytes(self._win.view(offset, end))
+        result, out = _new_bytes(end - offset)
+        self._win.copy(offset, end, out)
+        del out
+        return bytes(result) if isinstance(result, bytearray) else result
+
+    def _fill_located(self, offset: int, end: int, out: memoryview) -> None:
+        """`_fill`, locating the file again once if a pack moved since it was located."""
+        try:
+            self._fill(offset, end, out)
+        except PackMissingError:
+            self._plan.relocate(())
+            self._fill(offset, end, out)
+
+    def _plan_window(self, first: int, stop: int) -> tuple:
+        """The reads of whole chunks [first, stop), planned here for `_run_window` elsewhere."""
+        pieces, packed = self._plan.pieces(first, stop)
+        return pieces, packed, self._plan.items(packed)
+
+    def _run_window(self, job: tuple, base: int, out: memoryview) -> None:
+        """A planned window's chunks into `out` (the file from byte `base`), on any thread:
+        raw runs read and checked in C, compressed chunks decoded and checked."""
+        pieces, packed, items = job
+        self._read_pieces(pieces, base, out)
+        if packed:
+            data = self._src.read_chunks(items, self._repo)
+            ids, ends, lens = self._m.chunk_ids, self._m.ends, self._m.lengths
+            for i in packed:
+                chunk = data[ids[i]]
+                if len(chunk) != lens[i]:
+                    raise CorruptionError(f"{self.name or 'file'}: chunk {i} holds {len(chunk)} bytes, "
+                                          f"its manifest says {lens[i]}")
+                at = ends[i] - lens[i] - base
+                out[at:at + lens[i]] = chunk
 
     def _direct_ok(self, offset: int, length: int) -> bool:
         """A large read lands straight in its result when the source can, nothing is
@@ -366,11 +389,7 @@ class FileReader(io.RawIOBase):
             result, out = _new_bytes(end - offset)
         else:
             result, out = None, into
-        try:
-            self._fill(offset, end, out)
-        except PackMissingError:
-            self._plan.relocate(())
-            self._fill(offset, end, out)
+        self._fill_located(offset, end, out)
         del out
         if result is None:
             return None
@@ -415,15 +434,24 @@ class FileReader(io.RawIOBase):
             cut = len(packed) // 2
             half = _prefetch_pool().submit(self._fetch, packed[cut:])
             packed = packed[:cut]
+        other = None
+        if len(pieces) >= 2 and ends[pieces[-1][3] - 1] - (ends[pieces[0][2]] - lens[pieces[0][2]]) >= PARALLEL_RUNS_MIN:
+            # raw runs are read and checked in C with the GIL released: half of them on a second core
+            cut = len(pieces) // 2
+            other = _prefetch_pool().submit(self._read_pieces, pieces[cut:], base, out)
+            pieces = pieces[:cut]
         try:
             self._read_pieces(pieces, base, out)
+            if other is not None:
+                other.result()
             for got in ((self._fetch(packed) if packed else {}), (half.result() if half else {})):
                 for i, data in got.items():
                     at = ends[i] - lens[i] - base
                     out[at:at + lens[i]] = data
         finally:
-            if half is not None and not half.done():
-                half.cancel()
+            for fut in (half, other):
+                if fut is not None and not fut.cancel():
+                    fut.exception()  # wait: it writes into `out`
 
     def _read_pieces(self, pieces: list, base: int, out: memoryview) -> None:
         """Each piece read straight into its place in `out` and checked there (against the

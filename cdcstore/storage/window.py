@@ -1,0 +1,130 @@
+"""The window small sequential reads of a local store are served from.
+
+A read of 64 KiB through Python costs a copy out of something; walking the chunks for each
+one costs more. So a `FileReader` of a local store keeps a window of whole chunks (about
+`WINDOW` bytes, read run by run and verified there, `read_run` in C with the GIL released)
+and copies each small read out of it, as a buffered file does. While the reader copies out
+of one window, the next is read and verified on the read pool into a second buffer: the
+two cores do the copying and the checking side by side, and a scan never waits for a fill
+it could have overlapped.
+
+Windows start and end at chunk boundaries, so a fill never cuts a chunk: a background
+fill touches neither the reader's LRU nor its plan (its reads are planned, in the
+reader's thread, before it is handed over). A fill that fails in the background (a pack
+moved by a gc, damage) is dropped, and the window is filled again in the reader's
+thread, where the error surfaces or the file is located again.
+"""
+from __future__ import annotations
+
+import bisect
+from concurrent.futures import Future
+from typing import Callable
+
+WINDOW = 4 * 1024 * 1024  # bytes of whole chunks per window (one chunk when a chunk is larger)
+
+
+class ReadWindow:
+    """Two buffers of whole chunks of one file: the one reads are copied from, and the
+    next, filled ahead on `pool`. Not thread-safe by itself: the reader's lock guards it.
+
+    `fill(start, stop, out)` reads bytes [start, stop) of the file into `out` in the
+    caller's thread (locating again if a pack moved); `plan(first, stop)` prepares the
+    reads of chunks [first, stop) in the caller's thread and returns a job that
+    `run(job, start, out)` carries out on any thread."""
+
+    def __init__(self, ends, lengths, fill: Callable, plan: Callable, run: Callable, pool: Callable,
+                 size: int | None = None):
+        self._ends, self._lens = ends, lengths
+        self._fill, self._plan, self._run, self._pool = fill, plan, run, pool
+        self._size = size or WINDOW
+        self._buf: bytearray | None = None  # the current window's memory (refilled in place)
+        self._view, self._at, self._stop = memoryview(b""), 0, 0  # its bytes, first byte, chunk after its last
+        self._spare: bytearray | None = None  # the next window's memory
+        self._next: Future | None = None  # the next window's fill: (buffer, first byte, length, chunk after)
+
+    def covers(self, offset: int, length: int) -> bool:
+        return self._at <= offset and offset + length <= self._at + len(self._view)
+
+    def copy(self, offset: int, end: int, out: memoryview) -> None:
+        """Bytes [offset, end) of the file into `out`, window after window."""
+        pos = offset
+        while pos < end:
+            lo = pos - self._at
+            if not 0 <= lo < len(self._view):
+                self._move(pos)
+                lo = pos - self._at
+            n = min(end - pos, len(self._view) - lo)
+            out[pos - offset:pos - offset + n] = self._view[lo:lo + n]
+            pos += n
+
+    def view(self, offset: int, end: int) -> memoryview:
+        """Bytes [offset, end) as a view into the window (valid until the next read), when
+        the window holds them all (`covers`)."""
+        lo = offset - self._at
+        return self._view[lo:lo + end - offset]
+
+    def _bounds(self, first: int) -> tuple[int, int, int]:
+        """The window that starts at chunk `first`: its first byte, its length, the chunk after it."""
+        ends, lens = self._ends, self._lens
+        start = ends[first] - lens[first]
+        stop = max(first + 1, bisect.bisect_right(ends, start + self._size, first))
+        return start, ends[stop - 1] - start, stop
+
+    def _move(self, pos: int) -> None:
+        """Make the window hold byte `pos`: the window filled ahead when it holds it, else a
+        fill here; then the one after it is started on the pool."""
+        self._view = memoryview(b"")  # a failed fill leaves no window
+        got = self._take_next(pos)
+        if got is None:
+            first = bisect.bisect_right(self._ends, pos)
+            start, length, stop = self._bounds(first)
+            if self._buf is None or len(self._buf) < length:
+                self._buf = bytearray(max(self._size, length))
+            view = memoryview(self._buf)[:length]
+            self._fill(start, start + length, view)
+        else:
+            buf, start, length, stop = got
+            self._spare, self._buf = self._buf, buf
+            view = memoryview(buf)[:length]
+        self._view, self._at, self._stop = view, start, stop
+        self._ahead(stop)
+
+    def _take_next(self, pos: int):
+        """The window filled ahead, when it holds `pos` and its fill succeeded; else None
+        (a fill still running is waited for: its buffer is about to be reused)."""
+        fut, self._next = self._next, None
+        if fut is None:
+            return None
+        if not fut.cancel():
+            try:
+                buf, start, length, stop = got = fut.result()
+            except Exception:  # noqa: BLE001 - the fill is done again here, where its error surfaces
+                return None
+            self._spare = buf if self._spare is None else self._spare
+            if start <= pos < start + length:
+                return got
+        return None
+
+    def _ahead(self, first: int) -> None:
+        """Start filling the window that begins at chunk `first` on the pool."""
+        if first >= len(self._ends):
+            return
+        start, length, stop = self._bounds(first)
+        job = self._plan(first, stop)
+        buf = self._spare
+        if buf is None or len(buf) < length:
+            buf = bytearray(max(self._size, length))
+        self._spare = None  # the fill owns it until it is taken
+
+        def fill():
+            self._run(job, start, memoryview(buf)[:length])
+            return buf, start, length, stop
+        self._next = self._pool().submit(fill)
+
+    def close(self) -> None:
+        """Drop the windows (a fill still running finishes into memory nobody reads)."""
+        if self._next is not None:
+            self._next.cancel()
+        self._next = None
+        self._buf = self._spare = None
+        self._view = memoryview(b"")
