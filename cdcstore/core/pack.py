@@ -215,6 +215,9 @@ def decode_checked(stored, codec: int, raw_len: int, chunk_id: bytes, check: int
     return raw
 
 
+read_run = _xxh3.read_run  # (fd, offset, out, lengths, checks) -> -1, a bad chunk's index, or -2: see _xxh3.c
+
+
 def first_mismatch(view, chunk_ids, lengths, checks=None) -> int:
     """The index of the first raw chunk, of those back to back in `view`, whose bytes do
     not match its id (or, where `checks` gives one, its xxh3-64 checksum: a store's own

@@ -18,8 +18,7 @@ from typing import Callable, Iterable, Iterator, Protocol
 from .. import runtime, settings
 from ..core import anchors, ids
 from ..core.errors import CdcError, CorruptionError, MissingChunksError, PackMissingError
-from ..core import _xxh3
-from ..core.pack import PackEntry, decode_checked, decode_chunk, first_mismatch, read_index, read_verified
+from ..core.pack import PackEntry, decode_checked, decode_chunk, first_mismatch, read_index, read_run, read_verified
 from ..core.ranges import plan_ranges, slices
 from .hints import Anchors, LocationHints
 from .index import ChunkIndex
@@ -503,7 +502,7 @@ class LocalPacks(Packs):
         were verified when it was written or received), else against its id."""
         fd, got = self._fd(pack), 0
         if checks is not None and None not in checks:  # native: each chunk read and checked in C, GIL released
-            bad = _xxh3.read_run(fd, offset, out, lengths, checks)
+            bad = read_run(fd, offset, out, lengths, checks)
             if bad == -2:
                 raise CorruptionError(f"pack {pack} is truncated: wanted {len(out)} bytes at {offset}; "
                                       f"run `cdcstore check`")

@@ -34,7 +34,7 @@ from ..core.errors import CorruptionError, PackMissingError
 from ..core.manifest import Manifest
 from .fileplan import FilePlan
 from .roles import ChunkSource
-from .window import ReadWindow
+from .window import ReadWindow, read_pieces
 
 
 READ_THREADS = max(8, 2 * (os.cpu_count() or 2))  # tasks wait on the network or decode (GIL released)
@@ -158,8 +158,8 @@ class FileReader(io.RawIOBase):
         self._lru_cap = cache_chunks
         self._pending: dict[int, Future] = {}
         self._ahead_end = 0  # chunks below this were scheduled for read-ahead (see `_chunks`)
-        self._win = ReadWindow(manifest.ends, manifest.lengths, self._fill_located, self._plan_window,
-                               self._run_window, _prefetch_pool)  # a local store's small sequential reads
+        self._win = ReadWindow(source, manifest, self._plan, repo, self._fill_located,
+                               _prefetch_pool)  # a local store's small sequential reads
         self._readahead = readahead_bytes
         self._batch = batch_bytes
         self._last_end = 0 if sequential else -1  # a sequential reader prefetches from its first read
@@ -306,27 +306,6 @@ class FileReader(io.RawIOBase):
             self._plan.relocate(())
             self._fill(offset, end, out)
 
-    def _plan_window(self, first: int, stop: int) -> tuple:
-        """The reads of whole chunks [first, stop), planned here for `_run_window` elsewhere."""
-        pieces, packed = self._plan.pieces(first, stop)
-        return pieces, packed, self._plan.items(packed)
-
-    def _run_window(self, job: tuple, base: int, out: memoryview) -> None:
-        """A planned window's chunks into `out` (the file from byte `base`), on any thread:
-        raw runs read and checked in C, compressed chunks decoded and checked."""
-        pieces, packed, items = job
-        self._read_pieces(pieces, base, out)
-        if packed:
-            data = self._src.read_chunks(items, self._repo)
-            ids, ends, lens = self._m.chunk_ids, self._m.ends, self._m.lengths
-            for i in packed:
-                chunk = data[ids[i]]
-                if len(chunk) != lens[i]:
-                    raise CorruptionError(f"{self.name or 'file'}: chunk {i} holds {len(chunk)} bytes, "
-                                          f"its manifest says {lens[i]}")
-                at = ends[i] - lens[i] - base
-                out[at:at + lens[i]] = chunk
-
     def _direct_ok(self, offset: int, length: int) -> bool:
         """A large read lands straight in its result when the source can, nothing is
         being read ahead, and it would start no read-ahead (it reaches the end, or is
@@ -454,13 +433,7 @@ class FileReader(io.RawIOBase):
                     fut.exception()  # wait: it writes into `out`
 
     def _read_pieces(self, pieces: list, base: int, out: memoryview) -> None:
-        """Each piece read straight into its place in `out` and checked there (against the
-        pack entries' checksums: the store's own packs, docs/architecture.md "Trust model")."""
-        ids, lens, ends = self._m.chunk_ids, self._m.lengths, self._m.ends
-        read = self._src.read_run_into
-        for pack, offset, i, j, checks in pieces:
-            at = ends[i] - lens[i] - base
-            read(pack, offset, out[at:ends[j - 1] - base], ids[i:j], lens[i:j], checks)
+        read_pieces(self._src, self._m, pieces, base, out)
 
     def pieces(self, offset: int, length: int) -> list:
         """The bytes [offset, offset+length) as a list of bytes-like pieces (views of

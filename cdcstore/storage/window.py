@@ -20,22 +20,37 @@ import bisect
 from concurrent.futures import Future
 from typing import Callable
 
+from ..core.errors import CorruptionError
+from ..core.manifest import Manifest
+from .roles import ChunkSource
+
 WINDOW = 4 * 1024 * 1024  # bytes of whole chunks per window (one chunk when a chunk is larger)
+
+
+def read_pieces(source: ChunkSource, manifest: Manifest, pieces: list, base: int, out: memoryview) -> None:
+    """Each piece of raw chunks (`FilePlan.pieces`) read straight into its place in `out` (the
+    file from byte `base`) and checked there, against the pack entries' checksums (the store's
+    own packs, docs/architecture.md "Trust model"); any thread."""
+    ids, lens, ends = manifest.chunk_ids, manifest.lengths, manifest.ends
+    read = source.read_run_into
+    for pack, offset, i, j, checks in pieces:
+        at = ends[i] - lens[i] - base
+        read(pack, offset, out[at:ends[j - 1] - base], ids[i:j], lens[i:j], checks)
 
 
 class ReadWindow:
     """Two buffers of whole chunks of one file: the one reads are copied from, and the
-    next, filled ahead on `pool`. Not thread-safe by itself: the reader's lock guards it.
+    next, filled ahead on `pool()`. Not thread-safe by itself: the reader's lock guards it.
 
     `fill(start, stop, out)` reads bytes [start, stop) of the file into `out` in the
-    caller's thread (locating again if a pack moved); `plan(first, stop)` prepares the
-    reads of chunks [first, stop) in the caller's thread and returns a job that
-    `run(job, start, out)` carries out on any thread."""
+    caller's thread (locating again if a pack moved); the window ahead is planned with
+    `plan` (a `FilePlan`) in the caller's thread and read from `source` on the pool."""
 
-    def __init__(self, ends, lengths, fill: Callable, plan: Callable, run: Callable, pool: Callable,
-                 size: int | None = None):
-        self._ends, self._lens = ends, lengths
-        self._fill, self._plan, self._run, self._pool = fill, plan, run, pool
+    def __init__(self, source: ChunkSource, manifest: Manifest, plan, repo: str | None, fill: Callable,
+                 pool: Callable, size: int | None = None):
+        self._src, self._m, self._plan, self._repo = source, manifest, plan, repo
+        self._ends, self._lens = manifest.ends, manifest.lengths
+        self._fill, self._pool = fill, pool
         self._size = size or WINDOW
         self._buf: bytearray | None = None  # the current window's memory (refilled in place)
         self._view, self._at, self._stop = memoryview(b""), 0, 0  # its bytes, first byte, chunk after its last
@@ -110,16 +125,30 @@ class ReadWindow:
         if first >= len(self._ends):
             return
         start, length, stop = self._bounds(first)
-        job = self._plan(first, stop)
+        pieces, packed = self._plan.pieces(first, stop)  # planned here: the fill touches no shared state
+        items = self._plan.items(packed)
         buf = self._spare
         if buf is None or len(buf) < length:
             buf = bytearray(max(self._size, length))
         self._spare = None  # the fill owns it until it is taken
 
         def fill():
-            self._run(job, start, memoryview(buf)[:length])
+            out = memoryview(buf)[:length]
+            read_pieces(self._src, self._m, pieces, start, out)
+            if packed:  # compressed chunks: decoded and checked by the source
+                self._place(self._src.read_chunks(items, self._repo), packed, start, out)
             return buf, start, length, stop
         self._next = self._pool().submit(fill)
+
+    def _place(self, data: dict, packed: list[int], base: int, out: memoryview) -> None:
+        ids, ends, lens = self._m.chunk_ids, self._ends, self._lens
+        for i in packed:
+            chunk = data[ids[i]]
+            if len(chunk) != lens[i]:
+                raise CorruptionError(f"chunk {i} ({ids[i].hex()[:16]}...) holds {len(chunk)} bytes, its "
+                                      f"manifest says {lens[i]}")
+            at = ends[i] - lens[i] - base
+            out[at:at + lens[i]] = chunk
 
     def close(self) -> None:
         """Drop the windows (a fill still running finishes into memory nobody reads)."""
