@@ -117,3 +117,21 @@ def test_damage_in_a_window_filled_ahead_surfaces_when_reached(small_windows):
             while b := f.read(65536):
                 got += b
         assert len(got) <= start and got == DATA[:len(got)]  # nothing past the damage, nothing wrong
+
+
+def test_a_reader_is_freed_without_the_cycle_collector(small_windows):
+    """The window holds no reference back to its reader: a server opens a reader per request,
+    and readers kept alive until a collection held their plans (peak RSS 656 MiB, not < 400, in
+    tests/test_one_read_core.py's huge manifests)."""
+    import gc
+    import weakref
+    gc.disable()
+    try:
+        f = small_windows.open("cdc://d/f.bin")
+        assert len(f.read(65536)) == 65536 and len(f.read(65536)) == 65536  # the window is in use
+        f.close()
+        ref = weakref.ref(f)
+        del f
+        assert ref() is None
+    finally:
+        gc.enable()

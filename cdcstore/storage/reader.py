@@ -158,8 +158,7 @@ class FileReader(io.RawIOBase):
         self._lru_cap = cache_chunks
         self._pending: dict[int, Future] = {}
         self._ahead_end = 0  # chunks below this were scheduled for read-ahead (see `_chunks`)
-        self._win = ReadWindow(source, manifest, self._plan, repo, self._fill_located,
-                               _prefetch_pool)  # a local store's small sequential reads
+        self._win = ReadWindow(source, manifest, self._plan, repo, _prefetch_pool)  # small sequential local reads
         self._readahead = readahead_bytes
         self._batch = batch_bytes
         self._last_end = 0 if sequential else -1  # a sequential reader prefetches from its first read
@@ -289,12 +288,12 @@ class FileReader(io.RawIOBase):
         `window.ReadWindow`): into `into`, or into new bytes returned."""
         self._last_end = end
         if into is not None:
-            self._win.copy(offset, end, into)
+            self._win.copy(offset, end, into, self._fill_located)
             return None
         if self._win.covers(offset, end - offset):
             return bytes(self._win.view(offset, end))
         result, out = _new_bytes(end - offset)
-        self._win.copy(offset, end, out)
+        self._win.copy(offset, end, out, self._fill_located)
         del out
         return bytes(result) if isinstance(result, bytearray) else result
 

@@ -17,7 +17,6 @@ thread, where the error surfaces or the file is located again.
 from __future__ import annotations
 
 import bisect
-from concurrent.futures import Future
 from typing import Callable
 
 from ..core.errors import CorruptionError
@@ -42,31 +41,31 @@ class ReadWindow:
     """Two buffers of whole chunks of one file: the one reads are copied from, and the
     next, filled ahead on `pool()`. Not thread-safe by itself: the reader's lock guards it.
 
-    `fill(start, stop, out)` reads bytes [start, stop) of the file into `out` in the
-    caller's thread (locating again if a pack moved); the window ahead is planned with
-    `plan` (a `FilePlan`) in the caller's thread and read from `source` on the pool."""
+    `copy`'s `fill(start, stop, out)` reads bytes [start, stop) of the file into `out` in the
+    caller's thread (locating again if a pack moved; passed per call, so that the window holds
+    no reference back to its reader); the window ahead is planned with `plan` (a `FilePlan`) in
+    the caller's thread and read from `source` on the pool."""
 
-    def __init__(self, source: ChunkSource, manifest: Manifest, plan, repo: str | None, fill: Callable,
-                 pool: Callable, size: int | None = None):
+    def __init__(self, source: ChunkSource, manifest: Manifest, plan, repo: str | None, pool: Callable,
+                 size: int | None = None):
         self._src, self._m, self._plan, self._repo = source, manifest, plan, repo
-        self._ends, self._lens = manifest.ends, manifest.lengths
-        self._fill, self._pool = fill, pool
+        self._pool = pool
         self._size = size or WINDOW
         self._buf: bytearray | None = None  # the current window's memory (refilled in place)
         self._view, self._at, self._stop = memoryview(b""), 0, 0  # its bytes, first byte, chunk after its last
         self._spare: bytearray | None = None  # the next window's memory
-        self._next: Future | None = None  # the next window's fill: (buffer, first byte, length, chunk after)
+        self._next: tuple | None = None  # the next window's fill (a Future), its buffer, first byte, length
 
     def covers(self, offset: int, length: int) -> bool:
         return self._at <= offset and offset + length <= self._at + len(self._view)
 
-    def copy(self, offset: int, end: int, out: memoryview) -> None:
+    def copy(self, offset: int, end: int, out: memoryview, fill: Callable) -> None:
         """Bytes [offset, end) of the file into `out`, window after window."""
         pos = offset
         while pos < end:
             lo = pos - self._at
             if not 0 <= lo < len(self._view):
-                self._move(pos)
+                self._move(pos, fill)
                 lo = pos - self._at
             n = min(end - pos, len(self._view) - lo)
             out[pos - offset:pos - offset + n] = self._view[lo:lo + n]
@@ -80,23 +79,23 @@ class ReadWindow:
 
     def _bounds(self, first: int) -> tuple[int, int, int]:
         """The window that starts at chunk `first`: its first byte, its length, the chunk after it."""
-        ends, lens = self._ends, self._lens
+        ends, lens = self._m.ends, self._m.lengths
         start = ends[first] - lens[first]
         stop = max(first + 1, bisect.bisect_right(ends, start + self._size, first))
         return start, ends[stop - 1] - start, stop
 
-    def _move(self, pos: int) -> None:
+    def _move(self, pos: int, fill: Callable) -> None:
         """Make the window hold byte `pos`: the window filled ahead when it holds it, else a
         fill here; then the one after it is started on the pool."""
         self._view = memoryview(b"")  # a failed fill leaves no window
         got = self._take_next(pos)
         if got is None:
-            first = bisect.bisect_right(self._ends, pos)
+            first = bisect.bisect_right(self._m.ends, pos)
             start, length, stop = self._bounds(first)
             if self._buf is None or len(self._buf) < length:
                 self._buf = bytearray(max(self._size, length))
             view = memoryview(self._buf)[:length]
-            self._fill(start, start + length, view)
+            fill(start, start + length, view)
         else:
             buf, start, length, stop = got
             self._spare, self._buf = self._buf, buf
@@ -105,24 +104,26 @@ class ReadWindow:
         self._ahead(stop)
 
     def _take_next(self, pos: int):
-        """The window filled ahead, when it holds `pos` and its fill succeeded; else None
-        (a fill still running is waited for: its buffer is about to be reused)."""
-        fut, self._next = self._next, None
-        if fut is None:
+        """The window filled ahead, when it holds `pos` (waited for if still being filled) and its
+        fill succeeded; else None. Its buffer is kept as the spare either way."""
+        nxt, self._next = self._next, None
+        if nxt is None:
             return None
-        if not fut.cancel():
+        fut, buf, start, length = nxt
+        if start <= pos < start + length:
             try:
-                buf, start, length, stop = got = fut.result()
+                return fut.result()
             except Exception:  # noqa: BLE001 - the fill is done again here, where its error surfaces
+                self._spare = buf
                 return None
-            self._spare = buf if self._spare is None else self._spare
-            if start <= pos < start + length:
-                return got
+        if not fut.cancel():
+            fut.exception()  # wait: it writes into the buffer about to be reused
+        self._spare = buf
         return None
 
     def _ahead(self, first: int) -> None:
         """Start filling the window that begins at chunk `first` on the pool."""
-        if first >= len(self._ends):
+        if first >= len(self._m.lengths):
             return
         start, length, stop = self._bounds(first)
         pieces, packed = self._plan.pieces(first, stop)  # planned here: the fill touches no shared state
@@ -138,10 +139,10 @@ class ReadWindow:
             if packed:  # compressed chunks: decoded and checked by the source
                 self._place(self._src.read_chunks(items, self._repo), packed, start, out)
             return buf, start, length, stop
-        self._next = self._pool().submit(fill)
+        self._next = (self._pool().submit(fill), buf, start, length)
 
     def _place(self, data: dict, packed: list[int], base: int, out: memoryview) -> None:
-        ids, ends, lens = self._m.chunk_ids, self._ends, self._lens
+        ids, ends, lens = self._m.chunk_ids, self._m.ends, self._m.lengths
         for i in packed:
             chunk = data[ids[i]]
             if len(chunk) != lens[i]:
@@ -153,7 +154,7 @@ class ReadWindow:
     def close(self) -> None:
         """Drop the windows (a fill still running finishes into memory nobody reads)."""
         if self._next is not None:
-            self._next.cancel()
+            self._next[0].cancel()
         self._next = None
         self._buf = self._spare = None
         self._view = memoryview(b"")
