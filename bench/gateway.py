@@ -1,5 +1,5 @@
 """S3 gateway benchmark: pyarrow's S3FileSystem and polars' native s3:// reader through
-`cdcstore serve --s3-port` (remote/gateway.py) against the same engines on the local files.
+`cdcstore serve --s3-port` (remote/gateway/reads.py) against the same engines on the local files.
 
     python bench/gateway.py [--size-mb 100] [--parts 6] [--part-mb 8] [--repeat 3] [--data-dir /tmp/cdcbench-gw]
 

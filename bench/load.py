@@ -25,7 +25,7 @@ report within --seconds + 120 s is killed and counts as errors.
 
 Figures: client errors (any exception or wrong data, with the first messages), batches, rows,
 range reads, MB read; server-side from its access log: requests by route and status (5xx, 429);
-client-side the retries logged as "server busy" (cdcstore.remote.client notes each retry that waits
+client-side the retries logged as "server busy" (cdcstore.remote.client.store notes each retry that waits
 >= 1 s, which every Retry-After: 1 does); the server's VmRSS sampled every 0.25 s (peak) and its
 VmHWM at the end. The last line is one JSON object of the figures.
 """
@@ -90,7 +90,7 @@ class BusyCounter:
         self.other = 0
         handler = logging.Handler()
         handler.emit = self._emit
-        lg = logging.getLogger("cdcstore.remote.client")
+        lg = logging.getLogger("cdcstore.remote.client.store")
         lg.addHandler(handler)
         lg.setLevel(logging.INFO)
         lg.propagate = False

@@ -182,7 +182,7 @@ def _open(location: str | None, token: str | None, create: bool | None, cache, t
     from .storage.cache import CachedBackend, open_cache
 
     if is_url(path):
-        from .remote.client import RemoteStore
+        from .remote.client.store import RemoteStore
 
         remote = RemoteStore(path, token, **transport)
         c = open_cache(cache) if cache is not False and cache is not None else None

@@ -774,7 +774,7 @@ def cache_clear(cache_path):
               help="The shortest --grace an admin's remote gc may ask for (uploads of other clients may be "
                    "in flight).")
 @click.option("--limit", "limit_items", multiple=True, metavar="NAME=VALUE",
-              help="Override one of the server's limits (remote/limits.py ServerLimits; bytes, seconds), "
+              help="Override one of the server's limits (remote/server/limits.py ServerLimits; bytes, seconds), "
                    "e.g. --limit max_sessions_per_token=4. Repeatable.")
 @click.option("--s3-port", default=None, type=int, metavar="PORT",
               help="Also serve the S3-compatible gateway (reads, and writes into branches) on this port of "
@@ -785,7 +785,7 @@ def serve(store_path, host, port, tokens_file, allow_no_auth, max_heavy, body_ti
           maintenance_interval, min_gc_grace, limit_items, s3_port):
     """Serve a store over HTTP (protocol v1, docs/protocol.md)."""
     from .publish import Publisher
-    from .remote.server import serve as run_server
+    from .remote.serve import serve as run_server
 
     run_server(_local(store_path, "serve").location, host, port, tokens_file, allow_no_auth, max_heavy,
                body_idle_timeout=body_timeout, min_body_rate=min_body_rate,
@@ -805,7 +805,7 @@ def token():
 @handle_errors
 def token_revoke(who, tokens_file):
     """Take the tokens named NAME (or the token itself) out of FILE: refused from their next request."""
-    from .remote.server import revoke_token
+    from .remote.server.tokens import revoke as revoke_token
 
     names = revoke_token(tokens_file, who)
     click.echo(f"revoked {len(names)} token(s) named {', '.join(sorted(set(names)))} in {tokens_file}")
@@ -819,7 +819,7 @@ def token_revoke(who, tokens_file):
 @handle_errors
 def token_add(name, tokens_file, scope, repos):
     """Add a new random token named NAME to FILE and print it (NAME: the author of its pushes)."""
-    from .remote.server import add_token
+    from .remote.server.tokens import add as add_token
 
     click.echo(add_token(tokens_file, name, scope, list(repos)))
 

@@ -1,4 +1,4 @@
-"""What the S3 gateway's writes (remote/gateway_write.py) ask of the write path: the same `Store`
+"""What the S3 gateway's writes (remote/gateway/writes.py) ask of the write path: the same `Store`
 calls a push makes, over the server's own repository (docs/gateway.md, "Writes").
 
 `cdcstore serve` hands a `Publisher` to the gateway (the remote layer cannot import the faces

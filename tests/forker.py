@@ -125,7 +125,7 @@ class Child:
 
 
 class Forker:
-    def __init__(self, folder, preload=("cdcstore", "cdcstore.cli", "cdcstore.remote.client", "tqdm"),
+    def __init__(self, folder, preload=("cdcstore", "cdcstore.cli", "cdcstore.remote.client.store", "tqdm"),
                  env: dict | None = None, freeze: bool = True):
         """`freeze`: the preloaded objects are out of the collector's sight in the children
         (`gc.freeze`); False when a test is about the interpreter's own teardown."""
@@ -179,7 +179,7 @@ _shared: Forker | None = None
 _shared_lock = threading.Lock()
 # what commands import late, at a cost each: the S3 clients; pyarrow for Parquet pushes. None starts
 # a thread. Only what the package or its test extra installs: a missing module ends the forker.
-CLI_PRELOAD = ("cdcstore", "cdcstore.cli", "cdcstore.remote.client", "tqdm",
+CLI_PRELOAD = ("cdcstore", "cdcstore.cli", "cdcstore.remote.client.store", "tqdm",
                "cdcstore.storage.s3", "s3fs", "obstore", "pyarrow.parquet")
 
 

@@ -24,7 +24,7 @@ from cdcstore.core.pack import PackWriter, encode_chunk
 from cdcstore.storage.cache import CachedBackend, ChunkCache
 from cdcstore.testing.backend import BackendTests, Case, base_commit, commit, put_file, unique
 from cdcstore.storage.repository import LocalStore, open_repository, pack_name
-from cdcstore.remote.client import RemoteStore
+from cdcstore.remote.client.store import RemoteStore
 from conftest import S3_BUCKET
 from server_util import ServerProcess
 

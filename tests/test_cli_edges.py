@@ -154,7 +154,7 @@ def test_retry_note_names_what_is_retrying(tmp_path):
     try:
         env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         code = (f"import sys; from cdcstore.cli import cli; sys.argv[0]='cdcstore';"
-                f"from cdcstore.remote import client; client.Transport.__init__.__kwdefaults__['retries'] = 1;"
+                f"from cdcstore.remote.client import store; store.Transport.__init__.__kwdefaults__['retries'] = 1;"
                 f"cli()")
         p = subprocess.run([sys.executable, "-c", code, "ls", "cdc://r/", "--store", url],
                            capture_output=True, env=env, timeout=60)

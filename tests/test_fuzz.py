@@ -14,7 +14,7 @@ from cdcstore.core.commit import Commit
 from cdcstore.core.errors import CdcError
 from cdcstore.core.manifest import Manifest
 from cdcstore.core.thrift import Decoder
-from cdcstore.remote import wire
+from cdcstore.core import wire
 
 BOUND = 32 << 20  # bytes any parser may allocate for an input of at most a few KiB
 FUZZ = settings(max_examples=300, deadline=None, derandomize=True,  # CI sees the same cases each run

@@ -1,4 +1,4 @@
-"""The S3 read gateway (`cdcstore serve --s3-port`, remote/gateway.py) with real S3 clients
+"""The S3 read gateway (`cdcstore serve --s3-port`, remote/gateway/reads.py) with real S3 clients
 against one real server on loopback: boto3, pyarrow's S3FileSystem, polars' native reader,
 s3fs and the AWS CLI. Each read checks exact row counts and a content checksum against the
 source files. The SigV4 math is pinned by AWS's published example figures."""

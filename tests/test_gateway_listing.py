@@ -8,7 +8,7 @@ import pytest
 
 from cdcstore.core import treeobj
 from cdcstore.core.commit import FileEntry
-from cdcstore.remote import listing
+from cdcstore.remote.gateway import listing
 
 WIDE = 5_000
 

@@ -1,4 +1,4 @@
-"""Writes through the S3 gateway (remote/gateway_write.py, docs/gateway.md "Writes") with real
+"""Writes through the S3 gateway (remote/gateway/writes.py, docs/gateway.md "Writes") with real
 clients against one real `cdcstore serve --s3-port` on loopback: each write is read back (through
 the gateway, and through a cdcstore client with a cache dir of its own, as another machine would),
 each refusal leaves the branch where it was."""
@@ -716,7 +716,7 @@ def test_parts_over_a_bucket_are_bounded_and_never_held_whole(s3_env, tmp_path):
     +522 MiB; UploadPartCopy of a 512 MiB file: +514 MiB; Complete of two: +991 MiB). Over a bucket a
     part is at most MAX_HELD_PART_BYTES (named in the 400), a copied range too, and Complete reads
     the parts a block at a time. The server's peak RSS grows by less than 256 MiB."""
-    from cdcstore.remote import gateway_multipart as gm
+    from cdcstore.remote.gateway import multipart as gm
     from conftest import S3_BUCKET
     url = f"s3://{S3_BUCKET}/parts-{os.urandom(4).hex()}"
     Store.init(url).close()

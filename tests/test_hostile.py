@@ -19,7 +19,7 @@ import zstandard
 from cdcstore import Store
 from cdcstore.core import ids
 from cdcstore.core.chunker import MAX_CHUNK_BYTES
-from cdcstore.remote.client import RemoteStore, UPLOAD_PREFIX
+from cdcstore.remote.client.store import RemoteStore, UPLOAD_PREFIX
 from cdcstore.core.commit import Commit, FileEntry
 from cdcstore.core.errors import CorruptionError, RemoteError
 from cdcstore.core.manifest import Manifest
@@ -221,7 +221,7 @@ def empty_manifests(n: int) -> list[Manifest]:
 
 
 def test_manifest_batches_are_capped_and_the_client_splits_them(server):
-    from cdcstore.remote import wire
+    from cdcstore.core import wire
     n = wire.MAX_MANIFESTS_PER_REQUEST + 1
     manifests = empty_manifests(n)
     body = wire.encode_blobs([m.encode() for m in manifests])

@@ -10,7 +10,7 @@ import pytest
 from cdcstore import Store
 from cdcstore.core import ids
 from cdcstore.core.manifest import Manifest
-from cdcstore.remote import wire
+from cdcstore.core import wire
 from conftest import raw_call as _call, served_store
 
 ID32 = {"X-Cdc-Id-Bytes": "32"}

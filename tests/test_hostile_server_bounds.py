@@ -1,5 +1,5 @@
 """A real `cdcstore serve` against clients that try to take its memory or its slots (issue 19):
-every path that decompresses, parses or buffers has one bound (remote/limits.py ServerLimits),
+every path that decompresses, parses or buffers has one bound (remote/server/limits.py ServerLimits),
 each pinned here with small limits (`serve --limit`), so no test allocates more than a few
 tens of MiB. Each test measures the server's peak RSS (VmHWM) and counts its hostile requests;
 the module prints the totals (peak RSS, requests, 5xx) at the end."""
@@ -16,7 +16,7 @@ import zstandard
 from cdcstore.core import ids
 from cdcstore.core.manifest import Manifest
 from cdcstore.core.pack import CODEC_RAW, CODEC_ZSTD, PackWriter
-from cdcstore.remote import wire
+from cdcstore.core import wire
 from cdcstore.storage.repository import LocalStore
 from server_util import ServerProcess
 from test_hostile import Probe, peak_rss_mb
@@ -408,7 +408,7 @@ def test_push_sessions_are_capped_per_token_and_in_all_and_their_life_is_bounded
 # -- the pieces, without a server ----------------------------------------------------------------
 def test_limits_are_named_and_checked():
     from cdcstore.core.errors import InvalidAddressError
-    from cdcstore.remote.limits import ServerLimits
+    from cdcstore.remote.server.limits import ServerLimits
     lim = ServerLimits.parse(["send_block=4096", "send-timeout=2.5"])
     assert (lim.send_block, lim.send_timeout, lim.write_slots) == (4096, 2.5, 8)
     for bad, why in [("nope=1", "NAME one of"), ("send_block", "NAME=VALUE"), ("read_slots=x", "not a number"),

@@ -7,7 +7,7 @@ import pytest
 
 from cdcstore import ConflictError, Store
 from cdcstore.core.commit import Commit
-from cdcstore.remote import wire
+from cdcstore.core import wire
 from cdcstore.storage.access import AccessRecords
 from cdcstore.storage.repository import LocalStore
 from conftest import raw_call as _call, served_store

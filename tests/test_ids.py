@@ -64,7 +64,7 @@ def test_a_token_cannot_plant_bytes_under_another_chunks_id(two_tenants, tmp_pat
     assert status == 400 and b"X-Cdc-Id-Bytes" in answer
     assert _call(f"{api}/chunks/query", "tok-evil", "POST", ids.digest(b), ID32) == (200, b"\x00")
     # a v1 manifest (naming xxh3 ids) is refused too
-    from cdcstore.remote.wire import encode_blobs
+    from cdcstore.core.wire import encode_blobs
     m1 = Manifest([ids.legacy_digest(b)], [len(b)], len(b), ids.legacy_digest(b), version=1)
     status, answer = _call(f"{api}/manifests", "tok-evil", "POST", encode_blobs([m1.encode()]))
     assert status == 400 and b"format-v1" in answer, answer

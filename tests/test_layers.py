@@ -16,7 +16,8 @@ BASE = ("runtime", "settings")  # modules every layer above core may use
 FACE = 3
 # a face may import api, other faces and core; these are the named exceptions, each with its reason
 FACE_EXCEPTIONS = {
-    ("cli", "remote.server"),  # `cdcstore serve` starts the server in this process
+    ("cli", "remote.serve"),  # `cdcstore serve` starts the server in this process
+    ("cli", "remote.server"),  # `cdcstore token` edits a server's tokens file
     ("testing.backend", "storage.backend"),  # the backend conformance suite checks the role's own types
 }
 # imports that stdlib-only purity forbids in core (I/O and concurrency live above it)
@@ -247,3 +248,32 @@ def test_no_class_is_over_400_lines():
     assert big == [], f"classes over {MAX_CLASS_LINES} lines (carve them into role objects):\n" + "\n".join(big)
     done = sorted(f"{m}.{c}" for m, c in BIG_CLASSES if sizes.get((m, c), 0) <= MAX_CLASS_LINES)
     assert done == [], f"{done} are no longer over {MAX_CLASS_LINES} lines: take them out of BIG_CLASSES"
+
+
+# the rooms of the remote floor, lowest first: a room imports only the rooms before it (remote/__init__.py)
+ROOMS = ["remote.client", "remote.server", "remote.gateway", "remote.web", "remote.serve"]
+
+
+def room(mod: str) -> int | None:
+    return next((i for i, r in enumerate(ROOMS) if mod == r or mod.startswith(r + ".")), None)
+
+
+def test_rooms_of_the_remote_floor_import_only_rooms_before_them():
+    """client/ < server/ < gateway/ < web/ < serve.py, and the client imports no other room and no
+    server library: a process that only reads a server loads no server code."""
+    wrong = []
+    for mod, path in modules():
+        mine = room(mod)
+        if mine is None:
+            continue
+        for target in internal_imports(mod, path):
+            theirs = room(target)
+            if theirs is not None and theirs > mine:
+                wrong.append(f"{mod} imports {target} (a later room)")
+            if mine == 0 and theirs not in (None, 0):
+                wrong.append(f"{mod} imports {target} (the client imports no other room)")
+        if mine == 0:
+            wrong += [f"{mod} imports {a}" for t, a in imports(mod, path) if t is None and a.startswith("aiohttp.web")]
+    assert wrong == [], "\n".join(wrong)
+    assert {room(m) for m, _ in modules() if m.startswith("remote.") and not m.endswith("__init__")} == \
+        set(range(len(ROOMS))), "every module of remote/ sits in a room"

@@ -166,7 +166,7 @@ def test_a_stalled_server_is_given_up_on_in_seconds_in_total(server, tmp_path):
 
 
 def test_the_default_timeout_for_a_stalled_server_is_seconds():
-    from cdcstore.remote.client import Transport
+    from cdcstore.remote.client.store import Transport
 
     t = Transport("http://127.0.0.1:1")
     assert t.timeout <= 30  # the whole budget of a stalled request, retries included
@@ -234,7 +234,7 @@ def test_a_raw_range_answer_longer_than_asked_is_refused_too(server, tmp_path):
 def test_locations_claiming_a_huge_chunk_are_refused_before_any_range_is_asked(server, tmp_path):
     """A lying `locate` answer (a 4 GiB stored length) would make the client ask for, and accept,
     a 4 GiB range: the locations are refused first."""
-    from cdcstore.remote import wire
+    from cdcstore.core import wire
 
     _pushed(server, tmp_path, _text(50_000))
     ranges = []

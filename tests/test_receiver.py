@@ -1,4 +1,4 @@
-"""Ranges received straight into place (remote/receiver.py): the fast path takes only a plain
+"""Ranges received straight into place (remote/client/receiver.py): the fast path takes only a plain
 206 of exactly the range asked for; every other answer (the range ignored, a chunked body, bytes
 past the body, a connection closed or stalled mid-body, an error status) goes through the full
 client, which gives the same bytes or the same clear error as before. A real socket server on
@@ -14,7 +14,7 @@ import pytest
 
 from cdcstore import Store
 from cdcstore.core.errors import NotFoundError, RemoteError
-from cdcstore.remote.client import Transport
+from cdcstore.remote.client.store import Transport
 
 DATA = os.urandom(3 << 20)
 

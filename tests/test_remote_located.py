@@ -9,8 +9,8 @@ import pytest
 from cdcstore import CorruptionError, Store
 from cdcstore.core.chunker import ChunkParams
 from cdcstore.engine.push import IngestOptions
-from cdcstore.remote import wire
-from cdcstore.remote.client import RemoteStore
+from cdcstore.core import wire
+from cdcstore.remote.client.store import RemoteStore
 from cdcstore.storage import meta
 from cdcstore.storage.cache import CachedBackend
 from cdcstore.storage.repository import LocalStore

@@ -17,7 +17,7 @@ from cdcstore.core import ids
 from cdcstore.core.commit import Commit, FileEntry
 from cdcstore.core.manifest import Manifest
 from cdcstore.core.pack import CODEC_RAW, PackWriter
-from cdcstore.remote.client import RemoteStore
+from cdcstore.remote.client.store import RemoteStore
 from conftest import S3_BUCKET, golden_input
 from server_util import ServerProcess
 

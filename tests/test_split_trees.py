@@ -434,7 +434,7 @@ def test_a_cold_listing_of_a_wide_folder_through_a_server_asks_for_a_level_at_a_
 
         some = json.dumps({"names": list(view.tree_ids())[:20]}).encode()
         status, body = post(TOKEN, some)
-        from cdcstore.remote import wire
+        from cdcstore.core import wire
         assert status == 200 and all(wire.decode_blobs(body))
         assert post(other, some)[0] == 403  # a token of another repo: refused before any tree is read
         assert post(TOKEN, json.dumps({"names": ["ab" * 32] * 2000}).encode())[0] == 400  # too many

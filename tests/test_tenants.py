@@ -131,7 +131,7 @@ def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path
     status, body = _call(api + "/chunks/query", "tok-a", "POST", ids_body, ID32)
     assert status == 200 and body == bytes(len(pub_ids)), "presence reveals B's chunks"
     assert _call(api + "/repos/a/locate", "tok-a", "POST", ids_body, ID32) == (200, b"")
-    from cdcstore.remote.wire import encode_blobs
+    from cdcstore.core.wire import encode_blobs
     status, body = _call(api + "/manifests", "tok-a", "POST", encode_blobs([manifest_bytes]))
     assert status == 403, body
     commit = {"format": 1, "repo": "a", "parent": None, "message": "", "time": 1.0,
@@ -149,7 +149,7 @@ def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path
     assert status == 200 and json.loads(body)["chunks"] == 0
 
     # proofs (issue 31 case 2): a scoped token learns nothing from them, a right proof included
-    from cdcstore.remote import wire
+    from cdcstore.core import wire
     status, body = _call(api + "/chunks/query", "tok-a", "POST", ids_body, {wire.PROVE_HEADER: "1"} | ID32)
     assert (status, body) == (200, bytes(len(pub_ids)))
     nonce = bytes(wire.NONCE)

@@ -19,7 +19,7 @@ from cdcstore.api import default_author
 from cdcstore.cli import cli
 from cdcstore.core.commit import Commit
 from cdcstore.core.errors import AccessDeniedError, CorruptionError
-from cdcstore.remote.tokens import default_name
+from cdcstore.remote.server.tokens import default_name
 from cdcstore.storage.repository import LocalStore
 from conftest import golden_input, raw_call, served_store
 
@@ -247,7 +247,7 @@ def test_log_of_commits_from_before_authors_shows_none(tmp_path):
 
 ADDER = """
 import sys
-from cdcstore.remote import tokens
+from cdcstore.remote.server import tokens
 path, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 for k in range(n):
     tokens.add(path, f"{who}-{k}", "read", [])
@@ -255,7 +255,7 @@ for k in range(n):
 
 REVOKER = """
 import sys
-from cdcstore.remote import tokens
+from cdcstore.remote.server import tokens
 print(tokens.revoke(sys.argv[1], "boss"))
 """
 
@@ -267,7 +267,7 @@ def test_concurrent_token_edits_all_land_and_a_revoke_stays_revoked(tmp_path):
     import json
     import subprocess
     import sys
-    from cdcstore.remote import tokens
+    from cdcstore.remote.server import tokens
 
     path = str(tmp_path / "tokens.json")
     for rnd in range(3):

@@ -242,7 +242,7 @@ def test_through_a_server_with_scoped_tokens(tenants, tmp_path):
 
 def test_server_checks_only_the_new_entries_of_a_commit(tmp_path, monkeypatch):
     """The server's commit check reads the manifests of what changed, not of every file."""
-    from cdcstore.remote.server import Server, ServerConfig
+    from cdcstore.remote.server.app import Server, ServerConfig
     from cdcstore.storage.manifest_file import ManifestFile
     s = Store.init(str(tmp_path / "srv"))
     big_repo(s, tmp_path)

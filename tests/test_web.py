@@ -1,4 +1,4 @@
-"""The web view (`cdcstore serve`, /ui/; remote/web.py) over HTTP: a real server on loopback over a
+"""The web view (`cdcstore serve`, /ui/; remote/web/view.py) over HTTP: a real server on loopback over a
 real store, Parquet written by plain pyarrow. Every link from the index resolves; a scoped token
 never sees another repo's name or bytes; names from the store are escaped; the Parquet preview
 reads the footer and the first row group's chunks, no more. The browser tests are in
@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from cdcstore import Store
-from cdcstore.remote import web_data
+from cdcstore.remote.web import data as web_data
 from cdcstore.storage.repository import LocalStore, open_repository
 from conftest import S3_BUCKET
 from server_util import ServerProcess

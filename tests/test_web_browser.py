@@ -1,4 +1,4 @@
-"""The web view (remote/web.py) in a real browser: headless Chromium from Debian's packages, driven
+"""The web view (remote/web/view.py) in a real browser: headless Chromium from Debian's packages, driven
 by selenium through Debian's chromedriver (nothing downloads a browser). Signing in through the
 form, following links by clicking, every page with JavaScript switched off, a scoped token kept
 out of another repo, hostile names shown as text (no alert), and the Parquet preview's figures.

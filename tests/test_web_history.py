@@ -6,7 +6,7 @@ pages call."""
 import concurrent.futures
 
 from cdcstore import Store
-from cdcstore.remote.web_data import Browser
+from cdcstore.remote.web.data import Browser
 from cdcstore.storage.repository import open_repository
 
 COMMITS = 120

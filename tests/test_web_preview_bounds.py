@@ -19,7 +19,7 @@ MiB = 1 << 20
 
 PREVIEW = """
 import json, sys
-from cdcstore.remote.web_data import Browser
+from cdcstore.remote.web.data import Browser
 from cdcstore.storage.repository import open_repository
 def peak_kib():  # VmHWM: this process's peak RSS (ru_maxrss would carry the parent's over exec)
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1])

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from cdcstore import Store
-from cdcstore.remote import web
+from cdcstore.remote.web import view as web
 from server_util import ServerProcess
 
 ADMIN = "signin-admin-" + "a" * 24

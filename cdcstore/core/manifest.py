@@ -24,7 +24,7 @@ from .chunker import DEFAULT_PARAMS, MAX_CHUNK_BYTES
 from .pages import CUT_ALLOWANCE, MIN_CUT_SPACING
 from .errors import CorruptionError
 
-#: The largest manifest a store takes: one upload batch (`remote.wire.MAX_MANIFEST_BATCH_BYTES`)
+#: The largest manifest a store takes: one upload batch (`wire.MAX_MANIFEST_BATCH_BYTES`)
 #: less its 4-byte length. With 36-byte entries, 1,864,133 chunks (`max_entries`).
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024 - 4
 

@@ -1,6 +1,6 @@
 """AWS Signature Version 4 as an S3 server checks it (pure: no I/O).
 
-The S3 gateway (remote/gateway.py) verifies what clients sign: the `Authorization` header
+The S3 gateway (remote/gateway/reads.py) verifies what clients sign: the `Authorization` header
 (`AWS4-HMAC-SHA256 Credential=KEY/DATE/REGION/SERVICE/aws4_request, SignedHeaders=a;b,
 Signature=HEX`) or the same fields in a presigned URL's query (`X-Amz-Algorithm`,
 `X-Amz-Credential`, `X-Amz-Date`, `X-Amz-Expires`, `X-Amz-SignedHeaders`, `X-Amz-Signature`).

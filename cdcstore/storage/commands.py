@@ -1,5 +1,5 @@
 """The maintenance commands a store runs in this process (`Repository.admin`), by the names and
-options a server's admin route takes (remote/admin.py), plus rebuild-index and recover, which
+options a server's admin route takes (remote/server/admin.py), plus rebuild-index and recover, which
 only run where the store's objects are."""
 from __future__ import annotations
 

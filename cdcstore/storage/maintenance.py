@@ -34,7 +34,7 @@ its session and waits while a marker stands (the second mark, the plan and the d
 write before they read, so at least one of the two sees the other. A session older than both the
 grace window and 6 hours belongs to a push that died and is ignored (a running push's heartbeat
 touches its marker hourly), and so does one whose process on this host is gone; so is a gc marker
-older than 6 hours or whose process on this host is gone (a killed gc). A server keeps a session for each client's push (`remote/admin.py`);
+older than 6 hours or whose process on this host is gone (a killed gc). A server keeps a session for each client's push (`remote/server/admin.py`);
 the grace window (with a floor on a server) also spares what clients that open no session upload.
 """
 from __future__ import annotations

@@ -42,7 +42,7 @@ from .objects import (AccessDenied, AlreadyExists, Capabilities, Conflict, Inval
 PAGE = 1000  # keys per listing request with s3fs (S3's maximum; obstore always asks 1000)
 CLIENT_ENV = settings.S3_CLIENT.name
 #: Seconds a request may wait on an endpoint that sends nothing, all its attempts together (plus the
-#: time its body takes at MIN_RATE): the server client's knob and default (remote/client.py), one
+#: time its body takes at MIN_RATE): the server client's knob and default (remote/client/store.py), one
 #: for every peer a store talks to.
 ENV_TIMEOUT = settings.TIMEOUT.name
 DEFAULT_TIMEOUT = 30.0

@@ -7,13 +7,13 @@ import time
 
 from aiohttp import web
 
-from ..core import ids
-from ..core.chunker import MAX_CHUNK_BYTES
-from ..core.pack import PACK_VERSION, TRAILER as PACK_TRAILER, WRITE_BUFFER, decode_chunk, pack_version, read_index
-from ..storage.objects import NotFound
-from . import wire
-from .app import HTTPError, RouteGroup
+from ...core import ids
+from ...core import wire
+from ...core.chunker import MAX_CHUNK_BYTES
+from ...core.pack import PACK_VERSION, TRAILER as PACK_TRAILER, WRITE_BUFFER, decode_chunk, pack_version, read_index
+from ...storage.objects import NotFound
 from .auth import Scope
+from .routes import HTTPError, RouteGroup
 
 MAX_STORED_BYTES = MAX_CHUNK_BYTES + MAX_CHUNK_BYTES // 128 + 4096  # a chunk's stored record (zstd's worst case)
 

@@ -21,10 +21,10 @@ import time
 
 from aiohttp import web
 
-from ..core.address import check_name
-from ..core.errors import BusyError, ConflictError, InvalidAddressError
-from ..storage import check, maintenance
-from ..storage.objects import NotFound, StorageError
+from ...core.address import check_name
+from ...core.errors import BusyError, ConflictError, InvalidAddressError
+from ...storage import check, maintenance
+from ...storage.objects import NotFound, StorageError
 
 SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 SESSION_WAIT = 20.0  # seconds a session request waits for a running gc before 503

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..core import ids, treeobj
-from ..core.address import check_name, check_ref_name, check_write_target
-from ..core.commit import Commit
-from ..core.errors import CdcError, CorruptionError, InvalidAddressError
-from ..storage.manifest_file import ManifestFile
-from .app import HTTPError, RouteGroup
+from ...core import ids, treeobj
+from ...core.address import check_name, check_ref_name, check_write_target
+from ...core.commit import Commit
+from ...core.errors import CdcError, CorruptionError, InvalidAddressError
+from ...storage.manifest_file import ManifestFile
 from .auth import Scope
+from .routes import HTTPError, RouteGroup
 
 REF_KINDS = {"tags": "tag", "branches": "branch"}  # URL segment -> kind of name
 

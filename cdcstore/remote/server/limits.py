@@ -19,8 +19,8 @@ import contextlib
 import dataclasses
 from dataclasses import dataclass
 
-from ..core.errors import InvalidAddressError
-from . import wire
+from ...core import wire
+from ...core.errors import InvalidAddressError
 
 MiB = 1024 * 1024
 
@@ -46,7 +46,7 @@ class ServerLimits:
     read_slots: int = 8  # masked or bucket pack ranges, located manifests, gateway GETs at once (shared)
     read_slots_per_token: int = 6  # of which one token may hold
     read_wait: float = 10.0  # seconds a read waits in line for a read slot before its 429
-    # job journals (remote/staging.py)
+    # job journals (remote/server/staging.py)
     max_journal_bytes_per_token: int = 1024 * MiB  # staging objects of the jobs one token opened or wrote to (413 past it)
     max_upload_bytes_per_token: int = 64 * 1024 * MiB  # S3 gateway: multipart parts one token has staged (403 QuotaExceeded)
     max_open_uploads_per_token: int = 1000  # S3 gateway: multipart uploads one token holds open (403 QuotaExceeded)

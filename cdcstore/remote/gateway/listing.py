@@ -1,4 +1,4 @@
-"""The S3 gateway's listings (remote/gateway.py): a folder's keys in S3 key order, a page at a time.
+"""The S3 gateway's listings (remote/gateway/reads.py): a folder's keys in S3 key order, a page at a time.
 
 A folder's entries are sorted once and kept by its tree id (immutable: named by its bytes), so a
 page of a wide folder is a binary search and the page, not a sort of the whole folder (issue 42: a
@@ -11,8 +11,8 @@ import bisect
 import collections
 from typing import Iterator
 
-from .. import runtime
-from ..core.treeobj import Folder
+from ... import runtime
+from ...core.treeobj import Folder
 
 SORTED_KEPT = 1 << 20  # folder entries kept sorted in key order (by tree id), for listing pages
 

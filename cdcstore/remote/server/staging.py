@@ -19,7 +19,7 @@ Server routes (a write token with access to REPO; job ids are 32 hex digits):
   of these manifests the server holds; a token scoped to some repos learns only of those REPO
   reaches (nothing leaks of other tenants' files).
 
-The client side is `remote/journal.py` (it imports no server code).
+The client side is `remote/client/journal.py` (it imports no server code).
 """
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ import time
 
 from aiohttp import web
 
-from ..core import ids
-from ..core.errors import ConflictError, CorruptionError, InvalidAddressError, NotFoundError
-from ..storage import staging
-from ..storage.manifest_file import ManifestFile
-from .app import HTTPError
-from .journal import MAX_PRESENCE_NAMES
+from ...core import ids
+from ...core.errors import ConflictError, CorruptionError, InvalidAddressError, NotFoundError
+from ...storage import staging
+from ...storage.manifest_file import ManifestFile
+from ..client.journal import MAX_PRESENCE_NAMES
+from .routes import HTTPError
 
 RECOUNT = 30.0  # seconds a token's counted journal space is trusted before the next listing
 

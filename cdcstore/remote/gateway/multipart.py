@@ -18,13 +18,13 @@ import time
 
 from aiohttp import web
 
-from ..core.errors import BusyError, NotFoundError
-from ..storage import staging, uploads
-from ..storage.reader import FileReader
-from .gateway import MAX_KEYS, S3Error, iso_time, parse_range
-from .s3body import read_xml, receive
-from .s3forms import Target, el, parse_xml, xml
-from .staging import JournalSpace
+from ...core.errors import BusyError, NotFoundError
+from ...storage import staging, uploads
+from ...storage.reader import FileReader
+from ..server.staging import JournalSpace
+from .bodies import read_xml, receive
+from .forms import Target, el, parse_xml, xml
+from .reads import MAX_KEYS, S3Error, iso_time, parse_range
 
 log = logging.getLogger("cdcstore.gateway")
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import os
 import struct
 
-from ..core import ids
-from ..core.errors import CorruptionError
-from ..core.manifest import ENTRY, HEADER, MAGIC, MANIFEST_VERSION
-from ..core.pack import WRITE_BUFFER
-from ..storage.manifest_file import ManifestFile
-from . import wire
-from .app import HTTPError
+from ...core import ids
+from ...core import wire
+from ...core.errors import CorruptionError
+from ...core.manifest import ENTRY, HEADER, MAGIC, MANIFEST_VERSION
+from ...core.pack import WRITE_BUFFER
+from ...storage.manifest_file import ManifestFile
+from .routes import HTTPError
 
 _LEN = struct.Struct("<I")
 
@@ -52,7 +52,7 @@ def _read(f, offset: int, n: int) -> bytes:
 
 
 class ManifestBatch:
-    """Check and store the manifests of one spooled batch, for `server` (a serve_metadata.MetadataRoutes)."""
+    """Check and store the manifests of one spooled batch, for `server` (a metadata.MetadataRoutes)."""
 
     def __init__(self, server, path: str, scope):
         self.server, self.store, self.path, self.scope = server, server.store, path, scope

@@ -1,6 +1,6 @@
 """The forms of S3 write requests at the gateway: where a key writes to, and the XML of the
-answers and of the bodies (DeleteObjects, CompleteMultipartUpload). Shared by gateway_write.py and
-gateway_multipart.py (docs/gateway.md, "Writes")."""
+answers and of the bodies (DeleteObjects, CompleteMultipartUpload). Shared by writes.py and
+multipart.py (docs/gateway.md, "Writes")."""
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +10,7 @@ from xml.sax.saxutils import escape
 
 from aiohttp import web
 
-from .gateway import NS, S3Error
+from .reads import NS, S3Error
 
 JOB_LANDS = "_SUCCESS"  # the file whose write under BRANCH@JOB/ lands the job
 JOB_LANDS_ALONE = ".cdc-land"  # the same, but no file: the job lands and nothing of the marker is kept

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 
-from ..core import ids, treeobj
-from ..core.commit import Commit
-from ..core.errors import CdcError, CorruptionError, NotFoundError, RepoNotFoundError
-from ..storage import meta
-from .wire import url_repo
+from ...core import ids, treeobj
+from ...core.commit import Commit
+from ...core.errors import CdcError, CorruptionError, NotFoundError, RepoNotFoundError
+from ...core.wire import url_repo
+from ...storage import meta
 
 
 class RemoteRefs:

@@ -1,12 +1,12 @@
 """Job journals and manifest presence over the wire, the client side (protocol 1.5; the routes are
-`remote/staging.py`'s): `RemoteJournal`, the journal role over a `RemoteStore`, and
+`remote/server/staging.py`'s): `RemoteJournal`, the journal role over a `RemoteStore`, and
 `manifests_present`. Kept apart from the routes so that a client imports no server code."""
 from __future__ import annotations
 
 import json
 
-from ..core.errors import NotFoundError
-from ..storage import staging
+from ...core.errors import NotFoundError
+from ...storage import staging
 
 MAX_PRESENCE_NAMES = 65536  # manifest names a presence query carries (the server's bound too)
 

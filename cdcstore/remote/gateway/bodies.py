@@ -26,9 +26,9 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..core import awschunked, checksums, sigv4
-from ..core.pack import WRITE_BUFFER
-from .gateway import SIGNED, S3Error
+from ...core import awschunked, checksums, sigv4
+from ...core.pack import WRITE_BUFFER
+from .reads import SIGNED, S3Error
 
 HANDOFF = 1 << 20  # bytes gathered on the event loop before they are hashed and written off it
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")

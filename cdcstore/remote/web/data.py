@@ -1,4 +1,4 @@
-"""What the web view shows, computed from a repository through its public API (remote/web.py).
+"""What the web view shows, computed from a repository through its public API (remote/web/view.py).
 
 Everything here is blocking store work (the web view runs it on the server's pool). A commit's
 files are read through `treeobj.View` (listing, get, walk, changes), file bytes through the one
@@ -19,14 +19,14 @@ import collections
 import time
 from dataclasses import dataclass
 
-from .. import runtime
-from ..core import ids, pages, treeobj
-from ..core.address import DEFAULT_BRANCH
-from ..core.commit import FileEntry
-from ..core.errors import CdcError, RevisionNotFoundError
-from ..core.thrift import ThriftError
-from ..storage.reader import FileReader
-from ..storage.roles import BackendCapabilities
+from ... import runtime
+from ...core import ids, pages, treeobj
+from ...core.address import DEFAULT_BRANCH
+from ...core.commit import FileEntry
+from ...core.errors import CdcError, RevisionNotFoundError
+from ...core.thrift import ThriftError
+from ...storage.reader import FileReader
+from ...storage.roles import BackendCapabilities
 
 PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 PREVIEW_ROWS = 20

@@ -30,7 +30,7 @@ class HTTPError(Exception):
 
 
 STORE_ROOTS = web.AppKey("store_roots", tuple)
-SERVER = web.AppKey("server", object)  # the app's Server (the S3 gateway, remote/gateway.py, serves over it)
+SERVER = web.AppKey("server", object)  # the app's Server (the S3 gateway, remote/gateway/reads.py, serves over it)
 _REPO_LIST = re.compile(r" \(repos: [^)]*\)")
 
 

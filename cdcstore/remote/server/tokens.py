@@ -20,9 +20,9 @@ import secrets
 import tempfile
 import time
 
-from .. import runtime
-from ..core.commit import check_author
-from ..core.errors import InvalidAddressError
+from ... import runtime
+from ...core.commit import check_author
+from ...core.errors import InvalidAddressError
 
 log = logging.getLogger("cdcstore.server")
 

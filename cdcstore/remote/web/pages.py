@@ -1,4 +1,4 @@
-"""The web view's HTML (remote/web.py serves it): server-rendered pages, no build step, no script.
+"""The web view's HTML (remote/web/view.py serves it): server-rendered pages, no build step, no script.
 
 Every name that comes from the store (repos, branches, tags, paths, commit messages, authors,
 Parquet column names and values) is untrusted: it reaches the page only through `esc` or `tag`,

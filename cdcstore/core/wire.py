@@ -13,11 +13,11 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from ..core import ids as _ids
-from ..core.address import check_name
-from ..core.chunker import MAX_CHUNK_BYTES
-from ..core.errors import CorruptionError
-from ..core.pack import PackEntry
+from . import ids as _ids
+from .address import check_name
+from .chunker import MAX_CHUNK_BYTES
+from .errors import CorruptionError
+from .pack import PackEntry
 
 API = "/v1"
 PROTOCOL_VERSION = 2  # 2.0: 32-byte BLAKE3 ids (ID_HEADER); 16-byte ids are refused for new data

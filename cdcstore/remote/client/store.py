@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import collections
 import concurrent.futures
 import contextlib
 import json
@@ -23,23 +22,24 @@ from typing import Iterable
 
 import aiohttp
 
-from .. import runtime, settings
-from ..core import ids
-from . import wire
-from .refs import RemoteRefs
-from .receiver import Receiver, Stalled, Unserved
+from ... import runtime, settings
+from ...core import ids
+from ...core import treeobj
+from ...core import wire
+from ...core.commit import Commit
+from ...core.errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError,
+                            NotFoundError, RefExistsError, RemoteError, RepoNotFoundError, RevisionNotFoundError,
+                            error_class)
+from ...core.manifest import MAX_MANIFEST_BYTES, Manifest
+from ...core.pack import PackEntry, decode_chunk
+from ...core.ranges import ByteRange, lands, plan_ranges, scatter, slices
+from ...core.wire import url_repo
+from ...storage import meta
+from ...storage.backend import Backend, BackendCapabilities
+from ...storage.roles import delegate
 from .journal import RemoteJournal, manifests_present
-from .wire import url_repo
-from ..core import treeobj
-from ..core.commit import Commit
-from ..core.errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError, NotFoundError,
-                          RefExistsError, RemoteError, RepoNotFoundError, RevisionNotFoundError, error_class)
-from ..core.manifest import MAX_MANIFEST_BYTES, Manifest
-from ..core.pack import PackEntry, decode_chunk
-from ..core.ranges import ByteRange, lands, plan_ranges, scatter, slices
-from ..storage import meta
-from ..storage.backend import Backend, BackendCapabilities
-from ..storage.roles import delegate
+from .receiver import Receiver, Stalled, Unserved
+from .refs import RemoteRefs
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
@@ -244,7 +244,7 @@ class Transport:
         self.max_backoff = max_backoff
         self.connections = connections
         self.min_rate = min_rate  # bytes/s below which a transfer counts as stalled
-        self.direct_receive = direct_receive  # ranges received straight into place (remote/receiver.py)
+        self.direct_receive = direct_receive  # ranges received straight into place (remote/client/receiver.py)
         self.requests = self.sent_bytes = self.received_bytes = 0
         self.store_location: str | None = None  # the store's location: the store id each answer names is noted for it
         self._here = runtime.Local()  # this process's loop (its session and flights are per process too)
@@ -445,7 +445,7 @@ class Transport:
                 flight[0].cancel()
 
     async def _receive(self, path: str, start: int, end: int, into: list[memoryview]) -> bool:
-        """Bytes [start, end) received straight into `into` on the fast path (`remote/receiver.py`);
+        """Bytes [start, end) received straight into `into` on the fast path (`remote/client/receiver.py`);
         False when it did not deliver them (the caller then sends the request through `request`)."""
         base = self.base
         if not self.direct_receive or end <= start or not Receiver.serves(base):
@@ -686,7 +686,7 @@ class RemoteStore(Backend):
     def begin_push(self) -> None:
         self.health()
 
-    # -- lifecycle: push sessions and administration (remote/admin.py) ----------------------
+    # -- lifecycle: push sessions and administration (remote/server/admin.py) ----------------------
     def push_session(self) -> "RemoteSession":
         """The server-side marker of this push: a gc on the server deletes nothing while it is open."""
         return RemoteSession(self)

@@ -7,14 +7,15 @@ import os
 
 from aiohttp import web
 
-from ..core import ids, treeobj
-from ..core.errors import CorruptionError
-from ..core.manifest import MANIFEST_VERSION, Manifest
-from ..storage.manifest_file import ManifestFile, ManifestMissing
-from ..storage.objects import NotFound
-from . import batches, wire
-from .app import HTTPError, RouteGroup
+from ...core import ids, treeobj
+from ...core import wire
+from ...core.errors import CorruptionError
+from ...core.manifest import MANIFEST_VERSION, Manifest
+from ...storage.manifest_file import ManifestFile, ManifestMissing
+from ...storage.objects import NotFound
+from . import batches
 from .auth import Scope
+from .routes import HTTPError, RouteGroup
 
 
 TREES_GET_BYTES = 16 << 20  # and the bytes of its answer (the rest: empty, fetched one by one)

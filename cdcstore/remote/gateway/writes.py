@@ -1,5 +1,5 @@
 """Writes through the S3 gateway (docs/gateway.md, "Writes"): PutObject (plain, `aws-chunked`),
-CopyObject, DeleteObject, DeleteObjects, and (gateway_multipart.py) the multipart uploads.
+CopyObject, DeleteObject, DeleteObjects, and (multipart.py) the multipart uploads.
 
 A key of a write is `BRANCH/PATH` in the bucket REPO. The bytes are stored as a push stores a file
 (`publish.Publisher`, over the server's repository: the one chunker, Parquet page-aware, only new
@@ -19,14 +19,14 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from ..core.address import check_name, check_ref_name, check_write_path, is_commit_like, normalize_path
-from ..core.errors import CdcError, InvalidAddressError, NotFoundError
-from .gateway import S3Error, SIGNED, etag, etag_matches, http_date, iso_time
-from .gateway_multipart import Multipart
-from .limits import ANONYMOUS, Busy, Slots
-from .s3body import read_xml, receive
-from .s3forms import EMPTY_MD5, Target, el, job_id, parse_xml, xml
-from .tokens import owner_id, refusal
+from ...core.address import check_name, check_ref_name, check_write_path, is_commit_like, normalize_path
+from ...core.errors import CdcError, InvalidAddressError, NotFoundError
+from ..server.limits import ANONYMOUS, Busy, Slots
+from ..server.tokens import owner_id, refusal
+from .bodies import read_xml, receive
+from .forms import EMPTY_MD5, Target, el, job_id, parse_xml, xml
+from .multipart import Multipart
+from .reads import S3Error, SIGNED, etag, etag_matches, http_date, iso_time
 
 MAX_PUT_BYTES = 5 * 1024 ** 3  # the largest single PUT (as S3)
 MAX_XML_BYTES = 4 << 20  # a DeleteObjects body

@@ -3,7 +3,7 @@
 Any S3 client reads a store: the bucket is a REPO, the key is REV/PATH (REV a branch, a tag
 or a commit id), addressed path-style (`http://HOST:PORT/REPO/REV/PATH`). GetObject (one
 Range), HeadObject, ListObjectsV2 (and v1), ListBuckets, HeadBucket and GetBucketLocation are
-served here; writes go to the `writes` handler the app is given (remote/gateway_write.py; 501
+served here; writes go to the `writes` handler the app is given (remote/gateway/writes.py; 501
 without one). Bytes are read through the
 read core every reader uses (`storage.reader.FileReader`: each chunk verified by its origin,
 docs/protocol.md "Trust by origin"), and are streamed in `ServerLimits.send_block` pieces under
@@ -32,17 +32,17 @@ from xml.sax.saxutils import escape
 
 from aiohttp import web
 
-from .. import runtime
-from ..core import sigv4
-from ..core.errors import (BusyError, CdcError, CorruptionError, InvalidAddressError,
-                           RepoNotFoundError, RevisionNotFoundError)
+from ... import runtime
+from ...core import sigv4
+from ...core.commit import FileEntry
+from ...core.errors import (BusyError, CdcError, CorruptionError, InvalidAddressError, RepoNotFoundError,
+                            RevisionNotFoundError)
+from ...core.wire import NATIVE_PORT_HEADER
+from ...storage.reader import FileReader
+from ..server.limits import Busy
+from ..server.routes import SERVER, STORE_ROOTS, sanitize
+from ..server.tokens import default_name, owner_id
 from .listing import before as _before, tree_keys
-from ..core.commit import FileEntry
-from ..storage.reader import FileReader
-from .limits import Busy
-from .app import SERVER, STORE_ROOTS, sanitize
-from .tokens import default_name, owner_id
-from .wire import NATIVE_PORT_HEADER
 
 log = logging.getLogger("cdcstore.gateway")
 
@@ -198,7 +198,7 @@ class Gateway:
     def __init__(self, server, writes=None):
         self.server = server
         self.store = server.store
-        self.writes = writes(self) if writes is not None else None  # the write side (remote/gateway_write.py)
+        self.writes = writes(self) if writes is not None else None  # the write side (remote/gateway/writes.py)
 
     async def _io(self, fn, *args):
         return await self.server.io(fn, *args)  # the server's blocking-work pool
@@ -233,7 +233,7 @@ class Gateway:
         if problem:
             raise S3Error(403, "AccessDenied" if signed.presigned else "RequestTimeTooSkewed", problem)
         headers = {k.lower(): ",".join(request.headers.getall(k)) for k in set(request.headers.keys())}
-        # the payload hash is taken as the client signed it; a write's body is checked against it (s3body.py)
+        # the payload hash is taken as the client signed it; a write's body is checked against it (bodies.py)
         payload = None if signed.presigned else request.headers.get("X-Amz-Content-Sha256")
         # an unknown name is checked against a token nobody holds: it answers as a wrong secret does,
         # in about the same time, so token names cannot be told by their answers (issue 43)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from .app import HTTPError
 from .limits import ANONYMOUS
+from .routes import HTTPError
 from .tokens import TokenFile, default_name, owner_id, refusal
 
 log = logging.getLogger("cdcstore.server")

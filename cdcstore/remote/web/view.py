@@ -4,7 +4,7 @@ Pages: the repos; a repo's branches and tags; a commit log (author, message, fil
 bytes); a commit; the file tree at any revision; a file (size, chunks, bytes shared with its
 previous version; for Parquet the schema, row groups and first rows); a diff between two
 revisions; the store (logical against stored bytes over each repo's history, as a chart). Plus a
-file's raw bytes. What is shown is computed by `web_data.Browser`; the HTML is `web_pages`'.
+file's raw bytes. What is shown is computed by `data.Browser`; the HTML is `pages`'.
 
 Tokens: the server's own. A browser signs in once with a form (POST /ui/login): the token is
 checked, kept in this server's memory under a random session id, and the browser gets only that
@@ -25,16 +25,16 @@ from urllib.parse import quote, urlsplit
 
 from aiohttp import web
 
-from .. import runtime
-from ..core.address import check_name
-from ..core.errors import BusyError, CdcError, InvalidAddressError, RepoNotFoundError, RevisionNotFoundError
-from .app import STORE_ROOTS, HTTPError, sanitize
-from .gateway import FileBody
-from .limits import Busy
-from .tokens import default_name, owner_id
-from . import web_data as data
-from . import web_pages as P
-from .web_pages import esc, join, link, size, tag, url
+from ... import runtime
+from ...core.address import check_name
+from ...core.errors import BusyError, CdcError, InvalidAddressError, RepoNotFoundError, RevisionNotFoundError
+from ..gateway.reads import FileBody
+from ..server.limits import Busy
+from ..server.routes import STORE_ROOTS, HTTPError, sanitize
+from ..server.tokens import default_name, owner_id
+from . import data
+from . import pages as P
+from .pages import esc, join, link, size, tag, url
 
 log = logging.getLogger("cdcstore.web")
 
