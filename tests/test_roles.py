@@ -104,7 +104,7 @@ def test_the_rule_sees_the_scope():
     files = {os.path.relpath(p, ROOT) for p in scoped_files(ROOT)}
     for f in ("api.py", "fs.py", "stream.py", "cli.py", "writers.py", "parquet.py", "spark.py",
               os.path.join("storage", "reader.py"), os.path.join("engine", "push.py"),
-              os.path.join("remote", "server.py"), os.path.join("remote", "client.py")):
+              os.path.join("remote", "server", "app.py"), os.path.join("remote", "client", "store.py")):
         assert f in files
     assert not any(f.startswith(("storage", "core")) for f in files if f != os.path.join("storage", "reader.py"))
 
