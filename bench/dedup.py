@@ -171,7 +171,7 @@ def run_xet(base: str, edited: str, work: str) -> dict:
 
 def run_cdc(base: str, edited: str, work: str, parquet_pages: bool, verify: bool = True) -> dict:
     from cdcstore.api import Store
-    from cdcstore.engine.push import IngestOptions
+    from cdcstore.engine.ingest import IngestOptions
     target = os.path.join(work, "store")
     shutil.rmtree(target, ignore_errors=True)
     opts = IngestOptions(parquet_pages=parquet_pages)

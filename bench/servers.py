@@ -2,7 +2,7 @@
 
   ServerProcess  a real `python -m cdcstore serve` subprocess on a free loopback port
                  (`cdcstore.testing`, the starter the tests use too; bench never loads tests/)
-  StaticServer   a plain aiohttp static file server (transfer.py, fs.py, stream.py,
+  StaticServer   a plain aiohttp static file server (transfer.py, fs.py, streaming/dataset.py,
                  cold_profile.py), a child running this file:
                  `python bench/servers.py --_static ROOT PORT [LOG [HOST]]` (link.py runs it in
                  a network namespace with HOST)
@@ -88,7 +88,7 @@ class StaticServer:
         stop_process(self.proc)
 
 
-# access logs (fs.py, stream.py)
+# access logs (fs.py, streaming/dataset.py)
 
 class LogWindow:
     """The lines a server appended to its log file between start() and lines()."""

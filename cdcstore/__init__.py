@@ -1,6 +1,6 @@
 """cdcstore: content-defined-chunking, deduplicating storage for ML datasets."""
-from .core.address import Address, parse
 from .api import Store, TransferResult
+from .core.address import Address, parse
 from .core.errors import (AccessDeniedError, CdcError, ConflictError, CorruptionError, InvalidAddressError,
                      NotAStoreError, NotFoundError, PathNotFoundError, RefExistsError, RemoteError,
                      RepoNotFoundError, RevisionNotFoundError)

@@ -21,23 +21,24 @@ from typing import Callable, Iterable
 import platformdirs
 
 from . import settings
-from .core import ids, tree, treeobj
+from .core import filemap
+from .core import ids, treeobj
 from .core.address import DEFAULT_BRANCH, Address, check_name, normalize_path
 from .core.commit import MAX_AUTHOR, Commit, FileEntry
-from .core.manifest import Manifest
 from .core.errors import InvalidAddressError, PathNotFoundError
+from .core.manifest import Manifest
 from .engine.commits import Commits, TransferResult, check_author, wire_since
 from .engine.groups import GroupCommits  # noqa: F401 (the faces' group commit: publish.py, fs.py)
 from .engine.history import History, as_address as _as_address
+from .engine.ingest import IngestOptions
 from .engine.pull import PULL_LOCATE_CHUNKS, check_replaceable, pull_files  # noqa: F401 (check_replaceable: fs.py's)
-from .storage.reader import FileReader, filesystem_made  # noqa: F401 (filesystem_made: fs.py's)
+from .engine.stats import stats as stats_of
+from .storage import memo  # meta: the process's heads and objects (fs.py uses it through here)
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
-from .storage import meta  # meta: the process's heads and objects (fs.py uses it through here)
 from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD
+from .storage.reader import FileReader, filesystem_made  # noqa: F401 (filesystem_made: fs.py's)
 from .storage.repository import LocalStore, is_object_url, no_such_path, open_repository
-from .engine.push import IngestOptions
-from .engine.stats import stats as stats_of
 
 
 ENV_STORE = settings.STORE.name
@@ -290,7 +291,7 @@ class Store:
     @property
     def identity(self) -> str:
         """What tells this store from any other this machine reaches: the key of what a process
-        keeps of it (heads, manifests: storage/meta.py)."""
+        keeps of it (heads, manifests: storage/memo.py)."""
         return self.backend.identity
 
     def repos(self) -> list[str]:
@@ -409,8 +410,8 @@ class Store:
         if isinstance(sources, str):
             sources = [sources]
         pairs = plan_sources(sources, a.path, isinstance(dest, str) and dest.endswith("/"), on_skip)
-        cut = len(tree.prefix_of(a.path))
-        keep = (lambda p: tree.selected(p[cut:], include, exclude)) if include or exclude else None
+        cut = len(filemap.prefix_of(a.path))
+        keep = (lambda p: filemap.selected(p[cut:], include, exclude)) if include or exclude else None
         if keep:  # globs match the path below DEST; --delete removes only what they select
             pairs = [(f, p) for f, p in pairs if keep(p)]
         return self.commits.push(a, pairs, message, delete=delete, keep=keep, stat_cache=stat_cache,

@@ -12,9 +12,9 @@ import sys
 
 import click
 
-from .core.address import DEFAULT_BRANCH, parse
 from . import settings
 from .api import ENV_STORE, ChunkCache, Store, default_store_path, is_url, parse_size, plan_sources
+from .core.address import DEFAULT_BRANCH, parse
 from .core.errors import CdcError, InvalidAddressError, damaged_message
 
 EXIT_ERROR = 1

@@ -7,7 +7,7 @@ Paths are `REPO[@REV]/PATH`. A branch resolves to a commit once per filesystem
 instance and the commit's listing is kept (commits are immutable), so listing,
 `info`, `glob` and `find` cost no further requests; a pickled instance carries the
 resolved commits to its workers. A branch is resolved again after `head_ttl`
-seconds (default 5, as the process's heads: storage/meta.py; commit ids and tags never
+seconds (default 5, as the process's heads: storage/memo.py; commit ids and tags never
 expire), so a long-lived instance sees new pushes; a write through this process is
 seen at once, and heads are kept per store (a server restarted over another store on
 the same URL is not taken for the old one). Writes (`open("wb"/"xb")`, `put`, `pipe`), `copy`, `mv` and `rm` are
@@ -31,9 +31,9 @@ from fsspec import AbstractFileSystem
 from fsspec.transaction import Transaction
 
 from . import runtime
-from .core import tree
+from .api import GroupCommits, Store, check_replaceable, filesystem_made, memo
+from .core import filemap
 from .core.address import SCHEME, Address, check_write_target, parse
-from .api import GroupCommits, Store, check_replaceable, filesystem_made, meta
 from .core.commit import FileEntry
 from .core.errors import InvalidAddressError
 
@@ -215,9 +215,9 @@ class CdcFileSystem(AbstractFileSystem):
         return parse(self._strip_protocol(path))
 
     def _head_key(self, a: Address) -> tuple:
-        """The process's key of a head (storage/meta.py): the store's identity, the token, the rev."""
+        """The process's key of a head (storage/memo.py): the store's identity, the token, the rev."""
         ident = self.store.identity
-        return meta.identity(ident), meta.scope(ident, self._args["token"]), a.repo, a.ref
+        return memo.identity(ident), memo.scope(ident, self._args["token"]), a.repo, a.ref
 
     def _commit_id(self, a: Address) -> str:
         """The commit a.ref names: commit ids and tags as kept for good; a branch as this instance
@@ -225,7 +225,7 @@ class CdcFileSystem(AbstractFileSystem):
         once; a new instance, one fsspec hands out again, and `invalidate_cache()` ask again),
         else the store's answer."""
         key, rev = self._head_key(a), (a.repo, a.ref)
-        heads = meta.heads()
+        heads = memo.heads()
         got = heads.get(key, self.head_ttl)
         if got is not None and got[1] == "branch" and time.monotonic() - self._asked.get(rev, -1e18) > self.head_ttl:
             got = None  # another instance's answer, or one from before invalidate_cache(): ask
@@ -338,8 +338,8 @@ class CdcFileSystem(AbstractFileSystem):
             if self.info(path)["type"] == "directory":
                 raise IsADirectoryError(f"{SCHEME}{path} is a folder")
             raise FileNotFoundError(f"{SCHEME}{path}")
-        ident = self.store.identity  # manifests are immutable: kept by the process (storage/meta.py)
-        m = meta.objects().remembered((meta.scope(ident, self._args["token"]), "fs-manifest", a.repo, entry.manifest),
+        ident = self.store.identity  # manifests are immutable: kept by the process (storage/memo.py)
+        m = memo.objects().remembered((memo.scope(ident, self._args["token"]), "fs-manifest", a.repo, entry.manifest),
                                       lambda: self.store.manifest(a.repo, entry.manifest))
         return self.store.reader(a.repo, m, f"{SCHEME}{path}")
 
@@ -378,7 +378,7 @@ class CdcFileSystem(AbstractFileSystem):
                 entries = {**self.store.commits.upload(pairs, None, None), **entries}
             self._groups().commit(repo, branch, entries, remove, f"{verb} {names}", None,
                                   {p: None for p in exclusive} or None)
-            meta.wrote(meta.identity(self.store.identity), repo, branch)
+            memo.wrote(memo.identity(self.store.identity), repo, branch)
         self.invalidate_cache()
 
     def get(self, rpath, lpath, recursive=False, **kwargs):

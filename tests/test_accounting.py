@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from cdcstore import Store
-from cdcstore.engine.push import IngestOptions
+from cdcstore.engine.ingest import IngestOptions
 from conftest import S3_BUCKET, golden_input
 
 

@@ -10,7 +10,7 @@ from cdcstore import CorruptionError, Store
 from cdcstore.core.chunker import ChunkParams
 from cdcstore.core.pack import CODEC_RAW, CODEC_ZSTD, PackEntry
 from cdcstore.core.ranges import ByteRange, scatter
-from cdcstore.engine.push import IngestOptions
+from cdcstore.engine.ingest import IngestOptions
 from cdcstore.storage.cache import ChunkCache
 from conftest import golden_input
 

@@ -46,7 +46,7 @@ def test_rm_diff_log_of_a_path_and_human_sizes(store, tmp_path):
 
 
 def test_include_and_exclude_on_push_and_pull(store, tmp_path):
-    from cdcstore.core.tree import selected
+    from cdcstore.core.filemap import selected
 
     assert selected("a/b.tmp", exclude=["*.tmp"]) is False and selected("a/b.bin", exclude=["*.tmp"])
     assert selected("cache/x", exclude=["cache"]) is False  # a name anywhere in the path

@@ -9,7 +9,9 @@ import tracemalloc
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from cdcstore.core import pack, pages, shards
+from cdcstore.core import pack, pages
+
+from cdcstore.streaming import shards
 from cdcstore.core.commit import Commit
 from cdcstore.core.errors import CdcError
 from cdcstore.core.manifest import Manifest

@@ -217,7 +217,7 @@ def test_a_long_push_keeps_its_session_fresh(store, tmp_path, monkeypatch):
 def test_max_unused_reclaims_thin_garbage(store, tmp_path):
     """Garbage spread thin (under the repack threshold in every pack) is reclaimed, most dead
     packs first, until the dead bytes left are at most max_unused of the live ones."""
-    from cdcstore.engine.push import IngestOptions
+    from cdcstore.engine.ingest import IngestOptions
     parts = [os.urandom(1 << 20) for _ in range(8)]
     opts = IngestOptions(max_pack_bytes=4 << 20)  # two packs of 4 MiB
     src = _file(tmp_path / "v1", "f.bin", b"".join(parts))

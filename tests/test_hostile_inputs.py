@@ -18,7 +18,7 @@ from cdcstore.core.commit import Commit, FileEntry
 from cdcstore.core.errors import CorruptionError
 from cdcstore.core.manifest import Manifest
 from cdcstore.core.thrift import I16, I32, I64, LIST, SET, Decoder
-from cdcstore.stream import StreamingDataset
+from cdcstore.streaming.dataset import StreamingDataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -134,7 +134,7 @@ def test_a_footer_claiming_2_to_the_40_rows_is_refused_before_anything_is_alloca
     addr = _lying_parquet(store, tmp_path, 1 << 40)
     script = ("import resource, sys\n"
               "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
-              "from cdcstore import Store\nfrom cdcstore.stream import StreamingDataset\n"
+              "from cdcstore import Store\nfrom cdcstore.streaming.dataset import StreamingDataset\n"
               "from cdcstore.core.errors import CorruptionError\n"
               "try:\n"
               "    for _ in StreamingDataset(sys.argv[2], store=Store(sys.argv[1]), batch_size=100): pass\n"
@@ -301,9 +301,9 @@ def test_a_file_whose_chunks_pass_one_manifest_is_refused_while_chunking(store, 
     """Old: a 23 MiB file failed at a server after 32 s with 413. The limit is checked as chunks
     are made (here a small limit stands for MAX_MANIFEST_BYTES)."""
     from cdcstore.core.errors import InvalidAddressError
-    from cdcstore.engine import push
+    from cdcstore.engine import ingest
 
-    monkeypatch.setattr(push, "max_entries", lambda: 10)
+    monkeypatch.setattr(ingest, "max_entries", lambda: 10)
     f = tmp_path / "big" / "b.bin"
     f.parent.mkdir()
     f.write_bytes(os.urandom(2 << 20))

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdcstore import Store
-from cdcstore.stream import StreamingDataset
+from cdcstore.streaming.dataset import StreamingDataset
 from test_stream_tar import tar_bytes
 
 MiB = 1 << 20
@@ -74,7 +74,7 @@ class ShmPeak:
 
 LOADER = """
 import json, resource, sys
-from cdcstore.stream import StreamingDataset
+from cdcstore.streaming.dataset import StreamingDataset
 ds = StreamingDataset(sys.argv[2], store=sys.argv[1], batch_size=8, decode=True)
 out = {"error": None}
 try:
@@ -145,7 +145,7 @@ def test_a_png_bomb_in_a_tar_shard_is_refused_by_the_pixel_bound(tmp_path):
 
 KILLED = """
 import sys, time
-from cdcstore.stream import StreamingDataset
+from cdcstore.streaming.dataset import StreamingDataset
 ds = StreamingDataset(sys.argv[2], store=sys.argv[1], batch_size=8)
 it = iter(ds.loader(num_workers=2))
 next(it)

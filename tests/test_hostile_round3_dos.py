@@ -200,7 +200,7 @@ def test_a_dripping_answer_fails_like_a_stall(tmp_path):
 KILLED_RANK = """
 import os, sys, time
 import torch.utils.data as torch_data
-from cdcstore.stream import StreamingDataset
+from cdcstore.streaming.dataset import StreamingDataset
 ds = StreamingDataset(sys.argv[2], store=sys.argv[1], batch_size=20_000, shuffle=True, seed=1)
 it = iter(torch_data.DataLoader(ds.as_torch(), batch_size=None, num_workers=2))  # batches by value
 next(it)

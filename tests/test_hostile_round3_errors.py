@@ -17,7 +17,7 @@ import pytest
 from cdcstore import Store
 from cdcstore.core.errors import CorruptionError
 from cdcstore.storage.repository import LocalStore
-from cdcstore.stream import StreamingDataset
+from cdcstore.streaming.dataset import StreamingDataset
 from cdcstore.testing import ServerProcess
 from conftest import raw_call as _call
 from test_hostile_inputs import patch_footer

@@ -81,7 +81,7 @@ def test_a_chunk_compressible_past_its_samples_is_still_compressed():
 def _push_changing(tmp_path, change) -> tuple[bytes, bytes]:
     """Push one 20 MB file whose bytes `change(path)` alters after the first 6 MiB block was read
     (blocks this large are scanned in parallel halves); return (its bytes before, what was stored)."""
-    from cdcstore.engine.push import IngestOptions
+    from cdcstore.engine.ingest import IngestOptions
     data = random.Random(8).randbytes(20_000_000)
     path = tmp_path / "big.bin"
     path.write_bytes(data)
@@ -124,7 +124,7 @@ def test_a_file_that_grows_while_pushed_is_stored_as_read(tmp_path):
 KILLED_PUSH = """
 import sys
 from cdcstore import Store
-from cdcstore.engine.push import IngestOptions
+from cdcstore.engine.ingest import IngestOptions
 def progress(n):
     print("block", n, flush=True)  # the parent kills after the k-th block
 Store(sys.argv[1]).push([sys.argv[2]], "cdc://ds/", progress=progress,
@@ -169,14 +169,14 @@ def test_a_push_killed_midway_leaves_the_store_consistent(tmp_path):
 def test_a_gathered_pack_file_holds_every_piece_in_order_even_after_short_writes(tmp_path, monkeypatch):
     """Packs are written with os.writev of the pieces (no copy into a buffer); more pieces than
     one call takes, and a write that stops part way, go on where it stopped."""
-    from cdcstore.engine import push
+    from cdcstore.engine import ingest
 
     rng = random.Random(3)
     pieces = [rng.randbytes(rng.randrange(0, 300)) for _ in range(3000)]
     pieces += [os.urandom(5 << 20), memoryview(os.urandom(70_000))[10:]]
     real = os.writev
     monkeypatch.setattr(os, "writev", short_writes(real, 1000, 7))
-    f = push.GatherFile(str(tmp_path / "p"))
+    f = ingest.GatherFile(str(tmp_path / "p"))
     for p in pieces:
         f.write(p)
     f.close()

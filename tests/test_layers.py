@@ -84,9 +84,11 @@ def test_imports_only_go_down():
 
 def test_every_module_sits_in_a_layer_or_is_a_face():
     faces = {m for m, _ in modules() if layer(m)[1] == FACE}
-    assert faces <= {"__init__", "__main__", "api", "fs", "cli", "stream", "sources", "decoded", "demo", "parquet",
+    assert faces <= {"__init__", "__main__", "api", "fs", "cli", "stream", "demo", "parquet",
                      "writers", "testing.__init__", "testing.backend", "testing.objects", "spark",
-                     "publish"}, faces  # publish: the write path the S3 gateway's writes are handed (cli -> serve)
+                     "publish",  # publish: the write path the S3 gateway's writes are handed (cli -> serve)
+                     *(f"streaming.{m}" for m in ("__init__", "dataset", "sources", "decoded", "order", "shards",
+                                                  "decoders"))}, faces
 
 
 def test_no_module_starts_its_own_pool_or_loop():
@@ -277,3 +279,12 @@ def test_rooms_of_the_remote_floor_import_only_rooms_before_them():
     assert wrong == [], "\n".join(wrong)
     assert {room(m) for m, _ in modules() if m.startswith("remote.") and not m.endswith("__init__")} == \
         set(range(len(ROOMS))), "every module of remote/ sits in a room"
+
+
+def test_the_public_stream_module_names_the_streaming_room():
+    """`cdcstore.stream` stays the public import path of the loader that lives in streaming/."""
+    import cdcstore.stream as public
+    from cdcstore.streaming import dataset, sources
+    assert public.StreamingDataset is dataset.StreamingDataset and public.Loader is dataset.Loader
+    assert public.interleave is dataset.interleave and public.SampleSource is sources.SampleSource
+    assert callable(public.__getattr__) and public.__getattr__ is dataset.__getattr__  # TorchStreamingDataset, lazily

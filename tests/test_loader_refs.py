@@ -14,7 +14,7 @@ import pytest
 
 from cdcstore import Store
 from cdcstore.core.errors import CorruptionError
-from cdcstore.stream import StreamingDataset
+from cdcstore.streaming.dataset import StreamingDataset
 
 GROUPS = 6  # row groups per file
 ROWS = 4_000  # rows per row group
@@ -116,7 +116,7 @@ def test_rows_go_by_value_when_a_row_group_is_not_in_the_folder(pushed, tmp_path
     ds = make(url, tmp_path, monkeypatch, columns=["id"])
     want = [b["id"].tolist() for b in ds]
     take = ds.source.consumer(ds, pin=lambda u: None)  # no link can be made
-    from cdcstore.core import order as _order
+    from cdcstore.streaming import order as _order
     order = _order.EpochOrder(tuple(u[2] for u in ds.units), 0, 0, False, 1)
     steps = _order.consumer_steps(0, ds.num_rows, ds.block, 0, 1, span=1024, ranks=1)
     got = []
@@ -172,7 +172,7 @@ def test_a_script_that_exits_mid_epoch_exits_cleanly(pushed, tmp_path):
     import sys
     url, _ = pushed
     script = (f"import torch\n"  # so imported, the generator was closed after our modules were cleared
-              f"from cdcstore.stream import StreamingDataset\n"
+              f"from cdcstore.streaming.dataset import StreamingDataset\n"
               f"ds = StreamingDataset('cdc://ds/train/', store={url!r}, batch_size=500)\n"
               f"it = iter(ds.loader(num_workers=2))\n"
               f"batch = next(it)\n"
@@ -208,7 +208,7 @@ def test_bundles_come_apart_in_the_order_single_batches_would(lengths, size):
     """`Loader` hands a worker's batches over in bundles (one queue item for up to 16,384 rows);
     taken apart they come in torch's in-order round robin of single batches, so its step count
     stays the exact resume point: here workers of uneven lengths, bundles cut short at the end."""
-    from cdcstore.stream import _bundled, _unbundled
+    from cdcstore.streaming.dataset import _bundled, _unbundled
     from test_stream import _round_robin as round_robin  # torch's order: a worker's next in turn
 
     batches = [[(w, i) for i in range(n)] for w, n in enumerate(lengths)]

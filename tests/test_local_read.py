@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from cdcstore import CorruptionError, Store
 from cdcstore.core.chunker import ChunkParams
 from cdcstore.core.pack import CODEC_RAW, CODEC_ZSTD
-from cdcstore.engine.push import IngestOptions
+from cdcstore.engine.ingest import IngestOptions
 from cdcstore.storage.repository import LocalStore
 from conftest import golden_input
 

@@ -1,10 +1,10 @@
-"""Metadata caching in one place (storage/meta.py): heads keyed by the store's identity, one
+"""Metadata caching in one place (storage/memo.py): heads keyed by the store's identity, one
 invalidation rule, and counters that say which layer answered."""
 import fsspec
 import pytest
 
 from cdcstore import Store
-from cdcstore.storage import meta
+from cdcstore.storage import memo
 from cdcstore.storage.repository import LocalStore
 from cdcstore.testing import ServerProcess
 
@@ -79,14 +79,14 @@ def test_a_write_through_this_process_invalidates_heads_at_once(server, tmp_path
     _push(server.url, tmp_path, "one", b"v1")
     fs = fsspec.filesystem("cdc", store=server.url, cache=False, head_ttl=3600)
     assert fs.cat("cdc://r/x") == b"v1"
-    before = meta.counters()
+    before = memo.counters()
     assert fs.cat("cdc://r/x") == b"v1"
-    after = meta.counters()
+    after = memo.counters()
     assert after["heads_memory"] > before["heads_memory"]  # served from this process's heads
     assert after["heads_server"] == before["heads_server"]
     _push(server.url, tmp_path, "two", b"v2")  # another Store of this process writes
     assert fs.cat("cdc://r/x") == b"v2"
-    assert meta.counters()["heads_server"] > after["heads_server"]
+    assert memo.counters()["heads_server"] > after["heads_server"]
 
 
 def test_immutable_objects_are_kept_once_per_process(server, tmp_path):
@@ -96,14 +96,14 @@ def test_immutable_objects_are_kept_once_per_process(server, tmp_path):
     with Store(server.url, cache=False) as s:
         s.get_commit("r", cid)
     with Store(server.url, cache=False) as s2:
-        before, hits = s2.counters()["requests"], meta.counters()["objects_memory"]
+        before, hits = s2.counters()["requests"], memo.counters()["objects_memory"]
         s2.get_commit("r", cid)
         assert s2.counters()["requests"] == before
-        assert meta.counters()["objects_memory"] > hits
+        assert memo.counters()["objects_memory"] > hits
 
 
 def test_heads_expire_after_their_ttl():
-    h = meta.Heads()
+    h = memo.Heads()
     key = ("store#1", "scope", "r", "main")
     h.put(key, "a" * 64, "branch")
     assert h.get(key, ttl=60) == ("a" * 64, "branch")
@@ -115,14 +115,14 @@ def test_heads_expire_after_their_ttl():
 
 
 def test_a_new_store_id_behind_a_url_drops_its_heads():
-    h = meta.Heads()
+    h = memo.Heads()
     loc = "http://127.0.0.1:1"
-    meta.saw_store(loc, "1" * 32)
-    key = (meta.identity(loc), "s", "r", "main")
+    memo.saw_store(loc, "1" * 32)
+    key = (memo.identity(loc), "s", "r", "main")
     assert key[0] == f"{loc}#{'1' * 32}"
     h.put(key, "a" * 64, "branch")
-    meta.saw_store(loc, "2" * 32)
-    assert meta.identity(loc) == f"{loc}#{'2' * 32}"
-    assert h.get((meta.identity(loc), "s", "r", "main"), ttl=60) is None
+    memo.saw_store(loc, "2" * 32)
+    assert memo.identity(loc) == f"{loc}#{'2' * 32}"
+    assert h.get((memo.identity(loc), "s", "r", "main"), ttl=60) is None
     with pytest.raises(ValueError, match="store id"):
-        meta.saw_store(loc, "not an id\n")
+        memo.saw_store(loc, "not an id\n")

@@ -11,7 +11,7 @@ import xxhash
 from cdcstore import CorruptionError, Store
 from cdcstore.core import _xxh3
 from cdcstore.core.chunker import ChunkParams
-from cdcstore.engine.push import IngestOptions
+from cdcstore.engine.ingest import IngestOptions
 from cdcstore.storage import window
 from conftest import golden_input
 

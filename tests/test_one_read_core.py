@@ -39,7 +39,7 @@ def _calls_and_catches(path: str) -> tuple[set, set]:
     return calls, caught
 
 
-@pytest.mark.parametrize("module", ["remote/gateway/reads.py", "sources.py", "stream.py"])
+@pytest.mark.parametrize("module", ["remote/gateway/reads.py", "streaming/sources.py", "streaming/dataset.py"])
 def test_faces_read_through_the_core_only(module):
     calls, caught = _calls_and_catches(os.path.join(ROOT, module))
     assert not calls & READ_CALLS, f"{module} reads chunks itself: {sorted(calls & READ_CALLS)}"

@@ -72,7 +72,7 @@ def test_only_the_conformance_suites_import_pytest():
     third-party backend subclasses (cdcstore.testing.backend, .objects) do."""
     import subprocess
     import sys
-    code = ("import sys, cdcstore, cdcstore.testing, cdcstore.stream, cdcstore.sources, cdcstore.fs\n"
+    code = ("import sys, cdcstore, cdcstore.testing, cdcstore.streaming.dataset, cdcstore.streaming.sources, cdcstore.fs\n"
             "assert 'pytest' not in sys.modules, 'pytest imported'\n"
             "import cdcstore.testing.backend, cdcstore.testing.objects\n"
             "assert 'pytest' in sys.modules\n")

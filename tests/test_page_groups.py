@@ -22,7 +22,7 @@ from cdcstore import parquet as P
 from cdcstore.core import pages
 from cdcstore.core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker, iter_chunks
 from cdcstore.core.manifest import max_chunks
-from cdcstore.engine.push import IngestOptions
+from cdcstore.engine.ingest import IngestOptions
 
 from reference_chunker import page_group_chunk_ends, page_group_cuts
 

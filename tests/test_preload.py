@@ -38,7 +38,7 @@ def test_a_fork_waits_for_modules_being_preloaded(tmp_path, monkeypatch):
 CONSTRUCT = """
 import sys
 from cdcstore import runtime
-from cdcstore.stream import StreamingDataset
+from cdcstore.streaming.dataset import StreamingDataset
 assert "pandas" not in sys.modules, "imported before the stream"
 ds = StreamingDataset("cdc://r/t.parquet", batch_size=4, store=sys.argv[1])
 print("pandas" in runtime._preloads)

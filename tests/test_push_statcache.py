@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from cdcstore import Store
 from cdcstore.cli import cli
 from cdcstore.core.commit import FileEntry
-from cdcstore.engine import commits as commits_engine, push as push_engine
+from cdcstore.engine import commits as commits_engine
+from cdcstore.engine import ingest as push_engine
 from cdcstore.storage.statcache import Seen, StatCache
 
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from cdcstore import Store
 from cdcstore.core.chunker import ChunkParams
-from cdcstore.engine.push import IngestOptions
+from cdcstore.engine.ingest import IngestOptions
 from conftest import golden_input
 
 DATA = golden_input(700_000) + b"z" * 50_000 + golden_input(123_457)[::-1]

@@ -293,7 +293,7 @@ def test_a_cold_read_from_a_real_server_takes_the_fast_path_and_is_checked(tmp_p
     srv = ServerProcess(str(store), "--allow-no-auth").start()
     try:
         results = {}
-        for direct in (False, True):  # the second Store reuses the objects the first read (storage/meta.py)
+        for direct in (False, True):  # the second Store reuses the objects the first read (storage/memo.py)
             with Store(srv.url, cache=False, direct_receive=direct, range_bytes=256 << 10) as s:
                 assert s.cat("cdc://r/a.bin") == DATA
                 b = s.backend

@@ -17,7 +17,7 @@ from cdcstore.core import ids
 from cdcstore.core.pack import CODEC_RAW, PackWriter
 from cdcstore.storage.check import check
 from cdcstore.storage.repository import LocalStore
-from cdcstore.engine.push import IngestOptions
+from cdcstore.engine.ingest import IngestOptions
 from conftest import golden_input
 from server_util import ServerProcess
 
@@ -83,7 +83,7 @@ def test_conflict_over_http(server, tmp_path):
 CLIENT_PUSH = textwrap.dedent("""
     import sys
     from cdcstore import Store
-    from cdcstore.engine.push import IngestOptions
+    from cdcstore.engine.ingest import IngestOptions
     s = Store(sys.argv[1], retries=0)
     s.push([sys.argv[2]], "cdc://big/big.bin", options=IngestOptions(max_pack_bytes=1 << 20))
 """)

@@ -8,10 +8,10 @@ import pytest
 
 from cdcstore import CorruptionError, Store
 from cdcstore.core.chunker import ChunkParams
-from cdcstore.engine.push import IngestOptions
+from cdcstore.engine.ingest import IngestOptions
 from cdcstore.core import wire
 from cdcstore.remote.client.store import RemoteStore
-from cdcstore.storage import meta
+from cdcstore.storage import memo
 from cdcstore.storage.cache import CachedBackend
 from cdcstore.storage.repository import LocalStore
 from conftest import golden_input
@@ -33,7 +33,7 @@ def test_a_cold_read_needs_one_request_fewer(server, tmp_path, monkeypatch, cach
     runs = iter(range(10))
 
     def cold_read() -> int:
-        meta.clear()  # a cold process: no commit or manifest kept from the read before
+        memo.clear()  # a cold process: no commit or manifest kept from the read before
         with Store(server.url, cache=str(tmp_path / f"c{next(runs)}.sqlite") if cache else False) as s:
             before = s.counters()["requests"]
             assert s.cat(addr) == DATA
@@ -101,7 +101,7 @@ def test_a_large_file_comes_with_the_locations_where_reads_start(server, tmp_pat
         m, found = s.backend.get_manifest_located(s.backend.get_commit("d", commit).files["big.bin"].manifest, "d")
         assert len(m.chunk_ids) > 2 * wire.LOCATED_ENDS
         assert set(found) == set(m.chunk_ids[:wire.LOCATED_ENDS] + m.chunk_ids[-wire.LOCATED_ENDS:])
-    meta.clear()  # a fresh process: the manifest is not kept from the Store before
+    memo.clear()  # a fresh process: the manifest is not kept from the Store before
     with Store(server.url, cache=False) as s:
         with s.open(addr) as f:
             n0 = s.counters()["requests"]

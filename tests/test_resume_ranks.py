@@ -20,7 +20,7 @@ import pytest
 
 from cdcstore import Store
 from cdcstore.storage.repository import LocalStore
-from cdcstore.stream import StreamingDataset
+from cdcstore.streaming.dataset import StreamingDataset
 
 BATCH = 16
 GROUPS = [[200, 130], [57], [310, 91, 44], [171]]  # 1,003 rows: no split divides it
@@ -29,7 +29,7 @@ TOTAL = sum(map(sum, GROUPS))
 TRAIN = r'''
 import json, os, sys
 import torch.distributed as dist
-from cdcstore.stream import StreamingDataset
+from cdcstore.streaming.dataset import StreamingDataset
 
 store, out, state_in, stop_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 dist.init_process_group("gloo")
@@ -121,7 +121,7 @@ def test_killed_two_rank_run_resumes_on_one_and_on_three_ranks_exactly_once(tmp_
     from forker import Forker
 
     # the forker imports torch while torchrun runs
-    with Forker(tmp_path, preload=("torch", "torch.distributed", "torch.utils.data", "cdcstore.stream"),
+    with Forker(tmp_path, preload=("torch", "torch.distributed", "torch.utils.data", "cdcstore.streaming.dataset"),
                 env={"OMP_NUM_THREADS": "1"}) as fk:
         first, out = torchrun(tmp_path, "first", 2, store_dir, "-", stop_at=9)
         assert [r["steps"] for r in first] == [9, 9]

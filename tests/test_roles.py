@@ -18,7 +18,7 @@ import cdcstore
 from cdcstore.api import Store
 from cdcstore.core.errors import InvalidAddressError
 from cdcstore.core.pack import CODEC_RAW, PackEntry
-from cdcstore.engine.push import Ingest, PackSink
+from cdcstore.engine.ingest import Ingest, PackSink
 from cdcstore.storage.reader import FileReader
 from cdcstore.storage.backend import Backend
 from cdcstore.storage.repository import LocalStore
@@ -102,14 +102,14 @@ def test_no_module_above_storage_probes_a_store():
 
 def test_the_rule_sees_the_scope():
     files = {os.path.relpath(p, ROOT) for p in scoped_files(ROOT)}
-    for f in ("api.py", "fs.py", "stream.py", "cli.py", "writers.py", "parquet.py", "spark.py",
-              os.path.join("storage", "reader.py"), os.path.join("engine", "push.py"),
+    for f in ("api.py", "fs.py", "streaming/dataset.py", "cli.py", "writers.py", "parquet.py", "spark.py",
+              os.path.join("storage", "reader.py"), os.path.join("engine", "ingest.py"),
               os.path.join("remote", "server", "app.py"), os.path.join("remote", "client", "store.py")):
         assert f in files
     assert not any(f.startswith(("storage", "core")) for f in files if f != os.path.join("storage", "reader.py"))
 
 
-@pytest.mark.parametrize("line", [  # the probes main had before the roles (api.py, engine/read.py, stream.py)
+@pytest.mark.parametrize("line", [  # the probes main had before the roles (api.py, engine/read.py, streaming/dataset.py)
     "if isinstance(inner, Repository): pass",
     "if not isinstance(self.backend, LocalStore): pass",
     "look = getattr(self.backend.uncached(), 'forgotten', None)",

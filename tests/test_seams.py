@@ -67,15 +67,15 @@ def private_uses(names: set[str], exempt: set[str]) -> list[str]:
 
 
 def test_sources_use_the_dataset_through_its_public_surface():
-    """A source (sources.py, decoded.py, a plug-in) asks the dataset only what `SourceContext`
+    """A source (streaming/sources.py, streaming/decoded.py, a plug-in) asks the dataset only what `SourceContext`
     names: settings, `counts`, `yielded`, `in_worker`; no private field of StreamingDataset."""
-    found = private_uses({"ds", "_ds", "dataset"}, {"stream"})
+    found = private_uses({"ds", "_ds", "dataset"}, {"streaming.dataset"})
     assert found == [], "use sources.SourceContext's members:\n" + "\n".join(found)
 
 
 def test_the_dataset_is_a_source_context():
-    from cdcstore.sources import SourceContext
-    from cdcstore.stream import StreamingDataset
+    from cdcstore.streaming.sources import SourceContext
+    from cdcstore.streaming.dataset import StreamingDataset
 
     members = {n for n, v in vars(SourceContext).items() if not n.startswith("_") and (callable(v) or
                                                                                          isinstance(v, property))}

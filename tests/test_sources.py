@@ -1,4 +1,4 @@
-"""cdcstore.sources: a kind of file is one `Source`; the built-in kinds (Parquet, TAR) and a third one
+"""cdcstore.streaming.sources: a kind of file is one `Source`; the built-in kinds (Parquet, TAR) and a third one
 plugged in from outside honour one contract: the same positions give the same samples, so shuffle,
 ranks, workers and resume mean the same whatever the kind."""
 import pickle
@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from cdcstore import sources
+from cdcstore.streaming import sources
 from cdcstore.core.errors import InvalidAddressError, PathNotFoundError
-from cdcstore.stream import StreamingDataset
+from cdcstore.streaming.dataset import StreamingDataset
 from test_stream_tar import write_shards
 
 COUNTS = [7, 13, 1, 20, 9]  # samples per unit (row group, shard, lines file): uneven

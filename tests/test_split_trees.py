@@ -13,7 +13,7 @@ from cdcstore import Store
 from cdcstore.core import treeobj
 from cdcstore.core.commit import FileEntry, changes as flat_changes
 from cdcstore.core.errors import CorruptionError
-from cdcstore.storage import meta
+from cdcstore.storage import memo
 from cdcstore.storage.check import check
 from cdcstore.storage.maintenance import gc
 from cdcstore.storage.repository import LocalStore
@@ -268,12 +268,12 @@ def test_a_wide_folder_across_two_machines_through_a_server(tmp_path):
             a.push([str(src)], "cdc://ds/images/")
         root = str(tmp_path / "srv")
         trees0 = set(_objects(root, "trees"))
-        meta.clear()  # machine B: nothing remembered
+        memo.clear()  # machine B: nothing remembered
         with Store(srv.url, token=TOKEN, cache=str(tmp_path / "cache-b")) as b:
             listing = b.ls("cdc://ds/images/")
             assert [e["name"] for e in listing] == [f"images/img{i:05d}.bin" for i in range(n)]
             assert b.cat("cdc://ds/images/img00077.bin") == (src / "img00077.bin").read_bytes()
-        meta.clear()
+        memo.clear()
         with Store(srv.url, token=TOKEN, cache=str(tmp_path / "cache-c")) as c:  # a third, cold machine
             edit = tmp_path / "edit.bin"
             edit.write_bytes(b"edited on machine C")
@@ -284,7 +284,7 @@ def test_a_wide_folder_across_two_machines_through_a_server(tmp_path):
         print("one-file push into the wide folder:", len(new_trees), "trees,", requests, "requests")
         assert 2 <= len(new_trees) <= 6, len(new_trees)  # the root, split nodes on the path, one page
         assert requests <= 30, requests  # a one-file push into a 1,500-file folder stays small
-        meta.clear()
+        memo.clear()
         with Store(srv.url, token=TOKEN, cache=str(tmp_path / "cache-a")) as a:
             assert a.cat("cdc://ds/images/img00042.bin") == b"edited on machine C"
             assert len(a.ls("cdc://ds/images/")) == n
@@ -408,7 +408,7 @@ def test_a_cold_listing_of_a_wide_folder_through_a_server_asks_for_a_level_at_a_
             a.push([str(src)], "cdc://ds/images/")
         counts = {}
         for batched in (True, False):
-            meta.clear()
+            memo.clear()
             with Store(srv.url, token=TOKEN, cache=str(tmp_path / f"cache-{batched}")) as b:
                 b.backend.uncached().batch_trees = batched
                 r0 = b.counters()["requests"]

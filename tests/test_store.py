@@ -11,7 +11,7 @@ import pytest
 
 from cdcstore import (ConflictError, CorruptionError, InvalidAddressError, NotAStoreError, PathNotFoundError,
                       RepoNotFoundError, RevisionNotFoundError, Store)
-from cdcstore.engine.push import IngestOptions
+from cdcstore.engine.ingest import IngestOptions
 from cdcstore.storage.repository import LocalStore
 from conftest import golden_input
 
@@ -205,7 +205,7 @@ def test_default_store_is_created_under_xdg(tmp_path):
 KILL_SCRIPT = textwrap.dedent("""
     import sys
     from cdcstore import Store
-    from cdcstore.engine.push import IngestOptions
+    from cdcstore.engine.ingest import IngestOptions
     s = Store(sys.argv[1])
     s.push([sys.argv[2]], "cdc://big/big.bin",
            options=IngestOptions(max_pack_bytes=1 << 20, max_inflight_bytes=1 << 20, block_size=1 << 20))

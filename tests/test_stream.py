@@ -1,4 +1,4 @@
-"""cdcstore.stream: exactly once per epoch on any split, exact elastic resume, bounded memory."""
+"""cdcstore.streaming.dataset: exactly once per epoch on any split, exact elastic resume, bounded memory."""
 import gc
 import os
 import pickle
@@ -12,7 +12,7 @@ import pytest
 
 from cdcstore import Store
 from cdcstore.core.errors import CorruptionError, InvalidAddressError, PathNotFoundError
-from cdcstore.stream import StreamingDataset
+from cdcstore.streaming.dataset import StreamingDataset
 
 BATCH = 7  # divides no row group, file or total
 WINDOW = 50
@@ -267,7 +267,7 @@ def test_torch_dataloader_with_two_persistent_workers(ds_store):
 
 
 def test_interleave_mixes_by_seed_and_resumes(ds_store):
-    from cdcstore.stream import interleave
+    from cdcstore.streaming.dataset import interleave
 
     def sources():
         return [StreamingDataset("cdc://ds/train/part-[0-2].parquet", batch_size=None, columns=["id"],
@@ -292,7 +292,7 @@ def test_interleave_mixes_by_seed_and_resumes(ds_store):
 
 
 def test_prefetch_stays_within_its_byte_budget():
-    from cdcstore.stream import _Prefetcher
+    from cdcstore.streaming.dataset import _Prefetcher
 
     seen, ready = [], threading.Event()
 
@@ -379,8 +379,8 @@ def test_the_order_is_kept_per_step_not_per_batch(ds_store, monkeypatch):
     """Issue 30: the order's bookkeeping (locate, the steps) runs once per step of STEP_ROWS
     positions, however small the batches: 1-row batches over TOTAL rows locate a few times, and
     every row still comes once, in order."""
-    from cdcstore import stream as stream_mod
-    from cdcstore.core import order as order_mod
+    from cdcstore.streaming import dataset as stream_mod
+    from cdcstore.streaming import order as order_mod
 
     calls = []
     real = order_mod.EpochOrder.locate

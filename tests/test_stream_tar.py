@@ -1,4 +1,4 @@
-"""cdcstore.stream over WebDataset-style TAR shards: grouping, exactly once, resume, hostile shards."""
+"""cdcstore.streaming.dataset over WebDataset-style TAR shards: grouping, exactly once, resume, hostile shards."""
 import functools
 import io
 import pickle
@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from cdcstore import Store
-from cdcstore.core import shards
+from cdcstore.streaming import shards
 from cdcstore.core.errors import InvalidAddressError
-from cdcstore.stream import StreamingDataset
+from cdcstore.streaming.dataset import StreamingDataset
 from test_stream import PAIRS, _round_robin, without_tail_repeats, write_files
 
 # members as bytes: these tests pin order, resume and bytes; decoding has its own tests below

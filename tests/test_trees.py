@@ -14,7 +14,7 @@ from cdcstore.core import treeobj
 from cdcstore.core.commit import Commit, FileEntry, changes as flat_changes, rebase_files
 from cdcstore.core.errors import CorruptionError
 from cdcstore.fs import CdcFileSystem
-from cdcstore.storage import meta
+from cdcstore.storage import memo
 from cdcstore.storage.maintenance import gc
 from cdcstore.storage.repository import LocalStore
 from conftest import served_store
@@ -205,14 +205,14 @@ def test_through_a_server_with_scoped_tokens(tenants, tmp_path):
         sa.push([str(edit)], f"cdc://a/data/d03/f{3 * PER_FOLDER:04}.bin")
         assert len(objects(root, "trees") - trees0) <= DEPTH + 1
         assert sa.counters()["requests"] - c0 < 20  # within 2x of pushing one file, whatever the folder size
-    meta.clear()  # a new machine: nothing remembered (the process keeps immutable objects: storage/meta.py)
+    memo.clear()  # a new machine: nothing remembered (the process keeps immutable objects: storage/memo.py)
     with Store(tenants.url, token="tok-a", cache=False) as fresh:
         c0 = fresh.counters()["requests"]
         assert len(fresh.ls("cdc://a/data/d21")) == PER_FOLDER
         assert fresh.counters()["requests"] - c0 == 2 + DEPTH + 1  # resolve, commit, the trees on the path
         assert fresh.cat(f"cdc://a/data/d03/f{3 * PER_FOLDER:04}.bin") == b"edited through the server"
         fs = CdcFileSystem(store=tenants.url, token="tok-a", cache=False)
-        meta.clear()
+        memo.clear()
         c0 = fs.store.counters()["requests"]
         assert len(fs.ls("a/data/d05", detail=False)) == PER_FOLDER
         assert fs.store.counters()["requests"] - c0 == 2 + DEPTH + 1

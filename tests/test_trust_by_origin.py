@@ -16,7 +16,7 @@ from cdcstore import Store
 from cdcstore.core import anchors, ids
 from cdcstore.core.chunker import DEFAULT_PARAMS
 from cdcstore.core.pack import CODEC_RAW, PackWriter
-from cdcstore.engine.push import FileChunks
+from cdcstore.engine.ingest import FileChunks
 from cdcstore.storage.repository import pack_name
 from cdcstore.testing import free_port
 from conftest import S3_BUCKET, golden_input

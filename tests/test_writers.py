@@ -292,7 +292,7 @@ def test_threads_pushing_through_one_remote_store_all_land(tmp_path, server):
     packs: "409: N chunks named by the manifests are not on the server")."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from cdcstore.engine.push import IngestOptions
+    from cdcstore.engine.ingest import IngestOptions
 
     opts = IngestOptions(max_pack_bytes=64 << 10, workers=1)
     files = []

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from . import ids
 from .chunker import DEFAULT_PARAMS, MAX_CHUNK_BYTES
-from .pages import CUT_ALLOWANCE, MIN_CUT_SPACING
 from .errors import CorruptionError
+from .pages import CUT_ALLOWANCE, MIN_CUT_SPACING
 
 #: The largest manifest a store takes: one upload batch (`wire.MAX_MANIFEST_BATCH_BYTES`)
 #: less its 4-byte length. With 36-byte entries, 1,864,133 chunks (`max_entries`).

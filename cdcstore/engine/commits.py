@@ -18,12 +18,13 @@ from ..core.address import (DEFAULT_BRANCH, Address, check_name, check_write_pat
                             normalize_path)
 from ..core.commit import FileEntry, check_author as _check_author
 from ..core.errors import CdcError, CorruptionError, InvalidAddressError, MissingChunksError
-from ..storage import meta, staging, statcache
+from ..storage import memo
+from ..storage import staging, statcache
 from ..storage.backend import Backend
 from ..storage.repository import no_such_path
 from ..storage.statcache import Seen, StatCache
 from .history import History
-from .push import Ingest, IngestOptions, manifest_of
+from .ingest import Ingest, IngestOptions, manifest_of
 
 PREPASS_MIN = 8  # pushed files from which a push compares content ids before it ingests
 
@@ -210,7 +211,7 @@ class Commits:
                 except treeobj.Clash as e:
                     raise _clash(e.paths) from None
                 commit_id = be.commit(commit, branch, expected)
-                meta.wrote(meta.identity(be.identity), repo, branch)  # the one invalidation rule (storage/meta.py)
+                memo.wrote(memo.identity(be.identity), repo, branch)  # the one invalidation rule (storage/memo.py)
         result = TransferResult(
             files=len(pairs), bytes=ingest.bytes + sum(e.size for e in unread.values()), new_bytes=ingest.new_bytes,
             stored_bytes=ingest.stored_bytes, pack_bytes=ingest.pack_bytes, seconds=time.perf_counter() - t0,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ..core import tree, treeobj
+from ..core import filemap
+from ..core import treeobj
 from ..core.address import DEFAULT_BRANCH, Address, check_name, check_ref_name, normalize_path, parse
 from ..core.commit import Commit, FileEntry
 from ..core.errors import CdcError, InvalidAddressError
@@ -118,7 +119,7 @@ class History:
         _, cb = self.resolve(b)
         before = self.store.view(a.repo, ca).under(a.path)
         after = self.store.view(b.repo, cb).under(b.path)
-        added, removed, changed = tree.diff(before, after)
+        added, removed, changed = filemap.diff(before, after)
         held: set[bytes] = set()
         for f in before.values():
             held.update(self.store.get_manifest(f.manifest, a.repo).chunk_ids)

@@ -11,17 +11,18 @@ import stat
 from typing import Callable, Iterable
 
 from .. import runtime
-from ..core import ids, tree
+from ..core import filemap
+from ..core import ids
+from ..core.chunker import DEFAULT_PARAMS
 from ..core.commit import FileEntry
 from ..core.errors import AccessDeniedError, CorruptionError, InvalidAddressError
-from ..core.chunker import DEFAULT_PARAMS
 from ..core.ids import digest
 from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
 from ..storage.backend import Backend, BackendCapabilities
 from ..storage.overlay import Held, Overlay
 from ..storage.reader import FileReader
-from .push import FileChunks
+from .ingest import FileChunks
 
 PULL_LOCATE_CHUNKS = 262144  # chunks a folder pull locates up front (~16 GiB of 64 KiB chunks, ~10 MB of answer)
 
@@ -36,9 +37,9 @@ def pull_files(store: Backend, repo: str, path: str, found: dict[str, FileEntry]
         into = local.endswith(("/", os.sep)) or os.path.isdir(local)
         root, plan = (local, [(path, [name])]) if into else (os.path.dirname(local) or ".", [(path, None)])
     else:
-        cut = len(tree.prefix_of(path))
+        cut = len(filemap.prefix_of(path))
         root, plan = local, [(p, _commit_parts(p[cut:], p)) for p in found
-                             if tree.selected(p[cut:], include, exclude)]
+                             if filemap.selected(p[cut:], include, exclude)]
     total = written = written_files = 0
     targets = [(p, local if parts is None else _safe_target(root, parts, p)) for p, parts in plan]
     for _, target in targets:

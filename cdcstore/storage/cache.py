@@ -40,20 +40,20 @@ import platformdirs
 
 from .. import runtime, settings
 from ..core import ids
-from ..core.address import is_commit_like
 from ..core import treeobj
+from ..core.address import is_commit_like
 from ..core.commit import Commit
 from ..core.errors import CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
 from . import cache_tables
-from .eviction import Eviction
-from .segments import SEGMENT_BYTES, Segments
-from . import meta
-from .meta import HEAD_TTL
-from .sqlite import Connections, ints, is_closed_error
+from . import memo
 from .backend import Backend, BackendCapabilities
+from .eviction import Eviction
+from .memo import HEAD_TTL
 from .overlay import Held, Overlay
+from .segments import SEGMENT_BYTES, Segments
+from .sqlite import Connections, ints, is_closed_error
 
 ENV_CACHE = settings.CACHE.name
 ENV_CACHE_SIZE = settings.CACHE_SIZE.name
@@ -526,7 +526,7 @@ class CachedBackend(Overlay):
 
     Chunks the cache holds are located at `Held.CACHE`. Immutable objects are kept by `meta` in
     this process and in the cache's `objects` table for the machine; tags in the `heads` table for
-    good, keyed by the store's identity (storage/meta.py); branch heads are asked of the store."""
+    good, keyed by the store's identity (storage/memo.py); branch heads are asked of the store."""
 
     def __init__(self, backend: Backend, cache: ChunkCache, token: str | None = None, owns_cache: bool = False):
         super().__init__(backend)
@@ -536,7 +536,7 @@ class CachedBackend(Overlay):
         # commits and trees are remembered per store and token, so that another token must still
         # ask the server (which checks it); chunks and manifests are shared: they are reached only
         # through a commit
-        self._scope = meta.scope(backend.identity, token)
+        self._scope = memo.scope(backend.identity, token)
         self._hits = self._misses = 0  # chunks read from the cache / not found there
         self._count_lock = runtime.Lock()
         self._flights = runtime.Local()  # chunk id -> Event of this process's fetches (see `_claim`)
@@ -710,7 +710,7 @@ class CachedBackend(Overlay):
         def lookup():
             data = self.cache.get_object(kind, name)
             if data is not None:
-                meta.count("objects_machine")
+                memo.count("objects_machine")
             return data
         return lookup
 
@@ -723,14 +723,14 @@ class CachedBackend(Overlay):
                 return data
             return Manifest.decode(self._once(self._object("manifest", name), fetch), f"manifest {name}")
 
-        return meta.objects().remembered((self._scope, "manifest", repo, name), load)
+        return memo.objects().remembered((self._scope, "manifest", repo, name), load)
 
     def get_manifest_located(self, name: str, repo: str | None = None) -> tuple[Manifest, dict]:
         """A manifest and where its chunks are, in one request when the manifest is not
         cached (chunks the cache holds are located in it); a cached manifest comes
         without locations (a reader locates as it reads, cache first). An inner backend that
         does not locate with its manifests answers `get_manifest` (no locations)."""
-        kept = meta.objects().get((self._scope, "manifest", repo, name))
+        kept = memo.objects().get((self._scope, "manifest", repo, name))
         if kept is not None:
             return kept, {}
         if self.cache.get_object("manifest", name) is not None or not self.inner.capabilities.remote_admin:
@@ -752,7 +752,7 @@ class CachedBackend(Overlay):
                 return data
             return treeobj.Tree.decode(self._once(self._object(kind, name), fetch), f"tree {name}")
 
-        return self._learn([meta.objects().remembered((self._scope, "tree", repo, name), load)])[0]
+        return self._learn([memo.objects().remembered((self._scope, "tree", repo, name), load)])[0]
 
     def _learn(self, trees: list) -> list:
         """Hand the inner store the manifest bundles these trees' files name (`learn_bundles`:
@@ -764,10 +764,10 @@ class CachedBackend(Overlay):
     def get_trees(self, names: list[str], repo: str | None = None) -> list:
         """Trees from this process and this machine where kept; the rest from the store in one
         `inner.get_trees` (a server: one request), then kept as `get_tree` keeps them."""
-        kind, memo = f"tree:{self._scope}", meta.objects()
+        kind, kept = f"tree:{self._scope}", memo.objects()
         got, want = {}, []
         for name in dict.fromkeys(names):
-            tree = memo.get((self._scope, "tree", repo, name))
+            tree = kept.get((self._scope, "tree", repo, name))
             if tree is None:
                 data = self._object(kind, name)()
                 if data is not None:
@@ -780,7 +780,7 @@ class CachedBackend(Overlay):
             self.cache.put_object(kind, name, tree.encode())
             got[name] = tree
         for name, tree in got.items():
-            memo.put((self._scope, "tree", repo, name), tree)
+            kept.put((self._scope, "tree", repo, name), tree)
         return self._learn([got[n] for n in names])
 
     def put_trees(self, trees: dict) -> None:
@@ -806,24 +806,24 @@ class CachedBackend(Overlay):
 
     # heads: tags from the machine (the cache's table), branches from the store
     def _store_key(self) -> str:
-        """The heads' identity of the inner store (storage/meta.py). A process that has not heard
+        """The heads' identity of the inner store (storage/memo.py). A process that has not heard
         the store's id yet takes the one a process of this machine heard last, within `HEAD_TTL`
         (a request that hears another corrects it)."""
         loc = self.inner.identity
-        if meta.store_id(loc) is None:
+        if memo.store_id(loc) is None:
             sid = self.cache.get_head(STORE_ID_PREFIX + loc, "")
             if sid is not None:
-                meta.saw_store(loc, sid)
-        return meta.identity(loc)
+                memo.saw_store(loc, sid)
+        return memo.identity(loc)
 
     def _heads_key(self, repo: str) -> str:
         """The `heads` table's key of a repo: the store's identity and the token, hashed."""
-        return f"{meta.scope(self._store_key(), self._token)}:{repo}"
+        return f"{memo.scope(self._store_key(), self._token)}:{repo}"
 
     def _heard(self) -> None:
         """Tell the machine which store id the inner store's server named (see `_store_key`)."""
         loc = self.inner.identity
-        sid = meta.store_id(loc)
+        sid = memo.store_id(loc)
         if sid is not None and ids.is_hex_id(sid):
             self.cache.put_head(STORE_ID_PREFIX + loc, "", sid)
 
@@ -839,7 +839,7 @@ class CachedBackend(Overlay):
         key = self._heads_key(repo)
         tag = self.cache.get_head(key, TAG_PREFIX + rev, ttl=float("inf"))
         if tag is not None:
-            meta.count("heads_machine")
+            memo.count("heads_machine")
             return tag, "tag"
         cid, kind = self.inner.resolve_ref(repo, rev)
         self._heard()
@@ -847,9 +847,9 @@ class CachedBackend(Overlay):
             self.cache.put_head(self._heads_key(repo), TAG_PREFIX + rev, cid)
         return cid, kind
 
-    # writes that move heads: the one invalidation rule (storage/meta.py), here and for the machine
+    # writes that move heads: the one invalidation rule (storage/memo.py), here and for the machine
     def _wrote(self, repo: str, rev: str) -> None:
-        meta.wrote(self._store_key(), repo, rev)
+        memo.wrote(self._store_key(), repo, rev)
         key = self._heads_key(repo)
         self.cache.forget_head(key, rev)
         self.cache.forget_head(key, TAG_PREFIX + rev)

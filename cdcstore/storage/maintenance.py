@@ -49,11 +49,11 @@ import time
 from typing import ContextManager, Iterator, Protocol
 
 from .. import runtime
+from ..core import ids
 from ..core import treeobj
 from ..core.address import DEFAULT_BRANCH
 from ..core.commit import Commit
 from ..core.errors import BusyError, CdcError, CorruptionError, InvalidAddressError, NotFoundError
-from ..core import ids
 from ..core.manifest import Manifest
 from ..core.pack import ENTRY, HEADER, LEGACY_ENTRY, LEGACY_PACK_VERSION, PACK_VERSION, TRAILER, WRITE_BUFFER, \
     PackEntry, PackWriter, decode_chunk

@@ -11,7 +11,7 @@ adds to its parent (`new_reach`, asked by `refs.Refs.commit`). Object names (doc
     trees/ab/<name>                        trees (one folder of a format 2 commit)
     repos/<repo>/commits/<id>.json         commits, named by BLAKE3-256 of their JSON
 
-(storage/meta.py is another thing: the metadata a *process* keeps of any store, remote ones too.)
+(storage/memo.py is another thing: the metadata a *process* keeps of any store, remote ones too.)
 """
 from __future__ import annotations
 

@@ -40,10 +40,10 @@ import platformdirs
 
 from .. import runtime
 from ..core.errors import NotAStoreError, PathNotFoundError, StoreFormatError
+from . import commands, maintenance, open_objects, staging
 from .backend import Backend, BackendCapabilities
 from .hints import ANCHORED
 from .index import ChunkIndex
-from . import commands, maintenance, open_objects, staging
 from .local import LocalObjects
 from .metadata import Metadata
 from .names import manifest_name, pack_name  # noqa: F401 (names: the layout)

@@ -1,7 +1,7 @@
 """The roles a store plays, each a small protocol: what a consumer may rely on.
 
 - `ChunkSource`: locate chunks and read them (the reader, storage/reader.py).
-- `ChunkSink`: which chunks are held, and packs added durably (the writer, engine/push.py).
+- `ChunkSink`: which chunks are held, and packs added durably (the writer, engine/ingest.py).
 - `MetadataStore`: manifests, trees and commits, immutable and named by their hashes.
 - `RefStore`: repos, branches and tags, moved by compare-and-swap.
 - `Upkeep`: push sessions, job journals and the maintenance commands, where the store is.

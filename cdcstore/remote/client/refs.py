@@ -2,8 +2,8 @@
 
 It plays `roles.RefStore` for a `client.RemoteStore` (which offers its methods as its own), over
 the routes of docs/protocol.md. Heads are never kept here: every resolve asks the server (the
-callers that may serve them briefly are the chunk cache and the filesystem, storage/meta.py),
-and a write through this process drops the heads it moved at once (`meta.wrote`). A commit the
+callers that may serve them briefly are the chunk cache and the filesystem, storage/memo.py),
+and a write through this process drops the heads it moved at once (`memo.wrote`). A commit the
 server rebased onto a moved head is checked to hold this commit's changes, by its author.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ...core import ids, treeobj
 from ...core.commit import Commit
 from ...core.errors import CdcError, CorruptionError, NotFoundError, RepoNotFoundError
 from ...core.wire import url_repo
-from ...storage import meta
+from ...storage import memo
 
 
 class RemoteRefs:
@@ -27,8 +27,8 @@ class RemoteRefs:
         return self._store._json(method, path, **kw)
 
     def _wrote(self, repo: str, rev: str) -> None:
-        """The one invalidation rule (storage/meta.py): this write moved `rev`'s heads."""
-        meta.wrote(meta.identity(self._store.location), repo, rev)
+        """The one invalidation rule (storage/memo.py): this write moved `rev`'s heads."""
+        memo.wrote(memo.identity(self._store.location), repo, rev)
 
     def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
         """Send `commit`. A server with tokens records the token's name as its author (the
@@ -78,16 +78,16 @@ class RemoteRefs:
 
     def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
         """Asks the server every time (heads are kept by the callers that may serve them stale:
-        the chunk cache, the filesystem; storage/meta.py); the answer is noted for them."""
+        the chunk cache, the filesystem; storage/memo.py); the answer is noted for them."""
         scope = self._store.scope
-        if ids.is_hex_id(rev) and meta.objects().has((scope, "commit", repo, rev.lower())):  # a pinned commit seen
+        if ids.is_hex_id(rev) and memo.objects().has((scope, "commit", repo, rev.lower())):  # a pinned commit seen
             return rev.lower(), "commit"
         doc = self._json("GET", f"/repos/{url_repo(repo)}/resolve/{rev}")
         cid, kind = doc["commit"], doc.get("kind", "branch")
         if not ids.is_hex_id(cid) or (kind == "commit" and not cid.startswith(rev.lower())):
             raise CorruptionError(f"the server resolved {rev!r} to {cid!r}, which is not that commit")
-        meta.count("heads_server")
-        meta.heads().put((meta.identity(self._store.location), scope, repo, rev), cid, kind)
+        memo.count("heads_server")
+        memo.heads().put((memo.identity(self._store.location), scope, repo, rev), cid, kind)
         return cid, kind
 
     def branches(self, repo: str) -> dict[str, str]:

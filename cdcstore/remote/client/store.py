@@ -34,7 +34,7 @@ from ...core.manifest import MAX_MANIFEST_BYTES, Manifest
 from ...core.pack import PackEntry, decode_chunk
 from ...core.ranges import ByteRange, lands, plan_ranges, scatter, slices
 from ...core.wire import url_repo
-from ...storage import meta
+from ...storage import memo
 from ...storage.backend import Backend, BackendCapabilities
 from ...storage.roles import delegate
 from .journal import RemoteJournal, manifests_present
@@ -54,7 +54,7 @@ ENV_TIMEOUT = settings.TIMEOUT.name
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
 MAX_ERROR_BYTES = 64 * 1024  # an error answer is read this far at most (its message is in the first bytes)
 BUNDLES_KEPT = 1 << 18  # manifest -> server-side bundle pointers a RemoteStore keeps for its commits
-MEMO_OBJECTS = 256  # (x16) trees a RemoteStore made keeps for its commits (objects read: storage/meta.py)
+MEMO_OBJECTS = 256  # (x16) trees a RemoteStore made keeps for its commits (objects read: storage/memo.py)
 NOTE_AFTER = 1.0  # seconds: a retry waiting this long is logged (the CLI prints it unless -q)
 log = logging.getLogger("cdcstore.client")
 
@@ -427,7 +427,7 @@ class Transport:
         it names none; an id that is not one is ignored: heads stay keyed by the URL)."""
         if sid and self.store_location is not None:
             with contextlib.suppress(ValueError):
-                meta.saw_store(self.store_location, sid)
+                memo.saw_store(self.store_location, sid)
 
     async def get_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a resource; a range already in flight is shared."""
@@ -610,7 +610,7 @@ class RemoteStore(Backend):
         self._upload_slots = threading.BoundedSemaphore(upload_concurrency)
         self._api = wire.API
         self.t.store_location = self.location
-        self.scope = meta.scope(self.location, self.t.token)  # immutable objects are kept in `meta` per it
+        self.scope = memo.scope(self.location, self.t.token)  # immutable objects are kept in `meta` per it
         self.legacy_trees = False  # the server predates protocol 1.5 (no tree routes)
         self.batch_trees = True  # until a server before protocol 2.1 says it has no POST .../trees/get
         self._local_trees: dict[str, treeobj.Tree] = {}  # trees this process made (and uploaded)
@@ -620,12 +620,12 @@ class RemoteStore(Backend):
 
     def _remembered(self, key: tuple, fetch):
         """An immutable object (a commit or manifest, verified against its name) fetched
-        once per store and token in this process (`meta.objects`): a pinned commit never asks
+        once per store and token in this process (`memo.objects`): a pinned commit never asks
         the server twice for the same thing."""
         def fetched():
-            meta.count("objects_server")
+            memo.count("objects_server")
             return fetch()
-        return meta.objects().remembered((self.scope, *key), fetched)
+        return memo.objects().remembered((self.scope, *key), fetched)
 
     def _call(self, method: str, path: str, **kw) -> bytes:
         return self.t.run(self.t.request(method, self._api + path, **kw))[1]
@@ -863,11 +863,11 @@ class RemoteStore(Backend):
         before it answers the manifest alone: no locations). A manifest fetched before
         costs no request and comes without locations (a reader locates as it reads)."""
         key = ("manifest", repo, name)
-        kept = meta.objects().get((self.scope, *key))
+        kept = memo.objects().get((self.scope, *key))
         if kept is not None:
             return kept, {}
         data, found = wire.decode_located(self._call("GET", f"/repos/{url_repo(repo)}/manifests/{name}?locations=1"))
-        meta.count("objects_server")
+        memo.count("objects_server")
         m = self._checked_manifest(name, data)
         return self._remembered(key, lambda: m), found
 

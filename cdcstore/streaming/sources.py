@@ -2,7 +2,7 @@
 implementations of one `Source` interface.
 
 A source cuts its files into units of work (a Parquet row group, a TAR shard), each holding a
-number of rows (samples). The dataset owns the order (`core/order.py`: which unit and row each
+number of rows (samples). The dataset owns the order (`streaming/order.py`: which unit and row each
 position of an epoch is), the ranks, workers, resume and prefetch; a source owns the I/O:
 
     index    read once, at construction, what the units are (footers, tar headers); the source
@@ -30,17 +30,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .. import runtime, settings
+from ..api import Store
+from ..core import filemap
+from ..core import pages as _pages
+from ..core.address import Address, parse
+from ..core.errors import CdcError, CorruptionError, InvalidAddressError, PathNotFoundError
+from ..core.thrift import ThriftError
 from . import decoded as _decoded
-from . import runtime, settings
-from .api import Store
-from .core import decoders as _decoders
-from .core import order as _order
-from .core import pages as _pages
-from .core import shards as _shards
-from .core import tree
-from .core.address import Address, parse
-from .core.errors import CdcError, CorruptionError, InvalidAddressError, PathNotFoundError
-from .core.thrift import ThriftError
+from . import decoders as _decoders
+from . import order as _order
+from . import shards as _shards
 
 if TYPE_CHECKING:
     from .decoded import BatchRef, DecodedUnits, PinnedTables
@@ -98,7 +98,7 @@ class Source:
 
     noun: ClassVar[str] = "a file"
     plural: ClassVar[str] = "files"
-    shares_decoded: ClassVar[bool] = False  # DataLoader workers share its decoded units (`decoded.py`)
+    shares_decoded: ClassVar[bool] = False  # DataLoader workers share its decoded units (`streaming/decoded.py`)
 
     def __init__(self, files: list[SourceFile], units: list[tuple[int, int, int]]):
         self.files, self.units = files, units
@@ -208,7 +208,7 @@ class SampleSource(Source):
 
 class TarSource(SampleSource):
     """WebDataset-style TAR shards: a unit is a shard, a row a sample (its members grouped by key,
-    `core/shards.py`); only the byte ranges of the members asked for (`columns`: extensions) are read."""
+    `streaming/shards.py`); only the byte ranges of the members asked for (`columns`: extensions) are read."""
 
     noun, plural = "a TAR shard", "TAR shards"
 
@@ -651,7 +651,7 @@ def expand(source: str, files: dict, commit: str, kinds: Sequence[type[Source]] 
     elif _GLOB & set(a.path):
         found = [p for p in files if fnmatch.fnmatchcase(p, a.path)]
     else:
-        under = list(tree.under(files, a.path))
+        under = list(filemap.under(files, a.path))
         found = [p for p in under if any(k.claims(p) for k in kinds)]
         found = found or [p for p in under if _shards.is_compressed_tar(p)]
     packed = [p for p in found if _shards.is_compressed_tar(p)]

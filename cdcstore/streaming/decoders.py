@@ -9,7 +9,7 @@ never unpickled (a dataset is data, not code).
 Decoding is bounded (docs/streaming.md "Decode bounds"): an image over `CDCSTORE_MAX_IMAGE_PIXELS`
 pixels (2**26 by default, 8192 x 8192) is refused from its header, before its pixels are decoded
 (a 657 KB PNG of zeros is 644 MiB of RGBA); a row group over `CDCSTORE_MAX_DECODED_BYTES` is
-refused by `cdcstore.decoded.read_row_group`. Each setting is read from the environment when used,
+refused by `cdcstore.streaming.decoded.read_row_group`. Each setting is read from the environment when used,
 so DataLoader workers (forked or spawned) follow the main process's.
 """
 from __future__ import annotations

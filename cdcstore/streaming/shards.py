@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import InvalidAddressError
+from ..core.errors import InvalidAddressError
 
 BLOCK = 512
 REGULAR = (b"0", b"\0", b"7")

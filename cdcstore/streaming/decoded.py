@@ -45,8 +45,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import runtime, settings
-from .core.errors import CdcError, CorruptionError
+from .. import runtime, settings
+from ..core.errors import CdcError, CorruptionError
 
 SHM = "/dev/shm"
 SHM_MIN_FREE = 1 << 30  # /dev/shm is used only with this much free (a container's is often 64 MiB)
