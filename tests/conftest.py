@@ -214,3 +214,27 @@ def short_writes(real, limit: int, buffers: int):
         return real(fd, out, *at)
     return write
 
+
+
+# -- the fast tier -------------------------------------------------------------------------------
+# A module that starts a server, moto, Spark, Ray, dask, a browser or a subprocess is marked `heavy`:
+# `pytest -m "not heavy"` runs the rest, the fast tier a change is tried with first (docs/testing.md).
+HEAVY_WORDS = ("ServerProcess", "served_store", "served_parquet", "s3_endpoint", "moto", "pyspark", "import ray",
+               "dask", "selenium", "subprocess")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "heavy: the module starts a server, moto, Spark, Ray, dask, a browser or a "
+                                       "subprocess; `pytest -m 'not heavy'` is the fast tier (docs/testing.md)")
+
+
+def pytest_collection_modifyitems(config, items):
+    heavy: dict[str, bool] = {}
+    for item in items:
+        path = str(item.path)
+        if path not in heavy:
+            with open(path) as f:
+                text = f.read()
+            heavy[path] = any(w in text for w in HEAVY_WORDS)
+        if heavy[path]:
+            item.add_marker(pytest.mark.heavy)

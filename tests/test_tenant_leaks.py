@@ -80,7 +80,7 @@ def test_a_prove_query_answers_every_unseen_id_alike(tenants, tmp_path):
     forged = wire.encode_proofs(nonce, [(c, bytes(16)) for c in candidates[:4096]])
     assert _call(api + "/chunks/prove", "tok-a", "POST", forged, ID32) == (200, bytes(len(candidates[:4096])))
     # a tenant that holds the bytes uploads them like new data (proofs answer 0 to a scoped token:
-    # tests/test_hostile_round3_prove.py); both pushes succeed and read back
+    # tests/test_presence_oracle.py); both pushes succeed and read back
     with Store(tenants.url, token="tok-a", cache=False) as sa:
         r = sa.push([_tree(tmp_path, "a", {"copy.bin": secret, "new.bin": os.urandom(20_000)})], "cdc://a/")
         assert sa.counters()["proven_chunks"] == 0 and r.new_bytes >= 20_000 + len(secret)
@@ -165,7 +165,7 @@ def test_every_rule_of_the_trust_model_names_a_test_that_exists():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     doc = open(os.path.join(root, "docs", "protocol.md")).read()
     section = doc[doc.index("### Trust model"):doc.index("## Endpoints")]
-    files = {"T2": "test_hostile_tenants2.py", "T": "test_tenants.py", "R": "test_replicas.py",
+    files = {"T2": "test_tenant_leaks.py", "T": "test_tenants.py", "R": "test_replicas.py",
              "G": "test_gc_remote.py", "H": "test_hostile.py"}
     named = re.findall(r"`(T2|T|R|G|H)::(test_\w+)`", section)
     assert len(named) >= 15
