@@ -14,12 +14,14 @@ samples' members it needs. docs/streaming.md says what is exact and what memory 
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import copy
 import os
 import sys
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -137,11 +139,29 @@ class _Shared:
                 "_figs": self._figs if spawning else None}
 
 
+_prefetchers: "weakref.WeakSet[_Prefetcher]" = weakref.WeakSet()  # running, for `_stop_prefetchers` at exit
+_exit_hook = threading.Lock()
+EXIT_JOIN = 10.0  # seconds an exiting process waits for a prefetch thread to finish the row group it reads
+
+
+def _stop_prefetchers() -> None:
+    """At exit, before the interpreter is torn down: stop every prefetch thread and wait (bounded)
+    until it has left the row group it is reading. A loop that broke off leaves its prefetch thread
+    inside pyarrow's `read_row_groups`, whose I/O threads call this process's file objects; one that
+    still does so once the interpreter finalizes is cut off mid-read, and the process aborts
+    (PyGILState_Release) or hangs in Arrow's pool shutdown (apache/arrow#34314)."""
+    for p in list(_prefetchers):
+        p.close(timeout=EXIT_JOIN)
+
+
 class _Prefetcher:
     """Runs `produce` in a thread: it yields (item, nbytes); a bounded queue holds at most
     `max_items` row groups and `max_bytes` bytes of them (always at least one)."""
 
     def __init__(self, produce, max_bytes: int, max_items: int):
+        if _exit_hook.acquire(blocking=False):  # once, after the reader's own hook: atexit runs it first
+            atexit.register(_stop_prefetchers)
+        _prefetchers.add(self)
         self._produce = produce
         self._max_bytes, self._max_items = max_bytes, max(1, max_items)
         self._q: collections.deque = collections.deque()
@@ -189,11 +209,12 @@ class _Prefetcher:
                 raise self._error
             return None
 
-    def close(self) -> None:
+    def close(self, timeout: float = 30) -> None:
         with self._cv:
             self._stop = True
             self._cv.notify_all()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=timeout)
+        _prefetchers.discard(self)
 
 
 class StreamingDataset:
