@@ -402,8 +402,8 @@ class FileReader(io.RawIOBase):
 
     def _land(self, first: int, stop: int, base: int, out: memoryview) -> None:
         """Whole chunks [first, stop) into `out` (which holds the file from byte `base`).
-        Raw runs are read in this thread (splitting them over two was measured slower);
-        compressed chunks are decoded half here, half on the read-ahead pool."""
+        Raw runs are read and checked in C with the GIL released: a run of `PARALLEL_RUNS_MIN` or
+        more is read half here, half on the read-ahead pool, as compressed chunks are decoded."""
         pieces, packed = self._plan.pieces(first, stop)
         ends, lens = self._m.ends, self._m.lengths
         half = None

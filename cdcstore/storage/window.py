@@ -52,7 +52,7 @@ class ReadWindow:
         self._pool = pool
         self._size = size or WINDOW
         self._buf: bytearray | None = None  # the current window's memory (refilled in place)
-        self._view, self._at, self._stop = memoryview(b""), 0, 0  # its bytes, first byte, chunk after its last
+        self._view, self._at = memoryview(b""), 0  # its bytes and its first byte's offset in the file
         self._spare: bytearray | None = None  # the next window's memory
         self._next: tuple | None = None  # the next window's fill (a Future), its buffer, first byte, length
 
@@ -100,7 +100,7 @@ class ReadWindow:
             buf, start, length, stop = got
             self._spare, self._buf = self._buf, buf
             view = memoryview(buf)[:length]
-        self._view, self._at, self._stop = view, start, stop
+        self._view, self._at = view, start
         self._ahead(stop)
 
     def _take_next(self, pos: int):
