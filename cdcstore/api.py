@@ -16,7 +16,7 @@ import stat
 import subprocess
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import platformdirs
 
@@ -494,7 +494,7 @@ class Store:
         job routes (protocol 1.5). Methods: open, add, batches, close (repo, job id)."""
         return self.commits.journal()
 
-    def stage(self, repo: str, job: str, pairs: list[tuple[str, str]] = (), *,
+    def stage(self, repo: str, job: str, pairs: Sequence[tuple[str, str]] = (), *,
               entries: dict[str, FileEntry] | None = None, remove: Iterable[str] = (),
               options: IngestOptions | None = None) -> dict[str, FileEntry]:
         """Upload (local file, path) pairs and add them, with `entries` (stored files) and

@@ -9,6 +9,7 @@ import logging
 import os
 import sqlite3
 import sys
+from typing import Mapping
 
 import click
 
@@ -198,8 +199,15 @@ def _progress(total: int, desc: str, quiet: bool):
                 disable=True if quiet or _quiet() else None, file=sys.stderr, leave=False)
 
 
-def _print_json(obj: dict) -> None:
+def _print_json(obj: Mapping[str, object]) -> None:
     click.echo(json.dumps(obj, sort_keys=True))
+
+
+def _short(commit: str | None) -> str:
+    """A commit id's first 12 digits (a write that changed something names its commit)."""
+    if commit is None:
+        raise TypeError("the write names no commit")
+    return commit[:12]
 
 
 def _human(n: float) -> str:
@@ -260,7 +268,7 @@ def push(sources, dest, message, delete, detail, no_stat_cache, author, include,
         _print_json(r.to_dict(detail=detail))
         return
     where = parse(dest)
-    state = f"commit {r.commit[:12]} on {where.repo}@{where.ref}" if r.changed else "no changes; nothing committed"
+    state = f"commit {_short(r.commit)} on {where.repo}@{where.ref}" if r.changed else "no changes; nothing committed"
     unread = f" ({r.unread_files} unchanged since their last push, not read)" if r.unread_files else ""
     click.echo(f"{state}\n  {r.files} files{unread}, {_human(r.bytes)}; new {_human(r.new_bytes)} "
                f"({r.new_chunks}/{r.chunks} chunks), stored {_human(r.stored_bytes)} in {r.seconds:.2f}s")
@@ -387,7 +395,7 @@ def rm(addr, recursive, message, store_path, token, as_json):
         _print_json(r.to_dict())
         return
     where = parse(addr)
-    click.echo(f"commit {r.commit[:12]} on {where.repo}@{where.ref}: removed {where.path}")
+    click.echo(f"commit {_short(r.commit)} on {where.repo}@{where.ref}: removed {where.path}")
 
 
 @cli.command()

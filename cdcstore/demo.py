@@ -10,12 +10,16 @@ import os
 import shutil
 import tempfile
 import time
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import Store
+
+if TYPE_CHECKING:
+    from .api import TransferResult
 
 SHARDS = 8
 
@@ -34,6 +38,13 @@ def make_table(rows: int, seed: int) -> pa.Table:
 
 def write(table: pa.Table, path: str) -> None:
     pq.write_table(table, path, compression="zstd", use_content_defined_chunking=True)
+
+
+def _commit(r: TransferResult) -> str:
+    """The commit a push landed (a push makes or keeps one)."""
+    if r.commit is None:
+        raise TypeError(f"the push made no commit: {r}")
+    return r.commit
 
 
 def _row(name: str, r) -> str:
@@ -60,7 +71,7 @@ def run(size_mb: int = 64, workdir: str | None = None) -> dict:
         print(f"store: {store.location} (embedded, local)")
 
         v1 = store.push([data], "cdc://demo/", message="v1")
-        print(_row("push v1", v1), f"commit {v1.commit[:12]}")
+        print(_row("push v1", v1), f"commit {_commit(v1)[:12]}")
         print(f"           new < pushed: {(v1.bytes - v1.new_bytes) / 2**20:.2f} MiB of v1's chunks repeat within it "
               f"(the same pages in several shards) and are stored once")
         again = store.push([data], "cdc://demo/", message="v1 again")
@@ -76,9 +87,10 @@ def run(size_mb: int = 64, workdir: str | None = None) -> dict:
         write(make_table(n // 4, 100), os.path.join(data, f"part-{SHARDS:03d}.parquet"))
 
         v2 = store.push([data], "cdc://demo/", message="v2: edits")
-        print(_row("push v2", v2), f"commit {v2.commit[:12]}")
+        print(_row("push v2", v2), f"commit {_commit(v2)[:12]}")
+        detail = v2.files_detail or {}  # (new_bytes_by_file is empty without it)
         for path, n in v2.new_bytes_by_file.items():
-            print(f"           {path}: {n / 2**20:.2f} MiB new of {v2.files_detail[path]['bytes'] / 2**20:.2f}")
+            print(f"           {path}: {n / 2**20:.2f} MiB new of {detail[path]['bytes'] / 2**20:.2f}")
 
         out = os.path.join(work, "readback")
         t0 = time.perf_counter()
@@ -90,9 +102,9 @@ def run(size_mb: int = 64, workdir: str | None = None) -> dict:
                     raise SystemExit(f"read-back mismatch in {name}")
         print(f"read back {r.files} files, {r.bytes / 2**20:.1f} MiB in {secs:.2f}s "
               f"({r.bytes / 2**20 / max(secs, 1e-9):.0f} MiB/s): identical to the local files")
-        with store.open(f"cdc://demo@{v1.commit[:8]}/part-002.parquet") as f:
+        with store.open(f"cdc://demo@{_commit(v1)[:8]}/part-002.parquet") as f:
             old = pq.read_table(f, columns=["x"])
-        print(f"v1 is still readable: part-002.parquet@{v1.commit[:8]} has {old.num_rows} rows, "
+        print(f"v1 is still readable: part-002.parquet@{_commit(v1)[:8]} has {old.num_rows} rows, "
               f"min x = {pc.min(old['x']).as_py():.3f}")
         st = store.stats()
         print(f"store holds {st['bytes'] / 2**20:.1f} MiB of branch heads and two versions in "

@@ -26,6 +26,7 @@ import os
 import tempfile
 import time
 import warnings
+from typing import TYPE_CHECKING
 
 from fsspec import AbstractFileSystem
 from fsspec.transaction import Transaction
@@ -37,12 +38,20 @@ from .core.address import SCHEME, Address, check_write_target, parse
 from .core.commit import FileEntry
 from .core.errors import InvalidAddressError
 
+if TYPE_CHECKING:
+    import collections
+
 
 class CdcTransaction(Transaction):
     """Deferred writes of a transaction become one commit per (repo, branch)."""
 
+    fs: CdcFileSystem | None  # fsspec's (None once complete)
+    files: collections.deque[CdcWriteFile | _Pending]
+
     def complete(self, commit: bool = True) -> None:
         fs = self.fs
+        if fs is None:
+            raise AttributeError("the transaction is complete already: it has no filesystem")
         files, self.files = list(self.files), type(self.files)()
         try:
             if commit:
@@ -264,7 +273,8 @@ class CdcFileSystem(AbstractFileSystem):
     def _check_instance_cache(cls, token):
         """fsspec hands a cached instance out again for the same arguments: to its caller it is a
         new filesystem, so its branches are asked again (fsspec's hook)."""
-        inst = type(cls)._check_instance_cache(cls, token)  # the metaclass's (fsspec.spec._Cached)
+        # the metaclass's (fsspec.spec._Cached: fsspec is untyped, so mypy sees `type`)
+        inst = type(cls)._check_instance_cache(cls, token)  # type: ignore[attr-defined]
         if inst is not None:
             inst._asked.clear()
         return inst

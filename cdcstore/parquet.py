@@ -88,8 +88,8 @@ def _bytes_fingerprint(arr):
 
     wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
     bufs = arr.buffers()
-    offsets = np.frombuffer(bufs[1], dtype=np.int64 if wide else np.int32)[arr.offset:arr.offset + len(arr) + 1]
-    offsets = offsets.astype(np.int64)
+    offsets = np.frombuffer(bufs[1], dtype=np.int64 if wide else np.int32)[
+        arr.offset:arr.offset + len(arr) + 1].astype(np.int64)
     base = int(offsets[0])
     rel_off = offsets - base
     total = int(rel_off[-1])
@@ -167,9 +167,9 @@ def plan_row_groups(fingerprints, target_rows: int, min_rows: int, max_rows: int
     import numpy as np
 
     n = len(fingerprints)
-    strict = (2**64 - 1) // max(1, target_rows)
-    loose = np.uint64(min(2**64 - 1, strict * 8))
-    strict = np.uint64(strict)
+    limit = (2**64 - 1) // max(1, target_rows)
+    loose = np.uint64(min(2**64 - 1, limit * 8))
+    strict = np.uint64(limit)
     candidates = np.nonzero(fingerprints < loose)[0].tolist()
     ends = []
     start = 0

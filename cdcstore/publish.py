@@ -47,7 +47,7 @@ class Publisher:
         FileExistsError otherwise."""
         return self._groups.commit(repo, branch, entries, removed, message, author, expect)
 
-    def create(self, repo: str, author: str) -> str:
+    def create(self, repo: str, author: str) -> str | None:
         """A new repo: an empty first commit on the default branch (S3 CreateBucket)."""
         return self._store(author).commit_files(repo, DEFAULT_BRANCH, [], "create repo (S3 CreateBucket)").commit
 

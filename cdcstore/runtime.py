@@ -20,7 +20,10 @@ import importlib
 import os
 import sys
 import threading
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterable, Iterator, TypeVar
+
+if TYPE_CHECKING:
+    import asyncio
 
 T = TypeVar("T")
 
@@ -99,7 +102,7 @@ def is_this_process(pid: int | None) -> bool:
     return pid == os.getpid()
 
 
-def clean_dead_temps(folder: str, pid_of=lambda name: name.split("-", 1)[0]) -> int:
+def clean_dead_temps(folder: str, pid_of: Callable[[str], str | None] = lambda name: name.split("-", 1)[0]) -> int:
     """Remove the files of `folder` whose name says (`pid_of`) they belong to a process of
     this host that is gone (killed mid-write); returns how many."""
     n = 0
@@ -129,8 +132,10 @@ class Local:
     The one place, with `Lock` and the pools, where code asks which process it is in."""
 
     __slots__ = ("_pid", "_value")
+    _pid: int | None  # the process that made `_value` (None: none made yet)
+    _value: object
 
-    def __init__(self, value=_UNSET):
+    def __init__(self, value: object = _UNSET) -> None:
         self._pid, self._value = (None, None) if value is _UNSET else (os.getpid(), value)
 
     def get(self, make: Callable[[], T], stale: Callable[[object], None] | None = None) -> T:
@@ -140,17 +145,17 @@ class Local:
             self._value, self._pid = make(), os.getpid()
         return self._value  # type: ignore[return-value]
 
-    def here(self):
+    def here(self) -> Any:  # (whatever this Local holds: it is not generic)
         """The value made in this process, or None."""
         return self._value if self._pid == os.getpid() else None
 
-    def set(self, value) -> None:
+    def set(self, value: object) -> None:
         self._value, self._pid = value, os.getpid()
 
     def clear(self) -> None:
         self._value, self._pid = None, None
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[Local], tuple[()]]:
         return Local, ()
 
 
@@ -171,7 +176,7 @@ def pool(name: str, workers: int) -> concurrent.futures.ThreadPoolExecutor:
         return p
 
 
-def loop():
+def loop() -> asyncio.AbstractEventLoop:
     """The process's event loop, running in a daemon thread (the HTTP client's)."""
     global _loop
     with _lock:
@@ -185,7 +190,7 @@ def loop():
         return _loop
 
 
-def submit(coro) -> concurrent.futures.Future:
+def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
     """Run a coroutine on the process's loop; a future for its result."""
     import asyncio
 
@@ -213,7 +218,7 @@ class Lock:
         self._kind = threading.RLock if reentrant else threading.Lock
         self._pid, self._lock = os.getpid(), self._kind()
 
-    def _current(self):
+    def _current(self) -> threading.Lock | threading.RLock:
         if self._pid != os.getpid():
             self._pid, self._lock = os.getpid(), self._kind()
         return self._lock
@@ -233,7 +238,7 @@ class Lock:
 
 
 @contextlib.contextmanager
-def file_lock(path: str):
+def file_lock(path: str) -> Iterator[None]:
     """Hold an exclusive flock on `path` (created if absent) for the block: the processes of a
     machine take turns (a ref move of a directory store, the tokens file, a cache's first fetch).
     The lock goes with the process: a SIGKILLed holder never leaves it taken."""
@@ -272,7 +277,7 @@ def thread(target: Callable[..., object], *args, name: str = "thread", daemon: b
     return t
 
 
-def wait(futures) -> None:
+def wait(futures: Iterable[concurrent.futures.Future]) -> None:
     """Wait until these futures are done (cancelled ones that had started finish first)."""
     concurrent.futures.wait(list(futures))
 

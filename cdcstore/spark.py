@@ -180,7 +180,8 @@ class CdcReader(DataSourceReader):
                     for i in range(0, n, self.per_partition)]
         return out or [RowGroups(self.files[0], [])]
 
-    def read(self, partition: RowGroups):
+    # pyspark's stub takes an InputPartition: ours are RowGroups (`partitions`)
+    def read(self, partition: RowGroups):  # type: ignore[override]
         if not partition.row_groups:
             return
         with self.fs.open(partition.path, "rb") as f:

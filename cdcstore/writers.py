@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 from . import runtime
 from .api import Store, TransferResult
 from .core.address import SCHEME, check_write_target, parse
 from .core.errors import InvalidAddressError
+
+if TYPE_CHECKING:
+    from .api import ChunkCache
 
 HEARTBEAT = 3600.0  # seconds between touches of a job's marker (well under the stale window)
 
@@ -46,13 +50,13 @@ class DeferredCommit:
     dest: str
     store: str | None = None
     token: str | None = None
-    cache: object = False
+    cache: ChunkCache | str | bool = False
     message: str = ""
     result: TransferResult | None = None  # the landed commit, after a clean exit
     job: str = ""
     _base: str | None = None  # the branch head at entry (None: the branch is new)
     _extra: dict = field(default_factory=dict)
-    _stop = None
+    _stop: Callable[[], None] | None = field(default=None, init=False, repr=False, compare=False)  # the heartbeat's
 
     def _address(self):
         return parse(self.dest[len(SCHEME):] if self.dest.startswith(SCHEME) else self.dest)

@@ -85,7 +85,8 @@ def test_imports_only_go_down():
 def test_every_module_sits_in_a_layer_or_is_a_face():
     faces = {m for m, _ in modules() if layer(m)[1] == FACE}
     assert faces <= {"__init__", "__main__", "api", "fs", "cli", "stream", "demo", "parquet",
-                     "writers", "testing.__init__", "testing.backend", "testing.objects", "spark",
+                     "writers", "testing.__init__", "testing.backend", "testing.objects", "testing.process",
+                     "testing.served", "testing.faults", "spark",
                      "publish",  # publish: the write path the S3 gateway's writes are handed (cli -> serve)
                      *(f"streaming.{m}" for m in ("__init__", "dataset", "sources", "decoded", "order", "shards",
                                                   "decoders"))}, faces
@@ -143,17 +144,26 @@ def test_only_the_runtime_asks_which_process_it_is_in():
     assert wrong == [], "use runtime.Local / runtime.Lock instead:\n" + "\n".join(wrong)
 
 
-def internal_imports(mod: str, path: str) -> set[str]:
+def internal_imports(mod: str, path: str, typing_only: bool = True) -> set[str]:
     """The cdcstore modules `mod` imports anywhere in it (top level or inside a function),
-    relative or absolute (`cdcstore.x`); a package as `pkg.__init__`."""
+    relative or absolute (`cdcstore.x`); a package as `pkg.__init__`. Without `typing_only`,
+    imports under `if TYPE_CHECKING:` (for annotations; never run) are left out."""
     known = {m for m, _ in modules()}
+    tree = ast.parse(open(path).read())
+    skipped = set()
+    if not typing_only:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and ast.unparse(node.test).split(".")[-1] == "TYPE_CHECKING":
+                skipped |= {id(n) for b in node.body for n in ast.walk(b)}
 
     def resolve(name: str) -> str | None:
         return next((c for c in (name, f"{name}.__init__".lstrip(".")) if c in known), None)
 
     pkg = mod.split(".")[:-1]
     out = set()
-    for node in ast.walk(ast.parse(open(path).read())):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = ".".join(pkg[: len(pkg) - (node.level - 1)] + ([node.module] if node.module else []))
@@ -201,8 +211,9 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_circles_of_imports():
     """No modules import one another in a loop, counting imports inside functions (a lazy import
-    hides a circle; it does not break it): a shared piece goes down into a module both import."""
-    graph = {mod: internal_imports(mod, path) for mod, path in modules()}
+    hides a circle; it does not break it): a shared piece goes down into a module both import.
+    Imports for annotations only (`if TYPE_CHECKING:`) are not counted: they never run."""
+    graph = {mod: internal_imports(mod, path, typing_only=False) for mod, path in modules()}
     circles = import_circles(graph)
     assert circles == [], "circles of imports:\n" + "\n".join(" <-> ".join(c) for c in circles)
 
@@ -230,26 +241,46 @@ def test_only_the_settings_module_reads_the_environment():
     assert missing == [], f"the README's settings table lacks {missing}"
 
 
-MAX_CLASS_LINES = 400  # a class past this does more than one role: carve it into role objects (issue 34)
-# The classes allowed past it, each with its reason: none since the server's `Server` and the API's `Store`
-# were carved into role objects (2026-12-04). Never add one.
-BIG_CLASSES: set[tuple[str, str]] = set()
+# A role is what a third party implements to plug a store in (storage/roles.py): past this many
+# methods it is two roles, and an implementer writes code it never needed. 12 leaves the largest,
+# RefStore (11: the ref verbs a server route or a CLI command names one by one), one to grow.
+MAX_ROLE_METHODS = 12
 
 
-def test_no_class_is_over_400_lines():
-    """Each class of cdcstore (nested ones too) spans at most `MAX_CLASS_LINES` lines, decorators
-    included; a store composed of role objects offers their methods with `roles.delegate`."""
-    big, sizes = [], {}
+def test_roles_stay_small():
+    """Each Protocol of storage/roles.py declares at most `MAX_ROLE_METHODS` methods."""
+    import typing
+
+    from cdcstore.storage import roles
+    sizes = {}
+    for name, cls in vars(roles).items():
+        if isinstance(cls, type) and getattr(cls, "_is_protocol", False) and cls.__module__ == roles.__name__:
+            sizes[name] = len([n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")])
+    assert set(sizes) >= {"ChunkSource", "ChunkSink", "MetadataStore", "RefStore", "Upkeep"}, sizes
+    big = {n: c for n, c in sizes.items() if c > MAX_ROLE_METHODS}
+    assert big == {}, f"roles past {MAX_ROLE_METHODS} methods (split them): {big}"
+    assert typing.Protocol  # (the roles are typing.Protocols: implemented by shape)
+
+
+def test_no_forwarding_generated_at_run_time():
+    """Every method a store, an overlay or a cache answers is written out where grep and a type
+    checker find it: no class decorator that adds methods from strings, no `locals().update` in a
+    class body, no `__getattr__` forwarding on a class (a module's lazy `__getattr__` is allowed)."""
+    found = []
     for mod, path in modules():
-        for node in ast.walk(ast.parse(open(path).read())):
+        tree = ast.parse(open(path).read())
+        for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
-                lines = node.end_lineno - min([d.lineno for d in node.decorator_list] + [node.lineno]) + 1
-                sizes[(mod, node.name)] = lines
-                if lines > MAX_CLASS_LINES and (mod, node.name) not in BIG_CLASSES:
-                    big.append(f"{mod}.{node.name}: {lines} lines")
-    assert big == [], f"classes over {MAX_CLASS_LINES} lines (carve them into role objects):\n" + "\n".join(big)
-    done = sorted(f"{m}.{c}" for m, c in BIG_CLASSES if sizes.get((m, c), 0) <= MAX_CLASS_LINES)
-    assert done == [], f"{done} are no longer over {MAX_CLASS_LINES} lines: take them out of BIG_CLASSES"
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef) and item.name == "__getattr__":
+                        found.append(f"{mod}.{node.name}.__getattr__")
+                    if isinstance(item, ast.Expr) and "locals()" in ast.unparse(item):
+                        found.append(f"{mod}.{node.name}: {ast.unparse(item)[:60]}")
+                for d in node.decorator_list:
+                    target = d.func if isinstance(d, ast.Call) else d
+                    if ast.unparse(target).split(".")[-1] == "delegate":
+                        found.append(f"{mod}.{node.name}: @{ast.unparse(target)}")
+    assert found == [], "forwarding generated at run time:\n" + "\n".join(found)
 
 
 # the rooms of the remote floor, lowest first: a room imports only the rooms before it (remote/__init__.py)

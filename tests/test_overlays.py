@@ -6,7 +6,8 @@ from cdcstore import Store
 from cdcstore.engine.pull import LocalSeed
 from cdcstore.storage.backend import Backend
 from cdcstore.storage.cache import CachedBackend, ChunkCache
-from cdcstore.storage.overlay import DELEGATED, Held, Overlay
+from cdcstore.core import ids
+from cdcstore.storage.overlay import Held, Overlay
 from cdcstore.storage.repository import LocalStore
 from conftest import golden_input
 
@@ -56,8 +57,12 @@ def test_an_overlay_passes_every_call_through_unless_it_overrides_it(tmp_path):
     assert [c for c, _ in o.log("r", "main")] == [cid]
 
 
+# the calls `Overlay` passes through to `inner` (written out there, one method each)
+DELEGATED = {n for n, f in vars(Overlay).items() if callable(f) and not n.startswith("_")} - {"unwrap"}
+
+
 def test_every_abstract_call_of_a_backend_is_delegated():
-    assert set(Backend.__abstractmethods__) <= set(DELEGATED)
+    assert set(Backend.__abstractmethods__) <= DELEGATED
     assert not Overlay.__abstractmethods__
 
 
@@ -85,12 +90,13 @@ def test_cached_chunks_are_located_in_the_cache_not_in_a_pack(server, tmp_path):
         entry = be.view("r", be.get_commit("r", cid)).get("f.bin")
         m = be.get_manifest(entry.manifest, "r")
         before = be.locate(m.chunk_ids, "r")
-        assert all(isinstance(p, str) for p, _ in before.values())  # packs of the server
+        assert all(isinstance(p, str) and not isinstance(p, Held) for p, _ in before.values())  # the server's packs
         assert s.cat(f"cdc://r@{cid}/f.bin") == data
         cache.wait()
         after = be.locate(m.chunk_ids, "r")
         assert {p for p, _ in after.values()} == {Held.CACHE}
-        assert Held.CACHE != "cache" and not isinstance(Held.CACHE, str)  # never a pack name
+        # a str (typed as a location), but never a pack name: those are hex digits
+        assert Held.CACHE != "cache" and not any(ids.is_hex_id(h.value) for h in Held)
         got = be.read_chunks(list(after.values()), "r")
         assert b"".join(got[c] for c in m.chunk_ids) == data
         assert be.unwrap() is be.uncached()  # the remote store itself

@@ -47,9 +47,14 @@ def test_the_repository_is_what_upkeep_asks_for():
     from cdcstore.storage.repository import Repository
 
     methods = {n for n, v in vars(UpkeepHost).items() if callable(v) and not n.startswith("__")}
-    assert len(methods) > 20 and set(UpkeepHost.__annotations__) == {"objects", "index", "location"}
-    missing = sorted(n for n in methods | {"index"} if not hasattr(Repository, n))
+    roles = {n for n, v in vars(UpkeepHost).items() if isinstance(v, property)}
+    assert len(methods) >= 10 and set(UpkeepHost.__annotations__) >= {"objects", "location"}
+    assert roles >= {"index", "packs", "metadata", "ref_store"}  # what else it needs, it asks of a role
+    missing = sorted(n for n in methods | roles | set(UpkeepHost.__annotations__) if not hasattr(Repository, n)
+                     and n not in ("objects", "location", "packs", "metadata", "ref_store"))
     assert missing == []
+    repo_attrs = {"objects", "location", "packs", "metadata", "ref_store"}  # set in Repository.__init__
+    assert repo_attrs <= set(Repository.__init__.__code__.co_names)
 
 
 def private_uses(names: set[str], exempt: set[str]) -> list[str]:
@@ -79,7 +84,7 @@ def test_the_dataset_is_a_source_context():
 
     members = {n for n, v in vars(SourceContext).items() if not n.startswith("_") and (callable(v) or
                                                                                          isinstance(v, property))}
-    assert members == {"counts", "yielded", "in_worker"}
+    assert members == {"counts", "yielded", "in_worker", "store"}
     assert all(hasattr(StreamingDataset, n) for n in members)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 
 from . import sigv4
 
@@ -24,6 +25,7 @@ SIGNED = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"
 SIGNED_TRAILER = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER"
 UNSIGNED_TRAILER = "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
 FORMS = (SIGNED, SIGNED_TRAILER, UNSIGNED_TRAILER)
+_HEX_SIZE = re.compile(rb"[0-9a-fA-F]{1,16}")  # a chunk's size: at most 2**64 - 1, never read ahead of
 MAX_HEADER_LINE = 4096  # a chunk's size line or a trailer line is short; more is no aws-chunked body
 MAX_TRAILER_BYTES = 16384
 
@@ -56,14 +58,14 @@ class Signer:
 
     def chunk(self, data_sha256: str, claimed: str) -> None:
         want = self._mac(chunk_string_to_sign(self.amz_date, self.scope, self.previous, data_sha256))
-        if not hmac.compare_digest(want, claimed):
+        if not (claimed.isascii() and hmac.compare_digest(want, claimed)):  # (non-ASCII: never compared)
             raise ChunkError("a chunk's signature (aws-chunked chunk-signature) does not match its bytes",
                              "SignatureDoesNotMatch")
         self.previous = want
 
     def trailer(self, trailer: bytes, claimed: str) -> None:
         want = self._mac(trailer_string_to_sign(self.amz_date, self.scope, self.previous, trailer))
-        if not hmac.compare_digest(want, claimed):
+        if not (claimed.isascii() and hmac.compare_digest(want, claimed)):
             raise ChunkError("the trailer's signature (x-amz-trailer-signature) does not match",
                              "SignatureDoesNotMatch")
 
@@ -84,7 +86,7 @@ class Decoder:
         self._buf = bytearray()
         self._left = 0  # bytes of the current chunk still to come
         self._sig = ""
-        self._hash = None
+        self._hash: hashlib._Hash | None = None
         self._state = "size"  # size -> data -> crlf -> size ... -> trailer -> done
         self._trailer = bytearray()
 
@@ -92,14 +94,14 @@ class Decoder:
     def done(self) -> bool:
         return self._state == "done"
 
-    def feed(self, data) -> list:
+    def feed(self, data: bytes) -> list[bytes]:
         """The decoded bytes `data` completes (a list of pieces)."""
         if self._state == "done":
             if len(data):
                 raise ChunkError("bytes after the end of an aws-chunked body")
             return []
         self._buf += data
-        out = []
+        out: list[bytes] = []
         while True:
             if self._state == "data":
                 if not self._buf:
@@ -145,16 +147,17 @@ class Decoder:
             if len(self._buf) > MAX_HEADER_LINE:
                 raise ChunkError("an aws-chunked size or trailer line is too long (not an aws-chunked body?)")
             return None
+        if at > MAX_HEADER_LINE:  # the same limit however the body was split
+            raise ChunkError("an aws-chunked size or trailer line is too long (not an aws-chunked body?)")
         line = bytes(self._buf[:at])
         del self._buf[:at + 2]
         return line
 
     def _start_chunk(self, line: bytes) -> None:
         size_text, _, ext = line.partition(b";")
-        try:
-            size = int(size_text.strip(), 16)
-        except ValueError:
-            raise ChunkError(f"an aws-chunked size line {line[:80]!r} does not start with a hex size") from None
+        if not _HEX_SIZE.fullmatch(size_text):  # hex digits only: no sign, no 0x, no spaces, no `_`
+            raise ChunkError(f"an aws-chunked size line {line[:80]!r} does not start with a hex size")
+        size = int(size_text, 16)
         sig = ""
         if ext.startswith(b"chunk-signature="):
             sig = ext[len(b"chunk-signature="):].decode("ascii", "replace").strip()
@@ -173,7 +176,7 @@ class Decoder:
         self._state = "data"
 
     def _end_chunk(self) -> None:
-        if self._hash is not None:
+        if self._hash is not None and self.signer is not None:  # (a hash is kept only for a signer)
             self.signer.chunk(self._hash.hexdigest(), self._sig)
             self._hash = None
 

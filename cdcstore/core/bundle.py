@@ -63,7 +63,7 @@ def encode(items: list[tuple[str, bytes, bytes]]) -> bytes:
     return data
 
 
-def decode(data, what: str = "manifest bundle") -> dict[str, tuple[bytes, bytes]]:
+def decode(data: bytes | memoryview, what: str = "manifest bundle") -> dict[str, tuple[bytes, bytes]]:
     """Manifest name -> (manifest bytes, location record bytes); CorruptionError if the bundle
     is malformed or any manifest does not match its name."""
     data = memoryview(data)

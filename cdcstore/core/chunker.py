@@ -10,9 +10,12 @@ The rule itself is written down in docs/format.md and pinned by golden vectors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import BinaryIO, Iterable, Iterator
+from typing import TYPE_CHECKING, BinaryIO, Iterable, Iterator
 
 from . import _gear
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 CHUNK_FORMAT_VERSION = 2  # v2: v1 for bytes, page groups for Parquet (docs/format.md)
 KiB = 1024
@@ -44,14 +47,16 @@ def split_point(n: int, params: ChunkParams) -> int:
     return n // 2 if n >= max(PARALLEL_MIN_BYTES, 8 * params.max_size) else 0
 
 
-def scan(data, params: ChunkParams, eof: bool, split: int | None = None) -> list[int]:
+def scan(data: bytes | bytearray | memoryview, params: ChunkParams, eof: bool,
+         split: int | None = None) -> list[int]:
     """End offsets of the complete chunks of `data` (with `eof`, of all of it). `split`
     (default: `split_point`) only changes how the work is shared, never the result."""
     split = split_point(len(data), params) if split is None else split
     return _gear.scan(data, params.min_size, params.avg_size, params.max_size, eof, split)
 
 
-def chunk_ends(data, params: ChunkParams = DEFAULT_PARAMS, split: int | None = None) -> list[int]:
+def chunk_ends(data: bytes | bytearray | memoryview, params: ChunkParams = DEFAULT_PARAMS,
+               split: int | None = None) -> list[int]:
     """End offsets of the chunks of a whole buffer (the last one is len(data))."""
     return scan(data, params, True, split)
 
@@ -72,7 +77,7 @@ class Chunker:
                  whole_segments: bool = False):
         self.params = params
         self._whole_segments = whole_segments
-        self._pieces: list = []  # bytes (or views of bytes) not yet cut, oldest first
+        self._pieces: list[bytes | memoryview] = []  # bytes (or views of bytes) not yet cut, oldest first
         self._size = 0
         self._base = 0  # absolute offset of the first uncut byte
         self._cuts = iter(sorted(set(cuts)))
@@ -82,7 +87,7 @@ class Chunker:
     def _next_after(self, pos: int) -> int | None:
         return next((c for c in self._cuts if c > pos), None)
 
-    def feed(self, data) -> list[memoryview]:
+    def feed(self, data: Buffer) -> list[memoryview]:
         """Add bytes; return the chunks they complete (possibly none)."""
         data = data if isinstance(data, bytes) else bytes(data)
         if self._size + len(data) < 2 * self.params.max_size:
@@ -91,7 +96,7 @@ class Chunker:
             return []
         return self._take(data)
 
-    def read_from(self, f, size: int) -> tuple[bytes, list[memoryview]]:
+    def read_from(self, f: BinaryIO, size: int) -> tuple[bytes, list[memoryview]]:
         """Read up to `size` bytes of binary file `f` and `feed` them: (the bytes read,
         the chunks they complete); the bytes are empty at end of file."""
         block = f.read(size)
@@ -132,7 +137,7 @@ class Chunker:
         while start < len(buf):
             cut = self._next_cut
             whole = cut is not None and cut - self._base <= len(buf)
-            seg_end = cut - self._base if whole else len(buf)
+            seg_end = cut - self._base if whole and cut is not None else len(buf)
             if self._whole_segments and cut is not None and cut - self._seg_start <= p.max_size \
                     and (whole or not eof):
                 if not whole:
@@ -144,7 +149,7 @@ class Chunker:
             for end in ends:
                 chunks.append(view[start + prev:start + end])
                 prev = end
-            if not whole:
+            if not whole or cut is None:  # (`whole` says cut is not None)
                 start += prev
                 break
             start = seg_end

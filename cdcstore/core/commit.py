@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from . import ids
 from .address import check_name, normalize_path
@@ -65,10 +66,11 @@ class Commit:
     tree: str | None = None  # formats 2 and 3: the root tree's id
     author: str | None = None  # format 3: who committed (see the module docstring)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.flat is None and self.tree is None:
             self.flat = {}
-        self._load_files = None  # format 2: made by the backend the commit came from
+        # format 2: made by the backend the commit came from
+        self._load_files: Callable[[], dict[str, FileEntry]] | None = None
 
     @property
     def files(self) -> dict[str, FileEntry]:
@@ -83,13 +85,13 @@ class Commit:
         self._load_files = lambda: files
         return files
 
-    def __getstate__(self):  # the loader stays with the process that made it
+    def __getstate__(self) -> dict[str, Any]:  # the loader stays with the process that made it
         return {k: v for k, v in self.__dict__.items() if k != "_load_files"}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _load_files=None)
 
-    def bind(self, load_files) -> "Commit":
+    def bind(self, load_files: Callable[[], dict[str, FileEntry]]) -> "Commit":
         """Let `files` of a format 2 commit read its trees with `load_files()` (a backend's view)."""
         self._load_files = load_files
         return self
@@ -176,7 +178,7 @@ class Commit:
 
 
 
-def check_author(author) -> str:
+def check_author(author: object) -> str:
     """An author is one line of 1 to MAX_AUTHOR characters, without control characters."""
     if (not isinstance(author, str) or not author.strip() or len(author) > MAX_AUTHOR
             or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in author)):
@@ -185,7 +187,7 @@ def check_author(author) -> str:
     return author
 
 
-def _check_path(path) -> None:
+def _check_path(path: str) -> None:
     ok = isinstance(path, str) and path != ""
     try:
         ok = ok and normalize_path(path) == path
@@ -198,7 +200,7 @@ def _check_path(path) -> None:
         raise ValueError(f"file path {path[:80]!r}... is more than 255 folders deep")
 
 
-def _check_entry(path: str, f) -> None:
+def _check_entry(path: str, f: object) -> None:
     if not isinstance(f, FileEntry) or not (isinstance(f.manifest, str) and ids.is_hex_id(f.manifest)):
         raise ValueError(f"file {path!r}: manifest must be 64 lowercase hex digits (32 for format v1)")
     if not isinstance(f.size, int) or isinstance(f.size, bool) or not 0 <= f.size < MAX_SIZE:
@@ -207,7 +209,7 @@ def _check_entry(path: str, f) -> None:
         raise ValueError(f"file {path!r}: bundle must be 64 lowercase hex digits")
 
 
-def _check_tree(files: dict) -> None:
+def _check_tree(files: dict[str, FileEntry]) -> None:
     """No path may be both a file and a folder (`a` and `a/b`)."""
     clash = sorted(tree_clashes(files))
     if clash:
@@ -228,7 +230,7 @@ def touched(old: dict[str, FileEntry], new: dict[str, FileEntry]) -> set[str]:
 
 def tree_clashes(files: dict[str, FileEntry]) -> set[str]:
     """Paths that would be both a file and a folder."""
-    folders = set()
+    folders: set[str] = set()
     for p in files:
         parts = p.split("/")
         folders.update("/".join(parts[:i]) for i in range(1, len(parts)))

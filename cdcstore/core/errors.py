@@ -6,6 +6,8 @@ lost race, ValueError for malformed input) as well as `CdcError`.
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 
 class CdcError(Exception):
     """Base class of every error cdcstore raises on purpose. `code` names the kind on the
@@ -106,7 +108,7 @@ def damaged_message(err: Exception) -> str:
     return f"the chunk index is damaged ({err}): run `cdcstore rebuild-index`"
 
 
-def _subclasses(cls):
+def _subclasses(cls: type[CdcError]) -> Iterator[type[CdcError]]:
     for sub in cls.__subclasses__():
         yield sub
         yield from _subclasses(sub)

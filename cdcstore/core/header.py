@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from .errors import CorruptionError
 
 
-def unpack(data, header: struct.Struct, magic: bytes, version: int, kind: str, what: str) -> tuple:
+def unpack(data: bytes | memoryview, header: struct.Struct, magic: bytes, version: int, kind: str,
+           what: str) -> tuple[Any, ...]:
     """The header's fields after the magic and the version; CorruptionError naming `what` if
     `data` is too short, is not a `kind` or has another version."""
     if len(data) < header.size:

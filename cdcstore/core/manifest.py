@@ -16,8 +16,9 @@ import itertools
 import operator
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from . import ids
 from .chunker import DEFAULT_PARAMS, MAX_CHUNK_BYTES
@@ -65,7 +66,7 @@ def _max_file_bytes() -> int:
 MAX_FILE_BYTES = _max_file_bytes()
 
 
-class ChunkIds(Sequence):
+class ChunkIds(Sequence[bytes]):
     """A decoded manifest's chunk ids, read in place from its bytes: a manifest of N chunks costs
     its N * 36 bytes, not N bytes objects (~100 B each) in a list. Indexing gives bytes; a
     slice gives a list; it equals any sequence of the same ids."""
@@ -79,7 +80,13 @@ class ChunkIds(Sequence):
     def __len__(self) -> int:
         return self._n
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[bytes]: ...
+
+    def __getitem__(self, i: int | slice) -> bytes | list[bytes]:
         if isinstance(i, slice):
             lo, hi, step = i.indices(self._n)
             if step != 1:
@@ -93,31 +100,31 @@ class ChunkIds(Sequence):
         at = self._at + i * self._stride
         return self._buf[at:at + self._width]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[bytes]:
         view = memoryview(self._buf)[self._at:self._at + self._n * self._stride]
         return map(operator.itemgetter(0), self._row.iter_unpack(view))
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or isinstance(other, (str, bytes)) or len(other) != self._n:
             return False
         return all(a == b for a, b in zip(self, other))
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # unhashable, as a list is (typeshed's idiom)
 
-    def __add__(self, other) -> list[bytes]:  # as a list would
+    def __add__(self, other: Iterable[bytes]) -> list[bytes]:  # as a list would
         return list(self) + list(other)
 
-    def __radd__(self, other) -> list[bytes]:
+    def __radd__(self, other: Iterable[bytes]) -> list[bytes]:
         return list(other) + list(self)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[ChunkIds], tuple[bytes, int, int, int, int]]:
         return ChunkIds, (self._buf, self._at, self._stride, self._width, self._n)
 
     def __repr__(self) -> str:
         return f"ChunkIds({self._n} ids)"
 
 
-def _lengths(data: bytes, at: int, stride: int, width: int, n: int) -> array.array:
+def _lengths(data: bytes, at: int, stride: int, width: int, n: int) -> array.array[int]:
     """The u32 lengths of n entries of `stride` bytes from `at` (each after a `width`-byte id),
     gathered a byte column at a time (no object per entry)."""
     out = bytearray(4 * n)
@@ -146,13 +153,13 @@ class Manifest:
         if len(self.file_hash) != 16:
             raise ValueError("a manifest's file hash is the 16-byte xxh3-128 of the file (ids.weak_hasher)")
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, Manifest):
             return NotImplemented
         return (self.size, self.file_hash, self.version) == (other.size, other.file_hash, other.version) \
             and list(self.lengths) == list(other.lengths) and self.chunk_ids == other.chunk_ids
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # unhashable (mutable), as a list is (typeshed's idiom)
 
     @property
     def ends(self) -> Sequence[int]:

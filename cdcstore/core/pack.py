@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import BinaryIO, Generic, Literal, TypeVar, cast, overload
 
 import zstandard
 
@@ -44,6 +45,11 @@ DEFAULT_ZSTD_LEVEL = 1  # as small as level 3 on Parquet, CSV and JSON, and fast
 # pack files are written through a buffer this large: the page cache then holds them in large
 # folios, and reading them back costs about half the CPU it does after 64 KiB writes (Linux 6.x)
 WRITE_BUFFER = 4 * 1024 * 1024
+
+#: bytes of a chunk: a raw chunk is handed back as the object it came in (no copy)
+_Bytes = TypeVar("_Bytes", bound="bytes | bytearray | memoryview")
+#: what `PackWriter.finish` returns: the pack's name, or None when it is not hashed as written
+_Name = TypeVar("_Name", bound="str | None", covariant=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +86,7 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return d
 
 
-def _bounded_decompress(stored, raw_len: int) -> bytes:
+def _bounded_decompress(stored: bytes | bytearray | memoryview, raw_len: int) -> bytes:
     """Decompress at most `raw_len` + 1 bytes: a frame whose header claims another
     size is refused unread (zstd would allocate whatever the header claims)."""
     size = zstandard.frame_content_size(stored)
@@ -96,7 +102,7 @@ PROBE_BYTES = 2048  # each of the three samples `encode_chunk` compresses first
 MIN_SAVING = 1 / 4  # zstd is kept only when it saves at least this fraction of a chunk (docs/compression.md)
 
 
-def worth_compressing(raw) -> bool:
+def worth_compressing(raw: bytes | bytearray | memoryview) -> bool:
     """A cheap probe: does zstd (level 1) save at least `MIN_SAVING` on three 2 KiB
     samples of the chunk (its start, middle and end, compressed as one)? Already
     compressed bytes (Parquet pages, images, archives) fail it, so they are never fed
@@ -134,7 +140,7 @@ class FileProbe:
         self._next = 0  # index of the next region start not yet passed
         self._offset = 0  # where the next chunk starts in the file
 
-    def worth(self, raw) -> bool:
+    def worth(self, raw: bytes | bytearray | memoryview) -> bool:
         """Whether to compress `raw`, the file's next chunk."""
         offset, self._offset = self._offset, self._offset + len(raw)
         regions = self._regions
@@ -150,8 +156,8 @@ class FileProbe:
         return ok
 
 
-def encode_chunk(raw, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL, id_of_raw: bool = False,
-                 probe: bool | None = None) -> tuple[int, bytes]:
+def encode_chunk(raw: _Bytes, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL, id_of_raw: bool = False,
+                 probe: bool | None = None) -> tuple[int, bytes | _Bytes]:
     """Compress a chunk for storage and verify the result decodes to `chunk_id`.
 
     Returns (codec, stored bytes). The chunk is kept raw when the probe says zstd
@@ -173,10 +179,11 @@ def encode_chunk(raw, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL, id_of_ra
     return CODEC_RAW, raw
 
 
-def _unpack(stored, codec: int, raw_len: int, chunk_id: bytes):
+def _unpack(stored: _Bytes, codec: int, raw_len: int, chunk_id: bytes) -> bytes | _Bytes:
     if not 0 <= raw_len <= MAX_CHUNK_BYTES:
         raise CorruptionError(f"chunk {chunk_id.hex()} claims {raw_len} bytes; the format's maximum "
                               f"chunk size is {MAX_CHUNK_BYTES}")
+    raw: bytes | _Bytes
     if codec == CODEC_ZSTD:
         try:
             raw = _bounded_decompress(stored, raw_len)
@@ -191,7 +198,8 @@ def _unpack(stored, codec: int, raw_len: int, chunk_id: bytes):
     return raw
 
 
-def decode_chunk(stored, codec: int, raw_len: int, chunk_id: bytes, check: int | None = None):
+def decode_chunk(stored: _Bytes, codec: int, raw_len: int, chunk_id: bytes,
+                 check: int | None = None) -> bytes | _Bytes:
     """The raw bytes of a stored chunk (bytes-like: a raw chunk comes back as the
     object it was given), checked against its id (the hash its length names) and
     length, and against `check` (its xxh3-64) when given. A raw length over the
@@ -203,7 +211,8 @@ def decode_chunk(stored, codec: int, raw_len: int, chunk_id: bytes, check: int |
     return raw
 
 
-def decode_checked(stored, codec: int, raw_len: int, chunk_id: bytes, check: int | None):
+def decode_checked(stored: _Bytes, codec: int, raw_len: int, chunk_id: bytes,
+                   check: int | None) -> bytes | _Bytes:
     """`decode_chunk` for a store's reads of its own pack: checked against the entry's
     xxh3-64 checksum when it has one (damage detection; the id was verified when the
     pack was written or received), else against the id."""
@@ -218,12 +227,13 @@ def decode_checked(stored, codec: int, raw_len: int, chunk_id: bytes, check: int
 read_run = _xxh3.read_run  # (fd, offset, out, lengths, checks) -> -1, a bad chunk's index, or -2: see _xxh3.c
 
 
-def first_mismatch(view, chunk_ids, lengths, checks=None) -> int:
+def first_mismatch(view: bytes | bytearray | memoryview, chunk_ids: Sequence[bytes], lengths: Sequence[int],
+                   checks: Sequence[int | None] | None = None) -> int:
     """The index of the first raw chunk, of those back to back in `view`, whose bytes do
     not match its id (or, where `checks` gives one, its xxh3-64 checksum: a store's own
     pack); -1 when all match (each is hashed straight from `view`)."""
     if checks is not None and None not in checks:
-        return _xxh3.first_mismatch(view, lengths, checks)  # in C, the GIL released
+        return _xxh3.first_mismatch(view, lengths, cast("Sequence[int]", checks))  # in C, the GIL released
     pos = 0
     checksum = ids.checksum
     for k, (cid, n) in enumerate(zip(chunk_ids, lengths)):
@@ -234,7 +244,7 @@ def first_mismatch(view, chunk_ids, lengths, checks=None) -> int:
     return -1
 
 
-class PackWriter:
+class PackWriter(Generic[_Name]):
     """Appends verified chunks to a binary file and finishes it with the index.
 
     The caller owns the file (a temp file, normally) and decides where the finished
@@ -243,25 +253,39 @@ class PackWriter:
     by tests that build old stores. A pack's ids all have its version's width.
     """
 
-    def __init__(self, out: BinaryIO, version: int = PACK_VERSION, hash_as_written: bool = True):
+    @overload
+    def __init__(self: PackWriter[str], out: BinaryIO, version: int = ...,
+                 hash_as_written: Literal[True] = ...) -> None: ...
+
+    @overload
+    def __init__(self: PackWriter[None], out: BinaryIO, version: int = ..., *,
+                 hash_as_written: Literal[False]) -> None: ...
+
+    @overload
+    def __init__(self: PackWriter[str | None], out: BinaryIO, version: int = ...,
+                 hash_as_written: bool = ...) -> None: ...
+
+    def __init__(self, out: BinaryIO, version: int = PACK_VERSION, hash_as_written: bool = True) -> None:
         if version not in ENTRIES:
             raise ValueError(f"pack version {version}; this cdcstore writes {sorted(ENTRIES)}")
         self.version = version
         self._id_bytes = ids.ID_BYTES if version == PACK_VERSION else ids.LEGACY_ID_BYTES
         self._out = out
         # without hash_as_written the caller names the pack from the finished file's bytes
-        self._hash = (ids.hasher() if version == PACK_VERSION else ids.legacy_hasher()) if hash_as_written else None
+        self._hash: ids.Hasher | None = \
+            (ids.hasher() if version == PACK_VERSION else ids.legacy_hasher()) if hash_as_written else None
         self.entries: list[PackEntry] = []
         self.size = 0
         self._write(HEADER.pack(MAGIC, version, 0))
 
-    def _write(self, data) -> None:
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
         self._out.write(data)
         if self._hash is not None:
             self._hash.update(data)
         self.size += len(data)
 
-    def add(self, chunk_id: bytes, codec: int, stored, raw_len: int, check: int | None = None) -> PackEntry:
+    def add(self, chunk_id: bytes, codec: int, stored: bytes | bytearray | memoryview, raw_len: int,
+            check: int | None = None) -> PackEntry:
         """Append a chunk's stored bytes. A v2 entry carries the xxh3-64 of the raw chunk:
         pass it as `check` (the caller has the raw bytes); without it the stored bytes
         are decoded to compute it (not verified: `encode_chunk` and readers do that)."""
@@ -281,7 +305,7 @@ class PackWriter:
         self.entries.append(entry)
         return entry
 
-    def finish(self) -> str:
+    def finish(self) -> _Name:
         if self.version == PACK_VERSION:
             index = b"".join(ENTRY.pack(e.chunk_id, e.offset, e.stored_len, e.raw_len, e.check, e.codec)
                              for e in self.entries)
@@ -290,10 +314,10 @@ class PackWriter:
                              for e in self.entries)
         self._write(index)
         self._write(TRAILER.pack(len(self.entries), self.version, _index_digest(index), END_MAGIC))
-        return self._hash.hexdigest() if self._hash is not None else None
+        return cast(_Name, self._hash.hexdigest() if self._hash is not None else None)  # per __init__'s overloads
 
 
-def _index_digest(index) -> bytes:
+def _index_digest(index: bytes) -> bytes:
     """The trailer's check of the index: xxh3-128 in both versions (damage detection; the
     pack's name covers the index too)."""
     return ids.legacy_digest(index)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from . import _gear
 from .chunker import DEFAULT_PARAMS, ChunkParams
@@ -40,7 +40,7 @@ CUT_ALLOWANCE = 1024
 REVISION = 4
 
 
-def read_page_header(buf, pos: int = 0) -> tuple[int, int, int]:
+def read_page_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, int, int]:
     """(header length, page type, compressed page size) of the PageHeader at `pos`."""
     d = Decoder(buf, pos)
     h = d.struct()
@@ -50,13 +50,13 @@ def read_page_header(buf, pos: int = 0) -> tuple[int, int, int]:
     return d.pos - pos, ptype, size
 
 
-def read_page_sizes(buf, pos: int = 0) -> tuple[int, int, int, int]:
+def read_page_sizes(buf: bytes | bytearray | memoryview, pos: int = 0) -> tuple[int, int, int, int]:
     """(header length, page type, compressed size, uncompressed size) of the PageHeader at `pos`:
     what a page decodes to, which a reader checks before it lets a decoder allocate for it."""
     d = Decoder(buf, pos)
     h = d.struct()
     ptype, raw, size = h.get(1), h.get(2), h.get(3)
-    if not all(isinstance(v, int) for v in (ptype, raw, size)) or size < 0 or raw < 0:
+    if not (isinstance(ptype, int) and isinstance(raw, int) and isinstance(size, int)) or size < 0 or raw < 0:
         raise ThriftError("page header lacks type or sizes")
     return d.pos - pos, ptype, size, raw
 
@@ -64,7 +64,7 @@ def read_page_sizes(buf, pos: int = 0) -> tuple[int, int, int, int]:
 DATA_PAGE, DICTIONARY_PAGE, DATA_PAGE_V2 = 0, 2, 3
 
 
-def column_chunk_rows(chunk) -> int:
+def column_chunk_rows(chunk: bytes | bytearray | memoryview) -> int:
     """The rows the pages of one column chunk (its bytes, whole) hold, from their headers: the
     sum of each data page's num_values (v1 pages; the row count of a column that is not
     repeated) or num_rows (v2 pages). ThriftError if the pages do not tile the chunk exactly.
@@ -86,7 +86,7 @@ def column_chunk_rows(chunk) -> int:
     return rows
 
 
-def _count(header, field: int) -> int:
+def _count(header: object, field: int) -> int:
     n = header.get(field) if isinstance(header, dict) else None
     if not isinstance(n, int) or n < 0:
         raise ThriftError("data page header without a count")
@@ -120,7 +120,7 @@ def footer_ranges(footer: bytes) -> tuple[list[tuple[int, int]], list[tuple[int,
     return sorted(ranges), sorted(indexes)
 
 
-def _list_of_structs(value, what: str) -> list:
+def _list_of_structs(value: object, what: str) -> list[dict[int, Any]]:
     """A Thrift list of structs, or ThriftError (untrusted footers may hold anything)."""
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
         raise ThriftError(f"footer {what} are not a list of structs")
@@ -237,7 +237,7 @@ def thin_cuts(cuts: list[int], size: int) -> list[int]:
     return kept
 
 
-def _index_cuts(indexes, ranges, footer_start: int) -> set[int]:
+def _index_cuts(indexes: list[tuple[int, int]], ranges: list[tuple[int, int]], footer_start: int) -> set[int]:
     """Start and end of each large page index that lies after the last column chunk and before
     the footer; none at all if any does not (an index the footer misplaces is ignored, never
     trusted)."""

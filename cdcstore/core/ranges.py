@@ -6,7 +6,7 @@ their reads here, and cut the chunks back out of a read with `slices`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Mapping, Sequence, cast
 
 from .pack import CODEC_RAW, PackEntry
 
@@ -48,7 +48,7 @@ def plan_ranges(wanted: list[tuple[str, PackEntry]], max_hole: int = 8 * 1024,
     return out
 
 
-def slices(r: ByteRange, data) -> Iterator[tuple[PackEntry, memoryview]]:
+def slices(r: ByteRange, data: bytes | bytearray | memoryview) -> Iterator[tuple[PackEntry, memoryview]]:
     """Each entry of a planned range with its stored bytes, cut from the bytes read for it."""
     view = memoryview(data)
     for e in r.entries:
@@ -56,7 +56,11 @@ def slices(r: ByteRange, data) -> Iterator[tuple[PackEntry, memoryview]]:
         yield e, view[lo:lo + e.stored_len]
 
 
-def lands(e: PackEntry, places: dict) -> int | None:
+#: chunk id -> the (dest, lo, hi) places it goes to: out[dest:dest + hi - lo] = chunk[lo:hi]
+Places = Mapping[bytes, Sequence[tuple[int, int, int]]]
+
+
+def lands(e: PackEntry, places: Places) -> int | None:
     """Where chunk `e` can be received as it is: its first place's offset in the output when
     the chunk is stored raw and that place is the whole chunk; else None."""
     if e.codec != CODEC_RAW or e.stored_len != e.raw_len:
@@ -65,14 +69,14 @@ def lands(e: PackEntry, places: dict) -> int | None:
     return dest if lo == 0 and hi == e.raw_len else None
 
 
-def scatter(r: ByteRange, places: dict) -> tuple[list[tuple[bool, int, int]], int]:
+def scatter(r: ByteRange, places: Places) -> tuple[list[tuple[bool, int, int]], int]:
     """Where the bytes of range `r` go as they arrive (pure): a list of segments
     (in_output, at, length) in range order, and the size of the spare buffer. A raw chunk
     whose first place is the whole chunk is received straight into the output at its
     place; a compressed or partly wanted chunk, and a hole between chunks, into the spare
     buffer. Adjacent segments with adjacent targets are merged: a range of raw chunks
     back to back in the pack and in the output is one segment."""
-    segs: list[list] = []
+    segs: list[list[int]] = []  # [in_output (a bool), at, length]
     spare = 0
     pos = r.start
 
@@ -96,7 +100,7 @@ def scatter(r: ByteRange, places: dict) -> tuple[list[tuple[bool, int, int]], in
         else:
             add(True, dest, e.stored_len)
         pos = e.offset + e.stored_len
-    return [tuple(x) for x in segs], spare
+    return cast("list[tuple[bool, int, int]]", [tuple(x) for x in segs]), spare
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,16 +114,17 @@ class Run:
     pack: str
     offset: int  # in the pack, of chunk `first`
     entry: PackEntry | None = None  # a compressed chunk's location
-    checks: list | None = None  # a raw run's xxh3-64 checksums, chunk by chunk (None: check the ids)
+    checks: list[int] | None = None  # a raw run's xxh3-64 checksums, chunk by chunk (None: check the ids)
 
 
-def file_runs(chunk_ids: list[bytes], locations: dict) -> list[Run]:
+def file_runs(chunk_ids: Sequence[bytes], locations: Mapping[bytes, tuple[str, PackEntry]]) -> list[Run]:
     """A file's chunks (in file order) as runs (pure): a raw chunk joins the run before
     it when it follows it directly in the same pack. `locations[id]` is (pack, entry)."""
     runs: list[Run] = []
-    first = pack = None
+    first: int | None = None
+    pack = ""  # the pack of the run from `first` (read only when there is one)
     offset = end = 0
-    checks: list = []
+    checks: list[int | None] = []
     for i, cid in enumerate(chunk_ids):
         p, e = locations[cid]
         if e.codec != CODEC_RAW or e.stored_len != e.raw_len:
@@ -140,5 +145,5 @@ def file_runs(chunk_ids: list[bytes], locations: dict) -> list[Run]:
     return runs
 
 
-def _all_or_none(checks: list) -> list | None:
-    return None if None in checks else checks
+def _all_or_none(checks: list[int | None]) -> list[int] | None:
+    return None if None in checks else cast("list[int]", checks)

@@ -23,7 +23,7 @@ EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 MAX_SKEW = 15 * 60  # seconds a signed request's date may be off the server's clock (as S3)
 MAX_EXPIRES = 7 * 24 * 3600  # the longest a presigned URL may live (as S3)
 _SPACES = re.compile(r"\s+")
-_DATE = re.compile(r"^\d{8}T\d{6}Z$")
+_DATE = re.compile(r"\d{8}T\d{6}Z")  # (fullmatch; a real date besides: `_date`)
 _SIGNATURE = re.compile(r"[0-9a-f]{64}")
 
 
@@ -84,7 +84,9 @@ def canonical_request(method: str, uri: str, query: str, headers: dict[str, str]
 
 
 def string_to_sign(amz_date: str, scope: str, request: str) -> str:
-    return "\n".join([ALGORITHM, amz_date, scope, hashlib.sha256(request.encode()).hexdigest()])
+    # a header value that is not UTF-8 reaches us as surrogates (aiohttp): signed as the bytes it was
+    return "\n".join([ALGORITHM, amz_date, scope,
+                      hashlib.sha256(request.encode("utf-8", "surrogateescape")).hexdigest()])
 
 
 def signing_key(secret: str, date: str, region: str, service: str) -> bytes:
@@ -121,7 +123,7 @@ def parse_header(value: str, amz_date: str | None) -> Signed:
     missing = [k for k in ("Credential", "SignedHeaders", "Signature") if k not in fields]
     if missing:
         raise SignatureError(f"the Authorization header lacks {', '.join(missing)}")
-    if not amz_date or not _DATE.match(amz_date):
+    if not amz_date or not _date(amz_date):
         raise SignatureError("a signed request needs an X-Amz-Date header (YYYYMMDDTHHMMSSZ)")
     key, date, region, service = _credential(fields["Credential"])
     return Signed(key, date, region, service, tuple(fields["SignedHeaders"].split(";")),
@@ -149,12 +151,23 @@ def parse_query(params: dict[str, str]) -> Signed:
         raise SignatureError(f"a presigned URL needs the query parameter {e.args[0]}") from None
     except ValueError:
         raise SignatureError("X-Amz-Expires must be a number of seconds") from None
-    if not _DATE.match(amz_date):
+    if not _date(amz_date):
         raise SignatureError("X-Amz-Date must be YYYYMMDDTHHMMSSZ")
     if not 1 <= expires <= MAX_EXPIRES:
         raise SignatureError(f"X-Amz-Expires must be 1 to {MAX_EXPIRES} seconds")
     return Signed(key, date, region, service, signed, _signature(signature), amz_date, presigned=True,
                   expires=expires)
+
+
+def _date(text: str) -> bool:
+    """`text` is an X-Amz-Date, YYYYMMDDTHHMMSSZ, of a real day and time (nothing after it)."""
+    if not _DATE.fullmatch(text):
+        return False
+    try:
+        time.strptime(text, "%Y%m%dT%H%M%SZ")
+    except ValueError:
+        return False
+    return True
 
 
 def epoch(amz_date: str) -> float:
@@ -167,6 +180,8 @@ def time_problem(signed: Signed, now: float) -> str | None:
     if signed.amz_date[:8] != signed.date:
         return "the date of X-Amz-Date and of the credential scope differ"
     if signed.presigned:
+        if signed.expires is None:  # as `t + None` would: a presigned Signed carries its expiry
+            raise TypeError("a presigned request without its expiry (X-Amz-Expires)")
         if now > t + signed.expires:
             return "Request has expired"
         if t > now + MAX_SKEW:

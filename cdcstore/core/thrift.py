@@ -4,6 +4,7 @@ lists; binary to bytes; integers are zigzag-decoded; bools to True/False."""
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 STOP, TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT = range(13)
 MAX_DEPTH = 32
@@ -15,7 +16,7 @@ class ThriftError(ValueError):
 
 
 class Decoder:
-    def __init__(self, buf, pos: int = 0):
+    def __init__(self, buf: bytes | bytearray | memoryview, pos: int = 0):
         self.buf = buf
         self.pos = pos
 
@@ -48,7 +49,7 @@ class Decoder:
         n = self.varint()
         return (n >> 1) ^ -(n & 1)
 
-    def value(self, ttype: int, depth: int = 0):
+    def value(self, ttype: int, depth: int = 0) -> Any:
         if depth > MAX_DEPTH:
             raise ThriftError("nesting too deep")
         if ttype == TRUE:
@@ -87,8 +88,8 @@ class Decoder:
             return self.struct(depth + 1)
         raise ThriftError(f"unknown type {ttype}")
 
-    def struct(self, depth: int = 0) -> dict:
-        out: dict = {}
+    def struct(self, depth: int = 0) -> dict[int, Any]:
+        out: dict[int, Any] = {}
         last = 0
         while True:
             head = self.byte()

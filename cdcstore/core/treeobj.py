@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeAlias
 
 from . import ids
 from .commit import FileEntry, _check_entry
@@ -62,17 +62,21 @@ class Folder:
 
 
 Entry = FileEntry | Folder
+#: folders nested by path part, a file at each leaf (`build`)
+_Nested: TypeAlias = "dict[str, _Nested | FileEntry]"
+#: an edit of one name of a folder (`_edit`): its current entry or None -> its new entry or None
+_Step: TypeAlias = Callable[[Entry | None], Entry | None]
 
 
-def file_doc(e: FileEntry) -> dict:
+def file_doc(e: FileEntry) -> dict[str, str | int]:
     """A file entry as a page holds it."""
-    doc = {"manifest": e.manifest, "size": e.size}
+    doc: dict[str, str | int] = {"manifest": e.manifest, "size": e.size}
     if e.bundle is not None:
         doc["bundle"] = e.bundle
     return doc
 
 
-def _check_name(name) -> None:
+def _check_name(name: object) -> None:
     if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\x00" in name:
         raise ValueError(f"invalid tree entry name {name!r}: one path part, without '/'")
     try:  # JSON's \ud800 escapes decode to lone surrogates, which no key or file name can hold
@@ -97,7 +101,7 @@ def name_digits(name: str) -> str:
     return format(int.from_bytes(ids.digest(name.encode()), "big") >> 1, "085o")
 
 
-def _count(what: str, n, least: int = 0) -> None:
+def _count(what: str, n: object, least: int = 0) -> None:
     if not isinstance(n, int) or isinstance(n, bool) or n < least or n >= 2 ** 63:
         raise ValueError(f"{what} must be an integer of at least {least}")
 
@@ -115,7 +119,7 @@ class Tree:
         return self.slots is not None
 
     def validate(self) -> "Tree":
-        if self.split:
+        if self.slots is not None:  # split
             if self.entries:
                 raise ValueError("a split node holds slots, not entries")
             if len(self.prefix) >= HASH_DIGITS or any(c not in DIGITS for c in self.prefix):
@@ -151,7 +155,7 @@ class Tree:
 
     def encode(self) -> bytes:
         self.validate()
-        if self.split:
+        if self.slots is not None:  # split
             doc = {"format": CONTENT_SPLIT_VERSION if self._carries_content() else SPLIT_VERSION,
                    "type": "tree", "prefix": self.prefix,
                    "slots": {d: _with_content({"tree": sl.tree, "entries": sl.entries, "files": sl.files,
@@ -164,7 +168,8 @@ class Tree:
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     def _carries_content(self) -> bool:
-        parts = self.slots.values() if self.split else (e for e in self.entries.values() if isinstance(e, Folder))
+        parts: Iterable[Slot | Folder] = self.slots.values() if self.slots is not None \
+            else (e for e in self.entries.values() if isinstance(e, Folder))
         return any(p.content is not None for p in parts)
 
     @property
@@ -173,13 +178,14 @@ class Tree:
         the content ids below - without the trees' ids or bundle hints, so a machine computes it
         from its own files and compares it with the store's (`same_files`). None when a folder or
         part below was written without one (a tree from before format 4)."""
-        if self.split:
+        doc: dict[str, object]
+        if self.slots is not None:  # split
             if any(sl.content is None for sl in self.slots.values()):
                 return None
             doc = {"type": "content", "prefix": self.prefix,
                    "slots": {d: sl.content for d, sl in self.slots.items()}}
         else:
-            entries = {}
+            entries: dict[str, dict[str, str | int]] = {}
             for n, e in self.entries.items():
                 if isinstance(e, Folder):
                     if e.content is None:
@@ -196,23 +202,23 @@ class Tree:
 
     @property
     def size(self) -> int:
-        parts = self.slots.values() if self.split else self.entries.values()
+        parts: Iterable[Slot | Entry] = self.slots.values() if self.slots is not None else self.entries.values()
         return sum(e.size for e in parts)
 
     @property
     def file_count(self) -> int:
-        if self.split:
+        if self.slots is not None:  # split
             return sum(sl.files for sl in self.slots.values())
         return sum(e.files if isinstance(e, Folder) else 1 for e in self.entries.values())
 
     @property
     def entry_count(self) -> int:
         """Entries of the folder (part) this node holds, at any depth of the split."""
-        return sum(sl.entries for sl in self.slots.values()) if self.split else len(self.entries)
+        return sum(sl.entries for sl in self.slots.values()) if self.slots is not None else len(self.entries)
 
     def children(self) -> Iterator[str]:
         """The trees this node names: its folders' trees, or its parts."""
-        if self.split:
+        if self.slots is not None:  # split
             yield from (sl.tree for sl in self.slots.values())
         else:
             yield from (e.tree for e in self.entries.values() if isinstance(e, Folder))
@@ -268,16 +274,17 @@ class Tree:
             raise CorruptionError(f"{name} is not a valid tree: {e}") from None
 
 
-def _with_content(doc: dict, content: str | None) -> dict:
+def _with_content(doc: dict[str, str | int], content: str | None) -> dict[str, str | int]:
     if content is not None:
         doc["content"] = content
     return doc
 
 
-def _content(e: dict, allowed: bool) -> str | None:
+def _content(e: dict[str, Any], allowed: bool) -> str | None:
     if "content" in e and not allowed:
         raise ValueError("a content id in a tree of format 2 or 3")
-    return e.get("content")
+    content: str | None = e.get("content")  # decoded JSON: `Tree.validate` checks it
+    return content
 
 
 def check_content(what: str, claimed: str | None, node: Tree) -> None:
@@ -290,6 +297,8 @@ def check_content(what: str, claimed: str | None, node: Tree) -> None:
 def check_part(parent: Tree, digit: str, part: Tree) -> None:
     """That `part`, read for slot `digit` of split node `parent`, is what the slot says:
     its counts, its content id, and its names (or its prefix) under the slot's hash prefix."""
+    if parent.slots is None:  # as indexing None would
+        raise TypeError(f"part {digit!r} of a page: only a split node has parts")
     sl, prefix = parent.slots[digit], parent.prefix + digit
     what = f"part {prefix!r} of a split folder"
     if (part.entry_count, part.file_count, part.size) != (sl.entries, sl.files, sl.size):
@@ -343,7 +352,8 @@ def folder_of(tid: str, sub: Tree) -> Folder:
 
 def build(files: Mapping[str, FileEntry]) -> tuple[str, dict[str, Tree]]:
     """The trees of a flat file map (a format 1 commit): (root id, id -> Tree), every node."""
-    nested: dict = {}
+    nested: _Nested = {}
+    d: _Nested | FileEntry
     for path, f in files.items():
         *parts, leaf = path.split("/")
         d = nested
@@ -356,7 +366,7 @@ def build(files: Mapping[str, FileEntry]) -> tuple[str, dict[str, Tree]]:
         d[leaf] = f
     nodes: dict[str, Tree] = {}
 
-    def make(d: dict) -> Tree:
+    def make(d: _Nested) -> Tree:
         entries: dict[str, Entry] = {}
         for name in sorted(d):
             v = d[name]
@@ -406,6 +416,8 @@ class View:
 
     def part(self, parent: Tree, digit: str) -> Tree:
         """Slot `digit` of split node `parent`, checked against the slot (`check_part`)."""
+        if parent.slots is None:  # as indexing None would
+            raise TypeError(f"part {digit!r} of a page: only a split node has parts")
         t = self.node(parent.slots[digit].tree)
         check_part(parent, digit, t)
         return t
@@ -414,22 +426,22 @@ class View:
         """The folder whose node is `tid` as one page of all its entries, sorted (a split
         folder's parts read, checked and passed to `seen(id, node)`)."""
         t = self.node(tid)
-        if not t.split:
+        if t.slots is None:  # a page
             return t
         entries: dict[str, Entry] = {}
-        level = [t]
+        level = [(t, t.slots)]  # split nodes, with their slots
         while level:  # level by level: each level's parts read together when `load_many` can
-            want = [sl.tree for n in level for sl in n.slots.values() if sl.tree not in self._memo]
+            want = [sl.tree for _, slots in level for sl in slots.values() if sl.tree not in self._memo]
             if self._load_many is not None and len(want) > 1:
                 self._memo.update(zip(want, self._load_many(want)))
             below = []
-            for n in level:
-                for d, sl in n.slots.items():
+            for n, slots in level:
+                for d, sl in slots.items():
                     p = self.part(n, d)
                     if seen is not None:
                         seen(sl.tree, p)
-                    if p.split:
-                        below.append(p)
+                    if p.slots is not None:  # split
+                        below.append((p, p.slots))
                     else:
                         entries.update(p.entries)
             level = below
@@ -438,7 +450,7 @@ class View:
     def lookup(self, tid: str, name: str) -> Entry | None:
         """The entry `name` of the folder whose node is `tid`: reads the parts on its hash's path."""
         t, h = self.node(tid), None
-        while t.split:
+        while t.slots is not None:  # split
             h = h or name_digits(name)
             d = h[len(t.prefix)]
             if d not in t.slots:
@@ -521,7 +533,7 @@ class View:
     def files(self) -> dict[str, FileEntry]:
         return self.under("")
 
-    def listing(self, path: str, recursive: bool = False) -> list[dict]:
+    def listing(self, path: str, recursive: bool = False) -> list[dict[str, Any]]:
         """Entries directly under `path` (every file under it when `recursive`), sorted by name:
         {"name": full path, "type": "file" | "directory", "size": bytes (a folder's: all below)}.
         A file path lists the file itself; reads only the trees on the path (all below if recursive)."""
@@ -559,7 +571,7 @@ def _no_load(tid: str) -> Tree:
 
 
 # -- change sets ---------------------------------------------------------------------------------
-def changes(old: View | None, new: View, trees: set | None = None,
+def changes(old: View | None, new: View, trees: set[str] | None = None,
             check: Callable[[str, Tree, Folder | Slot | None], None] | None = None
             ) -> tuple[dict[str, FileEntry], set[str]]:
     """What turns `old` into `new`: (paths added or changed -> entry, paths removed). Descends
@@ -574,35 +586,38 @@ def changes(old: View | None, new: View, trees: set | None = None,
 
 
 def _diff(a: View | None, aid: str | None, b: View, bid: str | None, prefix: str,
-          changed: dict, removed: set, trees: set | None = None, check=None, folder=None) -> None:
+          changed: dict[str, FileEntry], removed: set[str], trees: set[str] | None = None,
+          check: Callable[[str, Tree, Folder | Slot | None], None] | None = None,
+          folder: Folder | Slot | None = None) -> None:
     if aid == bid:
         return
     _check_depth(prefix)
-    na = a.node(aid) if aid else None
+    na = a.node(aid) if a is not None and aid else None  # (`a` is None only when `aid` is: `changes`)
     nb = b.node(bid) if bid else None
 
-    def seen(tid: str, t: Tree, entry=None) -> None:
+    def seen(tid: str, t: Tree, entry: Folder | Slot | None = None) -> None:
         if trees is not None:
             trees.add(tid)
         if check is not None:
             check(prefix, t, entry)
 
-    if nb is not None:
+    if bid and nb is not None:  # (nb is read only for a bid)
         seen(bid, nb, folder)
-    if na is not None and nb is not None and na.split and nb.split and na.prefix == nb.prefix:
+    if a is not None and na is not None and nb is not None and na.slots is not None and nb.slots is not None \
+            and na.prefix == nb.prefix:  # both split
         for d in sorted(na.slots.keys() | nb.slots.keys()):  # parts of one folder: compared part by part
-            x, y = na.slots.get(d), nb.slots.get(d)
-            if x == y:
+            sx, sy = na.slots.get(d), nb.slots.get(d)
+            if sx == sy:
                 continue
-            if x is not None:
+            if sx is not None:
                 a.part(na, d)
-            if y is not None:
+            if sy is not None:
                 b.part(nb, d)
-            _diff(a, x.tree if x else None, b, y.tree if y else None, prefix, changed, removed,
-                  trees, check, y)
+            _diff(a, sx.tree if sx else None, b, sy.tree if sy else None, prefix, changed, removed,
+                  trees, check, sy)
         return
-    ea = a.contents(aid).entries if na is not None else {}
-    eb = b.contents(bid, lambda tid, t: seen(tid, t, None)).entries if nb is not None else {}
+    ea = a.contents(aid).entries if a is not None and aid else {}  # (as na is not None)
+    eb = b.contents(bid, lambda tid, t: seen(tid, t, None)).entries if bid else {}  # (as nb is not None)
     for name in ea.keys() | eb.keys():
         x, y = ea.get(name), eb.get(name)
         if x == y:
@@ -610,12 +625,12 @@ def _diff(a: View | None, aid: str | None, b: View, bid: str | None, prefix: str
         p = _join(prefix, name)
         xf, yf = isinstance(x, Folder), isinstance(y, Folder)
         if xf or yf:
-            _diff(a, x.tree if xf else None, b, y.tree if yf else None, p, changed, removed,
-                  trees, check, y if yf else None)
+            _diff(a, x.tree if isinstance(x, Folder) else None, b, y.tree if isinstance(y, Folder) else None, p,
+                  changed, removed, trees, check, y if isinstance(y, Folder) else None)
         if x is not None and not xf:
             if y is None or yf:
                 removed.add(p)
-        if y is not None and not yf:
+        if y is not None and not isinstance(y, Folder):
             changed[p] = y
 
 
@@ -637,24 +652,24 @@ def _under(path: str, folder: str | None) -> bool:
 
 
 def _same(a: View, aid: str, acontent: str | None, b: View, bid: str, prefix: str,
-          same: set, extra: set, within: str | None) -> None:
+          same: set[str], extra: set[str], within: str | None) -> None:
     _check_depth(prefix)
     nb = b.node(bid)
     if acontent is not None and acontent == nb.content:
         same.update(p for p, _ in b._walk(bid, prefix))
         return
     na = a.node(aid)
-    if na.split and nb.split and na.prefix == nb.prefix:
-        for d, x in na.slots.items():
-            y = nb.slots.get(d)
-            if y is not None and x.content is not None and x.content == y.content:
-                same.update(p for p, _ in b._walk(y.tree, prefix))  # the part is not read
-            elif y is not None:
+    if na.slots is not None and nb.slots is not None and na.prefix == nb.prefix:  # both split
+        for d, sx in na.slots.items():
+            sy = nb.slots.get(d)
+            if sy is not None and sx.content is not None and sx.content == sy.content:
+                same.update(p for p, _ in b._walk(sy.tree, prefix))  # the part is not read
+            elif sy is not None:
                 a.part(na, d)
-                _same(a, x.tree, x.content, b, y.tree, prefix, same, extra, within)
+                _same(a, sx.tree, sx.content, b, sy.tree, prefix, same, extra, within)
             elif _under(prefix, within):
                 a.part(na, d)
-                extra.update(p for p, _ in a._walk(x.tree, prefix))
+                extra.update(p for p, _ in a._walk(sx.tree, prefix))
         return
     ea, eb = a.contents(aid).entries, b.contents(bid).entries
     for name, x in ea.items():
@@ -684,12 +699,12 @@ class Clash(ValueError):
         self.paths = paths
 
 
-def _edit(view: View, tid: str | None, prefix: str, steps: dict, out: dict[str, Tree]) -> Tree:
+def _edit(view: View, tid: str | None, prefix: str, steps: Mapping[str, _Step], out: dict[str, Tree]) -> Tree:
     """The node of a folder (part) `tid` under hash `prefix` with `steps` (name -> f(current
     entry or None) -> new entry or None) applied; new nodes below it go to `out`. Reads only
     the parts the names hash to, and a split part's siblings when it shrinks to a page."""
     t = view.node(tid) if tid else EMPTY
-    if not t.split:
+    if t.slots is None:  # a page
         entries = dict(t.entries)
         for name, step in steps.items():
             new = step(entries.get(name))
@@ -698,7 +713,7 @@ def _edit(view: View, tid: str | None, prefix: str, steps: dict, out: dict[str, 
             else:
                 entries[name] = new
         return folder_nodes(entries, out, prefix)
-    groups: dict[str, dict] = {}
+    groups: dict[str, dict[str, _Step]] = {}
     for name, step in steps.items():
         groups.setdefault(name_digits(name)[len(prefix)], {})[name] = step
     slots = dict(t.slots)
@@ -714,19 +729,19 @@ def _edit(view: View, tid: str | None, prefix: str, steps: dict, out: dict[str, 
             slots[d] = slot_of(pid, part)
     if sum(sl.entries for sl in slots.values()) > LEAF_MAX:
         return Tree({}, dict(sorted(slots.items())), prefix)
-    entries: dict[str, Entry] = {}  # shrunk to a page: its parts gathered (at most LEAF_MAX entries)
+    entries = {}  # shrunk to a page: its parts gathered (at most LEAF_MAX entries)
     stack = [sl.tree for sl in slots.values()]
     while stack:
         tid = stack.pop()
         n = out.get(tid) or view.node(tid)  # a part written by this edit is not stored yet
-        if n.split:
+        if n.slots is not None:  # split
             stack.extend(sl.tree for sl in n.slots.values())
         else:
             entries.update(n.entries)
     return Tree(dict(sorted(entries.items())))
 
 
-def apply(base: View | None, changed: Mapping[str, FileEntry], removed=(),
+def apply(base: View | None, changed: Mapping[str, FileEntry], removed: Iterable[str] = (),
           load: Callable[[str], Tree] | None = None) -> tuple[str, dict[str, Tree]]:
     """The root of `base` with `changed` set and `removed` taken out (a removed path that is
     not a file is ignored): (new root id, trees to store). Only the folders on changed paths
@@ -735,7 +750,7 @@ def apply(base: View | None, changed: Mapping[str, FileEntry], removed=(),
     root keeps are among those returned. Raises Clash when a path would be both a file and a
     folder."""
     view = base or View(load or _no_load, EMPTY.id, {EMPTY.id: EMPTY})
-    edits: dict = {}  # nested by path part; the key "" holds the op on the path itself
+    edits: dict[str, Any] = {}  # nested by path part; the key "" holds the op on the path itself
     for path, f in [(p, None) for p in removed] + list(changed.items()):
         if path.count("/") >= MAX_DEPTH:
             raise InvalidAddressError(f"{path[:80]!r}... is more than {MAX_DEPTH} folders deep: use a shallower path")
@@ -746,7 +761,7 @@ def apply(base: View | None, changed: Mapping[str, FileEntry], removed=(),
     out: dict[str, Tree] = {}
     clashes: list[str] = []
 
-    def step(p: str, v: dict, cur: Entry | None) -> Entry | None:
+    def step(p: str, v: dict[str, Any], cur: Entry | None) -> Entry | None:
         leaf = v.get("", _MISSING)
         subs = {k: x for k, x in v.items() if k != ""}
         if leaf is None and isinstance(cur, FileEntry):
@@ -770,7 +785,7 @@ def apply(base: View | None, changed: Mapping[str, FileEntry], removed=(),
                 cur = leaf
         return cur
 
-    def rewrite(tid: str | None, ed: dict, prefix: str) -> Tree:
+    def rewrite(tid: str | None, ed: dict[str, Any], prefix: str) -> Tree:
         steps = {name: (lambda cur, p=_join(prefix, name), v=v: step(p, v, cur)) for name, v in ed.items()}
         return _edit(view, tid, "", steps, out)
 
@@ -781,7 +796,7 @@ def apply(base: View | None, changed: Mapping[str, FileEntry], removed=(),
     out[rid] = root
     if view.unstored:  # a format 1 base: its kept trees are stored with the new root
         stack = [rid]
-        seen = set()
+        seen: set[str] = set()
         while stack:
             tid = stack.pop()
             if tid in seen:
@@ -798,7 +813,7 @@ def apply(base: View | None, changed: Mapping[str, FileEntry], removed=(),
 _MISSING = object()
 
 
-def _adds(ed: dict) -> Iterator[bool]:
+def _adds(ed: dict[str, Any]) -> Iterator[bool]:
     for k, v in ed.items():
         if k == "":
             if v is not None:

@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Iterable, Set as AbstractSet
+from typing import TYPE_CHECKING
 
 from . import ids as _ids
 from .address import check_name
 from .chunker import MAX_CHUNK_BYTES
 from .errors import CorruptionError
 from .pack import PackEntry
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 API = "/v1"
 PROTOCOL_VERSION = 2  # 2.0: 32-byte BLAKE3 ids (ID_HEADER); 16-byte ids are refused for new data
@@ -54,7 +59,7 @@ def id_width(header: str | None) -> int:
     return int(header)
 
 
-def id_headers(width: int) -> dict:
+def id_headers(width: int) -> dict[str, str]:
     return {ID_HEADER: str(width)}
 
 
@@ -71,7 +76,7 @@ def decode_ids(body: bytes, width: int = ID) -> list[bytes]:
     return [body[i * width:(i + 1) * width] for i in range(n)]
 
 
-def by_width(chunk_ids) -> dict[int, list[bytes]]:
+def by_width(chunk_ids: Iterable[bytes]) -> dict[int, list[bytes]]:
     """Ids grouped by width (one request per width), in order within each group."""
     out: dict[int, list[bytes]] = {}
     for c in chunk_ids:
@@ -79,7 +84,7 @@ def by_width(chunk_ids) -> dict[int, list[bytes]]:
     return out
 
 
-def encode_presence(ids: list[bytes], present: set[bytes], provable: set[bytes] = frozenset(),
+def encode_presence(ids: list[bytes], present: set[bytes], provable: AbstractSet[bytes] = frozenset(),
                     nonce: bytes = b"") -> bytes:
     """N flags (1 held, 2 prove it: a scoped token may not see it, held or not; 0 absent), then the 16-byte
     nonce for proofs if any flag is 2."""
@@ -115,7 +120,7 @@ MAX_PROOFS_PER_REQUEST = 4096
 PROOF = 16  # bytes of blake2b(raw chunk, key=nonce)
 
 
-def chunk_proof(raw, nonce: bytes) -> bytes:
+def chunk_proof(raw: Buffer, nonce: bytes) -> bytes:
     """Proof that the sender holds a chunk's bytes: a keyed blake2b of them."""
     return hashlib.blake2b(raw, key=nonce, digest_size=PROOF).digest()
 

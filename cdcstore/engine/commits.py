@@ -10,7 +10,7 @@ import contextlib
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, AbstractSet, Callable, ContextManager, Iterable, Sequence, cast
 
 from .. import runtime
 from ..core import ids, treeobj
@@ -27,6 +27,19 @@ from .history import History
 from .ingest import Ingest, IngestOptions, manifest_of
 
 PREPASS_MIN = 8  # pushed files from which a push compares content ids before it ingests
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class _Bundled(Protocol):
+        """What a backend whose `capabilities.bundles` is set answers besides `Backend`
+        (storage/roles.py: `BackendCapabilities.bundles`)."""
+
+        def learn_bundles(self, pairs: Iterable[tuple[str, str | None]]) -> None: ...
+
+        def bundle_of(self, name: str) -> str | None: ...
+
+        def bundle_run(self) -> ContextManager[object]: ...
 
 
 def check_author(author) -> str:
@@ -106,8 +119,8 @@ class Commits:
                                        known=known, **kw)
             if cache is not None:
                 read = getattr(result, "_read", {})
-                cache.record(identity, [(os.path.abspath(f), seen[os.path.abspath(f)], read[p]) for f, p in pairs
-                                        if p in read and seen[os.path.abspath(f)] is not None])
+                cache.record(identity, [(os.path.abspath(f), s, read[p]) for f, p in pairs
+                                        if p in read and (s := seen[os.path.abspath(f)]) is not None])
             return result
         finally:
             if cache is not None:
@@ -171,9 +184,11 @@ class Commits:
         # the pushed files the base holds already, found by content ids: only changed paths' trees read
         same, extra = self.unchanged(view, pairs, known or {}, options, remove_under) if view else ({}, None)
         inner = be.uncached()
+        bundled = cast("_Bundled", inner)  # its bundle calls are made only when `capabilities.bundles`
         if inner.capabilities.bundles:  # the bundles the caller's entries name (a hint for reading them)
-            inner.learn_bundles([(e.manifest, e.bundle) for e in [*(entries or {}).values(), *(known or {}).values()]])
-        runs = inner.bundle_run() if inner.capabilities.bundles and inner.capabilities.runs_here \
+            bundled.learn_bundles([(e.manifest, e.bundle)
+                                   for e in [*(entries or {}).values(), *(known or {}).values()]])
+        runs = bundled.bundle_run() if inner.capabilities.bundles and inner.capabilities.runs_here \
             else contextlib.nullcontext()
         with self.session(), runs:  # a gc deletes nothing while this push is in flight; a bundle is read once
             # manifests the base names at the pushed paths are in the store (reachable): not re-put
@@ -200,7 +215,7 @@ class Commits:
             updates = {p: e for p, e in updates.items()  # what the base holds already is no update
                        if view is None or (p not in same or p in (entries or {})) and view.get(p) != e}
             if inner.capabilities.bundles:  # an entry without its bundle gets the one this store knows
-                updates = {p: e if e.bundle else FileEntry(e.manifest, e.size, inner.bundle_of(e.manifest))
+                updates = {p: e if e.bundle else FileEntry(e.manifest, e.size, bundled.bundle_of(e.manifest))
                            for p, e in updates.items()}
             changed = base is None or bool(updates) or bool(removed) or expected is None
             commit_id = parent
@@ -218,7 +233,7 @@ class Commits:
             commit=commit_id,
             chunks=ingest.chunks, new_chunks=ingest.new_chunks, changed=changed,
             files_detail=per_file, unread_files=len(unread) - len(read.keys() & unread.keys()), **wire_since(be, c0))
-        result._read = read  # what was read, for the stat cache
+        setattr(result, "_read", read)  # what was read, for the stat cache (not a field: `to_dict` leaves it out)
         return result
 
     def remove(self, a: Address, recursive: bool, message: str) -> TransferResult:
@@ -301,7 +316,7 @@ class Commits:
 
     def ingest(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
                progress: Callable[[int], None] | None,
-               skip: set[str] = frozenset(),
+               skip: AbstractSet[str] = frozenset(),
                history: Callable[[str], Iterable[bytes]] | None = None) -> tuple[Ingest, dict[str, FileEntry], dict]:
         """Store the files' chunks (durable) and then their manifests: (ingest, path ->
         entry, per-file detail). Nothing is committed. Manifests named in `skip` (the store
@@ -322,7 +337,7 @@ class Commits:
             if stored != list(todo):
                 raise CorruptionError("the store named the manifests differently than their hashes")
         inner = self.backend.uncached()
-        where = inner.bundle_of if inner.capabilities.bundles else (lambda _: None)
+        where = cast("_Bundled", inner).bundle_of if inner.capabilities.bundles else (lambda _: None)
         added = {path: FileEntry(name, m.size, where(name)) for (path, m), name in zip(manifests, names)}
         return ingest, added, per_file
 
@@ -336,7 +351,7 @@ class Commits:
         """The journal role where the store is (`Store.journal`)."""
         return self.backend.uncached().journal()
 
-    def stage(self, repo: str, job: str, pairs: list[tuple[str, str]], entries: dict[str, FileEntry] | None,
+    def stage(self, repo: str, job: str, pairs: Sequence[tuple[str, str]], entries: dict[str, FileEntry] | None,
               remove: Iterable[str], options: IngestOptions | None) -> dict[str, FileEntry]:
         """`Store.stage`: one journal entry object, written inside the push session."""
         check_name("repo", repo)
@@ -381,7 +396,7 @@ class Commits:
         if not inner.capabilities.runs_here:
             return
         if inner.capabilities.bundles:
-            inner.learn_bundles([(e.manifest, e.bundle) for e in entries.values()])
+            cast("_Bundled", inner).learn_bundles([(e.manifest, e.bundle) for e in entries.values()])
         sizes: dict[str, set[int]] = {}
         for path, e in entries.items():
             sizes.setdefault(e.manifest, set()).add(e.size)

@@ -60,7 +60,7 @@ class History:
         if limit is not None and limit < 0:
             raise InvalidAddressError(f"log limit must be 0 or more, not {limit}")
         path = normalize_path(path) if path else None
-        out = []
+        out: list[dict] = []
         history = self.store.log(check_name("repo", repo), rev)
         forgotten = self.forgotten(repo)
         for (cid, c), older in _pairs(history):

@@ -15,7 +15,7 @@ import collections
 import os
 import threading
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import BinaryIO, Callable, Iterable, cast
 
 from .. import runtime
 from ..core import anchors, ids
@@ -54,7 +54,8 @@ class FileChunks:
     def __init__(self, f, params: ChunkParams, parquet_pages: bool = True, block_size: int = 8 << 20):
         self.f, self.block_size = f, block_size
         self.first = f.read(block_size)
-        cuts, self.regions = None, []  # regions: where a Parquet file's column chunks start
+        cuts: list[int] | None = None
+        self.regions: list[int] = []  # regions: where a Parquet file's column chunks start
         if parquet_pages and self.first[:4] == pages.MAGIC:
             geometry = pages.page_geometry(f, os.fstat(f.fileno()).st_size, params)
             if geometry is not None:
@@ -134,7 +135,7 @@ class PackSink:
         self.opts = opts
         self.stored_bytes = 0  # chunk records written (compressed chunks), as `stats` counts them
         self.pack_bytes = 0  # whole pack files: the records plus each pack's header, index and trailer
-        self._file = None
+        self._file: GatherFile | None = None
         self._tmp = ""
         self._writer: PackWriter | None = None
         self._publisher = runtime.pool("publish", 1)  # packs become durable in the order they were made
@@ -145,7 +146,8 @@ class PackSink:
         if self._writer is None:
             self._tmp = self.store.tmp_path()
             self._file = GatherFile(self._tmp)
-            self._writer = PackWriter(self._file, hash_as_written=False)  # named by the publisher
+            # a GatherFile writes like a binary file (all a PackWriter asks of it)
+            self._writer = PackWriter(cast(BinaryIO, self._file), hash_as_written=False)  # named by the publisher
         self._writer.add(chunk_id, codec, stored, raw_len, check)
         w = self._writer
         if w.size >= self.opts.max_pack_bytes or len(w.entries) >= self.opts.max_pack_chunks:
@@ -156,6 +158,7 @@ class PackSink:
         if self._writer is None:
             return
         self._writer.finish()
+        assert self._file is not None  # made with the writer
         self._file.close()
         self.pack_bytes += self._writer.size
         self.stored_bytes += sum(e.stored_len for e in self._writer.entries)
@@ -286,15 +289,16 @@ class Ingest:
         batch, self._undecided, self._undecided_bytes = self._undecided, [], 0
         candidates = [c for c in dict.fromkeys(cid for cid, _, _, _ in batch) if c not in self._seen]
         if candidates:
-            data = {cid: c for cid, c, _, _ in batch}
+            raw = {cid: c for cid, c, _, _ in batch}
             firsts = [c for c in candidates if c in self._firsts]
             vouched = None
-            if self.history is not None:
+            history = self.history
+            if history is not None:
                 keys: dict[bytes, list[str]] = {}
                 for cid, _, key, _ in batch:
                     keys.setdefault(cid, []).append(key)
-                vouched = lambda doubt: self._vouch(doubt, keys)  # noqa: E731 - asked only for doubtful chunks
-            self._seen.update(self.store.present_or_prove({cid: data[cid] for cid in candidates}, firsts, vouched))
+                vouched = lambda doubt: self._vouch(doubt, keys, history)  # noqa: E731 - asked only for doubtful chunks
+            self._seen.update(self.store.present_or_prove({cid: raw[cid] for cid in candidates}, firsts, vouched))
         task: list[tuple[bytes, bytes, bool]] = []
         task_bytes = 0
         for cid, data, key, worth in batch:
@@ -312,7 +316,8 @@ class Ingest:
         if task:
             self._submit(task, task_bytes)
 
-    def _vouch(self, doubt: set[bytes], keys: dict[bytes, list[str]]) -> set[bytes]:
+    def _vouch(self, doubt: set[bytes], keys: dict[bytes, list[str]],
+               history: Callable[[str], Iterable[bytes]]) -> set[bytes]:
         """Of these doubtful chunks (a store would read them to trust them), those the landed
         commit holds in the file at a path they are pushed to (`history`): asked only of files
         with a doubtful chunk, each file's ids kept for the next batches (the latest few)."""
@@ -320,7 +325,7 @@ class Ingest:
         for key in dict.fromkeys(k for c in doubt for k in keys.get(c, ())):
             held = self._vouched_by.get(key)
             if held is None:
-                held = frozenset(self.history(key) or ())
+                held = frozenset(history(key) or ())
                 self._vouched_by[key] = held
                 while len(self._vouched_by) > VOUCHED_FILES:
                     self._vouched_by.popitem(last=False)

@@ -21,6 +21,7 @@ from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
 from ..storage.backend import Backend, BackendCapabilities
 from ..storage.overlay import Held, Overlay
+from ..storage.roles import Raw
 from ..storage.reader import FileReader
 from .ingest import FileChunks
 
@@ -205,15 +206,18 @@ class LocalSeed(Overlay):
 
     def locate(self, chunk_ids, repo=None):
         ids = list(chunk_ids)
-        out = {c: (Held.LOCAL_FILE, self._have[c]) for c in ids if c in self._have}
+        out: dict[bytes, tuple[str | Held, PackEntry]] = {
+            c: (Held.LOCAL_FILE, self._have[c]) for c in ids if c in self._have}
         rest = [c for c in ids if c not in out]
         if rest:
             out.update(self.inner.locate(rest, repo))
         return out
 
-    def read_chunks(self, items, repo=None) -> dict[bytes, bytes]:
+    def read_chunks(self, items, repo=None, stored=None) -> dict[bytes, Raw]:
+        """The chunks the old copy has read from it, the rest from the backend (`stored`, the
+        role's: a seed keeps no stored bytes, so it fills none)."""
         mine = [e for p, e in items if p is Held.LOCAL_FILE]
-        out = self.inner.read_chunks([(p, e) for p, e in items if p is not Held.LOCAL_FILE], repo) \
+        out = dict(self.inner.read_chunks([(p, e) for p, e in items if p is not Held.LOCAL_FILE], repo)) \
             if len(mine) < len(items) else {}
         if mine:
             with open(self._path, "rb") as f:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+from typing import cast
 
 from aiohttp import web
 
@@ -37,7 +38,7 @@ async def _name_store(response: web.StreamResponse, sid: str) -> None:
 
 @web.middleware
 async def _serving_middleware(request: web.Request, handler):
-    with request.app[SERVER].serving():
+    with cast(Server, request.app[SERVER]).serving():  # (the key holds a Server: `make_app`)
         return await handler(request)
 
 

@@ -12,7 +12,7 @@ Two kinds, both in the chunk index's tables (a rebuildable cache):
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from .. import runtime
 from ..core import ids, treeobj
@@ -22,31 +22,33 @@ from ..core.errors import CdcError, InvalidAddressError
 from ..core.manifest import Manifest
 from . import reach
 from .index import ChunkIndex
-from .manifest_file import ManifestFile
+from .manifest_file import ManifestFile, ManifestHost
 from .objects import NotFound, ObjectStore
+from .refs import Added, Refs
 from .repository import DELETED
 
 
 
-class Recorded(reach.Graph, Protocol):
-    """What access records need of a store (a `Repository` is one)."""
+class Recorded(reach.Graph, ManifestHost, Protocol):
+    """What access records need of a store (a `Repository` is one): with what `ManifestFile`
+    reads manifests through, its index and its refs (`ref_store`: refs, delete_repo)."""
 
     objects: ObjectStore
 
     @property
     def index(self) -> ChunkIndex: ...
 
-    def has_repo(self, repo: str) -> bool: ...
+    @property
+    def ref_store(self) -> Refs: ...
 
-    def refs(self, repo: str, damaged: list | None = None) -> dict[str, str]: ...
+    def has_repo(self, repo: str) -> bool: ...
 
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest: ...
 
     def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree: ...
 
-    def commit(self, commit: Commit, branch: str, expected: str | None, landed=None) -> str: ...
-
-    def delete_repo(self, repo: str, dry_run: bool = False) -> dict: ...
+    def commit(self, commit: Commit, branch: str, expected: str | None,
+               landed: Callable[[Commit, Added], object] | None = None) -> str: ...
 
 
 PARENTS_KEPT = 1 << 16  # entries of trees granted by `grant_if_headed` that lend them their grant
@@ -73,7 +75,7 @@ class AccessRecords:
         landed commit adds: a compare-and-swap that fails grants nothing."""
         return self.store.commit(commit, branch, expected, landed=self._grant)
 
-    def _grant(self, commit: Commit, added) -> None:
+    def _grant(self, commit: Commit, added: Added) -> None:
         """Record that the commit's repo reaches these trees, manifests and chunks."""
         trees, names, chunk_ids = added
         self.index.grant(commit.repo, "tree", trees)
@@ -108,7 +110,7 @@ class AccessRecords:
                 trees.clear()
                 names.clear()
 
-            for f in reach.walk(self.store, repo, self.store.refs(repo), stop=done, diff=True):
+            for f in reach.walk(self.store, repo, self.store.ref_store.refs(repo), stop=done, diff=True):
                 if f.kind == "commit":
                     flush()
                     walked.append(f.name)
@@ -131,7 +133,7 @@ class AccessRecords:
             return True
         if not self.store.has_repo(repo):
             return False
-        heads = {c: c for c in self.store.refs(repo).values()}
+        heads = {c: c for c in self.store.ref_store.refs(repo).values()}
         wanted = "tree" if kind == "tree" else "file"
         for f in reach.walk(self.store, repo, heads, history=False):
             if f.kind == wanted and f.name == name:
@@ -166,7 +168,7 @@ class AccessRecords:
         """`reached`, among the chunks the index holds: what a scoped token may learn of."""
         return self.index.visible(chunk_ids, repos, owner)
 
-    def totals(self, repos: list[str]) -> dict:
+    def totals(self, repos: list[str]) -> dict[str, int]:
         """Chunk totals over what `repos` reach (their landed commits granted first)."""
         for r in repos:
             with contextlib.suppress(InvalidAddressError):
@@ -174,10 +176,10 @@ class AccessRecords:
         return self.index.reach_totals(repos)
 
     # -- deleted repos -----------------------------------------------------------------------------
-    def delete_repo(self, repo: str, dry_run: bool = False) -> dict:
-        """`store.delete_repo` (which drops the index's records of the repo and leaves a
+    def delete_repo(self, repo: str, dry_run: bool = False) -> dict[str, object]:
+        """`store.ref_store.delete_repo` (which drops the index's records of the repo and leaves a
         tombstone for other replicas), and this process's memory of the repo's grants."""
-        out = self.store.delete_repo(repo, dry_run)
+        out = self.store.ref_store.delete_repo(repo, dry_run)
         if not dry_run:
             self.drop(repo)
         return out

@@ -9,14 +9,15 @@ another backend.
 from __future__ import annotations
 
 import abc
-from typing import Iterable, Iterator
+from concurrent.futures import Future
+from typing import Any, Iterable, Iterator
 
 from .. import runtime
 from ..core import treeobj
 from ..core.commit import Commit, FileEntry
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry
-from .roles import BackendCapabilities, ChunkSink, ChunkSource, MetadataStore, RefStore, Upkeep
+from .roles import BackendCapabilities, ChunkSink, ChunkSource, MetadataStore, Raw, RefStore, Upkeep
 
 
 ZERO_COUNTERS = {"requests": 0, "sent_bytes": 0, "received_bytes": 0}
@@ -41,11 +42,11 @@ class Backend(ChunkSource, ChunkSink, MetadataStore, RefStore, Upkeep, abc.ABC):
         the location, with the endpoint for a bucket."""
         return self.location
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, int]:
         """Requests and bytes on the wire so far (zeros unless `counts_requests`)."""
         return dict(ZERO_COUNTERS)
 
-    def cache_counters(self) -> dict:
+    def cache_counters(self) -> dict[str, int]:
         """Chunk reads a local cache served (`cache_hits`) and did not (`cache_misses`)."""
         return {"cache_hits": 0, "cache_misses": 0}
 
@@ -62,14 +63,14 @@ class Backend(ChunkSource, ChunkSink, MetadataStore, RefStore, Upkeep, abc.ABC):
     @abc.abstractmethod
     def tmp_path(self) -> str: ...
     @abc.abstractmethod
-    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]):
+    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> Future[Any] | None:
         """Store a finished pack; returns None when it is durable on return, or a future
         that completes when it is (a background upload)."""
 
     @abc.abstractmethod
     def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]: ...
     @abc.abstractmethod
-    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes: ...
+    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> Raw: ...
 
     # manifests, commits (MetadataStore), branches and tags (RefStore)
     @abc.abstractmethod
@@ -107,7 +108,7 @@ class Backend(ChunkSource, ChunkSink, MetadataStore, RefStore, Upkeep, abc.ABC):
         return treeobj.View(load, commit.tree, load_many=lambda tids: self.get_trees(tids, repo))
 
     def make_commit(self, repo: str, parent: str | None, message: str, time: float,
-                    changed: dict[str, FileEntry], removed=(), base: Commit | None = None,
+                    changed: dict[str, FileEntry], removed: Iterable[str] = (), base: Commit | None = None,
                     author: str | None = None) -> Commit:
         """A commit of `parent` (whose commit is `base`, read if not given) with `changed` set
         and `removed` taken out, by `author` (format 3; format 2 without one); stores the new
@@ -153,7 +154,7 @@ class Backend(ChunkSource, ChunkSink, MetadataStore, RefStore, Upkeep, abc.ABC):
     @abc.abstractmethod
     def repos(self) -> list[str]: ...
     @abc.abstractmethod
-    def totals(self) -> dict: ...
+    def totals(self) -> dict[str, int]: ...
 
     def log(self, repo: str, rev: str) -> Iterator[tuple[str, Commit]]:
         cid: str | None = self.resolve(repo, rev)

@@ -13,16 +13,26 @@ from __future__ import annotations
 
 import collections
 import contextlib
+from typing import Iterable, Iterator, Protocol
 
 from .. import runtime
 from ..core import bundle, ids
 from ..core.errors import CorruptionError
 from .names import bundle_name
-from .objects import NotFound
+from .objects import NotFound, ObjectInfo, ObjectStore
 
 WHERE_MAX = 1 << 18  # manifest -> bundle pointers kept per store (least recently learned out first)
 KEPT_BUNDLES = 16  # decoded bundles kept per store (each at most bundle.MAX_BYTES)
 PREFIX = "bundles/"
+
+Entries = dict[str, tuple[bytes, bytes]]  # a bundle's manifest name -> (manifest bytes, location record)
+
+
+class BundleHost(Protocol):
+    """What `Bundles` reads through (read at each call: `objects` may be replaced)."""
+
+    @property
+    def objects(self) -> ObjectStore: ...
 
 
 def bundle_of(object_name: str) -> str | None:
@@ -31,7 +41,7 @@ def bundle_of(object_name: str) -> str | None:
     return base if ids.is_new_hex_id(base) and object_name == bundle_name(base) else None
 
 
-def read_stored(objects, bid: str) -> dict[str, tuple[bytes, bytes]] | None:
+def read_stored(objects: ObjectStore, bid: str) -> Entries | None:
     """A stored bundle's entries, checked against its name and each manifest against its own
     (None if it is not stored; CorruptionError if damaged)."""
     try:  # at most one byte past the largest bundle: a huge object there is refused, not read whole
@@ -45,7 +55,7 @@ def read_stored(objects, bid: str) -> dict[str, tuple[bytes, bytes]] | None:
     return bundle.decode(data, f"manifest bundle {bid}")
 
 
-def listing(objects):
+def listing(objects: ObjectStore) -> Iterator[tuple[str, ObjectInfo]]:
     """Every stored bundle: (id, ObjectInfo)."""
     for info in objects.list(PREFIX):
         bid = bundle_of(info.name)
@@ -56,19 +66,20 @@ def listing(objects):
 class Bundles:
     """The manifest bundles of one store: write them, know which holds a manifest, read them."""
 
-    def __init__(self, host):
+    def __init__(self, host: BundleHost) -> None:
         self._host = host  # objects, location
         self._where: collections.OrderedDict[str, str] = collections.OrderedDict()
-        self._kept: collections.OrderedDict[str, dict] = collections.OrderedDict()
-        self._reading: dict[str, object] = {}  # bundle -> the lock of the thread reading it
+        self._kept: collections.OrderedDict[str, Entries] = collections.OrderedDict()
+        self._reading: dict[str, runtime.Lock] = {}  # bundle -> the lock of the thread reading it
         self._scanned: dict[str, frozenset[str]] = {}  # bundles `find` has read -> the manifests they hold
         self._lock = runtime.Lock()
         self._scan_lock = runtime.Lock()
-        self._run: dict[str, object] | None = None  # `run`: bundle -> entries, None or the damage
+        # `run`: bundle -> entries, None or the damage
+        self._run: dict[str, Entries | CorruptionError | None] | None = None
         self._runs = 0
 
     @contextlib.contextmanager
-    def run(self):
+    def run(self) -> Iterator[None]:
         """One run of check, gc or a push: each bundle is read from the store once, checked,
         and its entries kept until the run ends, so a run costs a read per bundle, not one per
         manifest (issue 42; bundles group manifests by name, not by path, so a walk in path order
@@ -88,7 +99,7 @@ class Bundles:
                     self._run = None
 
     # -- pointers ---------------------------------------------------------------------------------
-    def learn(self, pairs) -> None:
+    def learn(self, pairs: Iterable[tuple[str, str | None]]) -> None:
         """Remember (manifest, bundle) pointers, from a tree's entries or a caller's."""
         with self._lock:
             for name, b in pairs:
@@ -109,7 +120,7 @@ class Bundles:
         groups = bundle.plan(items)
         out: dict[str, str] = {}
 
-        def put(group):
+        def put(group: list[tuple[str, bytes, bytes]]) -> tuple[str, list[tuple[str, bytes, bytes]]]:
             data = bundle.encode(group)
             bid = ids.hexdigest(data)
             objects = self._host.objects
@@ -124,7 +135,7 @@ class Bundles:
         self.learn(out.items())
         return out
 
-    def read(self, bid: str, fresh: bool = False) -> dict[str, tuple[bytes, bytes]] | None:
+    def read(self, bid: str, fresh: bool = False) -> Entries | None:
         """A bundle's entries, checked (None if it is not stored). `fresh`: read the store
         now, not what this process kept before (check); within a `run`, what the run read.
         Threads asking for one bundle read it once."""
@@ -138,7 +149,7 @@ class Bundles:
                     got = self._run[bid]
                     if isinstance(got, CorruptionError):
                         raise got
-                    return got  # type: ignore[return-value]
+                    return got
                 got = None if fresh else self._kept.get(bid)
                 if got is not None:
                     self._kept.move_to_end(bid)
@@ -157,12 +168,12 @@ class Bundles:
                 with self._lock:
                     self._reading.pop(bid, None)
 
-    def _in_run(self, bid: str, got) -> None:
+    def _in_run(self, bid: str, got: Entries | CorruptionError | None) -> None:
         with self._lock:
             if self._run is not None:
                 self._run[bid] = got
 
-    def _keep(self, bid: str, entries: dict) -> None:
+    def _keep(self, bid: str, entries: Entries) -> None:
         with self._lock:
             self._kept[bid] = entries
             self._kept.move_to_end(bid)
@@ -184,7 +195,7 @@ class Bundles:
                     del self._where[name]
         return got
 
-    def find(self, names) -> set[str]:
+    def find(self, names: Iterable[str]) -> set[str]:
         """Which of `names` some bundle of the store holds, learning the pointers of every bundle
         not read before (a listing, and a GET a new bundle): the path of a name that came
         without its tree. A damaged bundle is passed over (check reports it)."""
@@ -192,7 +203,7 @@ class Bundles:
         with self._scan_lock:
             new = [b for b, _ in listing(self._host.objects) if b not in self._scanned]
 
-            def scan(bid):
+            def scan(bid: str) -> tuple[str, Entries | None]:
                 try:
                     return bid, self.read(bid)
                 except CorruptionError:

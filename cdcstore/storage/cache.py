@@ -23,6 +23,7 @@ rarely write (a promotion is one write per entry).
 """
 from __future__ import annotations
 
+import builtins
 import collections
 import contextlib
 import dataclasses
@@ -34,7 +35,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from typing import Iterable
+from typing import Any, Callable, Iterable, Iterator, Mapping, TYPE_CHECKING, TypeVar, TypedDict, cast
 
 import platformdirs
 
@@ -52,6 +53,7 @@ from .backend import Backend, BackendCapabilities
 from .eviction import Eviction
 from .memo import HEAD_TTL
 from .overlay import Held, Overlay
+from .roles import Located, Places, Raw
 from .segments import SEGMENT_BYTES, Segments
 from .sqlite import Connections, ints, is_closed_error
 
@@ -68,10 +70,39 @@ STORE_ID_PREFIX = "store-id:"  # heads rows naming the store id a location's ser
 _BATCH = 500
 _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
+_Entry = tuple[bytes, int, int, Raw]  # (id, codec, raw length, stored bytes): what `put` stores
+_Job = tuple[list[_Entry], int]  # a batch for the background writer and its stored bytes
+_Item = tuple[str, PackEntry]  # (location, entry): a pack name or a `Held` place
+_Claimed = tuple[_Item, threading.Event]  # an item another thread fetches, and the event of its landing
 
-def _parts(entries: list, limit: int) -> list[list]:
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class _LearnsBundles(Protocol):
+        """What an inner backend whose `capabilities.bundles` is set answers besides `Backend`
+        (storage/roles.py: `BackendCapabilities.bundles`)."""
+
+        def learn_bundles(self, pairs: Iterable[tuple[str, str]]) -> None: ...
+
+
+class CacheStats(TypedDict):
+    """`ChunkCache.stats`."""
+
+    path: str
+    chunks: int
+    bytes: int
+    raw_bytes: int
+    objects: int
+    max_bytes: int
+    segments: int
+    segment_bytes: int
+
+
+def _parts(entries: list[_Entry], limit: int) -> list[list[_Entry]]:
     """`entries` (id, codec, raw length, stored bytes) cut into runs of about `limit` bytes."""
-    out, part, size = [], [], 0
+    out: list[list[_Entry]] = []
+    part: list[_Entry] = []
+    size = 0
     for e in entries:
         part.append(e)
         size += len(e[3])
@@ -96,13 +127,13 @@ def default_cache_path() -> str:
 
 
 class ChunkCache:
-    def __reduce__(self):  # pickles as its settings (connections and threads are per process)
+    def __reduce__(self) -> tuple[type[ChunkCache], tuple[str, int]]:
+        # pickles as its settings (connections and threads are per process)
         return ChunkCache, (self.path, self.max_bytes)
 
     def __init__(self, path: str | None = None, max_bytes: int | str | None = None):
         self.path = os.path.abspath(os.path.expanduser(path or default_cache_path()))
-        if max_bytes is None and settings.CACHE_SIZE.is_set():
-            raw = settings.CACHE_SIZE.get()
+        if max_bytes is None and (raw := settings.CACHE_SIZE.get()) is not None:  # set (`is_set`)
             try:
                 max_bytes = parse_size(raw)
             except InvalidAddressError:
@@ -133,9 +164,9 @@ class ChunkCache:
         self._pending = 0
         self._writer = False  # the background writer runs in this process
         self._writer_thread: threading.Thread | None = None
-        self._queue = None
-        self._queued: dict[bytes, tuple] = {}  # id -> entry waiting for the background writer
-        self._recent: collections.OrderedDict = collections.OrderedDict()  # ids it wrote lately (`fetched_here`)
+        self._queue: queue.SimpleQueue[_Job | None] | None = None
+        self._queued: dict[bytes, _Entry] = {}  # id -> entry waiting for the background writer
+        self._recent: collections.OrderedDict[bytes, None] = collections.OrderedDict()  # ids it wrote lately (`fetched_here`)
         self._busy = threading.Lock()  # held by the background writer while it is in sqlite
         return True
 
@@ -145,7 +176,7 @@ class ChunkCache:
         return self._conns.conn
 
     @contextlib.contextmanager
-    def transaction(self):
+    def transaction(self) -> Iterator[sqlite3.Connection]:
         """A write transaction. Writers of this process queue on a lock, so that a small
         write (a manifest, a head) waits for one short background transaction rather than
         in sqlite's busy handler, which sleeps up to 100 ms a round."""
@@ -169,7 +200,7 @@ class ChunkCache:
                     out[cid] = PackEntry(cid, 0, size, raw_len, codec)
         return out
 
-    def get(self, chunk_ids: Iterable[bytes], touch: bool = True) -> dict[bytes, bytes]:
+    def get(self, chunk_ids: Iterable[bytes], touch: bool = True) -> dict[bytes, Raw]:
         """Verified raw bytes of the cached chunks among `chunk_ids`; corrupt entries
         are deleted and left out (so the caller fetches them again). A hit writes only
         when its recency is over a minute old, so warm reads stay read-only. `touch=False`:
@@ -216,7 +247,7 @@ class ChunkCache:
                                       [(now, c) for c in promote])
         return out
 
-    def fetched_here(self, chunk_ids: Iterable[bytes]) -> dict[bytes, bytes]:
+    def fetched_here(self, chunk_ids: Iterable[bytes]) -> dict[bytes, Raw]:
         """Verified raw bytes of the chunks among `chunk_ids` that this process fetched lately (still
         queued for the writer, or among the last `RECENT_IDS` it wrote): a reader reading again what
         it fetched, without a sqlite query for the rest. Not a use (`get(touch=False)`)."""
@@ -239,7 +270,7 @@ class ChunkCache:
         self._here()
         return {c for c in chunk_ids if c in self._queued}
 
-    def put(self, entries: list[tuple[bytes, int, int, bytes]]) -> None:
+    def put(self, entries: list[_Entry]) -> None:
         """Store (id, codec, raw length, stored bytes) entries on probation, then evict if
         over budget. An entry already cached is left as it is."""
         if not entries:
@@ -252,7 +283,7 @@ class ChunkCache:
         if self.bytes() > self.max_bytes:
             self.prune()
 
-    def _put_part(self, part: list, now: float) -> None:
+    def _put_part(self, part: list[_Entry], now: float) -> None:
         """Inside a write transaction: append the bytes of the entries not cached yet to this
         process's segment, then add their rows (bytes first: a row never names unwritten bytes)."""
         wanted = list(dict.fromkeys(e[0] for e in part))
@@ -280,17 +311,18 @@ class ChunkCache:
         if "seg_add" not in counted:
             self.conn.execute("UPDATE segments SET live = live + ? WHERE seg = ?", (added, seg))
 
-    def append(self, buffers: list, now: float) -> tuple[int, list[int]]:
+    def append(self, buffers: list[Raw], now: float) -> tuple[int, list[int]]:
         """Inside a write transaction: write `buffers` to this process's segment (a new one when
         it is full, or when another process reclaimed it or its file was deleted); (segment, offsets)."""
         size = sum(len(b) for b in buffers)
-        w = self._writing.here()
+        w: list[int] | None = self._writing.here()  # [segment, fd, end]
         if w is not None and (w[2] + size > SEGMENT_BYTES and w[2] or os.fstat(w[1]).st_nlink == 0
                               or self.conn.execute("SELECT 1 FROM segments WHERE seg = ?", (w[0],)).fetchone() is None):
             self._seal()
             w = None
         if w is None:
             seg = self.conn.execute("INSERT INTO segments (owner, at) VALUES (?, ?)", (os.getpid(), now)).lastrowid
+            assert seg is not None  # the row just inserted
             w = [seg, self._files.create(seg), 0]
             self._writing.set(w)
         offsets = self._files.append(w[1], w[2], buffers)
@@ -312,7 +344,7 @@ class ChunkCache:
         os.close(w[1])
         self.conn.execute("UPDATE segments SET sealed = 1 WHERE seg = ?", (w[0],))
 
-    def put_later(self, entries: list[tuple[bytes, int, int, bytes]]) -> None:
+    def put_later(self, entries: list[_Entry]) -> None:
         """`put` on a background thread, so that a read does not wait for sqlite.
         Queued entries already count as cached in this process; past `PENDING_BYTES`
         waiting, the caller waits (memory stays bounded)."""
@@ -330,9 +362,10 @@ class ChunkCache:
             self._pending += size
             for e in entries:
                 self._queued[e[0]] = e
+        assert self._queue is not None  # made above (a `close` meanwhile failed here before, too)
         self._queue.put((entries, size))
 
-    def _write_loop(self, q: "queue.SimpleQueue") -> None:
+    def _write_loop(self, q: queue.SimpleQueue[_Job | None]) -> None:
         while True:
             item = q.get()
             if item is None:  # `close`
@@ -371,6 +404,7 @@ class ChunkCache:
             q, self._queue, self._writer = (self._queue if self._writer else None), None, False
         if q is not None:
             q.put(None)  # the writer ends once its last batch is written
+            assert self._writer_thread is not None  # started with the queue (`put_later`)
             self._writer_thread.join(60)
         if self._writing.here() is not None:
             try:
@@ -385,7 +419,9 @@ class ChunkCache:
         self._conns.close()
 
     def bytes(self) -> int:
-        return self.conn.execute("SELECT value FROM meta WHERE key = 'bytes'").fetchone()[0]
+        return cast(int, self.conn.execute("SELECT value FROM meta WHERE key = 'bytes'").fetchone()[0])
+
+    # (below, `bytes` in an annotation would name the method above: the type is `builtins.bytes`)
 
     def prune(self, max_bytes: int | None = None) -> int:
         """Evict chunks until at most 90% of `max_bytes` remain, probation before hot,
@@ -395,7 +431,7 @@ class ChunkCache:
         return self._eviction.prune(max_bytes)
 
     # -- immutable objects (manifests, commits) ------------------------------------------------
-    def get_object(self, kind: str, name: str) -> bytes | None:
+    def get_object(self, kind: str, name: str) -> builtins.bytes | None:
         row = self.conn.execute("SELECT data FROM objects WHERE kind = ? AND name = ?", (kind, name)).fetchone()
         if row is None:
             return None
@@ -405,7 +441,7 @@ class ChunkCache:
             return None
         return row[0]
 
-    def put_object(self, kind: str, name: str, data: bytes) -> None:
+    def put_object(self, kind: str, name: str, data: builtins.bytes) -> None:
         with self.transaction():
             self.conn.execute("INSERT OR IGNORE INTO objects (kind, name, data) VALUES (?, ?, ?)", (kind, name, data))
 
@@ -426,7 +462,7 @@ class ChunkCache:
             self.conn.execute("DELETE FROM heads WHERE repo = ? AND rev = ?", (repo, rev))
 
     # -- housekeeping --------------------------------------------------------------------------
-    def stats(self) -> dict:
+    def stats(self) -> CacheStats:
         n, raw = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(raw_len), 0) FROM chunks").fetchone()
         objects = self.conn.execute("SELECT COUNT(*) FROM objects").fetchone()[0]
         segs, disk = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM segments").fetchone()
@@ -444,7 +480,7 @@ class ChunkCache:
 
 
 _WRITERS: "weakref.WeakSet[ChunkCache]" = weakref.WeakSet()  # caches whose background writer runs here
-_HELD: list = []  # the writers' locks a fork in progress holds
+_HELD: list[threading.Lock] = []  # the writers' locks a fork in progress holds
 
 
 def _hold_writers() -> None:
@@ -467,6 +503,7 @@ runtime.around_fork(_hold_writers, _release_writers)
 _LANDED = threading.Event()  # a claim whose chunks are in the cache already
 _LANDED.set()
 
+_T = TypeVar("_T")
 _EMPTY_ANSWER = {"has": dict, "get": dict, "fetched_here": dict, "queued": set}  # a broken cache's answers (else None)
 
 
@@ -476,11 +513,11 @@ def _warn_cache(path: str, err: Exception) -> None:
         f"(delete it, or set {ENV_CACHE} to a file path, to get a new one)")
 
 
-def open_cache(spec: "ChunkCache | str | bool") -> "ChunkCache | GuardedCache | None":
+def open_cache(spec: ChunkCache | str | bool) -> GuardedCache | None:
     """The cache a `Store` asked for, or None (after one warning) if it cannot be opened."""
     if isinstance(spec, ChunkCache):
         return GuardedCache(spec)  # the caller's, to close
-    path = None if spec is True else spec
+    path = spec if isinstance(spec, str) else None  # (True: the default path)
     try:
         return GuardedCache(ChunkCache(path), owned=True)
     except (sqlite3.Error, OSError) as e:
@@ -498,27 +535,78 @@ class GuardedCache:
         self.broken = False
         self.owned = owned  # opened from a path for a Store, which closes it
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[GuardedCache], tuple[ChunkCache, bool]]:
         return GuardedCache, (self.inner, self.owned)
 
-    def __getattr__(self, name):
-        fn = getattr(self.inner, name)
-        if not callable(fn):
-            return fn
+    @property
+    def max_bytes(self) -> int:
+        return self.inner.max_bytes
 
-        def guarded(*args, **kwargs):
-            for attempt in (0, 1):
-                if self.broken:
-                    break
-                try:
-                    return fn(*args, **kwargs)
-                except (sqlite3.DatabaseError, OSError) as e:
-                    if attempt == 0 and is_closed_error(e):
-                        continue  # another thread closed the cache meanwhile: it reopens on this call
-                    self.broken = True
-                    _warn_cache(self.path, e)
-            return _EMPTY_ANSWER.get(name, lambda: None)()
-        return guarded
+    def _guarded(self, name: str, fn: Callable[..., _T], *args: Any) -> _T:
+        """`fn(*args)`, or once the cache failed, what an empty cache answers."""
+        for attempt in (0, 1):
+            if self.broken:
+                break
+            try:
+                return fn(*args)
+            except (sqlite3.DatabaseError, OSError) as e:
+                if attempt == 0 and is_closed_error(e):
+                    continue  # another thread closed the cache meanwhile: it reopens on this call
+                self.broken = True
+                _warn_cache(self.path, e)
+        return cast(_T, _EMPTY_ANSWER.get(name, lambda: None)())
+
+    # -- ChunkCache's calls, each guarded
+    def has(self, chunk_ids: Iterable[bytes]) -> dict[bytes, PackEntry]:
+        return self._guarded("has", self.inner.has, chunk_ids)
+
+    def get(self, chunk_ids: Iterable[bytes], touch: bool = True) -> dict[bytes, Raw]:
+        return self._guarded("get", self.inner.get, chunk_ids, touch)
+
+    def fetched_here(self, chunk_ids: Iterable[bytes]) -> dict[bytes, Raw]:
+        return self._guarded("fetched_here", self.inner.fetched_here, chunk_ids)
+
+    def queued(self, chunk_ids: Iterable[bytes]) -> set[bytes]:
+        return self._guarded("queued", self.inner.queued, chunk_ids)
+
+    def put(self, entries: list[_Entry]) -> None:
+        self._guarded("put", self.inner.put, entries)
+
+    def put_later(self, entries: list[_Entry]) -> None:
+        self._guarded("put_later", self.inner.put_later, entries)
+
+    def wait(self, timeout: float = 60.0) -> None:
+        self._guarded("wait", self.inner.wait, timeout)
+
+    def close(self) -> None:
+        self._guarded("close", self.inner.close)
+
+    def prune(self, max_bytes: int | None = None) -> int | None:  # (None: the cache failed)
+        return self._guarded("prune", self.inner.prune, max_bytes)
+
+    def get_object(self, kind: str, name: str) -> bytes | None:
+        return self._guarded("get_object", self.inner.get_object, kind, name)
+
+    def put_object(self, kind: str, name: str, data: bytes) -> None:
+        self._guarded("put_object", self.inner.put_object, kind, name, data)
+
+    def get_head(self, repo: str, rev: str, ttl: float = HEAD_TTL, since: float = 0.0) -> str | None:
+        return self._guarded("get_head", self.inner.get_head, repo, rev, ttl, since)
+
+    def put_head(self, repo: str, rev: str, commit_id: str) -> None:
+        self._guarded("put_head", self.inner.put_head, repo, rev, commit_id)
+
+    def forget_head(self, repo: str, rev: str) -> None:
+        self._guarded("forget_head", self.inner.forget_head, repo, rev)
+
+    def stats(self) -> CacheStats | None:  # (None: the cache failed)
+        return self._guarded("stats", self.inner.stats)
+
+    def clear(self) -> None:
+        self._guarded("clear", self.inner.clear)
+
+    def bytes(self) -> int | None:  # (None: the cache failed)
+        return self._guarded("bytes", self.inner.bytes)
 
 
 class CachedBackend(Overlay):
@@ -528,7 +616,8 @@ class CachedBackend(Overlay):
     this process and in the cache's `objects` table for the machine; tags in the `heads` table for
     good, keyed by the store's identity (storage/memo.py); branch heads are asked of the store."""
 
-    def __init__(self, backend: Backend, cache: ChunkCache, token: str | None = None, owns_cache: bool = False):
+    def __init__(self, backend: Backend, cache: ChunkCache | GuardedCache, token: str | None = None,
+                 owns_cache: bool = False):
         super().__init__(backend)
         self.cache = cache
         self.owns_cache = owns_cache  # closed with this backend (a Store opened it from a path)
@@ -542,44 +631,50 @@ class CachedBackend(Overlay):
         self._flights = runtime.Local()  # chunk id -> Event of this process's fetches (see `_claim`)
 
     @property
-    def capabilities(self) -> BackendCapabilities:
+    def capabilities(self) -> BackendCapabilities:  # type: ignore[override]  # as `Overlay.capabilities`
         """The inner backend's, except that locating goes by blocks (misses go to the inner one) and
         chunks are read into a buffer (`read_chunks_into`), whatever the inner one reads."""
         return dataclasses.replace(self.inner.capabilities, local_reads=False, reads_into=True, reads_runs=False)
 
-    def cache_counters(self) -> dict:
+    def cache_counters(self) -> dict[str, int]:
         """Chunk reads found in the cache (`cache_hits`) and not found there (`cache_misses`)."""
         return {"cache_hits": self._hits, "cache_misses": self._misses}
 
     # reads: cache first
-    def locate(self, chunk_ids, repo=None):
+    def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> Located:
         wanted = list(dict.fromkeys(chunk_ids))
-        out = {c: (Held.CACHE, e) for c, e in self.cache.has(wanted).items()}
+        out: Located = {c: (Held.CACHE, e) for c, e in self.cache.has(wanted).items()}
         rest = [c for c in wanted if c not in out]
         if rest:
             out.update(self.inner.locate(rest, repo))
         return out
 
-    def read_chunks(self, items: list[tuple[str, PackEntry]], repo=None) -> dict[bytes, bytes]:
-        out: dict[bytes, bytes] = {}
+    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
+                    stored: dict[bytes, bytes] | None = None) -> dict[bytes, Raw]:
+        """Cache first, the rest from `inner` (`_serve`). `stored`, the role's: the cache keeps the
+        stored bytes itself, so it fills none."""
+        out: dict[bytes, Raw] = {}
 
-        def fetch(some) -> None:
-            fetched, stored = self._fetch(some, repo)
+        def fetch(some: list[_Item]) -> None:
+            fetched, entries = self._fetch(some, repo)
             out.update(fetched)
-            self.cache.put_later(stored)
+            self.cache.put_later(entries)
         self._serve(items, repo, out.update, fetch)
         return out
 
-    def read_chunks_into(self, items: list[tuple[str, PackEntry]], places: dict, out: memoryview,
-                         repo=None, keep: memoryview | None = None) -> None:
-        """`read_chunks` written into `out` (see `RemoteStore.read_chunks_into`)."""
-        def place(raws: dict) -> None:
+    def read_chunks_into(self, items: list[tuple[str, PackEntry]], places: Places, out: memoryview,
+                         repo: str | None = None, *, stored: dict[bytes, bytes] | None = None,
+                         keep: memoryview | None = None) -> None:
+        """`read_chunks` written into `out` (see `RemoteStore.read_chunks_into`); `stored`, as in
+        `read_chunks`: none filled."""
+        def place(raws: Mapping[bytes, Raw]) -> None:
             for cid, raw in raws.items():
                 for dest, lo, hi in places[cid]:
                     out[dest:dest + hi - lo] = raw[lo:hi]
         self._serve(items, repo, place, lambda some: self._fetch_into(some, places, out, repo, keep, place))
 
-    def _serve(self, items, repo, take, fetch) -> None:
+    def _serve(self, items: list[_Item], repo: str | None, take: Callable[[Mapping[bytes, Raw]], None],
+               fetch: Callable[[list[_Item]], None]) -> None:
         """The read: `take(raws)` what the cache answers, then `fetch(items)` what this thread
         claimed, then take what other threads fetched meanwhile (`_claim`), fetching here what
         they could not."""
@@ -598,7 +693,8 @@ class CachedBackend(Overlay):
             fetch(rest)
         self._count(len(items) - len(mine) - len(rest), len(mine) + len(rest))
 
-    def _fetch_into(self, items, places, out, repo, keep, place) -> None:
+    def _fetch_into(self, items: list[_Item], places: Places, out: memoryview, repo: str | None,
+                    keep: memoryview | None, place: Callable[[Mapping[bytes, Raw]], None]) -> None:
         if self.inner.capabilities.local_reads:  # a bucket read directly: decoded chunks, then placed
             fetched, entries = self._fetch(items, repo)
             place(fetched)
@@ -608,7 +704,7 @@ class CachedBackend(Overlay):
         self.inner.read_chunks_into(items, places, out, repo, stored=stored, keep=keep)
         self.cache.put_later([(e.chunk_id, e.codec, e.raw_len, stored[e.chunk_id]) for _, e in items])
 
-    def _cached(self, items) -> dict[bytes, bytes]:
+    def _cached(self, items: list[_Item]) -> dict[bytes, Raw]:
         """The cache's answer for chunks located in it, and for those located in a pack that this
         process fetched since (a reader locates once, then reads a chunk again: a stream's footer
         check, its row group, read-ahead); a re-read of the reader's own fetch is not a second use."""
@@ -618,7 +714,7 @@ class CachedBackend(Overlay):
             out.update(self.cache.fetched_here(rest))
         return out
 
-    def _relocate(self, missing, repo):
+    def _relocate(self, missing: list[_Item], repo: str | None) -> list[_Item]:
         """Chunks located in the cache but gone since (evicted or corrupt) are located again."""
         if not any(p is Held.CACHE for p, _ in missing):
             return missing
@@ -629,16 +725,18 @@ class CachedBackend(Overlay):
             self._hits += hits
             self._misses += misses
 
-    def _in_flight(self) -> dict:
+    def _in_flight(self) -> dict[bytes, threading.Event]:
         """Chunk id -> Event of the fetches this process has in flight (new after a fork: the
         parent's fetching threads do not exist in the child)."""
         return self._flights.get(dict)
 
-    def _claim(self, missing):
+    def _claim(self, missing: list[_Item]) -> tuple[list[_Item], list[_Claimed]]:
         """Single flight: split `missing` into the chunks this thread fetches and the (item, event)
         of those another thread of this process is fetching now. Two reads in flight that share
         chunks (a stream's row groups read ahead, a footer check) then fetch each chunk once."""
-        mine, theirs, seen = [], [], set()
+        mine: list[_Item] = []
+        theirs: list[_Claimed] = []
+        seen: set[bytes] = set()
         claim = threading.Event()  # one for the whole claim: set when its fetch lands (`_land`)
         with self._count_lock:
             flights = self._in_flight()
@@ -665,7 +763,7 @@ class CachedBackend(Overlay):
                 claim.set()
         return mine, theirs
 
-    def _land(self, mine) -> None:
+    def _land(self, mine: list[_Item]) -> None:
         """End this thread's claims (after its fetch was queued for the cache, or failed)."""
         with self._count_lock:
             flights = self._in_flight()
@@ -673,7 +771,7 @@ class CachedBackend(Overlay):
         for ev in done.values():
             ev.set()
 
-    def _await(self, theirs):
+    def _await(self, theirs: list[_Claimed]) -> tuple[dict[bytes, Raw], list[_Item]]:
         """The raw bytes of chunks other threads fetched, from the cache, and the items to fetch
         here after all (their fetch failed, or the cache could not keep them)."""
         if not theirs:
@@ -683,7 +781,7 @@ class CachedBackend(Overlay):
         got = self.cache.get([e.chunk_id for (_, e), _ in theirs])
         return got, [(p, e) for (p, e), _ in theirs if e.chunk_id not in got]
 
-    def _fetch(self, items, repo):
+    def _fetch(self, items: list[_Item], repo: str | None) -> tuple[Mapping[bytes, Raw], list[_Entry]]:
         """Fetch from the inner backend; keep each chunk's stored (compressed) form."""
         stored: dict[bytes, bytes] = {}
         raw = self.inner.read_chunks(items, repo, stored=stored)
@@ -691,10 +789,10 @@ class CachedBackend(Overlay):
                    else (e.chunk_id, CODEC_RAW, e.raw_len, raw[e.chunk_id]) for _, e in items]
         return raw, entries
 
-    def read_chunk(self, pack, entry, repo=None):
+    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> Raw:
         return self.read_chunks([(pack, entry)], repo)[entry.chunk_id]
 
-    def _once(self, lookup, fetch):
+    def _once(self, lookup: Callable[[], bytes | None], fetch: Callable[[], bytes]) -> bytes:
         """`lookup()` in the cache, else `fetch()` - by one process of the machine at a
         time (a file lock), so that workers starting together ask the server once and
         the others find the answer cached."""
@@ -705,9 +803,9 @@ class CachedBackend(Overlay):
             found = lookup()
             return found if found is not None else fetch()
 
-    def _object(self, kind: str, name: str):
+    def _object(self, kind: str, name: str) -> Callable[[], bytes | None]:
         """A lookup of the machine's table of immutable objects (counted in `meta` when it answers)."""
-        def lookup():
+        def lookup() -> bytes | None:
             data = self.cache.get_object(kind, name)
             if data is not None:
                 memo.count("objects_machine")
@@ -716,8 +814,8 @@ class CachedBackend(Overlay):
 
     # immutable objects: this process (`meta`), then the machine (the cache's table), then the store
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
-        def load():
-            def fetch():
+        def load() -> Manifest:
+            def fetch() -> bytes:
                 data = self.inner.get_manifest(name, repo).encode()
                 self.cache.put_object("manifest", name, data)
                 return data
@@ -725,12 +823,12 @@ class CachedBackend(Overlay):
 
         return memo.objects().remembered((self._scope, "manifest", repo, name), load)
 
-    def get_manifest_located(self, name: str, repo: str | None = None) -> tuple[Manifest, dict]:
+    def get_manifest_located(self, name: str, repo: str | None = None) -> tuple[Manifest, Located]:
         """A manifest and where its chunks are, in one request when the manifest is not
         cached (chunks the cache holds are located in it); a cached manifest comes
         without locations (a reader locates as it reads, cache first). An inner backend that
         does not locate with its manifests answers `get_manifest` (no locations)."""
-        kept = memo.objects().get((self._scope, "manifest", repo, name))
+        kept: Manifest | None = memo.objects().get((self._scope, "manifest", repo, name))
         if kept is not None:
             return kept, {}
         if self.cache.get_object("manifest", name) is not None or not self.inner.capabilities.remote_admin:
@@ -740,13 +838,13 @@ class CachedBackend(Overlay):
         found.update({c: (Held.CACHE, e) for c, e in self.cache.has(list(found)).items()})
         return m, found
 
-    def get_tree(self, name: str, repo: str | None = None):
+    def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
         """A tree, from this machine's cache when any process read it before (trees are
         immutable: named by their bytes); kept per token scope, as commits are."""
         kind = f"tree:{self._scope}"
 
-        def load():
-            def fetch():
+        def load() -> treeobj.Tree:
+            def fetch() -> bytes:
                 data = self.inner.get_tree(name, repo).encode()
                 self.cache.put_object(kind, name, data)
                 return data
@@ -754,20 +852,21 @@ class CachedBackend(Overlay):
 
         return self._learn([memo.objects().remembered((self._scope, "tree", repo, name), load)])[0]
 
-    def _learn(self, trees: list) -> list:
+    def _learn(self, trees: list[treeobj.Tree]) -> list[treeobj.Tree]:
         """Hand the inner store the manifest bundles these trees' files name (`learn_bundles`:
         it may not have read them itself, when they came from this machine's cache)."""
         if self.inner.capabilities.bundles:
-            self.inner.learn_bundles([p for t in trees for p in t.bundled()])
+            cast("_LearnsBundles", self.inner).learn_bundles([p for t in trees for p in t.bundled()])
         return trees
 
-    def get_trees(self, names: list[str], repo: str | None = None) -> list:
+    def get_trees(self, names: list[str], repo: str | None = None) -> list[treeobj.Tree]:
         """Trees from this process and this machine where kept; the rest from the store in one
         `inner.get_trees` (a server: one request), then kept as `get_tree` keeps them."""
         kind, kept = f"tree:{self._scope}", memo.objects()
-        got, want = {}, []
+        got: dict[str, treeobj.Tree] = {}
+        want: list[str] = []
         for name in dict.fromkeys(names):
-            tree = kept.get((self._scope, "tree", repo, name))
+            tree: treeobj.Tree | None = kept.get((self._scope, "tree", repo, name))
             if tree is None:
                 data = self._object(kind, name)()
                 if data is not None:
@@ -783,7 +882,7 @@ class CachedBackend(Overlay):
             kept.put((self._scope, "tree", repo, name), tree)
         return self._learn([got[n] for n in names])
 
-    def put_trees(self, trees: dict) -> None:
+    def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
         """Store trees, and keep them in this machine's cache as `get_tree` keeps the trees it reads:
         the writer's next push, in any process, walks the trees it made from disk (a cold push of a
         one-file edit read every tree of its folder from the store)."""
@@ -796,7 +895,7 @@ class CachedBackend(Overlay):
         """A commit from the machine's table, else the store's (bound to this overlay's trees)."""
         kind = f"commit:{self._scope}:{repo}"
 
-        def fetch():
+        def fetch() -> bytes:
             data = self.inner.get_commit(repo, commit_id).encode()
             self.cache.put_object(kind, commit_id, data)
             return data
@@ -854,32 +953,32 @@ class CachedBackend(Overlay):
         self.cache.forget_head(key, rev)
         self.cache.forget_head(key, TAG_PREFIX + rev)
 
-    def create_tag(self, repo, name, commit_id):
+    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
         self.inner.create_tag(repo, name, commit_id)
         self._wrote(repo, name)
 
-    def delete_tag(self, repo, name):
+    def delete_tag(self, repo: str, name: str) -> str:
         cid = self.inner.delete_tag(repo, name)
         self._wrote(repo, name)
         return cid
 
-    def create_branch(self, repo, name, commit_id):
+    def create_branch(self, repo: str, name: str, commit_id: str) -> None:
         self.inner.create_branch(repo, name, commit_id)
         self._wrote(repo, name)
 
-    def delete_branch(self, repo, name):
+    def delete_branch(self, repo: str, name: str) -> str:
         cid = self.inner.delete_branch(repo, name)
         self._wrote(repo, name)
         return cid
 
-    def commit(self, commit, branch, expected):
+    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
         """Commit, then forget the cached head: this machine sees its own push on the next
         resolve, and never an older head whose answer came back later than a newer one's."""
         cid = self.inner.commit(commit, branch, expected)
         self._wrote(commit.repo, branch)
         return cid
 
-    def close(self):
+    def close(self) -> None:
         self.cache.wait()  # let queued cache writes land
         self.inner.close()
         if self.owns_cache:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import collections
 import sqlite3
+from typing import cast
 
 from ..core import ids, treeobj
 from ..core.address import check_name
+from ..core.commit import Commit
 from ..core.errors import CdcError, CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
@@ -24,6 +26,9 @@ from .names import bundle_name
 
 #: The repair of chunks that failed verification (the stat cache would skip an unchanged file).
 REPUSH = "push the original files again (`cdcstore push --no-stat-cache`)"
+#: A problem `check` found: its text, and what it affects: chunk ids (the files that use them are
+#: named) or the files themselves.
+Finding = tuple[str, set[bytes] | set[str]]
 
 def _sample(names: list[str], fraction: float) -> set[str]:
     """A deterministic pseudo-random sample of about `fraction` of `names` (at least one
@@ -34,7 +39,7 @@ def _sample(names: list[str], fraction: float) -> set[str]:
     return set(sorted(names, key=lambda n: ids.weak_hexdigest(n.encode()))[:k])
 
 
-def rebuild_index(store: UpkeepHost, read_data: bool = False) -> dict:
+def rebuild_index(store: UpkeepHost, read_data: bool = False) -> dict[str, object]:
     """Recreate the chunk index from the packs and commits, in one transaction (a
     served store's readers see the old index until the new one is complete).
 
@@ -49,19 +54,19 @@ def rebuild_index(store: UpkeepHost, read_data: bool = False) -> dict:
         return _rebuild_index(store, read_data)
 
 
-def _rebuild_index(store: UpkeepHost, read_data: bool) -> dict:
+def _rebuild_index(store: UpkeepHost, read_data: bool) -> dict[str, object]:
     try:
         old_rows = _safe_rows(store)
         known = _safe_damaged(store)
     except CorruptionError:
         old_rows, known = {}, set()
-        store.replace_damaged_index()
+        store.packs.replace_damaged_index()
     bad: list[str] = []
     packs = []
     damaged: set[tuple[str, bytes]] = set()
-    for name, size in sorted(store.pack_sizes().items()):
+    for name, size in sorted(store.packs.pack_sizes().items()):
         try:
-            entries = store.read_pack_index(name, size)
+            entries = store.packs.read_pack_index(name, size)
         except CorruptionError as e:
             entries = [en for en in old_rows.get(name, ()) if _verifies(store, name, en)]
             bad.append(f"{e}; kept {len(entries)} chunks whose old index rows still verify")
@@ -97,14 +102,14 @@ def _grants_from_commits(store: UpkeepHost, bad: list[str]) -> tuple[list[tuple[
     chunks: set[tuple[str, bytes]] = set()
     manifests: dict[str, Manifest | None] = {}
     for repo in store.repos():
-        damaged: list = []
-        for f in reach.walk(store, repo, store.refs(repo, damaged), problem=lambda k, r, w, e: bad.append(str(e))):
+        damaged: list[CorruptionError] = []
+        for f in reach.walk(store, repo, store.ref_store.refs(repo, damaged), problem=lambda k, r, w, e: bad.append(str(e))):
             if f.kind == "tree":
                 out.add((repo, "tree", f.name))
             elif f.kind == "file" and (repo, "manifest", f.name) not in out:
                 if f.name not in manifests:
                     try:
-                        manifests[f.name] = store.read_manifest(f.name)  # never a memo: check reads the store
+                        manifests[f.name] = store.metadata.read_manifest(f.name)  # never a memo: check reads the store
                     except CdcError as e:
                         manifests[f.name] = None
                         bad.append(str(e))
@@ -122,13 +127,13 @@ class _Stored:
         self.store = store
         self.forgotten, self.get_commit = store.forgotten, store.get_commit
 
-    def view(self, repo: str, commit) -> treeobj.View:
+    def view(self, repo: str, commit: Commit) -> treeobj.View:
         if commit.tree is None:
             return self.store.view(repo, commit)
-        return treeobj.View(self.store.read_tree, commit.tree)
+        return treeobj.View(self.store.metadata.read_tree, commit.tree)
 
 
-def check(store: UpkeepHost, read_data: bool = False, subset: float | None = None) -> dict:
+def check(store: UpkeepHost, read_data: bool = False, subset: float | None = None) -> dict[str, object]:
     """Verify the store; returns {"packs", "chunks", "problems", "details"}.
 
     Always: each pack's footer, every index row against a present pack and its
@@ -142,17 +147,17 @@ def check(store: UpkeepHost, read_data: bool = False, subset: float | None = Non
         return _check(store, read_data, subset)
 
 
-def _check(store: UpkeepHost, read_data: bool, subset: float | None) -> dict:
+def _check(store: UpkeepHost, read_data: bool, subset: float | None) -> dict[str, object]:
     if subset is not None and not (isinstance(subset, (int, float)) and not isinstance(subset, bool)
                                    and 0 <= subset <= 1):
         raise InvalidAddressError(f"check's subset is the share of packs to read, 0 to 1 (0.1 = 10%), not {subset!r}")
-    found: list[tuple[str, set[bytes]]] = []  # (problem, chunk ids it affects)
+    found: list[Finding] = []  # (problem, chunk ids or files it affects)
     # One listing for the whole check, so a pack that lands later (a killed writer's request
     # still on the wire) is out of view, not half in it. The packs indexed before it were put
     # before it; one indexed after it (a push right now) is out of view too, never "missing".
     known = store.index.packs()
-    sizes = store.pack_sizes()
-    recovered = store.index_listed(sizes)  # durable packs a killed push left unindexed: not damage
+    sizes = store.packs.pack_sizes()
+    recovered = store.packs.index_listed(sizes)  # durable packs a killed push left unindexed: not damage
     rows = store.index.rows()
     names = sorted(sizes)
     sample = _sample(names, 1.0 if read_data else subset or 0.0)
@@ -170,7 +175,7 @@ def _check(store: UpkeepHost, read_data: bool, subset: float | None) -> dict:
         store.index.drop_chunks(pack, cids)
         found.append((f"pack {pack} is missing: {len(cids)} indexed chunks are lost "
                       f"({REPUSH}, or restore the pack)", cids))
-    for obj in store.foreign_objects():
+    for obj in store.packs.foreign_objects():
         found.append((f"object {obj} is named like no pack of this store (a stray or foreign object; "
                       f"it is ignored): remove it", set()))
     _check_bundles(store, found)
@@ -178,8 +183,8 @@ def _check(store: UpkeepHost, read_data: bool, subset: float | None) -> dict:
     older: set[str] = set()
     users = _check_reachable(store, found, older)
     problems, details = [], []
-    for text, cids in found:
-        files = sorted({f for c in cids for f in ((c,) if isinstance(c, str) else users.get(c, ()))})
+    for text, affected in found:
+        files = sorted({f for c in affected for f in ((c,) if isinstance(c, str) else users.get(c, ()))})
         shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
         if REPUSH in text and older.intersection(files):
             text += OLDER
@@ -188,11 +193,12 @@ def _check(store: UpkeepHost, read_data: bool, subset: float | None) -> dict:
     return {"packs": len(names), "chunks": chunks, "read_packs": len(sample), "recovered_packs": recovered,
             "problems": problems, "details": details}
 
-def _check_pack(store: UpkeepHost, name: str, size: int, read: bool, rows: dict, indexed: dict, found: list) -> int:
+def _check_pack(store: UpkeepHost, name: str, size: int, read: bool, rows: dict[bytes, tuple[str, PackEntry]],
+                indexed: dict[bytes, PackEntry], found: list[Finding]) -> int:
     """Check one pack's footer against the index rows (`indexed`: its own), and its
     bytes when `read`."""
     try:
-        entries = store.read_pack_index(name, size)
+        entries = store.packs.read_pack_index(name, size)
     except CorruptionError as e:
         entries = None
         found.append((f"{e}; run `cdcstore rebuild-index` (rows that still verify are kept)",
@@ -212,7 +218,7 @@ def _check_pack(store: UpkeepHost, name: str, size: int, read: bool, rows: dict,
     if not read:
         return len(entries or ())
     try:
-        named_right = store.pack_hash(name) == name
+        named_right = store.packs.pack_hash(name) == name
     except CorruptionError as e:
         if entries is not None:  # else reported above
             found.append((f"pack {name}: {e}", set(indexed)))
@@ -249,12 +255,12 @@ def _damaged_pack(store: UpkeepHost, name: str, sound: set[bytes]) -> tuple[str,
 
 def _verifies(store: UpkeepHost, pack: str, e: PackEntry) -> bool:
     try:
-        decode_chunk(store.read_stored(pack, e.offset, e.stored_len), e.codec, e.raw_len, e.chunk_id, e.check)
+        decode_chunk(store.packs.read_stored(pack, e.offset, e.stored_len), e.codec, e.raw_len, e.chunk_id, e.check)
         return True
     except CorruptionError:
         return False
 
-def _check_repo_folders(store: UpkeepHost, found: list) -> None:
+def _check_repo_folders(store: UpkeepHost, found: list[Finding]) -> None:
     """Folders under repos/ that are no repo: a name no repo can have (a stray object), or
     a repo whose refs remain but whose commit files are all gone (`ls` says "no repo")."""
     for folder in store.objects.folders("repos/"):
@@ -266,27 +272,27 @@ def _check_repo_folders(store: UpkeepHost, found: list) -> None:
             continue
         if store.has_repo(folder):
             continue
-        refs = store.ref_names(folder)
+        refs = store.ref_store.ref_names(folder)
         if refs:
             found.append((f"repo {folder!r} has {len(refs)} branches or tags but no commit files (deleted?): "
                           f"it reads as no repo; restore repos/{folder}/commits/ from a copy, or delete the repo",
                           {f"cdc://{folder}@{r}" for r in refs}))
 
 
-def _check_reachable(store: UpkeepHost, found: list, older: set[str]) -> dict[bytes, set[str]]:
+def _check_reachable(store: UpkeepHost, found: list[Finding], older: set[str]) -> dict[bytes, set[str]]:
     """Walk every commit that a branch or tag reaches (`reach.walk`); returns chunk id -> the
     files that use it: cdc://repo@ref/path for a branch or tag's head, cdc://repo@commit/path
     for a file first met in an older commit (those labels go to `older` too). Adds problems for
     what does not parse or is not indexed."""
     users: dict[bytes, set[str]] = collections.defaultdict(set)
-    manifests: dict[str, Manifest | None] = {}
+    manifests: dict[str | tuple[str, str], Manifest | set[str] | None] = {}  # and ("problem", name): its files
     graph = _Stored(store)
     for repo in store.repos():
-        damaged: list = []
-        refs = store.refs(repo, damaged)
+        damaged: list[CorruptionError] = []
+        refs = store.ref_store.refs(repo, damaged)
         found.extend((str(e), set()) for e in damaged)
 
-        def problem(kind, ref, where, e, repo=repo):
+        def problem(kind: str, ref: str, where: str, e: Exception, repo: str = repo) -> None:
             at = f"cdc://{repo}@{ref.removeprefix('tag:')}"
             found.append((f"{e}: restore it from a copy", {at if kind == "commit" or not where else f"{at}/{where}"}))
 
@@ -320,27 +326,30 @@ OLDER = ("; a file named at a commit id is an older version: push that version o
          "or restore the pack from a copy")
 
 
-def _check_bundles(store: UpkeepHost, found: list) -> None:
+def _check_bundles(store: UpkeepHost, found: list[Finding]) -> None:
     """Every manifest bundle reads and holds true manifests (gc keeps a damaged one: it cannot
     tell which manifests it held)."""
     for bid, _ in bundles.listing(store.objects):
         try:
-            store.read_bundle(bid)
+            store.metadata.read_bundle(bid)
         except CorruptionError as e:
             found.append((f"{e}: a file whose manifest only it held is reported below; push such files "
                           f"again, then delete {bundle_name(bid)}", set()))
 
 
-def _check_manifest(store: UpkeepHost, name: str, label: str, cache: dict, found: list) -> Manifest | None:
+def _check_manifest(store: UpkeepHost, name: str, label: str,
+                    cache: dict[str | tuple[str, str], Manifest | set[str] | None],
+                    found: list[Finding]) -> Manifest | None:
     """The parsed manifest, or None after recording the problem (with `label` among
     the files it affects)."""
     if name not in cache:
         try:
-            cache[name] = store.read_manifest(name)  # never a memo: check reads the store
+            cache[name] = store.metadata.read_manifest(name)  # never a memo: check reads the store
         except CdcError as e:
             cache[name] = None
-            found.append((f"{e}: restore it from a copy, or push the file again", set()))
-            cache[("problem", name)] = found[-1][1]
+            affected: set[str] = set()
+            found.append((f"{e}: restore it from a copy, or push the file again", affected))
+            cache[("problem", name)] = affected
     if cache[name] is None:
-        cache[("problem", name)].add(label)
-    return cache[name]
+        cast("set[str]", cache[("problem", name)]).add(label)
+    return cast("Manifest | None", cache[name])  # under a name, never the ("problem", name) set

@@ -3,11 +3,16 @@ options a server's admin route takes (remote/server/admin.py), plus rebuild-inde
 only run where the store's objects are."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..core.errors import InvalidAddressError
 from . import check, maintenance
 
+if TYPE_CHECKING:
+    from .repository import Repository
 
-def run(store, command: str, **options) -> dict | int:
+
+def run(store: Repository, command: str, **options: Any) -> dict[str, object] | int:
     """Run `command` on `store` (a `Repository`) with its options; its report."""
     if command == "gc":
         return maintenance.gc(store, **options)
@@ -16,10 +21,10 @@ def run(store, command: str, **options) -> dict | int:
     if command == "forget":
         return maintenance.forget(store, options.pop("repo"), **options)
     if command == "delete-repo":
-        return store.delete_repo(options.pop("repo"), **options)
+        return store.ref_store.delete_repo(options.pop("repo"), **options)
     if command == "rebuild-index":
         return check.rebuild_index(store, **options)
     if command == "recover":
-        return store.recover(**options)
+        return store.packs.recover(**options)
     raise InvalidAddressError(f"no maintenance command {command!r}: one of check, delete-repo, forget, gc, "
                               f"rebuild-index, recover")

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from .. import runtime
 from .segments import Segments
 from .sqlite import ints
+
+if TYPE_CHECKING:
+    from .cache import ChunkCache
 
 HOT_SHARE = 0.8  # share of the budget hot (read twice) entries may keep
 ABANDONED = 600.0  # seconds after its last write that another process may reclaim an unsealed segment
@@ -22,7 +26,7 @@ ABANDONED = 600.0  # seconds after its last write that another process may recla
 class Eviction:
     """Keeps one `cache.ChunkCache` within its budget (its rows and its segment files)."""
 
-    def __init__(self, cache, files: Segments):
+    def __init__(self, cache: ChunkCache, files: Segments) -> None:
         self._cache = cache  # cache.ChunkCache: its connection, transactions and appends
         self._files = files
 
@@ -92,10 +96,14 @@ class Eviction:
         segment (entries whose bytes are lost or short are dropped)."""
         conn = self._cache.conn
         rows = conn.execute("SELECT id, off, size FROM chunks WHERE seg = ?", (seg,)).fetchall()
-        keep, lost = [], []
+        keep: list[tuple[bytes, bytes]] = []
+        lost: list[tuple[bytes, bytes | None]] = []
         for cid, off, size in rows:
             data = self._files.read(seg, off, size) if ints(off, size) else None
-            (keep if data is not None and len(data) == size else lost).append((cid, data))
+            if data is not None and len(data) == size:
+                keep.append((cid, data))
+            else:
+                lost.append((cid, data))
         conn.executemany("DELETE FROM chunks WHERE id = ? AND seg = ?", [(c, seg) for c, _ in lost])
         if keep:
             to, offsets = self._cache.append([d for _, d in keep], now)

@@ -13,6 +13,7 @@ import bisect
 import collections
 import threading
 import weakref
+from typing import Iterable, Sequence
 
 from .. import runtime
 from ..core.errors import CorruptionError
@@ -20,7 +21,7 @@ from ..core.ids import digest
 from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry
 from ..core.ranges import Run, file_runs
-from .roles import ChunkSource
+from .roles import ChunkSource, Located
 
 LOCATE_ALL_CHUNKS = 65536  # local files up to ~4 GiB are located in one go at their first read
 LOCATE_BLOCK = 512  # chunks located together on a server (~32 MiB of file)
@@ -29,26 +30,34 @@ PLANS_MAX_RUNS = 1 << 16  # runs of the file plans kept per local store
 PLAN_CHUNKS = 1 << 16  # a local file is planned in segments of this many chunks (~4 GiB), located when first read
 PLAN_SEGMENTS_KEPT = 4  # segments' plans a reader keeps (a scan moves on; a segment holds at most PLAN_CHUNKS runs)
 
+#: A read of raw chunks back to back in a pack (`FilePlan.pieces`): pack, offset, first chunk, stop
+#: chunk, their checksums (None: check the ids)
+Piece = tuple[str, int, int, int, list[int] | None]
+#: A segment's plan (`FilePlan.runs`): its runs, and the first chunk of each
+SegmentPlan = tuple[list[Run], list[int]]
+
 
 class _Plans:
     """Each local store's file plans (`file_runs`) by their file's chunk list, kept while
     the store's index is unchanged (`index_stamp`): a file opened again reads without
     locating. Bounded by runs (a file written by one push has a few runs per pack)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by_source: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # source -> its plans by key: (the index stamp they hold under, the plan, its runs)
+        self._by_source: weakref.WeakKeyDictionary[
+            ChunkSource, collections.OrderedDict[bytes, tuple[object, SegmentPlan, int]]] = weakref.WeakKeyDictionary()
 
-    def get(self, source, key: bytes, stamp) -> tuple | None:
+    def get(self, source: ChunkSource, key: bytes, stamp: object) -> SegmentPlan | None:
         with self._lock:
             plans = self._by_source.get(source)
             got = plans.get(key) if plans is not None else None
-            if got is None or got[0] != stamp:
+            if plans is None or got is None or got[0] != stamp:
                 return None
             plans.move_to_end(key)
             return got[1]
 
-    def put(self, source, key: bytes, stamp, plan: tuple, size: int) -> None:
+    def put(self, source: ChunkSource, key: bytes, stamp: object, plan: SegmentPlan, size: int) -> None:
         with self._lock:
             plans = self._by_source.setdefault(source, collections.OrderedDict())
             plans[key] = (stamp, plan, size)
@@ -56,7 +65,7 @@ class _Plans:
             while plans and sum(p[2] for p in plans.values()) > PLANS_MAX_RUNS:
                 plans.popitem(last=False)  # a plan larger than the bound is not kept at all
 
-    def drop(self, source, key: bytes) -> None:
+    def drop(self, source: ChunkSource, key: bytes) -> None:
         with self._lock:
             plans = self._by_source.get(source)
             if plans is not None:
@@ -74,16 +83,16 @@ class FilePlan:
     `relocate` learns it again after a gc moved chunks."""
 
     def __init__(self, source: ChunkSource, manifest: Manifest, name: str = "", repo: str | None = None,
-                 locations: dict | None = None):
+                 locations: Located | None = None):
         self._src = source
         self._m = manifest
         self._repo = repo
         self.name = name
-        self._locs: dict[bytes, tuple[str, object]] = locations if locations is not None else {}  # may be shared
+        self._locs: Located = locations if locations is not None else {}  # may be shared
         self._by_runs = source.capabilities.reads_runs  # a local store: planned in segments of runs
-        self._segs: collections.OrderedDict[int, tuple] = collections.OrderedDict()  # see `runs`
+        self._segs: collections.OrderedDict[int, SegmentPlan] = collections.OrderedDict()  # see `runs`
 
-    def locate(self, indices: list[int]) -> None:
+    def locate(self, indices: Sequence[int]) -> None:
         """Learn where chunks live. A local store locates the whole file at the first
         read (one batched lookup, so later reads need none); a server is asked for the
         aligned blocks of `LOCATE_BLOCK` chunks that hold what this read and its
@@ -104,7 +113,7 @@ class FilePlan:
             self._locs.update(self._src.locate(missing, self._repo))
         self.check_lengths(indices)
 
-    def check_lengths(self, indices) -> None:
+    def check_lengths(self, indices: Iterable[int]) -> None:
         """The manifest's length of each chunk is the one its pack entry records: a manifest that
         lists a chunk longer or shorter than it is (damaged or forged) fails the read, never
         gives a short or padded file."""
@@ -133,7 +142,7 @@ class FilePlan:
         plan = None if fresh else _plans().get(self._src, key, stamp)
         if plan is None:
             wanted = list(dict.fromkeys(ids))
-            known = {} if fresh else {c: self._locs[c] for c in wanted if c in self._locs}
+            known: Located = {} if fresh else {c: self._locs[c] for c in wanted if c in self._locs}
             missing = [c for c in wanted if c not in known]
             located = known | self._src.locate(missing, self._repo) if missing else known
             for cid in missing:
@@ -150,11 +159,13 @@ class FilePlan:
             self._segs.popitem(last=False)
         return plan
 
-    def pieces(self, first: int, stop: int) -> tuple[list[tuple], list[int]]:
+    def pieces(self, first: int, stop: int) -> tuple[list[Piece], list[int]]:
         """Chunks [first, stop) as reads of pack ranges of at most `RUN_PIECE` bytes (pack,
         offset, first chunk, stop chunk, their checksums or None), and the compressed chunks
         among them."""
         lens, ends = self._m.lengths, self._m.ends
+        pieces: list[Piece]
+        packed: list[int]
         pieces, packed = [], []
         for seg in range(first // PLAN_CHUNKS, (stop - 1) // PLAN_CHUNKS + 1):
             base = seg * PLAN_CHUNKS
@@ -179,11 +190,11 @@ class FilePlan:
         return pieces, packed
 
     @staticmethod
-    def _plan_key(ids: list[bytes]) -> bytes:
+    def _plan_key(ids: Sequence[bytes]) -> bytes:
         """A segment's chunk list, hashed (the key of its plan)."""
         return digest(b"".join(ids))
 
-    def relocate(self, indices) -> None:
+    def relocate(self, indices: Iterable[int]) -> None:
         """Locate chunks again (a pack named by their old location is gone)."""
         if self._by_runs:
             ids = self._m.chunk_ids
@@ -212,12 +223,12 @@ class FilePlan:
         check = r.checks[i - r_first] if r.checks is not None else None
         return r.pack, PackEntry(self._m.chunk_ids[i], offset, lens[i], lens[i], CODEC_RAW, check)
 
-    def items(self, indices) -> list[tuple[str, PackEntry]]:
+    def items(self, indices: Iterable[int]) -> list[tuple[str, PackEntry]]:
         """Where chunks `indices` are, once per distinct chunk (what a read asks its source for)."""
         ids = self._m.chunk_ids
         return list({ids[i]: self.item(i) for i in indices}.values())
 
-    def location(self, cid: bytes):
+    def location(self, cid: bytes) -> tuple[str, PackEntry]:
         loc = self._locs.get(cid)
         if loc is None:
             raise self.not_in_store(cid)

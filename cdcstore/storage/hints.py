@@ -10,7 +10,7 @@ A directory store has neither (its index sees every pack this machine writes).
 """
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from .. import runtime
 from ..core import anchors, locations
@@ -20,6 +20,9 @@ from ..core.pack import PackEntry
 from .names import locations_name
 from .objects import NotFound, ObjectStore
 
+if TYPE_CHECKING:
+    from .packs import Packs
+
 ANCHORED = "anchored"  # every pack of this store has its dedup anchors (core/anchors.py)
 HINTS_MAX = 4_000_000  # chunk locations kept from location records per process (~1 GB at most)
 
@@ -27,15 +30,18 @@ HINTS_MAX = 4_000_000  # chunk locations kept from location records per process 
 class HintHost(Protocol):
     """What the hints ask of the store they serve (read at each call: `objects` may be replaced)."""
 
-    objects: ObjectStore
-    shared: bool
+    @property
+    def objects(self) -> ObjectStore: ...
+
+    @property
+    def shared(self) -> bool: ...
 
 
 class Anchors:
     """The dedup anchors of a bucket store: a push finds the packs that hold what it shares by
     a listing per anchor, so its cost follows the new data, not the store."""
 
-    def __init__(self, host: HintHost, packs):
+    def __init__(self, host: HintHost, packs: Packs) -> None:
         self._host, self._packs = host, packs  # packs: `packs.Packs` (its index and footers)
         self._misses: set[bytes] = set()  # anchors looked up in this push and not found
         self._anchored: bool | None = None
@@ -125,17 +131,17 @@ class Anchors:
         return len(by_pack)
 
 
-def index_footers(packs, names: list[str]) -> set[str]:
+def index_footers(packs: Packs, names: list[str]) -> set[str]:
     """Read and index these packs' footers (`packs`: a `packs.Packs`), 8 at a time; the packs
     indexed (one gone, or whose footer is damaged, is passed over: `check` reports it)."""
-    def footer(pack: str):
+    def footer(pack: str) -> tuple[int, list[PackEntry]] | None:
         try:
             size = packs.pack_size(pack)
             return size, packs.read_pack_index(pack, size)
         except (NotFound, CorruptionError):
             return None
 
-    done = set()
+    done: set[str] = set()
     for pack, got in zip(names, runtime.pool("io", 8).map(footer, names)):
         if got is not None:
             packs.index.add_pack(pack, got[0], got[1])
@@ -148,18 +154,18 @@ class LocationHints:
     beside the index: a new machine reads a file without listing the bucket or reading any
     pack footer."""
 
-    def __init__(self, host: HintHost, packs):
+    def __init__(self, host: HintHost, packs: Packs) -> None:
         self._host, self._packs = host, packs  # packs: `packs.Packs` (what its index knows)
         self._hints: dict[bytes, tuple[str, PackEntry]] = {}  # chunk locations from location records
         self._hint_packs: set[str] = set()  # the packs they name
 
-    def add(self, wanted: list[bytes], found: dict) -> None:
+    def add(self, wanted: list[bytes], found: dict[bytes, tuple[str, PackEntry]]) -> None:
         """Into `found`, the hinted locations of the chunks of `wanted` it lacks."""
         hints = self._hints
         if hints:
             found.update((c, hints[c]) for c in wanted if c not in found and c in hints)
 
-    def index_vouched(self, missing: list[bytes], vouched) -> int:
+    def index_vouched(self, missing: list[bytes], vouched: Callable[[set[bytes]], set[bytes]]) -> int:
         """Chunks a landed commit holds (`vouched(ids)`) that this machine's index lacks because no
         dedup anchor led to their pack (anchors sample 1 chunk in 64; a small pack of an edit may
         have none): the landed manifests, read to vouch, taught these hints their packs, whose
@@ -168,7 +174,7 @@ class LocationHints:
         held = vouched(set(missing))
         if not held:
             return 0
-        where: dict = {}
+        where: dict[bytes, tuple[str, PackEntry]] = {}
         self.add(list(held), where)
         fresh = sorted({p for p, _ in where.values() if not self._packs.index.has_pack(p)})
         return len(index_footers(self._packs, fresh)) if fresh else 0
@@ -225,7 +231,7 @@ class LocationHints:
         if not self._host.shared:
             return {}
         where = self._packs.locate_known(list({c for _, m in manifests for c in m.chunk_ids}))
-        out = {}
+        out: dict[str, bytes] = {}
         for name, m in manifests:
             record = locations.encode(m, where)
             if record is not None:
@@ -254,7 +260,7 @@ class LocationHints:
         objects = self._host.objects
         records = list(self.records(manifests).items())
 
-        def put(item):
+        def put(item: tuple[str, bytes]) -> None:
             objects.put(locations_name(item[0]), item[1], exist_ok=True)
 
         if len(records) <= 4:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Iterable
+from typing import AbstractSet, Iterable
 
 from ..core.errors import CdcError, CorruptionError, damaged_message
 from ..core.pack import PackEntry
@@ -36,7 +36,7 @@ def _check(xsum: int | None) -> int | None:
     return None if xsum is None else xsum & ((1 << 64) - 1)
 
 
-def _entry(cid, off, slen, rlen, codec, xsum) -> PackEntry:
+def _entry(cid: bytes, off: int, slen: int, rlen: int, codec: int, xsum: int | None) -> PackEntry:
     return PackEntry(cid, off, slen, rlen, codec, _check(xsum))
 
 
@@ -140,7 +140,7 @@ class ChunkIndex:
                 conn.execute("INSERT OR IGNORE INTO own_packs (name) VALUES (?)", (name,))
 
     @staticmethod
-    def _add(conn, name: str, size: int, entries: list[PackEntry]) -> None:
+    def _add(conn: sqlite3.Connection, name: str, size: int, entries: list[PackEntry]) -> None:
         if conn.execute("SELECT 1 FROM packs WHERE name=?", (name,)).fetchone():
             return
         conn.execute("DELETE FROM evicted WHERE name=?", (name,))
@@ -182,7 +182,7 @@ class ChunkIndex:
             self._promote(conn, gone)
 
     @staticmethod
-    def _promote(conn, chunk_ids: list[bytes]) -> None:
+    def _promote(conn: sqlite3.Connection, chunk_ids: list[bytes]) -> None:
         """Make another known copy the read location of chunks that lost theirs."""
         for i in range(0, len(chunk_ids), _BATCH):
             batch = chunk_ids[i:i + _BATCH]
@@ -193,7 +193,7 @@ class ChunkIndex:
                          " (SELECT 1 FROM chunks c WHERE c.id = dup_chunks.id AND c.pack = dup_chunks.pack)", batch)
 
     @classmethod
-    def _drop(cls, conn, pack: str) -> None:
+    def _drop(cls, conn: sqlite3.Connection, pack: str) -> None:
         gone = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE pack=?", (pack,))]
         conn.execute("DELETE FROM chunks WHERE pack=?", (pack,))
         conn.execute("DELETE FROM dup_chunks WHERE pack=?", (pack,))
@@ -207,7 +207,8 @@ class ChunkIndex:
     # -- bounded (a bucket store's index on a machine: a cache of the pack footers) -------------
     def chunk_count(self) -> int:
         """Chunk rows, as the packs count them (one query over the packs, not the chunks)."""
-        return self.conn.execute("SELECT coalesce(sum(chunks), 0) FROM packs").fetchone()[0]
+        count: int = self.conn.execute("SELECT coalesce(sum(chunks), 0) FROM packs").fetchone()[0]
+        return count
 
     def evicted(self) -> dict[str, int]:
         """The packs whose rows `evict` dropped: name -> size."""
@@ -220,7 +221,7 @@ class ChunkIndex:
             conn.execute("BEGIN IMMEDIATE")
             conn.executemany("DELETE FROM evicted WHERE name=?", [(n,) for n in names])
 
-    def evict(self, max_chunks: int, used: dict[str, float], keep: set[str] = frozenset()) -> list[str]:
+    def evict(self, max_chunks: int, used: dict[str, float], keep: AbstractSet[str] = frozenset()) -> list[str]:
         """Record when packs were last used (`used`: name -> time), then, when the index holds
         more than `max_chunks` chunk rows, drop the rows of the least recently used packs
         (never those in `keep`, nor a pack with a copy recorded damaged) until it holds 3/4
@@ -353,12 +354,12 @@ class ChunkIndex:
 
     def pack_chunks(self, pack: str, start: int, end: int) -> list[PackEntry]:
         """Indexed chunks of `pack` whose bytes overlap [start, end)."""
-        rows = self.conn.execute(
+        rows: list[tuple[bytes, int, int, int, int, int | None]] = self.conn.execute(
             "SELECT id, offset, stored_len, raw_len, codec, xsum FROM chunks WHERE pack = ? AND offset < ?"
             " AND offset >= ? ORDER BY offset", (pack, end, start - (1 << 25))).fetchall()  # chunks < 32 MiB stored
         return [PackEntry(*r[:5], _check(r[5])) for r in rows if r[1] + r[2] > start]
 
-    def reach_totals(self, repos: list[str]) -> dict:
+    def reach_totals(self, repos: list[str]) -> dict[str, int]:
         """Chunk totals over what `repos` reach (a scoped token's view of the store)."""
         row = self.conn.execute(
             "SELECT COUNT(*), COALESCE(SUM(raw_len), 0), COALESCE(SUM(stored_len), 0) FROM chunks c WHERE EXISTS"
@@ -403,13 +404,13 @@ class ChunkIndex:
             self._clear(conn)
 
     @staticmethod
-    def _clear(conn, tokens: bool = False) -> None:
+    def _clear(conn: sqlite3.Connection, tokens: bool = False) -> None:
         for table in ("chunks", "dup_chunks", "packs", "repo_objects", "repo_chunks", "damaged_chunks", "evicted",
                       "pack_use") + (
                 ("token_chunks",) if tokens else ()):
             conn.execute(f"DELETE FROM {table}")
 
-    def totals(self) -> dict:
+    def totals(self) -> dict[str, int]:
         row = self.conn.execute(
             "SELECT COUNT(*), COALESCE(SUM(raw_len), 0), COALESCE(SUM(stored_len), 0) FROM chunks"
         ).fetchone()

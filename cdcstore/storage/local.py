@@ -9,18 +9,19 @@ the object. Ranges are preads. Names under `tmp/` are reserved for temp files.
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import os
 import secrets
 import stat
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from .. import runtime
 
 from ..core import ids
 from ..core.errors import CorruptionError
-from .objects import (AlreadyExists, Capabilities, Conflict, InvalidName, NotFound, ObjectInfo,
+from .objects import (AlreadyExists, Capabilities, Conflict, Data, InvalidName, NotFound, ObjectInfo,
                       ObjectStore, StorageError, StorageFull, check_folder_prefix, check_object_name,
                       check_prefix, check_range, _COMPONENT)
 
@@ -32,7 +33,7 @@ _BLOCK = 4 << 20
 IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 1024  # buffers per writev
 
 
-def write_all(fd: int, pieces: list, at: int | None = None) -> None:
+def write_all(fd: int, pieces: Iterable[Data], at: int | None = None) -> None:
     """Write `pieces` (bytes-like) one after another, `IOV_MAX` per system call and no copy:
     `os.writev` at the file's position, or `os.pwritev` from offset `at`. A short write goes on
     from where it stopped."""
@@ -77,7 +78,7 @@ def open_regular(path: str) -> int:
 
 
 @contextlib.contextmanager
-def _os_errors(what: str, reading: bool = False):
+def _os_errors(what: str, reading: bool = False) -> Iterator[None]:
     """Translate OS errors by errno into the backend's typed errors (on a read, a
     folder or a file in the way of a name means no such object)."""
     try:
@@ -117,14 +118,14 @@ class LocalObjects(ObjectStore):
             raise InvalidName(f"object name {name!r} is under {TMP}/, which holds temp files: choose another name")
         return os.path.join(self.root, *name.split("/"))
 
-    def local_path(self, name: str) -> str | None:
+    def local_path(self, name: str) -> str:
         return self._path(name)
 
     def tmp_path(self) -> str:
         """A fresh temp file name in this store's tmp/ (same file system: put_file links it)."""
         return os.path.join(self._tmpdir, f"{os.getpid()}-{secrets.token_hex(8)}.tmp")
 
-    def _write_tmp(self, data) -> str:
+    def _write_tmp(self, data: Data) -> str:
         tmp = self.tmp_path()
         try:
             with open(tmp, "wb") as f:
@@ -151,7 +152,7 @@ class LocalObjects(ObjectStore):
         return runtime.clean_dead_temps(self._tmpdir)
 
     # -- writes -----------------------------------------------------------------------------
-    def put(self, name: str, data, *, exist_ok: bool = False) -> bool:
+    def put(self, name: str, data: Data, *, exist_ok: bool = False) -> bool:
         path = self._path(name)
         with _os_errors(f"cannot write object {name!r} in {self.root}"):
             if exist_ok and os.path.exists(path):
@@ -195,10 +196,10 @@ class LocalObjects(ObjectStore):
         fsync_dir(os.path.dirname(final))
         return True
 
-    def _cas_lock(self):
+    def _cas_lock(self) -> contextlib.AbstractContextManager[None]:
         return runtime.file_lock(os.path.join(self.root, ".cas.lock"))  # a dot file: never an object
 
-    def put_if_absent(self, name: str, data) -> str:
+    def put_if_absent(self, name: str, data: Data) -> str:
         try:
             self.put(name, data)
         except AlreadyExists:
@@ -209,7 +210,7 @@ class LocalObjects(ObjectStore):
         with _os_errors(f"cannot touch object {name!r} in {self.root}"):
             os.utime(self._path(name))
 
-    def put_if_match(self, name: str, data, token: str) -> str:
+    def put_if_match(self, name: str, data: Data, token: str) -> str:
         path = self._path(name)
         with _os_errors(f"cannot write object {name!r} in {self.root}"), self._cas_lock():
             try:
@@ -243,7 +244,7 @@ class LocalObjects(ObjectStore):
         with open(open_regular(path), "rb") as f:
             return f.read()
 
-    def get(self, name: str):
+    def get(self, name: str) -> bytes:
         path = self._path(name)
         with _os_errors(f"object {name!r} in {self.root}", reading=True):
             return self._read(path)
@@ -252,7 +253,7 @@ class LocalObjects(ObjectStore):
         data = self.get(name)
         return data, ids.weak_hexdigest(data)
 
-    def get_range(self, name: str, offset: int, length: int):
+    def get_range(self, name: str, offset: int, length: int) -> bytes:
         check_range(offset, length)
         path = self._path(name)
         with _os_errors(f"object {name!r} in {self.root}", reading=True):
@@ -291,7 +292,7 @@ class LocalObjects(ObjectStore):
         folder, _, _ = prefix.rpartition("/")
         yield from self._walk(folder, prefix)
 
-    def folders(self, prefix: str = "") -> list[str]:
+    def folders(self, prefix: str = "") -> builtins.list[str]:  # `list` here is the method above
         """Sub-folders that hold at least one object (as on S3, an empty folder is none)."""
         check_folder_prefix(prefix)
         base = os.path.join(self.root, *prefix.rstrip("/").split("/")) if prefix else self.root

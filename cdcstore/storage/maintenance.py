@@ -46,7 +46,7 @@ import os
 import secrets
 import socket
 import time
-from typing import ContextManager, Iterator, Protocol
+from typing import TYPE_CHECKING, AbstractSet, Callable, ContextManager, Iterable, Iterator, Protocol, TypedDict
 
 from .. import runtime
 from ..core import ids
@@ -60,8 +60,12 @@ from ..core.pack import ENTRY, HEADER, LEGACY_ENTRY, LEGACY_PACK_VERSION, PACK_V
 from . import bundles, reach, staging
 from .index import ChunkIndex
 from .names import bundle_name, locations_name, manifest_name, pack_name, pack_of, tree_name
-from .objects import ObjectStore, StorageError
-from .refs import DELETED, commit_name, landing_name, ref_name
+from .objects import ObjectInfo, ObjectStore, StorageError
+from .refs import DELETED, Refs, commit_name, landing_name, ref_name
+
+if TYPE_CHECKING:
+    from .metadata import Metadata
+    from .packs import Packs
 
 DEFAULT_GRACE = 24 * 3600.0  # seconds an object is spared after it was written
 DEFAULT_REPACK_DEAD = 0.5  # a pack more than half dead (by bytes) is rewritten with its live chunks
@@ -81,8 +85,19 @@ class UpkeepHost(Protocol):
     `admin`, so they know it by this protocol, not by import)."""
 
     objects: ObjectStore
-    index: ChunkIndex
     location: str
+
+    @property
+    def index(self) -> ChunkIndex: ...
+
+    @property
+    def packs(self) -> Packs: ...
+
+    @property
+    def metadata(self) -> Metadata: ...
+
+    @property
+    def ref_store(self) -> Refs: ...
 
     def repos(self) -> list[str]: ...
 
@@ -92,16 +107,7 @@ class UpkeepHost(Protocol):
 
     def tags(self, repo: str) -> dict[str, str]: ...
 
-    def refs(self, repo: str, damaged: list | None = None) -> dict[str, str]: ...
-
-    def ref_names(self, repo: str) -> list[str]: ...
-
-    def _read_refs(self, repo: str, kind: str, damaged: list | None = None) -> dict[str, str]:
-        """A repo's branches (or tags) read from the ref objects, whether or not the repo stands."""
-
     def forgotten(self, repo: str) -> set[str]: ...
-
-    def forget(self, repo: str, commit_ids) -> None: ...
 
     def log(self, repo: str, rev: str) -> Iterator[tuple[str, Commit]]: ...
 
@@ -111,39 +117,12 @@ class UpkeepHost(Protocol):
 
     def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree: ...
 
-    def read_tree(self, name: str) -> treeobj.Tree: ...
-
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest: ...
 
-    def read_manifest(self, name: str) -> Manifest: ...
-
-    def read_bundle(self, bid: str) -> dict[str, tuple[bytes, bytes]] | None:
-        """A stored manifest bundle's entries, checked (read once per maintenance run)."""
-
-    def bundle_run(self) -> ContextManager:
+    def bundle_run(self) -> ContextManager[object]:
         """A context in which each manifest bundle is read once (check, gc and a push run in one)."""
 
-    def read_stored(self, pack: str, offset: int, length: int): ...
-
-    def read_pack_index(self, name: str, size: int | None = None) -> list[PackEntry]: ...
-
-    def pack_sizes(self) -> dict[str, int]: ...
-
-    def pack_hash(self, name: str) -> str: ...
-
-    def index_listed(self, listed: dict[str, int]) -> int: ...
-
-    def foreign_objects(self) -> list[str]: ...
-
-    def replace_damaged_index(self) -> None: ...
-
     def tmp_path(self) -> str: ...
-
-    def recover(self, forget_gone: bool = True, whole: bool = False) -> int: ...
-
-    def sweep_anchors(self) -> int: ...
-
-    def write_all_anchors(self) -> int: ...
 
 
 @dataclasses.dataclass
@@ -154,7 +133,8 @@ class GcPlan:
     manifests: list[str]
     commits: list[tuple[str, str]]  # (repo, commit id)
     trees: list[str] = dataclasses.field(default_factory=list)
-    repack: list[tuple[str, int, list]] = dataclasses.field(default_factory=list)  # (name, size, live entries)
+    # (name, size, live entries)
+    repack: list[tuple[str, int, list[PackEntry]]] = dataclasses.field(default_factory=list)
     bundles: list[str] = dataclasses.field(default_factory=list)  # manifest bundles none of whose manifests is live
     live_chunks: int = 0
     live_packs: int = 0
@@ -169,7 +149,7 @@ class GcPlan:
         """Pack bytes gone after the run: whole dead packs, and the dead part of repacked ones."""
         return sum(size for _, size in self.packs) + sum(size - _repacked_size(live) for _, size, live in self.repack)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {"delete_packs": len(self.packs), "repack_packs": len(self.repack), "bytes_freed": self.bytes_freed,
                 "delete_manifests": len(self.manifests), "delete_bundles": len(self.bundles),
                 "delete_trees": len(self.trees),
@@ -180,7 +160,7 @@ class GcPlan:
                 "delete_staging": len(self.staging)}
 
 
-def _repacked_size(live: list) -> int:
+def _repacked_size(live: list[PackEntry]) -> int:
     """Bytes of a pack holding just these chunks (header, records, index, trailer)."""
     entry = LEGACY_ENTRY if live and ids.is_legacy(live[0].chunk_id) else ENTRY
     return HEADER.size + sum(e.stored_len for e in live) + entry.size * len(live) + TRAILER.size
@@ -191,19 +171,20 @@ class Live:
     """What gc keeps: commits as (repo, id), tree ids, manifest names, chunk ids; `forgotten`: the
     commits among them that the walk found forgotten (history only, `reach.kept`)."""
 
-    commits: set = dataclasses.field(default_factory=set)
-    forgotten: set = dataclasses.field(default_factory=set)
-    trees: set = dataclasses.field(default_factory=set)
-    manifests: set = dataclasses.field(default_factory=set)
-    chunks: set = dataclasses.field(default_factory=set)
-    walked: dict = dataclasses.field(default_factory=dict)  # repo -> commits walked (a later mark stops there)
-    bundles: set = dataclasses.field(default_factory=set)  # bundles live file entries name (their pointers)
+    commits: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    forgotten: set[tuple[str, str]] = dataclasses.field(default_factory=set)
+    trees: set[reach.TreeKey] = dataclasses.field(default_factory=set)
+    manifests: set[str] = dataclasses.field(default_factory=set)
+    chunks: set[bytes] = dataclasses.field(default_factory=set)
+    # repo -> commits walked (a later mark stops there)
+    walked: dict[str, set[str]] = dataclasses.field(default_factory=dict)
+    bundles: set[str] = dataclasses.field(default_factory=set)  # bundles live file entries name (their pointers)
 
     def add_tree(self, repo: UpkeepHost, view: treeobj.View, root: str) -> None:
         """A tree and everything below it (a subtree marked before is not walked again)."""
         self.add(repo, reach.subtree(view, root, trees=self.trees))  # a missing or damaged live tree stops gc
 
-    def add(self, repo: UpkeepHost, found) -> None:
+    def add(self, repo: UpkeepHost, found: Iterable[reach.Found]) -> None:
         """What a walk (`reach.walk`, `reach.subtree`) found: files' manifests with their chunks."""
         for f in found:
             if f.kind == "file" and f.bundle is not None:
@@ -285,12 +266,12 @@ def _check_listing(repo: UpkeepHost, listed: list[str]) -> None:
 def _heads(repo: UpkeepHost, name: str) -> set[str]:
     """The commits a repo's branches and tags name, read from the ref objects themselves (a
     repo whose commits are gone but whose refs remain is damaged, not deleted)."""
-    return {c for kind in ("branch", "tag") for c in repo._read_refs(name, kind).values()}
+    return {c for kind in ("branch", "tag") for c in repo.ref_store._read_refs(name, kind).values()}
 
 
 def _mark_history(repo: UpkeepHost, name: str, heads: set[str], live: Live, walked: set[str]) -> None:
     """Forgotten commits stay as history (their commit objects are live); their files go."""
-    def found():
+    def found() -> Iterator[reach.Found]:
         for f in reach.walk(repo, name, {h: h for h in heads}, stop=walked, trees=live.trees):
             if f.kind == "commit":  # a damaged reachable commit stops gc (CorruptionError)
                 live.commits.add((name, f.name))
@@ -306,9 +287,9 @@ class Forgotten:
     """What forgotten commits reach, each object with the latest landing time (the commit
     object's mtime, on the store's own clock) of a forgotten commit that reaches it."""
 
-    trees: dict = dataclasses.field(default_factory=dict)
-    manifests: dict = dataclasses.field(default_factory=dict)
-    chunks: dict = dataclasses.field(default_factory=dict)
+    trees: dict[str, float] = dataclasses.field(default_factory=dict)
+    manifests: dict[str, float] = dataclasses.field(default_factory=dict)
+    chunks: dict[bytes, float] = dataclasses.field(default_factory=dict)
 
 
 def forgotten_reach(repo: UpkeepHost, live: Live) -> Forgotten:
@@ -325,10 +306,10 @@ def forgotten_reach(repo: UpkeepHost, live: Live) -> Forgotten:
         by_repo.setdefault(name, []).append(cid)
     for name, gone in sorted(by_repo.items()):
         landed = {i.name.rsplit("/", 1)[-1].removesuffix(".json"): i.mtime
-                  for i in repo.objects.list(f"repos/{name}/commits/")}
+                  for i in repo.objects.list(f"repos/{name}/commits/") if i.mtime is not None}
         # newest landing first: an object shared by several forgotten commits gets the latest time
         todo = sorted(((landed[c], c) for c in gone if landed.get(c) is not None), reverse=True)
-        views = []
+        views: list[tuple[float, treeobj.View]] = []
         for when, cid in todo:
             with contextlib.suppress(CdcError, StorageError, OSError):  # what an earlier gc freed
                 views.append((when, repo.view(name, repo.get_commit(name, cid))))
@@ -357,10 +338,10 @@ def deleted_reach(repo: UpkeepHost, live: Live, out: Forgotten, since: float) ->
             except (ValueError, KeyError, TypeError):
                 continue  # a line cut by the bound, or not ours: nothing freed early by it
     roots.sort(reverse=True)
-    _add_reach(repo, live, out, [(when, treeobj.View(repo.read_tree, tree)) for when, tree in roots])
+    _add_reach(repo, live, out, [(when, treeobj.View(repo.metadata.read_tree, tree)) for when, tree in roots])
 
 
-def _add_reach(repo: UpkeepHost, live: Live, out: Forgotten, views: list) -> None:
+def _add_reach(repo: UpkeepHost, live: Live, out: Forgotten, views: list[tuple[float, treeobj.View]]) -> None:
     """Add to `out` what these (landing time, view) commits reach and `live` does not, each object
     with the time of the first (newest) commit that reaches it: trees, manifests, their chunks. A
     subtree is walked once; a tree an earlier gc freed is skipped with what is below it."""
@@ -383,6 +364,24 @@ def _add_reach(repo: UpkeepHost, live: Live, out: Forgotten, views: list) -> Non
 MAX_TOMBSTONE_BYTES = 64 << 20  # a tombstone's commit list read at most this far (~500,000 commits)
 
 
+class _Spared(TypedDict):
+    """What `plan` spared inside the grace window: pack bytes, and the latest write time."""
+
+    bytes: int
+    latest: float | None
+
+
+class _Old(Protocol):
+    """`plan`'s test of an object: past the grace window, or reached by a forgotten commit
+    that landed after it was last written (`reached`)."""
+
+    def __call__(self, info: ObjectInfo, reached: float | None = None, /) -> bool: ...
+
+
+#: A pack `plan` keeps as it is, for now: (name, size, live entries, its listing, reached).
+_Kept = tuple[str, int, list[PackEntry], ObjectInfo, float | None]
+
+
 def _freed(kind: str, ref: str, where: str, error: Exception) -> None:
     """A tree of a forgotten commit that cannot be read: an earlier gc freed it (what is below
     it is skipped)."""
@@ -396,7 +395,7 @@ def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = Non
     over `max_unused` of the live ones, the most dead packs are rewritten too (None: never).
     `live`: an earlier mark, brought up to date here (`mark`)."""
     now = time.time() if now is None else now
-    repo.recover(whole=True)  # durable packs a killed push left unindexed (or a bounded index let go) are counted
+    repo.packs.recover(whole=True)  # durable packs a killed push left unindexed (or a bounded index let go) are counted
     live = mark(repo, live)
     forgotten = forgotten_reach(repo, live)  # before young roots add to `live`: what only they reach
     deleted_reach(repo, live, forgotten, now - grace)
@@ -410,9 +409,9 @@ def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = Non
             continue  # never stored, or already gone: nothing of it to keep
         live_manifests.add(m)
     young = 0
-    spared = {"bytes": 0, "latest": None}
+    spared: _Spared = {"bytes": 0, "latest": None}
 
-    def old(info, reached: float | None = None) -> bool:
+    def old(info: ObjectInfo, reached: float | None = None) -> bool:
         """Past the grace window, or reached by a forgotten commit that landed after it
         was last written (`reached`: that commit's mtime): either way no upload in flight."""
         nonlocal young
@@ -449,14 +448,15 @@ def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = Non
         else:  # a young manifest is a root: an upload whose commit comes later (or a push in flight)
             live_chunks.update(repo.get_manifest(m).chunk_ids)
     bundles = _plan_bundles(repo, live_manifests, live_chunks, forgotten, old, live.bundles)
-    live_in: dict[str, list] = {}
+    live_in: dict[str, list[PackEntry]] = {}
     reached_at: dict[str, float | None] = {}  # pack -> when a forgotten commit last vouched for all its dead chunks
     for pack, e in repo.index.all_rows():  # every copy: a pack holding a live chunk's other copy is live too
         if e.chunk_id in live_chunks:
             live_in.setdefault(pack, []).append(e)
         else:
-            t = forgotten.chunks.get(e.chunk_id)
-            reached_at[pack] = None if t is None or reached_at.get(pack, t) is None else min(t, reached_at.get(pack, t))
+            when = forgotten.chunks.get(e.chunk_id)
+            before = reached_at.get(pack, when)
+            reached_at[pack] = None if when is None or before is None else min(when, before)
     packs, repack, kept = [], [], []
     damaged = {pack for pack, _ in repo.index.damaged()}
     indexed, bad = repo.index.packs(), repo.index.bad_packs()
@@ -466,21 +466,21 @@ def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = Non
             continue
         if name not in indexed and name not in bad:  # its footer unread (listed after the mark, or let go
             continue  # by another process's bounded index): what it holds is unknown, so it stays
-        live = sorted(live_in.get(name, []), key=lambda e: e.offset)
+        live_entries = sorted(live_in.get(name, []), key=lambda e: e.offset)
         reached = reached_at.get(name)
         if name in damaged:  # whatever its age and dead share: the damage goes, sound chunks move
-            keep = _sound_rest(repo, name, info, live, now - grace)
+            keep = _sound_rest(repo, name, info, live_entries, now - grace)
             if keep:
                 repack.append((name, info.size, keep))
             else:
                 packs.append((name, info.size))
-        elif not live:
+        elif not live_entries:
             if old(info, reached):
                 packs.append((name, info.size))
-        elif _repacked_size(live) < (1 - repack_dead) * info.size and old(info, reached):
-            repack.append((name, info.size, live))
+        elif _repacked_size(live_entries) < (1 - repack_dead) * info.size and old(info, reached):
+            repack.append((name, info.size, live_entries))
         else:
-            kept.append((name, info.size, live, info, reached))
+            kept.append((name, info.size, live_entries, info, reached))
     if max_unused is not None:
         repack += _repack_until(kept, max_unused, old)
     commits = []
@@ -494,8 +494,8 @@ def plan(repo: UpkeepHost, grace: float = DEFAULT_GRACE, now: float | None = Non
                   spared_until=None if spared["latest"] is None else spared["latest"] + grace)
 
 
-def _plan_bundles(repo: UpkeepHost, live_manifests: set, live_chunks: set, forgotten, old,
-                  named: set = frozenset()) -> list[str]:
+def _plan_bundles(repo: UpkeepHost, live_manifests: set[str], live_chunks: set[bytes], forgotten: Forgotten,
+                  old: _Old, named: AbstractSet[str] = frozenset()) -> list[str]:
     """The manifest bundles to delete: those holding no live manifest, past the grace window (or
     holding only what forgotten commits reached and landed after them). A young bundle's
     manifests are roots, as a young manifest is. A damaged one (junk a co-tenant left under
@@ -505,7 +505,7 @@ def _plan_bundles(repo: UpkeepHost, live_manifests: set, live_chunks: set, forgo
     doomed = []
     for bid, info in bundles.listing(repo.objects):
         try:
-            entries = repo.read_bundle(bid)
+            entries = repo.metadata.read_bundle(bid)
         except CorruptionError:
             if bid not in named and old(info):
                 doomed.append(bid)
@@ -515,7 +515,7 @@ def _plan_bundles(repo: UpkeepHost, live_manifests: set, live_chunks: set, forgo
         if not entries or any(n in live_manifests for n in entries):
             continue
         when = [forgotten.manifests.get(n) for n in entries]
-        if old(info, None if None in when else min(when)):
+        if old(info, None if None in when else min(t for t in when if t is not None)):
             doomed.append(bid)
         else:
             for data, _ in entries.values():
@@ -523,7 +523,8 @@ def _plan_bundles(repo: UpkeepHost, live_manifests: set, live_chunks: set, forgo
     return doomed
 
 
-def _sound_rest(repo: UpkeepHost, name: str, info, live: list, before: float) -> list:
+def _sound_rest(repo: UpkeepHost, name: str, info: ObjectInfo, live: list[PackEntry],
+                before: float) -> list[PackEntry]:
     """What of a pack with known damaged copies moves to a new pack: the chunks read from it
     (another pack's copy is read instead of a dropped or shadowed one); of an old pack only the
     live ones, of a young one every such chunk (an upload in flight may name it)."""
@@ -534,7 +535,7 @@ def _sound_rest(repo: UpkeepHost, name: str, info, live: list, before: float) ->
     return read_here
 
 
-def _repack_until(kept: list, max_unused: float, old) -> list:
+def _repack_until(kept: list[_Kept], max_unused: float, old: _Old) -> list[tuple[str, int, list[PackEntry]]]:
     """More packs to rewrite, most dead first, until the dead bytes left in kept packs are at
     most `max_unused` of their live bytes (thin garbage spread over many packs adds up; each
     byte rewritten buys the most space this way). Young packs are never taken."""
@@ -597,7 +598,7 @@ def _dead_here(repo: UpkeepHost, name: str) -> bool:
     return False
 
 
-def old_session(info, now: float, grace: float) -> bool:
+def old_session(info: ObjectInfo, now: float, grace: float) -> bool:
     """A session older than the grace window and than SESSION_STALE belongs to a push that died.
     A session a server keeps for a client (`srv-`: no process of this host to look for) is a lease:
     its client refreshes it every SERVER_REFRESH seconds, so one not refreshed for SERVER_LEASE died
@@ -611,14 +612,15 @@ def old_session(info, now: float, grace: float) -> bool:
 
 
 def gc(repo: UpkeepHost, grace: float = DEFAULT_GRACE, dry_run: bool = False,
-       repack_dead: float = DEFAULT_REPACK_DEAD, max_unused: float | None = DEFAULT_MAX_UNUSED) -> dict:
+       repack_dead: float = DEFAULT_REPACK_DEAD, max_unused: float | None = DEFAULT_MAX_UNUSED) -> dict[str, object]:
     """Mark, plan, and (unless `dry_run`, and while no push is in flight) delete; each manifest
     bundle is read once (`bundle_run`)."""
     with repo.bundle_run():
         return _gc(repo, grace, dry_run, repack_dead, max_unused)
 
 
-def _gc(repo: UpkeepHost, grace: float, dry_run: bool, repack_dead: float, max_unused: float | None) -> dict:
+def _gc(repo: UpkeepHost, grace: float, dry_run: bool, repack_dead: float,
+        max_unused: float | None) -> dict[str, object]:
     if not (isinstance(grace, (int, float)) and grace >= 0):
         raise InvalidAddressError(f"the grace window is seconds, 0 or more, not {grace!r}")
     if not (isinstance(repack_dead, (int, float)) and 0 <= repack_dead < 1):
@@ -649,7 +651,7 @@ def _gc(repo: UpkeepHost, grace: float, dry_run: bool, repack_dead: float, max_u
             return out
         execute(repo, p)
         out["deleted"] = True
-        out["anchored_packs"] = repo.write_all_anchors()  # an old bucket store: once, index now whole
+        out["anchored_packs"] = repo.packs.anchors.write_all_anchors()  # an old bucket store: once, index now whole
         return out
     finally:
         repo.objects.delete(marker)
@@ -681,10 +683,10 @@ def execute(repo: UpkeepHost, p: GcPlan) -> None:
         repo.index.drop_pack(name)  # no presence query finds its chunks any more
         repo.objects.delete(pack_name(name))
     if p.packs or p.repack:
-        repo.sweep_anchors()  # hints last: an anchor left behind by a crash is only a miss
+        repo.packs.anchors.sweep_anchors()  # hints last: an anchor left behind by a crash is only a miss
 
 
-def _repack(repo: UpkeepHost, name: str, live: list) -> None:
+def _repack(repo: UpkeepHost, name: str, live: list[PackEntry]) -> None:
     """Copy a pack's live chunks (verified, stored bytes as they are) into a new pack, make it
     durable, move the index rows to it in one transaction, then delete the old pack. A crash
     before the move leaves an unindexed copy (garbage); after it, an old pack with no rows."""
@@ -693,7 +695,7 @@ def _repack(repo: UpkeepHost, name: str, live: list) -> None:
         # a v1 pack's chunks keep their 16-byte ids, so they go to a v1 pack (named as v1 was)
         w = PackWriter(f, LEGACY_PACK_VERSION if live and ids.is_legacy(live[0].chunk_id) else PACK_VERSION)
         for e in live:
-            stored = repo.read_stored(name, e.offset, e.stored_len)
+            stored = repo.packs.read_stored(name, e.offset, e.stored_len)
             raw = decode_chunk(stored, e.codec, e.raw_len, e.chunk_id)  # never copy a damaged chunk
             w.add(e.chunk_id, e.codec, stored, e.raw_len, ids.checksum(raw))
         new = w.finish()
@@ -722,7 +724,7 @@ class PushSession:
         self.repo, self.timeout, self.heartbeat = repo, timeout, heartbeat
         self.local = name is None  # this process pushes (a server's session belongs to its client)
         self.name = f"{SESSIONS}{name or f'{os.getpid()}-{secrets.token_hex(8)}'}"
-        self._stop = None
+        self._stop: Callable[[], None] | None = None
 
     def __enter__(self) -> "PushSession":
         owner = {"host": socket.gethostname(), "pid": os.getpid() if self.local else None, "started": time.time()}
@@ -758,7 +760,7 @@ class PushSession:
             running = True
         return running
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._stop is not None:
             self._stop()
         try:
@@ -786,7 +788,7 @@ def forget_plan(history: dict[str, list[tuple[str, float]]], tags: dict[str, str
 
 
 def forget(repo: UpkeepHost, name: str, keep_last: int | None = None, keep_within: float | None = None,
-           keep_tags: bool = True, dry_run: bool = False) -> dict:
+           keep_tags: bool = True, dry_run: bool = False) -> dict[str, object]:
     """Apply a retention policy to a repo's history; `gc` then frees what only forgotten commits used.
     Tagged commits are always kept (`keep_tags` is accepted from older clients and changes nothing)."""
     if keep_last is None and keep_within is None:
@@ -802,7 +804,7 @@ def forget(repo: UpkeepHost, name: str, keep_last: int | None = None, keep_withi
     doomed = [c for c in forget_plan(history, tags, keep_last, keep_within) if c not in repo.forgotten(name)]
     untagged = forget_plan(history, {}, keep_last, keep_within)
     if not dry_run:
-        repo.forget(name, doomed)
+        repo.ref_store.forget(name, doomed)
     kept = {cid for commits in history.values() for cid, _ in commits} - set(doomed) - repo.forgotten(name)
     tagged = sorted({t for t, c in tags.items() if c in set(untagged) and c not in repo.forgotten(name)})
     return {"repo": name, "forget": doomed, "kept": len(kept), "kept_tagged": tagged, "dry_run": dry_run}

@@ -30,6 +30,7 @@ from __future__ import annotations
 import collections
 import re
 import time
+from typing import Any, Callable, TypeVar
 
 from .. import runtime
 from ..core import ids
@@ -37,10 +38,13 @@ from ..core import ids
 HEAD_TTL = 5.0  # seconds a branch head resolved by this process (or, through the cache, this machine) serves
 OBJECTS_MAX = 512  # immutable objects this process keeps in memory
 _STORE_ID = re.compile(r"[0-9A-Za-z_.-]{8,128}")
+T = TypeVar("T")
+HeadKey = tuple[str, ...]  # (identity, scope, repo, rev)
+ObjectKey = tuple[str | None, ...]  # (scope, kind, repo or None, name)
 
 _lock = runtime.Lock()
 _store_ids: dict[str, str] = {}  # location -> the store id its server named last
-_counts: collections.Counter = collections.Counter()
+_counts: collections.Counter[str] = collections.Counter()
 
 
 def count(what: str, n: int = 1) -> None:
@@ -49,7 +53,7 @@ def count(what: str, n: int = 1) -> None:
         _counts[what] += n
 
 
-def counters() -> dict:
+def counters() -> dict[str, int]:
     """Reads answered by each layer since the process started: `heads_memory`, `heads_machine`,
     `heads_server`, `objects_memory`, `objects_machine`, `objects_server`."""
     with _lock:
@@ -91,11 +95,11 @@ def identity(location: str) -> str:
 class Heads:
     """Branch and tag heads by (identity, scope, repo, rev): (commit id, kind, when)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = runtime.Lock()
-        self._heads: dict[tuple, tuple[str, str, float]] = {}
+        self._heads: dict[HeadKey, tuple[str, str, float]] = {}
 
-    def get(self, key: tuple, ttl: float = HEAD_TTL) -> tuple[str, str] | None:
+    def get(self, key: HeadKey, ttl: float = HEAD_TTL) -> tuple[str, str] | None:
         """(commit id, kind) of a head kept for `key`: a branch's for `ttl` seconds, a tag's or a
         commit id's for good."""
         with self._lock:
@@ -108,7 +112,7 @@ class Heads:
         count("heads_memory")
         return cid, kind
 
-    def put(self, key: tuple, commit_id: str, kind: str, at: float | None = None) -> None:
+    def put(self, key: HeadKey, commit_id: str, kind: str, at: float | None = None) -> None:
         with self._lock:
             self._heads[key] = (commit_id, kind, time.monotonic() if at is None else at)
 
@@ -134,9 +138,10 @@ class Objects:
     def __init__(self, most: int = OBJECTS_MAX):
         self._lock = runtime.Lock()
         self._most = most
-        self._objects: collections.OrderedDict = collections.OrderedDict()
+        # values: whatever kind of object the key names (a manifest, tree, commit ...)
+        self._objects: collections.OrderedDict[ObjectKey, Any] = collections.OrderedDict()
 
-    def get(self, key: tuple):
+    def get(self, key: ObjectKey) -> Any:
         with self._lock:
             obj = self._objects.get(key)
             if obj is not None:
@@ -145,11 +150,11 @@ class Objects:
             count("objects_memory")
         return obj
 
-    def has(self, key: tuple) -> bool:
+    def has(self, key: ObjectKey) -> bool:
         with self._lock:
             return key in self._objects
 
-    def put(self, key: tuple, obj) -> None:
+    def put(self, key: ObjectKey, obj: object) -> None:
         with self._lock:
             self._objects[key] = obj
             self._objects.move_to_end(key)
@@ -160,10 +165,10 @@ class Objects:
         with self._lock:
             self._objects.clear()
 
-    def remembered(self, key: tuple, fetch):
+    def remembered(self, key: ObjectKey, fetch: Callable[[], T]) -> T:
         """The object kept for `key`, else `fetch()`'s (verified by the caller), kept. Whoever
         fetches from the store counts `objects_server`."""
-        obj = self.get(key)
+        obj: T | None = self.get(key)
         if obj is None:
             obj = fetch()
             self.put(key, obj)

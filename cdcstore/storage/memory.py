@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import bisect
+import builtins
 import threading
 import time
 from typing import Iterator
 
 from ..core import ids
-from .objects import (AlreadyExists, Capabilities, Conflict, NotFound, ObjectInfo, ObjectStore,
+from .objects import (AlreadyExists, Capabilities, Conflict, Data, NotFound, ObjectInfo, ObjectStore,
                       check_folder_prefix, check_object_name, check_prefix, check_range)
 
 
@@ -36,7 +37,7 @@ class MemoryObjects(ObjectStore):
         except KeyError:
             raise NotFound(f"object {name!r} is not in {self.url}") from None
 
-    def put(self, name: str, data, *, exist_ok: bool = False) -> bool:
+    def put(self, name: str, data: Data, *, exist_ok: bool = False) -> bool:
         check_object_name(name)
         data = bytes(data)
         with self._lock:
@@ -47,7 +48,7 @@ class MemoryObjects(ObjectStore):
             self._set(name, data)
             return True
 
-    def get(self, name: str):
+    def get(self, name: str) -> bytes:
         with self._lock:
             return self._get(name)
 
@@ -55,7 +56,7 @@ class MemoryObjects(ObjectStore):
         data = self.get(name)
         return data, ids.weak_hexdigest(data)
 
-    def get_range(self, name: str, offset: int, length: int):
+    def get_range(self, name: str, offset: int, length: int) -> memoryview:
         check_range(offset, length)
         return memoryview(self.get(name))[offset:offset + length]
 
@@ -75,7 +76,7 @@ class MemoryObjects(ObjectStore):
         for n, size, mtime in names:
             yield ObjectInfo(n, size, None, mtime)
 
-    def folders(self, prefix: str = "") -> list[str]:
+    def folders(self, prefix: str = "") -> builtins.list[str]:  # `list` here is the method above
         check_folder_prefix(prefix)
         return sorted({i.name[len(prefix):].split("/", 1)[0] for i in self.list(prefix)
                        if "/" in i.name[len(prefix):]})
@@ -87,14 +88,14 @@ class MemoryObjects(ObjectStore):
             if self._objects.pop(name, None) is not None:
                 self._names.pop(bisect.bisect_left(self._names, name))
 
-    def put_if_absent(self, name: str, data) -> str:
+    def put_if_absent(self, name: str, data: Data) -> str:
         check_object_name(name)
         with self._lock:
             if name in self._objects:
                 raise Conflict(f"object {name!r} was created by another writer: read it and try again")
             return self._set(name, bytes(data))
 
-    def put_if_match(self, name: str, data, token: str) -> str:
+    def put_if_match(self, name: str, data: Data, token: str) -> str:
         check_object_name(name)
         with self._lock:
             current = self._objects.get(name)

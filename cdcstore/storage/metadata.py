@@ -16,7 +16,7 @@ adds to its parent (`new_reach`, asked by `refs.Refs.commit`). Object names (doc
 from __future__ import annotations
 
 import collections
-from typing import Protocol
+from typing import TYPE_CHECKING, ContextManager, Iterable, Protocol, Sequence
 
 from .. import runtime
 from ..core import bundle, ids, treeobj
@@ -29,6 +29,11 @@ from .manifest_file import ManifestFile, ManifestMissing
 from .names import manifest_name, tree_name
 from .objects import NotFound, ObjectStore
 from .refs import commit_name
+from .roles import BackendCapabilities
+
+if TYPE_CHECKING:
+    from .hints import LocationHints
+    from .refs import Refs
 
 TREE_MEMO = 4096  # trees kept decoded per process (immutable: named by their bytes)
 MANIFEST_MEMO_CHUNKS = 1 << 18  # chunk entries of decoded manifests kept per store (~40 MB at most; see `get_manifest`)
@@ -41,7 +46,13 @@ class MetadataHost(Protocol):
 
     objects: ObjectStore
     location: str
-    shared: bool  # a bucket: pushes bundle small files' manifests
+    capabilities: BackendCapabilities  # with `metadata` (this object): what `ManifestFile` reads through
+
+    @property
+    def shared(self) -> bool: ...  # a bucket: pushes bundle small files' manifests
+
+    @property
+    def metadata(self) -> Metadata: ...
 
     def get_commit(self, repo: str, commit_id: str) -> Commit: ...
 
@@ -53,7 +64,7 @@ class MetadataHost(Protocol):
 class Metadata:
     """Manifests, trees and commits of one store (`roles.MetadataStore`)."""
 
-    def __init__(self, host: MetadataHost, hints, refs):
+    def __init__(self, host: MetadataHost, hints: LocationHints, refs: Refs):
         self._host = host
         self._hints = hints  # hints.LocationHints: manifests' location records
         self._refs = refs  # refs.Refs: a missing commit of a missing repo says so
@@ -62,7 +73,7 @@ class Metadata:
         self._manifests: collections.OrderedDict[str, Manifest] = collections.OrderedDict()  # `get_manifest`
         self._manifest_chunks = 0  # chunk entries held by `_manifests`
         self._manifests_lock = runtime.Lock()
-        self._put_ids: collections.OrderedDict[str, list[bytes]] = collections.OrderedDict()  # see `_written_ids`
+        self._put_ids: collections.OrderedDict[str, Sequence[bytes]] = collections.OrderedDict()  # see `_written_ids`
         self._put_ids_count = 0
         self._put_ids_lock = runtime.Lock()
         self.bundles = Bundles(host)
@@ -107,12 +118,12 @@ class Metadata:
             found.update(n for n in self.bundles.find(rest) if self._in_bundle(n))
         return found
 
-    def learn_bundles(self, pairs) -> None:
+    def learn_bundles(self, pairs: Iterable[tuple[str, str | None]]) -> None:
         """Remember which bundle holds which manifest: (manifest, bundle) pairs, e.g. from
         entries a caller hands in (a hint: every manifest is checked against its name)."""
         self.bundles.learn(pairs)
 
-    def bundle_run(self):
+    def bundle_run(self) -> ContextManager[None]:
         """A context in which each manifest bundle is read from the store once (`Bundles.run`):
         check, gc and a push run inside one."""
         return self.bundles.run()
@@ -169,7 +180,8 @@ class Metadata:
                 self._hints.put_first_anchors(pairs)
                 todo = {n: v for n, v in todo.items() if n not in small}
 
-        def put(item):  # one stored before is made young again: gc's grace window covers it anew
+        # one stored before is made young again: gc's grace window covers it anew
+        def put(item: tuple[str, tuple[Manifest, bytes]]) -> None:
             if not self.objects.put(manifest_name(item[0]), item[1][1], exist_ok=True):
                 self.objects.touch(manifest_name(item[0]))
 
@@ -182,7 +194,7 @@ class Metadata:
         self._remember_ids(zip(names, manifests))
         return names
 
-    def _remember_ids(self, pairs) -> None:
+    def _remember_ids(self, pairs: Iterable[tuple[str, Manifest]]) -> None:
         """Keep the chunk ids of manifests this process just stored (at most `PUT_IDS_MEMO` ids, the
         latest), so that the commit naming them need not read them back (one request each on a
         bucket). Sound whoever stored them: a manifest's name is the hash of the bytes they came from."""
@@ -194,7 +206,7 @@ class Metadata:
             while self._put_ids_count > PUT_IDS_MEMO and self._put_ids:
                 self._put_ids_count -= len(self._put_ids.popitem(last=False)[1])
 
-    def _written_ids(self, name: str) -> list[bytes] | None:
+    def _written_ids(self, name: str) -> Sequence[bytes] | None:
         """The chunk ids of a manifest this process stored lately (taken: a commit uses them once)."""
         with self._put_ids_lock:
             got = self._put_ids.pop(name, None)
@@ -260,7 +272,7 @@ class Metadata:
     def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
         """Store trees durably, written once each (one stored before is made young again,
         as a manifest is: gc's grace window covers it anew)."""
-        def put(item):
+        def put(item: tuple[str, treeobj.Tree]) -> None:
             name, tree = item
             data = tree.encode()
             if not ids.matches(data, name):
@@ -306,7 +318,7 @@ class Metadata:
         """A stored tree's bytes as stored (NotFound if absent)."""
         return bytes(self.objects.get(tree_name(name)))
 
-    def tree_names(self) -> dict[str, tuple[int, float]]:
+    def tree_names(self) -> dict[str, tuple[int, float | None]]:
         """Every stored tree: name -> (size, mtime)."""
         out = {}
         for info in self.objects.list("trees/"):

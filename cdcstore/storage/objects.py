@@ -21,6 +21,7 @@ InvalidName, StorageFull, Unavailable (transient: retry later), AccessDenied.
 from __future__ import annotations
 
 import abc
+import builtins
 import dataclasses
 import re
 from typing import Iterator
@@ -28,6 +29,8 @@ from typing import Iterator
 from ..core import errors
 
 MAX_NAME_BYTES = 1024  # S3's key limit
+#: Bytes-like: what a put takes and a read gives (a bucket client may answer a memoryview).
+Data = bytes | bytearray | memoryview
 _COMPONENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 _PREFIX_CHARS = re.compile(r"[A-Za-z0-9._/-]*")
 
@@ -147,7 +150,7 @@ class ObjectStore(abc.ABC):
         return self.url
 
     @abc.abstractmethod
-    def put(self, name: str, data, *, exist_ok: bool = False) -> bool:
+    def put(self, name: str, data: Data, *, exist_ok: bool = False) -> bool:
         """Create object `name` holding `data`, never replacing one. An existing object
         is AlreadyExists, or (with `exist_ok`, for content-named objects) left alone.
         Returns whether this call wrote it."""
@@ -169,15 +172,15 @@ class ObjectStore(abc.ABC):
             pass
 
     @abc.abstractmethod
-    def get(self, name: str):
+    def get(self, name: str) -> Data:
         """The whole object (bytes-like); NotFound if absent."""
 
     @abc.abstractmethod
-    def get_with_token(self, name: str) -> tuple[bytes, str]:
+    def get_with_token(self, name: str) -> tuple[Data, str]:
         """(contents, token) read together, for a later put_if_match."""
 
     @abc.abstractmethod
-    def get_range(self, name: str, offset: int, length: int):
+    def get_range(self, name: str, offset: int, length: int) -> Data:
         """`length` bytes from `offset` (bytes-like); shorter at the end of the object,
         empty from or past its end; NotFound if absent."""
 
@@ -190,7 +193,7 @@ class ObjectStore(abc.ABC):
         """Objects whose name starts with `prefix` (a string prefix), sorted by name."""
 
     @abc.abstractmethod
-    def folders(self, prefix: str = "") -> list[str]:
+    def folders(self, prefix: str = "") -> builtins.list[str]:  # `list` here is the method above
         """The folder names directly under `prefix` ('' or ending with '/'), sorted: the
         next name component of the objects below it that have one more '/' (S3: the
         common prefixes of a delimiter listing). folders("repos/") -> ["a", "b"]."""
@@ -200,18 +203,18 @@ class ObjectStore(abc.ABC):
         """Remove the object; an absent one is no error (deletes are retried)."""
 
     @abc.abstractmethod
-    def put_if_absent(self, name: str, data) -> str:
+    def put_if_absent(self, name: str, data: Data) -> str:
         """Create `name`; Conflict if it exists. Returns the new token.
 
         A client that retried a request whose answer was lost can get Conflict for a
         write that landed: on Conflict, read the object and compare it with `data`."""
 
     @abc.abstractmethod
-    def put_if_match(self, name: str, data, token: str) -> str:
+    def put_if_match(self, name: str, data: Data, token: str) -> str:
         """Replace `name` if it still has `token`; Conflict if it changed or is gone
         (the same note on retried requests as put_if_absent). Returns the new token."""
 
-    def counters(self) -> dict | None:
+    def counters(self) -> dict[str, int] | None:
         """{"requests", "sent_bytes", "received_bytes"} this process exchanged with the
         service (bodies only), or None for a store with no wire (a directory, memory)."""
         return None

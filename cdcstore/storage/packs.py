@@ -13,7 +13,7 @@ import collections
 import contextlib
 import os
 import time
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import AbstractSet, Callable, Iterable, Iterator, Mapping, Protocol, Sequence, cast
 
 from .. import runtime, settings
 from ..core import anchors, ids
@@ -38,7 +38,9 @@ class PackHost(Protocol):
 
     objects: ObjectStore
     location: str
-    shared: bool
+
+    @property
+    def shared(self) -> bool: ...
 
 
 class _RangeFile:
@@ -90,7 +92,7 @@ class Packs:
             self._index_error = None
         return self._index
 
-    def adopt_store(self, store_id) -> None:
+    def adopt_store(self, store_id: Callable[[], str]) -> None:
         """Empty an index kept for another store of this name (`store_id()`, asked only then)."""
         if self._index_error is None:
             self._index.adopt_store(store_id())
@@ -109,7 +111,7 @@ class Packs:
     def present(self, chunk_ids: list[bytes]) -> set[bytes]:
         return self.present_or_prove(dict.fromkeys(chunk_ids))
 
-    def present_or_prove(self, chunks: dict, firsts: Iterable[bytes] = (),
+    def present_or_prove(self, chunks: Mapping[bytes, object], firsts: Iterable[bytes] = (),
                          vouched: Callable[[set[bytes]], set[bytes]] | None = None) -> set[bytes]:
         wanted = list(chunks)
         found = self.index.present(wanted)
@@ -183,7 +185,7 @@ class Packs:
         if self._host.shared:
             self._used[name] = time.time()
 
-    def bound(self, keep: set[str] = frozenset()) -> None:
+    def bound(self, keep: AbstractSet[str] = frozenset()) -> None:
         """Keep a bucket store's index on this machine within `settings.INDEX_MAX_CHUNKS` chunk
         rows (`ChunkIndex.evict`: least recently used packs first, never those in `keep`).
         Run before a push (`Repository.begin_push`) and after a read indexed packs, never
@@ -201,7 +203,9 @@ class Packs:
         if not any(pack == name for pack, _ in self.index.damaged()):
             return False
         with open(tmp, "rb") as f:
-            self.objects.put_if_match(pack_name(name), f.read(), self.objects.stat(pack_name(name)).token)
+            # (stat always gives a token: only a listing may not)
+            self.objects.put_if_match(pack_name(name), f.read(),
+                                      self.objects.stat(pack_name(name)).token)  # type: ignore[arg-type]
         return True
 
     def require_stored(self, chunk_ids: Iterable[bytes]) -> None:
@@ -280,7 +284,9 @@ class Packs:
             size = self.pack_size(name) if size is None else size
         except NotFound:
             raise CorruptionError(f"pack {name} is missing") from None
-        return read_index(_RangeFile(self.objects, pack_name(name), size), size, f"pack {name}")
+        # the parsers take a BinaryIO and use its seek and read: what a _RangeFile has
+        return read_index(_RangeFile(self.objects, pack_name(name), size),  # type: ignore[arg-type]
+                          size, f"pack {name}")
 
     def recover(self, forget_gone: bool = True, whole: bool = False) -> int:
         """Make the index agree with the store's pack listing: index packs that are stored
@@ -341,7 +347,8 @@ class Packs:
             size = self.pack_size(name)
             if self.pack_hash(name) != name:
                 return False
-            entries = read_verified(_RangeFile(self.objects, pack_name(name), size), size, f"pack {name}")
+            entries = read_verified(_RangeFile(self.objects, pack_name(name), size),  # type: ignore[arg-type]
+                                    size, f"pack {name}")  # (as `read_pack_index`)
         except (NotFound, CorruptionError):
             return False
         self.index.add_pack(name, size, entries, own=True)  # its name and every chunk verified
@@ -390,7 +397,7 @@ class Packs:
             out.setdefault(e.chunk_id, e)
         return sorted(out.values(), key=lambda e: e.offset)
 
-    def read_stored(self, pack: str, offset: int, length: int):
+    def read_stored(self, pack: str, offset: int, length: int) -> memoryview:
         """Raw bytes of a pack range (no decoding); CorruptionError if the pack is short."""
         try:
             data = self.objects.get_range(pack_name(pack), offset, length) if length else b""
@@ -401,15 +408,15 @@ class Packs:
                                   f"got {len(data)}; run `cdcstore check`")
         return memoryview(data)
 
-    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes:
+    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes | memoryview:
         return self.read_chunks([(pack, entry)])[entry.chunk_id]
 
     def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
-                    stored: dict | None = None) -> dict[bytes, bytes]:
+                    stored: dict[bytes, bytes] | None = None) -> dict[bytes, bytes | memoryview]:
         """One read per run of adjacent chunks in a pack; each chunk verified: in a bucket
         against its id (BLAKE3: bytes from a place other machines write), in a directory
         this machine writes against its entry's xxh3-64 (rot; its id was verified on write)."""
-        out = {}
+        out: dict[bytes, bytes | memoryview] = {}  # a raw chunk: a view of the bytes read
         trust_checks = not self._host.shared
         for r in plan_ranges(items, max_hole=0, max_range=self.run):
             for e, stored_bytes in slices(r, self.read_stored(r.pack, r.start, r.end - r.start)):
@@ -434,7 +441,7 @@ class Packs:
         return PackMissingError(f"pack {pack} is missing from {self._host.location} (a gc or repack moved its "
                                 f"chunks, or the store is damaged): read again, or run `cdcstore check`")
 
-    def damaged(self, pack: str, chunk_id: bytes, err) -> CorruptionError:
+    def damaged(self, pack: str, chunk_id: bytes, err: Exception | str) -> CorruptionError:
         """The error for a stored chunk that failed verification; its index row is dropped
         first (absent now: the next push stores it again)."""
         self.index.drop_chunks(pack, [chunk_id], damaged=True)
@@ -455,11 +462,14 @@ class LocalPacks(Packs):
 
     def __init__(self, host: PackHost, index_path: str):
         super().__init__(host, index_path)
-        self._fds = runtime.Local()  # pack name -> open descriptor, this process's (the parent's stay theirs)
+        # pack name -> open descriptor, this process's (the parent's stay theirs); runtime.Local is untyped
+        self._fds = runtime.Local()  # type: ignore[no-untyped-call]
         self._fd_lock = runtime.Lock()
 
     def pack_path(self, name: str) -> str:
-        return self.objects.local_path(pack_name(name))
+        path = self.objects.local_path(pack_name(name))
+        assert path is not None  # a directory store's objects are files
+        return path
 
     def pack_size(self, name: str) -> int:
         try:
@@ -470,7 +480,7 @@ class LocalPacks(Packs):
     def _fd(self, pack: str) -> int:
         """An open descriptor of a pack (per process; at most MAX_OPEN kept open)."""
         with self._fd_lock:
-            fds = self._fds.get(collections.OrderedDict)
+            fds: collections.OrderedDict[str, int] = self._fds.get(collections.OrderedDict)
             fd = fds.get(pack)
             if fd is None:
                 try:
@@ -484,7 +494,7 @@ class LocalPacks(Packs):
                 fds.move_to_end(pack)
             return fd
 
-    def read_stored(self, pack: str, offset: int, length: int):
+    def read_stored(self, pack: str, offset: int, length: int) -> memoryview:
         """Raw bytes of a pack range (no decoding); CorruptionError if the pack is short."""
         data = os.pread(self._fd(pack), length, offset) if offset >= 0 else b""
         if len(data) < length and data:  # a short read that is not the end of the file
@@ -494,15 +504,15 @@ class LocalPacks(Packs):
                                   f"got {len(data)}; run `cdcstore check`")
         return memoryview(data)
 
-    def read_run_into(self, pack: str, offset: int, out: memoryview, chunk_ids: list[bytes],
-                      lengths: list[int], checks: list | None = None) -> None:
+    def read_run_into(self, pack: str, offset: int, out: memoryview, chunk_ids: Sequence[bytes],
+                      lengths: Sequence[int], checks: Sequence[int | None] | None = None) -> None:
         """Raw chunks that sit back to back in a pack from `offset`, read straight into
         `out` (one copy, from the page cache) and each checked there: against its pack
         entry's xxh3-64 checksum when `checks` gives them (this store's own pack, whose ids
         were verified when it was written or received), else against its id."""
         fd, got = self._fd(pack), 0
         if checks is not None and None not in checks:  # native: each chunk read and checked in C, GIL released
-            bad = read_run(fd, offset, out, lengths, checks)
+            bad = read_run(fd, offset, out, lengths, cast("Sequence[int]", checks))  # no None in it
             if bad == -2:
                 raise CorruptionError(f"pack {pack} is truncated: wanted {len(out)} bytes at {offset}; "
                                       f"run `cdcstore check`")
@@ -521,7 +531,7 @@ class LocalPacks(Packs):
             raise self.damaged(pack, chunk_ids[bad], f"chunk {chunk_ids[bad].hex()} does not match its id"
                                                      f"{' (its checksum differs)' if checks else ''}")
 
-    def index_stamp(self) -> tuple:
+    def index_stamp(self) -> tuple[int, int, int]:
         """Changes whenever the chunk index may have changed, in any process: what was
         located under one stamp is still where the index says while the stamp holds."""
         conn = self.index.conn
@@ -537,7 +547,7 @@ class LocalPacks(Packs):
 
     def close(self) -> None:
         with self._fd_lock:
-            for fd in (self._fds.here() or {}).values():
+            for fd in (self._fds.here() or {}).values():  # type: ignore[no-untyped-call]  # runtime.Local
                 os.close(fd)
             self._fds.clear()
         super().close()

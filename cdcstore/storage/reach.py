@@ -8,7 +8,7 @@ measured against its nearest kept ancestor, never a forgotten one: a file that a
 commit brought in and a kept one still names is reached through the kept one. gc frees what
 only forgotten commits reach early (`maintenance.forgotten_reach`): it takes them from its mark's
 walk (`Found.kept`) and their trees from `subtree`. No new ref may name a forgotten commit
-(`Repository.create_ref`).
+(`Refs.create_ref`).
 
 The walk reads through a `Graph` (a `Repository` is one) and yields `Found` items: each commit,
 then, for a kept one, its trees and files. What it cannot read goes to `problem(kind, ref, where,
@@ -48,6 +48,9 @@ class Found:
 
 
 Problem = Callable[[str, str, str, Exception], None]  # (kind, ref, commit id or path, error)
+#: A tree as `subtree` records it in `trees`: its id, or (ref, id, path) `by_path`; a tree no one
+#: stored (a format 1 commit's) as ("unstored", that key).
+TreeKey = str | tuple[str, str, str] | tuple[str, str | tuple[str, str, str]]
 
 
 def kept(commit_id: str, forgotten: Container[str]) -> bool:
@@ -56,7 +59,7 @@ def kept(commit_id: str, forgotten: Container[str]) -> bool:
 
 
 def walk(graph: Graph, repo: str, heads: Mapping[str, str], *, history: bool = True,
-         stop: Container[str] = (), trees: set | None = None, by_path: bool = False,
+         stop: Container[str] = (), trees: set[TreeKey] | None = None, by_path: bool = False,
          diff: bool = False, problem: Problem | None = None) -> Iterator[Found]:
     """What `heads` (ref -> commit id) of `repo` reach, each commit once, newest first.
 
@@ -68,7 +71,7 @@ def walk(graph: Graph, repo: str, heads: Mapping[str, str], *, history: bool = T
     (the cost follows the change: for records kept up to date commit by commit)."""
     forgotten = graph.forgotten(repo)
     seen: set[str] = set()
-    walked = set() if trees is None else trees
+    walked: set[TreeKey] = set() if trees is None else trees
     read: dict[str, Commit] = {}
 
     def commit_of(cid: str) -> Commit:
@@ -101,13 +104,14 @@ def walk(graph: Graph, repo: str, heads: Mapping[str, str], *, history: bool = T
             cid = commit.parent
 
 
-def subtree(view: treeobj.View, root: str, ref: str = "", trees: set | None = None, by_path: bool = False,
+def subtree(view: treeobj.View, root: str, ref: str = "", trees: set[TreeKey] | None = None, by_path: bool = False,
             problem: Problem | None = None, prefix: str = "") -> Iterator[Found]:
     """A tree and what is below it: ("tree", id, path) for each stored tree not in `trees` and
     ("file", manifest, path) for each file in them. A tree that cannot be read goes to
     `problem` (its files are skipped), or is raised."""
     trees = set() if trees is None else trees
     stack = [(root, prefix)]
+    key: TreeKey
     while stack:
         tid, path = stack.pop()
         stored = tid not in view.unstored  # a format 1 commit's trees live in memory: named by no one
@@ -118,10 +122,10 @@ def subtree(view: treeobj.View, root: str, ref: str = "", trees: set | None = No
         trees.add(key)
         try:
             node = view.node(tid)
-        except CdcError as e:
+        except CdcError as err:
             if problem is None:
                 raise
-            problem("tree", ref, path, e)
+            problem("tree", ref, path, err)
             continue
         if stored:
             yield Found("tree", tid, ref, path)
@@ -136,7 +140,8 @@ def subtree(view: treeobj.View, root: str, ref: str = "", trees: set | None = No
                 yield Found("file", e.manifest, ref, p, bundle=e.bundle)
 
 
-def _base(graph: Graph, repo: str, commit: Commit, commit_of, forgotten) -> treeobj.View | None:
+def _base(graph: Graph, repo: str, commit: Commit, commit_of: Callable[[str], Commit],
+          forgotten: Container[str]) -> treeobj.View | None:
     """The view of `commit`'s nearest kept ancestor, what its additions are measured against
     (None: measure against nothing; also for a format 1 ancestor, whose trees nobody named)."""
     pid = commit.parent

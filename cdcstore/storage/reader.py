@@ -27,20 +27,26 @@ import sys
 import threading
 import time
 import weakref
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import ModuleType
+from typing import TYPE_CHECKING, Callable, TypeVar, overload
 
 from .. import runtime
 from ..core.errors import CorruptionError, PackMissingError
 from ..core.manifest import Manifest
-from .fileplan import FilePlan
-from .roles import ChunkSource
+from .fileplan import FilePlan, Piece
+from .roles import ChunkSource, Located
 from .window import ReadWindow, read_pieces
 
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+_T = TypeVar("_T")
 
 READ_THREADS = max(8, 2 * (os.cpu_count() or 2))  # tasks wait on the network or decode (GIL released)
 
 
-def _prefetch_pool():
+def _prefetch_pool() -> ThreadPoolExecutor:
     """The process's read-ahead pool (the runtime's "read" pool)."""
     return runtime.pool("read", READ_THREADS)
 
@@ -52,7 +58,7 @@ PARALLEL_DECODE_MIN = 2 * 1024 * 1024  # compressed chunks of a read this large 
 
 
 @functools.lru_cache(maxsize=1)
-def _bytes_api():
+def _bytes_api() -> tuple[ModuleType, Callable[[None, int], bytes], Callable[[bytes], int]] | None:
     """CPython's PyBytes_FromStringAndSize and PyBytes_AsString through ctypes (set up once),
     or None elsewhere."""
     try:
@@ -66,7 +72,7 @@ def _bytes_api():
     return ctypes, alloc, addr
 
 
-def _new_bytes(n: int) -> tuple[bytes, memoryview]:
+def _new_bytes(n: int) -> tuple[bytes | bytearray, memoryview]:
     """A new bytes object of length n and a writable view of its memory, to fill before
     anyone else sees it (what C code does with PyBytes_FromStringAndSize(NULL, n)): a
     result is then written once, not built and copied. The view keeps the bytes alive.
@@ -82,19 +88,19 @@ def _new_bytes(n: int) -> tuple[bytes, memoryview]:
     return obj, memoryview(arr).cast("B")
 
 
-_arrow_held: dict[int, weakref.ref] = {}  # readers and buffers pyarrow may still hold, by id
+_arrow_held: dict[int, weakref.ref[object]] = {}  # readers and buffers pyarrow may still hold, by id
 _arrow_read = threading.Event()  # set once pyarrow has read through a FileReader
 _filesystems_made = threading.Event()  # set once a `cdc://` filesystem exists (fs.py): pyarrow may wrap it
 
 
-def _hand_to_arrow(obj):
+def _hand_to_arrow(obj: _T) -> _T:
     """Track `obj` until it is freed (the callback runs in whichever thread frees it)."""
-    ref = weakref.ref(obj, _forget)
+    ref: weakref.ref[object] = weakref.ref(obj, _forget)
     _arrow_held[id(ref)] = ref  # by id: a weak reference hashes its object, which may be unhashable
     return obj
 
 
-def _forget(ref: weakref.ref) -> None:
+def _forget(ref: weakref.ref[object]) -> None:
     _arrow_held.pop(id(ref), None)
 
 
@@ -124,7 +130,7 @@ def filesystem_made() -> None:
     _filesystems_made.set()
 
 
-def _fsspec_handlers() -> list:
+def _fsspec_handlers() -> list[object]:
     """pyarrow's wrappers of `cdc://` filesystems (`FSSpecHandler`) still alive: a
     dataset's fragments hold one, and may be freed on a pyarrow thread."""
     fs = sys.modules.get("pyarrow.fs")
@@ -146,7 +152,7 @@ class FileReader(io.RawIOBase):
 
     def __init__(self, source: ChunkSource, manifest: Manifest, name: str = "", repo: str | None = None,
                  readahead_bytes: int = 32 * 1024 * 1024, cache_chunks: int = 64,
-                 batch_bytes: int = 8 * 1024 * 1024, sequential: bool = False, locations: dict | None = None):
+                 batch_bytes: int = 8 * 1024 * 1024, sequential: bool = False, locations: Located | None = None):
         super().__init__()
         self._src = source
         self._m = manifest
@@ -154,9 +160,10 @@ class FileReader(io.RawIOBase):
         self.name = name
         self._pos = 0
         self._plan = FilePlan(source, manifest, name, repo, locations)  # where the chunks are
-        self._lru: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        # chunks by index (bytes-like: a local store's raw chunks are views of what it read)
+        self._lru: collections.OrderedDict[int, bytes | memoryview] = collections.OrderedDict()
         self._lru_cap = cache_chunks
-        self._pending: dict[int, Future] = {}
+        self._pending: dict[int, Future[dict[int, bytes | memoryview]]] = {}
         self._ahead_end = 0  # chunks below this were scheduled for read-ahead (see `_chunks`)
         self._win = ReadWindow(source, manifest, self._plan, repo, _prefetch_pool)  # small sequential local reads
         self._readahead = readahead_bytes
@@ -196,7 +203,7 @@ class FileReader(io.RawIOBase):
         self._pos = pos
         return pos
 
-    def readinto(self, b) -> int:
+    def readinto(self, b: Buffer) -> int:
         """Bytes at the position into the caller's buffer `b`: a local store's raw chunks go from
         the kernel straight into it and are checked there, as do a server's raw chunks of a large
         read; small sequential reads are copied from the window (one copy, as a buffered file)."""
@@ -283,6 +290,11 @@ class FileReader(io.RawIOBase):
             out[at:at + n] = piece
             at += n
 
+    @overload
+    def _pread_window(self, offset: int, end: int, into: None = None) -> bytes: ...
+    @overload
+    def _pread_window(self, offset: int, end: int, into: memoryview) -> None: ...
+
     def _pread_window(self, offset: int, end: int, into: memoryview | None = None) -> bytes | None:
         """A small sequential read of a local store, copied out of the window (see
         `window.ReadWindow`): into `into`, or into new bytes returned."""
@@ -313,6 +325,11 @@ class FileReader(io.RawIOBase):
             return False
         return offset + length >= self._m.size or offset != self._last_end
 
+    @overload
+    def _pread_direct(self, offset: int, end: int, into: None = None) -> bytes: ...
+    @overload
+    def _pread_direct(self, offset: int, end: int, into: memoryview) -> None: ...
+
     def _pread_direct(self, offset: int, end: int, into: memoryview | None = None) -> bytes | None:
         """Bytes [offset, end) in one buffer (`into`, or a new one returned) that chunks are
         written into as they are verified (ranges of raw chunks are received into it from the
@@ -322,7 +339,7 @@ class FileReader(io.RawIOBase):
         self._streak = self._streak + end - offset if offset == self._last_end else end - offset
         self._last_end = end
         result, out = _new_bytes(end - offset) if into is None else (None, into)
-        places: dict[bytes, list] = {}
+        places: dict[bytes, list[tuple[int, int, int]]] = {}
         for i in span:
             cs = m.chunk_start(i)
             lo, hi = max(offset, cs) - cs, min(end, cs + m.lengths[i]) - cs
@@ -349,6 +366,11 @@ class FileReader(io.RawIOBase):
         if result is None:
             return None
         return bytes(result) if isinstance(result, bytearray) else result
+
+    @overload
+    def _pread_runs(self, offset: int, end: int, into: None = None) -> bytes: ...
+    @overload
+    def _pread_runs(self, offset: int, end: int, into: memoryview) -> None: ...
 
     def _pread_runs(self, offset: int, end: int, into: memoryview | None = None) -> bytes | None:
         """Bytes [offset, end) of a file in a local store, in one new buffer: each run of
@@ -431,10 +453,10 @@ class FileReader(io.RawIOBase):
                 if fut is not None and not fut.cancel():
                     fut.exception()  # wait: it writes into `out`
 
-    def _read_pieces(self, pieces: list, base: int, out: memoryview) -> None:
+    def _read_pieces(self, pieces: list[Piece], base: int, out: memoryview) -> None:
         read_pieces(self._src, self._m, pieces, base, out)
 
-    def pieces(self, offset: int, length: int) -> list:
+    def pieces(self, offset: int, length: int) -> list[bytes | memoryview]:
         """The bytes [offset, offset+length) as a list of bytes-like pieces (views of
         the chunks, no copies); for callers that write or hash rather than join."""
         m = self._m
@@ -451,7 +473,7 @@ class FileReader(io.RawIOBase):
         hi = offset + length - m.chunk_start(span.stop - 1)  # bytes wanted from the last chunk
         return [memoryview(chunks[0])[lo:], *chunks[1:-1], memoryview(chunks[-1])[:hi]]
 
-    def read_pieces(self, size: int) -> list:
+    def read_pieces(self, size: int) -> list[bytes | memoryview]:
         """Like `read(size)` but returns `pieces` (empty list at the end of file)."""
         self._checkClosed()
         start = self._pos
@@ -461,7 +483,7 @@ class FileReader(io.RawIOBase):
         self._pos = end
         return self.pieces(start, end - start)
 
-    def _chunks(self, span: range, prefetch: bool) -> list[bytes]:
+    def _chunks(self, span: range, prefetch: bool) -> list[bytes | memoryview]:
         m = self._m
         ahead: list[int] = []
         if prefetch and self._readahead:
@@ -509,13 +531,13 @@ class FileReader(io.RawIOBase):
             self._remember(i, data)
         return out
 
-    def _remember(self, i: int, data: bytes) -> None:
+    def _remember(self, i: int, data: bytes | memoryview) -> None:
         self._lru[i] = data
         self._lru.move_to_end(i)
         while len(self._lru) > self._lru_cap:
             self._lru.popitem(last=False)
 
-    def _fetch(self, indices: list[int]) -> dict[int, bytes]:
+    def _fetch(self, indices: list[int]) -> dict[int, bytes | memoryview]:
         """Chunks by index, verified; a pack gone since they were located (a gc moved
         them) makes them located again, once."""
         try:
@@ -524,10 +546,10 @@ class FileReader(io.RawIOBase):
             self._plan.relocate(indices)
             return self._fetch_once(indices)
 
-    def _fetch_once(self, indices: list[int]) -> dict[int, bytes]:
+    def _fetch_once(self, indices: list[int]) -> dict[int, bytes | memoryview]:
         ids = self._m.chunk_ids
         data = self._src.read_chunks(self._plan.items(indices), self._repo)
-        out = {i: data[ids[i]] for i in indices}
+        out: dict[int, bytes | memoryview] = {i: data[ids[i]] for i in indices}
         for i, chunk in out.items():  # whatever the source: never a short (or long) chunk
             if len(chunk) != self._m.lengths[i]:
                 self._plan.check_lengths([i])

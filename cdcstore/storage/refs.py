@@ -20,16 +20,19 @@ import contextlib
 import json
 import secrets
 import time
-from typing import Iterable, Iterator, Protocol
+from typing import Callable, ContextManager, Iterable, Iterator, Protocol
 
 from ..core import ids, treeobj
 from ..core.address import check_name, check_ref_name, check_write_target, is_commit_like
-from ..core.commit import Commit
+from ..core.commit import Commit, FileEntry
 from ..core.errors import (CdcError, ConflictError, CorruptionError, InvalidAddressError, RefExistsError,
                            RepoNotFoundError, RevisionNotFoundError)
-from .objects import Conflict, NotFound, ObjectStore
+from .objects import Conflict, NotFound, ObjectInfo, ObjectStore
 
 DELETED = "deleted/"  # deleted/<repo>/<time>-<random>: tombstones of delete-repo (replicas drop its reach)
+
+#: What a commit adds to its parent: (tree ids, manifest names, chunk ids) (`RefHost.new_reach`).
+Added = tuple[set[str], set[str], set[bytes]]
 
 
 def valid_name(kind: str, name: str) -> bool:
@@ -70,10 +73,10 @@ class RefHost(Protocol):
 
     def view(self, repo: str, commit: Commit) -> treeobj.View: ...
 
-    def make_commit(self, repo: str, parent: str | None, message: str, time: float, changed, removed=(),
-                    base: Commit | None = None, author: str | None = None) -> Commit: ...
+    def make_commit(self, repo: str, parent: str | None, message: str, time: float, changed: dict[str, FileEntry],
+                    removed: Iterable[str] = (), base: Commit | None = None, author: str | None = None) -> Commit: ...
 
-    def new_reach(self, commit: Commit) -> tuple[set[str], set[str], set[bytes]]:
+    def new_reach(self, commit: Commit) -> Added:
         """The trees, manifests and chunk ids `commit` adds to its parent."""
 
     def require_stored(self, chunk_ids: Iterable[bytes]) -> None:
@@ -143,7 +146,7 @@ class Refs:
                                         f"its files are gone; see `cdcstore log {repo}` for what is kept")
         return found
 
-    def delete_repo(self, repo: str, dry_run: bool = False) -> dict:
+    def delete_repo(self, repo: str, dry_run: bool = False) -> dict[str, object]:
         """Remove a repo: its branches and tags first (from then on nothing reaches its data),
         then its commits and records. gc frees the packs and manifests only it used."""
         self.require_repo(repo)
@@ -163,7 +166,7 @@ class Refs:
             self._host.dropped_repo(repo, tombstone)
         return out
 
-    def _landed(self, repo: str, infos) -> bytes:
+    def _landed(self, repo: str, infos: Iterable[ObjectInfo]) -> bytes:
         """A tombstone's body: a JSON line {"tree", "landed"} for each commit of the repo that
         names a root tree (commit format 2 and 3), `landed` its object's mtime."""
         folder = f"repos/{repo}/commits/"
@@ -181,7 +184,7 @@ class Refs:
         folder = f"repos/{repo}/forgotten/"
         return {i.name[len(folder):] for i in self.objects.list(folder)}
 
-    def forget(self, repo: str, commit_ids) -> None:
+    def forget(self, repo: str, commit_ids: Iterable[str]) -> None:
         """Mark commits forgotten (gc then frees the data only they use); heads are refused."""
         heads = set(self.branches(repo).values())
         for cid in commit_ids:
@@ -203,10 +206,10 @@ class Refs:
                                   f"delete it or write the right commit id into {ref_name(repo, kind, name)}")
         return cid, token
 
-    def _read_refs(self, repo: str, kind: str, damaged: list | None = None) -> dict[str, str]:
+    def _read_refs(self, repo: str, kind: str, damaged: list[CorruptionError] | None = None) -> dict[str, str]:
         """Every branch (or tag) of a repo. A damaged one raises CorruptionError, or with
         `damaged` is skipped and its error appended; names no ref may have are skipped."""
-        out = {}
+        out: dict[str, str] = {}
         folder = ref_name(repo, kind, "")
         for info in self.objects.list(folder):
             name = info.name[len(folder):]
@@ -231,7 +234,7 @@ class Refs:
         self.require_repo(repo)
         return self._read_refs(repo, "tag")
 
-    def refs(self, repo: str, damaged: list | None = None) -> dict[str, str]:
+    def refs(self, repo: str, damaged: list[CorruptionError] | None = None) -> dict[str, str]:
         """Branches and tags of a repo (name -> commit id); tags as "tag:NAME". A damaged
         ref raises CorruptionError, or with `damaged` is skipped and its error appended."""
         self.require_repo(repo)
@@ -286,7 +289,8 @@ class Refs:
     def delete_branch(self, repo: str, name: str) -> str:
         return self.delete_ref(repo, "branch", name)
 
-    def commit(self, commit: Commit, branch: str, expected: str | None, landed=None) -> str:
+    def commit(self, commit: Commit, branch: str, expected: str | None,
+               landed: Callable[[Commit, Added], object] | None = None) -> str:
         """Store `commit` and move `branch` to it (`update_branch`). `landed(commit, added)`, if
         given, runs once the branch has moved, with what the commit adds to its parent (trees,
         manifests, chunk ids): a server's access records (access.py); a local commit has none."""
@@ -310,7 +314,7 @@ class Refs:
         return out
 
     def update_branch(self, repo: str, branch: str, expected: str | None, new: str,
-                      commit: Commit | None = None, landed=None) -> str:
+                      commit: Commit | None = None, landed: Callable[[Commit], object] | None = None) -> str:
         """Move `branch` from `expected` (None: must not exist) to `new` by a conditional
         put; returns the commit the branch now points at. `landed(commit)` runs once the
         branch has moved to the commit that lands (never for a refused put: a reader that
@@ -359,7 +363,7 @@ class Refs:
 
     def _applied(self, repo: str, original: str) -> set[str]:
         """The ids under which `original` was rebased before (by any attempt)."""
-        out = set()
+        out: set[str] = set()
         prefix = f"repos/{repo}/applied/{original}"
         for info in self.objects.list(prefix):
             rest = info.name[len(prefix):]
@@ -390,7 +394,7 @@ class Refs:
         recorded = self._applied(repo, cid)
         theirs: set[str] = set()
 
-        def view(c: str | None):
+        def view(c: str | None) -> treeobj.View | None:
             return self._host.view(repo, self._host.get_commit(repo, c)) if c else None
 
         for hid, h in self._history(repo, head, commit.parent):
@@ -427,13 +431,15 @@ def pick_commit(repo: str, rev: str, matches: list[str]) -> str:
 
 
 def resolve_name(repo: str, rev: str, branch: str | None, tag: str | None,
-                 branches: dict[str, str]) -> tuple[str, str]:
+                 branches: Iterable[str] | Callable[[], Iterable[str]]) -> tuple[str, str]:
     """(commit id, kind) of a name that is a branch or a tag; an error if both or neither."""
     if branch and tag:
         raise RevisionNotFoundError(f"revision {rev!r} is ambiguous in repo {repo!r}: it is both a branch "
                                     f"and a tag; delete one of them")
-    if branch or tag:
-        return (branch, "branch") if branch else (tag, "tag")
+    if branch:
+        return branch, "branch"
+    if tag:
+        return tag, "tag"
     refs = list(branches() if callable(branches) else branches)
 
     def listed(names: list[str]) -> str:
@@ -445,5 +451,5 @@ def resolve_name(repo: str, rev: str, branch: str | None, tag: str | None,
                                 f"a commit id prefix needs at least 4 hex digits")
 
 
-def _suppress_not_found():
+def _suppress_not_found() -> ContextManager[None]:
     return contextlib.suppress(NotFound, FileNotFoundError)

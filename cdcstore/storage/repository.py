@@ -35,11 +35,16 @@ import json
 import os
 import secrets
 import tempfile
+from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
 import platformdirs
 
 from .. import runtime
+from ..core import treeobj
+from ..core.commit import Commit
 from ..core.errors import NotAStoreError, PathNotFoundError, StoreFormatError
+from ..core.manifest import Manifest
+from ..core.pack import PackEntry
 from . import commands, maintenance, open_objects, staging
 from .backend import Backend, BackendCapabilities
 from .hints import ANCHORED
@@ -49,8 +54,8 @@ from .metadata import Metadata
 from .names import manifest_name, pack_name  # noqa: F401 (names: the layout)
 from .objects import Conflict, NotFound, ObjectStore
 from .packs import LocalPacks, Packs
-from .refs import DELETED, Refs  # noqa: F401 (DELETED: access.py's)
-from .roles import delegate
+from .refs import DELETED, Added, Refs  # noqa: F401 (DELETED: access.py's)
+from .roles import Raw
 
 STORE_FORMAT = "cdcstore"
 STORE_VERSION = 1
@@ -89,24 +94,13 @@ def default_index_path(identity: str) -> str:
     return os.path.join(platformdirs.user_cache_dir("cdcstore"), "index", f"{key}.sqlite")
 
 
-@delegate("packs", "present", "present_or_prove", "add_pack", "require_stored", "pack_sizes", "foreign_objects",
-          "iter_pack_names", "pack_size", "pack_file", "pack_range", "indexed_pack", "read_pack_index", "recover",
-          "index_listed", "pack_hash", "index_found_pack", "locate", "knows_pack", "pack_chunks", "read_stored",
-          "read_chunk", "read_chunks", "pack_gone", "replace_damaged_index")
-@delegate("packs.anchors", "sweep_anchors", "write_all_anchors")
-@delegate("packs.hints", "load_locations")
-@delegate("metadata", "has_manifest", "manifests_present", "put_manifest_file", "manifest_file", "manifest_bytes",
-          "put_manifest", "put_manifests", "get_manifest", "read_manifest", "put_trees", "get_tree", "read_tree",
-          "tree_bytes", "tree_names", "put_commit", "get_commit", "new_reach", "learn_bundles", "bundle_of",
-          "bundled_manifest", "bundle_run", "read_bundle")
-@delegate("_refs", "repos", "ref_names", "has_repo", "ensure_repo", "resolve_ref", "delete_repo", "forgotten",
-          "forget", "_read_refs", "branches", "tags", "refs", "create_ref", "create_tag", "create_branch",
-          "delete_ref", "delete_tag", "delete_branch", "commit", "update_branch")
 class Repository(Backend):
     """A store over an object store, with its chunk index at `index_path`, composed of its roles:
     `packs` (chunks, packs and the index), `metadata` (manifests, trees, commits) and the refs;
-    the upkeep runs here (`admin`, `push_session`, `journal`). It offers the roles' methods as
-    its own (`roles.delegate`), the one face its callers use.
+    the upkeep runs here (`admin`, `push_session`, `journal`). It answers the `Backend` roles
+    (and what `Refs` asks of its host) by passing each call to the role object, written out
+    below; a caller that needs anything else of a role takes the role (`repo.packs.recover()`,
+    `repo.metadata.read_bundle(...)`, `repo.ref_store.delete_repo(...)`).
 
     `open_repository(url)` opens one by location; `LocalStore` is the directory form.
     """
@@ -130,8 +124,8 @@ class Repository(Backend):
         if self._shared:
             self.capabilities = dataclasses.replace(self.capabilities, bundles=True, doubts_foreign_packs=True)
             self.packs.adopt_store(self.store_id)  # an index of another store by that name is emptied
-        self._refs = Refs(self)  # repos, branches, tags, commit by compare-and-swap
-        self.metadata = Metadata(self, self.packs.hints, self._refs)
+        self.ref_store = Refs(self)  # repos, branches, tags, commit by compare-and-swap
+        self.metadata = Metadata(self, self.packs.hints, self.ref_store)
 
     @classmethod
     def create(cls, objects: ObjectStore, index_path: str, location: str | None = None,
@@ -182,10 +176,10 @@ class Repository(Backend):
         """The chunk index (`packs.index`)."""
         return self.packs.index
 
-    def totals(self) -> dict:
+    def totals(self) -> dict[str, int]:
         return self.index.totals()
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, int]:
         """Requests and body bytes to and from a bucket, this process (zeros for a directory)."""
         return self.objects.counters() or super().counters()
 
@@ -199,13 +193,133 @@ class Repository(Backend):
         self.index.drop_repo(repo)
         self.index.add_tombstones([tombstone])
 
+    # -- the roles' answers (Backend, and refs.RefHost: put_commit, new_reach, require_stored) ----
+    def present(self, chunk_ids: list[bytes]) -> set[bytes]:
+        """`packs.present`."""
+        return self.packs.present(chunk_ids)
+
+    def present_or_prove(self, chunks: dict[bytes, bytes], firsts: Iterable[bytes] = (),
+                         vouched: Callable[[set[bytes]], set[bytes]] | None = None) -> set[bytes]:
+        """`packs.present_or_prove`."""
+        return self.packs.present_or_prove(chunks, firsts, vouched)
+
+    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> None:
+        """`packs.add_pack`."""
+        self.packs.add_pack(tmp, name, entries)
+
+    def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
+        """`packs.locate`."""
+        return self.packs.locate(chunk_ids, repo)
+
+    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> Raw:
+        """`packs.read_chunk`."""
+        return self.packs.read_chunk(pack, entry, repo)
+
+    def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
+                    stored: dict[bytes, bytes] | None = None) -> Mapping[bytes, Raw]:
+        """`packs.read_chunks`."""
+        return self.packs.read_chunks(items, repo, stored)
+
+    def require_stored(self, chunk_ids: Iterable[bytes]) -> None:
+        """`packs.require_stored`."""
+        self.packs.require_stored(chunk_ids)
+
+    def manifests_present(self, repo: str, names: list[str]) -> set[str]:
+        """`metadata.manifests_present`."""
+        return self.metadata.manifests_present(repo, names)
+
+    def put_manifests(self, manifests: list[Manifest]) -> list[str]:
+        """`metadata.put_manifests`."""
+        return self.metadata.put_manifests(manifests)
+
+    def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
+        """`metadata.get_manifest`."""
+        return self.metadata.get_manifest(name, repo)
+
+    def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
+        """`metadata.get_tree`."""
+        return self.metadata.get_tree(name, repo)
+
+    def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
+        """`metadata.put_trees`."""
+        self.metadata.put_trees(trees)
+
+    def get_commit(self, repo: str, commit_id: str) -> Commit:
+        """`metadata.get_commit`."""
+        return self.metadata.get_commit(repo, commit_id)
+
+    def put_commit(self, commit: Commit) -> str:
+        """`metadata.put_commit`."""
+        return self.metadata.put_commit(commit)
+
+    def new_reach(self, commit: Commit) -> tuple[set[str], set[str], set[bytes]]:
+        """`metadata.new_reach`."""
+        return self.metadata.new_reach(commit)
+
+    def learn_bundles(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """`metadata.learn_bundles`."""
+        self.metadata.learn_bundles(pairs)
+
+    def bundle_of(self, name: str) -> str | None:
+        """`metadata.bundle_of`."""
+        return self.metadata.bundle_of(name)
+
+    def bundle_run(self) -> ContextManager[object]:
+        """`metadata.bundle_run`."""
+        return self.metadata.bundle_run()
+
+    def commit(self, commit: Commit, branch: str, expected: str | None,
+               landed: Callable[[Commit, Added], object] | None = None) -> str:
+        """`ref_store.commit`."""
+        return self.ref_store.commit(commit, branch, expected, landed)
+
+    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
+        """`ref_store.resolve_ref`."""
+        return self.ref_store.resolve_ref(repo, rev)
+
+    def branches(self, repo: str) -> dict[str, str]:
+        """`ref_store.branches`."""
+        return self.ref_store.branches(repo)
+
+    def tags(self, repo: str) -> dict[str, str]:
+        """`ref_store.tags`."""
+        return self.ref_store.tags(repo)
+
+    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
+        """`ref_store.create_tag`."""
+        self.ref_store.create_tag(repo, name, commit_id)
+
+    def create_branch(self, repo: str, name: str, commit_id: str) -> None:
+        """`ref_store.create_branch`."""
+        self.ref_store.create_branch(repo, name, commit_id)
+
+    def delete_tag(self, repo: str, name: str) -> str:
+        """`ref_store.delete_tag`."""
+        return self.ref_store.delete_tag(repo, name)
+
+    def delete_branch(self, repo: str, name: str) -> str:
+        """`ref_store.delete_branch`."""
+        return self.ref_store.delete_branch(repo, name)
+
+    def has_repo(self, repo: str) -> bool:
+        """`ref_store.has_repo`."""
+        return self.ref_store.has_repo(repo)
+
+    def repos(self) -> list[str]:
+        """`ref_store.repos`."""
+        return self.ref_store.repos()
+
+    def forgotten(self, repo: str) -> set[str]:
+        """`ref_store.forgotten`."""
+        return self.ref_store.forgotten(repo)
+
     # -- upkeep (roles.Upkeep: runs_here) and what a server asks of its store ----------------
-    def admin(self, command: str, **options):
+    def admin(self, command: str, **options: Any) -> Any:
         """Run a maintenance command here (storage/commands.py): gc, check, forget, delete-repo,
         rebuild-index, recover."""
         return commands.run(self, command, **options)
 
-    def push_session(self):
+    def push_session(self) -> maintenance.PushSession:
         """This process's push-session marker (maintenance.PushSession)."""
         return maintenance.PushSession(self)
 
@@ -248,13 +362,14 @@ class Repository(Backend):
         self.packs.close()
 
 
-@delegate("packs", "read_run_into", "index_stamp", "pack_path")
 class LocalStore(Repository):
     """A store in a local directory (its chunk index inside it). `LocalStore.init` creates one.
     Its packs are read with pread (`packs.LocalPacks`), never mmap."""
 
     capabilities = BackendCapabilities(local_reads=True, runs_here=True, reads_runs=True)
     pack_store = LocalPacks
+    packs: LocalPacks
+    objects: LocalObjects
 
     def __init__(self, root: str):
         self.root = os.path.abspath(os.path.expanduser(root))
@@ -284,6 +399,16 @@ class LocalStore(Repository):
 
     def manifest_path(self, name: str) -> str:
         return self.objects.local_path(manifest_name(name))
+
+    # -- roles.ChunkSource, reads_runs: its packs are files here
+    def read_run_into(self, pack: str, offset: int, out: memoryview, chunk_ids: Sequence[bytes],
+                      lengths: Sequence[int], checks: Sequence[int | None] | None = None) -> None:
+        """`packs.read_run_into`."""
+        self.packs.read_run_into(pack, offset, out, chunk_ids, lengths, checks)
+
+    def index_stamp(self) -> tuple[object, ...]:
+        """`packs.index_stamp`."""
+        return self.packs.index_stamp()
 
 
 def is_object_url(location: str) -> bool:

@@ -11,21 +11,30 @@ narrowest role it uses; a third party implements a role by shape (these are `typ
 or by subclassing it to inherit the default bodies. What differs between implementations is
 declared in `capabilities` (`BackendCapabilities`), never found by probing the object
 (docs/architecture.md, "Backends and capabilities"; tests/test_roles.py enforces it).
-A store composed of role objects offers their methods as its own with `delegate`.
+A store composed of role objects passes each role call on to the object that plays it, in a
+method written out (`Repository`, `RemoteStore`, `overlay.Overlay`): grep and a type checker
+follow every call.
 """
 from __future__ import annotations
 
-import abc
 import contextlib
 import dataclasses
-import operator
-from typing import Callable, ContextManager, Iterable, Protocol
+import concurrent.futures
+from typing import Any, Callable, ContextManager, Iterable, Mapping, Protocol, Sequence
 
 from ..core import treeobj
 from ..core.commit import Commit
 from ..core.errors import InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry
+
+class Undeclared(NotImplementedError):
+    """A call a store answers only with a capability it does not declare (a default body)."""
+
+
+Raw = bytes | memoryview  # a chunk's raw bytes (a directory store's: a view of what it read)
+Places = dict[bytes, list[tuple[int, int, int]]]  # chunk id -> (dest, lo, hi): out[dest:...] = chunk[lo:hi]
+Located = dict[bytes, tuple[str, PackEntry]]  # chunk id -> (pack, entry), as `locate` answers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,38 +83,40 @@ class ChunkSource(Protocol):
 
     capabilities: BackendCapabilities
 
-    def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> dict[bytes, tuple[str, PackEntry]]:
+    def locate(self, chunk_ids: Iterable[bytes], repo: str | None = None) -> Located:
         """(pack, entry) of each chunk found; chunks not found are left out."""
         ...
 
-    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> bytes:
+    def read_chunk(self, pack: str, entry: PackEntry, repo: str | None = None) -> Raw:
         """One chunk's raw bytes, verified against its id."""
         ...
 
     def read_chunks(self, items: list[tuple[str, PackEntry]], repo: str | None = None,
-                    stored: dict | None = None) -> dict[bytes, bytes]:
+                    stored: dict[bytes, bytes] | None = None) -> Mapping[bytes, Raw]:
         """Decoded, verified chunks by id (a remote store merges ranges). `stored`, if
         given, may receive chunks' stored bytes (for a cache)."""
         return {e.chunk_id: self.read_chunk(p, e, repo) for p, e in items}
 
-    def read_chunks_into(self, items: list[tuple[str, PackEntry]], places: dict, out: memoryview,
-                         repo: str | None = None, keep: memoryview | None = None) -> None:
+    def read_chunks_into(self, items: list[tuple[str, PackEntry]], places: Places, out: memoryview,
+                         repo: str | None = None, *, stored: dict[bytes, bytes] | None = None,
+                         keep: memoryview | None = None) -> None:
         """Verified chunks written into `out`: `places[chunk_id]` lists (dest, lo, hi),
         meaning out[dest:dest + hi - lo] = chunk[lo:hi]. The default reads them whole and
-        copies; a source declaring `reads_into` receives them in place."""
-        for cid, raw in self.read_chunks(items, repo).items():
+        copies; a source declaring `reads_into` receives them in place. `stored`, as for
+        `read_chunks`; `keep`, a spare buffer the source may receive whole chunks in."""
+        for cid, raw in self.read_chunks(items, repo, stored).items():
             for dest, lo, hi in places.get(cid, ()):
                 out[dest:dest + hi - lo] = raw[lo:hi]
 
-    def read_run_into(self, pack: str, offset: int, out: memoryview, chunk_ids: list[bytes],
-                      lengths: list[int], checks: list | None = None) -> None:
+    def read_run_into(self, pack: str, offset: int, out: memoryview, chunk_ids: Sequence[bytes],
+                      lengths: Sequence[int], checks: Sequence[int | None] | None = None) -> None:
         """Raw chunks back to back in a pack from `offset`, read into `out` and checked
         there; only a source declaring `reads_runs` is asked."""
-        raise NotImplementedError(f"{type(self).__name__} does not declare reads_runs")
+        raise Undeclared(f"{type(self).__name__} does not declare reads_runs")
 
-    def index_stamp(self) -> tuple:
+    def index_stamp(self) -> tuple[object, ...]:
         """Changes whenever what `locate` answers may have changed (asked with `reads_runs`)."""
-        raise NotImplementedError(f"{type(self).__name__} does not declare reads_runs")
+        raise Undeclared(f"{type(self).__name__} does not declare reads_runs")
 
 
 class ChunkSink(Protocol):
@@ -136,13 +147,15 @@ class ChunkSink(Protocol):
         """A new temp file where a pack is built before `add_pack`."""
         ...
 
-    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]):
+    def add_pack(self, tmp: str, name: str, entries: list[PackEntry]) -> concurrent.futures.Future[Any] | None:
         """Store a finished pack; returns None when it is durable on return, or a future
         that completes when it is (a background upload)."""
         ...
 
     def flush(self) -> None:
-        """Wait until every added pack is durable in the store (uploads finished)."""
+        """Wait until every added pack is durable in the store (uploads finished). The default
+        has nothing in flight: its `add_pack` returns once the pack is durable."""
+        return None
 
 
 class MetadataStore(Protocol):
@@ -154,7 +167,7 @@ class MetadataStore(Protocol):
     def get_manifest(self, name: str, repo: str | None = None) -> Manifest:
         ...
 
-    def get_manifest_located(self, name: str, repo: str | None = None) -> tuple[Manifest, dict]:
+    def get_manifest_located(self, name: str, repo: str | None = None) -> tuple[Manifest, Located]:
         """A manifest and where its chunks are, as `locate` answers (a server: one round trip
         for both). The default locates nothing: the reader locates as it reads."""
         return self.get_manifest(name, repo), {}
@@ -169,11 +182,11 @@ class MetadataStore(Protocol):
 
     def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
         """A stored tree, verified against its name (a server: one `repo` reaches)."""
-        raise NotImplementedError(f"{type(self).__name__} does not store trees")
+        raise Undeclared(f"{type(self).__name__} does not store trees")
 
     def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:
         """Store trees (id -> Tree) durably, each written once; before a commit names them."""
-        raise NotImplementedError(f"{type(self).__name__} does not store trees")
+        raise Undeclared(f"{type(self).__name__} does not store trees")
 
 
 class RefStore(Protocol):
@@ -225,38 +238,16 @@ class Upkeep(Protocol):
     location: str
     capabilities: BackendCapabilities
 
-    def push_session(self) -> ContextManager:
+    def push_session(self) -> ContextManager[object]:
         """The marker of a push in flight: a gc deletes nothing while it is open."""
         return contextlib.nullcontext()
 
-    def journal(self):
+    def journal(self) -> Any:  # staging.Journal here, client.journal.RemoteJournal on a server
         """The journal role (open, add, batches, close: repo, job id; storage/staging.py)."""
         raise InvalidAddressError(f"{self.location} keeps no job journals: use a directory, a bucket or a server")
 
-    def admin(self, command: str, **options) -> dict:
+    def admin(self, command: str, **options: Any) -> Any:
         """Run a maintenance command (gc, check, forget, delete-repo; in this process also
-        rebuild-index and recover) with its options; its report."""
+        rebuild-index and recover) with its options; its report (a dict; `recover`: a count)."""
         raise InvalidAddressError(f"{command} works on a store directory, a bucket or a server, "
                                   f"not {self.location}")
-
-
-def delegate(role: str, *names: str):
-    """A class decorator: each of `names` becomes a method that calls the method of that name
-    of the role object the instance holds at `role` (an attribute path: "packs.anchors"). Thin
-    delegation: the code lives in the role, and callers keep the store's one face."""
-    held = operator.attrgetter(role)
-
-    def forwarder(name: str):
-        def method(self, *args, **kwargs):
-            return getattr(held(self), name)(*args, **kwargs)
-        method.__name__, method.__doc__ = name, f"`self.{role}.{name}`"
-        return method
-
-    def decorate(cls):
-        for name in names:
-            method = forwarder(name)
-            method.__qualname__ = f"{cls.__qualname__}.{name}"
-            setattr(cls, name, method)
-        abc.update_abstractmethods(cls)
-        return cls
-    return decorate

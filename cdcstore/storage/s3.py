@@ -31,13 +31,19 @@ import math
 import os
 import threading
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Callable, Coroutine, Iterator, Literal, TypedDict, TypeVar, cast, overload
 
 from .. import runtime, settings
 from ..core.errors import InvalidAddressError
-from .objects import (AccessDenied, AlreadyExists, Capabilities, Conflict, InvalidName, NoBucket, NotFound,
+from .objects import (AccessDenied, AlreadyExists, Capabilities, Conflict, Data, InvalidName, NoBucket, NotFound,
                       ObjectInfo, ObjectStore, StorageError, StorageFull, Unavailable,
                       check_folder_prefix, check_object_name, check_prefix, check_range)
+
+if TYPE_CHECKING:
+    from obstore import PutMode
+    from obstore.store import S3Config, S3Store
+
+T = TypeVar("T")
 
 PAGE = 1000  # keys per listing request with s3fs (S3's maximum; obstore always asks 1000)
 CLIENT_ENV = settings.S3_CLIENT.name
@@ -70,7 +76,25 @@ def parse_url(url: str) -> tuple[str, str]:
     return bucket, prefix + "/" if prefix else ""
 
 
-def env_settings() -> dict:
+class EnvSettings(TypedDict):
+    """What the standard AWS environment variables say (`env_settings`)."""
+
+    endpoint: str | None
+    region: str | None
+    key: str | None
+    secret: str | None
+    token: str | None
+
+
+class S3Settings(EnvSettings):
+    """What a client is made from: the environment's settings and the store's own."""
+
+    retries: int
+    connect_timeout: float
+    timeout: float
+
+
+def env_settings() -> EnvSettings:
     """Endpoint, region and credentials from the standard AWS environment variables."""
     s = settings
     return {"endpoint": s.AWS_ENDPOINT_URL_S3.get() or s.AWS_ENDPOINT_URL.get(),
@@ -131,16 +155,16 @@ def _obstore_installed() -> bool:
     return importlib.util.find_spec("obstore") is not None
 
 
-_CLIENTS: dict = {}
+_CLIENTS: dict[tuple[str, str, str, str], runtime.Local] = {}
 _CLIENTS_LOCK = runtime.Lock()  # a fork mid-call gets a free one
 
 
-def _client(kind: str, bucket: str, prefix: str, settings: dict):
+def _client(kind: str, bucket: str, prefix: str, settings: S3Settings) -> _Obstore | _S3fs:
     """One client per process, kind and settings (an s3fs session costs ~0.5 s to set up;
     a client's connection pool serves many threads)."""
     key = (kind, bucket, prefix, repr(sorted(settings.items())))
 
-    def make():
+    def make() -> _Obstore | _S3fs:
         global _OBSTORE_STARTED
         if kind == "obstore":
             _OBSTORE_STARTED = True
@@ -156,7 +180,7 @@ def _client(kind: str, bucket: str, prefix: str, settings: dict):
 class _Obstore:
     kind = "obstore"
 
-    def __init__(self, bucket: str, prefix: str, s: dict):
+    def __init__(self, bucket: str, prefix: str, s: S3Settings) -> None:
         import obstore
         import obstore.exceptions as ox
         from obstore.store import S3Store
@@ -166,17 +190,18 @@ class _Obstore:
         # reads, heads, listings, deletes: no byte for `timeout` s (the answer's headers, then
         # between two reads of the body) is a stall; no retry starts after `timeout` s
         self.store = self._store(self.timeout, budget(self.timeout, LARGEST_BODY), self.timeout)
-        self._writers: dict[int, object] = {}
+        self._writers: dict[int, S3Store] = {}
         self._lock = threading.Lock()
 
-    def _store(self, idle: float, whole: float, retry: float):
+    def _store(self, idle: float, whole: float, retry: float) -> S3Store:
         """An obstore client whose attempts wait `idle` s for a byte (its read timeout runs from the
         request's start to the answer's headers, then between reads), last `whole` s at most, and
         are retried (errors, or timeouts of reads) only within `retry` s of the first."""
         s = self.s
-        config = {k: v for k, v in {"endpoint": s["endpoint"], "region": s["region"] or "us-east-1",
-                                    "access_key_id": s["key"], "secret_access_key": s["secret"],
-                                    "session_token": s["token"]}.items() if v}
+        # S3Config's keys, those set (a comprehension makes no TypedDict)
+        config = cast("S3Config", {k: v for k, v in {
+            "endpoint": s["endpoint"], "region": s["region"] or "us-east-1", "access_key_id": s["key"],
+            "secret_access_key": s["secret"], "session_token": s["token"]}.items() if v})
         http = bool(s["endpoint"] and s["endpoint"].startswith("http://"))
         return self.S3Store(self.bucket, prefix=self.prefix.rstrip("/") or None, config=config, client_options={
             "allow_http": http, "connect_timeout": datetime.timedelta(seconds=min(s["connect_timeout"], idle)),
@@ -185,7 +210,7 @@ class _Obstore:
                           "backoff": {"init_backoff": datetime.timedelta(milliseconds=100),
                                       "max_backoff": datetime.timedelta(seconds=10), "base": 2}})
 
-    def _writer(self, nbytes: int):
+    def _writer(self, nbytes: int) -> S3Store:
         """The client for a put of `nbytes`: its read timeout also runs while the body goes up, so
         it is the whole budget of the body's size class (a few clients: 256 KiB, 512 KiB ... 128 MiB)."""
         size = _size_class(nbytes)
@@ -215,18 +240,19 @@ class _Obstore:
             return StorageError(f"{where}: {type(e).__name__}: {str(e).splitlines()[0]}")
         return e
 
-    def put(self, key: str, data, create: bool, match: str | None) -> str:
-        mode = "create" if create else {"e_tag": match} if match else "overwrite"
+    def put(self, key: str, data: Data, create: bool, match: str | None) -> str:
+        mode: PutMode = "create" if create else {"e_tag": match} if match else "overwrite"
         store = self._writer(memoryview(data).nbytes)
-        return self.ob.put(store, key, data, mode=mode, use_multipart=False)["e_tag"]
+        # S3 answers every PUT with an ETag
+        return cast(str, self.ob.put(store, key, data, mode=mode, use_multipart=False)["e_tag"])
 
-    def get(self, key: str, offset: int | None = None, length: int | None = None):
+    def get(self, key: str, offset: int | None = None, length: int | None = None) -> tuple[memoryview, str | None]:
         if offset is None:
             r = self.ob.get(self.store, key)
             return memoryview(r.bytes()), r.meta["e_tag"]
         return memoryview(self.ob.get_range(self.store, key, start=offset, length=length)), None
 
-    def head(self, key: str) -> tuple[int, str]:
+    def head(self, key: str) -> tuple[int, str | None]:
         m = self.ob.head(self.store, key)
         return m["size"], m["e_tag"]
 
@@ -250,12 +276,12 @@ class _Obstore:
                     return
 
 
-def _epoch(when) -> float | None:
+def _epoch(when: object) -> float | None:
     """A listing's last-modified time as epoch seconds."""
     return when.timestamp() if isinstance(when, datetime.datetime) else None
 
 
-def no_bucket(bucket: str, prefix: str, settings: dict) -> NoBucket:
+def no_bucket(bucket: str, prefix: str, settings: S3Settings) -> NoBucket:
     """The one error of a store whose bucket does not exist (never "not a store": no store can be there)."""
     return NoBucket(f"bucket {bucket!r} does not exist at {settings['endpoint'] or 'AWS S3'}: check the bucket's "
                     f"name and AWS_ENDPOINT_URL; for a new store in a new bucket: "
@@ -274,7 +300,7 @@ def _code(exc: BaseException) -> str | None:
 class _S3fs:
     kind = "s3fs"
 
-    def __init__(self, bucket: str, prefix: str, s: dict):
+    def __init__(self, bucket: str, prefix: str, s: S3Settings) -> None:
         import s3fs
         self.bucket, self.prefix, self.s = bucket, prefix, s
         self.timeout = t = s["timeout"]
@@ -309,24 +335,27 @@ class _S3fs:
                                f"({type(e).__name__}: {e}); check AWS_ENDPOINT_URL and try again")
         return StorageError(f"{where}: S3 error {code}: {e}") if code else e  # else a bug: shown as it is
 
-    def _sync(self, coro_fn, *args):
+    def _sync(self, coro_fn: Callable[..., Coroutine[Any, Any, T]], *args: object) -> T:
         import fsspec.asyn
-        return fsspec.asyn.sync(self.fs.loop, coro_fn, *args)
+        out: T = fsspec.asyn.sync(self.fs.loop, coro_fn, *args)
+        return out
 
-    async def _acall(self, method: str, seconds: float, kw: dict):
+    async def _acall(self, method: str, seconds: float, kw: dict[str, Any]) -> dict[str, Any]:
         await self.fs.set_session()  # once: botocore's models load here (~0.5 s), not a stall
-        return await asyncio.wait_for(self.fs._call_s3(method, Bucket=self.bucket, **kw), seconds)
+        resp: dict[str, Any] = await asyncio.wait_for(self.fs._call_s3(method, Bucket=self.bucket, **kw), seconds)
+        return resp
 
-    def call(self, method: str, nbytes: int = 0, **kw):
+    def call(self, method: str, nbytes: int = 0, **kw: Any) -> dict[str, Any]:
         """One request, all its attempts within its budget (asyncio.TimeoutError past it)."""
         return self._sync(self._acall, method, budget(self.timeout, nbytes), kw)
 
-    def put(self, key: str, data, create: bool, match: str | None) -> str:
+    def put(self, key: str, data: Data, create: bool, match: str | None) -> str:
         cond = {"IfNoneMatch": "*"} if create else {"IfMatch": match} if match else {}
         body = bytes(data)
-        return self.call("put_object", len(body), Key=self.prefix + key, Body=body, **cond)["ETag"]
+        etag: str = self.call("put_object", len(body), Key=self.prefix + key, Body=body, **cond)["ETag"]
+        return etag
 
-    async def _aget(self, key: str, rng: str | None):
+    async def _aget(self, key: str, rng: str | None) -> tuple[bytes, str]:
         """The answer's headers within the stall timeout, then its body with no
         `timeout` s between two reads and within the budget of its length."""
         loop = asyncio.get_running_loop()
@@ -336,7 +365,7 @@ class _S3fs:
             size = resp.get("ContentLength")
             size = size if isinstance(size, int) and size >= 0 else LARGEST_BODY
             deadline = loop.time() + budget(self.timeout, size)
-            parts = []
+            parts: list[bytes] = []
             while True:
                 left = deadline - loop.time()
                 if left <= 0:
@@ -348,8 +377,9 @@ class _S3fs:
         finally:
             body.close()
 
-    def get(self, key: str, offset: int | None = None, length: int | None = None):
-        rng = None if offset is None else f"bytes={offset}-{offset + length - 1}"
+    def get(self, key: str, offset: int | None = None, length: int | None = None) -> tuple[bytes, str | None]:
+        # a range read passes both (else `offset + None` fails, as before)
+        rng = None if offset is None else f"bytes={offset}-{offset + cast(int, length) - 1}"
         try:
             return self._sync(self._aget, self.prefix + key, rng)
         except Exception as e:
@@ -357,7 +387,7 @@ class _S3fs:
                 return b"", None  # the range starts at or past the end
             raise
 
-    def head(self, key: str) -> tuple[int, str]:
+    def head(self, key: str) -> tuple[int, str | None]:
         h = self.call("head_object", Key=self.prefix + key)
         return int(h["ContentLength"]), h["ETag"]
 
@@ -365,8 +395,8 @@ class _S3fs:
         self.call("delete_object", Key=self.prefix + key)
 
     def folders(self, prefix: str) -> list[str]:
-        kw = {"Prefix": self.prefix + prefix, "Delimiter": "/", "MaxKeys": PAGE}
-        out = []
+        kw: dict[str, Any] = {"Prefix": self.prefix + prefix, "Delimiter": "/", "MaxKeys": PAGE}
+        out: list[str] = []
         while True:
             page = self.call("list_objects_v2", **kw)
             out += [c["Prefix"][len(self.prefix + prefix):].rstrip("/") for c in page.get("CommonPrefixes", ())]
@@ -375,7 +405,7 @@ class _S3fs:
             kw["ContinuationToken"] = page["NextContinuationToken"]
 
     def list(self, prefix: str) -> Iterator[tuple[str, int, str | None, float | None]]:
-        kw = {"Prefix": self.prefix + prefix, "MaxKeys": PAGE}
+        kw: dict[str, Any] = {"Prefix": self.prefix + prefix, "MaxKeys": PAGE}
         while True:
             page = self.call("list_objects_v2", **kw)
             for item in page.get("Contents", ()):
@@ -392,17 +422,17 @@ class S3Objects(ObjectStore):
     capabilities = Capabilities(supports_ranges=True, atomic_conditional_put=True, local_path=False)
 
     def __init__(self, url: str, retries: int = 5, connect_timeout: float = 10, client: str | None = None,
-                 timeout: float | None = None):
+                 timeout: float | None = None) -> None:
         self.bucket, self.prefix = parse_url(url)
         self._forced = client
         self._cached = runtime.Local()  # this process's client
         self.url = f"s3://{self.bucket}/{self.prefix}"
-        self._settings = {**env_settings(), "retries": retries, "connect_timeout": connect_timeout,
-                          "timeout": stall_timeout(timeout)}
+        self._settings: S3Settings = {**env_settings(), "retries": retries, "connect_timeout": connect_timeout,
+                                      "timeout": stall_timeout(timeout)}
         self._counts = {"requests": 0, "sent_bytes": 0, "received_bytes": 0}
         self._count_lock = threading.Lock()
 
-    def counters(self) -> dict:
+    def counters(self) -> dict[str, int]:
         with self._count_lock:
             return dict(self._counts)
 
@@ -418,17 +448,34 @@ class S3Objects(ObjectStore):
         return f"{self._settings['endpoint'] or 'aws'} {self.url}"
 
     @property
-    def client(self):
+    def client(self) -> _Obstore | _S3fs:
         """This process's client (a forked child picks and builds its own)."""
         return self._cached.get(lambda: _client(choose_client(self._forced), self.bucket, self.prefix, self._settings))
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, object]:
         return {k: v for k, v in self.__dict__.items() if k != "_count_lock"} | {"_cached": runtime.Local()}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state, _count_lock=threading.Lock())
 
-    def _do(self, what: str, op: str, *args):
+    @overload
+    def _do(self, what: str, op: Literal["put"], name: str, data: Data, create: bool, match: str | None,
+            /) -> str: ...
+
+    @overload
+    def _do(self, what: str, op: Literal["get"], name: str, offset: int | None = ..., length: int | None = ...,
+            /) -> tuple[Data, str | None]: ...
+
+    @overload
+    def _do(self, what: str, op: Literal["head"], name: str, /) -> tuple[int, str | None]: ...
+
+    @overload
+    def _do(self, what: str, op: Literal["delete"], name: str, /) -> None: ...
+
+    @overload
+    def _do(self, what: str, op: Literal["folders"], prefix: str, /) -> list[str]: ...
+
+    def _do(self, what: str, op: str, *args: Any) -> Any:
         """One request; its body bytes are counted (a put's data, a get's answer)."""
         client = self.client
         sent = memoryview(args[1]).nbytes if op == "put" else 0
@@ -441,7 +488,7 @@ class S3Objects(ObjectStore):
         self._count(sent, memoryview(out[0]).nbytes if op == "get" else 0)
         return out
 
-    def _error(self, client, e: Exception, where: str, took: float) -> Exception:
+    def _error(self, client: _Obstore | _S3fs, e: Exception, where: str, took: float) -> Exception:
         """The client's typed error; a request that could not be served and waited the stall
         timeout (or more) without an answer is said to have stalled, with the knob to turn."""
         err = client.error(e, where)
@@ -454,7 +501,7 @@ class S3Objects(ObjectStore):
         return err
 
     # -- writes -----------------------------------------------------------------------------------
-    def _create(self, name: str, data) -> str:
+    def _create(self, name: str, data: Data) -> str:
         try:
             return self._do(f"object {name!r}", "put", check_object_name(name), data, True, None)
         except NotFound:  # a PUT finds no key: the bucket is missing
@@ -465,7 +512,8 @@ class S3Objects(ObjectStore):
         s = self._settings
         fs = _S3fs(self.bucket, self.prefix, s)
         region = s["region"]
-        conf = {"CreateBucketConfiguration": {"LocationConstraint": region}} if region and region != "us-east-1" else {}
+        conf: dict[str, Any] = ({"CreateBucketConfiguration": {"LocationConstraint": region}}
+                                if region and region != "us-east-1" else {})
         try:
             fs.call("create_bucket", **conf)
             return True
@@ -477,7 +525,7 @@ class S3Objects(ObjectStore):
                                     f"pick another name") from None
             raise fs.error(e, f"creating bucket {self.bucket!r} at {s['endpoint'] or 'AWS'}") from None
 
-    def put(self, name: str, data, *, exist_ok: bool = False) -> bool:
+    def put(self, name: str, data: Data, *, exist_ok: bool = False) -> bool:
         try:
             self._create(name, data)
             return True
@@ -486,10 +534,10 @@ class S3Objects(ObjectStore):
                 return False
             raise AlreadyExists(f"object {name!r} already exists in {self.url}: objects are written once") from None
 
-    def put_if_absent(self, name: str, data) -> str:
+    def put_if_absent(self, name: str, data: Data) -> str:
         return self._create(name, data)
 
-    def put_if_match(self, name: str, data, token: str) -> str:
+    def put_if_match(self, name: str, data: Data, token: str) -> str:
         try:
             return self._do(f"object {name!r}", "put", check_object_name(name), data, False, token)
         except NotFound:  # deleted since its token was read
@@ -499,13 +547,14 @@ class S3Objects(ObjectStore):
         self._do(f"object {name!r}", "delete", check_object_name(name))
 
     # -- reads ------------------------------------------------------------------------------------
-    def get(self, name: str):
+    def get(self, name: str) -> Data:
         return self._do(f"object {name!r}", "get", check_object_name(name))[0]
 
-    def get_with_token(self, name: str) -> tuple[bytes, str]:
-        return self._do(f"object {name!r}", "get", check_object_name(name))
+    def get_with_token(self, name: str) -> tuple[Data, str]:
+        # a whole object's answer carries its ETag
+        return cast("tuple[Data, str]", self._do(f"object {name!r}", "get", check_object_name(name)))
 
-    def get_range(self, name: str, offset: int, length: int):
+    def get_range(self, name: str, offset: int, length: int) -> Data:
         check_range(offset, length)
         check_object_name(name)
         if length == 0:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import os
+from typing import Sequence
 
 from .. import runtime
 from .local import write_all
@@ -38,10 +39,11 @@ class Segments:
         return os.open(self.path(seg), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644)
 
     @staticmethod
-    def append(fd: int, end: int, buffers: list) -> list[int]:
+    def append(fd: int, end: int, buffers: Sequence[bytes | memoryview]) -> list[int]:
         """Write `buffers` one after another from offset `end` of the open segment `fd`; their
         offsets. No copy: the buffers go to the kernel as they are."""
-        offsets, pos = [], end
+        offsets: list[int] = []
+        pos = end
         for b in buffers:
             offsets.append(pos)
             pos += len(b)
@@ -58,7 +60,7 @@ class Segments:
 
     def _reader(self, seg: int) -> int | None:
         with self._lock:
-            open_ = self._readers.get(collections.OrderedDict)
+            open_: collections.OrderedDict[int, int] = self._readers.get(collections.OrderedDict)
             fd = open_.get(seg)
             if fd is not None:
                 open_.move_to_end(seg)
@@ -85,7 +87,7 @@ class Segments:
 
     def numbers(self) -> set[int]:
         """The numbers of the segment files in the folder."""
-        out = set()
+        out: set[int] = set()
         for name in os.listdir(self.folder):
             stem = name[:-len(SUFFIX)] if name.endswith(SUFFIX) else ""
             if stem.isdigit():

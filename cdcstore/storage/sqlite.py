@@ -10,22 +10,26 @@ import os
 import sqlite3
 import threading
 import time
+from contextlib import AbstractContextManager
+from typing import Any, Callable, Iterator, TypedDict, Unpack
 
 from .. import runtime
 
-_INHERITED: list = []  # connections inherited across fork: kept, never used or closed
+_INHERITED: list[object] = []  # connections inherited across fork: kept, never used or closed
 
 
-def ints(*values) -> bool:
+def ints(*values: object) -> bool:
     """Whether each value read from a row is an int (sqlite keeps whatever type was written)."""
     return all(type(v) is int for v in values)
 
 
-def _holding(base, name: str, lock=lambda obj: obj.connection.in_use):
+def _holding(base: type, name: str,
+             lock: Callable[[Any], AbstractContextManager[object]] = lambda obj: obj.connection.in_use
+             ) -> Callable[..., Any]:
     """`base.name`, called while holding the connection's `in_use` lock."""
     method = getattr(base, name)
 
-    def locked(self, *args):
+    def locked(self: Any, *args: Any) -> Any:
         with lock(self):
             return method(self, *args)
     locked.__name__ = name
@@ -38,7 +42,7 @@ class _Cursor(sqlite3.Cursor):
     execute, executemany, fetchone, fetchmany, fetchall, __next__ = (
         _holding(sqlite3.Cursor, n) for n in ("execute", "executemany", "fetchone", "fetchmany", "fetchall", "__next__"))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # rows in batches, not the cursor
         """Rows a batch at a time: the lock is taken per ITER_ROWS rows, not per row (a file's
         chunk lookups paid ~50 us a row under threads), and memory stays bounded."""
         while rows := self.fetchmany(ITER_ROWS):
@@ -55,17 +59,18 @@ class _Connection(sqlite3.Connection):
     another thread's query; now that thread's next step raises ProgrammingError ("closed
     database") instead, and its next `Connections.conn` is a new connection."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.in_use = threading.RLock()  # per connection; a forked child never uses an inherited one
 
-    def cursor(self, factory=_Cursor):
+    def cursor(self, factory: Callable[[sqlite3.Connection], sqlite3.Cursor] = _Cursor  # type: ignore[override]
+               ) -> sqlite3.Cursor:  # (the base's factory=None overload fails at runtime anyway)
         return super().cursor(factory)
 
-    def execute(self, *args):
+    def execute(self, *args: Any) -> sqlite3.Cursor:
         return self.cursor().execute(*args)
 
-    def executemany(self, *args):
+    def executemany(self, *args: Any) -> sqlite3.Cursor:
         return self.cursor().executemany(*args)
 
     commit, rollback, __exit__, close = (
@@ -95,16 +100,24 @@ def connect(path: str, synchronous: str = "NORMAL", page_size: int | None = None
     return conn
 
 
+class ConnectOptions(TypedDict, total=False):
+    """`connect`'s options, as `Connections` keeps them."""
+
+    synchronous: str
+    page_size: int | None
+
+
 class Connections:
     """`conn` is this thread's connection to `path`, opened on first use; `close` closes
     every connection this process opened through it (the next use opens new ones)."""
 
-    def __init__(self, path: str, **options):
+    def __init__(self, path: str, **options: Unpack[ConnectOptions]):
         self.path = path
         self.options = options  # for `connect`
         self._local = threading.local()
         self._lock = runtime.Lock()  # a fork while another thread holds it must not hang the child
-        self._open = runtime.Local()  # this process's: thread -> its connection
+        # this process's: thread -> its connection (runtime.Local is untyped)
+        self._open = runtime.Local()  # type: ignore[no-untyped-call]
         self._generation = 0  # a connection of an earlier generation was closed by `close`
 
     @property
@@ -112,14 +125,14 @@ class Connections:
         local = self._local
         held = getattr(local, "held", None)
         if held is None or local.generation != self._generation:
-            held = local.held = runtime.Local()
+            held = local.held = runtime.Local()  # type: ignore[no-untyped-call]  # runtime.Local is untyped
             local.generation = self._generation
         return held.get(self._connect, _INHERITED.append)
 
     def _connect(self) -> sqlite3.Connection:
         conn = connect(self.path, **self.options)
         with self._lock:
-            mine = self._open.get(dict)
+            mine: dict[threading.Thread, sqlite3.Connection] = self._open.get(dict)
             for t in [t for t in mine if not t.is_alive()]:  # a thread that ended: its connection too
                 mine.pop(t).close()
             mine[threading.current_thread()] = conn
@@ -128,7 +141,8 @@ class Connections:
     def close(self) -> None:
         """Close this process's connections (a forked child never closes the parent's)."""
         with self._lock:
-            mine = self._open.here() or {}
+            mine: dict[threading.Thread, sqlite3.Connection] = (
+                self._open.here() or {})  # type: ignore[no-untyped-call]  # runtime.Local is untyped
             self._open.clear()
             self._generation += 1
         for conn in mine.values():

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Callable, Iterable, Protocol, TypedDict
 
 from ..core import ids
 from ..core.address import check_name, normalize_path
 from ..core.commit import FileEntry
 from ..core.errors import CorruptionError, InvalidAddressError, NotFoundError
-from .objects import NotFound
+from .objects import NotFound, ObjectInfo, ObjectStore
 
 STAGING = "staging/"
 MARKER = "job"
@@ -41,6 +42,13 @@ MIN_CHARGE = 256  # bytes an object counts for at least in a token's journal spa
 JOURNAL_VERSION = 1
 JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 MAX_ENTRIES_PER_OBJECT = 100_000
+
+
+class ObjectHost(Protocol):
+    """What a job's journal is kept in: a store's objects (a `Repository`'s)."""
+
+    @property
+    def objects(self) -> ObjectStore: ...
 
 
 class JobClosedError(NotFoundError):
@@ -74,7 +82,7 @@ def encode(entries: dict[str, FileEntry | None]) -> bytes:
     return json.dumps({"format": JOURNAL_VERSION, "entries": rows}, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _check_entry(path: str, e) -> None:
+def _check_entry(path: str, e: object) -> None:
     if not isinstance(e, FileEntry) or not ids.is_hex_id(str(e.manifest)) or \
             not isinstance(e.size, int) or isinstance(e.size, bool) or e.size < 0:
         raise InvalidAddressError(f"entry for {path!r} is not a FileEntry(manifest id, size): {e!r}")
@@ -86,7 +94,7 @@ def decode(data: bytes, what: str = "journal entry") -> list[tuple[str, FileEntr
         doc = json.loads(bytes(data))
         if not isinstance(doc, dict) or doc.get("format") != JOURNAL_VERSION or not isinstance(doc.get("entries"), list):
             raise ValueError(f"not a format-{JOURNAL_VERSION} journal entry")
-        out = []
+        out: list[tuple[str, FileEntry | None]] = []
         for row in doc["entries"]:
             path = normalize_path(row["path"])
             if not path:
@@ -103,7 +111,7 @@ def decode(data: bytes, what: str = "journal entry") -> list[tuple[str, FileEntr
         raise CorruptionError(f"{what} is damaged: {err}") from None
 
 
-def merge(batches) -> tuple[dict[str, FileEntry], list[str]]:
+def merge(batches: Iterable[Iterable[tuple[str, FileEntry | None]]]) -> tuple[dict[str, FileEntry], list[str]]:
     """(path -> entry, paths removed) of a job's batches. The same entry twice (a retried task)
     counts once; two different ones for one path are refused, naming it."""
     seen: dict[str, FileEntry | None] = {}
@@ -111,6 +119,7 @@ def merge(batches) -> tuple[dict[str, FileEntry], list[str]]:
         for path, e in rows:
             if path in seen and seen[path] != e:
                 a, b = seen[path], e
+                what: Callable[[FileEntry | None], str]
                 what = lambda x: "removed it" if x is None else f"wrote {x.size} bytes (manifest {x.manifest})"
                 raise InvalidAddressError(f"two tasks of this job disagree on {path!r}: one {what(a)}, another "
                                           f"{what(b)}; give each task its own paths (nothing was committed)")
@@ -119,7 +128,7 @@ def merge(batches) -> tuple[dict[str, FileEntry], list[str]]:
 
 
 # -- a job's journal in a repository's objects (a directory, a bucket, a server's own store) --------
-def claim(store, repo: str, job: str, owner: str) -> None:
+def claim(store: ObjectHost, repo: str, job: str, owner: str) -> None:
     """Record that `owner` (a token's hash) opened or wrote to the job: its space counts it."""
     store.objects.put(f"{folder(repo, job)}{OWNER_PREFIX}{owner}", b"", exist_ok=True)
 
@@ -129,15 +138,15 @@ def charge(size: int | None) -> int:
     return max(size or 0, MIN_CHARGE)
 
 
-def usage(store) -> dict[str, int]:
+def usage(store: ObjectHost) -> dict[str, int]:
     """owner -> the bytes (`charge`) of the jobs it claimed, from one listing of staging/."""
     return usage_and_jobs(store)[0]
 
 
-def usage_and_jobs(store) -> tuple[dict[str, int], dict[str, int]]:
+def usage_and_jobs(store: ObjectHost) -> tuple[dict[str, int], dict[str, int]]:
     """owner -> the bytes (`charge`) of the jobs it claimed, and owner -> how many jobs (journal
     jobs and multipart uploads), from one listing of staging/."""
-    jobs: dict[str, list] = {}
+    jobs: dict[str, list[tuple[str, int]]] = {}
     for info in store.objects.list(STAGING):
         base, _, leaf = info.name.rpartition("/")
         jobs.setdefault(base, []).append((leaf, info.size))
@@ -153,14 +162,14 @@ def usage_and_jobs(store) -> tuple[dict[str, int], dict[str, int]]:
     return out, count
 
 
-def open_job(store, repo: str, job: str) -> None:
+def open_job(store: ObjectHost, repo: str, job: str) -> None:
     """Write (or touch: a heartbeat) the job marker."""
     name = folder(repo, job) + MARKER
     if not store.objects.put(name, b"{}", exist_ok=True):
         store.objects.touch(name)
 
 
-def add(store, repo: str, job: str, entries: dict[str, FileEntry | None]) -> str:
+def add(store: ObjectHost, repo: str, job: str, entries: dict[str, FileEntry | None]) -> str:
     """Store one batch of entries; JobClosedError (and nothing left) when the job is over."""
     data = encode(entries)
     base = folder(repo, job)
@@ -176,14 +185,14 @@ def add(store, repo: str, job: str, entries: dict[str, FileEntry | None]) -> str
     return name
 
 
-def batches(store, repo: str, job: str) -> list[list[tuple[str, FileEntry | None]]]:
+def batches(store: ObjectHost, repo: str, job: str) -> list[list[tuple[str, FileEntry | None]]]:
     """Every batch of the job: one listing, then the entry objects read a few at a time."""
     from .. import runtime
 
     base = folder(repo, job)
     names = [i.name for i in store.objects.list(base) if i.name[len(base):].startswith(ENTRY_PREFIX)]
 
-    def read(name):
+    def read(name: str) -> list[tuple[str, FileEntry | None]]:
         data = bytes(store.objects.get(name))
         if ids.hexdigest(data) != name.rsplit(ENTRY_PREFIX, 1)[1]:
             raise CorruptionError(f"journal entry {name} does not match its name (damaged)")
@@ -194,11 +203,11 @@ def batches(store, repo: str, job: str) -> list[list[tuple[str, FileEntry | None
     return list(runtime.pool("io", 8).map(read, names))
 
 
-def is_open(store, repo: str, job: str) -> bool:
+def is_open(store: ObjectHost, repo: str, job: str) -> bool:
     return store.objects.exists(folder(repo, job) + MARKER)
 
 
-def close(store, repo: str, job: str) -> int:
+def close(store: ObjectHost, repo: str, job: str) -> int:
     """End the job: the marker first (late writers see it gone), then every entry; their count."""
     base = folder(repo, job)
     try:
@@ -216,11 +225,20 @@ def close(store, repo: str, job: str) -> int:
 
 
 # -- gc ---------------------------------------------------------------------------------------------
-def gc_plan(store, now: float, grace: float, stale: float) -> tuple[set[str], list[str]]:
+class _JobObjects(TypedDict):
+    """A job folder's objects, as `gc_plan` sorts them."""
+
+    marker: ObjectInfo | None
+    entries: list[ObjectInfo]
+    owners: list[ObjectInfo]
+    other: list[ObjectInfo]
+
+
+def gc_plan(store: ObjectHost, now: float, grace: float, stale: float) -> tuple[set[str], list[str]]:
     """(manifests that live jobs name: roots, staging objects to delete). A job is live while
     its marker is younger than max(grace, stale) (the driver's heartbeat touches it hourly); an
     entry with no marker (a late write, a closer killed half way) is deleted once past grace."""
-    jobs: dict[str, dict] = {}
+    jobs: dict[str, _JobObjects] = {}
     for info in store.objects.list(STAGING):
         parts = info.name[len(STAGING):].split("/")
         if len(parts) != 3:
@@ -236,7 +254,7 @@ def gc_plan(store, now: float, grace: float, stale: float) -> tuple[set[str], li
         else:  # what else a job folder holds: an S3 multipart upload's record and parts (uploads.py)
             job["other"].append(info)
 
-    def older(info, window) -> bool:
+    def older(info: ObjectInfo, window: float) -> bool:
         return info.mtime is not None and now - info.mtime >= window
 
     roots: set[str] = set()
@@ -261,7 +279,7 @@ def gc_plan(store, now: float, grace: float, stale: float) -> tuple[set[str], li
 class Journal:
     """The journal role over a repository (a directory, a bucket): the functions above."""
 
-    def __init__(self, store):
+    def __init__(self, store: ObjectHost):
         self.store = store
 
     def open(self, repo: str, job: str) -> None:
@@ -270,7 +288,7 @@ class Journal:
     def add(self, repo: str, job: str, entries: dict[str, FileEntry | None]) -> None:
         add(self.store, repo, job, entries)
 
-    def batches(self, repo: str, job: str) -> list:
+    def batches(self, repo: str, job: str) -> list[list[tuple[str, FileEntry | None]]]:
         return batches(self.store, repo, job)
 
     def close(self, repo: str, job: str) -> None:

@@ -54,7 +54,7 @@ class Seen:
             return None
         return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, seen_ns)
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[int, int, int, int]:
         return self.size, self.mtime_ns, self.ino, self.ctime_ns
 
     def racy(self) -> bool:

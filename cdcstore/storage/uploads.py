@@ -20,10 +20,12 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ..core.errors import NotFoundError
 from . import staging
 from .objects import NotFound
+from .staging import ObjectHost
 
 META = "u-upload"
 PART_PREFIX = "p-"
@@ -54,7 +56,7 @@ def _meta_name(repo: str, upload: str) -> str:
     return staging.folder(repo, upload) + META
 
 
-def create(store, repo: str, key: str, owner: str | None) -> str:
+def create(store: ObjectHost, repo: str, key: str, owner: str | None) -> str:
     """A new upload of `key` (REV/PATH) in `repo`; its id."""
     upload = secrets.token_hex(16)
     staging.open_job(store, repo, upload)
@@ -65,7 +67,7 @@ def create(store, repo: str, key: str, owner: str | None) -> str:
     return upload
 
 
-def info(store, repo: str, upload: str) -> dict:
+def info(store: ObjectHost, repo: str, upload: str) -> dict[str, Any]:
     """The upload's record; NoSuchUpload when it is over (or the id names a journal job)."""
     try:
         staging.check_job(upload)
@@ -75,12 +77,13 @@ def info(store, repo: str, upload: str) -> dict:
         raise NoSuchUpload(f"upload {upload} of repo {repo!r} is over (completed, aborted or reclaimed by gc) "
                            f"or was never created")
     try:
-        return json.loads(bytes(store.objects.get(_meta_name(repo, upload))))
+        record: dict[str, Any] = json.loads(bytes(store.objects.get(_meta_name(repo, upload))))  # as stored: JSON
+        return record
     except NotFound:
         raise NoSuchUpload(f"upload {upload} of repo {repo!r} is no multipart upload") from None
 
 
-def put_part(store, repo: str, upload: str, number: int, path: str, md5: str) -> Part:
+def put_part(store: ObjectHost, repo: str, upload: str, number: int, path: str, md5: str) -> Part:
     """Stage one part from a finished file (linked in place where the store is a directory).
     A part sent again under the same number replaces the one before (as S3)."""
     base = staging.folder(repo, upload)
@@ -98,14 +101,14 @@ def put_part(store, repo: str, upload: str, number: int, path: str, md5: str) ->
     return Part(number, md5, size, time.time(), name)
 
 
-def _delete(store, name: str) -> None:
+def _delete(store: ObjectHost, name: str) -> None:
     try:
         store.objects.delete(name)
     except NotFound:
         pass
 
 
-def parts(store, repo: str, upload: str, all_versions: bool = False) -> list[Part]:
+def parts(store: ObjectHost, repo: str, upload: str, all_versions: bool = False) -> list[Part]:
     """The upload's parts by number (the newest of a number unless `all_versions`)."""
     base = staging.folder(repo, upload)
     found: dict[int, Part] = {}
@@ -122,7 +125,7 @@ def parts(store, repo: str, upload: str, all_versions: bool = False) -> list[Par
     return sorted(every if all_versions else found.values(), key=lambda p: (p.number, p.mtime or 0))
 
 
-def uploads(store, repo: str) -> list[tuple[str, dict]]:
+def uploads(store: ObjectHost, repo: str) -> list[tuple[str, dict[str, Any]]]:
     """(upload id, record) of the repo's open uploads, from one listing of its staging folder."""
     prefix = f"{staging.STAGING}{repo}/"
     found: dict[str, set[str]] = {}
@@ -140,7 +143,7 @@ def uploads(store, repo: str) -> list[tuple[str, dict]]:
     return out
 
 
-def assemble(store, chosen: list[Part], out_path: str) -> int:
+def assemble(store: ObjectHost, chosen: list[Part], out_path: str) -> int:
     """Write the chosen parts, in order, into the file `out_path`; its size."""
     total = 0
     with open(out_path, "wb") as out:
@@ -190,6 +193,6 @@ def _copy(src: int, dst: int, size: int) -> int:
     return done
 
 
-def abort(store, repo: str, upload: str) -> int:
+def abort(store: ObjectHost, repo: str, upload: str) -> int:
     """End the upload: the marker first (a part arriving late removes itself), then the rest."""
     return staging.close(store, repo, upload)

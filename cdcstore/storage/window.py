@@ -17,16 +17,21 @@ thread, where the error surfaces or the file is located again.
 from __future__ import annotations
 
 import bisect
-from typing import Callable
+from concurrent.futures import Executor, Future
+from typing import Callable, Mapping
 
 from ..core.errors import CorruptionError
 from ..core.manifest import Manifest
+from .fileplan import FilePlan, Piece
 from .roles import ChunkSource
 
 WINDOW = 4 * 1024 * 1024  # bytes of whole chunks per window (one chunk when a chunk is larger)
 
+Fill = Callable[[int, int, memoryview], None]  # reads bytes [start, stop) of the file into a view
+Filled = tuple[bytearray, int, int, int]  # a window read ahead: its buffer, first byte, length, the chunk after it
 
-def read_pieces(source: ChunkSource, manifest: Manifest, pieces: list, base: int, out: memoryview) -> None:
+
+def read_pieces(source: ChunkSource, manifest: Manifest, pieces: list[Piece], base: int, out: memoryview) -> None:
     """Each piece of raw chunks (`FilePlan.pieces`) read straight into its place in `out` (the
     file from byte `base`) and checked there, against the pack entries' checksums (the store's
     own packs, docs/architecture.md "Trust model"); any thread."""
@@ -46,7 +51,8 @@ class ReadWindow:
     no reference back to its reader); the window ahead is planned with `plan` (a `FilePlan`) in
     the caller's thread and read from `source` on the pool."""
 
-    def __init__(self, source: ChunkSource, manifest: Manifest, plan, repo: str | None, pool: Callable,
+    def __init__(self, source: ChunkSource, manifest: Manifest, plan: FilePlan, repo: str | None,
+                 pool: Callable[[], Executor],
                  size: int | None = None):
         self._src, self._m, self._plan, self._repo = source, manifest, plan, repo
         self._pool = pool
@@ -54,12 +60,13 @@ class ReadWindow:
         self._buf: bytearray | None = None  # the current window's memory (refilled in place)
         self._view, self._at = memoryview(b""), 0  # its bytes and its first byte's offset in the file
         self._spare: bytearray | None = None  # the next window's memory
-        self._next: tuple | None = None  # the next window's fill (a Future), its buffer, first byte, length
+        # the next window's fill (a Future), its buffer, first byte, length
+        self._next: tuple[Future[Filled], bytearray, int, int] | None = None
 
     def covers(self, offset: int, length: int) -> bool:
         return self._at <= offset and offset + length <= self._at + len(self._view)
 
-    def copy(self, offset: int, end: int, out: memoryview, fill: Callable) -> None:
+    def copy(self, offset: int, end: int, out: memoryview, fill: Fill) -> None:
         """Bytes [offset, end) of the file into `out`, window after window."""
         pos = offset
         while pos < end:
@@ -84,7 +91,7 @@ class ReadWindow:
         stop = max(first + 1, bisect.bisect_right(ends, start + self._size, first))
         return start, ends[stop - 1] - start, stop
 
-    def _move(self, pos: int, fill: Callable) -> None:
+    def _move(self, pos: int, fill: Fill) -> None:
         """Make the window hold byte `pos`: the window filled ahead when it holds it, else a
         fill here; then the one after it is started on the pool."""
         self._view = memoryview(b"")  # a failed fill leaves no window
@@ -103,7 +110,7 @@ class ReadWindow:
         self._view, self._at = view, start
         self._ahead(stop)
 
-    def _take_next(self, pos: int):
+    def _take_next(self, pos: int) -> Filled | None:
         """The window filled ahead, when it holds `pos` (waited for if still being filled) and its
         fill succeeded; else None. Its buffer is kept as the spare either way."""
         nxt, self._next = self._next, None
@@ -133,7 +140,7 @@ class ReadWindow:
             buf = bytearray(max(self._size, length))
         self._spare = None  # the fill owns it until it is taken
 
-        def fill():
+        def fill() -> Filled:
             out = memoryview(buf)[:length]
             read_pieces(self._src, self._m, pieces, start, out)
             if packed:  # compressed chunks: decoded and checked by the source
@@ -141,7 +148,7 @@ class ReadWindow:
             return buf, start, length, stop
         self._next = (self._pool().submit(fill), buf, start, length)
 
-    def _place(self, data: dict, packed: list[int], base: int, out: memoryview) -> None:
+    def _place(self, data: Mapping[bytes, bytes | memoryview], packed: list[int], base: int, out: memoryview) -> None:
         ids, ends, lens = self._m.chunk_ids, self._m.ends, self._m.lengths
         for i in packed:
             chunk = data[ids[i]]

@@ -23,7 +23,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +41,9 @@ from .sources import (KINDS, LOOK_AHEAD_STEPS, ParquetSource, SampleSource, Sour
                       TarSource, expand)
 from .sources import Warmer as _Warmer  # noqa: F401 - the name docs/streaming.md used
 from .sources import checked_footer as _checked_footer, lying_rows as _lying_rows  # noqa: F401
+
+if TYPE_CHECKING:
+    import ctypes
 
 FORMATS = ("numpy", "arrow", "python")
 SUMMED = ("samples", "batches", "by_reference", "bytes_read", "row_groups", "decodes", "warmed", "wait_seconds",
@@ -91,8 +94,8 @@ class _Shared:
 
     def __init__(self, epoch: int = 0, start: int = 0):
         self._local = [epoch, start]
-        self._arr = None
-        self._figs = None
+        self._arr: ctypes.Array[ctypes.c_longlong] | None = None
+        self._figs: ctypes.Array[ctypes.c_double] | None = None
 
     def share(self) -> None:
         import multiprocessing
@@ -106,13 +109,18 @@ class _Shared:
     def shared(self) -> bool:
         return self._figs is not None
 
+    def _shared_figures(self) -> ctypes.Array[ctypes.c_double]:
+        if self._figs is None:
+            raise TypeError("the figures are not shared (`share` first)")
+        return self._figs
+
     def read(self, slot: int) -> dict:
         n = len(FIGURES)
-        return dict(zip(FIGURES, self._figs[slot * n:(slot + 1) * n]))
+        return dict(zip(FIGURES, self._shared_figures()[slot * n:(slot + 1) * n]))
 
     def write(self, slot: int, values: dict) -> None:
         n = len(FIGURES)
-        self._figs[slot * n:(slot + 1) * n] = [float(values[k]) for k in FIGURES]
+        self._shared_figures()[slot * n:(slot + 1) * n] = [float(values[k]) for k in FIGURES]
 
     def figures(self) -> dict:
         """All slots together."""
@@ -525,10 +533,10 @@ class StreamingDataset:
         else:
             m = dict(self._metrics)
             elapsed = time.perf_counter() - self._t0 if self._t0 is not None else 0.0
-            m["store"] = {**self.store.counters(), **self.store.cache_counters()}
+            m["store"] = store = {**self.store.counters(), **self.store.cache_counters()}
             first = self._flushed.here()
             base = first[0] if first else self._figures_now()
-            m.update({k: m["store"].get(k, 0) - base[k] for k in STORE_FIGURES})
+            m.update({k: store.get(k, 0) - base[k] for k in STORE_FIGURES})
         looked = m["cache_hits"] + m["cache_misses"]
         m["cache_hit_ratio"] = m["cache_hits"] / looked if looked else 0.0
         m["seconds"] = elapsed

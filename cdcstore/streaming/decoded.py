@@ -207,7 +207,8 @@ class DecodedUnits:
         from multiprocessing import util
         self._finalizer = util.Finalize(self, _remove_if_owner, args=(self.path, os.getpid()), exitpriority=-1)
         self.decodes = 0  # row groups this process decoded
-        self._scanned = (None, None, 0)  # (slowest position at the last scan, earliest release left, calls since)
+        # (slowest position at the last scan, earliest release left, calls since)
+        self._scanned: tuple[tuple[int, int] | None, tuple[int, int] | None, int] = (None, None, 0)
         self._pins = itertools.count()
         self.worker, self.workers = 0, 1  # which worker of how many this process is (set by the stream)
 
@@ -354,7 +355,11 @@ class BatchRef:
     runs: list[tuple[int, int, int]] | None = None
 
     def __len__(self) -> int:
-        return sum(n for _, _, n in self.runs) if self.runs is not None else len(self.rows)
+        if self.runs is not None:
+            return sum(n for _, _, n in self.runs)
+        if self.rows is None:
+            raise TypeError("a BatchRef without runs has rows")
+        return len(self.rows)
 
 
 class PinnedTables:

@@ -64,13 +64,15 @@ def table(spec: "bool | dict", max_pixels: int = MAX_IMAGE_PIXELS) -> dict[str, 
     """The decoders of a `decode=` setting: True the basic table, a dict of extension -> function
     the basic table with those replaced or added (None: keep that extension's bytes), False none.
     Images are refused past `max_pixels` (the caller's setting, CDCSTORE_MAX_IMAGE_PIXELS)."""
-    basic = {**BASIC, **{e: functools.partial(_image, max_pixels=max_pixels) for e in IMAGES}}
+    basic: dict[str, Callable[[bytes], object]] = {
+        **BASIC, **{e: functools.partial(_image, max_pixels=max_pixels) for e in IMAGES}}
     if spec is False:
         return {}
     if spec is True:
         return basic
     if isinstance(spec, dict):
-        return {k: v for k, v in {**basic, **{str(e).lower(): f for e, f in spec.items()}}.items() if v is not None}
+        given: dict[str, Callable[[bytes], object] | None] = {**basic, **{str(e).lower(): f for e, f in spec.items()}}
+        return {k: v for k, v in given.items() if v is not None}
     raise ValueError(f"decode must be True, False or a dict of extension -> function, not {spec!r}")
 
 

@@ -24,7 +24,7 @@ import fnmatch
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Protocol, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -43,6 +43,7 @@ from . import order as _order
 from . import shards as _shards
 
 if TYPE_CHECKING:
+    from ..api import FileReader
     from .decoded import BatchRef, DecodedUnits, PinnedTables
 
 LOOK_AHEAD_STEPS = 256  # steps a stream looks ahead for the next row group to fetch while one decodes
@@ -67,7 +68,10 @@ class SourceContext(Protocol):
     """What a source asks of the dataset it streams for (`stream.StreamingDataset` is one): its
     settings, and where its figures go."""
 
-    store: Store  # this process's
+    @property
+    def store(self) -> Store:
+        """This process's."""
+
     source: "Source"  # the dataset's source (this one)
     columns: list[str] | None
     batch_size: int | None
@@ -153,7 +157,7 @@ class SampleSource(Source):
         return samples
 
     def produce(self, ds, order, steps, skip, share=None, epoch=0):
-        readers: dict[int, object] = {}
+        readers: dict[int, FileReader] = {}
         try:
             for pos in steps:
                 units, rows = order.locate(order.sequence_index(pos + skip))
@@ -332,8 +336,9 @@ class ParquetSource(Source):
             except CdcError:  # the store's own error (busy, unreachable, damaged) says what it is
                 raise
             except (pa.ArrowInvalid, OSError) as e:
-                if isinstance(e.__cause__ or e.__context__, CdcError):
-                    raise (e.__cause__ or e.__context__) from None
+                cause = e.__cause__ or e.__context__
+                if isinstance(cause, CdcError):
+                    raise cause from None
                 raise InvalidAddressError(f"{f.address} is not a readable Parquet file ({e}): "
                                           f"stream Parquet files only") from None
 
@@ -343,7 +348,7 @@ class ParquetSource(Source):
         this consumer's positions). With `share`, a row group another worker decoded is mapped
         from the shared folder, and one decoded here is put there."""
         loaded: set[int] = set()
-        files: dict[int, object] = {}  # file index -> its open reader (the last 8)
+        files: dict[int, FileReader] = {}  # file index -> its open reader (the last 8)
         warm = Warmer(ds) if share is None and ds.store.cache is not None else None
         located: collections.deque = collections.deque()  # steps located ahead: (pos, units, rows)
         steps = iter(steps)
@@ -510,7 +515,8 @@ class ParquetSource(Source):
         when a row group is not in the shared folder."""
         from .decoded import BatchRef
 
-        refs, made = [], []
+        refs: list[BatchRef] = []
+        made: list[str] = []
         m = ds.counts
         for lo in range(0, len(rows), ds.block):
             us, rs = units[lo:lo + ds.block], rows[lo:lo + ds.block]
@@ -703,7 +709,7 @@ class Warmer:
         self._pool = runtime.pool("warm", 2)  # the process's: streams of this process share it
         self._busy: concurrent.futures.Future | None = None
         self._done: set[int] = set()
-        self._readers: dict = {}  # file index -> FileReader (this thread's)
+        self._readers: dict[int, FileReader] = {}  # file index -> FileReader (this thread's)
 
     def ahead(self, u: int) -> None:
         if u in self._done or (self._busy is not None and not self._busy.done()):
@@ -713,7 +719,7 @@ class Warmer:
 
     def _fetch(self, u: int) -> None:
         ds = self._ds
-        source = ds.source
+        source = cast("ParquetSource", ds.source)  # a Warmer serves a Parquet stream
         fi = source.units[u][0]
         try:
             reader = self._readers.get(fi)

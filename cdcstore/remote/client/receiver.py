@@ -172,6 +172,7 @@ class _Conn(asyncio.BufferedProtocol):
 
     def _finish(self) -> None:
         self._views = []  # an idle connection must not keep the reader's buffers alive
+        assert self._done is not None  # reached only from `buffer_updated`, which checked it
         if not self._done.done():
             self._done.set_result(None)
 
@@ -266,6 +267,7 @@ class Receiver:
                         budget: float) -> None:
         done = conn.begin(into)
         conn.sent = len(request)
+        assert conn.transport is not None  # set by connection_made, before create_connection returned
         conn.transport.write(request)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + budget

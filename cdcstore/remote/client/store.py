@@ -18,7 +18,7 @@ import os
 import random
 import tempfile
 import threading
-from typing import Iterable
+from typing import Callable, Iterable
 
 import aiohttp
 
@@ -36,7 +36,6 @@ from ...core.ranges import ByteRange, lands, plan_ranges, scatter, slices
 from ...core.wire import url_repo
 from ...storage import memo
 from ...storage.backend import Backend, BackendCapabilities
-from ...storage.roles import delegate
 from .journal import RemoteJournal, manifests_present
 from .receiver import Receiver, Stalled, Unserved
 from .refs import RemoteRefs
@@ -209,12 +208,12 @@ async def _read_into(resp: aiohttp.ClientResponse, into: list[memoryview]) -> in
             resp.close()
             raise CorruptionError(f"long range answer: wanted {total} bytes, got more")
         n += len(piece)
-        piece = memoryview(piece)
-        while piece:
+        rest = memoryview(piece)
+        while rest:
             view = into[k]
-            take = min(len(view) - pos, len(piece))
-            view[pos:pos + take] = piece[:take]
-            piece = piece[take:]
+            take = min(len(view) - pos, len(rest))
+            view[pos:pos + take] = rest[:take]
+            rest = rest[take:]
             pos += take
             if pos == len(view):
                 k, pos = k + 1, 0
@@ -326,7 +325,7 @@ class Transport:
 
     async def request(self, method: str, path: str, *, body: bytes | None = None, body_path: str | None = None,
                       headers: dict | None = None, ok=(200, 201, 206), landed=None,
-                      into: memoryview | None = None, timeout: float | None = None,
+                      into: list[memoryview] | None = None, timeout: float | None = None,
                       expect: int | None = None, limit: int = MAX_ANSWER_BYTES) -> tuple[int, bytes]:
         """One request with retries; returns (status, body) or raises a mapped error.
 
@@ -355,7 +354,8 @@ class Transport:
             base = self.base
             session = await self._get_session()
             try:
-                data = open(body_path, "rb") if body_path else body
+                fh = open(body_path, "rb") if body_path else None
+                data = fh if fh is not None else body
                 began = loop.time()
                 try:
                     async with asyncio.timeout(budget - stalled):
@@ -383,8 +383,8 @@ class Transport:
                             if retry_after and retry_after.strip().isdigit():
                                 delay = min(float(retry_after), self.max_backoff * 3)
                 finally:
-                    if body_path:
-                        data.close()
+                    if fh is not None:
+                        fh.close()
             except aiohttp.ClientResponseError as e:  # an answer aiohttp could not parse: not HTTP at all
                 reason = (e.message or "").strip().splitlines()[0][:120] if e.message else f"status {e.status}"
                 raise RemoteError(f"{what}: the server at {base} gave an answer this client cannot read ({reason}): "
@@ -540,7 +540,8 @@ def _landed_flight(flights: dict, key, flight: list) -> None:
 def _batches(blobs):
     """Blobs in batches that fit one upload request (`wire.MAX_MANIFEST_BATCH_BYTES` with each
     blob's 4-byte length, at most `wire.MAX_MANIFESTS_PER_REQUEST`): manifests and trees alike."""
-    batch, size = [], 0
+    batch: list[bytes] = []
+    size = 0
     for data in blobs:
         if batch and (size + len(data) + 4 > wire.MAX_MANIFEST_BATCH_BYTES
                       or len(batch) == wire.MAX_MANIFESTS_PER_REQUEST):
@@ -589,11 +590,9 @@ class _Answer(dict):
         raise RemoteError(f"{self.what} lacks {key!r}: is it a cdcstore server (of a version this client knows)?")
 
 
-@delegate("_refs", "commit", "resolve_ref", "branches", "forgotten", "tags", "create_tag", "create_branch",
-          "delete_tag", "delete_branch", "has_repo", "repos")
 class RemoteStore(Backend):
     """A store behind `cdcstore serve`, used exactly like a local one: chunks, packs, manifests,
-    trees and commits here; its refs are `refs.RemoteRefs`'s, offered as its own."""
+    trees and commits here; its refs are `ref_store`'s (`refs.RemoteRefs`), passed on below."""
 
     capabilities = BackendCapabilities(counts_requests=True, proves_possession=True, remote_admin=True,
                                        reads_into=True, bundles=True)
@@ -615,7 +614,7 @@ class RemoteStore(Backend):
         self.batch_trees = True  # until a server before protocol 2.1 says it has no POST .../trees/get
         self._local_trees: dict[str, treeobj.Tree] = {}  # trees this process made (and uploaded)
         self._bundles: dict[str, str] = {}  # manifest -> the bundle the server put it in (protocol 2.2)
-        self._refs = RemoteRefs(self)  # repos, branches, tags, and the commit that moves a branch
+        self.ref_store = RemoteRefs(self)  # repos, branches, tags, and the commit that moves a branch
         clean_upload_temps()
 
     def _remembered(self, key: tuple, fetch):
@@ -649,15 +648,21 @@ class RemoteStore(Backend):
 
     # -- chunks and packs --------------------------------------------------------------------
     def present(self, chunk_ids: list[bytes]) -> set[bytes]:
-        return self.present_or_prove(dict.fromkeys(chunk_ids))
+        return self._presence(dict.fromkeys(chunk_ids))
 
-    def present_or_prove(self, chunks: dict[bytes, bytes | None], firsts=(), vouched=None) -> set[bytes]:
-        """Presence, with proof of possession when the chunks' bytes are given: chunks
-        this token cannot see (flagged 2, held or not) are proved by a keyed hash of their
-        bytes; those the server holds (another tenant's) are not sent again (docs/protocol.md).
-        `vouched` is not used: the server verified every chunk it holds when it received it."""
+    def present_or_prove(self, chunks: dict[bytes, bytes], firsts: Iterable[bytes] = (),
+                         vouched: Callable[[set[bytes]], set[bytes]] | None = None) -> set[bytes]:
+        """Presence, with proof of possession: chunks this token cannot see (flagged 2, held or
+        not) are proved by a keyed hash of their bytes; those the server holds (another
+        tenant's) are not sent again (docs/protocol.md). `vouched` is not used: the server
+        verified every chunk it holds when it received it."""
+        return self._presence(dict(chunks))
+
+    def _presence(self, chunks: dict[bytes, bytes | None]) -> set[bytes]:
+        """Presence of these chunks; proved where every chunk's bytes are given."""
         out: set[bytes] = set()
-        can_prove = all(v is not None for v in chunks.values())
+        held = {k: v for k, v in chunks.items() if v is not None}
+        can_prove = len(held) == len(chunks)
         step = wire.MAX_IDS_PER_REQUEST
         for width, wanted in wire.by_width(chunks).items():  # a server refuses 16-byte (v1) ids here
             headers = wire.id_headers(width) | ({wire.PROVE_HEADER: "1"} if can_prove else {})
@@ -666,7 +671,7 @@ class RemoteStore(Backend):
                 answer = self._call("POST", "/chunks/query", body=wire.encode_ids(batch), headers=headers)
                 out |= wire.decode_presence(batch, answer)
                 if can_prove:
-                    out |= self._prove(chunks, wire.decode_to_prove(batch, answer),
+                    out |= self._prove(held, wire.decode_to_prove(batch, answer),
                                        wire.presence_nonce(batch, answer))
         return out
 
@@ -953,6 +958,51 @@ class RemoteStore(Backend):
     def totals(self) -> dict:
         return self._json("GET", "/stats")
 
+    # -- roles.RefStore: `ref_store`'s
+    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
+        """`ref_store.commit`."""
+        return self.ref_store.commit(commit, branch, expected)
+
+    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
+        """`ref_store.resolve_ref`."""
+        return self.ref_store.resolve_ref(repo, rev)
+
+    def branches(self, repo: str) -> dict[str, str]:
+        """`ref_store.branches`."""
+        return self.ref_store.branches(repo)
+
+    def forgotten(self, repo: str) -> set[str] | None:
+        """`ref_store.forgotten`."""
+        return self.ref_store.forgotten(repo)
+
+    def tags(self, repo: str) -> dict[str, str]:
+        """`ref_store.tags`."""
+        return self.ref_store.tags(repo)
+
+    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
+        """`ref_store.create_tag`."""
+        self.ref_store.create_tag(repo, name, commit_id)
+
+    def create_branch(self, repo: str, name: str, commit_id: str) -> None:
+        """`ref_store.create_branch`."""
+        self.ref_store.create_branch(repo, name, commit_id)
+
+    def delete_tag(self, repo: str, name: str) -> str:
+        """`ref_store.delete_tag`."""
+        return self.ref_store.delete_tag(repo, name)
+
+    def delete_branch(self, repo: str, name: str) -> str:
+        """`ref_store.delete_branch`."""
+        return self.ref_store.delete_branch(repo, name)
+
+    def has_repo(self, repo: str) -> bool:
+        """`ref_store.has_repo`."""
+        return self.ref_store.has_repo(repo)
+
+    def repos(self) -> list[str]:
+        """`ref_store.repos`."""
+        return self.ref_store.repos()
+
     def close(self) -> None:
         try:
             self.flush()
@@ -966,7 +1016,8 @@ class RemoteSession:
     protocol 1.4) protects pushes by its grace window alone: then this does nothing."""
 
     def __init__(self, store: RemoteStore):
-        self.store, self.sid, self._stop = store, None, None
+        self.store, self.sid = store, None
+        self._stop: Callable[[], None] | None = None
 
     def __enter__(self) -> "RemoteSession":
         try:
@@ -983,7 +1034,8 @@ class RemoteSession:
     def __exit__(self, *exc) -> None:
         if self.sid is None:
             return
-        self._stop()
+        if self._stop is not None:
+            self._stop()
         try:
             self.store._call("DELETE", f"/sessions/{self.sid}")
         except CdcError:  # the push is done either way; a stale session expires on the server

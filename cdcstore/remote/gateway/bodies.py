@@ -21,6 +21,7 @@ import binascii
 import hashlib
 import re
 import zlib
+from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -29,6 +30,17 @@ from aiohttp.web_protocol import RequestPayloadError
 from ...core import awschunked, checksums, sigv4
 from ...core.pack import WRITE_BUFFER
 from .reads import SIGNED, S3Error
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class _Running(Protocol):
+        """A running hash or CRC: fed by `update`, read by `digest`."""
+
+        def update(self, data: bytes, /) -> None: ...
+
+        def digest(self) -> bytes: ...
+
 
 HANDOFF = 1 << 20  # bytes gathered on the event loop before they are hashed and written off it
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -47,8 +59,9 @@ class _Crc:
         return self.value.to_bytes(self.width, "big")
 
 
-CHECKSUMS = {"crc32": lambda: _Crc(zlib.crc32, 4), "crc32c": lambda: _Crc(checksums.crc32c, 4),
-             "crc64nvme": lambda: _Crc(checksums.crc64nvme, 8), "sha1": hashlib.sha1, "sha256": hashlib.sha256}
+CHECKSUMS: dict[str, Callable[[], _Running]] = {
+    "crc32": lambda: _Crc(zlib.crc32, 4), "crc32c": lambda: _Crc(checksums.crc32c, 4),
+    "crc64nvme": lambda: _Crc(checksums.crc64nvme, 8), "sha1": hashlib.sha1, "sha256": hashlib.sha256}
 
 
 class _Sink:

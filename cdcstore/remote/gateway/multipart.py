@@ -180,7 +180,7 @@ class Multipart:
             reader.close()
         return h.hexdigest()
 
-    async def complete(self, request: web.Request, grant: dict, t: Target, upload: str) -> web.Response:
+    async def complete(self, request: web.Request, grant: dict, t: Target, upload: str) -> web.StreamResponse:
         root = parse_xml(await read_xml(self.server, request, MAX_COMPLETE_XML), "CompleteMultipartUpload")
         asked = []
         for p in root.findall("Part"):

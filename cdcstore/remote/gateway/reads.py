@@ -168,7 +168,8 @@ class FileBody:
 
     def __init__(self, reader: FileReader, stop: int, piece: int):
         self.reader, self.stop, self.piece = reader, stop, piece
-        self._ahead = None  # ((lo, hi), future) of the piece being read ahead
+        # ((lo, hi), future) of the piece being read ahead
+        self._ahead: tuple[tuple[int, int], concurrent.futures.Future[bytes]] | None = None
 
     def block(self, lo: int, hi: int) -> bytes:
         ahead, self._ahead = self._ahead, None
@@ -312,8 +313,7 @@ class Gateway:
     def _lookup(self, repo: str, key: str) -> tuple[FileEntry, float]:
         rev, _, path = key.partition("/")
         found = self._revision(repo, rev) if path and "" not in path.split("/") else None  # main//a is no key
-        entry = found[0].get(path) if found is not None and "\x00" not in path else None
-        if entry is None:
+        if found is None or "\x00" in path or (entry := found[0].get(path)) is None:
             raise S3Error(404, "NoSuchKey", "The specified key does not exist.", Key=key)
         return entry, found[1]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import ContextManager
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -154,6 +155,7 @@ class GatewayWrites:
             if none_match.strip() != "*":
                 raise S3Error(501, "NotImplemented", "If-None-Match on a write takes only '*' (as S3)")
             return {t.path: None}
+        assert match is not None  # (neither header: answered above)
         tag = match.strip().strip('"')
         return {t.path: tag}
 
@@ -314,17 +316,19 @@ class _Held:
     """`async with`: a write slot of the gateway's pool for `owner`, waited for in line."""
 
     def __init__(self, writes: GatewayWrites, owner: str):
-        self.writes, self.owner, self._cm = writes, owner, None
+        self.writes, self.owner = writes, owner
+        self._cm: ContextManager[None] | None = None
 
     async def __aenter__(self):
         await self.writes.slots.wait(self.owner, self.writes.server.limits.read_wait)
-        self._cm = self.writes.slots.take(self.owner)
+        self._cm = cm = self.writes.slots.take(self.owner)
         try:
-            self._cm.__enter__()
+            cm.__enter__()
         except Busy as e:
             raise S3Error(503, "SlowDown", str(e)) from None
 
     async def __aexit__(self, *exc):
+        assert self._cm is not None  # taken by __aenter__
         self._cm.__exit__(None, None, None)
 
 

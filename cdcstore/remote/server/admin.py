@@ -28,7 +28,7 @@ from ...storage.objects import NotFound, StorageError
 
 SESSION_ID = re.compile(r"^[0-9a-f]{32}$")
 SESSION_WAIT = 20.0  # seconds a session request waits for a running gc before 503
-_OPTIONS = {  # command -> option -> accepted types
+_OPTIONS: dict[str, dict[str, tuple[type, ...]]] = {  # command -> option -> accepted types
     "gc": {"grace": (int, float), "dry_run": (bool,), "repack_dead": (int, float), "max_unused": (int, float)},
     "check": {"read_data": (bool,), "subset": (int, float)},
     "forget": {"repo": (str,), "keep_last": (int,), "keep_within": (int, float), "keep_tags": (bool,),
@@ -95,7 +95,7 @@ class Lifecycle:
             self._open.pop(sid, None)
             raise
         if self.server.store.shared:  # a bucket: gc or repack through another replica
-            await self.server.io(self.server.store.recover)  # what this push is told is present is there now
+            await self.server.io(self.server.store.packs.recover)  # what this push is told is present is there now
         return web.json_response({"session": sid, "refresh": maintenance.SERVER_REFRESH})
 
     async def refresh_session(self, request):

@@ -284,7 +284,7 @@ class Server:
         stored, commits they landed, uploads and proofs they acknowledged), so a request
         that fails here because it went to another replica than the last one succeeds."""
         if packs:
-            self.store.recover()
+            self.store.packs.recover()
         for repo in repos:
             self.access.refresh(repo)
         if scope is not None:
@@ -361,7 +361,7 @@ class Server:
             log.warning("rebuilding the index once: this store predates chunk-level access records")
             rebuild_index(self.store)
         self.access.drop_deleted()  # a repo deleted through another replica: its name's reach is reset
-        added = self.store.recover()
+        added = self.store.packs.recover()
         if added:
             log.warning("recovered %d packs that were durable but not indexed", added)
 

@@ -31,7 +31,7 @@ class Auth:
 
     def __init__(self, tokens: dict | TokenFile | None):
         self._file = tokens if isinstance(tokens, TokenFile) else None
-        self._tokens = None if self._file is not None else tokens
+        self._tokens = None if isinstance(tokens, TokenFile) else tokens  # (that is: `_file` is None)
 
     @property
     def tokens(self) -> dict | None:
@@ -51,7 +51,7 @@ class Auth:
         token = request.headers.get("Authorization", "").strip().partition(" ")[2].strip()
         return self.grant(request).get("name") or default_name(token)
 
-    def grant(self, request: web.Request) -> dict | None:
+    def grant(self, request: web.Request) -> dict:
         tokens = self.tokens
         if tokens is None:
             return {"scope": "write", "repos": ["*"]}
@@ -75,7 +75,7 @@ class Auth:
         if problem:
             raise HTTPError(403, problem)
 
-    def scope(self, request: web.Request) -> Scope:
+    def scope(self, request: web.Request) -> Scope | None:
         """What a request's token may learn of: None for an open server or a "*" token
         (everything), else its repos and an owner id for the chunks it uploads."""
         g = self.grant(request)

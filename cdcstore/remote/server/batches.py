@@ -62,7 +62,8 @@ class ManifestBatch:
         names: list[str] = []
         with open(self.path, "rb") as f:
             blobs = positions(f, os.fstat(f.fileno()).st_size, wire.MAX_MANIFESTS_PER_REQUEST, "manifests")
-            group, group_bytes = [], 0
+            group: list[bytes] = []
+            group_bytes = 0
             for offset, n in blobs:
                 if n > self.limits.decode_bytes:
                     names += self._flush(group)
@@ -118,7 +119,7 @@ class ManifestBatch:
             if total != size:
                 raise CorruptionError(f"{what}: chunk lengths do not add up to the file size")
             name = h.hexdigest()
-            self.store.put_manifest_file(name, tmp)  # young again if stored before, as put_manifests does
+            self.store.metadata.put_manifest_file(name, tmp)  # young again if stored before, as put_manifests does
             return name
         finally:
             if os.path.exists(tmp):
@@ -133,7 +134,8 @@ def tree_groups(path: str, limits):
         for _, n in blobs:
             if n > limits.max_tree_bytes:
                 raise TooLarge(f"a tree of {n} bytes is over the limit of {limits.max_tree_bytes}")
-        group, group_bytes = [], 0
+        group: list[bytes] = []
+        group_bytes = 0
         for offset, n in blobs:
             if group and group_bytes + n > limits.decode_bytes:
                 yield group

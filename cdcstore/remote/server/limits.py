@@ -18,6 +18,7 @@ import collections
 import contextlib
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from ...core import wire
 from ...core.errors import InvalidAddressError
@@ -66,7 +67,7 @@ class ServerLimits:
     def parse(cls, items) -> "ServerLimits":
         """Limits from `NAME=VALUE` strings (sizes in bytes, times in seconds)."""
         names = {f.name: f.type for f in dataclasses.fields(cls)}
-        out = {}
+        out: dict[str, Any] = {}  # each an int or a float, by its field's type (mypy cannot pair them)
         for item in items or ():
             name, sep, value = item.partition("=")
             name = name.strip().replace("-", "_")

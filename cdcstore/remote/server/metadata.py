@@ -60,7 +60,7 @@ class MetadataRoutes(RouteGroup):
             self.server.require_visible(scope, set(chunk_ids), "a manifest")  # what it may see is held
             return
         missing = set(chunk_ids) - self.store.present(chunk_ids)
-        if missing and self.store.recover():  # packs stored through another replica
+        if missing and self.store.packs.recover():  # packs stored through another replica
             missing -= self.store.present(list(missing))
         if missing:
             raise HTTPError(409, f"{len(missing)} chunks named by the manifests are not on the server "
@@ -93,7 +93,7 @@ class MetadataRoutes(RouteGroup):
         if not ids.is_hex_id(name) or not await self.io(self._reaches, repo, name, "tree"):
             raise HTTPError(404, f"no tree {name} in repo {repo!r}")
         try:
-            body = await self.io(self.store.tree_bytes, name)
+            body = await self.io(self.store.metadata.tree_bytes, name)
         except NotFound:
             raise HTTPError(404, f"tree {name} is missing on the server: run `cdcstore check` there") from None
         return web.Response(body=body, content_type="application/json")
@@ -119,7 +119,7 @@ class MetadataRoutes(RouteGroup):
             data = b""
             if size < TREES_GET_BYTES and self._reaches(repo, name, "tree"):
                 try:
-                    data = self.store.tree_bytes(name)
+                    data = self.store.metadata.tree_bytes(name)
                 except NotFound:
                     pass
             size += len(data)
@@ -142,13 +142,13 @@ class MetadataRoutes(RouteGroup):
                 if isinstance(body, bytes):
                     return web.Response(body=body, content_type="application/octet-stream")
                 return await self.server.send_range(request, 0, body.size, body.block, status=200)
-        path = self.store.manifest_file(name)
+        path = self.store.metadata.manifest_file(name)
         if path is not None:
             if not os.path.isfile(path):
                 raise missing
             return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
         try:
-            body = await self.io(self.store.manifest_bytes, name)
+            body = await self.io(self.store.metadata.manifest_bytes, name)
         except NotFound:
             raise missing from None
         return web.Response(body=body, content_type="application/octet-stream")
@@ -167,16 +167,16 @@ class MetadataRoutes(RouteGroup):
             return batches.LocatedBody(large, found)
         data = large.data  # a small manifest came whole with its first read
         if data is None:
-            path = self.store.manifest_file(name)
+            path = self.store.metadata.manifest_file(name)
             if path is not None:
                 with open(path, "rb") as f:
                     data = f.read()
             else:
-                data = self.store.manifest_bytes(name)
+                data = self.store.metadata.manifest_bytes(name)
         manifest = Manifest.decode(data, f"manifest {name}")
-        self.store.load_locations(name, manifest)  # a new replica: no listing, no footers for this file
+        self.store.packs.hints.load_locations(name, manifest)  # a new replica: no listing, no footers for this file
         chunks, ends = manifest.chunk_ids, wire.LOCATED_ENDS
-        picked = chunks if len(chunks) <= 2 * ends else chunks[:ends] + chunks[-ends:]  # where reads start
+        picked = chunks if len(chunks) <= 2 * ends else [*chunks[:ends], *chunks[-ends:]]  # where reads start
         return wire.encode_located(data, self.server.locate_reached(repo, list(dict.fromkeys(picked)), scope))
 
     def _reaches(self, repo: str, name: str, kind: str = "manifest") -> bool:

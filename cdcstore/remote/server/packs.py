@@ -69,7 +69,7 @@ class PackRoutes(RouteGroup):
         shared = self.store.shared  # a bucket other replicas write to
         if shared and len(held) < len(wanted) and now - self._listed >= self.server.config.presence_refresh:
             self._listed = now
-            if self.store.recover():
+            if self.store.packs.recover():
                 held = self.store.present(wanted)
         return held
 
@@ -98,7 +98,7 @@ class PackRoutes(RouteGroup):
             raise HTTPError(413, f"pack of {request.content_length} bytes is over the limit of {limit}")
         scope = self.auth.scope(request)
         with self.server.slot(self.server.writes, request):
-            if await self.io(self.store.index_found_pack, name):  # already stored (a retried upload)
+            if await self.io(self.store.packs.index_found_pack, name):  # already stored (a retried upload)
                 if scope is None:  # nothing to prove: answered without reading the body
                     resp = web.json_response({"pack": name, "stored": False})
                     resp.force_close()  # the body left unread is not taken for the next request
@@ -135,7 +135,7 @@ class PackRoutes(RouteGroup):
 
     def _record_upload(self, scope: Scope, name: str, entries) -> None:
         if entries is None:
-            entries = self.store.read_pack_index(name)
+            entries = self.store.packs.read_pack_index(name)
         self.access.record_upload(scope.owner, [e.chunk_id for e in entries])
 
     def _verify_and_add(self, tmp: str, name: str, scope: Scope | None = None) -> list:
@@ -167,7 +167,7 @@ class PackRoutes(RouteGroup):
     async def head_pack(self, request):
         self.auth.check(request, None, write=True)
         name = request.match_info["name"]
-        exists = ids.is_hex_id(name) and await self.io(self.store.index_found_pack, name)
+        exists = ids.is_hex_id(name) and await self.io(self.store.packs.index_found_pack, name)
         return web.Response(status=200 if exists else 404)
 
     async def locate(self, request):
@@ -189,9 +189,9 @@ class PackRoutes(RouteGroup):
         scope = self.auth.scope(request)
         if not ids.is_hex_id(name) or not await self.io(self._has_pack, name):
             raise HTTPError(404, f"no pack {name} in repo {repo!r}")
-        path = self.store.pack_file(name)
+        path = self.store.packs.pack_file(name)
         if path is not None and not os.path.isfile(path):
-            raise self.store.pack_gone(name)
+            raise self.store.packs.pack_gone(name)
         if scope is None and path is not None:
             return web.FileResponse(path, headers={"Content-Type": "application/octet-stream"})
         try:
@@ -215,28 +215,28 @@ class PackRoutes(RouteGroup):
 
     def _has_pack(self, name: str) -> bool:
         """Whether pack `name` is indexed, after a recovery on a miss (stored through another replica)."""
-        return self.store.knows_pack(name) or (self.store.recover() > 0 and self.store.indexed_pack(name))
+        return self.store.packs.knows_pack(name) or (self.store.packs.recover() > 0 and self.store.packs.indexed_pack(name))
 
     def _range_stop(self, name: str, start: int, stop: int) -> int:
         """`stop`, clamped to the end of a pack kept in an object store."""
         try:
-            size = self.store.pack_size(name)
+            size = self.store.packs.pack_size(name)
         except NotFound:
-            raise self.store.pack_gone(name) from None
+            raise self.store.packs.pack_gone(name) from None
         if start >= size:
             raise HTTPError(416, f"range starts past the end of pack {name}")
         return min(stop, size)
 
     def _object_block(self, name: str, lo: int, hi: int) -> bytes:
         try:
-            return self.store.pack_range(name, lo, hi - lo)
+            return self.store.packs.pack_range(name, lo, hi - lo)
         except NotFound:
-            raise self.store.pack_gone(name) from None
+            raise self.store.packs.pack_gone(name) from None
 
     def _masked_spans(self, repo: str, scope: Scope, name: str, start: int, stop: int):
         """The byte spans of [start, stop) that `repo` may read (chunks it reaches or the token
         uploaded), and `stop` clamped to the pack's end."""
-        entries = self.store.pack_chunks(name, start, stop)
+        entries = self.store.packs.pack_chunks(name, start, stop)
         keep = self.access.reached([e.chunk_id for e in entries], [repo], scope.owner)
         if not keep and entries:  # maybe landed or uploaded through another replica
             self.server.refresh([repo], scope)
@@ -245,9 +245,9 @@ class PackRoutes(RouteGroup):
         if not spans:
             raise HTTPError(404, f"no chunk of repo {repo!r} in that range of pack {name}")
         try:
-            stop = min(stop, self.store.pack_size(name))
+            stop = min(stop, self.store.packs.pack_size(name))
         except NotFound:
-            raise self.store.pack_gone(name) from None
+            raise self.store.packs.pack_gone(name) from None
         return spans, stop
 
     def _masked_block(self, name: str, spans: list, lo: int, hi: int) -> bytes:
@@ -256,5 +256,5 @@ class PackRoutes(RouteGroup):
         for a, b in spans:
             a, b = max(a, lo), min(b, hi)
             if a < b:
-                out[a - lo:b - lo] = self.store.read_stored(name, a, b - a)
+                out[a - lo:b - lo] = self.store.packs.read_stored(name, a, b - a)
         return bytes(out)

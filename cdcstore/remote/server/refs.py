@@ -77,14 +77,14 @@ class RefRoutes(RouteGroup):
         kind = REF_KINDS[request.match_info["kind"]]
         name, cid = await self._ref_doc(request)
         check_ref_name(kind, name)
-        await self.io(self.store.create_ref, repo, kind, name, cid)
+        await self.io(self.store.ref_store.create_ref, repo, kind, name, cid)
         return web.json_response({kind: name, "commit": cid}, status=201)
 
     async def delete_ref(self, request):
         repo = self.server.checked_repo(request, write=True)
         kind = REF_KINDS[request.match_info["kind"]]
         name = check_name(kind, request.match_info["name"])
-        cid = await self.io(self.store.delete_ref, repo, kind, name)
+        cid = await self.io(self.store.ref_store.delete_ref, repo, kind, name)
         return web.json_response({kind: name, "commit": cid})
 
     async def get_commit(self, request):

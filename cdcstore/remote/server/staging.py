@@ -138,7 +138,7 @@ class StagingRoutes:
 
     def _check_manifests(self, entries: dict) -> None:
         for path, e in entries.items():
-            if e is not None and not self.server.store.has_manifest(e.manifest):
+            if e is not None and not self.server.store.metadata.has_manifest(e.manifest):
                 raise ConflictError(f"{path!r}: manifest {e.manifest} is not on the server: upload the file first")
 
     def _check_readable(self, repo: str, scope, entries: dict) -> None:
@@ -180,7 +180,7 @@ class StagingRoutes:
 
     def _present(self, repo: str, names: list[str], scope) -> list[str]:
         store = self.server.store
-        held = [n for n in dict.fromkeys(names) if store.has_manifest(n)]
+        held = [n for n in dict.fromkeys(names) if store.metadata.has_manifest(n)]
         if scope is None:
             return held
         access = self.server.access

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 from ... import runtime
 from ...core import ids, pages, treeobj
@@ -69,10 +70,19 @@ class CountingSource:
         self.stored_bytes += sum(e.stored_len for _, e in items)
         return self.store.read_chunks(items, repo)
 
-    def read_chunks_into(self, items, places, out, repo=None, keep=None):
+    def read_chunks_into(self, items, places, out, repo=None, keep=None, *, stored=None):
         for cid, raw in self.read_chunks(items, repo).items():
             for dest, lo, hi in places.get(cid, ()):
                 out[dest:dest + hi - lo] = raw[lo:hi]
+
+    def read_run_into(self, pack: str, offset: int, out: memoryview, chunk_ids: Sequence[bytes],
+                      lengths: Sequence[int], checks: Sequence[int | None] | None = None) -> None:
+        """Never asked: this source declares no `reads_runs` (the role's default)."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare reads_runs")
+
+    def index_stamp(self) -> tuple[object, ...]:
+        """Never asked: this source declares no `reads_runs` (the role's default)."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare reads_runs")
 
 
 @dataclass
@@ -158,7 +168,8 @@ class Browser:
         cid = self.store.resolve_ref(repo, rev)[0]
         figures = self.figures(repo, cid)
         forgotten = self.store.forgotten(repo) or set()
-        out, more = [], False
+        out: list[dict] = []
+        more = False
         for i, (c_id, c) in enumerate(self._history(repo, cid)):
             if i < skip:
                 continue
@@ -388,13 +399,13 @@ class Browser:
         for p, e in sorted(changed.items()):
             m = self.store.get_manifest(e.manifest, repo)
             seen: set[bytes] = set()
-            new = 0
+            new_bytes = 0
             for cid, n in zip(m.chunk_ids, m.lengths):
                 if cid not in held and cid not in seen:
                     seen.add(cid)
-                    new += n
+                    new_bytes += n
             rows.append({"path": p, "change": "changed" if a.get(p) is not None else "added", "bytes": e.size,
-                         "new": new})
+                         "new": new_bytes})
         rows.sort(key=lambda r: r["path"])
         return {"old": a_id, "new": b_id, "rows": rows, "whole": whole, "new_bytes": sum(r["new"] for r in rows)}
 

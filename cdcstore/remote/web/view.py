@@ -82,9 +82,11 @@ class Sessions:
         return got[0]
 
     def drop(self, sid: str | None) -> None:
-        got = self._by_id.pop(sid, None) if sid else None
+        if not sid:
+            return
+        got = self._by_id.pop(sid, None)
         if got is not None:
-            mine = self._of.get(got[0], {})
+            mine: dict[str, None] = self._of.get(got[0], {})
             mine.pop(sid, None)
             if not mine:
                 self._of.pop(got[0], None)
@@ -174,8 +176,7 @@ class WebView:
             return OPEN, None, f"web-{id(request)}"
         scheme, _, bearer = request.headers.get("Authorization", "").strip().partition(" ")
         token = bearer.strip() if scheme.lower() == "bearer" else self.sessions.token(request.cookies.get(COOKIE))
-        g = tokens.get(token) if token else None
-        if g is None:
+        if not token or (g := tokens.get(token)) is None:
             raise HTTPError(401, "sign in with a token of this server")
         return g, token, owner_id(token)
 
@@ -550,6 +551,8 @@ def crumbs(repo: str, rev: str | None, path: str | None) -> Markup:
         at = ""
         for name in path.split("/")[:-1]:
             at = f"{at}{name}/"
+            if rev is None:  # (no page shows a folder's crumbs without its revision)
+                raise TypeError("a folder's crumb links to a revision: none given")
             parts += [" / ", link(url("r", repo, "tree", rev, at), name)]
         parts += [" / ", tag("span", path.rpartition("/")[2], class_="mono")]
     return tag("div", *parts, class_="crumbs")
