@@ -1,7 +1,5 @@
 import collections
 import compileall
-import contextlib
-import json
 import os
 import sys
 import urllib.error
@@ -13,8 +11,7 @@ import xxhash
 sys.path.insert(0, os.path.dirname(__file__))
 
 from cdcstore import Store  # noqa: E402
-from cdcstore.storage.repository import LocalStore  # noqa: E402
-from server_util import ServerProcess  # noqa: E402
+from cdcstore.testing import ServedStore, StallingProxy  # noqa: E402
 
 
 def _compile_for_children() -> None:
@@ -62,13 +59,31 @@ def store(tmp_path):
     s.close()
 
 
+def _served(request) -> tuple[tuple, dict]:
+    """(args, keywords) of `ServedStore` for a served-store fixture: the closest `served` marker's
+    (the test's, its class's or its module's `pytestmark`), or none."""
+    marker = request.node.get_closest_marker("served")
+    return (tuple(marker.args), dict(marker.kwargs)) if marker else ((), {})
+
+
 @pytest.fixture
-def server(tmp_path):
-    """A real `cdcstore serve` on a free loopback port, over a fresh store."""
-    LocalStore.init(str(tmp_path / "srv"))
-    s = ServerProcess(str(tmp_path / "srv")).start()
-    yield s
-    s.stop()
+def server(request, tmp_path):
+    """A real `cdcstore serve` on a free loopback port, over a fresh directory store
+    (`tmp_path/srv`; cdcstore.testing.ServedStore). A test, its class or its module picks the
+    server's options with a marker, e.g. `@pytest.mark.served("--min-gc-grace", "0", tokens=TOKENS)`
+    (ServedStore's arguments after the folder: serve options, `tokens`, `gateway`, `env`)."""
+    args, options = _served(request)
+    with ServedStore(tmp_path, *args, **options) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def module_server(request, tmp_path_factory):
+    """As `server`, one for all the tests of a module (in a folder of its own; the module's
+    `served` marker picks its options): for tests that share the data a module fixture pushed."""
+    args, options = _served(request)
+    with ServedStore(tmp_path_factory.mktemp("served"), *args, **options) as srv:
+        yield srv
 
 
 @pytest.fixture(autouse=True)
@@ -117,8 +132,6 @@ def counted_bucket(s3_endpoint, s3_env, tmp_path, monkeypatch):
     AWS variables point at the proxy, and this test's machine cache is `tmp_path/writer`.
     Yields (proxy url, the list of requests seen); `seen.down` holds the body length of each
     answer passed on (bytes down), and `seen.clear()` empties both."""
-    from test_hostile_bucket_stall import StallingProxy
-
     proxy = StallingProxy(s3_endpoint)
     seen = Seen()
     proxy.rule = lambda method, path: seen.append((method, path))  # None: passed on as it is
@@ -139,38 +152,18 @@ def s3_env(s3_endpoint, monkeypatch):
     return env
 
 
-@contextlib.contextmanager
-def served_store(tmp_path, tokens: dict):
-    """A new directory store under `tmp_path/srv`, served by a real `cdcstore serve` on loopback
-    with these tokens (`tokens.json`); yields the ServerProcess."""
-    LocalStore.init(str(tmp_path / "srv"))
-    path = tmp_path / "tokens.json"
-    path.write_text(json.dumps(tokens))
-    srv = ServerProcess(str(tmp_path / "srv"), "--tokens", str(path)).start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@contextlib.contextmanager
-def served_parquet(root, tables, row_group_size: int, address: str = "cdc://ds/data/"):
-    """A new directory store under `root/srv`, served on loopback, holding `tables` as
-    `root/data/part-{i}.parquet` pushed to `address` (the engine tests); yields (server, data folder)."""
+def push_parquet(url: str, root, tables, row_group_size: int, address: str = "cdc://ds/data/"):
+    """`tables` written as `root/data/part-{i}.parquet` and pushed to `address` of the store at
+    `url` (the engine tests, over `module_server`); the data folder."""
     import pyarrow.parquet as pq
 
-    LocalStore.init(str(root / "srv"))
-    server = ServerProcess(str(root / "srv")).start()
-    try:
-        data = root / "data"
-        data.mkdir()
-        for i, t in enumerate(tables):
-            pq.write_table(t, data / f"part-{i}.parquet", row_group_size=row_group_size)
-        with Store(server.url, cache=False) as s:
-            s.push([str(data)], address)
-        yield server, data
-    finally:
-        server.stop()  # a later server on this port serves another store: heads are keyed by store (meta.py)
+    data = root / "data"
+    data.mkdir()
+    for i, t in enumerate(tables):
+        pq.write_table(t, data / f"part-{i}.parquet", row_group_size=row_group_size)
+    with Store(url, cache=False) as s:
+        s.push([str(data)], address)
+    return data
 
 
 def assert_fetched_only_columns(cache: str, data, columns: list[int], files: int) -> None:
@@ -219,13 +212,18 @@ def short_writes(real, limit: int, buffers: int):
 # -- the fast tier -------------------------------------------------------------------------------
 # A module that starts a server, moto, Spark, Ray, dask, a browser or a subprocess is marked `heavy`:
 # `pytest -m "not heavy"` runs the rest, the fast tier a change is tried with first (docs/testing.md).
-HEAVY_WORDS = ("ServerProcess", "served_store", "served_parquet", "s3_endpoint", "moto", "pyspark", "import ray",
+# A module is heavy when one of its tests uses a fixture that starts one (directly or through
+# another fixture: pytest's closure of fixtures) or when its text names a starter.
+HEAVY_FIXTURES = ("server", "module_server", "s3_endpoint")
+HEAVY_WORDS = ("ServerProcess", "ServedStore", "seeded_gateway", "s3_endpoint", "moto", "pyspark", "import ray",
                "dask", "selenium", "subprocess")
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "heavy: the module starts a server, moto, Spark, Ray, dask, a browser or a "
                                        "subprocess; `pytest -m 'not heavy'` is the fast tier (docs/testing.md)")
+    config.addinivalue_line("markers", "served(*args, tokens=None, gateway=False, env=None): the options of the "
+                                       "`server` (and `module_server`) fixture's cdcstore.testing.ServedStore")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -236,5 +234,7 @@ def pytest_collection_modifyitems(config, items):
             with open(path) as f:
                 text = f.read()
             heavy[path] = any(w in text for w in HEAVY_WORDS)
-        if heavy[path]:
+        heavy[path] = heavy[path] or any(f in getattr(item, "fixturenames", ()) for f in HEAVY_FIXTURES)
+    for item in items:
+        if heavy[str(item.path)]:
             item.add_marker(pytest.mark.heavy)

@@ -26,7 +26,7 @@ from cdcstore.testing.backend import BackendTests, Case, base_commit, commit, pu
 from cdcstore.storage.repository import LocalStore, open_repository, pack_name
 from cdcstore.remote.client.store import RemoteStore
 from conftest import S3_BUCKET
-from server_util import ServerProcess
+from server_util import ServedStore, ServerProcess
 
 KINDS = ["local", "memory", "s3", "remote", "cached", "remote-s3"]
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
@@ -58,12 +58,9 @@ def _flip_s3(endpoint: str, prefix: str) -> Callable[[str, int], None]:
 
 @pytest.fixture(scope="session")
 def dir_server(tmp_path_factory):
-    """One `cdcstore serve` over a directory store for the whole session."""
-    root = str(tmp_path_factory.mktemp("conformance") / "srv")
-    LocalStore.init(root)
-    srv = ServerProcess(root).start()
-    yield srv, root
-    srv.stop()
+    """One `cdcstore serve` over a directory store for the whole session: (server, the store's path)."""
+    with ServedStore(tmp_path_factory.mktemp("conformance")) as srv:
+        yield srv, srv.store
 
 
 @pytest.fixture(scope="session")
@@ -90,7 +87,7 @@ class TestBuiltInBackends(BackendTests):
         if kind == "local":
             root = str(tmp_path / "store")
             b = LocalStore.init(root)
-            c = Case(kind, b, repo, root, lambda p, o: _flip_file(b.pack_path(p), o))
+            c = Case(kind, b, repo, root, lambda p, o: _flip_file(b.packs.pack_path(p), o))
         elif kind == "memory":
             b = open_repository("memory://", create=True)
 
@@ -111,7 +108,7 @@ class TestBuiltInBackends(BackendTests):
             b = RemoteStore(srv.url)
             if kind == "cached":
                 b = CachedBackend(b, ChunkCache(str(tmp_path / "cache.sqlite")))
-            c = Case(kind, b, repo, srv.url, lambda p, o: _flip_file(LocalStore(root).pack_path(p), o))
+            c = Case(kind, b, repo, srv.url, lambda p, o: _flip_file(LocalStore(root).packs.pack_path(p), o))
         else:
             srv, prefix = request.getfixturevalue("s3_server")
             endpoint = request.getfixturevalue("s3_endpoint")

@@ -83,7 +83,7 @@ def test_a_pack_evicted_by_another_process_during_the_mark_is_kept(bucket, tmp_p
     before gc plans. A pack without rows is unknown, never dead."""
     files = _push_batches(bucket, tmp_path, 3)
     repo = open_repository(bucket)
-    repo.recover(whole=True)
+    repo.packs.recover(whole=True)
     evicted = repo.index.evict(0, {})
     assert len(evicted) == 3 and _rows(repo) == 0
     repo.recover = lambda forget_gone=True, whole=False: 0  # the rows stay out during this plan

@@ -172,7 +172,7 @@ def test_a_manifest_asked_for_by_name_alone_is_found_in_its_bundle(bucket, tmp_p
     assert fresh.bundle_of(names[0]) is None
     assert fresh.get_manifest(names[0]).size > 0
     assert fresh.manifests_present("ds", names + ["ef" * 32]) == set(names)
-    assert not fresh.has_manifest("ef" * 32)
+    assert not fresh.metadata.has_manifest("ef" * 32)
     with pytest.raises(CorruptionError, match="missing"):
         fresh.get_manifest("ef" * 32)
 

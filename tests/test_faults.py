@@ -13,6 +13,7 @@ from cdcstore.storage.local import LocalObjects
 from cdcstore.storage.maintenance import gc
 from cdcstore.storage.objects import StorageError
 from cdcstore.storage.repository import LocalStore, Repository
+from cdcstore.testing import FaultProxy
 
 MUTATIONS = ("put", "put_file", "put_if_absent", "put_if_match", "delete", "touch")
 LONG = os.environ.get("CDCSTORE_LONG_FAULTS") == "1"  # more random SIGKILL points (50, not 30)
@@ -244,74 +245,11 @@ def test_sigkill_at_random_points_of_push_commit_gc_and_repack(tmp_path):
     print(f"sigkill: {kills} kills, {len(acked)} acknowledged commits all read back")
 
 
-class CuttingProxy:
-    """A loopback TCP proxy in front of a server that cuts each of its first `cuts` connections
-    after a random number of bytes (mid request body, mid answer body or mid headers), then
-    passes the rest through (so that the test ends)."""
-
-    def __init__(self, target_port: int, seed: int = 5, cuts: int = 15):
-        import random
-        import socket
-        import threading
-        self.rng, self.to_cut, self.target = random.Random(seed), cuts, target_port
-        self.cuts = self.connections = 0
-        self.lock = threading.Lock()
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        import socket
-        import threading
-        while not self.closed:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target))
-            with self.lock:
-                self.connections += 1
-                cut = self.connections <= self.to_cut
-                up, down = (self.rng.randint(200, 1_500_000) if cut else None for _ in range(2))
-            pair = [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream, up, pair), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, down, pair), daemon=True).start()
-
-    def _pump(self, src, dst, budget, pair):
-        import socket
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if budget is not None and len(data) >= budget:
-                    dst.sendall(data[:budget])
-                    with self.lock:
-                        self.cuts += 1
-                    break
-                if budget is not None:
-                    budget -= len(data)
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in pair:  # either side gone, or cut: both connections end at once
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def close(self):
-        self.closed = True
-        self.sock.close()
-
-
 def test_a_server_that_drops_connections_mid_body_loses_nothing(tmp_path, server):
     """Pushes and reads through a proxy that cuts its first 15 connections somewhere mid-stream: every push
     either lands whole or fails cleanly, what was acknowledged reads back, `check --read-data`
     is clean and the next push sends only what never landed."""
-    proxy = CuttingProxy(int(server.url.rsplit(":", 1)[1]))
+    proxy = FaultProxy(server.port, cuts=15, seed=5)  # cuts each of its first 15 connections once
     acked, failed = {}, 0
     try:
         with Store(proxy.url, cache=False, backoff=0.02) as s:
@@ -329,7 +267,7 @@ def test_a_server_that_drops_connections_mid_body_loses_nothing(tmp_path, server
                     assert s.cat(f"cdc://ds@{cid}/{path}") == data
     finally:
         proxy.close()
-    assert proxy.cuts >= 5 and len(acked) >= 3, (proxy.cuts, proxy.connections, len(acked), failed)
+    assert proxy.cut >= 5 and len(acked) >= 3, (proxy.cut, proxy.connections, len(acked), failed)
     with Store(server.url) as direct:
         assert direct.check(read_data=True)["problems"] == []
         for cid, files in acked.items():
@@ -337,7 +275,7 @@ def test_a_server_that_drops_connections_mid_body_loses_nothing(tmp_path, server
                 assert direct.cat(f"cdc://ds@{cid}/{path}") == data
         again = direct.push([str(tmp_path / f"v{last}")], "cdc://ds/again/")
         assert again.new_bytes == 0  # what landed is reused, not sent again
-    print(f"cut {proxy.cuts} of {proxy.connections} connections; {len(acked)} pushes acknowledged, {failed} failed")
+    print(f"cut {proxy.cut} of {proxy.connections} connections; {len(acked)} pushes acknowledged, {failed} failed")
 
 
 KILLED_FIRST_PUSH = """

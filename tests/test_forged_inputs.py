@@ -18,7 +18,6 @@ from cdcstore import Store
 from cdcstore.core.errors import CorruptionError
 from cdcstore.storage.repository import LocalStore
 from cdcstore.streaming.dataset import StreamingDataset
-from cdcstore.testing import ServerProcess
 from conftest import raw_call as _call
 from test_hostile_inputs import patch_footer
 
@@ -44,33 +43,25 @@ def test_a_forged_footer_is_a_clear_error_naming_the_file(store, tmp_path, what)
 TOKENS = {"tok-w": {"scope": "write", "repos": ["*"], "name": "writer-ci"}}
 
 
-@pytest.fixture
-def served(tmp_path):
-    LocalStore.init(str(tmp_path / "srv"))
-    (tmp_path / "tokens.json").write_text(json.dumps(TOKENS))
-    srv = ServerProcess(str(tmp_path / "srv"), "--tokens", str(tmp_path / "tokens.json")).start()
-    yield srv
-    srv.stop()
-
-
-def test_a_format_1_commit_lands_with_the_tokens_author(served, tmp_path):
+@pytest.mark.served(tokens=TOKENS)
+def test_a_format_1_commit_lands_with_the_tokens_author(server, tmp_path):
     (tmp_path / "f.bin").write_bytes(os.urandom(50_000))
-    with Store(served.url, token="tok-w", cache=False) as s:
+    with Store(server.url, token="tok-w", cache=False) as s:
         s.push(str(tmp_path / "f.bin"), "cdc://a/f.bin")
         head_id, head = s.resolve("cdc://a/")
     entry = head.files["f.bin"]
     doc = {"format": 1, "repo": "a", "parent": head_id, "message": "an old client", "time": time.time(),
            "files": {"f.bin": {"manifest": entry.manifest, "size": entry.size},
                      "copy.bin": {"manifest": entry.manifest, "size": entry.size}}}
-    status, body = _call(served.url + "/v1/repos/a/commits", "tok-w", "POST",
+    status, body = _call(server.url + "/v1/repos/a/commits", "tok-w", "POST",
                          json.dumps({"commit": json.dumps(doc), "branch": "main", "expected": head_id}).encode())
     assert status == 201, body
-    srv = LocalStore(served.store)
+    srv = LocalStore(server.store)
     landed = srv.get_commit("a", srv.resolve("a", "main"))
     print(f"\nformat-1 commit through a token: author {landed.author!r}")
     assert landed.author == "writer-ci" and json.loads(body)["author"] == "writer-ci"
     assert sorted(srv.view("a", landed).files()) == ["copy.bin", "f.bin"] and landed.message == "an old client"
-    with Store(served.url, token="tok-w", cache=False) as s:
+    with Store(server.url, token="tok-w", cache=False) as s:
         assert s.cat("cdc://a/copy.bin") == (tmp_path / "f.bin").read_bytes()
 
 
@@ -81,14 +72,15 @@ def _size(path: str) -> int:
         return 0
 
 
-def test_a_killed_pushs_temp_packs_go_at_the_next_push(served, tmp_path):
+@pytest.mark.served(tokens=TOKENS)
+def test_a_killed_pushs_temp_packs_go_at_the_next_push(server, tmp_path):
     (tmp_path / "tmp").mkdir()
     (tmp_path / "data").mkdir()
     for i in range(3):
         (tmp_path / "data" / f"f{i}.bin").write_bytes(os.urandom(60 * MiB))
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "CDCSTORE_TOKEN": "tok-w",
            "CDCSTORE_CACHE": str(tmp_path / "c.sqlite")}
-    push = [sys.executable, "-m", "cdcstore", "push", "--store", served.url]
+    push = [sys.executable, "-m", "cdcstore", "push", "--store", server.url]
     p = subprocess.Popen(push + [str(tmp_path / "data"), "cdc://a/"], env=env)
     deadline = time.time() + 60
     while time.time() < deadline and not any(_size(f) > 8 * MiB for f in glob.glob(str(tmp_path / "tmp" / "*"))):

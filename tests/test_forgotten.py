@@ -50,7 +50,7 @@ def test_a_branch_at_a_forgotten_commit_is_refused_through_a_server(server, tmp_
     a, old, new = (os.urandom(40_000) for _ in range(3))
     c0 = _push(store, tmp_path, "v0", {"a.bin": a, "old.bin": old})
     c1 = _push(store, tmp_path, "v1", {"a.bin": a, "new.bin": new})
-    LocalStore(str(tmp_path / "srv")).forget("ds", [c0])
+    LocalStore(str(tmp_path / "srv")).ref_store.forget("ds", [c0])
     with pytest.raises(RevisionNotFoundError, match="was forgotten"):
         store.backend.uncached().create_branch("ds", "back", c0)
     assert store.branches("ds") == {"main": c1}

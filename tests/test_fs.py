@@ -8,8 +8,6 @@ import pytest
 import fsspec
 from cdcstore import Store
 from cdcstore.fs import CdcFileSystem
-from cdcstore.storage.repository import LocalStore
-from server_util import ServerProcess
 
 ROWS = 200_000
 
@@ -25,27 +23,24 @@ def table() -> pa.Table:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fs")
-    LocalStore.init(str(root / "srv"))
-    server = ServerProcess(str(root / "srv")).start()
-    data = root / "data"
+def pushed(module_server, tmp_path_factory):
+    """(the module's server, the table, the data folder): `ds/data/` holds t.parquet and small.parquet."""
+    data = tmp_path_factory.mktemp("fs") / "data"
     data.mkdir()
     t = table()
     pq.write_table(t, data / "t.parquet", row_group_size=50_000)
     pq.write_table(t.slice(0, 1000), data / "small.parquet")
-    with Store(server.url, cache=False) as s:
+    with Store(module_server.url, cache=False) as s:
         s.push([str(data)], "cdc://ds/data/")
-    yield server, t, data
-    server.stop()
+    return module_server, t, data
 
 
 def opts(server, **kw):
     return {"store": server.url, **kw}
 
 
-def test_registered_and_lists(served):
-    server, t, data = served
+def test_registered_and_lists(pushed):
+    server, t, data = pushed
     fs = fsspec.filesystem("cdc", store=server.url)
     assert isinstance(fs, CdcFileSystem)
     assert fs.ls("ds", detail=False) == ["ds/data"]
@@ -57,24 +52,24 @@ def test_registered_and_lists(served):
     raw = (data / "t.parquet").read_bytes()
     assert fs.cat_file("ds/data/t.parquet", 100, 200) == raw[100:200]
     assert fs.cat_ranges(["ds/data/t.parquet"] * 2, [0, 1000], [4, 1010]) == [raw[:4], raw[1000:1010]]
-    local = served[2].parent / "got.parquet"
+    local = pushed[2].parent / "got.parquet"
     fs.get("ds/data/t.parquet", str(local))
     assert local.read_bytes() == raw
 
 
-def test_pandas_read_parquet(served):
+def test_pandas_read_parquet(pushed):
     import pandas as pd
 
-    server, t, _ = served
+    server, t, _ = pushed
     df = pd.read_parquet("cdc://ds/data/t.parquet", storage_options=opts(server), columns=["id", "score"])
     assert len(df) == ROWS and df["score"].sum() == pytest.approx(pc.sum(t["score"]).as_py())
 
 
-def test_pyarrow_dataset_fetches_only_the_needed_ranges(served):
+def test_pyarrow_dataset_fetches_only_the_needed_ranges(pushed):
     import pyarrow.dataset as ds
     from pyarrow.fs import FSSpecHandler, PyFileSystem
 
-    server, t, data = served
+    server, t, data = pushed
     fs = CdcFileSystem(store=server.url, cache=False)
     dataset = ds.dataset("ds/data/t.parquet", filesystem=PyFileSystem(FSSpecHandler(fs)), format="parquet")
     before = fs.store.counters()["received_bytes"]
@@ -90,41 +85,41 @@ def test_pyarrow_dataset_fetches_only_the_needed_ranges(served):
     assert received < 0.35 * file_size  # the wide column was never fetched
 
 
-def test_duckdb_through_fsspec(served):
+def test_duckdb_through_fsspec(pushed):
     import duckdb
 
-    server, t, _ = served
+    server, t, _ = pushed
     con = duckdb.connect()
     con.register_filesystem(CdcFileSystem(store=server.url))
     n, s = con.execute("SELECT count(*), sum(label) FROM read_parquet('cdc://ds/data/t.parquet')").fetchall()[0]
     assert n == ROWS and s == pc.sum(t["label"]).as_py()
 
 
-def test_dask_on_a_local_cluster(served):
+def test_dask_on_a_local_cluster(pushed):
     import dask.dataframe as dd
     from distributed import Client, LocalCluster
 
-    server, t, _ = served
+    server, t, _ = pushed
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster):
         df = dd.read_parquet("cdc://ds/data/t.parquet", storage_options=opts(server), columns=["label"])
         assert int(df["label"].sum().compute()) == pc.sum(t["label"]).as_py()
 
 
-def test_hugging_face_datasets_streaming(served):
+def test_hugging_face_datasets_streaming(pushed):
     from datasets import load_dataset
 
-    server, t, _ = served
+    server, t, _ = pushed
     stream = load_dataset("parquet", data_files="cdc://ds/data/small.parquet", split="train", streaming=True,
                           storage_options=opts(server))
     rows = list(stream)
     assert len(rows) == 1000 and rows[5]["id"] == 5 and rows[5]["blob"] == t["blob"][5].as_py()
 
 
-def test_writes_transactions_rm_and_pickle(served, tmp_path):
+def test_writes_transactions_rm_and_pickle(pushed, tmp_path):
     import pickle
 
-    server, _, _ = served
+    server, _, _ = pushed
     fs = CdcFileSystem(store=server.url)
     fs.pipe("w/one.txt", b"one")
     with fs.open("w/two.txt", "wb") as f:
@@ -152,10 +147,10 @@ def _read_label_sum(fs):
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_workers_fork_and_spawn(served, method):
+def test_workers_fork_and_spawn(pushed, method):
     import multiprocessing
 
-    server, t, _ = served
+    server, t, _ = pushed
     fs = CdcFileSystem(store=server.url)
     expect = _read_label_sum(fs)  # the parent has a live event loop thread and session before forking
     ctx = multiprocessing.get_context(method)
@@ -163,12 +158,12 @@ def test_workers_fork_and_spawn(served, method):
         assert pool.map(_read_label_sum, [fs, fs, fs]) == [expect] * 3
 
 
-def test_pickles_with_a_cache_object(served, tmp_path):
+def test_pickles_with_a_cache_object(pushed, tmp_path):
     import pickle
 
     from cdcstore.storage.cache import ChunkCache
 
-    server, t, _ = served
+    server, t, _ = pushed
     fs = CdcFileSystem(store=server.url, cache=ChunkCache(str(tmp_path / "c.sqlite"), max_bytes="1G"))
     clone = pickle.loads(pickle.dumps(fs))
     assert clone.cat_file("ds/data/small.parquet", 0, 4) == b"PAR1"

@@ -15,33 +15,28 @@ import pytest
 from cdcstore import Store
 from cdcstore.fs import CdcFileSystem
 from cdcstore.storage.repository import LocalStore
-from server_util import ServerProcess
 
 FORMS = ["cdc://", ""]
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "fsspec.md")
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """`ds@v2/train/` on a real server: two hive partitions and a file at the top."""
-    root = tmp_path_factory.mktemp("forms")
-    LocalStore.init(str(root / "srv"))
-    server = ServerProcess(str(root / "srv")).start()
-    train = root / "train"
+def pushed(module_server, tmp_path_factory):
+    """The module's server, with `ds@v2/train/`: two hive partitions and a file at the top."""
+    train = tmp_path_factory.mktemp("forms") / "train"
     for k in (0, 1):
         (train / f"k={k}").mkdir(parents=True)
         pq.write_table(pa.table({"v": np.arange(k * 100, k * 100 + 100)}), train / f"k={k}" / "part-0.parquet")
-    with Store(server.url, cache=False) as s:
+    with Store(module_server.url, cache=False) as s:
         s.push([str(train)], "cdc://ds/train/")
         s.tag("ds", "v2")
         s.push([str(train)], "cdc://ds/later/")  # main moves on; v2 stays
-    yield server
-    server.stop()
+    return module_server
 
 
 @pytest.fixture
-def fs(served):
-    f = CdcFileSystem(store=served.url, cache=False)
+def fs(pushed):
+    f = CdcFileSystem(store=pushed.url, cache=False)
     yield f
     f.store.close()
 
@@ -83,7 +78,7 @@ def test_pyarrow_takes_either_form_and_duckdb_the_url(fs):
     assert got == [(200, sum(range(200)), 2)]
 
 
-def test_polars_reads_through_pyarrow_or_fsspec_files(fs, served):
+def test_polars_reads_through_pyarrow_or_fsspec_files(fs, pushed):
     """polars' native reader knows only its own URL schemes (`pl.scan_parquet("cdc://...")` looks
     for a local file). What works, as docs/fsspec.md gives it: a pyarrow dataset over the `cdc://`
     URL (a folder, lazy, filters pushed down), a file URL with `use_pyarrow=True` and
@@ -96,7 +91,7 @@ def test_polars_reads_through_pyarrow_or_fsspec_files(fs, served):
     assert 0 < fs.store.counters()["received_bytes"] - before <= one_file + 64 * 1024  # k=0 never read
 
     url = "cdc://ds@v2/train/k=0/part-0.parquet"
-    df = pl.read_parquet(url, use_pyarrow=True, storage_options={"store": served.url, "cache": False})
+    df = pl.read_parquet(url, use_pyarrow=True, storage_options={"store": pushed.url, "cache": False})
     assert df["v"].to_list() == list(range(100))
     files = fs.find("cdc://ds@v2/train/")
     df = pl.scan_parquet([fs.open(f) for f in files]).select(pl.col("v").sum()).collect()

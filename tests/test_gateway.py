@@ -3,7 +3,6 @@ against one real server on loopback: boto3, pyarrow's S3FileSystem, polars' nati
 s3fs and the AWS CLI. Each read checks exact row counts and a content checksum against the
 source files. The SigV4 math is pinned by AWS's published example figures."""
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 from cdcstore import Store
 from cdcstore.core import sigv4
 from cdcstore.storage.repository import LocalStore
-from cdcstore.testing import free_port
+from cdcstore.testing import ServedStore, free_port
 from server_util import ServerProcess
 from tool_venvs import aws_cli
 
@@ -72,13 +71,9 @@ def gw(tmp_path_factory):
         s.push([str(p) for p in sorted(data.iterdir())], "cdc://imagenet/", message="data")
         s.tag("imagenet", "v1")
         s.push([str(data / "many" / "sub0")], "cdc://elsewhere/", message="other repo")
-    (root / "tokens.json").write_text(json.dumps(TOKENS))
-    port = free_port()
-    srv = ServerProcess(str(root / "srv"), "--tokens", str(root / "tokens.json"), "--s3-port", str(port)).start()
-    srv.s3 = f"http://127.0.0.1:{port}"
-    srv.data = data
-    yield srv
-    srv.stop()
+    with ServedStore(root, tokens=TOKENS, gateway=True) as srv:  # that store, as it is
+        srv.data = data
+        yield srv
 
 
 def client(gw, key="reader", secret=READER, **kw):

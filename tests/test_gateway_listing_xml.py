@@ -9,8 +9,7 @@ import pytest
 
 from cdcstore import Store
 from cdcstore.storage.repository import open_repository
-from cdcstore.testing import free_port
-from server_util import ServerProcess
+from cdcstore.testing import ServedStore
 
 
 @pytest.fixture
@@ -25,10 +24,8 @@ def gw(tmp_path):
     entry = repo.view("ds", base).get("f.txt")
     repo.commit(repo.make_commit("ds", head, "old name", 0.0, {"bad\x01name.txt": entry}, (), base=base,
                                  author="old"), "main", head)
-    port = free_port()
-    srv = ServerProcess(str(tmp_path / "s"), "--s3-port", str(port)).start()
-    yield f"http://127.0.0.1:{port}"
-    srv.stop()
+    with ServedStore(tmp_path, name="s", gateway=True) as srv:  # that store, as it is
+        yield srv.s3
 
 
 def _get(url: str) -> tuple[int, bytes]:

@@ -15,7 +15,7 @@ import pytest
 
 from cdcstore import Store
 from cdcstore.storage.repository import LocalStore
-from cdcstore.testing import free_port
+from cdcstore.testing import ServedStore, free_port
 from server_util import ServerProcess
 
 FILES = {"a.txt": b"hello world\n" * 100, "empty.bin": b"", "data/x.parquet": bytes(range(256)) * 40,
@@ -47,12 +47,8 @@ def sides(tmp_path_factory, s3_endpoint):
     s3.put_bucket_acl(Bucket="gwds", ACL="public-read")  # anonymous requests, as the open gateway takes them
     for name, data in FILES.items():
         s3.put_object(Bucket="gwds", Key=f"main/{name}", Body=data, ACL="public-read")
-    port = free_port()
-    srv = ServerProcess(str(tmp / "st"), "--s3-port", str(port)).start()
-    try:
-        yield {"s3": urlparse(s3_endpoint).netloc, "gateway": f"127.0.0.1:{port}"}
-    finally:
-        srv.stop()
+    with ServedStore(tmp, name="st", gateway=True) as srv:  # that store, as it is
+        yield {"s3": urlparse(s3_endpoint).netloc, "gateway": srv.hostport}
 
 
 def ask(host: str, method: str, path: str, headers: dict | None = None) -> dict:

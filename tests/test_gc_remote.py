@@ -15,7 +15,6 @@ from cdcstore.core.errors import AccessDeniedError, InvalidAddressError
 from cdcstore.storage import maintenance
 from cdcstore.storage.maintenance import PushSession, gc
 from cdcstore.storage.repository import LocalStore
-from server_util import ServerProcess
 
 TOKENS = {"R": {"scope": "read", "repos": ["*"]}, "W": {"scope": "write", "repos": ["*"]},
           "A": {"scope": "admin", "repos": ["*"]}, "S": {"scope": "write", "repos": ["ds"]}}
@@ -38,16 +37,8 @@ def _pack_bytes(root):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(root, "packs")) for f in fs)
 
 
-@pytest.fixture
-def admin_server(tmp_path):
-    """A server with read, write, admin and repo-scoped tokens, and no floor on gc's grace."""
-    root = str(tmp_path / "srv")
-    LocalStore.init(root)
-    (tmp_path / "tokens.json").write_text(json.dumps(TOKENS))
-    s = ServerProcess(root, "--tokens", str(tmp_path / "tokens.json"), "--min-gc-grace", "0").start()
-    s.root = root
-    yield s
-    s.stop()
+# a test's server: read, write, admin and repo-scoped tokens, and no floor on gc's grace
+pytestmark = pytest.mark.served("--min-gc-grace", "0", tokens=TOKENS)
 
 
 def _garbage(url, tmp_path, token="W", size=2 << 20):
@@ -58,10 +49,10 @@ def _garbage(url, tmp_path, token="W", size=2 << 20):
         s.delete_branch("ds", "exp")
 
 
-def test_only_an_admin_token_runs_lifecycle_commands(admin_server, tmp_path):
-    _garbage(admin_server.url, tmp_path)
+def test_only_an_admin_token_runs_lifecycle_commands(server, tmp_path):
+    _garbage(server.url, tmp_path)
     for token in ("R", "W", "S", None, "forged"):
-        with Store(admin_server.url, token=token) as s:
+        with Store(server.url, token=token) as s:
             with pytest.raises(AccessDeniedError):
                 s.gc(grace=0)
             with pytest.raises(AccessDeniedError):
@@ -70,20 +61,20 @@ def test_only_an_admin_token_runs_lifecycle_commands(admin_server, tmp_path):
                 s.forget("ds", keep_last=1)
             with pytest.raises(AccessDeniedError):
                 s.check()
-    before = _pack_bytes(admin_server.root)
-    with Store(admin_server.url, token="A") as s:
+    before = _pack_bytes(server.store)
+    with Store(server.url, token="A") as s:
         dry = s.gc(grace=0, dry_run=True)
-        assert dry["bytes_freed"] >= 2 << 20 and not dry["deleted"] and _pack_bytes(admin_server.root) == before
+        assert dry["bytes_freed"] >= 2 << 20 and not dry["deleted"] and _pack_bytes(server.store) == before
         r = s.gc(grace=0)
         assert r["deleted"] and r["bytes_freed"] == dry["bytes_freed"]
-        assert _pack_bytes(admin_server.root) <= before - (2 << 20)
+        assert _pack_bytes(server.store) <= before - (2 << 20)
         assert s.check(read_data=True)["problems"] == []
         assert s.cat("cdc://ds/keep.bin") == b"keep" * 1000  # an admin token reads and writes too
         assert s.delete_repo("ds", dry_run=True)["dry_run"] and s.cat("cdc://ds/keep.bin")
 
 
-def test_admin_requests_with_bad_options_are_refused_clearly(admin_server, tmp_path):
-    with Store(admin_server.url, token="A") as s:
+def test_admin_requests_with_bad_options_are_refused_clearly(server, tmp_path):
+    with Store(server.url, token="A") as s:
         with pytest.raises(InvalidAddressError, match="repack_dead"):
             s.gc(grace=0, repack_dead=2.0)
         with pytest.raises(InvalidAddressError, match="keep-last"):
@@ -92,53 +83,47 @@ def test_admin_requests_with_bad_options_are_refused_clearly(admin_server, tmp_p
             s.delete_repo("../etc")
     for path, body in [("/v1/admin/format-disk", b"{}"), ("/v1/admin/gc", b'{"grace": "zero"}'),
                        ("/v1/admin/gc", b'{"rm": true}'), ("/v1/admin/gc", b"[1]"), ("/v1/admin/gc", b"{" * 5000)]:
-        req = urllib.request.Request(admin_server.url + path, data=body, method="POST",
+        req = urllib.request.Request(server.url + path, data=body, method="POST",
                                      headers={"Authorization": "Bearer A"})
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)
         assert e.value.code == 400 and json.loads(e.value.read())["error"]
 
 
-def test_a_server_refuses_a_grace_under_its_floor(tmp_path):
-    root = str(tmp_path / "srv")
-    LocalStore.init(root)
-    (tmp_path / "tokens.json").write_text(json.dumps(TOKENS))
-    srv = ServerProcess(root, "--tokens", str(tmp_path / "tokens.json")).start()  # default floor: 1h
-    try:
-        with Store(srv.url, token="A") as s:
-            with pytest.raises(InvalidAddressError, match="min-gc-grace"):
-                s.gc(grace=0)
-            assert s.gc(grace=7200, dry_run=True)["dry_run"]
-    finally:
-        srv.stop()
+@pytest.mark.served(tokens=TOKENS)  # the default floor: 1h
+def test_a_server_refuses_a_grace_under_its_floor(server):
+    with Store(server.url, token="A") as s:
+        with pytest.raises(InvalidAddressError, match="min-gc-grace"):
+            s.gc(grace=0)
+        assert s.gc(grace=7200, dry_run=True)["dry_run"]
 
 
-def test_a_remote_push_session_holds_a_server_side_gc(admin_server, tmp_path):
-    _garbage(admin_server.url, tmp_path)
-    with Store(admin_server.url, token="W") as w, Store(admin_server.url, token="A") as a:
+def test_a_remote_push_session_holds_a_server_side_gc(server, tmp_path):
+    _garbage(server.url, tmp_path)
+    with Store(server.url, token="W") as w, Store(server.url, token="A") as a:
         with w.backend.uncached().push_session() as session:
-            assert session.sid and os.path.exists(os.path.join(admin_server.root, "sessions", f"srv-{session.sid}"))
+            assert session.sid and os.path.exists(os.path.join(server.store, "sessions", f"srv-{session.sid}"))
             r = a.gc(grace=0)
             assert r["open_sessions"] == 1 and not r["deleted"]
-        assert not os.listdir(os.path.join(admin_server.root, "sessions"))
+        assert not os.listdir(os.path.join(server.store, "sessions"))
         assert a.gc(grace=0)["deleted"]
 
 
-def test_session_ids_are_checked(admin_server):
+def test_session_ids_are_checked(server):
     for sid in ("../../packs/x", "A" * 32, "0" * 31):
-        req = urllib.request.Request(f"{admin_server.url}/v1/sessions/{sid}", method="DELETE",
+        req = urllib.request.Request(f"{server.url}/v1/sessions/{sid}", method="DELETE",
                                      headers={"Authorization": "Bearer W"})
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)
         assert e.value.code in (400, 404)
-    req = urllib.request.Request(f"{admin_server.url}/v1/sessions", data=b"{}", method="POST",
+    req = urllib.request.Request(f"{server.url}/v1/sessions", data=b"{}", method="POST",
                                  headers={"Authorization": "Bearer R"})
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 403  # a read token pushes nothing, so it opens no session
 
 
-def test_pushes_and_gc_through_a_server_at_the_same_time_lose_nothing(admin_server, tmp_path):
+def test_pushes_and_gc_through_a_server_at_the_same_time_lose_nothing(server, tmp_path):
     """20 rounds through the server: each round pushes data, makes it garbage, and pushes it again
     (the dedup hazard), while an admin runs gc with no grace window. Nothing acknowledged is lost."""
     blobs = [os.urandom(200_000) for _ in range(20)]
@@ -146,7 +131,7 @@ def test_pushes_and_gc_through_a_server_at_the_same_time_lose_nothing(admin_serv
 
     def pusher():
         try:
-            with Store(admin_server.url, token="W") as s:
+            with Store(server.url, token="W") as s:
                 for i, blob in enumerate(blobs):
                     s.push(_file(tmp_path / f"g{i}", "g.bin", blob), f"cdc://ds@tmp{i}/g.bin")
                     s.delete_branch("ds", f"tmp{i}")
@@ -157,7 +142,7 @@ def test_pushes_and_gc_through_a_server_at_the_same_time_lose_nothing(admin_serv
         finally:
             done.set()
 
-    with Store(admin_server.url, token="A") as a:
+    with Store(server.url, token="A") as a:
         a.push(_file(tmp_path / "base", "b.bin", b"base"), "cdc://ds/b.bin")
         t = threading.Thread(target=pusher)
         t.start()
@@ -173,21 +158,21 @@ def test_pushes_and_gc_through_a_server_at_the_same_time_lose_nothing(admin_serv
         assert a.check(read_data=True)["problems"] == []
 
 
-def test_cli_gc_check_and_forget_through_a_server(admin_server, tmp_path):
-    _garbage(admin_server.url, tmp_path)
+def test_cli_gc_check_and_forget_through_a_server(server, tmp_path):
+    _garbage(server.url, tmp_path)
     cli = [sys.executable, "-m", "cdcstore"]
     env = {**os.environ, "CDCSTORE_TOKEN": "W"}
-    r = subprocess.run(cli + ["gc", "--store", admin_server.url, "--grace", "0"], capture_output=True, text=True,
+    r = subprocess.run(cli + ["gc", "--store", server.url, "--grace", "0"], capture_output=True, text=True,
                        env=env, timeout=60)
     assert r.returncode != 0 and "admin scope" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run(cli + ["gc", "--store", admin_server.url, "--token", "A", "--grace", "0", "--json"],
+    r = subprocess.run(cli + ["gc", "--store", server.url, "--token", "A", "--grace", "0", "--json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["deleted"] and json.loads(r.stdout)["bytes_freed"] >= 2 << 20
-    r = subprocess.run(cli + ["check", "--store", admin_server.url, "--token", "A", "--json"],
+    r = subprocess.run(cli + ["check", "--store", server.url, "--token", "A", "--json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and json.loads(r.stdout)["problems"] == []
-    r = subprocess.run(cli + ["forget", "ds", "--keep-last", "1", "--dry-run", "--store", admin_server.url,
+    r = subprocess.run(cli + ["forget", "ds", "--keep-last", "1", "--dry-run", "--store", server.url,
                               "--token", "A", "--json"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and json.loads(r.stdout)["dry_run"]
 

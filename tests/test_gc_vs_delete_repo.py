@@ -135,7 +135,7 @@ def test_delete_repo_is_safe_against_a_gc_that_deletes_its_commits_under_it(loca
     ran = []
     repo.objects = Racing(repo.objects, _nth(1, "delete", "repos/gone/commits/"),
                           lambda: ran.append(gc(open_repository(location), grace=0)))
-    out = repo.delete_repo("gone")
+    out = repo.ref_store.delete_repo("gone")
     assert ran and ran[0]["deleted"] and ran[0]["delete_commits"] >= 3, ran  # gc deleted them first
     assert out["commits"] == 3, out
     _assert_whole(location, keep)

@@ -506,13 +506,13 @@ def test_a_durable_unindexed_pack_is_indexed_by_push_and_at_start(tmp_path):
     with Store(str(tmp_path / "twin"), create=True) as s:  # the same pack, built by a local push
         s.push([str(data)], "cdc://ds/")
     twin = LocalStore(str(tmp_path / "twin"))
-    packs = list(twin.iter_pack_names())
+    packs = list(twin.packs.iter_pack_names())
     for stage in ("running", "restart"):
         root = tmp_path / f"srv-{stage}"
         srv = LocalStore.init(str(root))
         for name in packs:  # durable, never indexed
-            os.makedirs(os.path.dirname(srv.pack_path(name)), exist_ok=True)
-            shutil.copy(twin.pack_path(name), srv.pack_path(name))
+            os.makedirs(os.path.dirname(srv.packs.pack_path(name)), exist_ok=True)
+            shutil.copy(twin.packs.pack_path(name), srv.packs.pack_path(name))
         srv.close()
         server = ServerProcess(str(root), "--maintenance-interval", "3600")
         if stage == "running":
@@ -537,15 +537,15 @@ def test_head_and_put_index_a_pack_found_on_disk(server, tmp_path):
     name, pack = make_pack([(cid, CODEC_RAW, b"found", 5)])
     probe = Probe(server.port)
     st = LocalStore(server.store)
-    os.makedirs(os.path.dirname(st.pack_path(name)), exist_ok=True)
-    with open(st.pack_path(name), "wb") as f:
+    os.makedirs(os.path.dirname(st.packs.pack_path(name)), exist_ok=True)
+    with open(st.packs.pack_path(name), "wb") as f:
         f.write(pack)
     assert probe.request("HEAD", f"/v1/packs/{name}")[0] == 200
     assert st.index.present([cid]) == {cid}
     # a damaged found pack counts as absent, and a PUT of the real bytes replaces it
     name2, pack2 = make_pack([(ids.digest(b"other"), CODEC_RAW, b"other", 5)])
-    os.makedirs(os.path.dirname(st.pack_path(name2)), exist_ok=True)
-    with open(st.pack_path(name2), "wb") as f:
+    os.makedirs(os.path.dirname(st.packs.pack_path(name2)), exist_ok=True)
+    with open(st.packs.pack_path(name2), "wb") as f:
         f.write(pack2[:20] + b"X" + pack2[21:])
     assert probe.request("HEAD", f"/v1/packs/{name2}")[0] == 404
     assert probe.request("PUT", f"/v1/packs/{name2}", pack2)[0] == 201
@@ -605,8 +605,8 @@ def test_bearer_in_any_case_and_a_json_404_for_a_missing_pack(tmp_path):
         with Store(server.url, token="secret", cache=False) as s:
             s.push([str(data)], "cdc://ds/")
         st = LocalStore(str(tmp_path / "srv"))
-        for name in list(st.iter_pack_names()):
-            os.unlink(st.pack_path(name))
+        for name in list(st.packs.iter_pack_names()):
+            os.unlink(st.packs.pack_path(name))
             status, body = probe.request("GET", f"/v1/repos/ds/packs/{name}", headers={"Authorization": "bearer secret"})
             assert status == 404 and "missing" in json.loads(body)["error"]
         st.close()

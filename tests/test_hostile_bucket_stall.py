@@ -4,13 +4,9 @@ request in about $CDCSTORE_TIMEOUT seconds with one line naming the endpoint, sa
 naming the knob, with both S3 clients; a push it stalls leaves nothing half-visible.
 
 The endpoint is a real loopback HTTP proxy in front of moto's S3 server that passes requests on
-until the test tells it to stall some of them."""
-import http.client
+until the test tells it to stall some of them (cdcstore.testing.StallingProxy)."""
 import secrets
-import socket
-import threading
 import time
-import urllib.parse
 
 import pytest
 from click.testing import CliRunner
@@ -18,108 +14,10 @@ from click.testing import CliRunner
 from cdcstore import Store
 from cdcstore.cli import cli
 from cdcstore.storage import s3
+from cdcstore.testing import StallingProxy
 from conftest import S3_BUCKET, golden_input
 
 CLIENTS = ["obstore", "s3fs"]
-
-
-class StallingProxy:
-    """HTTP/1.1 on loopback, passing each request on to `upstream`, except those `rule(method,
-    path)` names: "silent" reads the request and never answers, "body" answers the headers and half
-    the body, then nothing more, "slow" takes the request's body in at SLOW bytes/s and then passes
-    it on. Held connections are let go when the proxy closes."""
-
-    def __init__(self, upstream: str):
-        u = urllib.parse.urlsplit(upstream)
-        self.upstream = (u.hostname, u.port)
-        self.rule = lambda method, path: None
-        self.rewrite = lambda method, path, data: data  # an answer's body as the proxy passes it on
-        self.stalled: list[tuple[str, str, str]] = []
-        self.done = threading.Event()
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def close(self) -> None:
-        self.done.set()
-        self.sock.close()
-
-    def _accept(self) -> None:
-        while not self.done.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        f = conn.makefile("rb")
-        up = http.client.HTTPConnection(*self.upstream, timeout=30)
-        try:
-            while True:
-                line = f.readline()
-                if not line:
-                    return
-                method, path, _ = line.decode().split(" ", 2)
-                headers = []
-                while (h := f.readline()) not in (b"\r\n", b"\n", b""):
-                    k, _, v = h.decode().partition(":")
-                    headers.append((k.strip(), v.strip()))
-                low = {k.lower(): v for k, v in headers}
-                action = self.rule(method, path)
-                if "100-continue" in low.get("expect", "").lower():
-                    conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
-                body = _read_body(f, low, slow=action == "slow")
-                if action == "silent":
-                    self.stalled.append((method, path, action))
-                    self.done.wait()  # read it all, answer nothing
-                    return
-                up.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
-                for k, v in headers:
-                    if k.lower() != "expect":
-                        up.putheader(k, v)
-                up.endheaders(body or None)
-                r = up.getresponse()
-                data = self.rewrite(method, path, r.read())
-                keep = [(k, v) for k, v in r.getheaders()
-                        if method == "HEAD" or k.lower() not in ("content-length", "transfer-encoding")]
-                if method != "HEAD":
-                    keep.append(("Content-Length", str(len(data))))
-                head = f"HTTP/1.1 {r.status} {r.reason}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in keep) + "\r\n"
-                if action == "body" and len(data) > 1:
-                    self.stalled.append((method, path, action))
-                    conn.sendall(head.encode() + data[:len(data) // 2])
-                    self.done.wait()  # the rest never comes
-                    return
-                conn.sendall(head.encode() + data)
-        except OSError:
-            return
-        finally:
-            up.close()
-            conn.close()
-
-
-SLOW = 2 * 1024 * 1024
-
-
-def _read_body(f, headers: dict, slow: bool = False) -> bytes:
-    if "chunked" in headers.get("transfer-encoding", "").lower():  # passed on as it came
-        out = b""
-        while True:
-            size_line = f.readline()
-            out += size_line
-            n = int(size_line.split(b";")[0], 16)
-            out += f.read(n + 2)
-            if n == 0:
-                return out
-    n = int(headers.get("content-length") or 0)
-    if not slow:
-        return f.read(n)
-    out = b""
-    while len(out) < n:
-        out += f.read(min(64 * 1024, n - len(out)))
-        time.sleep(64 * 1024 / SLOW)
-    return out
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import pytest
 
 from cdcstore import Store
 from cdcstore.core.errors import CdcError
+from cdcstore.testing import StallingProxy
 from conftest import S3_BUCKET, golden_input
-from test_hostile_bucket_stall import StallingProxy
 
 _HIDE = re.compile(rb"<Contents>(?:(?!</Contents>).)*?/(?:branches|tags)/(?:(?!</Contents>).)*?</Contents>"
                    rb"|<CommonPrefixes><Prefix>[^<]*/(?:branches|tags)/</Prefix></CommonPrefixes>", re.S)

@@ -256,8 +256,8 @@ def test_admin_options_nan_and_negative_get_400(tmp_path):
     """The admin route's JSON accepts NaN: keep_within NaN or -5 and check subset -1 are 400s."""
     import urllib.error
     import urllib.request
-    from conftest import served_store
-    with served_store(tmp_path, {"tok": {"scope": "admin", "repos": ["*"]}}) as srv:
+    from cdcstore.testing import ServedStore
+    with ServedStore(tmp_path, tokens={"tok": {"scope": "admin", "repos": ["*"]}}) as srv:
         with Store(srv.url, token="tok", cache=False) as s:
             s.push([_tree(tmp_path, "a", {"f": b"f"})], "cdc://a/")
             s.push([_tree(tmp_path, "b", {"g": b"g"})], "cdc://a/")

@@ -18,7 +18,6 @@ from cdcstore.core.manifest import Manifest
 from cdcstore.core.pack import CODEC_RAW, CODEC_ZSTD, PackWriter
 from cdcstore.core import wire
 from cdcstore.storage.repository import LocalStore
-from server_util import ServerProcess
 from test_hostile import Probe, peak_rss_mb
 
 TOKENS = {"w-a": {"scope": "write", "repos": ["a"]}, "w-b": {"scope": "write", "repos": ["b"]},
@@ -36,15 +35,20 @@ def _report():
           f"server peak RSS {TOTALS['peak_rss_mb']:.0f} MB")
 
 
-class Served:
-    """A served store with TOKENS and these limits; `probe` sends raw requests as a token."""
+def limits(*limits: str, args: tuple = ()):
+    """A test's server: TOKENS, these `--limit KEY=VALUE`s and more `serve` options (`args`)."""
+    return pytest.mark.served(*(x for lim in limits for x in ("--limit", lim)), *args, tokens=TOKENS)
 
-    def __init__(self, tmp_path, *limits: str, args: tuple = ()):
-        LocalStore.init(str(tmp_path / "srv"))
-        path = tmp_path / "tokens.json"
-        path.write_text(json.dumps(TOKENS))
-        opts = [x for lim in limits for x in ("--limit", lim)]
-        self.srv = ServerProcess(str(tmp_path / "srv"), "--tokens", str(path), *opts, *args).start()
+
+pytestmark = limits()  # a test that names no limits: the defaults
+
+
+class Bounded:
+    """The test's served store (`server`), probed: `probe` sends raw requests as a token; at the
+    end its peak RSS and its hostile requests are counted, and no answer may have been a 5xx."""
+
+    def __init__(self, srv):
+        self.srv = srv
         self.probe = Probe(self.srv.port)
 
     def call(self, token: str, method: str, path: str, body: bytes = b"", headers: dict | None = None):
@@ -59,21 +63,14 @@ class Served:
         TOTALS["requests"] += self.probe.sent
         TOTALS["5xx"] += len(self.probe.errors_5xx)
         TOTALS["peak_rss_mb"] = max(TOTALS["peak_rss_mb"], rss)
-        self.srv.stop()
         assert not self.probe.errors_5xx, self.probe.errors_5xx
 
 
 @pytest.fixture
-def served(tmp_path):
-    made = []
-
-    def start(*limits, args=()):
-        made.append(Served(tmp_path, *limits, args=args))
-        return made[-1]
-
-    yield start
-    for s in made:
-        s.close()
+def bounded(server):
+    b = Bounded(server)
+    yield b
+    b.close()  # before `server` stops
 
 
 def real_pack(raws: list[bytes], codec: int = CODEC_ZSTD) -> tuple[str, bytes, list[bytes]]:
@@ -95,10 +92,10 @@ def big_manifest(cid: bytes, chunk_len: int, count: int) -> bytes:
 
 
 # -- memory a client can take ------------------------------------------------------------------
-def test_prove_reads_nothing_for_a_scoped_token(served):
+def test_prove_reads_nothing_for_a_scoped_token(bounded):
     """A small pack of highly compressible 2 MiB chunks, then proofs naming all of them from
     another token: a scoped token's proofs answer 0 without reading a chunk (issue 31 case 2)."""
-    s = served()
+    s = bounded
     name, pack, cids = real_pack([bytes([i]) * (2 * MiB) for i in range(24)])  # 48 MiB raw
     assert len(pack) < 64 * 1024
     assert s.call("w-a", "PUT", f"/packs/{name}", pack)[0] == 201
@@ -120,11 +117,12 @@ def _store_chunk(s, token: str, raw: bytes) -> bytes:
     return cid
 
 
-def test_manifest_batches_are_parsed_in_slices(served, tmp_path):
+@limits("decode_bytes=262144", "slice_chunks=4096")
+def test_manifest_batches_are_parsed_in_slices(bounded, tmp_path):
     """Three 10 MiB batches at once, each one manifest of 300,000 chunk ids: spooled to disk and
     checked `slice_chunks` ids at a time (the old server decoded each whole: ~80 MB apiece).
     A large manifest naming a missing chunk or with a wrong length is refused and not stored."""
-    s = served("decode_bytes=262144", "slice_chunks=4096")
+    s = bounded
     cid = _store_chunk(s, "w-a", b"block" * 100)
     blob = big_manifest(cid, 500, 300_000)
     assert len(blob) > 10 * MiB
@@ -166,8 +164,9 @@ def test_manifest_batches_are_parsed_in_slices(served, tmp_path):
     assert status == 400 and b"truncated" in err
 
 
-def test_batches_over_the_limit_are_refused_before_being_held(served):
-    s = served("max_batch_bytes=1048576", "max_tree_bytes=1024")
+@limits("max_batch_bytes=1048576", "max_tree_bytes=1024")
+def test_batches_over_the_limit_are_refused_before_being_held(bounded):
+    s = bounded
     status, err = s.call("w-a", "POST", "/manifests", b"\x00" * (2 * MiB))
     assert status == 413 and b"limit" in err
     tree = json.dumps({"entries": {f"f{i}": {"manifest": "0" * 64, "size": 1} for i in range(50)},
@@ -176,10 +175,11 @@ def test_batches_over_the_limit_are_refused_before_being_held(served):
     assert status == 413 and b"tree of" in err
 
 
-def test_a_pack_of_too_many_chunks_is_refused_before_its_index_is_parsed(served):
+@limits("max_pack_chunks=1000")
+def test_a_pack_of_too_many_chunks_is_refused_before_its_index_is_parsed(bounded):
     """An uploaded pack's index is parsed whole (a 128 MiB pack of 1-byte chunks would be two
     million entries): over `max_pack_chunks` it is a 413, nothing stored; under it, stored."""
-    s = served("max_pack_chunks=1000")
+    s = bounded
     name, pack, _ = real_pack([b"%d" % i for i in range(1001)], CODEC_RAW)
     status, err = s.call("w-a", "PUT", f"/packs/{name}", pack)
     assert status == 413 and b"1001 chunks" in err and b"limit is 1000" in err
@@ -203,11 +203,12 @@ def _commit_large_file(s, tmp_path, count: int) -> tuple[str, bytes, bytes]:
     return name, blob, cid
 
 
-def test_located_manifest_of_a_large_file_is_streamed(served, tmp_path):
+@limits("decode_bytes=262144", "send_block=262144")
+def test_located_manifest_of_a_large_file_is_streamed(bounded, tmp_path):
     """A commit of a file whose manifest is 10 MiB, then four concurrent `?locations=1` reads of
     it by a read token: the manifest is never decoded whole (the old server held ~80 MB for the
     commit and per read); the answer is the same."""
-    s = served("decode_bytes=262144", "send_block=262144")
+    s = bounded
     name, blob, cid = _commit_large_file(s, tmp_path, 300_000)
     assert s.rss() < 100, f"the commit of a large file took the server to {s.rss():.0f} MB"
     before = s.rss()
@@ -253,12 +254,13 @@ def _drain(c: socket.socket) -> int:
     return got
 
 
-def test_readers_that_never_read_hold_little_and_are_cut_off(served):
+@limits("send_block=65536", "send_timeout=1", args=("--min-body-rate", "1000000"))
+def test_readers_that_never_read_hold_little_and_are_cut_off(bounded):
     """Eight scoped readers ask for a 12 MiB masked range each and read nothing: the server
     builds each answer `send_block` at a time (the old one built all 96 MiB at once, and kept
     it as long as the readers kept their connections), cuts them off after `send_timeout`, and
     serves an honest reader meanwhile."""
-    s = served("send_block=65536", "send_timeout=1", args=("--min-body-rate", "1000000"))
+    s = bounded
     name, pack, cids = real_pack([os.urandom(2 * MiB) for _ in range(6)], CODEC_RAW)
     assert s.call("w-a", "PUT", f"/packs/{name}", pack)[0] == 201
     before = s.rss()
@@ -301,12 +303,13 @@ def _dribble(port: int, token: str, name: str, stop: threading.Event, replies: l
     replies.append(reply.split(b"\r\n")[0])
 
 
-def test_slow_uploads_of_one_token_leave_slots_to_others_and_to_reads(served):
+@limits("write_slots=4", "write_slots_per_token=2", "read_slots=4",
+        args=("--min-body-rate", "1", "--body-timeout", "30"))
+def test_slow_uploads_of_one_token_leave_slots_to_others_and_to_reads(bounded):
     """One write token starts six slow uploads (above the minimum rate) into a server with 4
     upload slots: it gets its share (2), the rest are 429 at once; another token still uploads,
     and scoped reads are served from their own slots at once."""
-    s = served("write_slots=4", "write_slots_per_token=2", "read_slots=4",
-               args=("--min-body-rate", "1", "--body-timeout", "30"))
+    s = bounded
     name, pack, _ = real_pack([os.urandom(5000)], CODEC_RAW)
     assert s.call("w-b", "PUT", f"/packs/{name}", pack)[0] == 201
     stop, replies = threading.Event(), []
@@ -360,11 +363,12 @@ def _chunked_put(port: int, token: str, name: str, blocks: int, block: bytes) ->
     return reply.split(b"\r\n")[0], sent
 
 
-def test_a_put_to_a_stored_pack_is_not_drained(served):
+@limits("max_pack_bytes=1048576")
+def test_a_put_to_a_stored_pack_is_not_drained(bounded):
     """A PUT to a pack name the server holds: a "*" token (nothing to prove) is answered at once
     without its body being read; a scoped one (which may prove it holds the bytes) is cut off with
     a 413 past the pack limit. The old server read any size (300 MiB) and answered 200."""
-    s = served("max_pack_bytes=1048576")
+    s = bounded
     name, pack, _ = real_pack([os.urandom(50_000)], CODEC_RAW)
     assert s.call("w-a", "PUT", f"/packs/{name}", pack)[0] == 201
     block = b"z" * 65536
@@ -377,9 +381,9 @@ def test_a_put_to_a_stored_pack_is_not_drained(served):
     assert status == 200 and json.loads(body)["stored"] is False
 
 
-def test_push_sessions_are_capped_per_token_and_in_all_and_their_life_is_bounded(served):
-    s = served("max_sessions=5", "max_sessions_per_token=3", "max_session_life=1",
-               args=("--min-gc-grace", "0s"))
+@limits("max_sessions=5", "max_sessions_per_token=3", "max_session_life=1", args=("--min-gc-grace", "0s"))
+def test_push_sessions_are_capped_per_token_and_in_all_and_their_life_is_bounded(bounded):
+    s = bounded
     opened = []
     for token, want in [("w-a", 200), ("w-a", 200), ("w-a", 200), ("w-a", 429), ("w-b", 200), ("w-b", 200),
                         ("w-b", 429), ("w-all", 429)]:
@@ -450,13 +454,13 @@ def test_a_manifest_file_is_read_in_slices_and_checked_against_its_name(tmp_path
 
 
 @pytest.mark.parametrize("lie", [True, False])
-def test_a_folder_claiming_content_its_tree_does_not_hold_is_refused(served, lie):
+def test_a_folder_claiming_content_its_tree_does_not_hold_is_refused(bounded, lie):
     """A folder entry's content id is what a new machine's push trusts to skip unchanged files
     (tree format 4): a writer claiming another folder's content would make others' pushes keep its
     files. The server checks each new folder's claim against its tree when the commit lands."""
     from cdcstore.core import treeobj
     from cdcstore.core.commit import FileEntry
-    s = served()
+    s = bounded
     cid = _store_chunk(s, "w-a", b"block" * 100)
     status, body = s.call("w-a", "POST", "/manifests", wire.encode_blobs([big_manifest(cid, 500, 1)]))
     assert status == 200, body

@@ -12,7 +12,7 @@ from cdcstore.core import ids
 from cdcstore.core.manifest import Manifest
 from cdcstore.core.pack import CODEC_RAW, PackWriter, decode_chunk, read_verified
 from cdcstore.storage.repository import LocalStore
-from conftest import golden_input, raw_call as _call, served_store
+from conftest import golden_input, raw_call as _call
 from server_util import ServerProcess
 
 TOKENS = {"tok-evil": {"scope": "write", "repos": ["evil"]}, "tok-prod": {"scope": "write", "repos": ["prod"]}}
@@ -32,17 +32,14 @@ def _pack(chunks, version=2, ids_for=None):
     return w.finish(), buf.getvalue()
 
 
-@pytest.fixture
-def two_tenants(tmp_path):
-    with served_store(tmp_path, TOKENS) as srv:
-        yield srv
+pytestmark = pytest.mark.served(tokens=TOKENS)  # the `server` of every test here
 
 
-def test_a_token_cannot_plant_bytes_under_another_chunks_id(two_tenants, tmp_path):
+def test_a_token_cannot_plant_bytes_under_another_chunks_id(server, tmp_path):
     """evil uploads chunk A under the id of B (which prod will push later): refused, because the
     server recomputes BLAKE3 of every chunk; v1 (xxh3) packs, manifests and 16-byte presence or
     proof queries are refused for new data, so an xxh3 collision buys nothing either."""
-    api = two_tenants.url + "/v1"
+    api = server.url + "/v1"
     a, b = b"evil bytes A " * 500, golden_input(200_000)
     name, body = _pack([a], ids_for=[b])  # entry id = blake3(B), bytes = A; named by its bytes' BLAKE3
     status, answer = _call(f"{api}/packs/{name}", "tok-evil", "PUT", body)
@@ -68,21 +65,21 @@ def test_a_token_cannot_plant_bytes_under_another_chunks_id(two_tenants, tmp_pat
     m1 = Manifest([ids.legacy_digest(b)], [len(b)], len(b), ids.legacy_digest(b), version=1)
     status, answer = _call(f"{api}/manifests", "tok-evil", "POST", encode_blobs([m1.encode()]))
     assert status == 400 and b"format-v1" in answer, answer
-    assert LocalStore(two_tenants.store).totals()["chunks"] == 0  # nothing of evil's was stored
+    assert LocalStore(server.store).totals()["chunks"] == 0  # nothing of evil's was stored
 
     # prod pushes B: stored (not deduplicated against anything), read back as B
     src = tmp_path / "prod"
     src.mkdir()
     (src / "b.bin").write_bytes(b)
-    with Store(two_tenants.url, token="tok-prod", cache=False) as prod:
+    with Store(server.url, token="tok-prod", cache=False) as prod:
         r = prod.push([str(src)], "cdc://prod/")
         assert r.new_bytes == len(b)
         assert prod.cat("cdc://prod/b.bin") == b
     # every stored chunk's id is the BLAKE3-256 of its raw bytes; every name is 64 hex digits
-    srv = LocalStore(two_tenants.store)
+    srv = LocalStore(server.store)
     for pack in srv.index.packs():
         assert ids.is_new_hex_id(pack)
-        with open(srv.pack_path(pack), "rb") as f:
+        with open(srv.packs.pack_path(pack), "rb") as f:
             size = os.fstat(f.fileno()).st_size
             assert ids.hexdigest(f.read()) == pack
             for e in read_verified(f, size):
@@ -167,7 +164,7 @@ def test_local_reads_check_pack_checksums_not_blake3(store, tmp_path, monkeypatc
             assert s.cat("cdc://r/f.bin") == data
         assert sum(hashed) < 10_000  # the commit and the manifest only: no chunk was BLAKE3-hashed
     pack, e = next(iter(rows.values()))
-    with open(repo.pack_path(pack), "r+b") as f:
+    with open(repo.packs.pack_path(pack), "r+b") as f:
         f.seek(e.offset + 10)
         b = f.read(1)
         f.seek(e.offset + 10)
@@ -212,7 +209,7 @@ def test_gc_repacks_a_v1_pack_as_v1(tmp_path):
     packs = repo.index.packs()
     assert packs and all(len(p) == 32 for p in packs)
     for p in packs:
-        with open(repo.pack_path(p), "rb") as f:
+        with open(repo.packs.pack_path(p), "rb") as f:
             assert pack_version(f) == LEGACY_PACK_VERSION
             f.seek(0)
             assert ids.matches(f.read(), p)

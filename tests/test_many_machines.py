@@ -96,7 +96,7 @@ def test_a_commit_naming_chunks_of_a_gone_pack_is_refused(bucket_url, tmp_path, 
     x = os.urandom(500_000)
     a.store().push([_file(tmp_path, "x.bin", x)], "cdc://alpha/x.bin")
     rb = b.repository()
-    rb.recover()  # B now lists A's pack
+    rb.packs.recover()  # B now lists A's pack
     sa = a.store()
     ra = a.repository()
     head = ra.resolve_ref("alpha", "main")[0]

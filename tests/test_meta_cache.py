@@ -5,8 +5,7 @@ import pytest
 
 from cdcstore import Store
 from cdcstore.storage import memo
-from cdcstore.storage.repository import LocalStore
-from cdcstore.testing import ServerProcess
+from cdcstore.testing import ServedStore
 
 
 def _push(url: str, tmp_path, name: str, data: bytes) -> str:
@@ -16,17 +15,12 @@ def _push(url: str, tmp_path, name: str, data: bytes) -> str:
         return s.push([str(p)], "cdc://r/x").commit
 
 
-def _serve(tmp_path, name: str, port=None) -> ServerProcess:
-    LocalStore.init(str(tmp_path / name))
-    return ServerProcess(str(tmp_path / name), port=port).start()
-
-
 def test_a_second_store_on_the_same_port_never_reads_the_first_ones_heads(tmp_path):
     """Store A served on a port, read through a cached fs and a Store with a chunk cache;
     then store B on the same port: both read B's head at once (within every TTL), and the
     fsspec instance (cached by URL) is the same object throughout."""
     cache = str(tmp_path / "cache.sqlite")
-    a = _serve(tmp_path, "a")
+    a = ServedStore(tmp_path, name="a").start()
     try:
         _push(a.url, tmp_path, "one", b"store A")
         fs = fsspec.filesystem("cdc", store=a.url, cache=cache)
@@ -35,7 +29,7 @@ def test_a_second_store_on_the_same_port_never_reads_the_first_ones_heads(tmp_pa
             assert s.cat("cdc://r/x") == b"store A"
     finally:
         a.stop()
-    b = _serve(tmp_path, "b", port=a.port)
+    b = ServedStore(tmp_path, name="b", port=a.port).start()
     try:
         head_b = _push(b.url, tmp_path, "two", b"store B, another one")
         again = fsspec.filesystem("cdc", store=b.url, cache=cache)
@@ -53,19 +47,19 @@ def test_the_server_names_its_store_on_every_answer(tmp_path):
     one, and it is stable across restarts."""
     import urllib.request
 
-    a = _serve(tmp_path, "a")
+    a = ServedStore(tmp_path, name="a").start()
     try:
         with urllib.request.urlopen(a.url + "/v1/health") as r:
             first = r.headers["X-Cdc-Store"]
     finally:
         a.stop()
-    a2 = ServerProcess(str(tmp_path / "a")).start()
+    a2 = ServedStore(tmp_path, name="a").start()  # store a again, as it is
     try:
         with urllib.request.urlopen(a2.url + "/v1/health") as r:
             assert r.headers["X-Cdc-Store"] == first
     finally:
         a2.stop()
-    b = _serve(tmp_path, "b")
+    b = ServedStore(tmp_path, name="b").start()
     try:
         with urllib.request.urlopen(b.url + "/v1/health") as r:
             assert r.headers["X-Cdc-Store"] not in (None, "", first)

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from cdcstore import CorruptionError, Store
-from conftest import S3_BUCKET, golden_input, served_store
+from cdcstore.testing import ServedStore
+from conftest import S3_BUCKET, golden_input
 import forker
 
 import cdcstore
@@ -36,7 +37,7 @@ def _file(folder, name: str, data: bytes) -> str:
 # -- 4. stats with a repo-scoped token ----------------------------------------------------------
 def test_stats_with_a_repo_scoped_token_says_what_it_cannot_see(tmp_path):
     tokens = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-admin": {"scope": "admin", "repos": ["*"]}}
-    with served_store(tmp_path, tokens) as srv:
+    with ServedStore(tmp_path, tokens=tokens) as srv:
         src = _file(tmp_path / "src", "f.bin", os.urandom(200_000))
         assert cdc("push", src, "cdc://a/", "--store", srv.url, "--token", "tok-a").returncode == 0
         p = cdc("stats", "--store", srv.url, "--token", "tok-a")
@@ -257,7 +258,7 @@ def test_a_badly_deduped_parquet_push_points_at_the_writer(tmp_path):
 
 def test_forget_prune_and_log_through_a_server(tmp_path):
     tokens = {"tok-admin": {"scope": "admin", "repos": ["*"]}}
-    with served_store(tmp_path, tokens) as srv:
+    with ServedStore(tmp_path, tokens=tokens) as srv:
         opts = ["--store", srv.url, "--token", "tok-admin"]
         for i in range(3):
             src = _file(tmp_path / f"v{i}", "d.bin", os.urandom(200_000))

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from cdcstore import Store
-from conftest import served_store
+from cdcstore.testing import ServedStore
 from test_newcomer import ROOT, _file, _flip, cdc  # the first week's helpers
 
 
@@ -24,7 +24,7 @@ def _announced(srv) -> str:
 
 # -- 3. the URL serve prints works as --store ------------------------------------------------------
 def test_the_url_serve_prints_works_as_store(tmp_path):
-    with served_store(tmp_path, {"tok": {"scope": "admin", "repos": ["*"]}}) as srv:
+    with ServedStore(tmp_path, tokens={"tok": {"scope": "admin", "repos": ["*"]}}) as srv:
         url = _announced(srv)
         assert url.endswith("/v1")
         src = _file(tmp_path / "src", "f.bin", os.urandom(50_000))

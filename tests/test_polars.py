@@ -9,8 +9,6 @@ import pytest
 
 from cdcstore import Store
 from cdcstore.fs import CdcFileSystem
-from cdcstore.storage.repository import LocalStore
-from server_util import ServerProcess
 
 pl = pytest.importorskip("polars")
 ROWS = 200_000
@@ -18,19 +16,16 @@ URL = "cdc://ds/data/t.parquet"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    root = tmp_path_factory.mktemp("polars")
-    LocalStore.init(str(root / "srv"))
-    server = ServerProcess(str(root / "srv")).start()
-    data = root / "data"
+def pushed(module_server, tmp_path_factory):
+    """(the module's server, the table, its local file): `ds/data/t.parquet`."""
+    data = tmp_path_factory.mktemp("polars") / "data"
     data.mkdir()
     t = pa.table({"id": np.arange(ROWS), "score": np.random.default_rng(7).random(ROWS),
                   "blob": pa.array([f"{i:08d}" * 12 for i in range(ROWS)])})  # a wide column nobody reads
     pq.write_table(t, data / "t.parquet", row_group_size=50_000)
-    with Store(server.url, cache=False) as s:
+    with Store(module_server.url, cache=False) as s:
         s.push([str(data)], "cdc://ds/data/")
-    yield server, t, data / "t.parquet"
-    server.stop()
+    return module_server, t, data / "t.parquet"
 
 
 def received(fs: CdcFileSystem, read) -> tuple:
@@ -51,8 +46,8 @@ def assert_projected(got: int, path, columns) -> None:
     assert got < 0.5 * path.stat().st_size  # the wide column was never fetched
 
 
-def test_read_parquet_url_through_pyarrow(served):
-    server, t, path = served
+def test_read_parquet_url_through_pyarrow(pushed):
+    server, t, path = pushed
     fs = CdcFileSystem(store=server.url, cache=False)  # the instance storage_options resolve to
     df, got = received(fs, lambda: pl.read_parquet(URL, columns=["score"], use_pyarrow=True,
                                                    storage_options={"store": server.url, "cache": False}))
@@ -60,8 +55,8 @@ def test_read_parquet_url_through_pyarrow(served):
     assert_projected(got, path, [1])
 
 
-def test_scan_pyarrow_dataset_pushes_projection_and_filter(served):
-    server, t, path = served
+def test_scan_pyarrow_dataset_pushes_projection_and_filter(pushed):
+    server, t, path = pushed
     fs = CdcFileSystem(store=server.url, cache=False)
     lazy = pl.scan_pyarrow_dataset(ds.dataset("ds/data/t.parquet", filesystem=fs, format="parquet"))
     df, got = received(fs, lambda: lazy.filter(pl.col("id") < 1000).select("score").collect())
@@ -70,8 +65,8 @@ def test_scan_pyarrow_dataset_pushes_projection_and_filter(served):
     assert got < column_bytes(path, [0, 1]) // 2  # row-group statistics: only the first row group
 
 
-def test_scan_parquet_on_a_file_object(served):
-    server, t, path = served
+def test_scan_parquet_on_a_file_object(pushed):
+    server, t, path = pushed
     fs = CdcFileSystem(store=server.url, cache=False)
     with fs.open(URL) as f:
         df, got = received(fs, lambda: pl.scan_parquet(f).select("score").collect())

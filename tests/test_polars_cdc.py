@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cdcstore.fs import CdcFileSystem
-from conftest import served_parquet
+from conftest import push_parquet
 
 import polars as pl  # noqa: E402 - in the test extra
 
@@ -36,24 +36,25 @@ def expected(columns=None) -> "pl.DataFrame":
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    with served_parquet(tmp_path_factory.mktemp("polars_cdc"), [source_table(i) for i in range(FILES)], GROUP,
-                        URL) as (server, data):
-        yield server, data
+def pushed(module_server, tmp_path_factory):
+    """(the module's server, the data folder): the source tables as Parquet files under `URL`."""
+    data = push_parquet(module_server.url, tmp_path_factory.mktemp("polars_cdc"),
+                        [source_table(i) for i in range(FILES)], GROUP, URL)
+    return module_server, data
 
 
 def commits(fs: CdcFileSystem) -> int:
     return len(fs.store.log("ds"))
 
 
-def test_the_native_reader_takes_only_its_own_schemes(served):
-    server, _ = served
+def test_the_native_reader_takes_only_its_own_schemes(pushed):
+    server, _ = pushed
     with pytest.raises(Exception):
         pl.scan_parquet(URL + "part-0.parquet", storage_options={"store": server.url}).collect()
 
 
-def test_a_folder_lazily_through_a_pyarrow_dataset(served):
-    server, data = served
+def test_a_folder_lazily_through_a_pyarrow_dataset(pushed):
+    server, data = pushed
     fs = CdcFileSystem(store=server.url, cache=False)
     lazy = pl.scan_pyarrow_dataset(ds.dataset(URL, filesystem=fs, format="parquet"))
     df = lazy.collect().sort("id")
@@ -70,8 +71,8 @@ def test_a_folder_lazily_through_a_pyarrow_dataset(served):
     assert 0 < fetched < wanted * 1.5 + FILES * 2 * 256 * 1024  # chunk granularity; the blobs never fetched
 
 
-def test_opened_files_through_polars_own_reader(served):
-    server, _ = served
+def test_opened_files_through_polars_own_reader(pushed):
+    server, _ = pushed
     fs = CdcFileSystem(store=server.url, cache=False)
     files = [fs.open(p) for p in sorted(fs.find(URL))]
     try:
@@ -83,8 +84,8 @@ def test_opened_files_through_polars_own_reader(served):
     assert df.equals(expected())
 
 
-def test_writes_one_commit_per_file_or_per_transaction(served):
-    server, _ = served
+def test_writes_one_commit_per_file_or_per_transaction(pushed):
+    server, _ = pushed
     fs = CdcFileSystem(store=server.url, cache=False)
     df = expected()
     n = commits(fs)
@@ -102,8 +103,8 @@ def test_writes_one_commit_per_file_or_per_transaction(served):
     assert pl.read_parquet(fs.open("cdc://ds/one/all.parquet").read()).equals(df)
 
 
-def test_a_write_that_raises_lands_nothing(served):
-    server, _ = served
+def test_a_write_that_raises_lands_nothing(pushed):
+    server, _ = pushed
     fs = CdcFileSystem(store=server.url, cache=False)
     n = commits(fs)
     with pytest.raises(RuntimeError, match="a writer dies"):

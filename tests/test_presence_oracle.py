@@ -11,17 +11,14 @@ from cdcstore import Store
 from cdcstore.core import ids
 from cdcstore.core.manifest import Manifest
 from cdcstore.core import wire
-from conftest import raw_call as _call, served_store
+from conftest import raw_call as _call
 
 ID32 = {"X-Cdc-Id-Bytes": "32"}
 TOKENS = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-b": {"scope": "write", "repos": ["b"]}}
 TEMPLATE = b"bank letter\n" + b"x" * 3000 + b"\nyour PIN is %04d\n" + b"y" * 900
 
 
-@pytest.fixture
-def tenants(tmp_path):
-    with served_store(tmp_path, TOKENS) as srv:
-        yield srv
+pytestmark = pytest.mark.served(tokens=TOKENS)  # the `server` of every test here
 
 
 def _pin_file(pin: int) -> bytes:
@@ -46,13 +43,13 @@ def _guess_by_proofs(api: str, candidates: dict[bytes, bytes]) -> tuple[bytes, l
     return flags, proved
 
 
-def test_guessing_a_pin_through_proofs_and_manifests_learns_nothing(tenants, tmp_path):
+def test_guessing_a_pin_through_proofs_and_manifests_learns_nothing(server, tmp_path):
     pin = 4821
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "letter.txt").write_bytes(_pin_file(pin))
-    with Store(tenants.url, token="tok-b", cache=False) as sb:
+    with Store(server.url, token="tok-b", cache=False) as sb:
         sb.push([str(tmp_path / "b")], "cdc://b/")
-    api = tenants.url + "/v1"
+    api = server.url + "/v1"
     candidates = {ids.digest(d): d for d in map(_pin_file, range(10_000))}
     secret = ids.digest(_pin_file(pin))
     assert len(candidates) == 10_000 and secret in candidates
@@ -78,18 +75,18 @@ def test_guessing_a_pin_through_proofs_and_manifests_learns_nothing(tenants, tmp
     assert (status, after) == (200, b"\x00\x00")
 
 
-def test_an_honest_client_still_deduplicates(tenants, tmp_path):
+def test_an_honest_client_still_deduplicates(server, tmp_path):
     """Dedup keeps working: a token's second push of its data sends nothing new; a tenant holding
     the same bytes as another pushes them (sent, as every tenant's unseen data is) and reads them."""
     data = os.urandom(300_000)
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "shared.bin").write_bytes(data)
-    with Store(tenants.url, token="tok-b", cache=False) as sb:
+    with Store(server.url, token="tok-b", cache=False) as sb:
         first = sb.push([str(tmp_path / "b")], "cdc://b/")
         (tmp_path / "b" / "more.bin").write_bytes(data + b"tail")
         second = sb.push([str(tmp_path / "b")], "cdc://b/")
     assert first.new_bytes >= len(data) and second.new_bytes < len(data) // 2
-    with Store(tenants.url, token="tok-a", cache=False) as sa:
+    with Store(server.url, token="tok-a", cache=False) as sa:
         r = sa.push([str(tmp_path / "b" / "shared.bin")], "cdc://a/shared.bin")
         assert r.sent_bytes >= len(data) // 2 and sa.counters()["proven_chunks"] == 0
         assert sa.cat("cdc://a/shared.bin") == data

@@ -12,7 +12,7 @@ import pytest
 from cdcstore import Store
 from cdcstore.fs import CdcFileSystem
 from cdcstore.writers import deferred_commit
-from conftest import assert_fetched_only_columns, served_parquet
+from conftest import assert_fetched_only_columns, push_parquet
 
 import ray  # noqa: E402 - in the test extra: these tests fail, never skip, without it
 import ray.data  # noqa: E402,F401
@@ -36,14 +36,16 @@ def expected(columns=None) -> pa.Table:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    with served_parquet(tmp_path_factory.mktemp("ray"), [source_table(i) for i in range(FILES)], GROUP,
-                        URL) as (server, data):
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False
-        yield server, data
-        ray.shutdown()
+def pushed(module_server, tmp_path_factory):
+    """(the module's server, the data folder): the source tables as Parquet files under `URL`; Ray
+    started for the module's tests."""
+    data = push_parquet(module_server.url, tmp_path_factory.mktemp("ray"),
+                        [source_table(i) for i in range(FILES)], GROUP, URL)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    yield module_server, data
+    ray.shutdown()
 
 
 def collect(ds) -> pa.Table:
@@ -56,23 +58,23 @@ def commits(server) -> list[str]:
         return [c["commit"] for c in s.log("ds")]
 
 
-def test_read_parquet_needs_the_filesystem_argument(served):
+def test_read_parquet_needs_the_filesystem_argument(pushed):
     """As written, Ray asks pyarrow for a `cdc` filesystem and there is none: the docs name
     `filesystem=`. When this starts passing, Ray or pyarrow took a registry: update docs/engines.md."""
     with pytest.raises(ValueError, match="filesystem"):
         ray.data.read_parquet(URL).count()
 
 
-def test_read_is_exact(served):
-    server, _ = served
+def test_read_is_exact(pushed):
+    server, _ = pushed
     ds = ray.data.read_parquet(URL, filesystem=CdcFileSystem(store=server.url, cache=False))
     got = collect(ds)
     assert got.num_rows == FILES * ROWS
     assert got.equals(expected())  # every row, every value, the files' types (large_string kept)
 
 
-def test_projection_reads_only_its_columns(served, tmp_path):
-    server, data = served
+def test_projection_reads_only_its_columns(pushed, tmp_path):
+    server, data = pushed
     cache = str(tmp_path / "chunks")  # pickled to the workers as its path: what they all fetched
     fs = CdcFileSystem(store=server.url, cache=cache)
     got = collect(ray.data.read_parquet(URL, filesystem=fs).select_columns(["id", "label"]))
@@ -80,8 +82,8 @@ def test_projection_reads_only_its_columns(served, tmp_path):
     assert_fetched_only_columns(cache, data, [0, 1], FILES)
 
 
-def test_write_parquet_lands_one_commit(served):
-    server, _ = served
+def test_write_parquet_lands_one_commit(pushed):
+    server, _ = pushed
     ds = ray.data.read_parquet(URL, filesystem=CdcFileSystem(store=server.url, cache=False)).repartition(3)
     before = commits(server)
     with deferred_commit("cdc://ds@main/out/", store=server.url) as dc:
@@ -93,8 +95,8 @@ def test_write_parquet_lands_one_commit(served):
     assert back.equals(expected())
 
 
-def test_a_failed_write_lands_nothing(served):
-    server, _ = served
+def test_a_failed_write_lands_nothing(pushed):
+    server, _ = pushed
 
     def fail_in_one_block(batch):
         if (batch["id"] == 45_000).any():

@@ -31,7 +31,7 @@ def history(store, tmp_path):
     store.push([_dir(tmp_path, "o", {"a.bin": blobs["a"], "o.bin": blobs["o"]})], "cdc://other/")
     be = LocalStore(store.location)
     be.create_tag("ds", "old", cids[0])
-    be.forget("ds", cids[:2])
+    be.ref_store.forget("ds", cids[:2])
     names = {}  # blob key -> manifest name
     for cid, v in zip(cids, versions):
         view = be.view("ds", be.get_commit("ds", cid))

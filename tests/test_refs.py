@@ -79,8 +79,8 @@ def test_refs_run_on_the_ref_host_alone(repo):
 def test_the_repository_delegates_to_its_refs(repo):
     head = repo.branches("ds")["main"]
     repo.create_branch("ds", "dev", head)
-    assert repo._refs.branches("ds") == {"main": head, "dev": head}
+    assert repo.ref_store.branches("ds") == {"main": head, "dev": head}
     assert repo.delete_branch("ds", "dev") == head
-    report = repo.delete_repo("ds")
+    report = repo.ref_store.delete_repo("ds")
     assert report["refs"] == 1 and not report["dry_run"]
     assert repo.repos() == [] and not repo.has_repo("ds")

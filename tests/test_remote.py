@@ -111,7 +111,7 @@ def test_server_sigkill_mid_push_then_push_again(tmp_path):
     try:
         local = LocalStore(str(tmp_path / "srv"))
         assert check(local)["problems"] == []
-        local.recover()
+        local.packs.recover()
         durable = local.totals()["chunk_raw_bytes"]
         assert durable > 0
         with Store(server.url) as s:
@@ -123,25 +123,19 @@ def test_server_sigkill_mid_push_then_push_again(tmp_path):
         server.stop()
 
 
-@pytest.fixture
-def auth_server(tmp_path):
-    tokens = {
-        "w-all": {"scope": "write", "repos": ["*"]},
-        "r-all": {"scope": "read", "repos": ["*"]},
-        "w-a": {"scope": "write", "repos": ["a"]},
-        "r-a": {"scope": "read", "repos": ["a"]},
-    }
-    (tmp_path / "tokens.json").write_text(json.dumps(tokens))
-    LocalStore.init(str(tmp_path / "srv"))
-    s = ServerProcess(str(tmp_path / "srv"), "--tokens", str(tmp_path / "tokens.json")).start()
-    yield s
-    s.stop()
+AUTH_TOKENS = {
+    "w-all": {"scope": "write", "repos": ["*"]},
+    "r-all": {"scope": "read", "repos": ["*"]},
+    "w-a": {"scope": "write", "repos": ["a"]},
+    "r-a": {"scope": "read", "repos": ["a"]},
+}
 
 
-def test_auth_matrix(auth_server, tmp_path):
+@pytest.mark.served(tokens=AUTH_TOKENS)
+def test_auth_matrix(server, tmp_path):
     f = tmp_path / "f.txt"
     f.write_bytes(b"secret")
-    url = auth_server.url
+    url = server.url
     with Store(url, token="w-all") as s:
         s.push([str(f)], "cdc://a/f.txt")
         s.push([str(f)], "cdc://b/f.txt")
@@ -171,7 +165,7 @@ def test_auth_matrix(auth_server, tmp_path):
         assert s.repos() == ["a"]
     # status codes on the wire
     def status(token, method="GET", path="/v1/repos/a/branches"):
-        c = http.client.HTTPConnection("127.0.0.1", auth_server.port)
+        c = http.client.HTTPConnection("127.0.0.1", server.port)
         c.request(method, path, headers={"Authorization": f"Bearer {token}"} if token else {})
         r = c.getresponse()
         body = r.read()

@@ -19,14 +19,11 @@ IMMUTABLE = "a commit is immutable: push to a branch"
 
 @pytest.fixture(params=["local", "http"])
 def location(request, tmp_path):
-    """A store location: a local directory, or a real server's URL."""
+    """A store location: a local directory, or a real server's URL (the `server` fixture's)."""
+    if request.param == "http":
+        return request.getfixturevalue("server").url
     LocalStore.init(str(tmp_path / "srv"))
-    if request.param == "local":
-        yield str(tmp_path / "srv")
-        return
-    s = ServerProcess(str(tmp_path / "srv")).start()
-    yield s.url
-    s.stop()
+    return str(tmp_path / "srv")
 
 
 def _file(tmp_path, name: str, data: bytes) -> str:
@@ -76,7 +73,7 @@ def test_branch_and_tag_names_that_look_like_commit_ids_are_refused(location, tm
         with pytest.raises(InvalidAddressError):
             be.create_branch("r", name, cid)
         with pytest.raises(InvalidAddressError, match=IMMUTABLE):
-            be.update_branch("r", name, None, cid)
+            be.ref_store.update_branch("r", name, None, cid)
 
 
 def test_tags_are_immutable_named_revisions(location, tmp_path):
@@ -195,15 +192,8 @@ def test_a_cold_cache_gets_exactly_the_pinned_commit(tmp_path):
 
 # -- over HTTP: scopes and status codes ---------------------------------------------------------
 
-@pytest.fixture
-def token_server(tmp_path):
-    tokens = {"w-a": {"scope": "write", "repos": ["a"]}, "r-a": {"scope": "read", "repos": ["a"]},
-              "w-b": {"scope": "write", "repos": ["b"]}}
-    (tmp_path / "tokens.json").write_text(json.dumps(tokens))
-    LocalStore.init(str(tmp_path / "srv"))
-    s = ServerProcess(str(tmp_path / "srv"), "--tokens", str(tmp_path / "tokens.json")).start()
-    yield s
-    s.stop()
+SCOPED_TOKENS = {"w-a": {"scope": "write", "repos": ["a"]}, "r-a": {"scope": "read", "repos": ["a"]},
+                 "w-b": {"scope": "write", "repos": ["b"]}}
 
 
 def _http(port: int, method: str, path: str, token: str | None, body=None) -> tuple[int, dict]:
@@ -215,12 +205,13 @@ def _http(port: int, method: str, path: str, token: str | None, body=None) -> tu
     return r.status, json.loads(raw) if raw else {}
 
 
-def test_tag_and_branch_scopes_over_http(token_server, tmp_path):
-    with Store(token_server.url, token="w-a") as s:
+@pytest.mark.served(tokens=SCOPED_TOKENS)
+def test_tag_and_branch_scopes_over_http(server, tmp_path):
+    with Store(server.url, token="w-a") as s:
         v1 = s.push(_file(tmp_path, "a", b"v1"), "cdc://a/x").commit
-    with Store(token_server.url, token="w-b") as s:
+    with Store(server.url, token="w-b") as s:
         s.push(_file(tmp_path, "a", b"v1"), "cdc://b/x")
-    port = token_server.port
+    port = server.port
     writes = [("POST", "/v1/repos/a/tags", {"name": "t", "commit": v1}),
               ("POST", "/v1/repos/a/branches", {"name": "dev", "commit": v1}),
               ("DELETE", "/v1/repos/a/tags/t", None), ("DELETE", "/v1/repos/a/branches/dev", None)]
@@ -236,13 +227,13 @@ def test_tag_and_branch_scopes_over_http(token_server, tmp_path):
     assert _http(port, "POST", "/v1/repos/a/tags", "w-a", {"name": "t", "commit": v1})[0] == 201
     status, doc = _http(port, "POST", "/v1/repos/a/tags", "w-a", {"name": "t", "commit": v1})
     assert status == 409 and "already exists" in doc["error"]
-    with Store(token_server.url, token="r-a", retries=0) as s:
+    with Store(server.url, token="r-a", retries=0) as s:
         assert s.tags("a") == {"t": v1} and s.cat("cdc://a@t/x") == b"v1"
         with pytest.raises(AccessDeniedError):
             s.tag("a", "t2")
         with pytest.raises(AccessDeniedError):
             s.delete_tag("a", "t")
-    with Store(token_server.url, token="w-b", retries=0) as s, pytest.raises(AccessDeniedError):
+    with Store(server.url, token="w-b", retries=0) as s, pytest.raises(AccessDeniedError):
         s.tag("a", "t3", v1)
 
 

@@ -2,21 +2,20 @@
 token only: 8 that never read (4 on each of two tokens) leave a third token's GETs answered at
 once; a server that drips an answer fails the read like a stall; and the DataLoader workers of a
 rank whose main process is SIGKILLed exit. Real server, real sockets, real loader processes."""
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from cdcstore import Store
 from cdcstore.storage.repository import LocalStore
-from cdcstore.testing import ServerProcess, free_port
+from cdcstore.testing import FaultProxy
 from conftest import raw_call as _call
 
 TOKENS = {"tok-w": {"scope": "write", "repos": ["a"]}, "tok-r1": {"scope": "read", "repos": ["a"], "name": "r1"},
@@ -25,10 +24,7 @@ TOKENS = {"tok-w": {"scope": "write", "repos": ["a"]}, "tok-r1": {"scope": "read
 MiB = 1 << 20
 
 
-def _serve(tmp_path, *args) -> ServerProcess:
-    LocalStore.init(str(tmp_path / "srv"))
-    (tmp_path / "tokens.json").write_text(json.dumps(TOKENS))
-    return ServerProcess(str(tmp_path / "srv"), "--tokens", str(tmp_path / "tokens.json"), *args).start()
+pytestmark = pytest.mark.served(tokens=TOKENS)  # the `server` of every test here
 
 
 def _slow_reader(port: int, token: str, path: str, size: int) -> socket.socket:
@@ -41,23 +37,22 @@ def _slow_reader(port: int, token: str, path: str, size: int) -> socket.socket:
     return s
 
 
-def test_slow_readers_of_two_tokens_leave_a_third_tokens_reads_alone(tmp_path):
-    srv = _serve(tmp_path)
+def test_slow_readers_of_two_tokens_leave_a_third_tokens_reads_alone(server, tmp_path):
     readers = []
     try:
         (tmp_path / "big.bin").write_bytes(os.urandom(40 * MiB))
-        with Store(srv.url, token="tok-w", cache=False) as s:
+        with Store(server.url, token="tok-w", cache=False) as s:
             s.push(str(tmp_path / "big.bin"), "cdc://a/big.bin")
-        (pack,) = LocalStore(srv.store).index.packs()
+        (pack,) = LocalStore(server.store).index.packs()
         path = f"/v1/repos/a/packs/{pack}"
-        size = os.path.getsize(LocalStore(srv.store).pack_path(pack))
+        size = os.path.getsize(LocalStore(server.store).packs.pack_path(pack))
         for token in ("tok-r1", "tok-r2"):
-            readers += [_slow_reader(srv.port, token, path, min(size, 32 * MiB)) for _ in range(4)]
+            readers += [_slow_reader(server.port, token, path, min(size, 32 * MiB)) for _ in range(4)]
         time.sleep(1.5)  # each holds a read slot, blocked on a full socket
         answers = []
         for _ in range(3):
             t0 = time.monotonic()
-            status, _ = _call(srv.url + path, "tok-r3", headers={"Range": "bytes=0-1023"})
+            status, _ = _call(server.url + path, "tok-r3", headers={"Range": "bytes=0-1023"})
             answers.append((status, round(time.monotonic() - t0, 1)))
         refused = sum(st != 206 for st, _ in answers)
         print(f"\n8 slow readers on 2 tokens; a third token's 3 range GETs: {answers} ({refused} refused)")
@@ -65,17 +60,15 @@ def test_slow_readers_of_two_tokens_leave_a_third_tokens_reads_alone(tmp_path):
     finally:
         for r in readers:
             r.close()
-        srv.stop()
 
 
-def test_slow_gateway_readers_of_two_tokens_leave_a_third_tokens_gets_alone(tmp_path):
+@pytest.mark.served(tokens=TOKENS, gateway=True)
+def test_slow_gateway_readers_of_two_tokens_leave_a_third_tokens_gets_alone(server, tmp_path):
     import boto3
     from botocore.config import Config
     from botocore.exceptions import ClientError
 
-    s3_port = free_port()
-    srv = _serve(tmp_path, "--s3-port", str(s3_port))
-    endpoint = f"http://127.0.0.1:{s3_port}"
+    s3_port, endpoint = server.s3_port, server.s3
 
     def s3(name: str, token: str):
         return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=name, aws_secret_access_key=token,
@@ -84,7 +77,7 @@ def test_slow_gateway_readers_of_two_tokens_leave_a_third_tokens_gets_alone(tmp_
     readers = []
     try:
         (tmp_path / "big.bin").write_bytes(os.urandom(40 * MiB))
-        with Store(srv.url, token="tok-w", cache=False) as s:
+        with Store(server.url, token="tok-w", cache=False) as s:
             s.push(str(tmp_path / "big.bin"), "cdc://a/big.bin")
         for name in ("r1", "r2"):
             url = s3(name, f"tok-{name}").generate_presigned_url(
@@ -113,70 +106,16 @@ def test_slow_gateway_readers_of_two_tokens_leave_a_third_tokens_gets_alone(tmp_
     finally:
         for r in readers:
             r.close()
-        srv.stop()
 
 
-class DripProxy:
-    """A TCP proxy to `port` that passes each connection's first `fast` answer bytes at once,
-    then drips the rest at `rate` bytes/s (a lying or broken middlebox)."""
-
-    def __init__(self, port: int, fast: int = 64 * 1024, rate: int = 100):
-        self.upstream, self.fast, self.rate = port, fast, rate
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while not self.closed:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            up = socket.create_connection(("127.0.0.1", self.upstream))
-            threading.Thread(target=self._pipe, args=(client, up, None), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(up, client, self.fast), daemon=True).start()
-
-    def _pipe(self, src, dst, fast):
-        sent = 0
-        try:
-            while not self.closed:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if fast is None or sent + len(data) <= fast:
-                    dst.sendall(data)
-                    sent += len(data)
-                    continue
-                for i in range(0, len(data), self.rate // 10):
-                    if self.closed:
-                        return
-                    dst.sendall(data[i:i + self.rate // 10])
-                    time.sleep(0.1)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self):
-        self.closed = True
-        self.sock.close()
-
-
-def test_a_dripping_answer_fails_like_a_stall(tmp_path):
-    srv = _serve(tmp_path)
-    proxy = DripProxy(srv.port)
+def test_a_dripping_answer_fails_like_a_stall(server, tmp_path):
+    """A proxy (a lying or broken middlebox) passes each answer's first 64 KiB at once, then drips
+    the rest at 100 bytes/s: the client gives up as on a stall."""
+    proxy = FaultProxy(server.port, drip_after=64 * 1024, drip_rate=100)
     try:
         data = os.urandom(2 * MiB)
         (tmp_path / "f.bin").write_bytes(data)
-        with Store(srv.url, token="tok-w", cache=False) as s:
+        with Store(server.url, token="tok-w", cache=False) as s:
             s.push(str(tmp_path / "f.bin"), "cdc://a/f.bin")
         env = {**os.environ, "CDCSTORE_TIMEOUT": "5", "CDCSTORE_TOKEN": "tok-r1",
                "CDCSTORE_CACHE": str(tmp_path / "c.sqlite")}
@@ -194,7 +133,6 @@ def test_a_dripping_answer_fails_like_a_stall(tmp_path):
         assert code not in (None, 0) and "stalled" in err and took < 40, (code, err[-500:])
     finally:
         proxy.close()
-        srv.stop()
 
 
 KILLED_RANK = """

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from cdcstore import Store
-from conftest import assert_fetched_only_columns, served_parquet
+from conftest import assert_fetched_only_columns, push_parquet
 
 import pyspark  # noqa: E402,F401 - in the test extra: these tests fail, never skip, without it
 
@@ -37,14 +37,15 @@ def source_table(i: int) -> pa.Table:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    with served_parquet(tmp_path_factory.mktemp("spark"), [source_table(i) for i in range(FILES)], GROUP,
-                        "cdc://ds/data/") as (server, data):
-        yield server, data
+def pushed(module_server, tmp_path_factory):
+    """(the module's server, the data folder): the source tables as Parquet files under `cdc://ds/data/`."""
+    data = push_parquet(module_server.url, tmp_path_factory.mktemp("spark"),
+                        [source_table(i) for i in range(FILES)], GROUP, "cdc://ds/data/")
+    return module_server, data
 
 
 @pytest.fixture(scope="module")
-def spark(served):
+def spark(pushed):
     from pyspark.sql import SparkSession
 
     import cdcstore.spark
@@ -74,10 +75,10 @@ def commits(server) -> list[str]:
         return [c["commit"] for c in s.log("ds")]
 
 
-def test_read_is_exact_with_the_files_schema(served, spark):
+def test_read_is_exact_with_the_files_schema(pushed, spark):
     from pyspark.sql.types import IntegerType, LongType, StringType, TimestampNTZType
 
-    server, data = served
+    server, data = pushed
     df = spark.read.format("cdc").option("store", server.url).load("cdc://ds/data/")
     assert [(f.name, type(f.dataType)) for f in df.schema] == [
         ("id", LongType), ("label", IntegerType), ("name", StringType), ("ts", TimestampNTZType), ("blob", StringType)]
@@ -87,8 +88,8 @@ def test_read_is_exact_with_the_files_schema(served, spark):
     assert as_source(got, expected()).equals(expected())  # every row, every value
 
 
-def test_projection_reads_only_its_columns(served, spark, tmp_path):
-    server, data = served
+def test_projection_reads_only_its_columns(pushed, spark, tmp_path):
+    server, data = pushed
     cache = str(tmp_path / "chunks")  # the executors' shared chunk cache: what they fetched
     df = (spark.read.format("cdc").option("store", server.url).option("cache", cache)
           .schema("id long, label int").load("cdc://ds/data/"))
@@ -103,15 +104,15 @@ def test_projection_reads_only_its_columns(served, spark, tmp_path):
     assert by_option.toArrow().select(["id", "label"]).sort_by("id").equals(got.sort_by("id"))
 
 
-def test_a_schema_naming_a_missing_column_is_refused(served, spark):
-    server, _ = served
+def test_a_schema_naming_a_missing_column_is_refused(pushed, spark):
+    server, _ = pushed
     with pytest.raises(Exception, match="nope"):
         spark.read.format("cdc").option("store", server.url).schema("id long, nope int") \
             .load("cdc://ds/data/").count()
 
 
-def test_append_then_overwrite_land_one_commit_each(served, spark):
-    server, _ = served
+def test_append_then_overwrite_land_one_commit_each(pushed, spark):
+    server, _ = pushed
     src = spark.read.format("cdc").option("store", server.url).load("cdc://ds/data/")
     before = commits(server)
     src.repartition(3).write.format("cdc").option("store", server.url).mode("append").save("cdc://ds/out/")
@@ -132,8 +133,8 @@ def test_append_then_overwrite_land_one_commit_each(served, spark):
     assert sorted(r.id for r in back.select("id").collect()) == list(range(1000))
 
 
-def test_a_failed_job_lands_nothing(served, spark):
-    server, _ = served
+def test_a_failed_job_lands_nothing(pushed, spark):
+    server, _ = pushed
     src = spark.read.format("cdc").option("store", server.url).load("cdc://ds/data/")
 
     def fail_in_one_task(batches):

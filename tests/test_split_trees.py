@@ -17,8 +17,7 @@ from cdcstore.storage import memo
 from cdcstore.storage.check import check
 from cdcstore.storage.maintenance import gc
 from cdcstore.storage.repository import LocalStore
-from cdcstore.testing import ServerProcess, free_port
-from conftest import served_store
+from cdcstore.testing import ServedStore, ServerProcess, free_port
 
 TOKEN = "writer-token-" + "w" * 20
 
@@ -263,7 +262,7 @@ def test_a_wide_folder_across_two_machines_through_a_server(tmp_path):
     src = tmp_path / "a" / "images"
     _write_files(str(src), n)
     tokens = {TOKEN: {"scope": "write", "repos": ["ds"], "name": "tok"}}
-    with served_store(tmp_path, tokens) as srv:
+    with ServedStore(tmp_path, tokens=tokens) as srv:
         with Store(srv.url, token=TOKEN, cache=str(tmp_path / "cache-a")) as a:
             a.push([str(src)], "cdc://ds/images/")
         root = str(tmp_path / "srv")
@@ -327,7 +326,7 @@ def test_a_server_refuses_a_commit_of_a_forged_part(tmp_path):
     """A writer uploads a split folder whose part lies about its files: the server's commit
     check refuses it (400) and the branch does not move."""
     tokens = {TOKEN: {"scope": "write", "repos": ["ds"], "name": "tok"}}
-    with served_store(tmp_path, tokens) as srv:
+    with ServedStore(tmp_path, tokens=tokens) as srv:
         with Store(srv.url, token=TOKEN, cache=False) as s:
             src = tmp_path / "one"
             src.mkdir()
@@ -403,7 +402,7 @@ def test_a_cold_listing_of_a_wide_folder_through_a_server_asks_for_a_level_at_a_
     other = "other-token-" + "o" * 20
     tokens = {TOKEN: {"scope": "write", "repos": ["ds"], "name": "tok"},
               other: {"scope": "write", "repos": ["elsewhere"], "name": "other"}}
-    with served_store(tmp_path, tokens) as srv:
+    with ServedStore(tmp_path, tokens=tokens) as srv:
         with Store(srv.url, token=TOKEN, cache=False) as a:
             a.push([str(src)], "cdc://ds/images/")
         counts = {}

@@ -10,7 +10,7 @@ from cdcstore.core.commit import Commit
 from cdcstore.core import wire
 from cdcstore.storage.access import AccessRecords
 from cdcstore.storage.repository import LocalStore
-from conftest import raw_call as _call, served_store
+from conftest import raw_call as _call
 
 ID32 = {"X-Cdc-Id-Bytes": "32"}
 TOKENS = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-b": {"scope": "write", "repos": ["b"]},
@@ -20,10 +20,7 @@ TOKENS = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-b": {"scope": "write
 
 
 
-@pytest.fixture
-def tenants(tmp_path):
-    with served_store(tmp_path, TOKENS) as srv:
-        yield srv
+pytestmark = pytest.mark.served(tokens=TOKENS)  # the `server` of every test here
 
 
 def _tree(tmp_path, name: str, files: dict[str, bytes]) -> str:
@@ -58,19 +55,19 @@ def test_a_commit_that_loses_the_compare_and_swap_race_grants_nothing(store, tmp
     assert not be.index.reaches("a", "manifest", head_b.files["secret.bin"].manifest)
 
 
-def test_a_prove_query_answers_every_unseen_id_alike(tenants, tmp_path):
+def test_a_prove_query_answers_every_unseen_id_alike(server, tmp_path):
     """Learn: with or without X-Cdc-Prove, a scoped token's presence answer for an id it may not
     see is the same whether another tenant stored that chunk or nobody did; a proof answers 0 for
     both."""
     secret = os.urandom(30_000)
-    with Store(tenants.url, token="tok-b", cache=False) as sb:
+    with Store(server.url, token="tok-b", cache=False) as sb:
         sb.push([_tree(tmp_path, "b", {"secret.bin": secret})], "cdc://b/")
-    srv = LocalStore(tenants.store)
+    srv = LocalStore(server.store)
     head = srv.get_commit("b", srv.resolve("b", "main"))
     secret_ids = srv.get_manifest(head.files["secret.bin"].manifest).chunk_ids
     candidates = [os.urandom(32) for _ in range(2000)]
     candidates[700:700] = secret_ids  # the secret hides among random guesses
-    api = tenants.url + "/v1"
+    api = server.url + "/v1"
     body = b"".join(candidates)
     status, plain = _call(api + "/chunks/query", "tok-a", "POST", body, ID32)
     assert status == 200 and plain == bytes(len(candidates))
@@ -81,32 +78,32 @@ def test_a_prove_query_answers_every_unseen_id_alike(tenants, tmp_path):
     assert _call(api + "/chunks/prove", "tok-a", "POST", forged, ID32) == (200, bytes(len(candidates[:4096])))
     # a tenant that holds the bytes uploads them like new data (proofs answer 0 to a scoped token:
     # tests/test_presence_oracle.py); both pushes succeed and read back
-    with Store(tenants.url, token="tok-a", cache=False) as sa:
+    with Store(server.url, token="tok-a", cache=False) as sa:
         r = sa.push([_tree(tmp_path, "a", {"copy.bin": secret, "new.bin": os.urandom(20_000)})], "cdc://a/")
         assert sa.counters()["proven_chunks"] == 0 and r.new_bytes >= 20_000 + len(secret)
         assert sa.cat("cdc://a/copy.bin") == secret
 
 
-def test_a_reused_repo_name_starts_with_nothing(tenants, tmp_path):
+def test_a_reused_repo_name_starts_with_nothing(server, tmp_path):
     """Hold/read: after delete-repo, a token for a new repo of the same name sees neither the
     old repo's totals nor its chunks (no grant survives the repo)."""
     old = os.urandom(60_000)
-    with Store(tenants.url, token="tok-all", cache=False) as s:
+    with Store(server.url, token="tok-all", cache=False) as s:
         s.push([_tree(tmp_path, "old", {"old.bin": old})], "cdc://a/")
-    srv = LocalStore(tenants.store)
+    srv = LocalStore(server.store)
     head = srv.get_commit("a", srv.resolve("a", "main"))
     old_ids = srv.get_manifest(head.files["old.bin"].manifest).chunk_ids
     (old_pack,) = {p for p, _ in srv.locate(old_ids).values()}
-    api = tenants.url + "/v1"
+    api = server.url + "/v1"
     assert json.loads(_call(api + "/stats", "tok-a")[1])["chunks"] == len(set(old_ids))  # a reaches them now
     status, _ = _call(api + "/admin/delete-repo", "tok-admin", "POST", json.dumps({"repo": "a"}).encode(),
                       {"Content-Type": "application/json"})
     assert status == 200
-    with Store(tenants.url, token="tok-a", cache=False) as sa:  # a new tenant reuses the name
+    with Store(server.url, token="tok-a", cache=False) as sa:  # a new tenant reuses the name
         sa.push([_tree(tmp_path, "new", {"new.bin": b"the new a"})], "cdc://a/")
     stats = json.loads(_call(api + "/stats", "tok-a")[1])
     assert stats["chunks"] == 1 and stats["chunk_raw_bytes"] == len(b"the new a")
-    size = os.path.getsize(srv.pack_path(old_pack))
+    size = os.path.getsize(srv.packs.pack_path(old_pack))
     status, body = _call(f"{api}/repos/a/packs/{old_pack}", "tok-a", headers={"Range": f"bytes=0-{size - 1}"})
     assert status == 404 and old[:1000] not in body
     assert _call(api + "/chunks/query", "tok-a", "POST", b"".join(old_ids), ID32) == (200, bytes(len(old_ids)))
@@ -130,7 +127,7 @@ def test_another_replica_drops_a_deleted_repos_reach(s3_env, tmp_path):
     head = two.get_commit("a", two.resolve("a", "main"))
     old_ids = set(two.get_manifest(head.files["old.bin"].manifest).chunk_ids)
     assert two.index.reached(old_ids, ["a"], None) == old_ids
-    one.delete_repo("a")
+    one.ref_store.delete_repo("a")
     with Store(url) as s:
         s.push([_tree(tmp_path, "new", {"new.bin": b"the new a"})], "cdc://a/")  # the name is taken again
     assert access.drop_deleted() == ["a"]
@@ -138,21 +135,21 @@ def test_another_replica_drops_a_deleted_repos_reach(s3_env, tmp_path):
     assert access.drop_deleted() == []  # a tombstone is acted on once
 
 
-def test_what_remains_visible_and_what_a_token_is_refused(tenants, tmp_path):
+def test_what_remains_visible_and_what_a_token_is_refused(server, tmp_path):
     """Learn: GET /v1/repos lists only the token's repos; another repo's refs are 403; a read
     token cannot query presence; HEAD of a pack name (a hash of the pack's bytes) answers for
     any write token, as the trust model says."""
-    with Store(tenants.url, token="tok-b", cache=False) as sb:
+    with Store(server.url, token="tok-b", cache=False) as sb:
         sb.push([_tree(tmp_path, "b", {"s.bin": os.urandom(20_000)})], "cdc://b/")
-    with Store(tenants.url, token="tok-a", cache=False) as sa:
+    with Store(server.url, token="tok-a", cache=False) as sa:
         sa.push([_tree(tmp_path, "a", {"x.bin": b"x"})], "cdc://a/")
-    api = tenants.url + "/v1"
+    api = server.url + "/v1"
     status, body = _call(api + "/repos", "tok-a")
     assert status == 200 and "b" not in json.loads(body)["repos"] and "a" in json.loads(body)["repos"]
     assert _call(api + "/repos/b/branches", "tok-a")[0] == 403
     assert _call(api + "/repos/b/branches", "tok-a-read")[0] == 403
     assert _call(api + "/chunks/query", "tok-a-read", "POST", bytes(32), ID32)[0] == 403
-    srv = LocalStore(tenants.store)
+    srv = LocalStore(server.store)
     b_pack = {p for p, _ in srv.locate(srv.get_manifest(
         srv.get_commit("b", srv.resolve("b", "main")).files["s.bin"].manifest).chunk_ids).values()}.pop()
     assert _call(f"{api}/packs/{b_pack}", "tok-a", "HEAD")[0] == 200

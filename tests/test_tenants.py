@@ -17,7 +17,7 @@ def test_refused_commit_grants_nothing(store, tmp_path):
     be = LocalStore(store.location)
     commit_b = be.get_commit("b", be.resolve("b", "main"))
     names = {f.manifest for f in commit_b.files.values()}
-    be.ensure_repo("a")
+    be.ref_store.ensure_repo("a")
     access = AccessRecords(be)  # the server's records: a local commit keeps none
     access.refresh("b")
     hostile = Commit("a", None, "", 0.0, commit_b.files)
@@ -91,7 +91,7 @@ import os  # noqa: E402
 
 from cdcstore import Store  # noqa: E402
 from cdcstore.storage.repository import LocalStore  # noqa: E402
-from conftest import raw_call as _call, served_store  # noqa: E402
+from conftest import raw_call as _call  # noqa: E402
 from server_util import ServerProcess  # noqa: E402
 
 TOKENS = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-b": {"scope": "write", "repos": ["b"]},
@@ -100,14 +100,9 @@ TOKENS = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-b": {"scope": "write
 
 
 
-@pytest.fixture
-def tenants(tmp_path):
-    with served_store(tmp_path, TOKENS) as srv:
-        yield srv
-
-
-def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path):
-    url, api = tenants.url, tenants.url + "/v1"
+@pytest.mark.served(tokens=TOKENS)
+def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(server, tmp_path):
+    url, api = server.url, server.url + "/v1"
     public, secret = os.urandom(300_000), os.urandom(300_000)
     src = tmp_path / "b"
     src.mkdir()
@@ -115,7 +110,7 @@ def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path
     (src / "secret.bin").write_bytes(secret)
     with Store(url, token="tok-b", cache=False) as sb:
         sb.push([str(src)], "cdc://b/")
-    srv = LocalStore(tenants.store)
+    srv = LocalStore(server.store)
     head_b = srv.get_commit("b", srv.resolve("b", "main"))
     pub_name = head_b.files["public.bin"].manifest
     pub_ids = srv.get_manifest(pub_name).chunk_ids
@@ -142,7 +137,7 @@ def test_a_token_for_repo_a_learns_and_reads_nothing_of_repo_b(tenants, tmp_path
                                          "expected": expected}).encode())
         assert status in (403, 404), body
     assert not srv.has_repo("a") or "stolen.bin" not in srv.get_commit("a", srv.resolve("a", "main")).files
-    pack_size = os.path.getsize(srv.pack_path(b_pack))
+    pack_size = os.path.getsize(srv.packs.pack_path(b_pack))
     status, _ = _call(f"{api}/repos/a/packs/{b_pack}", "tok-a", headers={"Range": f"bytes=0-{pack_size - 1}"})
     assert status in (403, 404)
     status, body = _call(api + "/stats", "tok-a")
@@ -201,17 +196,18 @@ def test_index_from_before_chunk_reach_is_regranted_at_server_start(tmp_path):
         srv.stop()
 
 
-def test_scoped_endpoints_answer_garbage_with_4xx(tenants, tmp_path):
+@pytest.mark.served(tokens=TOKENS)
+def test_scoped_endpoints_answer_garbage_with_4xx(server, tmp_path):
     """Proofs, masked pack ranges and scoped queries under garbage: 4xx, never 5xx, never foreign bytes."""
     src = tmp_path / "b"
     src.mkdir()
     secret = os.urandom(200_000)
     (src / "s.bin").write_bytes(secret)
-    with Store(tenants.url, token="tok-b", cache=False) as sb:
+    with Store(server.url, token="tok-b", cache=False) as sb:
         sb.push([str(src)], "cdc://b/")
-    srv = LocalStore(tenants.store)
+    srv = LocalStore(server.store)
     (pack,) = srv.index.packs()
-    api = tenants.url + "/v1"
+    api = server.url + "/v1"
     answers = []
     for body in (b"", b"x", bytes(15), bytes(16), bytes(16 + 47), bytes(16 + 48 * 5000), os.urandom(16 + 48 * 3)):
         answers.append(_call(api + "/chunks/prove", "tok-a", "POST", body, ID32))

@@ -21,7 +21,8 @@ from cdcstore.core.commit import Commit
 from cdcstore.core.errors import AccessDeniedError, CorruptionError
 from cdcstore.remote.server.tokens import default_name
 from cdcstore.storage.repository import LocalStore
-from conftest import golden_input, raw_call, served_store
+from cdcstore.testing import ServedStore
+from conftest import golden_input, raw_call
 
 WRITE = {"scope": "write", "repos": ["*"]}
 
@@ -81,7 +82,7 @@ def _files(folder, **named) -> str:
 # -- reload and revocation ------------------------------------------------------------------------
 def test_an_edited_tokens_file_counts_without_a_restart(tmp_path):
     """Before: tokens.json was read at start only (a new token: 401 until a restart)."""
-    with served_store(tmp_path, {"tok-a": WRITE}) as srv:
+    with ServedStore(tmp_path, tokens={"tok-a": WRITE}) as srv:
         path = tmp_path / "tokens.json"
         assert _status(srv, "tok-b") == 401
         _write(path, {"tok-a": WRITE, "tok-b": {"scope": "read", "repos": ["*"]}})
@@ -95,7 +96,7 @@ def test_an_edited_tokens_file_counts_without_a_restart(tmp_path):
 
 def test_sighup_reloads_the_tokens_and_the_server_lives_on(tmp_path):
     """Before: SIGHUP killed the server."""
-    with served_store(tmp_path, {"tok-aaaa": WRITE}) as srv:
+    with ServedStore(tmp_path, tokens={"tok-aaaa": WRITE}) as srv:
         path = tmp_path / "tokens.json"
         srv.proc.send_signal(signal.SIGHUP)  # the file did not change: read again all the same
         _within(3, lambda: "reloaded: 1 tokens (0 taken out)" in srv.log_text())
@@ -113,7 +114,7 @@ def test_sighup_reloads_the_tokens_and_the_server_lives_on(tmp_path):
 
 
 def test_a_bad_tokens_file_keeps_the_old_tokens_and_says_why(tmp_path):
-    with served_store(tmp_path, {"tok-a": WRITE}) as srv:
+    with ServedStore(tmp_path, tokens={"tok-a": WRITE}) as srv:
         path = tmp_path / "tokens.json"
         path.write_text('{"tok-a": {"scope": "write", "repos": ["*"]}, "tok-b": ')  # half written
         _within(3, lambda: "NOT reloaded" in srv.log_text())
@@ -131,8 +132,8 @@ def test_a_bad_tokens_file_keeps_the_old_tokens_and_says_why(tmp_path):
 
 def test_a_revoked_token_is_refused_on_a_session_it_already_holds(tmp_path):
     """Before: no revocation short of editing the file and restarting the server."""
-    with served_store(tmp_path, {"tok-ci": {**WRITE, "name": "ci"}, "tok-ops": {"scope": "admin", "repos": ["*"]}}) \
-            as srv:
+    with ServedStore(tmp_path, tokens={"tok-ci": {**WRITE, "name": "ci"},
+                                       "tok-ops": {"scope": "admin", "repos": ["*"]}}) as srv:
         path = str(tmp_path / "tokens.json")
         status, body = raw_call(srv.url + "/v1/sessions", "tok-ci", "POST", b"{}",
                                 {"Content-Type": "application/json"})
@@ -161,7 +162,7 @@ def test_a_revoked_token_is_refused_on_a_session_it_already_holds(tmp_path):
 # -- who committed ------------------------------------------------------------------------------
 def test_a_token_push_is_by_the_token_whatever_the_client_says(tmp_path):
     tokens = {"tok-ci": {**WRITE, "name": "ci-bot"}, "tok-anon": WRITE}
-    with served_store(tmp_path, tokens) as srv:
+    with ServedStore(tmp_path, tokens=tokens) as srv:
         with Store(srv.url, token="tok-ci", author="mallory <m@evil>", cache=False) as s:
             r1 = s.push([_files(tmp_path / "v1", **{"a.bin": golden_input(50_000)})], "cdc://ds/")
             r2 = s.push([_files(tmp_path / "v2", **{"b.bin": golden_input(60_000)})], "cdc://ds/",
@@ -286,7 +287,7 @@ def test_a_wrong_token_is_told_apart_from_a_missing_one(tmp_path, monkeypatch):
     """A wrong `--token` was told "missing or unknown token: pass --token or set CDCSTORE_TOKEN",
     advice for someone who passed none. The two cases say what happened."""
     monkeypatch.delenv("CDCSTORE_TOKEN", raising=False)
-    with served_store(tmp_path, {"tok-a": {"scope": "write", "repos": ["*"]}}) as srv:
+    with ServedStore(tmp_path, tokens={"tok-a": {"scope": "write", "repos": ["*"]}}) as srv:
         wrong = CliRunner().invoke(cli, ["ls", "cdc://r/", "--store", srv.url, "--token", "tok-typo"])
         none = CliRunner().invoke(cli, ["ls", "cdc://r/", "--store", srv.url])
     assert wrong.exit_code != 0 and "does not know the token given: check --token" in wrong.output, wrong.output

@@ -17,7 +17,6 @@ from cdcstore.fs import CdcFileSystem
 from cdcstore.storage import memo
 from cdcstore.storage.maintenance import gc
 from cdcstore.storage.repository import LocalStore
-from conftest import served_store
 
 FOLDERS, PER_FOLDER = 40, 48  # 1,920 files; a folder of 48 is one page (wide folders: test_split_trees.py)
 DEPTH = 2  # data/dNN/fNNNN.bin: the root, data, dNN
@@ -137,10 +136,10 @@ def test_gc_keeps_live_trees_and_removes_dead_ones(store, tmp_path):
     live = set(be.view("keep", be.get_commit("keep", be.resolve("keep", "main"))).tree_ids())
     dead = set(be.view("drop", be.get_commit("drop", be.resolve("drop", "main"))).tree_ids())
     assert len(live) == 3 and not live & dead  # the root, deep/, deep/er/
-    be.delete_repo("drop")
+    be.ref_store.delete_repo("drop")
     report = gc(be, grace=0)
     assert report["delete_trees"] == 3 and report["deleted"]
-    stored = set(be.tree_names())
+    stored = set(be.metadata.tree_names())
     assert live <= stored and not dead & stored
     assert store.cat("cdc://keep/deep/er/f.bin") == b"keep" * 100
 
@@ -186,18 +185,13 @@ def test_check_finds_a_missing_and_a_damaged_tree(store, tmp_path):
 TOKENS = {"tok-a": {"scope": "write", "repos": ["a"]}, "tok-b": {"scope": "write", "repos": ["b"]}}
 
 
-@pytest.fixture
-def tenants(tmp_path):
-    with served_store(tmp_path, TOKENS) as srv:
-        yield srv
-
-
-def test_through_a_server_with_scoped_tokens(tenants, tmp_path):
+@pytest.mark.served(tokens=TOKENS)
+def test_through_a_server_with_scoped_tokens(server, tmp_path):
     import urllib.error
     import urllib.request
-    with Store(tenants.url, token="tok-a", cache=False) as sa:
+    with Store(server.url, token="tok-a", cache=False) as sa:
         big_repo(sa, tmp_path, "a")
-        root = tenants.store
+        root = server.store
         trees0 = objects(root, "trees")
         edit = tmp_path / "e.bin"
         edit.write_bytes(b"edited through the server")
@@ -206,21 +200,21 @@ def test_through_a_server_with_scoped_tokens(tenants, tmp_path):
         assert len(objects(root, "trees") - trees0) <= DEPTH + 1
         assert sa.counters()["requests"] - c0 < 20  # within 2x of pushing one file, whatever the folder size
     memo.clear()  # a new machine: nothing remembered (the process keeps immutable objects: storage/memo.py)
-    with Store(tenants.url, token="tok-a", cache=False) as fresh:
+    with Store(server.url, token="tok-a", cache=False) as fresh:
         c0 = fresh.counters()["requests"]
         assert len(fresh.ls("cdc://a/data/d21")) == PER_FOLDER
         assert fresh.counters()["requests"] - c0 == 2 + DEPTH + 1  # resolve, commit, the trees on the path
         assert fresh.cat(f"cdc://a/data/d03/f{3 * PER_FOLDER:04}.bin") == b"edited through the server"
-        fs = CdcFileSystem(store=tenants.url, token="tok-a", cache=False)
+        fs = CdcFileSystem(store=server.url, token="tok-a", cache=False)
         memo.clear()
         c0 = fs.store.counters()["requests"]
         assert len(fs.ls("a/data/d05", detail=False)) == PER_FOLDER
         assert fs.store.counters()["requests"] - c0 == 2 + DEPTH + 1
-    srv = LocalStore(tenants.store)
+    srv = LocalStore(server.store)
     tree = srv.view("a", srv.get_commit("a", srv.resolve("a", "main"))).root
 
     def get(token, repo, name):
-        req = urllib.request.Request(f"{tenants.url}/v1/repos/{repo}/trees/{name}",
+        req = urllib.request.Request(f"{server.url}/v1/repos/{repo}/trees/{name}",
                                      headers={"Authorization": f"Bearer {token}"})
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
@@ -233,7 +227,7 @@ def test_through_a_server_with_scoped_tokens(tenants, tmp_path):
     assert get("tok-b", "a", tree)[0] == 403  # another repo's token
     assert get("tok-b", "b", tree)[0] in (404, 403)  # repo b reaches no such tree
     # tok-b names a's tree (learned somehow) in its own commit: refused, a's chunks are not b's
-    with Store(tenants.url, token="tok-b", cache=False) as sb:
+    with Store(server.url, token="tok-b", cache=False) as sb:
         stolen = Commit("b", None, "steal", time.time(), None, tree)
         with pytest.raises(Exception, match="403|neither uploaded nor may read|tree"):
             sb.backend.commit(stolen, "main", None)

@@ -20,6 +20,7 @@ import requests
 from cdcstore import Store
 from cdcstore.remote.web import data as web_data
 from cdcstore.storage.repository import LocalStore, open_repository
+from cdcstore.testing import ServedStore
 from conftest import S3_BUCKET
 from server_util import ServerProcess
 
@@ -62,7 +63,6 @@ def make_store(root):
         secret = data / SECRET_FILE
         secret.write_bytes(SECRET_BYTES)
         s.push([str(secret)], f"cdc://{SECRET_REPO}/", message="hidden")
-    (root / "tokens.json").write_text(json.dumps(TOKENS))
     return data
 
 
@@ -70,10 +70,9 @@ def make_store(root):
 def site(tmp_path_factory):
     root = tmp_path_factory.mktemp("web")
     data = make_store(root)
-    srv = ServerProcess(str(root / "srv"), "--tokens", str(root / "tokens.json")).start()
-    srv.data, srv.root = data, root
-    yield srv
-    srv.stop()
+    with ServedStore(root, tokens=TOKENS) as srv:  # the store make_store filled, as it is
+        srv.data = data
+        yield srv
 
 
 def session(site, token: str) -> requests.Session:

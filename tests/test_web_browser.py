@@ -18,8 +18,9 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from server_util import ServerProcess
-from test_web import ALL, SCOPED, SECRET_FILE, SECRET_REPO, XSS, XSS_ATTR, make_store, preview_figures
+from cdcstore.testing import ServedStore
+from test_web import (ALL, SCOPED, SECRET_FILE, SECRET_REPO, TOKENS, XSS, XSS_ATTR, make_store,
+                      preview_figures)
 
 CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 PACKAGES = ["chromium", "chromium-driver"]
@@ -49,10 +50,9 @@ def site(tmp_path_factory):
         print(f"installed chromium and chromium-driver in {installed:.1f} s")
     root = tmp_path_factory.mktemp("webui")
     data = make_store(root)
-    srv = ServerProcess(str(root / "srv"), "--tokens", str(root / "tokens.json")).start()
-    srv.data = data
-    yield srv
-    srv.stop()
+    with ServedStore(root, tokens=TOKENS) as srv:  # the store make_store filled, as it is
+        srv.data = data
+        yield srv
 
 
 def browser(javascript: bool = True) -> webdriver.Chrome:

@@ -3,14 +3,12 @@
 401 at 142/s; a cross-site form POST (Origin: evil) signed a browser in as the attacker. Now each
 token has its own bound, failed sign-ins are limited per address, and a cross-site sign-in is
 refused. A real `cdcstore serve` with a tokens file on loopback."""
-import json
-
 import pytest
 import requests
 
 from cdcstore import Store
 from cdcstore.remote.web import view as web
-from server_util import ServerProcess
+from cdcstore.testing import ServedStore
 
 ADMIN = "signin-admin-" + "a" * 24
 READER = "signin-reader-" + "b" * 24
@@ -24,10 +22,8 @@ def site(tmp_path):
     src.write_text("hello\n")
     with Store.init(str(tmp_path / "srv")) as s:
         s.push([str(src)], "cdc://ds/")
-    (tmp_path / "tokens.json").write_text(json.dumps(TOKENS))
-    srv = ServerProcess(str(tmp_path / "srv"), "--tokens", str(tmp_path / "tokens.json")).start()
-    yield srv
-    srv.stop()
+    with ServedStore(tmp_path, tokens=TOKENS) as srv:  # that store, as it is
+        yield srv
 
 
 def _sign_in(site, token: str, **headers) -> requests.Response:

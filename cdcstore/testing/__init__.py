@@ -6,29 +6,31 @@ pipelines against a server, and for cdcstore's own tests and benchmarks (one sta
     with ServerProcess(store_dir).start() as server:   # or .start() ... .stop()
         Store(server.url).push(...)
 
+`ServedStore(folder, tokens=..., gateway=...)` makes the store in a folder of the test's and
+serves it (the fixtures `server` and `module_server` of cdcstore's own tests); `FaultProxy` (TCP:
+cut or drip connections) and `StallingProxy` (HTTP: stall or rewrite answers) put faults between a
+client and a server.
+
 Conformance suites a third-party backend subclasses (they import pytest; this module does not):
 `cdcstore.testing.backend.BackendTests` (a `Backend`: chunks, packs, manifests, commits, refs) and
 `cdcstore.testing.objects.ObjectStoreTests` (an `ObjectStore`: names, ranges, listing,
 conditional writes, processes). docs/backends.md shows how.
 """
-import json
-import os
-import re
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-import urllib.request
+from typing import Any, Callable
 
 from .. import runtime
+from .faults import FaultProxy, StallingProxy
+from .process import ServerProcess, free_port, stop_process, wait_until_up
+from .served import ServedStore
+
+__all__ = ["FaultProxy", "ServedStore", "ServerProcess", "StallingProxy", "free_port", "in_threads", "stop_process",
+           "wait_until_up"]
 
 
-def in_threads(fn, n: int) -> list:
+def in_threads(fn: Callable[[int], Any], n: int) -> list[Any]:
     """`fn(i)` for i in 0..n-1, each on a thread of its own, all at once: their results in order
     (the first error is raised once all are done)."""
-    out: list = [None] * n
+    out: list[Any] = [None] * n
     errors: list[BaseException] = []
 
     def run(i: int) -> None:
@@ -42,91 +44,3 @@ def in_threads(fn, n: int) -> list:
     if errors:
         raise errors[0]
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_up(proc: subprocess.Popen, request: urllib.request.Request, exited, timeout: float = 30):
-    """Poll `request` until it answers 200; `exited()` describes a process that died."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {exited()}")
-        try:
-            with urllib.request.urlopen(request, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("server did not come up")
-
-
-def stop_process(proc: subprocess.Popen | None) -> None:
-    """Terminate, then kill if it does not exit within 10 s."""
-    if proc and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _peak_rss_kib(pid: int) -> int | None:
-    """A live process's peak resident set (VmHWM), in KiB."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next((int(line.split()[1]) for line in f if line.startswith("VmHWM:")), None)
-    except OSError:
-        return None
-
-
-class ServerProcess:
-    def __init__(self, store: str, *args: str, port: int | None = None, env: dict | None = None):
-        self.store = store
-        self.env = env  # the server's environment (None: this process's)
-        self.args = args
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = None
-        folder = os.path.join(store, "..") if "://" not in store else tempfile.gettempdir()
-        self.log_path = os.path.join(folder, f"server-{self.port}.log")
-
-    def start(self) -> "ServerProcess":
-        self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cdcstore", "serve", "--store", self.store, "--port", str(self.port), *self.args],
-            stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
-        wait_until_up(self.proc, urllib.request.Request(self.url + "/v1/health"), self.log_text)
-        return self
-
-    def kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
-
-    def stop(self) -> None:
-        figures = os.environ.get("CDCSTORE_SERVER_FIGURES")  # a file: one JSON line per server stopped
-        peak = _peak_rss_kib(self.proc.pid) if figures and self.proc and self.proc.poll() is None else None
-        stop_process(self.proc)
-        self.log.close()
-        if figures:
-            statuses = re.findall(r'" (\d{3}) ', self.log_text())
-            with open(figures, "a") as f:
-                f.write(json.dumps({"store": self.store, "peak_rss_kib": peak, "requests": len(statuses),
-                                    "5xx": {c: statuses.count(c) for c in set(statuses) if c.startswith("5")}}) + "\n")
-
-    def log_text(self) -> str:
-        with open(self.log_path, errors="replace") as f:
-            return f.read()
-
-    def __enter__(self) -> "ServerProcess":
-        return self if self.proc else self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-

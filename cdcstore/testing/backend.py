@@ -29,7 +29,7 @@ from ..core.errors import (ConflictError, CorruptionError, InvalidAddressError, 
                            RepoNotFoundError, RevisionNotFoundError)
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, PackWriter, encode_chunk
-from ..storage.backend import BackendCapabilities  # the suite checks the role's own types
+from ..storage.backend import Backend, BackendCapabilities  # the suite checks the role's own types
 from . import in_threads
 
 __all__ = ["BackendTests", "Case", "put_pack", "put_file", "commit", "base_commit", "unique", "SIZES"]
@@ -46,7 +46,7 @@ class Case:
     client deletes and remakes it (a caching backend's documented difference)."""
 
     kind: str
-    backend: object  # a cdcstore.storage.backend.Backend
+    backend: Backend
     repo: str
     location: str
     damage: Callable[[str, int], None]
@@ -120,7 +120,7 @@ class BackendTests:
         caps = case.backend.capabilities
         assert isinstance(caps, BackendCapabilities)
         with pytest.raises(Exception):
-            caps.local_reads = not caps.local_reads  # frozen
+            caps.local_reads = not caps.local_reads  # type: ignore[misc]  # frozen: the write must fail
         for name, value in case.expect.items():  # what the case says its backend declares
             assert getattr(caps, name) == value, name
         case.backend.repos()

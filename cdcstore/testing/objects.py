@@ -27,6 +27,7 @@ import sys
 import textwrap
 import threading
 import time
+from typing import Iterator
 
 import pytest
 
@@ -100,7 +101,7 @@ class ObjectStoreTests:
         raise NotImplementedError("override the `make` fixture: a factory of clients of one fresh storage")
 
     @pytest.fixture
-    def objects(self, make) -> ObjectStore:
+    def objects(self, make) -> Iterator[ObjectStore]:
         s = make()
         yield s
         s.close()
@@ -116,7 +117,7 @@ class ObjectStoreTests:
         caps = objects.capabilities
         assert isinstance(caps, Capabilities)
         with pytest.raises(Exception):
-            caps.supports_ranges = False  # frozen
+            caps.supports_ranges = False  # type: ignore[misc]  # frozen: the write must fail
         objects.put("a/x", b"abc")
         path = objects.local_path("a/x")
         if caps.local_path:
@@ -322,8 +323,9 @@ class ObjectStoreTests:
                                   stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
                  for _ in range(3)]
         for p in procs:
-            assert p.stdout.readline().strip() == "ready"
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         for p in procs:
+            assert p.stdin is not None
             p.stdin.write("go\n")
             p.stdin.flush()
         assert [p.wait(60) for p in procs] == [0, 0, 0]
@@ -338,7 +340,7 @@ class ObjectStoreTests:
         size_mb = 200 if tmpdir else 48
         proc = subprocess.Popen([sys.executable, "-c", _PUTTER, objects.url, "big/obj", str(size_mb)],
                                 stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": ROOT})
-        assert proc.stdout.readline().strip() == "ready"
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 20
         while tmpdir and time.monotonic() < deadline and not _growing_file(objects.root):
             time.sleep(0.001)
