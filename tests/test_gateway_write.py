@@ -786,7 +786,7 @@ def test_an_abort_during_complete_never_says_aborted_while_the_object_lands(gw):
     import time
     s3 = client(gw)
     outcomes = []
-    for round_ in range(4):
+    for round_ in range(6):  # rounds 4 and 5: the Abort is sent first, the Complete right after it
         key = f"main/mp/race-{round_}.bin"
         up = s3.create_multipart_upload(Bucket="ds", Key=key)["UploadId"]
         parts = [s3.upload_part(Bucket="ds", Key=key, UploadId=up, PartNumber=n, Body=os.urandom(6 << 20))["ETag"]
@@ -800,18 +800,22 @@ def test_an_abort_during_complete_never_says_aborted_while_the_object_lands(gw):
                 done["complete"] = "ok"
             except ClientError as e:
                 done["complete"] = e.response["Error"]["Code"]
-        t = threading.Thread(target=complete)
+        def abort():
+            try:
+                s3.abort_multipart_upload(Bucket="ds", Key=key, UploadId=up)
+                done["aborted"] = True
+            except ClientError as e:
+                assert e.response["Error"]["Code"] == "NoSuchUpload", e.response
+                done["aborted"] = False
+        first, second = (complete, abort) if round_ < 4 else (abort, complete)
+        t = threading.Thread(target=first)
         t.start()
-        time.sleep(0.05 * round_)  # aborts at different moments of the Complete
-        try:
-            s3.abort_multipart_upload(Bucket="ds", Key=key, UploadId=up)
-            aborted = True
-        except ClientError as e:
-            assert e.response["Error"]["Code"] == "NoSuchUpload", e.response
-            aborted = False
+        time.sleep(0.05 * round_ if round_ < 4 else 0.01 * (round_ - 4))  # at different moments of the first
+        second()
         t.join(120)
+        aborted = done["aborted"]
         with local(gw) as s:
-            landed = any(e["name"] == f"mp/race-{round_}.bin" for e in s.ls("cdc://ds/mp/"))
+            landed = any(e["name"] == f"mp/race-{round_}.bin" for e in s.ls("cdc://ds/", recursive=True))
         outcomes.append((aborted, landed, done["complete"]))
         assert aborted != landed, outcomes  # told "aborted" only when nothing landed
         assert (done["complete"] == "ok") == landed, outcomes

@@ -3,17 +3,15 @@ options a server's admin route takes (remote/server/admin.py), plus rebuild-inde
 only run where the store's objects are."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.errors import InvalidAddressError
 from . import check, maintenance
 
-if TYPE_CHECKING:
-    from .repository import Repository
 
-
-def run(store: Repository, command: str, **options: Any) -> dict[str, object] | int:
-    """Run `command` on `store` (a `Repository`) with its options; its report."""
+def run(store: maintenance.UpkeepHost, command: str, **options: Any) -> dict[str, object] | int:
+    """Run `command` on `store` (a `Repository`, as `maintenance.UpkeepHost` knows it) with its
+    options; its report."""
     if command == "gc":
         return maintenance.gc(store, **options)
     if command == "check":

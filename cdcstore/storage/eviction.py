@@ -10,14 +10,30 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
+import sqlite3
+from typing import ContextManager, Protocol
 
 from .. import runtime
+from .roles import Raw
 from .segments import Segments
 from .sqlite import ints
 
-if TYPE_CHECKING:
-    from .cache import ChunkCache
+
+class EvictionHost(Protocol):
+    """What eviction asks of the cache it keeps in budget (`cache.ChunkCache`)."""
+
+    max_bytes: int
+
+    @property
+    def conn(self) -> sqlite3.Connection: ...
+
+    def transaction(self) -> ContextManager[sqlite3.Connection]: ...
+
+    def bytes(self) -> int: ...
+
+    def appending(self) -> int | None: ...
+
+    def append(self, buffers: list[Raw], now: float) -> tuple[int, list[int]]: ...
 
 HOT_SHARE = 0.8  # share of the budget hot (read twice) entries may keep
 ABANDONED = 600.0  # seconds after its last write that another process may reclaim an unsealed segment
@@ -26,7 +42,7 @@ ABANDONED = 600.0  # seconds after its last write that another process may recla
 class Eviction:
     """Keeps one `cache.ChunkCache` within its budget (its rows and its segment files)."""
 
-    def __init__(self, cache: ChunkCache, files: Segments) -> None:
+    def __init__(self, cache: EvictionHost, files: Segments) -> None:
         self._cache = cache  # cache.ChunkCache: its connection, transactions and appends
         self._files = files
 

@@ -10,18 +10,30 @@ A directory store has neither (its index sees every pack this machine writes).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from .. import runtime
 from ..core import anchors, locations
 from ..core.errors import CorruptionError
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry
+from .index import ChunkIndex
 from .names import locations_name
 from .objects import NotFound, ObjectStore
 
-if TYPE_CHECKING:
-    from .packs import Packs
+
+class PackIndex(Protocol):
+    """What the hints ask of the pack store they serve (`packs.Packs`): its index, footers, and
+    the locations its index and records know."""
+
+    @property
+    def index(self) -> ChunkIndex: ...
+
+    def pack_size(self, name: str) -> int: ...
+
+    def read_pack_index(self, name: str, size: int | None = None) -> list[PackEntry]: ...
+
+    def locate_known(self, wanted: list[bytes]) -> dict[bytes, tuple[str, PackEntry]]: ...
 
 ANCHORED = "anchored"  # every pack of this store has its dedup anchors (core/anchors.py)
 HINTS_MAX = 4_000_000  # chunk locations kept from location records per process (~1 GB at most)
@@ -41,7 +53,7 @@ class Anchors:
     """The dedup anchors of a bucket store: a push finds the packs that hold what it shares by
     a listing per anchor, so its cost follows the new data, not the store."""
 
-    def __init__(self, host: HintHost, packs: Packs) -> None:
+    def __init__(self, host: HintHost, packs: PackIndex) -> None:
         self._host, self._packs = host, packs  # packs: `packs.Packs` (its index and footers)
         self._misses: set[bytes] = set()  # anchors looked up in this push and not found
         self._anchored: bool | None = None
@@ -131,7 +143,7 @@ class Anchors:
         return len(by_pack)
 
 
-def index_footers(packs: Packs, names: list[str]) -> set[str]:
+def index_footers(packs: PackIndex, names: list[str]) -> set[str]:
     """Read and index these packs' footers (`packs`: a `packs.Packs`), 8 at a time; the packs
     indexed (one gone, or whose footer is damaged, is passed over: `check` reports it)."""
     def footer(pack: str) -> tuple[int, list[PackEntry]] | None:
@@ -154,7 +166,7 @@ class LocationHints:
     beside the index: a new machine reads a file without listing the bucket or reading any
     pack footer."""
 
-    def __init__(self, host: HintHost, packs: Packs) -> None:
+    def __init__(self, host: HintHost, packs: PackIndex) -> None:
         self._host, self._packs = host, packs  # packs: `packs.Packs` (what its index knows)
         self._hints: dict[bytes, tuple[str, PackEntry]] = {}  # chunk locations from location records
         self._hint_packs: set[str] = set()  # the packs they name

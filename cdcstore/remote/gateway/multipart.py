@@ -42,7 +42,11 @@ class Multipart:
         self.writes = writes
         self.server, self.store = writes.server, writes.store
         self.space = JournalSpace(self.store, self.server.limits.max_upload_bytes_per_token)
-        self._completing: dict[str, asyncio.Future] = {}  # upload -> its Complete in flight here (True: it landed)
+        # an upload's Complete or Abort in flight here, registered before either awaits anything, so
+        # that the other waits for it and answers what happened (True: the Complete landed)
+        self._completing: dict[str, asyncio.Future[bool]] = {}
+        self._aborting: dict[str, asyncio.Future[bool]] = {}
+        self._landing: set[asyncio.Future[bool]] = set()  # Completes whose landing began (`_tracked`)
 
     def _owner(self, request: web.Request) -> str | None:
         """Whose staged bytes a part counts in (None on an open server: no cap)."""
@@ -70,13 +74,7 @@ class Multipart:
         if method == "POST":
             return await self.complete(request, grant, t, upload)
         if method == "DELETE":
-            running = self._completing.get(upload)
-            if running is not None and await asyncio.shield(running):  # an Abort during Complete: the object
-                raise S3Error(404, "NoSuchUpload", f"upload {upload} was completed while this abort waited for "
-                                                   f"it: its object landed", UploadId=upload)  # landed, not aborted
-            await self.server.io(uploads.abort, self.store, t.repo, upload)
-            self.space.forget()  # its place and bytes are free: counted again at the next request
-            return web.Response(status=204)
+            return await self.abort(t, upload)
         raise S3Error(405, "MethodNotAllowed", f"{method} with ?uploadId is not an S3 operation")
 
     def _check(self, t: Target, upload: str) -> dict:
@@ -180,7 +178,41 @@ class Multipart:
             reader.close()
         return h.hexdigest()
 
+    async def abort(self, t: Target, upload: str) -> web.Response:
+        """AbortMultipartUpload. One during a Complete of the same upload waits for it: 404
+        NoSuchUpload when its object landed (never 204 for an object that is there)."""
+        while (running := self._completing.get(upload)) is not None:
+            if await asyncio.shield(running):
+                raise S3Error(404, "NoSuchUpload", f"upload {upload} was completed while this abort waited for "
+                                                   f"it: its object landed", UploadId=upload)
+        ending = self._aborting[upload] = asyncio.get_running_loop().create_future()
+        try:
+            await self.server.io(uploads.abort, self.store, t.repo, upload)
+        finally:
+            self._aborting.pop(upload, None)
+            ending.set_result(True)
+        self.space.forget()  # its place and bytes are free: counted again at the next request
+        return web.Response(status=204)
+
     async def complete(self, request: web.Request, grant: dict, t: Target, upload: str) -> web.StreamResponse:
+        """CompleteMultipartUpload. Registered before it awaits anything: an Abort that comes
+        meanwhile waits for it; one Complete at a time per upload; during an Abort, NoSuchUpload."""
+        while (earlier := self._completing.get(upload)) is not None:
+            await asyncio.shield(earlier)  # (a retried Complete: then the upload is gone, or it runs again)
+        aborting = self._aborting.get(upload)
+        if aborting is not None:
+            await asyncio.shield(aborting)
+            raise S3Error(404, "NoSuchUpload", f"upload {upload} was aborted", UploadId=upload)
+        done = self._completing[upload] = asyncio.get_running_loop().create_future()
+        try:
+            return await self._complete(request, grant, t, upload, done)
+        finally:
+            if not done.done() and done not in self._landing:  # refused before its landing began
+                self._completing.pop(upload, None)
+                done.set_result(False)
+
+    async def _complete(self, request: web.Request, grant: dict, t: Target, upload: str,
+                        done: asyncio.Future[bool]) -> web.StreamResponse:
         root = parse_xml(await read_xml(self.server, request, MAX_COMPLETE_XML), "CompleteMultipartUpload")
         asked = []
         for p in root.findall("Part"):
@@ -196,14 +228,14 @@ class Multipart:
         expect = self.writes.conditions(request, t)
         async with self.writes.held(request):
             chosen = await self.server.io(self._chosen, t, upload, asked)
-            return await answer_slowly(request, self._tracked(upload, self._land(request, grant, t, upload,
-                                                                                  chosen, expect)),
+            self._landing.add(done)  # from here `_tracked` says how it ended, even if the client left
+            return await answer_slowly(request, self._tracked(upload, done, self._land(request, grant, t, upload,
+                                                                                        chosen, expect)),
                                        self.server.limits.gateway_keepalive)
 
-    async def _tracked(self, upload: str, work):
-        """`work` (a Complete's landing), known to an Abort of the same upload that comes meanwhile:
-        it waits, then learns whether the object landed (the work goes on if the client leaves)."""
-        done = self._completing[upload] = asyncio.get_running_loop().create_future()
+    async def _tracked(self, upload: str, done: asyncio.Future[bool], work):
+        """`work` (a Complete's landing); `done` tells an Abort of the same upload that waits
+        whether the object landed (the work goes on if the client leaves)."""
         landed = False
         try:
             out = await work
@@ -211,6 +243,7 @@ class Multipart:
             return out
         finally:
             self._completing.pop(upload, None)
+            self._landing.discard(done)
             done.set_result(landed)
 
     async def _land(self, request: web.Request, grant: dict, t: Target, upload: str, chosen: list,

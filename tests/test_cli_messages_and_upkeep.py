@@ -1,5 +1,7 @@
-"""Issue 20, "a newcomer's first week": the frictions of the command line and maintenance
-(items 4, 5, 6, 7 and 13), each through the real CLI in a subprocess or the real API."""
+"""What the command line and maintenance tell a user (found trying it as a newcomer, issue 20:
+items 4, 5, 6, 7 and 13): stats under a scoped token, the default store, rebuild-index and found
+damage, gc and forget in the grace window, unknown revisions, rm and init messages, a badly deduped
+Parquet push; each through the real CLI in a subprocess or the real API."""
 import glob
 import json
 import os

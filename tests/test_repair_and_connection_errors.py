@@ -1,4 +1,6 @@
-"""Issue 33, "a newcomer's second week": cases 2-9, each through the real CLI in a subprocess,
+"""Repairing damage, and connection and setup errors a user meets (found trying it as a newcomer,
+issue 33, cases 2-9): the URL serve prints, damage repair to check exit 0, https against http,
+untrusted certificates, missing buckets, the S3 client pins, the demo; each through the real CLI in a subprocess,
 a real server on loopback, moto's S3 server, or the real API."""
 import json
 import os
@@ -9,7 +11,7 @@ import pytest
 
 from cdcstore import Store
 from cdcstore.testing import ServedStore
-from test_newcomer import ROOT, _file, _flip, cdc  # the first week's helpers
+from test_cli_messages_and_upkeep import ROOT, _file, _flip, cdc  # the CLI helpers
 
 
 def _announced(srv) -> str:
