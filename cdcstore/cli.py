@@ -843,6 +843,69 @@ def demo(size_mb, workdir):
     run(size_mb=size_mb, workdir=workdir)
 
 
+@cli.command()
+@click.argument("addr", metavar="cdc://REPO[@REV]/[PATH]")
+@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.option("--refresh", type=float, default=30.0, show_default=True,
+              help="Seconds between looks at a mounted branch's head (a commit id or tag never changes).")
+@click.option("--background", is_flag=True,
+              help="Return once the folder shows the revision; the mount goes on in a process of its own.")
+@store_option
+@handle_errors
+def mount(addr, mountpoint, refresh, background, store_path, token):
+    """Show a revision as a read-only folder (FUSE) until `cdcstore unmount MOUNTPOINT` or Ctrl-C."""
+    from .mount import check_mountpoint, mount as serve_mount
+
+    if background:
+        _mount_in_background(addr, mountpoint, refresh, store_path, token)
+        return
+    s = _store(store_path, token)
+    check_mountpoint(mountpoint)
+    serve_mount(addr, mountpoint, s, refresh=refresh)
+
+
+def _mount_in_background(addr, mountpoint, refresh, store_path, token) -> None:
+    """The same command in foreground in a new session, its log in MOUNTPOINT's sibling file;
+    returns once the folder is a mount point, or fails with the child's error."""
+    import subprocess
+    import time
+
+    from .mount import MountError, check_mountpoint
+
+    path = check_mountpoint(mountpoint)
+    args = [sys.executable, "-m", "cdcstore", "mount", addr, path, "-q", "--refresh", str(refresh)]
+    args += ["--store", store_path] if store_path else []
+    args += ["--token", token] if token else []
+    log_path = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.cdcstore-mount.log")
+    with open(log_path, "ab") as log:
+        child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while not os.path.ismount(path):
+        if child.poll() is not None:
+            with open(log_path, errors="replace") as f:
+                said = f.read().strip().splitlines()
+            last = said[-1].removeprefix("cdcstore: error: ") if said else ""
+            raise MountError(last or f"the mount process exited ({child.returncode}); log: {log_path}")
+        if time.monotonic() > deadline:
+            child.terminate()
+            raise MountError(f"{mountpoint} did not show the revision within 60 s (log: {log_path})")
+        time.sleep(0.05)
+    if not _quiet():
+        click.echo(f"cdcstore: mounted {addr} on {path} (process {child.pid}; log {log_path}); "
+                   f"`cdcstore unmount {mountpoint}` ends it", err=True)
+
+
+@cli.command()
+@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.option("--lazy", is_flag=True, help="Detach now even if a reader still has a file open in it.")
+@handle_errors
+def unmount(mountpoint, lazy):
+    """End a `cdcstore mount` (also when its process or its store is gone)."""
+    from .mount import unmount as end_mount
+
+    end_mount(mountpoint, lazy)
+
+
 def main() -> None:
     cli(prog_name="cdcstore")
 

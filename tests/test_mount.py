@@ -1,0 +1,264 @@
+"""`cdcstore mount` (issue 48): a revision as a read-only folder, through the real CLI, real libfuse 3
+and the real kernel. Every tool reads it as a folder: os, cmp-style byte checks, pyarrow by path.
+
+The session installs Debian's fuse3 with apt-get when fusermount3 is missing (as the browser tests
+do with chromium); where that cannot run, the tests fail saying why, never skip."""
+import errno
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from cdcstore.api import Store
+from cdcstore.testing import ServedStore
+
+CLI = [sys.executable, "-m", "cdcstore"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fuse3():
+    """fusermount3 and /dev/fuse (apt-get install fuse3 where fusermount3 is missing)."""
+    if shutil.which("fusermount3") is None:
+        apt = shutil.which("apt-get")
+        if apt is None or os.geteuid() != 0:
+            pytest.fail("the mount tests need fusermount3: `apt-get install -y fuse3` (as root; this machine "
+                        f"has {'no apt-get' if apt is None else 'no root'})")
+        got = subprocess.run([apt, "install", "-y", "--no-install-recommends", "fuse3"], capture_output=True,
+                             text=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if got.returncode != 0:
+            pytest.fail(f"apt-get install fuse3 failed: {got.stderr[-400:]}")
+    if not os.path.exists("/dev/fuse"):
+        pytest.fail("the mount tests need /dev/fuse (a FUSE-capable kernel; in a container: --device /dev/fuse)")
+
+
+def cli(*args, env=None, check=True):
+    got = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=120)
+    if check and got.returncode != 0:
+        raise AssertionError(f"cdcstore {' '.join(args)}: {got.stderr}")
+    return got
+
+
+class Mounted:
+    """`cdcstore mount ... --background` on a fresh folder; unmounted (lazily, if need be) at the end."""
+
+    def __init__(self, tmp_path, addr, store, *extra, env=None, name="mnt"):
+        self.path = tmp_path / name
+        self.path.mkdir()
+        self.log = tmp_path / f".{name}.cdcstore-mount.log"
+        cli("mount", addr, str(self.path), "--store", store, "--background", "-q", *extra, env=env)
+        assert os.path.ismount(self.path)
+
+    def pid(self) -> int:
+        out = subprocess.run(["pgrep", "-f", f"cdcstore mount .* {self.path} "], capture_output=True, text=True)
+        return int(out.stdout.split()[0])
+
+    def close(self):
+        if os.path.ismount(self.path):
+            got = cli("unmount", str(self.path), check=False)
+            if got.returncode != 0:
+                cli("unmount", "--lazy", str(self.path))
+        deadline = time.monotonic() + 20
+        while os.path.ismount(self.path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.ismount(self.path)
+
+
+@pytest.fixture
+def data(tmp_path):
+    src = tmp_path / "data"
+    (src / "sub" / "deep").mkdir(parents=True)
+    n = 50_000
+    pq.write_table(pa.table({"id": list(range(n)), "x": [i * 0.5 for i in range(n)],
+                             "s": [f"row-{i % 977}" for i in range(n)]}), src / "sub" / "t.parquet",
+                   row_group_size=10_000)
+    (src / "a.bin").write_bytes(os.urandom(3_000_000))
+    (src / "sub" / "deep" / "small.txt").write_text("hello\n")
+    (src / "empty.txt").write_bytes(b"")
+    store = str(tmp_path / "store")
+    s = Store.init(store)
+    cid = s.push([str(src) + "/"], "cdc://ds/", message="v1").commit
+    s.tag("ds", "v1")
+    s.close()
+    return src, store, cid
+
+
+def test_a_tag_mounts_as_a_folder_every_tool_reads(tmp_path, data):
+    src, store, cid = data
+    m = Mounted(tmp_path, "cdc://ds@v1/", store)
+    try:
+        root = m.path
+        assert sorted(os.listdir(root)) == ["a.bin", "empty.txt", "sub"]
+        assert sorted(os.listdir(root / "sub")) == ["deep", "t.parquet"]
+        for rel in ("a.bin", "sub/t.parquet", "sub/deep/small.txt", "empty.txt"):
+            st = os.stat(root / rel)
+            assert st.st_size == os.path.getsize(src / rel)
+            assert (root / rel).read_bytes() == (src / rel).read_bytes(), rel
+        assert os.stat(root / "sub").st_mode & 0o170000 == 0o040000
+        # exact random reads: pyarrow reads the footer and one column by path
+        t = pq.read_table(root / "sub" / "t.parquet", columns=["s"])
+        assert t.column("s").to_pylist() == pq.read_table(src / "sub" / "t.parquet", columns=["s"]).column("s").to_pylist()
+        with open(root / "a.bin", "rb") as f:
+            f.seek(2_999_000)
+            assert f.read(5000) == (src / "a.bin").read_bytes()[2_999_000:]
+        # extended attributes name the commit and the file's manifest
+        assert os.getxattr(root / "a.bin", "user.cdc.commit").decode() == cid
+        assert os.getxattr(root / "sub/t.parquet", "user.cdc.address").decode() == f"cdc://ds@{cid}/sub/t.parquet"
+        with Store(store) as s:
+            entry = s.view("ds", s.get_commit("ds", cid)).get("a.bin")
+        assert os.getxattr(root / "a.bin", "user.cdc.manifest").decode() == entry.manifest
+        assert set(os.listxattr(root / "a.bin")) == {"user.cdc.commit", "user.cdc.address", "user.cdc.manifest"}
+        # read-only, and what is not there is ENOENT
+        with pytest.raises(OSError) as e:
+            open(root / "a.bin", "r+b")
+        assert e.value.errno in (errno.EROFS, errno.EACCES)
+        with pytest.raises(OSError) as e:
+            (root / "new.txt").write_text("x")
+        assert e.value.errno in (errno.EROFS, errno.EACCES)
+        assert not os.path.exists(root / "missing.bin")
+        # many threads at once
+        import concurrent.futures
+        want = (src / "a.bin").read_bytes()
+
+        def piece(i):
+            with open(root / "a.bin", "rb") as f:
+                f.seek(i * 100_003)
+                return f.read(100_003) == want[i * 100_003:(i + 1) * 100_003]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            assert all(pool.map(piece, range(29)))
+    finally:
+        m.close()
+
+
+def test_a_subfolder_mounts_and_a_file_or_a_missing_path_is_refused_clearly(tmp_path, data):
+    _, store, _ = data
+    m = Mounted(tmp_path, "cdc://ds@v1/sub", store)
+    try:
+        assert sorted(os.listdir(m.path)) == ["deep", "t.parquet"]
+        assert (m.path / "deep" / "small.txt").read_text() == "hello\n"
+    finally:
+        m.close()
+    target = tmp_path / "other"
+    target.mkdir()
+    got = cli("mount", "cdc://ds@v1/a.bin", str(target), "--store", store, "--background", check=False)
+    assert got.returncode == 1 and "mount a folder" in got.stderr
+    got = cli("mount", "cdc://ds@nope/", str(target), "--store", store, "--background", check=False)
+    assert got.returncode == 1 and "nope" in got.stderr
+    (target / "x").write_text("x")
+    got = cli("mount", "cdc://ds@v1/", str(target), "--store", store, "--background", check=False)
+    assert got.returncode == 1 and "not empty" in got.stderr
+    got = cli("unmount", str(target), check=False)
+    assert got.returncode == 1 and "not mounted" in got.stderr
+
+
+def test_a_branch_mount_follows_its_head_and_an_open_file_keeps_its_version(tmp_path, data):
+    src, store, _ = data
+    m = Mounted(tmp_path, "cdc://ds/", store, "--refresh", "0.5")
+    try:
+        before = (src / "a.bin").read_bytes()
+        held = open(m.path / "a.bin", "rb")
+        assert held.read(1000) == before[:1000]
+        after = os.urandom(2_000_000)
+        (src / "a.bin").write_bytes(after)
+        (src / "added.txt").write_text("new\n")
+        with Store(store) as s:
+            s.push([str(src) + "/"], "cdc://ds/", message="v2")
+        deadline = time.monotonic() + 10
+        while "added.txt" not in os.listdir(m.path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (m.path / "added.txt").read_text() == "new\n"
+        assert (m.path / "a.bin").read_bytes() == after
+        assert held.read() == before[1000:]  # opened before the move: its own version to the end
+        held.close()
+    finally:
+        m.close()
+
+
+def test_a_damaged_chunk_is_eio_never_wrong_bytes(tmp_path, data):
+    src, store, _ = data
+    packs = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(store, "packs")) for f in fs]
+    with Store(store) as s:
+        cid = s.resolve("cdc://ds@v1/")[0]
+    for p in packs:  # flip a byte in the middle of every pack (chunk bytes, not a footer)
+        with open(p, "r+b") as f:
+            size = os.path.getsize(p)
+            f.seek(size // 3)
+            b = f.read(1)
+            f.seek(size // 3)
+            f.write(bytes([b[0] ^ 0xFF]))
+    m = Mounted(tmp_path, f"cdc://ds@{cid}/", store)
+    try:
+        with pytest.raises(OSError) as e:
+            (m.path / "a.bin").read_bytes()
+        assert e.value.errno == errno.EIO
+        assert "does not match" in m.log.read_text() or "damaged" in m.log.read_text().lower() \
+            or "corrupt" in m.log.read_text().lower()
+    finally:
+        m.close()
+
+
+def test_a_dead_server_is_eio_in_bounded_time_and_the_mount_still_unmounts(tmp_path, data):
+    src, _, _ = data
+    srv = ServedStore(tmp_path / "served").start()
+    try:
+        with Store(srv.url, cache=False) as s:
+            s.push([str(src) + "/"], "cdc://ds/", message="v1")
+            s.tag("ds", "v1")
+        env = {**os.environ, "CDCSTORE_TIMEOUT": "2", "CDCSTORE_CACHE": str(tmp_path / "cache.sqlite")}
+        m = Mounted(tmp_path, "cdc://ds@v1/", srv.url, env=env)
+        assert (m.path / "sub" / "deep" / "small.txt").read_text() == "hello\n"
+        srv.kill()
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as e:
+            (m.path / "a.bin").read_bytes()
+        assert e.value.errno == errno.EIO
+        assert time.monotonic() - t0 < 90
+        assert sorted(os.listdir(m.path)) == ["a.bin", "empty.txt", "sub"]  # names come from the trees read
+        m.close()  # unmounts with the store gone
+    finally:
+        srv.stop()
+
+
+def test_ctrl_c_unmounts_a_foreground_mount(tmp_path, data):
+    _, store, _ = data
+    mnt = tmp_path / "fg"
+    mnt.mkdir()
+    proc = subprocess.Popen([*CLI, "mount", "cdc://ds@v1/", str(mnt), "--store", store, "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mnt) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.05)
+        assert os.listdir(mnt)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        assert not os.path.ismount(mnt)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)])
+
+
+def test_engines_with_readers_of_their_own_read_the_mount_by_path(tmp_path, data):
+    """DuckDB and polars read Parquet with their own native readers (no fsspec): through the mount,
+    by path, the same rows as the source."""
+    import duckdb
+    import polars as pl
+
+    src, store, _ = data
+    m = Mounted(tmp_path, "cdc://ds@v1/", store)
+    try:
+        mounted, local = str(m.path / "sub" / "t.parquet"), str(src / "sub" / "t.parquet")
+        q = "SELECT count(*), sum(id), count(DISTINCT s) FROM read_parquet('{}')"
+        assert duckdb.sql(q.format(mounted)).fetchall() == duckdb.sql(q.format(local)).fetchall()
+        assert pl.read_parquet(mounted, columns=["x"]).equals(pl.read_parquet(local, columns=["x"]))
+        assert pl.scan_parquet(str(m.path / "sub" / "*.parquet")).select(pl.len()).collect().item() == 50_000
+    finally:
+        m.close()
