@@ -1,10 +1,10 @@
-"""`ds.loader()`: DataLoader workers hand batches over by reference to decoded row groups.
-
-The workers fetch, verify and decode (each row group once, the row groups dealt between them);
-the main process maps the shared files and gathers the rows. What must hold: the same batches
-in the same order as in process, every batch by reference, nothing fetched twice across the
-workers, no link left behind, damage caught, and batches by value when the folder cannot hold a
-row group."""
+"""`ds.loader()`: DataLoader workers fetch, verify and decode (each row group once, the row groups
+dealt between them, shared through a folder), gather and format their batches and hand them over
+by value, in bundles; with `by_reference=True` they hand over references to the decoded row groups
+and the main process maps the shared files and gathers the rows. What must hold, both ways: the
+same batches in the same order as in process, nothing fetched twice across the workers, no link
+left behind, damage caught; by reference, every batch by reference, and by value when the folder
+cannot hold a row group."""
 import os
 
 import numpy as np
@@ -55,7 +55,7 @@ def in_process(url, tmp_path, **kw):
 def test_batches_go_by_reference_in_the_same_order_fetched_once(pushed, tmp_path, monkeypatch, shuffle):
     url, folder = pushed
     ds = make(url, tmp_path, monkeypatch, shuffle=shuffle, shuffle_buffer=3_000)
-    loader = ds.loader(num_workers=2, tensors=False)
+    loader = ds.loader(by_reference=True, num_workers=2, tensors=False)
     got = [b for b in loader]
     assert [b["id"].tolist() for b in got] == in_process(url, tmp_path, shuffle=shuffle, shuffle_buffer=3_000)
     assert all(b["s"].dtype == object and isinstance(b["s"][0], str) for b in got)
@@ -72,11 +72,28 @@ def test_batches_go_by_reference_in_the_same_order_fetched_once(pushed, tmp_path
     assert os.listdir(ds._decoded.path) == []  # no link to a decoded row group left behind
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_batches_go_by_value_by_default_in_the_same_order_fetched_once(pushed, tmp_path, monkeypatch, shuffle):
+    """The default: the workers gather and format; the main process takes finished numpy batches."""
+    url, folder = pushed
+    ds = make(url, tmp_path, monkeypatch, shuffle=shuffle, shuffle_buffer=3_000)
+    got = list(ds.loader(num_workers=2, tensors=False))
+    assert [b["id"].tolist() for b in got] == in_process(url, tmp_path, shuffle=shuffle, shuffle_buffer=3_000)
+    assert all(b["s"].dtype == object and isinstance(b["s"][0], str) for b in got)
+    m = ds.metrics()
+    units = 3 * GROUPS
+    assert m["batches"] == len(got) and m["by_reference"] == 0 and m["samples"] == units * ROWS, m
+    assert m["decodes"] == units, m  # each row group decoded once, across the workers
+    size = sum(f.stat().st_size for f in folder.iterdir())
+    assert m["received_bytes"] < 1.1 * size, (m["received_bytes"], size)
+    assert os.listdir(ds._decoded.path) == []
+
+
 def test_persistent_workers_two_epochs_and_numeric_tensors(pushed, tmp_path, monkeypatch):
     import torch
     url, _ = pushed
     ds = make(url, tmp_path, monkeypatch, shuffle=True, shuffle_buffer=2_000, columns=["id", "v"])
-    loader = ds.loader(num_workers=2, persistent_workers=True)
+    loader = ds.loader(by_reference=True, num_workers=2, persistent_workers=True)
     for epoch in (0, 1):
         loader.set_epoch(epoch)
         got = list(loader)
@@ -107,7 +124,7 @@ def test_a_damaged_chunk_fails_the_loader(pushed, tmp_path, monkeypatch, server)
             data[at:at + 4096] = bytes(4096)
         pack.write_bytes(bytes(data))
     with pytest.raises(CorruptionError):
-        list(ds.loader(num_workers=2))
+        list(ds.loader(by_reference=True, num_workers=2))
 
 
 def test_rows_go_by_value_when_a_row_group_is_not_in_the_folder(pushed, tmp_path, monkeypatch):
@@ -157,7 +174,7 @@ def test_a_loop_that_stops_early_leaves_no_link(pushed, tmp_path, monkeypatch):
     with the loader's workers (the shared folder would otherwise keep those row groups)."""
     url, _ = pushed
     ds = make(url, tmp_path, monkeypatch, columns=["id"])
-    loader = ds.loader(num_workers=2, prefetch_factor=4)
+    loader = ds.loader(by_reference=True, num_workers=2, prefetch_factor=4)
     for i, _ in enumerate(loader):
         if i == 2:
             break
@@ -174,7 +191,7 @@ def test_a_script_that_exits_mid_epoch_exits_cleanly(pushed, tmp_path):
     script = (f"import torch\n"  # so imported, the generator was closed after our modules were cleared
               f"from cdcstore.streaming.dataset import StreamingDataset\n"
               f"ds = StreamingDataset('cdc://ds/train/', store={url!r}, batch_size=500)\n"
-              f"it = iter(ds.loader(num_workers=2))\n"
+              f"it = iter(ds.loader(by_reference=True, num_workers=2))\n"
               f"batch = next(it)\n"
               f"print(len(batch['id']), ds._decoded.path)\n")
     env = {**os.environ, "CDCSTORE_CACHE": str(tmp_path / "c" / "c.sqlite")}
@@ -190,7 +207,7 @@ def test_persistent_workers_drop_the_links_of_an_iteration_broken_off(pushed, tm
     iteration removes their links once the workers serve it (each link holds a decoded row group)."""
     url, _ = pushed
     ds = make(url, tmp_path, monkeypatch, columns=["id"])
-    loader = ds.loader(num_workers=2, persistent_workers=True, prefetch_factor=4)
+    loader = ds.loader(by_reference=True, num_workers=2, persistent_workers=True, prefetch_factor=4)
 
     def links():
         return [e for e in os.listdir(ds._decoded.path) if e.startswith("pin-")]

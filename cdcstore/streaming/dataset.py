@@ -544,11 +544,12 @@ class StreamingDataset:
         m["mb_per_s"] = m["bytes_read"] / 1e6 / elapsed if elapsed else 0.0
         return m
 
-    def loader(self, num_workers: int = 0, tensors: bool = True, **kwargs) -> "Loader":
+    def loader(self, num_workers: int = 0, tensors: bool = True, by_reference: bool = False,
+               **kwargs) -> "Loader":
         """A torch DataLoader (`Loader.dataloader`) over this dataset, `batch_size=None`, with
         batches passed from workers as numpy arrays and made tensors in this process (`tensors`):
         the fast way to feed training from several workers (docs/streaming.md, "Figures")."""
-        return Loader(self, tensors=tensors, num_workers=num_workers, **kwargs)
+        return Loader(self, tensors=tensors, by_reference=by_reference, num_workers=num_workers, **kwargs)
 
     def as_torch(self, _refs: bool = False, _bundle: int = 1):
         """This dataset as a torch IterableDataset (torch must be installed). Shares epoch and
@@ -636,7 +637,7 @@ class Loader:
     and a step is one block of the global order on each rank); `load_state_dict()` resumes on any
     number of ranks and workers."""
 
-    def __init__(self, ds: "StreamingDataset", tensors: bool = True, **kwargs):
+    def __init__(self, ds: "StreamingDataset", tensors: bool = True, by_reference: bool = False, **kwargs):
         from torch.utils.data import DataLoader
 
         kwargs.setdefault("batch_size", None)
@@ -649,9 +650,11 @@ class Loader:
             raise ValueError(f"a loader batching rows by {rows} needs the dataset's block_size={rows}, so that "
                              f"a step is one block of the global order (an exact resume point)")
         self.ds = ds
-        # a worker hands a batch of rows over by reference (`decoded.BatchRef`), made here: it
-        # fetches and decodes on its core while this process only gathers rows
-        refs = ds.batch_size is not None and ds.source.shares_decoded
+        # a worker gathers and formats its batches and hands them over by value, in bundles: this
+        # process only unpickles them. `by_reference`: it hands over references to the decoded row
+        # groups (`decoded.BatchRef`) and this process gathers the rows, which measured slower and
+        # took 3-4x the CPU of this process (docs/streaming.md, "Figures")
+        refs = by_reference and ds.batch_size is not None and ds.source.shares_decoded
         self.bundle = max(1, BUNDLE_ROWS // ds.block) if kwargs.get("num_workers") else 1
         self.dataloader = DataLoader(ds.as_torch(_refs=refs, _bundle=self.bundle), **kwargs)
         self.tensors = tensors
