@@ -535,8 +535,13 @@ class Store:
             if view.kind(a.path) == "directory":
                 raise IsADirectoryError(f"{a} is a folder: open a file in it (see `cdcstore ls {a}`)")
             raise no_such_path(a.repo, a.ref, a.path)
-        m, locations = self.backend.get_manifest_located(entry.manifest, a.repo)  # a server: one round trip
-        return FileReader(self.backend, m, str(a), a.repo, locations=locations)
+        return self.open_entry(a.repo, entry, str(a))
+
+    def open_entry(self, repo: str, entry: FileEntry, label: str = "") -> FileReader:
+        """A file object for a file entry of a commit of `repo` (from `view(...).get(path)`): its
+        manifest and where its chunks are, in one round trip on a server."""
+        m, locations = self.backend.get_manifest_located(entry.manifest, repo)
+        return FileReader(self.backend, m, label, repo, locations=locations)
 
     def cat(self, addr: str | Address) -> bytes:
         with self.open(addr) as f:

@@ -187,9 +187,8 @@ class CdcMount:
             snap, full, kind, entry = self._entry(path)
             if kind != "file":
                 raise _errno(errno.EISDIR)
-            reader = self.rev.store.reader(self.rev.addr.repo, self.rev.store.manifest(self.rev.addr.repo,
-                                                                                      entry.manifest),
-                                           f"cdc://{self.rev.addr.repo}@{snap.commit_id}/{full}")
+            reader = self.rev.store.open_entry(self.rev.addr.repo, entry,
+                                               f"cdc://{self.rev.addr.repo}@{snap.commit_id}/{full}")
             return _Handle(reader, entry, snap, full)
         handle = _guarded(opened)
         with self._lock:
