@@ -57,6 +57,16 @@ deleted, a column's unit changed, a month appended, 1% of the rows deleted in th
 other two files are unchanged. New bytes are reported per edited file for both sides, and
 chunks per 100 MB of v1.
 
+--cli (off by default)
+----------------------
+Whole processes, as a user runs them (issue 46): each push is timed in the parent from the
+child's start to its exit, interpreter start-up and imports included. Ours is the command line,
+`python -m cdcstore push SRC cdc://bench/ --store TARGET -q --json --detail` (run through a
+small `python -c` wrapper that calls `cdcstore.cli.main` and reads VmHWM at its end); hf_xet's
+child is a minimal `python -c` script (import hf_xet, one upload commit of the files, VmHWM).
+The floor is the same `cp -r` + `sync`. "store/session open" and "RSS after imports" are not
+measured (0).
+
 --scale (off by default)
 ------------------------
 Pushes (a) one generated file of --scale-gb GB (default 5; streamed to disk in
@@ -163,6 +173,72 @@ def _work(side: str, src: str, target: str) -> dict:
             "shard_bytes_uploaded": dm.shard_bytes_uploaded, "rss_before_push": rss_start}
 
 
+# --cli: the children, whole processes (each prints one JSON line last; VmHWM as worker() reads it)
+VMHWM = """
+def _vm_hwm():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+"""
+
+OURS_CLI = VMHWM + """
+import json, sys
+from cdcstore.cli import main
+src, target = sys.argv[1], sys.argv[2]
+sys.argv = ["cdcstore", "push", src, "cdc://bench/", "--store", target, "-q", "--json", "--detail",
+            "-m", src.rstrip("/").rsplit("/", 1)[-1]]
+try:
+    main()
+except SystemExit as e:
+    if e.code:
+        raise
+print(json.dumps({"peak_rss": _vm_hwm()}))
+"""
+
+XET_CLI = VMHWM + """
+import json, os, sys
+import hf_xet
+src, target = sys.argv[1], sys.argv[2]
+files = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs) if os.path.isdir(src) else [src]
+sess = hf_xet.XetSession()
+commit = sess.new_upload_commit(endpoint="local://" + os.path.abspath(target))
+handles = [commit.start_upload_file(p, sha256=hf_xet.SKIP_SHA256) for p in files]
+report = commit.wait_to_finish()
+dm = report.dedup_metrics
+per = {os.path.basename(p): h.result().dedup_metrics for p, h in zip(files, handles)}
+print(json.dumps({"bytes": sum(os.path.getsize(p) for p in files), "files": len(files),
+                  "uploaded_ok": sum(1 for h in handles if h.result() is not None),
+                  "file_new_bytes": {k: m.new_bytes for k, m in per.items()},
+                  "file_chunks": {k: m.total_chunks for k, m in per.items()},
+                  "new_bytes": dm.new_bytes, "chunks": dm.total_chunks, "new_chunks": dm.new_chunks,
+                  "peak_rss": _vm_hwm()}))
+"""
+
+
+def cli_child(side: str, src: str, target: str, env: dict) -> dict:
+    """One push as a whole process (--cli): seconds from its start to its exit, and its figures."""
+    cmd = [sys.executable, "-c", OURS_CLI if side == "ours" else XET_CLI, src, target]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, env=env)
+    seconds = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{side} child failed (exit {p.returncode}) on {src}")
+    lines = p.stdout.decode().strip().splitlines()
+    res = json.loads(lines[-1])
+    if side == "ours":  # the command's own --json line, then the wrapper's
+        r = json.loads(lines[-2])
+        detail = r.get("files_detail") or {}
+        res.update({"bytes": r["bytes"], "files": r["files"], "new_bytes": r["new_bytes"],
+                    "stored_bytes": r["pack_bytes"], "chunks": r["chunks"], "new_chunks": r["new_chunks"],
+                    "api_seconds": r["seconds"],
+                    "file_new_bytes": {os.path.basename(k): v["new_bytes"] for k, v in detail.items()},
+                    "file_chunks": {os.path.basename(k): v["chunks"] for k, v in detail.items()}})
+    res.update({"seconds": seconds, "open_seconds": 0.0, "rss_before_push": 0})
+    return res
+
+
 def dir_bytes(path: str, sub: str | None = None) -> int:
     """Apparent size of every file under path (like `du -sb`), optionally only under `sub`."""
     total = 0
@@ -195,8 +271,9 @@ def copy_floor(src: str, target: str) -> float:
     return time.perf_counter() - t0
 
 
-def run_child(side: str, src: str, target: str, init: bool, env_extra: dict) -> dict:
-    """Run one push/upload in a fresh interpreter; return its figures plus its own peak RSS."""
+def run_child(side: str, src: str, target: str, init: bool, env_extra: dict, cli: bool = False) -> dict:
+    """Run one push/upload in a fresh interpreter; return its figures plus its own peak RSS (with
+    `cli`, timed as a whole process: `cli_child`)."""
     if init and side == "ours":  # create the empty store here: its one-off cost is not the push's
         from cdcstore.api import Store
         Store.init(target).close()
@@ -204,11 +281,14 @@ def run_child(side: str, src: str, target: str, init: bool, env_extra: dict) -> 
     before_core = (dir_bytes(target, "packs") if side == "ours" else xet_xorb_bytes(target)) if before else 0
     env = dict(os.environ, **env_extra)
     os.sync()  # earlier writes (data generation, previous targets) must not be flushed inside the timed region
-    cmd = [sys.executable, os.path.abspath(__file__), "--_worker", side, "--_src", src, "--_target", target]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, env=env)
-    if p.returncode != 0:
-        raise RuntimeError(f"{side} child failed (exit {p.returncode}) on {src}")
-    res = json.loads(p.stdout.decode().strip().splitlines()[-1])
+    if cli:
+        res = cli_child(side, src, target, env)
+    else:
+        cmd = [sys.executable, os.path.abspath(__file__), "--_worker", side, "--_src", src, "--_target", target]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, env=env)
+        if p.returncode != 0:
+            raise RuntimeError(f"{side} child failed (exit {p.returncode}) on {src}")
+        res = json.loads(p.stdout.decode().strip().splitlines()[-1])
     after = dir_bytes(target)
     res["dir_growth"] = after - before
     core = dir_bytes(target, "packs") if side == "ours" else xet_xorb_bytes(target)
@@ -263,8 +343,8 @@ def run_default(args) -> dict:
             shutil.rmtree(target, ignore_errors=True)
             continue
         env = xet_env(os.path.join(work, f"xet-cache-r{rep}")) if side == "xet" else {}
-        r1 = run_child(side, v1, target, init=True, env_extra=env)
-        r2 = run_child(side, v2, target, init=False, env_extra=env)
+        r1 = run_child(side, v1, target, init=True, env_extra=env, cli=args.cli)
+        r2 = run_child(side, v2, target, init=False, env_extra=env, cli=args.cli)
         runs[side].append({"v1": r1, "v2": r2})
         print(f"  rep {rep + 1}/{args.repeat} {side:<5}: v1 {r1['seconds']:.2f} s, v2 {r2['seconds']:.2f} s, "
               f"v2 new {mb(r2['new_bytes'])}, peak RSS {mb(max(r1['peak_rss'], r2['peak_rss']))}")
@@ -272,7 +352,8 @@ def run_default(args) -> dict:
         shutil.rmtree(env.get("HF_XET_CACHE", "/nonexistent"), ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
 
-    fig: dict = {"dataset": {"v1_bytes": b1, "v2_bytes": b2, "data": args.data, **info}, "repeat": args.repeat}
+    fig: dict = {"dataset": {"v1_bytes": b1, "v2_bytes": b2, "data": args.data, **info}, "repeat": args.repeat,
+                 "timed": "whole processes (--cli)" if args.cli else "the push inside each child"}
     for side in ("ours", "xet"):
         rs = runs[side]
         s = {
@@ -391,7 +472,7 @@ def run_scale(args) -> dict:
         for rep, side in rounds(("ours", "xet"), args.repeat):
             target = os.path.join(work, f"{label}-{side}-r{rep}")
             env = xet_env(os.path.join(work, f"xet-cache-{label}-r{rep}")) if side == "xet" else {}
-            r = run_child(side, src, target, init=True, env_extra=env)
+            r = run_child(side, src, target, init=True, env_extra=env, cli=args.cli)
             runs[side].append(r)
             print(f"  {label} rep {rep + 1}/{args.repeat} {side:<4}: {r['seconds']:.1f} s, "
                   f"peak RSS {mb(r['peak_rss'])}, new {mb(r['new_bytes'])}")
@@ -440,6 +521,8 @@ def main() -> None:
                     help="instead of the default run: a --scale-gb single file and --small-files small files")
     ap.add_argument("--scale-gb", type=float, default=5, help="size of the single big file for --scale (GB)")
     ap.add_argument("--small-files", type=int, default=10000, help="number of small files for --scale")
+    ap.add_argument("--cli", action="store_true",
+                    help="time whole processes: ours is the `cdcstore push` command line (see --cli above)")
     ap.add_argument("--_worker", choices=["ours", "xet"], help=argparse.SUPPRESS)
     ap.add_argument("--_src", help=argparse.SUPPRESS)
     ap.add_argument("--_target", help=argparse.SUPPRESS)
@@ -454,7 +537,7 @@ def main() -> None:
     from importlib.metadata import version
     print(f"ingest benchmark: cdcstore vs hf_xet {version('hf_xet')} (local://), "
           f"{args.repeat} repetitions, medians quoted; python {platform.python_version()}, {os.cpu_count()} cpus; "
-          f"data under {args.data_dir}")
+          f"data under {args.data_dir}" + ("; whole processes timed (--cli)" if args.cli else ""))
     try:
         fig = run_scale(args) if args.scale else run_default(args)
     except Exception as e:  # keep the contract: the last line is one JSON object
@@ -464,7 +547,8 @@ def main() -> None:
         print(json.dumps({"mode": "scale" if args.scale else "default", "error": f"{type(e).__name__}: {e}",
                           "code": code_version()}))
         return 1
-    fig = {**opening, **fig, "mode": "scale" if args.scale else "default", "code": code_version()}
+    fig = {**opening, **fig, "mode": ("scale" if args.scale else "default") + ("-cli" if args.cli else ""),
+           "code": code_version()}
     finish(fig, fig.pop("goals_list"))
 
 

@@ -9,7 +9,7 @@ import logging
 import os
 import sqlite3
 import sys
-from typing import Mapping
+from typing import Callable, Mapping
 
 import click
 
@@ -193,10 +193,28 @@ def _local(path: str | None, command: str = "this command") -> Store:
     return s
 
 
-def _progress(total: int, desc: str, quiet: bool):
-    from tqdm import tqdm  # here: most commands never draw a bar (~25 ms of every start)
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                disable=True if quiet or _quiet() else None, file=sys.stderr, leave=False)
+class _NoBar:
+    """What `_progress` gives when no bar is drawn: nothing to import, nothing to count."""
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, n: int = 1) -> None:
+        return None
+
+
+def _progress(total: Callable[[], int], desc: str, quiet: bool):
+    """A progress bar on stderr of `total()` bytes, drawn only on a terminal (as tqdm's
+    `disable=None` would); quiet, or stderr not a terminal, tqdm is not even imported (~25 ms
+    of a start) and `total` is not asked (a folder walk, or a listing of the store)."""
+    if quiet or _quiet() or not sys.stderr.isatty():
+        return _NoBar()
+    from tqdm import tqdm  # here: most commands never draw a bar
+    return tqdm(total=total(), desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                file=sys.stderr, leave=False)
 
 
 def _print_json(obj: Mapping[str, object]) -> None:
@@ -257,7 +275,9 @@ def push(sources, dest, message, delete, detail, no_stat_cache, author, include,
     """Publish local files and folders as one commit."""
     s = _store(store_path, token)
     skipped: list[str] = []
-    total = sum(os.path.getsize(f) for f, _ in plan_sources(sources, "", True, lambda *_: None))
+    def total() -> int:
+        return sum(os.path.getsize(f) for f, _ in plan_sources(sources, "", True, lambda *_: None))
+
     with _progress(total, "push", as_json) as bar:
         r = s.push(list(sources), dest, message, delete=delete, progress=bar.update,
                    on_skip=lambda path, why: skipped.append(f"{path} ({why})"), include=include, exclude=exclude,
@@ -348,8 +368,7 @@ def _warn_skipped(skipped: list[str], show: int = 5) -> None:
 def pull(src, local, include, exclude, store_path, token, as_json):
     """Write a file or folder of a revision to local disk."""
     s = _store(store_path, token)
-    total = sum(e["size"] for e in s.ls(src, recursive=True))
-    with _progress(total, "pull", as_json) as bar:
+    with _progress(lambda: sum(e["size"] for e in s.ls(src, recursive=True)), "pull", as_json) as bar:
         r = s.pull(src, local, progress=bar.update, include=include, exclude=exclude)
     if as_json:
         _print_json(r.to_dict())

@@ -70,7 +70,8 @@ class Chunker:
     cuts is one chunk (Parquet page groups, `pages.page_cuts`), and only longer ones are
     cut by the rule. Memory is bounded by about twice the maximum chunk size plus one
     piece. Chunks are read-only memoryviews of the bytes fed (no copies, except the
-    few that straddle two pieces); they stay valid after later calls.
+    few that straddle two pieces); they stay valid after later calls (bytes fed with
+    `feed_block` stay valid while their owner keeps them unchanged: see there).
     """
 
     def __init__(self, params: ChunkParams = DEFAULT_PARAMS, cuts: Iterable[int] = (),
@@ -88,8 +89,19 @@ class Chunker:
         return next((c for c in self._cuts if c > pos), None)
 
     def feed(self, data: Buffer) -> list[memoryview]:
-        """Add bytes; return the chunks they complete (possibly none)."""
-        data = data if isinstance(data, bytes) else bytes(data)
+        """Add bytes; return the chunks they complete (possibly none). Anything but `bytes`
+        is copied first (`feed_block` takes a buffer its owner will not change)."""
+        return self._feed(data if isinstance(data, bytes) else bytes(data))
+
+    def feed_block(self, block: memoryview) -> list[memoryview]:
+        """`feed` without a copy of a writable buffer: the chunks (and the uncut tail this
+        chunker keeps) are read-only views of `block`, so its owner must not write it again
+        while any view of it is alive. A bytearray counts those views (each memoryview of it,
+        and every slice of one, holds an export until it is freed) and cannot be resized while
+        one is held: `engine.ingest.ReadBlocks` reuses a read block only once it has none."""
+        return self._feed(block.toreadonly())
+
+    def _feed(self, data: bytes | memoryview) -> list[memoryview]:
         if self._size + len(data) < 2 * self.params.max_size:
             self._pieces.append(data)
             self._size += len(data)
@@ -102,7 +114,7 @@ class Chunker:
         block = f.read(size)
         return block, (self.feed(block) if block else [])
 
-    def _take(self, block: bytes) -> list[memoryview]:
+    def _take(self, block: bytes | memoryview) -> list[memoryview]:
         """Cut the uncut bytes followed by `block` without copying `block` whole: only
         the uncut tail and the start of `block` are joined (the chunks that straddle
         them are copies), the rest is cut in place (views of `block`)."""
@@ -131,7 +143,7 @@ class Chunker:
     def _cut(self, eof: bool) -> list[memoryview]:
         p = self.params
         buf = self._pieces[0] if len(self._pieces) == 1 else b"".join(self._pieces)
-        view = memoryview(buf).toreadonly()  # chunks are views of bytes never written again: no copies
+        view = memoryview(buf).toreadonly()  # chunks are views of bytes not written again while viewed: no copies
         chunks: list[memoryview] = []
         start = 0
         while start < len(buf):

@@ -164,8 +164,9 @@ def encode_chunk(raw: _Bytes, chunk_id: bytes, level: int = DEFAULT_ZSTD_LEVEL, 
     would not pay (`probe`: the caller's answer, e.g. a `FileProbe`'s; None: probe it
     here), or when zstd saves less than `MIN_SAVING` of it. A compressed
     chunk is always decoded and re-hashed; a raw one is re-hashed unless `id_of_raw`
-    says the caller computed `chunk_id` from these very bytes, immutable (a push's
-    read-only views of bytes objects): hashing them again would check nothing new.
+    says the caller computed `chunk_id` from these very bytes, unchanged since (a push's
+    read-only views of read blocks nothing writes while a view is alive): hashing them
+    again would check nothing new.
     Safe to call from several threads at once (zstd releases the GIL).
     """
     raw_len = len(raw)

@@ -12,6 +12,7 @@ bytes at a time, so memory does not grow with file size.
 from __future__ import annotations
 
 import collections
+import mmap
 import os
 import threading
 from dataclasses import dataclass
@@ -46,34 +47,141 @@ ENCODE_TASK_BYTES = 1024 * 1024
 VOUCHED_FILES = 64  # files whose landed chunk ids an `Ingest` keeps between presence batches
 
 
+class ReadBlocks:
+    """Read blocks of one size, reused: a file is read into a block nothing views any more
+    instead of into fresh memory each time (whose pages the kernel faults in and zeroes before
+    the read copies over them: ~10% of a push's CPU).
+
+    Chunks are views of the block they were read into (no copies), and they outlive the
+    chunker's use of it: queued for the presence query, encoded, waiting in a pack's write
+    buffer, kept as the chunker's uncut tail. Writing a block while one such view is alive
+    would change a chunk under its id. A block counts the buffers exported from it (every
+    memoryview of it holds one, through its base, as long as it or any slice of it lives) and
+    refuses to be resized while one is held: `in_use` asks exactly that, so a block is reused
+    only once no view of it is alive anywhere. A block still viewed is left alone and a new one
+    is made, as a fresh read would; at most `keep` blocks wait for reuse. A new block is
+    anonymous memory (`mmap`), untouched until a read fills it (`bytearray(size)` would zero
+    every page first). Thread-safe: a block is out of the pool from `take` to `give_back`."""
+
+    def __init__(self, size: int, keep: int):
+        self.size = size
+        self.keep = keep
+        self._free: list[mmap.mmap | bytearray] = []  # given back; reused once nothing views them
+        self._lock = threading.Lock()
+        self.made = 0
+        self.reused = 0
+
+    def take(self) -> mmap.mmap | bytearray:
+        with self._lock:
+            for i, block in enumerate(self._free):
+                busy = in_use(block)
+                if busy is None:  # cannot be asked on this platform: never reused
+                    self._free.clear()
+                    self.keep = 0
+                    break
+                if not busy:
+                    del self._free[i]
+                    self.reused += 1
+                    return block
+            self.made += 1
+        return new_block(self.size)
+
+    def give_back(self, block: mmap.mmap | bytearray) -> None:
+        """Return a block once its bytes have been fed (views of it may still be alive)."""
+        with self._lock:
+            if len(self._free) < self.keep:
+                self._free.append(block)
+
+    def clear(self) -> None:
+        """Let the waiting blocks go (each is freed once nothing views it)."""
+        with self._lock:
+            self._free.clear()
+
+
+def new_block(size: int) -> mmap.mmap | bytearray:
+    """`size` bytes of private anonymous memory whose pages are untouched until written."""
+    try:
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (AttributeError, TypeError, OSError):  # no such maps here (Windows): zeroed memory
+        return bytearray(size)
+
+
+def in_use(block: mmap.mmap | bytearray) -> bool | None:
+    """Whether any buffer (a memoryview, or a slice of one) of `block` is alive: a block that
+    exports one cannot be resized (BufferError), so it is resized to its own size (an mmap) or
+    one byte is appended and removed (a bytearray). None where that cannot be asked."""
+    try:
+        if isinstance(block, bytearray):
+            block.append(0)
+            del block[-1]  # (the allocation stays: appending again costs nothing)
+        else:
+            block.resize(len(block))  # mremap to the same size: the same pages, untouched
+    except BufferError:
+        return True
+    except (OSError, SystemError, ValueError):  # no mremap (macOS)
+        return None
+    return False
+
+
 class FileChunks:
     """The chunks of an open binary file, block by block: iterating yields
-    (block, chunks completed by it), and last (b"", the final chunks). Parquet files
-    are cut in page groups when `parquet_pages` (then `mode` says so)."""
+    (bytes read, chunks completed by them), and last (0, the final chunks). Parquet files
+    are cut in page groups when `parquet_pages` (then `mode` says so). With `blocks`, every
+    whole block of the file is read into a block of that pool (the chunks are views of it, see
+    `ReadBlocks`); a shorter read (a small file, the end of a large one) gets new bytes of its
+    own size, so that a few small chunks never hold a whole block."""
 
-    def __init__(self, f, params: ChunkParams, parquet_pages: bool = True, block_size: int = 8 << 20):
+    def __init__(self, f, params: ChunkParams, parquet_pages: bool = True, block_size: int = 8 << 20,
+                 blocks: ReadBlocks | None = None):
         self.f, self.block_size = f, block_size
-        self.first = f.read(block_size)
+        self._blocks = blocks if blocks is not None and blocks.size == block_size else None
+        size = os.fstat(f.fileno()).st_size
+        self._left = size  # bytes not yet read, as the file's size said at the start
+        self._first = self._read()
+        first = self._first[1]
         cuts: list[int] | None = None
         self.regions: list[int] = []  # regions: where a Parquet file's column chunks start
-        if parquet_pages and self.first[:4] == pages.MAGIC:
-            geometry = pages.page_geometry(f, os.fstat(f.fileno()).st_size, params)
+        if parquet_pages and bytes(first[:4]) == pages.MAGIC:
+            geometry = pages.page_geometry(f, size, params)
             if geometry is not None:
                 cuts, self.regions = geometry
-            f.seek(len(self.first))
+            f.seek(len(first))
         self.mode = "parquet-pages" if cuts else "bytes"
         self.chunker = Chunker(params, cuts or (), whole_segments=bool(cuts))
 
-    def __iter__(self):
-        block = self.first
-        if block:
-            yield block, self.chunker.feed(block)
+    def _read(self) -> tuple[mmap.mmap | bytearray | None, bytes | memoryview]:
+        """The next block: (the pool's block, or None; the bytes read, empty at end of file)."""
+        if self._blocks is None or self._left < self.block_size:
+            data: bytes | memoryview = self.f.read(self.block_size)
+            self._left -= len(data)
+            return None, data
+        block = self._blocks.take()
+        n = self.f.readinto(block)
+        self._left -= n
+        return block, memoryview(block)[:n]
+
+    def _feed(self, read: tuple[mmap.mmap | bytearray | None, bytes | memoryview]) -> tuple[int, list[memoryview]]:
+        block, data = read
+        n = len(data)
+        if block is None:
+            return n, (self.chunker.feed(data) if n else [])
+        assert isinstance(data, memoryview) and self._blocks is not None  # (a block comes from the pool)
+        chunks = self.chunker.feed_block(data) if n else []
+        data.release()  # ours: the chunks and the chunker's tail are views of their own
+        self._blocks.give_back(block)
+        return n, chunks
+
+    def __iter__(self):  # (int, list of chunks: read-only memoryviews)
+        read, self._first = self._first, (None, b"")
+        n, chunks = self._feed(read)
+        if n:
+            yield n, chunks
             while True:
-                block, chunks = self.chunker.read_from(self.f, self.block_size)
-                if not block:
+                n, chunks = self._feed(self._read())
+                if not n:
                     break
-                yield block, chunks
-        yield b"", self.chunker.finish()
+                yield n, chunks
+        yield 0, self.chunker.finish()
 
 
 def manifest_of(path: str, opts: IngestOptions) -> Manifest:
@@ -83,11 +191,13 @@ def manifest_of(path: str, opts: IngestOptions) -> Manifest:
     chunk_ids: list[bytes] = []
     lengths: list[int] = []
     size = 0
+    blocks = ReadBlocks(opts.block_size, 2)  # each block's chunks are hashed and dropped at once
     with open(path, "rb") as f:
-        for block, chunks in FileChunks(f, opts.params, opts.parquet_pages, opts.block_size):
-            file_hash.update(block)
-            size += len(block)
-            chunk_ids.extend(ids.digest(c) for c in chunks)
+        for n, chunks in FileChunks(f, opts.params, opts.parquet_pages, opts.block_size, blocks):
+            size += n
+            for c in chunks:  # the whole-file hash in the same pass as the ids (chunks are in file order)
+                chunk_ids.append(ids.digest(c))
+                file_hash.update(c)
             lengths.extend(len(c) for c in chunks)
             if len(chunk_ids) > max_entries():
                 raise InvalidAddressError(f"{path}: over {max_entries()} chunks after {size} bytes, more than one "
@@ -98,12 +208,15 @@ def manifest_of(path: str, opts: IngestOptions) -> Manifest:
 class GatherFile:
     """A binary file written with `os.writev` of the pieces it was given, `WRITE_BUFFER` bytes
     at a time: the pieces (views of the read blocks, or compressed chunks) are not copied into
-    a buffer first, and the page cache still gets large writes (large folios)."""
+    a buffer first, and the page cache still gets large writes (large folios). With `hasher`,
+    each batch is hashed just after it is written, while the copy has left it in the CPU's
+    cache: the file is named as it is written, never read back."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, hasher: ids.Hasher | None = None):
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         self._pieces: list = []
         self._size = 0
+        self.hasher = hasher
 
     def write(self, data) -> None:
         if len(data):
@@ -115,6 +228,9 @@ class GatherFile:
     def flush(self) -> None:
         pieces, self._pieces, self._size = self._pieces, [], 0
         write_all(self._fd, pieces)
+        if self.hasher is not None:
+            for piece in pieces:
+                self.hasher.update(piece)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -126,9 +242,10 @@ class GatherFile:
 
 
 class PackSink:
-    """Appends encoded chunks to a temp pack file; a full pack is finished here and
-    handed to one background thread that names it (the hash of its bytes), makes it
-    durable and indexes it (BLAKE3 and fsync release the GIL), so chunking goes on meanwhile."""
+    """Appends encoded chunks to a temp pack file, hashed as they are written (a pack is named
+    by the BLAKE3 of its bytes); a full pack is finished here and handed to one background
+    thread that makes it durable and indexes it (fsync releases the GIL), so chunking goes on
+    meanwhile."""
 
     def __init__(self, store: ChunkSink, opts: IngestOptions):
         self.store = store
@@ -145,9 +262,11 @@ class PackSink:
     def add(self, chunk_id: bytes, codec: int, stored, raw_len: int, check: int | None = None) -> None:
         if self._writer is None:
             self._tmp = self.store.tmp_path()
-            self._file = GatherFile(self._tmp)
+            # the pack is named as it is written: the GatherFile hashes each batch of records just
+            # after writing it (hot in the CPU's cache), so it is never read back to be named
+            self._file = GatherFile(self._tmp, ids.hasher())
             # a GatherFile writes like a binary file (all a PackWriter asks of it)
-            self._writer = PackWriter(cast(BinaryIO, self._file), hash_as_written=False)  # named by the publisher
+            self._writer = PackWriter(cast(BinaryIO, self._file), hash_as_written=False)
         self._writer.add(chunk_id, codec, stored, raw_len, check)
         w = self._writer
         if w.size >= self.opts.max_pack_bytes or len(w.entries) >= self.opts.max_pack_chunks:
@@ -158,22 +277,13 @@ class PackSink:
         if self._writer is None:
             return
         self._writer.finish()
-        assert self._file is not None  # made with the writer
+        assert self._file is not None and self._file.hasher is not None  # made with the writer
         self._file.close()
+        name = self._file.hasher.hexdigest()  # every byte of the pack, the last batch included
         self.pack_bytes += self._writer.size
         self.stored_bytes += sum(e.stored_len for e in self._writer.entries)
-        self._published.append(self._publisher.submit(self._publish, self._tmp, self._writer.entries))
+        self._published.append(self._publisher.submit(self.store.add_pack, self._tmp, name, self._writer.entries))
         self._writer = self._file = None
-
-    def _publish(self, tmp: str, entries: list):
-        """On the publisher thread: name the finished pack by the BLAKE3 of its bytes (read back
-        from the page cache 4 MiB at a time, off the encoding threads' lock; BLAKE3 releases the
-        GIL), then add it to the store."""
-        h = ids.hasher()
-        with open(tmp, "rb") as f:
-            while piece := f.read(4 << 20):
-                h.update(piece)
-        return self.store.add_pack(tmp, h.hexdigest(), entries)
 
     def wait(self) -> None:
         """Block until every queued pack is durable and indexed. A backend that uploads
@@ -224,6 +334,12 @@ class Ingest:
         self.file_mode: dict[str, str] = {}  # file key -> "parquet-pages" or "bytes"
         self._lock = threading.RLock()  # guards everything below the chunking of one file
         self._vouched_by: collections.OrderedDict[str, frozenset] = collections.OrderedDict()  # `_vouch`
+        # read blocks, reused once no chunk views them: about as many as in-flight chunks
+        # (queued and encoding) can hold at once, plus each file thread's own (at most 32: a
+        # `take` asks each waiting block whether it is free)
+        o = self.opts
+        self.blocks = ReadBlocks(o.block_size, min(32, (o.max_inflight_bytes * 3 // 2) // o.block_size
+                                                   + 2 * o.file_threads + 2))
         store.begin_push()
 
     def add_files(self, pairs: list[tuple[str, str]]) -> list[Manifest]:
@@ -246,27 +362,33 @@ class Ingest:
         size = 0
         with open(path, "rb") as f:
             first_anchor = os.fstat(f.fileno()).st_size >= anchors.FIRST_MIN  # its first chunk: a lookup
-            blocks = FileChunks(f, self.opts.params, self.opts.parquet_pages, self.opts.block_size)
+            blocks = FileChunks(f, self.opts.params, self.opts.parquet_pages, self.opts.block_size, self.blocks)
             self.file_mode[key] = blocks.mode
             probe = FileProbe(blocks.regions)  # which of the file's chunks are worth zstd, in file order
-            for block, chunks in blocks:
-                file_hash.update(block)
-                size += len(block)
-                self._add_chunks(chunks, chunk_ids, lengths, key, probe, first_anchor)
+            for n, chunks in blocks:
+                size += n
+                self._add_chunks(chunks, chunk_ids, lengths, key, probe, first_anchor, file_hash)
                 if len(chunk_ids) > max_entries():
                     raise InvalidAddressError(
                         f"{path}: over {max_entries()} chunks after {size} bytes, more than one manifest holds "
                         f"({MAX_MANIFEST_BYTES} bytes): split the file (any file up to {MAX_FILE_BYTES} bytes fits)")
-                if self.progress and block:
-                    self.progress(len(block))
+                if self.progress and n:
+                    self.progress(n)
         with self._lock:
             self.bytes += size
         return Manifest(chunk_ids, lengths, size, file_hash.digest())
 
     def _add_chunks(self, chunks: list[bytes], chunk_ids: list[bytes], lengths: list[int], key: str,
-                    probe: FileProbe, first_anchor: bool = False) -> None:
-        """Record chunks in the manifest; queue them for one batched presence query."""
-        new_ids = [ids.digest(c) for c in chunks]  # outside the lock: hashing releases the GIL
+                    probe: FileProbe, first_anchor: bool = False, file_hash: ids.Hasher | None = None) -> None:
+        """Record chunks in the manifest; queue them for one batched presence query. The
+        whole-file hash takes each chunk just after its id (chunks come in file order), while
+        its bytes are still in the CPU's cache: no second pass over the file's blocks."""
+        new_ids = []  # outside the lock: hashing releases the GIL
+        digest = ids.digest
+        for c in chunks:
+            new_ids.append(digest(c))
+            if file_hash is not None:
+                file_hash.update(c)
         worth = [probe.worth(c) for c in chunks]  # every chunk, in file order
         if not chunk_ids and new_ids and first_anchor:
             with self._lock:
@@ -346,7 +468,8 @@ class Ingest:
         """On an encoding thread: encode (and verify) the chunks, then append them to the pack."""
         try:
             level = self.opts.zstd_level
-            # each id was computed in `_add_chunks` from the same read-only view of immutable bytes
+            # each id was computed in `_add_chunks` from the same read-only view, of bytes nothing
+            # writes while it is alive (`ReadBlocks`)
             encoded = [(*encode_chunk(data, cid, level, id_of_raw=True, probe=worth), ids.checksum(data))
                        for cid, data, worth in task]
             with self.sink.lock:
@@ -381,6 +504,7 @@ class Ingest:
         runtime.wait(self._tasks)  # the pool is shared: wait for ours only
         self._tasks = []
         self.sink.abort()
+        self.blocks.clear()
 
     @property
     def stored_bytes(self) -> int:
