@@ -21,7 +21,40 @@ from typing import BinaryIO, Callable, Self
 from .. import runtime
 
 
-class FaultProxy:
+class _Listener:
+    """A loopback listener on a free port (`port`, `url`): each connection it accepts goes to
+    `_take` on the accepting thread, until close() (or the end of a `with`)."""
+
+    def _listen(self, name: str, backlog: int = 64) -> None:
+        self.closed = threading.Event()
+        self.sock = socket.create_server(("127.0.0.1", 0), backlog=backlog)
+        self.port: int = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        runtime.thread(self._accept, name=name)
+
+    def close(self) -> None:
+        self.closed.set()
+        self.sock.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self._take(conn)
+
+    def _take(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class FaultProxy(_Listener):
     """A loopback TCP proxy in front of the server listening on `target_port`, faulting connections:
 
     cuts: each of the first `cuts` connections is cut after a random number of bytes, drawn from
@@ -42,40 +75,21 @@ class FaultProxy:
         self.rng = random.Random(seed)
         self.connections = self.cut = 0
         self.lock = threading.Lock()
-        self.closed = threading.Event()
-        self.sock = socket.create_server(("127.0.0.1", 0), backlog=64)
-        self.port: int = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        runtime.thread(self._accept, name="fault-proxy")
+        self._listen("fault-proxy")
 
-    def close(self) -> None:
-        self.closed.set()
-        self.sock.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _accept(self) -> None:
-        while not self.closed.is_set():
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(("127.0.0.1", self.target))
-            except OSError:  # the server is gone: so is this connection
-                client.close()
-                continue
-            with self.lock:
-                self.connections += 1
-                faulted = self.connections <= self.to_cut
-                up, down = (self.rng.randint(*self.cut_after) if faulted else None for _ in range(2))
-            pair = (client, upstream)
-            runtime.thread(self._pump, client, upstream, up, None, pair, name="fault-proxy-up")
-            runtime.thread(self._pump, upstream, client, down, self.drip_after, pair, name="fault-proxy-down")
+    def _take(self, client: socket.socket) -> None:
+        try:
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+        except OSError:  # the server is gone: so is this connection
+            client.close()
+            return
+        with self.lock:
+            self.connections += 1
+            faulted = self.connections <= self.to_cut
+            up, down = (self.rng.randint(*self.cut_after) if faulted else None for _ in range(2))
+        pair = (client, upstream)
+        runtime.thread(self._pump, client, upstream, up, None, pair, name="fault-proxy-up")
+        runtime.thread(self._pump, upstream, client, down, self.drip_after, pair, name="fault-proxy-down")
 
     def _pump(self, src: socket.socket, dst: socket.socket, budget: int | None, drip_after: int | None,
               pair: tuple[socket.socket, socket.socket]) -> None:
@@ -119,7 +133,7 @@ Rewrite = Callable[[str, str, bytes], bytes]
 SLOW = 2 * 1024 * 1024  # bytes a second a "slow" request's body is read at
 
 
-class StallingProxy:
+class StallingProxy(_Listener):
     """HTTP/1.1 on loopback, passing each request on to `upstream` (an http URL), except those
     `rule(method, path)` names: "silent" reads the request and never answers, "body" answers the
     headers and half the body, then nothing more, "slow" takes the request's body in at SLOW
@@ -135,28 +149,10 @@ class StallingProxy:
         self.rule: Rule = lambda method, path: None
         self.rewrite: Rewrite = lambda method, path, data: data
         self.stalled: list[tuple[str, str, str]] = []
-        self.done = threading.Event()
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        runtime.thread(self._accept, name="stalling-proxy")
+        self._listen("stalling-proxy")
 
-    def close(self) -> None:
-        self.done.set()
-        self.sock.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _accept(self) -> None:
-        while not self.done.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            runtime.thread(self._serve, conn, name="stalling-proxy-conn")
+    def _take(self, conn: socket.socket) -> None:
+        runtime.thread(self._serve, conn, name="stalling-proxy-conn")
 
     def _serve(self, conn: socket.socket) -> None:
         f = conn.makefile("rb")
@@ -178,7 +174,7 @@ class StallingProxy:
                 body = _read_body(f, low, slow=action == "slow")
                 if action == "silent":
                     self.stalled.append((method, path, action))
-                    self.done.wait()  # read it all, answer nothing
+                    self.closed.wait()  # read it all, answer nothing
                     return
                 up.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
                 for k, v in headers:
@@ -195,7 +191,7 @@ class StallingProxy:
                 if action == "body" and len(data) > 1:
                     self.stalled.append((method, path, action))
                     conn.sendall(head.encode() + data[:len(data) // 2])
-                    self.done.wait()  # the rest never comes
+                    self.closed.wait()  # the rest never comes
                     return
                 conn.sendall(head.encode() + data)
         except OSError:
