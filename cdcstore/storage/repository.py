@@ -55,7 +55,7 @@ from .names import manifest_name, pack_name  # noqa: F401 (names: the layout)
 from .objects import Conflict, NotFound, ObjectStore
 from .packs import LocalPacks, Packs
 from .refs import DELETED, Added, Refs  # noqa: F401 (DELETED: access.py's)
-from .roles import Raw
+from .roles import Raw, ViaRefStore
 
 STORE_FORMAT = "cdcstore"
 STORE_VERSION = 1
@@ -94,7 +94,7 @@ def default_index_path(identity: str) -> str:
     return os.path.join(platformdirs.user_cache_dir("cdcstore"), "index", f"{key}.sqlite")
 
 
-class Repository(Backend):
+class Repository(ViaRefStore, Backend):
     """A store over an object store, with its chunk index at `index_path`, composed of its roles:
     `packs` (chunks, packs and the index), `metadata` (manifests, trees, commits) and the refs;
     the upkeep runs here (`admin`, `push_session`, `journal`). It answers the `Backend` roles
@@ -107,6 +107,7 @@ class Repository(Backend):
 
     capabilities = BackendCapabilities(local_reads=True, runs_here=True)
     pack_store = Packs  # the pack store's kind (a directory's reads its packs with pread)
+    ref_store: Refs
 
     def __init__(self, objects: ObjectStore, index_path: str, location: str | None = None):
         self.objects = objects
@@ -268,50 +269,25 @@ class Repository(Backend):
         """`metadata.bundle_run`."""
         return self.metadata.bundle_run()
 
+    # the other ref calls: roles.ViaRefStore; these two say more than the role does
     def commit(self, commit: Commit, branch: str, expected: str | None,
                landed: Callable[[Commit, Added], object] | None = None) -> str:
-        """`ref_store.commit`."""
+        """`ref_store.commit`, with `landed` (`Refs.commit`)."""
         return self.ref_store.commit(commit, branch, expected, landed)
 
-    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
-        """`ref_store.resolve_ref`."""
-        return self.ref_store.resolve_ref(repo, rev)
-
-    def branches(self, repo: str) -> dict[str, str]:
-        """`ref_store.branches`."""
-        return self.ref_store.branches(repo)
-
-    def tags(self, repo: str) -> dict[str, str]:
-        """`ref_store.tags`."""
-        return self.ref_store.tags(repo)
-
-    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
-        """`ref_store.create_tag`."""
-        self.ref_store.create_tag(repo, name, commit_id)
-
-    def create_branch(self, repo: str, name: str, commit_id: str) -> None:
-        """`ref_store.create_branch`."""
-        self.ref_store.create_branch(repo, name, commit_id)
-
-    def delete_tag(self, repo: str, name: str) -> str:
-        """`ref_store.delete_tag`."""
-        return self.ref_store.delete_tag(repo, name)
-
-    def delete_branch(self, repo: str, name: str) -> str:
-        """`ref_store.delete_branch`."""
-        return self.ref_store.delete_branch(repo, name)
-
-    def has_repo(self, repo: str) -> bool:
-        """`ref_store.has_repo`."""
-        return self.ref_store.has_repo(repo)
-
-    def repos(self) -> list[str]:
-        """`ref_store.repos`."""
-        return self.ref_store.repos()
-
     def forgotten(self, repo: str) -> set[str]:
-        """`ref_store.forgotten`."""
+        """`ref_store.forgotten` (a repository can always list them)."""
         return self.ref_store.forgotten(repo)
+
+
+
+
+
+
+
+
+
+
 
     # -- upkeep (roles.Upkeep: runs_here) and what a server asks of its store ----------------
     def admin(self, command: str, **options: Any) -> Any:

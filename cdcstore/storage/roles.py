@@ -251,3 +251,44 @@ class Upkeep(Protocol):
         rebuild-index and recover) with its options; its report (a dict; `recover`: a count)."""
         raise InvalidAddressError(f"{command} works on a store directory, a bucket or a server, "
                                   f"not {self.location}")
+
+
+class ViaRefStore:
+    """The `RefStore` calls of a store whose refs are a role object of its own (`ref_store`),
+    passed on to it, written out once (`Repository` and `RemoteStore`; put it before `Backend`
+    among the bases)."""
+
+    ref_store: RefStore
+
+    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
+        return self.ref_store.commit(commit, branch, expected)
+
+    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
+        return self.ref_store.resolve_ref(repo, rev)
+
+    def branches(self, repo: str) -> dict[str, str]:
+        return self.ref_store.branches(repo)
+
+    def tags(self, repo: str) -> dict[str, str]:
+        return self.ref_store.tags(repo)
+
+    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
+        self.ref_store.create_tag(repo, name, commit_id)
+
+    def create_branch(self, repo: str, name: str, commit_id: str) -> None:
+        self.ref_store.create_branch(repo, name, commit_id)
+
+    def delete_tag(self, repo: str, name: str) -> str:
+        return self.ref_store.delete_tag(repo, name)
+
+    def delete_branch(self, repo: str, name: str) -> str:
+        return self.ref_store.delete_branch(repo, name)
+
+    def has_repo(self, repo: str) -> bool:
+        return self.ref_store.has_repo(repo)
+
+    def repos(self) -> list[str]:
+        return self.ref_store.repos()
+
+    def forgotten(self, repo: str) -> set[str] | None:
+        return self.ref_store.forgotten(repo)

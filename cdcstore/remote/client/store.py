@@ -36,6 +36,7 @@ from ...core.ranges import ByteRange, lands, plan_ranges, scatter, slices
 from ...core.wire import url_repo
 from ...storage import memo
 from ...storage.backend import Backend, BackendCapabilities
+from ...storage.roles import ViaRefStore
 from .journal import RemoteJournal, manifests_present
 from .receiver import Receiver, Stalled, Unserved
 from .refs import RemoteRefs
@@ -590,9 +591,9 @@ class _Answer(dict):
         raise RemoteError(f"{self.what} lacks {key!r}: is it a cdcstore server (of a version this client knows)?")
 
 
-class RemoteStore(Backend):
+class RemoteStore(ViaRefStore, Backend):
     """A store behind `cdcstore serve`, used exactly like a local one: chunks, packs, manifests,
-    trees and commits here; its refs are `ref_store`'s (`refs.RemoteRefs`), passed on below."""
+    trees and commits here; its refs are `ref_store`'s (`refs.RemoteRefs`, `roles.ViaRefStore`)."""
 
     capabilities = BackendCapabilities(counts_requests=True, proves_possession=True, remote_admin=True,
                                        reads_into=True, bundles=True)
@@ -958,50 +959,16 @@ class RemoteStore(Backend):
     def totals(self) -> dict:
         return self._json("GET", "/stats")
 
-    # -- roles.RefStore: `ref_store`'s
-    def commit(self, commit: Commit, branch: str, expected: str | None) -> str:
-        """`ref_store.commit`."""
-        return self.ref_store.commit(commit, branch, expected)
 
-    def resolve_ref(self, repo: str, rev: str) -> tuple[str, str]:
-        """`ref_store.resolve_ref`."""
-        return self.ref_store.resolve_ref(repo, rev)
 
-    def branches(self, repo: str) -> dict[str, str]:
-        """`ref_store.branches`."""
-        return self.ref_store.branches(repo)
 
-    def forgotten(self, repo: str) -> set[str] | None:
-        """`ref_store.forgotten`."""
-        return self.ref_store.forgotten(repo)
 
-    def tags(self, repo: str) -> dict[str, str]:
-        """`ref_store.tags`."""
-        return self.ref_store.tags(repo)
 
-    def create_tag(self, repo: str, name: str, commit_id: str) -> None:
-        """`ref_store.create_tag`."""
-        self.ref_store.create_tag(repo, name, commit_id)
 
-    def create_branch(self, repo: str, name: str, commit_id: str) -> None:
-        """`ref_store.create_branch`."""
-        self.ref_store.create_branch(repo, name, commit_id)
 
-    def delete_tag(self, repo: str, name: str) -> str:
-        """`ref_store.delete_tag`."""
-        return self.ref_store.delete_tag(repo, name)
 
-    def delete_branch(self, repo: str, name: str) -> str:
-        """`ref_store.delete_branch`."""
-        return self.ref_store.delete_branch(repo, name)
 
-    def has_repo(self, repo: str) -> bool:
-        """`ref_store.has_repo`."""
-        return self.ref_store.has_repo(repo)
 
-    def repos(self) -> list[str]:
-        """`ref_store.repos`."""
-        return self.ref_store.repos()
 
     def close(self) -> None:
         try:
