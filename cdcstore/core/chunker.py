@@ -1,4 +1,4 @@
-"""Content-defined chunking: gear-hash CDC of the FastCDC family (chunk format v2; the byte rule is v1's).
+"""Content-defined chunking: gear-hash CDC of the FastCDC family (chunk format v3; the byte rule is v1's).
 
 The boundary scan is native (`cdcstore._gear`); this module feeds it. Boundaries
 depend only on the bytes, never on how they arrive: `Chunker.feed` accepts pieces
@@ -17,7 +17,7 @@ from . import _gear
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-CHUNK_FORMAT_VERSION = 2  # v2: v1 for bytes, page groups for Parquet (docs/format.md)
+CHUNK_FORMAT_VERSION = 3  # v3: v1 for bytes, page groups for Parquet (v2), TAR members (docs/format.md)
 KiB = 1024
 MAX_CHUNK_BYTES = 16 * KiB * KiB  # format limit: no chunk is larger (readers refuse bigger raw lengths)
 PARALLEL_MIN_BYTES = 4 * KiB * KiB  # a segment this large is scanned as two halves at once
@@ -67,8 +67,8 @@ class Chunker:
     `cuts` are absolute offsets where a chunk must end (e.g. Parquet page
     groups): the stream is then chunked as independent segments, each with the
     rule above; with `whole_segments`, a segment of at most `max_size` bytes between two
-    cuts is one chunk (Parquet page groups, `pages.page_cuts`), and only longer ones are
-    cut by the rule. Memory is bounded by about twice the maximum chunk size plus one
+    cuts is one chunk (Parquet page groups, `pages.page_cuts`; TAR members,
+    `tar.member_cuts`), and only longer ones are cut by the rule. Memory is bounded by about twice the maximum chunk size plus one
     piece. Chunks are read-only memoryviews of the bytes fed (no copies, except the
     few that straddle two pieces); they stay valid after later calls (bytes fed with
     `feed_block` stay valid while their owner keeps them unchanged: see there).

@@ -20,7 +20,7 @@ from typing import BinaryIO, Callable, Iterable, cast
 
 from .. import runtime
 from ..core import anchors, ids
-from ..core import pages
+from ..core import pages, tar
 from ..core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker
 from ..core.errors import InvalidAddressError
 from ..core.manifest import MAX_FILE_BYTES, MAX_MANIFEST_BYTES, Manifest, max_entries
@@ -40,6 +40,7 @@ class IngestOptions:
     max_inflight_bytes: int = 64 * 1024 * 1024
     block_size: int = 8 * 1024 * 1024
     parquet_pages: bool = True  # cut Parquet files at page boundaries (falls back to byte CDC)
+    tar_members: bool = True  # cut tar files at their members' data (falls back to byte CDC)
     file_threads: int = 2  # files chunked at once
 
 
@@ -126,13 +127,15 @@ def in_use(block: mmap.mmap | bytearray) -> bool | None:
 class FileChunks:
     """The chunks of an open binary file, block by block: iterating yields
     (bytes read, chunks completed by them), and last (0, the final chunks). Parquet files
-    are cut in page groups when `parquet_pages` (then `mode` says so). With `blocks`, every
+    are cut in page groups when `parquet_pages`, tar files at their members when `tar_members`
+    (then `mode` says so; anything else, or a file whose structure is not trusted, is cut by the
+    byte rule). With `blocks`, every
     whole block of the file is read into a block of that pool (the chunks are views of it, see
     `ReadBlocks`); a shorter read (a small file, the end of a large one) gets new bytes of its
     own size, so that a few small chunks never hold a whole block."""
 
     def __init__(self, f, params: ChunkParams, parquet_pages: bool = True, block_size: int = 8 << 20,
-                 blocks: ReadBlocks | None = None):
+                 blocks: ReadBlocks | None = None, tar_members: bool = True):
         self.f, self.block_size = f, block_size
         self._blocks = blocks if blocks is not None and blocks.size == block_size else None
         size = os.fstat(f.fileno()).st_size
@@ -146,7 +149,13 @@ class FileChunks:
             if geometry is not None:
                 cuts, self.regions = geometry
             f.seek(len(first))
-        self.mode = "parquet-pages" if cuts else "bytes"
+            self.mode = "parquet-pages" if cuts else "bytes"
+        elif tar_members and tar.is_tar_header(first[:tar.BLOCK]):
+            fd = f.fileno()
+            cuts = tar.member_cuts(lambda off, n: os.pread(fd, n, off), size, params)
+            self.mode = "tar-members" if cuts else "bytes"
+        else:
+            self.mode = "bytes"
         self.chunker = Chunker(params, cuts or (), whole_segments=bool(cuts))
 
     def _read(self) -> tuple[mmap.mmap | bytearray | None, bytes | memoryview]:
@@ -193,7 +202,7 @@ def manifest_of(path: str, opts: IngestOptions) -> Manifest:
     size = 0
     blocks = ReadBlocks(opts.block_size, 2)  # each block's chunks are hashed and dropped at once
     with open(path, "rb") as f:
-        for n, chunks in FileChunks(f, opts.params, opts.parquet_pages, opts.block_size, blocks):
+        for n, chunks in FileChunks(f, opts.params, opts.parquet_pages, opts.block_size, blocks, opts.tar_members):
             size += n
             for c in chunks:  # the whole-file hash in the same pass as the ids (chunks are in file order)
                 chunk_ids.append(ids.digest(c))
@@ -362,7 +371,8 @@ class Ingest:
         size = 0
         with open(path, "rb") as f:
             first_anchor = os.fstat(f.fileno()).st_size >= anchors.FIRST_MIN  # its first chunk: a lookup
-            blocks = FileChunks(f, self.opts.params, self.opts.parquet_pages, self.opts.block_size, self.blocks)
+            blocks = FileChunks(f, self.opts.params, self.opts.parquet_pages, self.opts.block_size, self.blocks,
+                                self.opts.tar_members)
             self.file_mode[key] = blocks.mode
             probe = FileProbe(blocks.regions)  # which of the file's chunks are worth zstd, in file order
             for n, chunks in blocks:
