@@ -506,6 +506,32 @@ def test_a_parquet_file_put_through_the_gateway_is_the_file_a_push_stores(gw, tm
     assert tags["put"] == tags["pushed"]
 
 
+def test_a_tar_shard_uploaded_in_parts_is_cut_at_its_members_as_a_push_cuts_it(gw, tmp_path):
+    """A WebDataset-like shard sent by boto3 as a multipart upload (5 MiB parts): Complete cuts it at
+    its members (chunk format v3) exactly as a push does, so pushing the same file stores nothing."""
+    import io
+    import random
+    import tarfile
+    from boto3.s3.transfer import TransferConfig
+    rnd = random.Random(11)
+    with tarfile.open(tmp_path / "shard.tar", "w", format=tarfile.PAX_FORMAT) as tf:
+        for i in range(300):
+            for ext, body in (("jpg", rnd.randbytes(40_000)), ("json", b'{"label": %d}' % i)):
+                ti = tarfile.TarInfo(f"{i:06d}.{ext}")
+                ti.size, ti.mtime = len(body), 1.7e9 + rnd.random()
+                tf.addfile(ti, io.BytesIO(body))
+    s3 = client(gw)
+    s3.upload_file(str(tmp_path / "shard.tar"), "ds", "main/wds/put.tar",
+                   Config=TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20))
+    with local(gw) as s:
+        before = s.stats()["stored_bytes"]
+        r = s.push([str(tmp_path / "shard.tar")], "cdc://ds/wds/pushed.tar", message="push")
+        assert r.files_detail["wds/pushed.tar"]["chunking"] == "tar-members"
+        assert r.new_bytes == 0 and s.stats()["stored_bytes"] == before
+    tags = {k: s3.head_object(Bucket="ds", Key=f"main/wds/{k}.tar")["ETag"] for k in ("put", "pushed")}
+    assert tags["put"] == tags["pushed"]
+
+
 def test_a_tokens_staged_parts_are_capped(tmp_path):
     """max_upload_bytes_per_token: a token's parts past it are 403 QuotaExceeded, nothing staged."""
     LocalStore.init(str(tmp_path / "srv"))
