@@ -24,9 +24,12 @@ Sides:
   v3       cdcstore with TAR member cuts (the default): TransferResult.new_bytes (raw bytes of new
            chunks) and stored_bytes (as written into packs, zstd where it pays)
 
-Also: chunks per 100 MB of TAR (each shape), and push and read speed of the large shape, v3 against
+Also: chunks per 100 MB of TAR (each shape); push and read speed of the large shape, v3 against
 v2 (a fresh store each, push in process, then every file read back through `Store.open`; medians of
---repeat runs, sides alternated). The last line is one JSON object of every figure.
+--repeat runs, sides alternated); and random access as a shuffled loader does it: the small shape
+pushed both ways to a real `cdcstore serve` on loopback, then 100 random samples' `jpg` members read
+by byte range through `Store(server)` with a fresh chunk cache from files opened once (as a loader
+keeps them), bytes received and requests per sample after the opens. The last line is one JSON object of every figure.
 
 Goals (issue 49; reported, never tuned to): small one_changed <= 0.2 MB; large one_changed <= 1 MB;
 rewritten <= 2% of the shard; <= 2,000 chunks per 100 MB; push and read no slower than v2.
@@ -134,6 +137,42 @@ def speed(paths: list[str], work: str, tar_members: bool) -> dict:
     return {"push_s": push, "read_s": read, "chunks": r.chunks}
 
 
+def random_samples(paths: list[str], work: str, tar_members: bool, picks: int = 100) -> dict:
+    """Bytes a cold client receives to read `picks` random members' data from a served store."""
+    from cdcstore.api import Store
+    from cdcstore.core import tar
+    from cdcstore.engine.ingest import IngestOptions
+    from cdcstore.testing.served import ServedStore
+    root = os.path.join(work, "served")
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    with ServedStore(root) as srv:
+        with Store(srv.url) as up:
+            up.push(paths, DEST, options=IngestOptions(tar_members=tar_members), stat_cache=False)
+        rnd = random.Random(49)
+        members: list = []
+        for p in paths:
+            data = open(p, "rb").read()
+            members += [(p, m) for m in tar.walk(lambda o, n: data[o:o + n], len(data)) if m.name.endswith(".jpg")]
+        chosen = rnd.sample(members, picks)
+        with Store(srv.url, cache=os.path.join(root, "client-cache")) as down:
+            files = {p: down.open(DEST + os.path.basename(p)) for p in paths}  # as a loader keeps them
+            opened = down.counters()
+            for p, m in chosen:
+                f = files[p]
+                f.seek(m.data)
+                got = f.read(m.size)
+                with open(p, "rb") as g:
+                    g.seek(m.data)
+                    assert got == g.read(m.size)
+            c = {k: down.counters()[k] - opened[k] for k in ("received_bytes", "requests")}
+            for f in files.values():
+                f.close()
+    shutil.rmtree(root, ignore_errors=True)
+    return {"received_per_sample": c["received_bytes"] / picks, "requests_per_sample": c["requests"] / picks,
+            "member_bytes": sum(m.size for _, m in chosen) / picks}
+
+
 def mb(n: float) -> str:
     return f"{n / 1e6:,.3f} MB"
 
@@ -174,6 +213,14 @@ def main() -> None:
                                                   "v3": new["chunks_v1"] * 1e8 / size}
         c = out["chunks_per_100mb"][shape]
         print(f"  chunks per 100 MB: v2 {c['v2']:,.0f}, v3 {c['v3']:,.0f} (goal <= 2,000)")
+    small = write_shards(os.path.join(args.work, "small", "v1"), "small")
+    out["random_reads"] = {side: random_samples(small, args.work, members)
+                           for side, members in (("v2", False), ("v3", True))}
+    r2, r3 = out["random_reads"]["v2"], out["random_reads"]["v3"]
+    print(f"\nrandom samples, small shape, cold client of a loopback server (jpg of {r3['member_bytes']:,.0f} B avg):")
+    print(f"  received per sample: v2 {r2['received_per_sample']:,.0f} B, v3 {r3['received_per_sample']:,.0f} B "
+          f"(v3/v2 {r3['received_per_sample'] / r2['received_per_sample']:.2f}x); requests per sample "
+          f"v2 {r2['requests_per_sample']:.2f}, v3 {r3['requests_per_sample']:.2f}")
     paths = write_shards(os.path.join(args.work, "large", "v1"), "large")
     runs: dict = {"v2": [], "v3": []}
     for _ in range(args.repeat):
