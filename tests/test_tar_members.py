@@ -11,6 +11,7 @@ import io
 import os
 import random
 import tarfile
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -52,6 +53,14 @@ def reader(data: bytes, calls: list | None = None):
     return read
 
 
+def native_cuts(data: bytes, params: ChunkParams = DEFAULT_PARAMS) -> list[int] | None:
+    """`tar.member_cuts_of` (the native walk a push uses) over `data` in a file."""
+    with tempfile.TemporaryFile() as f:
+        f.write(data)
+        f.flush()
+        return tar.member_cuts_of(f.fileno(), len(data), params)
+
+
 def chunk_ends(data: bytes, params: ChunkParams) -> list[int]:
     cuts = tar.member_cuts(reader(data), len(data), params)
     ch = Chunker(params, cuts or (), whole_segments=bool(cuts))
@@ -81,8 +90,9 @@ def test_golden_tar_members_cuts_and_chunks(name):
     assert hashlib.sha256(data).hexdigest()[:16] == digest
     assert chunk_ends(data, DEFAULT_PARAMS) == default_ends
     assert chunk_ends(data, SMALL) == small_ends
-    for params in (DEFAULT_PARAMS, SMALL):  # the rule, read off tarfile's own walk
+    for params in (DEFAULT_PARAMS, SMALL):  # the rule, read off tarfile's own walk; the native walk agrees
         assert tar.member_cuts(reader(data), len(data), params) == expected_cuts(data, params)
+        assert native_cuts(data, params) == expected_cuts(data, params)
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
@@ -223,6 +233,7 @@ def test_a_lying_header_falls_back_to_byte_cdc(case, tmp_path):
     }[case]()
     calls: list = []
     assert tar.member_cuts(reader(bad, calls), len(bad)) is None
+    assert native_cuts(bad) is None
     assert all(n <= max(tar.WINDOW, tar.MAX_RECORD) for _, n in calls)
     p = tmp_path / "bad.tar"
     p.write_bytes(bad)
@@ -239,8 +250,9 @@ def test_a_lying_header_falls_back_to_byte_cdc(case, tmp_path):
 @given(st.data())
 def test_fuzzed_headers_never_read_past_the_file_or_break_the_bytes(data):
     """Any bytes written into any header field (checksum made right, so the walk trusts it enough to
-    act on it): the cut points stay inside the file, the chunks give the file back, the chunk count
-    stays within the format's bound, and no read asks for more than a window or a record."""
+    act on it): the native walk gives exactly the reference's cuts, the cut points stay inside the
+    file, the chunks give the file back, the chunk count stays within the format's bound, and no
+    read asks for more than a window or a record."""
     good = open(os.path.join(DATA, "pax-long-names.tar"), "rb").read()
     heads = [m.header for m in tar.walk(reader(good), len(good))] + \
         [m.data - 512 for m in tar.walk(reader(good), len(good))]
@@ -253,6 +265,7 @@ def test_fuzzed_headers_never_read_past_the_file_or_break_the_bytes(data):
     calls: list = []
     for params in (DEFAULT_PARAMS, SMALL):
         cuts = tar.member_cuts(reader(bad, calls), len(bad), params)
+        assert native_cuts(bad, params) == cuts
         if cuts is not None:
             assert cuts == sorted(set(cuts)) and cuts[-1] == len(bad) and all(0 < c for c in cuts)
         ch = Chunker(params, cuts or (), whole_segments=bool(cuts))
@@ -260,6 +273,33 @@ def test_fuzzed_headers_never_read_past_the_file_or_break_the_bytes(data):
         assert b"".join(bytes(c) for c in out) == bad
         assert len(out) <= max_chunks(len(bad), params.min_size)
     assert all(n <= max(tar.WINDOW, tar.MAX_RECORD) for _, n in calls)
+
+
+def pax_record(key: bytes, value: bytes) -> bytes:
+    """One well-formed pax record (`LENGTH KEY=VALUE\\n`, LENGTH counting its own digits)."""
+    body = len(key) + len(value) + 3
+    n = next(body + d for d in range(1, 4) if len(str(body + d)) == d)
+    return b"%d %s=%s\n" % (n, key, value)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_fuzzed_pax_records_walk_the_same_natively(data):
+    """Any bytes in a pax record (and any length for it, its header's checksum made right): the
+    native walk and the reference agree exactly (cuts, or None), and take a `size` record alike."""
+    good = open(os.path.join(DATA, "wds-pax.tar"), "rb").read()
+    pax = [m.header for m in tar.walk(reader(good), len(good))]  # each member here starts with its pax record
+    at = data.draw(st.sampled_from(pax))
+    record = data.draw(st.one_of(
+        st.binary(max_size=600),
+        st.builds(pax_record, st.sampled_from([b"size", b"path", b"mtime", b"siz"]),
+                  st.one_of(st.binary(max_size=40), st.integers(0, 10**30).map(lambda n: b"%d" % n)))))
+    length = data.draw(st.one_of(st.just(len(record)), st.integers(0, 700)))
+    block = (record + bytes(512))[:512]
+    bad = header_with(good, at, slice(124, 136), b"%011o" % length)
+    bad = bad[:at + 512] + block + bad[at + 1024:]
+    for params in (DEFAULT_PARAMS, SMALL):
+        assert native_cuts(bad, params) == tar.member_cuts(reader(bad), len(bad), params)
 
 
 def test_many_tiny_members_get_a_bounded_number_of_chunks():

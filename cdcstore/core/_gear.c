@@ -219,6 +219,7 @@ typedef struct {
     size_t wcap, wlen;
     uint64_t wbase;
     int err;            /* errno of a failed read, else 0 */
+    size_t window;      /* bytes read at a miss (0: PG_WINDOW) */
 } pg_file_t;
 
 /* Makes [pos, pos + n) (clipped to the file) available in the window; returns a
@@ -226,7 +227,8 @@ typedef struct {
 static const uint8_t *pg_bytes(pg_file_t *f, uint64_t pos, size_t n, size_t *avail) {
     if (pos + n > f->size) n = (size_t)(f->size - pos);
     if (!(pos >= f->wbase && pos + n <= f->wbase + f->wlen)) {
-        size_t want = n > PG_WINDOW ? n : PG_WINDOW;
+        size_t window = f->window ? f->window : PG_WINDOW;
+        size_t want = n > window ? n : window;
         if (pos + want > f->size) want = (size_t)(f->size - pos);
         if (want > f->wcap) {
             uint8_t *w = PyMem_RawRealloc(f->win, want ? want : 1);
@@ -536,7 +538,7 @@ static PyObject *page_groups(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "ranges come in (start, end) pairs");
         return NULL;
     }
-    pg_file_t f = {fd, size, NULL, 0, 0, 0, 0};
+    pg_file_t f = {fd, size, NULL, 0, 0, 0, 0, 0};
     sel_t g;
     memset(&g, 0, sizeof g);
     g.min = (uint64_t)min;
@@ -569,6 +571,196 @@ static PyObject *page_groups(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* ---- TAR members (forced cut points, revision 5; docs/format.md) ----
+ * The walk of `core/tar.py` (its reference, in Python), for speed on tars of many small
+ * members: every header's checksum checked, sizes checked against the file before anything
+ * is read for them, pax and GNU records at most TAR_MAX_RECORD bytes. Returns the start and
+ * end of every member's data region of at least `min` bytes, or "untrusted" (byte CDC). */
+
+#define TAR_BLOCK 512
+#define TAR_WINDOW (64 * 1024)
+#define TAR_MAX_RECORD ((uint64_t)1 << 20)
+
+typedef struct { uint64_t *v; size_t n, cap; } u64s_t;
+
+static int u64s_push(u64s_t *a, uint64_t x) {
+    if (a->n == a->cap) {
+        size_t cap = a->cap ? 2 * a->cap : 256;
+        uint64_t *v = PyMem_RawRealloc(a->v, cap * sizeof *v);
+        if (!v) return 0;
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+    return 1;
+}
+
+/* An octal header field: up to its first NUL, spaces stripped at both ends, digits 0-7 only
+ * (saturating past 2^64: past any file). 1 and *out, or 0 when it is not a number. */
+static int tar_octal(const uint8_t *f, size_t n, int empty_ok, uint64_t *out) {
+    size_t b = 0;
+    while (b < n && f[b] != 0) b++;
+    size_t a = 0;
+    while (a < b && f[a] == ' ') a++;
+    while (b > a && f[b - 1] == ' ') b--;
+    if (a == b) { *out = 0; return empty_ok; }
+    uint64_t v = 0;
+    for (size_t i = a; i < b; i++) {
+        if (f[i] < '0' || f[i] > '7') return 0;
+        v = v > (UINT64_MAX >> 3) ? UINT64_MAX : v * 8 + (uint64_t)(f[i] - '0');
+    }
+    *out = v;
+    return 1;
+}
+
+static int tar_checksum_ok(const uint8_t *h) {
+    uint64_t want;
+    if (!tar_octal(h + 148, 8, 0, &want)) return 0;
+    uint64_t sum = 8 * 32, high = 0;
+    for (int i = 0; i < TAR_BLOCK; i++) {
+        if (i >= 148 && i < 156) continue;
+        sum += h[i];
+        high += h[i] > 127;
+    }
+    return want == sum || want == sum - 256 * high;
+}
+
+/* The size field: octal, or GNU base-256 (first byte 0x80, the other 11 big-endian). */
+static int tar_size_field(const uint8_t *h, uint64_t *out) {
+    const uint8_t *f = h + 124;
+    if (f[0] & 0x80) {
+        if (f[0] != 0x80) return 0;
+        uint64_t v = 0;
+        for (int i = 1; i < 12; i++) {
+            if (i < 4 && f[i]) { *out = UINT64_MAX; return 1; }
+            v = (v << 8) | f[i];
+        }
+        *out = v;
+        return 1;
+    }
+    return tar_octal(f, 12, 1, out);
+}
+
+enum { PAX_ABSENT = 0, PAX_SIZE = 1, PAX_BAD = 2 };
+
+/* The records of a pax header (`LENGTH KEY=VALUE\n` each); 0 when they do not parse. A `size`
+ * record sets *state (PAX_SIZE and *size, or PAX_BAD when its value is not decimal digits). */
+static int tar_pax(const uint8_t *r, size_t n, int *state, uint64_t *size) {
+    size_t i = 0;
+    while (i < n && r[i] != 0) {
+        size_t lim = i + 21 < n ? i + 21 : n, sp = i;
+        while (sp < lim && r[sp] != ' ') sp++;
+        if (sp == lim || sp == i) return 0;
+        uint64_t len = 0;
+        for (size_t k = i; k < sp; k++) {
+            if (r[k] < '0' || r[k] > '9') return 0;
+            len = len > UINT64_MAX / 16 ? UINT64_MAX : len * 10 + (uint64_t)(r[k] - '0');
+        }
+        if (len <= sp - i + 1 || len > n - i || r[i + len - 1] != '\n') return 0;
+        size_t end = i + (size_t)len - 1, eq = sp + 1;
+        while (eq < end && r[eq] != '=') eq++;
+        if (eq == end) return 0;
+        if (eq - (sp + 1) == 4 && memcmp(r + sp + 1, "size", 4) == 0) {
+            uint64_t v = 0;
+            int ok = eq + 1 < end;
+            for (size_t k = eq + 1; ok && k < end; k++) {
+                if (r[k] < '0' || r[k] > '9') ok = 0;
+                else v = v > UINT64_MAX / 16 ? UINT64_MAX : v * 10 + (uint64_t)(r[k] - '0');
+            }
+            *state = ok ? PAX_SIZE : PAX_BAD;
+            *size = v;
+        }
+        i += (size_t)len;
+    }
+    return 1;
+}
+
+/* 1: walked (cuts in *cuts); 0: untrusted; -1: a read failed (f->err). */
+static int tar_walk(pg_file_t *f, uint64_t min, u64s_t *cuts) {
+    uint64_t size = f->size, off = 0;
+    int x_state = PAX_ABSENT, g_state = PAX_ABSENT;
+    uint64_t x_size = 0, g_size = 0;
+    while (off < size) {
+        if (size - off < TAR_BLOCK) return 0;
+        size_t avail;
+        const uint8_t *h = pg_bytes(f, off, TAR_BLOCK, &avail);
+        if (!h) return -1;
+        if (avail < TAR_BLOCK) return 0;
+        int zero = 1;
+        for (int i = 0; i < TAR_BLOCK && zero; i++) zero = h[i] == 0;
+        if (zero) return 1;
+        if (!tar_checksum_ok(h)) return 0;
+        uint8_t kind = h[156];
+        int record = kind == 'x' || kind == 'g' || kind == 'L' || kind == 'K';
+        uint64_t n;
+        if (!tar_size_field(h, &n)) return 0;
+        if (!record) {
+            int st = x_state != PAX_ABSENT ? x_state : g_state;
+            if (st == PAX_BAD) return 0;
+            if (st == PAX_SIZE) n = x_state != PAX_ABSENT ? x_size : g_size;
+        }
+        if (kind >= '1' && kind <= '6') n = 0;
+        uint64_t data = off + TAR_BLOCK;
+        if (n > size - data) return 0;
+        if (record) {
+            if (n > TAR_MAX_RECORD) return 0;
+            if (kind == 'x' || kind == 'g') {
+                const uint8_t *r = pg_bytes(f, data, (size_t)n, &avail);
+                if (!r) return -1;
+                if (avail < n) return 0;
+                int st = PAX_ABSENT;
+                uint64_t v = 0;
+                if (!tar_pax(r, (size_t)n, &st, &v)) return 0;
+                if (kind == 'x') { x_state = st; x_size = v; }
+                else if (st != PAX_ABSENT) { g_state = st; g_size = v; }
+            } else if (n) {
+                const uint8_t *r = pg_bytes(f, data, (size_t)n, &avail);
+                if (!r) return -1;
+                if (avail < n) return 0;
+            }
+        } else {
+            uint64_t end = data + (n + TAR_BLOCK - 1) / TAR_BLOCK * TAR_BLOCK;
+            if (end - data >= min) {
+                if ((cuts->n == 0 || cuts->v[cuts->n - 1] != data) && !u64s_push(cuts, data)) {
+                    f->err = ENOMEM;
+                    return -1;
+                }
+                if (!u64s_push(cuts, end)) { f->err = ENOMEM; return -1; }
+            }
+            x_state = PAX_ABSENT;
+        }
+        off = data + (n + TAR_BLOCK - 1) / TAR_BLOCK * TAR_BLOCK;
+    }
+    return 1;
+}
+
+static PyObject *tar_cuts(PyObject *self, PyObject *args) {
+    int fd;
+    unsigned long long size, min;
+    if (!PyArg_ParseTuple(args, "iKK", &fd, &size, &min)) return NULL;
+    pg_file_t f = {fd, size, NULL, 0, 0, 0, 0, TAR_WINDOW};
+    u64s_t cuts = {NULL, 0, 0};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = tar_walk(&f, min, &cuts);
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(f.win);
+    PyObject *out = NULL;
+    if (rc == -1 && f.err == ENOMEM) PyErr_NoMemory();
+    else if (rc == -1) { errno = f.err; PyErr_SetFromErrno(PyExc_OSError); }
+    else if (rc == 0) out = Py_NewRef(Py_None);
+    else {
+        out = PyList_New((Py_ssize_t)cuts.n);
+        for (size_t k = 0; out && k < cuts.n; k++) {
+            PyObject *v = PyLong_FromUnsignedLongLong(cuts.v[k]);
+            if (!v) { Py_CLEAR(out); break; }
+            PyList_SET_ITEM(out, (Py_ssize_t)k, v);
+        }
+    }
+    PyMem_RawFree(cuts.v);
+    return out;
+}
+
 static PyObject *gear_table(PyObject *self, PyObject *noargs) {
     PyObject *t = PyTuple_New(256);
     if (!t) return NULL;
@@ -591,6 +783,11 @@ static PyMethodDef methods[] = {
      "ranges: packed uint64 (start, end) of every column chunk, sorted and disjoint; hard: packed\n"
      "uint64 offsets that always cut, sorted. None when the pages do not walk cleanly: chunk\n"
      "the file as bytes."},
+    {"tar_cuts", tar_cuts, METH_VARARGS,
+     "tar_cuts(fd, size, min) -> list of cut offsets, or None.\n\n"
+     "The start and end of every member's data region of at least min bytes of the tar file\n"
+     "open as fd (size bytes), walked as core/tar.py walks it; None when a header is not to\n"
+     "be trusted: chunk the file as bytes."},
     {"gear_table", gear_table, METH_NOARGS, "The 256-entry gear table (format constant)."},
     {NULL, NULL, 0, NULL},
 };

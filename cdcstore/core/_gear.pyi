@@ -11,5 +11,9 @@ def page_groups(fd: int, size: int, ranges: ReadableBuffer, hard: ReadableBuffer
     its pages do not walk cleanly. `ranges`: packed u64 (start, end) pairs of the column chunks,
     sorted and disjoint; `hard`: packed u64 offsets that always cut, sorted."""
 
+def tar_cuts(fd: int, size: int, min: int, /) -> list[int] | None:
+    """Start and end of every data region of at least `min` bytes of the tar file open as `fd`
+    (`size` bytes), as `tar.walk` walks it; None when a header is not to be trusted."""
+
 def gear_table() -> tuple[int, ...]:
     """The 256-entry gear table (format constant)."""

@@ -18,9 +18,11 @@ Pure logic: I/O is the caller's `read`. `streaming/shards.py` builds WebDataset 
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from . import _gear
 from .chunker import DEFAULT_PARAMS, ChunkParams
 from .pages import thin_cuts
 
@@ -203,7 +205,8 @@ def member_cuts(read: Read, size: int, params: ChunkParams = DEFAULT_PARAMS) -> 
     """Offsets where the chunks of a tar file of `size` bytes end (revision 5: TAR members; the last
     is `size`), or None if it is not a tar file `walk` trusts (then: byte CDC). Cut points: the start
     and end of every member's data region (its data and padding) of at least `params.min_size`
-    bytes; each segment between them is one chunk up to `max_size`, else cut by the byte rule."""
+    bytes; each segment between them is one chunk up to `max_size`, else cut by the byte rule.
+    The reference, over any `read`; a push uses `member_cuts_of` (native, the same cuts)."""
     if size < BLOCK or not is_tar_header(read(0, BLOCK)):
         return None
     cuts: list[int] = []
@@ -215,4 +218,20 @@ def member_cuts(read: Read, size: int, params: ChunkParams = DEFAULT_PARAMS) -> 
                 cuts.append(m.end)
     except (TarError, OSError):
         return None
+    return _finish(cuts, size)
+
+
+def member_cuts_of(fd: int, size: int, params: ChunkParams = DEFAULT_PARAMS) -> list[int] | None:
+    """`member_cuts` of the file open as `fd` (`size` bytes), walked natively (`_gear.tar_cuts`,
+    the GIL released): a tar of a million small members costs no Python per member."""
+    try:
+        if size < BLOCK or not is_tar_header(os.pread(fd, BLOCK, 0)):
+            return None
+        cuts = _gear.tar_cuts(fd, size, params.min_size)
+    except OSError:
+        return None
+    return None if cuts is None else _finish(cuts, size)
+
+
+def _finish(cuts: list[int], size: int) -> list[int]:
     return thin_cuts([c for c in cuts if 0 < c < size], size) + [size]

@@ -151,8 +151,7 @@ class FileChunks:
             f.seek(len(first))
             self.mode = "parquet-pages" if cuts else "bytes"
         elif tar_members and tar.is_tar_header(first[:tar.BLOCK]):
-            fd = f.fileno()
-            cuts = tar.member_cuts(lambda off, n: os.pread(fd, n, off), size, params)
+            cuts = tar.member_cuts_of(f.fileno(), size, params)
             self.mode = "tar-members" if cuts else "bytes"
         else:
             self.mode = "bytes"
