@@ -4,8 +4,10 @@ libfuse 3 through mfusepy).
     cdcstore mount cdc://imagenet@v3/ /mnt/imagenet          # a tag or commit: fixed
     cdcstore mount cdc://imagenet/train /mnt/train --refresh 30   # a branch: follows its head
 
-Listings, sizes and times come from the commit's trees (read once per folder, kept: trees are
-immutable), so `ls -l` and `stat` ask the store nothing after the first visit. A file read goes
+Listings, sizes and times come from the commit's trees (each read once, kept: trees are
+immutable), so `ls -l` and `stat` ask the store nothing after the first visit. A huge folder
+(a split tree) lists page by page: each buffer the kernel asks reads only the parts it fills,
+and a lookup of one name reads only the parts on its hash's path. A file read goes
 through the one read core (`Store.open`: every byte verified against its chunk id, the machine's
 chunk cache shared with every other reader, read-ahead for sequential reads, exact ranges for a
 Parquet footer). A commit id or tag never changes, so the kernel keeps what it read (page cache,
@@ -28,13 +30,14 @@ import stat
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from . import runtime
 from .api import Store
 from .core.address import Address, parse
 from .core.commit import Commit, FileEntry
 from .core.errors import CdcError, PathNotFoundError, RevisionNotFoundError
+from .core.treeobj import Folder, Tree, View
 
 log = logging.getLogger("cdcstore.mount")
 
@@ -55,7 +58,7 @@ class Snapshot:
 
     commit_id: str
     commit: Commit
-    view: Any  # core.treeobj.View
+    view: View
     mtime: float  # the commit's time: every entry's mtime
 
 
@@ -111,6 +114,13 @@ class _Handle:
         self.reader, self.entry, self.snap, self.path = reader, entry, snap, path
 
 
+class _Dir:
+    """An open folder: its tree id in the snapshot it was opened in."""
+
+    def __init__(self, snap: Snapshot, tid: str):
+        self.snap, self.tid = snap, tid
+
+
 class CdcMount:
     """The FUSE operations over a `Revision` (mfusepy's high-level API, raw file info so that a
     fixed revision's files are kept in the kernel's page cache)."""
@@ -120,6 +130,7 @@ class CdcMount:
     def __init__(self, revision: Revision):
         self.rev = revision
         self._handles: dict[int, _Handle] = {}
+        self._dirs: dict[int, _Dir] = {}
         self._next = 1
         self._lock = threading.Lock()
         self._uid, self._gid = os.getuid(), os.getgid()
@@ -150,13 +161,39 @@ class CdcMount:
         return {**common, "st_mode": stat.S_IFREG | 0o444, "st_nlink": 1, "st_size": entry.size,
                 "st_blocks": -(-entry.size // 512), "st_blksize": 1 << 20}
 
-    def readdir(self, path: str, fh: Any) -> list[str]:
-        def names() -> list[str]:
-            snap, full, kind, _ = self._entry(path)
-            if kind != "directory":
-                raise _errno(errno.ENOTDIR)
-            return [".", ".."] + [e["name"].rsplit("/", 1)[-1] for e in snap.view.listing(full)]
-        return _guarded(names)
+    # -- listings: page by page, through the parts of a split folder ------------------------------
+    def opendir(self, path: str) -> int:
+        """A handle on the folder's tree in the current snapshot: its listing pages through that one
+        tree (a branch that moves meanwhile does not mix two versions into one listing)."""
+        def opened() -> _Dir:
+            snap = self.rev.now()
+            full = self.rev.full(path)
+            tid = snap.view.folder_id(full)  # reads the parts on the path only
+            if tid is None:
+                raise _errno(errno.ENOTDIR if snap.view.kind(full) == "file" else errno.ENOENT)
+            return _Dir(snap, tid)
+        folder = _guarded(opened)
+        with self._lock:
+            fh, self._next = self._next, self._next + 1
+            self._dirs[fh] = folder
+        return fh
+
+    def readdir_with_offset(self, path: str, offset: int, fh: int) -> Iterator[tuple[str, dict[str, int], int]]:
+        """The folder's entries from position `offset` on, each with the position after it (the
+        kernel asks one buffer at a time and resumes at the last position it took): ".", "..",
+        then the entries part by part in the split tree's slot order, each page's names sorted.
+        A position is found from the slots' entry counts, so a request reads only the split nodes
+        above its first page and the parts it walks into (libfuse stops the walk when its buffer is
+        full; `_pages` says which parts are read together)."""
+        folder = self._dirs.get(fh)
+        if folder is None:
+            raise _errno(errno.EBADF)
+        return _entries(folder.snap.view, folder.tid, offset)
+
+    def releasedir(self, path: str, fh: int) -> int:
+        with self._lock:
+            self._dirs.pop(fh, None)
+        return 0
 
     def statfs(self, path: str) -> dict[str, int]:
         snap = self.rev.now()
@@ -221,6 +258,66 @@ class CdcMount:
         if amode & os.W_OK:
             raise _errno(errno.EROFS)
         return 0
+
+
+DIR_MODE = {"st_mode": stat.S_IFDIR | 0o555}  # a listing gives each entry's type (d_type): `ls -R`,
+FILE_MODE = {"st_mode": stat.S_IFREG | 0o444}  # `find` and scandir's is_dir() need no stat of each
+
+
+def _entries(view: View, tid: str, offset: int) -> Iterator[tuple[str, dict[str, int], int]]:
+    """(name, type, position after it) of the folder `tid` from position `offset` on: 0 is ".", 1
+    "..", 2 on the entries in `_pages` order. Reads parts only as the walk reaches them."""
+    at = offset
+    for dot in (".", "..")[at:]:
+        at += 1
+        yield dot, DIR_MODE, at
+    pages = _pages(view, tid, at - 2)
+    while True:
+        got = _guarded(lambda: next(pages, None))
+        if got is None:
+            return
+        page, skip = got
+        for name in sorted(page.entries)[skip:]:
+            at += 1
+            yield name, DIR_MODE if isinstance(page.entries[name], Folder) else FILE_MODE, at
+
+
+def _pages(view: View, tid: str, skip: int) -> Iterator[tuple[Tree, int]]:
+    """The pages of folder `tid` in slot order (a page folder: itself), starting at the one that
+    holds entry number `skip`, with how many of its entries come before that one. The start is
+    found through the slots' entry counts, reading only the split nodes above it; entering a
+    split node reads its parts still to walk together (`View.preload`: one request to a server),
+    so a whole listing costs a request per split node, not one per page."""
+    node = view.node(tid)
+    above: list[tuple[Tree, list[str]]] = []  # split nodes on the way down, with the slots left to walk
+    while node.slots is not None:
+        digits = sorted(node.slots)
+        for i, d in enumerate(digits):
+            if skip < node.slots[d].entries:
+                break
+            skip -= node.slots[d].entries
+        else:
+            return  # past the end
+        node = _enter(view, node, digits[i:], above)
+    if skip >= len(node.entries):
+        return  # past the end of a folder that is one page
+    yield node, skip
+    while above:
+        parent, left = above.pop()
+        if left:
+            node = _enter(view, parent, left, above)
+            while node.slots is not None:  # down to its first page
+                node = _enter(view, node, sorted(node.slots), above)
+            yield node, 0
+
+
+def _enter(view: View, node: Tree, digits: list[str], above: list[tuple[Tree, list[str]]]) -> Tree:
+    """The part of split node `node` in slot `digits[0]`, the slots after it left in `above` to walk
+    next (all of them read together now: they are what the walk reads next)."""
+    assert node.slots is not None
+    view.preload(node.slots[d].tree for d in digits)  # (those read already are not read again)
+    above.append((node, digits[1:]))
+    return view.part(node, digits[0])
 
 
 def _errno(code: int) -> OSError:

@@ -4,7 +4,9 @@ and the real kernel. Every tool reads it as a folder: os, cmp-style byte checks,
 The session installs Debian's fuse3 with apt-get when fusermount3 is missing (as the browser tests
 do with chromium); where that cannot run, the tests fail saying why, never skip."""
 import errno
+import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,7 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from cdcstore import mount
 from cdcstore.api import Store
+from cdcstore.core import treeobj
+from cdcstore.core.commit import FileEntry
 from cdcstore.testing import ServedStore
 
 CLI = [sys.executable, "-m", "cdcstore"]
@@ -262,3 +267,121 @@ def test_engines_with_readers_of_their_own_read_the_mount_by_path(tmp_path, data
         assert pl.scan_parquet(str(m.path / "sub" / "*.parquet")).select(pl.len()).collect().item() == 50_000
     finally:
         m.close()
+
+
+# -- a huge folder lists page by page (issue 48 item 4) --------------------------------------------
+WIDE = 20_000
+HOSTILE = ["with space.txt", "ünïcödé-名前.txt", "-rf", "*?[x]", "'q\"", " lead", "trail ", "...", ".hidden",
+           "\u200bzw"]
+
+
+@pytest.fixture
+def wide(tmp_path):
+    """A store (tmp_path/srv, for a ServedStore) whose folder `big` holds 20,000 entries, a split
+    tree of some 800 nodes: five tiny files uploaded once and committed under every name in one
+    commit (1 s; a push of 20,000 files takes 10), three subfolders and names a shell trips on.
+    Returns (store, {path: entry}, the commit's time, its tree count, the trees from the root to
+    big/f12345.txt's page)."""
+    up = tmp_path / "up"
+    up.mkdir()
+    for k in range(5):
+        (up / f"u{k}.txt").write_bytes(b"x" * (7 * k + 1))
+    store = str(tmp_path / "srv")
+    with Store.init(store) as s:
+        files = list(s.upload([str(up) + "/"], "cdc://ds/u/").values())
+        names = [f"f{i:05d}.txt" for i in range(WIDE - len(HOSTILE) - 3)] + HOSTILE
+        entries = {f"big/{n}": files[i % 5] for i, n in enumerate(names)}
+        entries.update({f"big/sub{i}/x.txt": files[1] for i in range(3)})
+        s.commit_entries("cdc://ds/", entries, "wide")
+        s.tag("ds", "v1")
+        _, commit = s.resolve("cdc://ds@v1/")
+        view = s.view("ds", commit)
+        trees = sum(1 for _ in view.tree_ids())
+        node, path = view.node(view.folder_id("big")), 2  # the root, big
+        while node.slots is not None:
+            node, path = view.node(node.slots[treeobj.name_digits("f12345.txt")[len(node.prefix)]].tree), path + 1
+    return store, entries, commit.time, trees, path
+
+
+def _tree_requests(srv) -> int:
+    """Requests for trees the server has answered (a mount with a fresh machine cache asks for each
+    tree it reads once): GET .../trees/ID, and POST .../trees/get (a batch)."""
+    return len(re.findall(r'"(?:GET /\S*/trees/[0-9a-f]+|POST /\S*/trees/get) ', srv.log_text()))
+
+
+def test_a_huge_folder_lists_page_by_page_and_a_lookup_reads_only_its_part(tmp_path, wide):
+    """Through a server (each tree read is a request, counted in its log): a stat of one name in a
+    folder of 20,000 reads only the split nodes and the page on its hash's path; a scandir stopped
+    after 100 entries reads a few parts of the ~800; a whole listing gives every name once, exactly
+    as stored, with its type, and attributes are those of the tree. `ls -R` of it, warm: timed."""
+    store, entries, mtime, trees, path = wide
+    names = {p.split("/")[1] for p in entries}
+    with ServedStore(tmp_path) as srv:
+        env = {**os.environ, "CDCSTORE_CACHE": str(tmp_path / "mount-cache.sqlite")}
+        m = Mounted(tmp_path, "cdc://ds@v1/", srv.url, env=env)
+        big = m.path / "big"
+        try:
+            at = _tree_requests(srv)
+            st = os.stat(big / "f12345.txt")
+            one = _tree_requests(srv) - at
+            assert st.st_size == entries["big/f12345.txt"].size and st.st_mtime_ns == int(mtime * 1e9)
+            assert 1 <= one <= path, (one, path)  # big's split nodes on the name's path and its page
+
+            at = _tree_requests(srv)
+            with os.scandir(big) as it:
+                first = [e.name for _, e in zip(range(100), it)]
+            early = _tree_requests(srv) - at
+            assert len(set(first)) == 100 and set(first) <= names
+            assert early <= trees // 25, (early, trees)  # a few parts, not the folder's ~800
+
+            listed = os.listdir(big)
+            whole = _tree_requests(srv) - at
+            assert len(listed) == WIDE and set(listed) == names  # each name once, as stored
+            assert {e.name for e in os.scandir(big) if e.is_dir(follow_symlinks=False)} == {"sub0", "sub1", "sub2"}
+            for name in HOSTILE + [f"f{i:05d}.txt" for i in range(0, WIDE - 20, 997)]:
+                st = os.stat(big / name)
+                assert (st.st_size, st.st_mtime_ns, st.st_mode) == (entries[f"big/{name}"].size, int(mtime * 1e9),
+                                                                    0o100444), name
+            assert (big / "sub1" / "x.txt").read_bytes() == b"x" * 8
+
+            seconds = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                out = subprocess.run(["ls", "-R", str(m.path)], capture_output=True, text=True, check=True).stdout
+                seconds.append(time.perf_counter() - t0)
+            assert {n for n in names if not n.startswith(".")} <= set(out.splitlines())  # (ls hides dot names)
+            print(f"folder of {WIDE}: stat of one name {one} tree requests (path {path}), scandir of 100 {early}, "
+                  f"whole listing {whole} (of {trees} trees); ls -R {seconds[0]:.3f} s, warm {min(seconds[1:]):.3f} s")
+        finally:
+            m.close()
+
+
+def test_every_position_of_a_split_folder_resumes_where_it_should():
+    """The kernel resumes a listing at any position it was given: from each position, the entries
+    are the whole listing's from there, and a position reads only the split nodes above it and
+    the pages it needs."""
+    files = {f"w/f{i:04d}": FileEntry(f"{i:064x}", i) for i in range(3000)}
+    files.update({f"w/d{i}/x": FileEntry(f"{i + 9999:064x}", 1) for i in range(4)})
+    root, nodes = treeobj.build(files)
+    loads = []
+    view = treeobj.View(lambda tid: loads.append(tid) or nodes[tid], root)
+    tid = view.folder_id("w")
+    whole = list(mount._entries(view, tid, 0))
+    assert [n for n, _, _ in whole[:2]] == [".", ".."] and [at for _, _, at in whole] == list(range(1, 3007))
+    assert sorted(n for n, _, _ in whole[2:]) == sorted(p.split("/")[1] for p in files)
+    assert {n for n, mode, _ in whole if mode["st_mode"] & 0o040000} == {".", "..", "d0", "d1", "d2", "d3"}
+    for at in range(len(whole) + 2):
+        assert list(itertools.islice(mount._entries(view, tid, at), 3)) == whole[at:at + 3], at
+    fresh = []
+    view = treeobj.View(lambda tid: fresh.append(tid) or nodes[tid], root)
+    later = list(itertools.islice(mount._entries(view, view.folder_id("w"), 2000), 30))
+    assert later == whole[2000:2030]
+    assert len(fresh) <= 1 + 5 + 2, len(fresh)  # the root, w's split nodes above, a page or two
+    # with a batch loader (a server's), entering a split node reads the parts it will walk together
+    batches = []
+    view = treeobj.View(nodes.__getitem__, root,
+                        load_many=lambda tids: batches.append(tids) or [nodes[t] for t in tids])
+    assert list(mount._entries(view, view.folder_id("w"), 0)) == whole
+    splits = sum(1 for t in nodes.values() if t.slots is not None)  # w's split nodes (the root is a page)
+    assert len(batches) <= splits and sum(map(len, batches)) < len(nodes), (len(batches), splits)
+    print(f"3,004 entries, {len(nodes)} trees: a whole listing in {len(batches)} batches ({splits} split nodes)")

@@ -414,6 +414,14 @@ class View:
             t = self._memo[tid] = self._load(tid)
         return t
 
+    def preload(self, tids: Iterable[str]) -> None:
+        """Read the trees `tids` not read yet together (one `load_many` call: one request to a
+        server), so that `node` and `part` find them; without `load_many`, nothing (each is
+        read when asked). A paging reader's read-ahead: a split node's next parts."""
+        want = [t for t in dict.fromkeys(tids) if t not in self._memo]
+        if self._load_many is not None and len(want) > 1:
+            self._memo.update(zip(want, self._load_many(want)))
+
     def part(self, parent: Tree, digit: str) -> Tree:
         """Slot `digit` of split node `parent`, checked against the slot (`check_part`)."""
         if parent.slots is None:  # as indexing None would
