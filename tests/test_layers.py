@@ -86,7 +86,7 @@ def test_every_module_sits_in_a_layer_or_is_a_face():
     faces = {m for m, _ in modules() if layer(m)[1] == FACE}
     assert faces <= {"__init__", "__main__", "api", "fs", "cli", "stream", "demo", "parquet",
                      "writers", "testing.__init__", "testing.backend", "testing.objects", "testing.process",
-                     "testing.served", "testing.faults", "spark", "mount",
+                     "testing.served", "testing.faults", "spark", "mount", "gopen",
                      "publish",  # publish: the write path the S3 gateway's writes are handed (cli -> serve)
                      *(f"streaming.{m}" for m in ("__init__", "dataset", "sources", "decoded", "order", "shards",
                                                   "decoders"))}, faces
