@@ -269,6 +269,39 @@ def test_engines_with_readers_of_their_own_read_the_mount_by_path(tmp_path, data
         m.close()
 
 
+def test_table_formats_read_through_the_mount_with_their_own_readers(tmp_path):
+    """delta-rs, Lance and Daft, which take no fsspec filesystem, read tables pushed to a store
+    through a mounted tag by path: a Delta table of two versions (its log and time travel), a Lance
+    dataset (its manifests and fragments, memory-mapped), and Parquet through Daft's reader."""
+    import daft
+    import deltalake
+    import lance
+
+    src = tmp_path / "tables"
+    src.mkdir()
+    t1 = pa.table({"id": list(range(1000)), "v": [i * 2 for i in range(1000)]})
+    t2 = pa.table({"id": list(range(1000, 1500)), "v": [0] * 500})
+    deltalake.write_deltalake(str(src / "delta"), t1)
+    deltalake.write_deltalake(str(src / "delta"), t2, mode="append")
+    lance.write_dataset(t1, str(src / "lance"))
+    pq.write_table(t1, src / "plain.parquet")
+    store = str(tmp_path / "store")
+    with Store.init(store) as s:
+        s.push([str(src) + "/"], "cdc://lake/", message="tables")
+        s.tag("lake", "v1")
+    m = Mounted(tmp_path, "cdc://lake@v1/", store)
+    try:
+        dt = deltalake.DeltaTable(str(m.path / "delta"))
+        assert dt.version() == 1
+        assert dt.to_pyarrow_table().sort_by("id").equals(pa.concat_tables([t1, t2]).sort_by("id"))
+        assert deltalake.DeltaTable(str(m.path / "delta"), version=0).to_pyarrow_table().sort_by("id").equals(t1)
+        assert lance.dataset(str(m.path / "lance")).to_table().sort_by("id").equals(t1)
+        got = daft.read_parquet(str(m.path / "plain.parquet")).sort("id").to_arrow()
+        assert got.column("v").to_pylist() == t1.column("v").to_pylist()
+    finally:
+        m.close()
+
+
 # -- a huge folder lists page by page (issue 48 item 4) --------------------------------------------
 WIDE = 20_000
 HOSTILE = ["with space.txt", "ünïcödé-名前.txt", "-rf", "*?[x]", "'q\"", " lead", "trail ", "...", ".hidden",
