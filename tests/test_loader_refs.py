@@ -231,3 +231,52 @@ def test_bundles_come_apart_in_the_order_single_batches_would(lengths, size):
     batches = [[(w, i) for i in range(n)] for w, n in enumerate(lengths)]
     bundles = round_robin([list(_bundled(iter(b), size, w)) for w, b in enumerate(batches)])
     assert list(_unbundled(iter(bundles), len(lengths))) == round_robin(batches)
+
+
+@pytest.mark.parametrize("workers,by_reference", [(0, False), (2, False), (2, True)])
+def test_strings_arrow_gives_the_same_rows_as_pyarrow_arrays(pushed, tmp_path, monkeypatch, workers, by_reference):
+    """`loader(strings="arrow")`: string columns reach the main process as pyarrow arrays (buffers,
+    no Python object per row), numbers as tensors, the same rows in the same order as the default's
+    object arrays; each batch's array holds its own rows only (a slice of a row group's would
+    pickle, and hold, the whole row group's strings); the resume point is the same."""
+    import pickle
+
+    import torch
+    url, _ = pushed
+    kw = {"shuffle": True, "shuffle_buffer": 3_000}
+    want = list(make(url, tmp_path, monkeypatch, **kw).loader(num_workers=workers, by_reference=by_reference))
+    ds = make(url, tmp_path, monkeypatch, **kw)
+    loader = ds.loader(num_workers=workers, by_reference=by_reference, strings="arrow")
+    got = list(loader)
+    assert ds.strings == "python" and loader.ds.strings == "arrow"  # the user's dataset is left as it was
+    assert len(got) == len(want) == 3 * GROUPS * ROWS // 500
+    for g, w in zip(got, want):
+        assert isinstance(g["s"], pa.StringArray) and w["s"].dtype == object
+        assert g["s"].to_pylist() == w["s"].tolist()
+        assert isinstance(g["id"], torch.Tensor) and g["id"].tolist() == w["id"].tolist()
+        assert torch.equal(g["v"], w["v"])
+        assert g["s"].offset == 0 and len(pickle.dumps(g["s"])) < 2 * g["s"].nbytes + 2_000
+    assert ds.metrics()["samples"] == 3 * GROUPS * ROWS
+    assert loader.state_dict()["consumed"] == 3 * GROUPS * ROWS
+
+
+def test_strings_arrow_in_process_and_invalid_choices(pushed, tmp_path, monkeypatch):
+    """`StreamingDataset(strings="arrow")` in one process: the same rows, strings as pyarrow arrays;
+    a value that is not a choice is refused, naming the choices, as is Arrow strings with
+    format="python" (lists of str)."""
+    url, _ = pushed
+    want = list(make(url, tmp_path, monkeypatch, columns=["id", "s"]))
+    got = list(make(url, tmp_path, monkeypatch, columns=["id", "s"], strings="arrow"))
+    assert [b["s"].to_pylist() for b in got] == [b["s"].tolist() for b in want]
+    assert all(isinstance(b["s"], pa.StringArray) and isinstance(b["id"], np.ndarray) for b in got)
+    ds = make(url, tmp_path, monkeypatch)
+    for bad in ("numpy", "Arrow", ""):
+        with pytest.raises(ValueError, match="'python', 'arrow'"):
+            ds.loader(num_workers=2, strings=bad)
+    for bad in ("bytes", None):
+        with pytest.raises(ValueError, match="'python', 'arrow'"):
+            make(url, tmp_path, monkeypatch, strings=bad)
+    with pytest.raises(ValueError, match="format='numpy'"):
+        make(url, tmp_path, monkeypatch, format="python", strings="arrow")
+    with pytest.raises(ValueError, match="format='numpy'"):
+        make(url, tmp_path, monkeypatch, format="python").loader(strings="arrow")

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     import ctypes
 
 FORMATS = ("numpy", "arrow", "python")
+STRINGS = ("python", "arrow")  # how format="numpy" batches carry string and binary columns (`strings=`)
 SUMMED = ("samples", "batches", "by_reference", "bytes_read", "row_groups", "decodes", "warmed", "wait_seconds",
           "read_seconds", "requests", "received_bytes", "cache_hits", "cache_misses")
 STORE_FIGURES = ("requests", "received_bytes", "cache_hits", "cache_misses")
@@ -240,6 +241,11 @@ class StreamingDataset:
     cls, npy; images through Pillow when installed; `streaming/decoders.py`); the default for every format
     but "arrow", which carries bytes. False keeps bytes; a dict adds or replaces decoders.
     `kinds`: the `sources.Source` classes the files may be (default TAR shards, then Parquet).
+    `strings` (format "numpy", Parquet columns): "python" (the default) gives string and binary
+    columns as numpy object arrays of `str`/`bytes`; "arrow" gives them as pyarrow arrays
+    (`StringArray`, `LargeStringArray`, `BinaryArray`, ..., or `DictionaryArray` where the file's
+    Arrow schema says dictionary), built and moved as buffers with no Python object per row: what
+    DataLoader workers should hand over (`loader(strings="arrow")`; `.to_pylist()` gives the strings).
     """
 
     def __init__(self, source, *, columns=None, batch_size: int | None = None, format: str = "numpy",
@@ -247,15 +253,16 @@ class StreamingDataset:
                  rank: int | None = None, world_size: int | None = None, store=None,
                  token: str | None = None, prefetch_bytes: int = 256 << 20, prefetch_row_groups: int = 8,
                  drop_last: bool = False, block_size: int | None = None, decode: "bool | dict | None" = None,
-                 kinds: Sequence[type[Source]] = KINDS):
+                 kinds: Sequence[type[Source]] = KINDS, strings: str = "python"):
         if format not in FORMATS:
             raise ValueError(f"format {format!r} is not one of {', '.join(FORMATS)}")
+        _check_strings(strings, format)
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer or None, not {batch_size!r}")
         if seed < 0:
             raise ValueError(f"seed must be a non-negative integer, not {seed!r}")
         self.columns = list(columns) if columns is not None else None
-        self.batch_size, self.format = batch_size, format
+        self.batch_size, self.format, self.strings = batch_size, format, strings
         self.shuffle, self.seed, self.shuffle_buffer = bool(shuffle), int(seed), int(shuffle_buffer)
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.block = int(batch_size or block_size or 1)
@@ -545,11 +552,21 @@ class StreamingDataset:
         return m
 
     def loader(self, num_workers: int = 0, tensors: bool = True, by_reference: bool = False,
-               **kwargs) -> "Loader":
+               strings: str | None = None, **kwargs) -> "Loader":
         """A torch DataLoader (`Loader.dataloader`) over this dataset, `batch_size=None`, with
         batches passed from workers as numpy arrays and made tensors in this process (`tensors`):
-        the fast way to feed training from several workers (docs/streaming.md, "Figures")."""
-        return Loader(self, tensors=tensors, by_reference=by_reference, num_workers=num_workers, **kwargs)
+        the fast way to feed training from several workers (docs/streaming.md, "Figures").
+        `strings`: "arrow" hands string and binary columns over as pyarrow arrays (buffers: no
+        Python object per row in the workers or here), "python" as object arrays of `str`; None
+        (the default) keeps the dataset's `strings` ("python" unless it was built otherwise). The
+        loader then runs over a copy of the dataset that shares its epoch, position and figures."""
+        ds = self
+        if strings is not None and strings != self.strings:
+            _check_strings(strings, self.format)
+            ds = type(self).__new__(type(self))  # not copy.copy (`__getstate__` would drop the store):
+            ds.__dict__.update(self.__dict__)  # shares `_shared` (epoch, resume position, figures), the store
+            ds.strings = strings
+        return Loader(ds, tensors=tensors, by_reference=by_reference, num_workers=num_workers, **kwargs)
 
     def as_torch(self, _refs: bool = False, _bundle: int = 1):
         """This dataset as a torch IterableDataset (torch must be installed). Shares epoch and
@@ -560,6 +577,15 @@ class StreamingDataset:
         if self._decoded is None and self.source.shares_decoded:
             self._decoded = DecodedUnits(SLOTS)
         return __getattr__("TorchStreamingDataset")(self, _refs, _bundle)
+
+
+def _check_strings(strings: object, format: str) -> None:
+    if strings not in STRINGS:
+        raise ValueError(f"strings={strings!r} is not one of {', '.join(map(repr, STRINGS))}: 'python' gives string "
+                         f"and binary columns as numpy object arrays of str/bytes, 'arrow' as pyarrow arrays")
+    if strings == "arrow" and format == "python":
+        raise ValueError("strings='arrow' applies to format='numpy' (format='python' gives lists of str): pick "
+                         "format='numpy' or 'arrow', or leave strings out")
 
 
 BUNDLE_ROWS = 16384  # rows a DataLoader worker of `Loader` hands over at once (see `Bundle`)
@@ -615,15 +641,19 @@ def _keep(batch):
 
 
 def _to_tensors(batch):
-    """Numeric numpy arrays as tensors (`torch.from_numpy`, no copy), in the main process."""
-    import torch
+    """Numeric numpy arrays as tensors (`torch.from_numpy`, no copy), in the main process; the rest
+    (object arrays, pyarrow string arrays) as it is. One pass over a flat dict of columns."""
+    from torch import from_numpy
 
     def conv(v):
-        if isinstance(v, np.ndarray) and v.dtype.kind in "biufc":
-            return torch.from_numpy(v)
+        if isinstance(v, np.ndarray):
+            return from_numpy(v) if v.dtype.kind in "biufc" else v
         if isinstance(v, dict):
             return {k: conv(x) for k, x in v.items()}
         return v
+    if type(batch) is dict:
+        return {k: (from_numpy(v) if v.dtype.kind in "biufc" else v) if type(v) is np.ndarray else conv(v)
+                for k, v in batch.items()}
     return conv(batch)
 
 

@@ -77,6 +77,7 @@ class SourceContext(Protocol):
     batch_size: int | None
     block: int  # rows per batch (or per step of a row stream)
     format: str  # "numpy", "arrow" or "python"
+    strings: str  # format "numpy": string/binary columns as object arrays ("python") or pyarrow arrays ("arrow")
     prefetch_bytes: int
 
     @property
@@ -590,10 +591,14 @@ class ParquetSource(Source):
                 cls._count(ds, batch.num_rows)
                 yield batch
             return
-        arrays = cls._formatted(ds, table)  # numpy: each column copied once a step (writable)
+        arrays = cls._formatted(ds, table, compact=False)  # numpy: each column copied once a step (writable)
         for lo in range(0, table.num_rows, ds.block):
-            cls._count(ds, min(ds.block, table.num_rows - lo))
-            yield {name: a[lo:lo + ds.block] for name, a in arrays.items()}
+            n = min(ds.block, table.num_rows - lo)
+            cls._count(ds, n)
+            # an Arrow string column's block gets buffers of its own: a pickled slice carries its
+            # whole parent's buffers (pyarrow 25 and 26), and a held one keeps them alive
+            yield {name: pa.concat_arrays([a.slice(lo, n)]) if isinstance(a, pa.Array) else a[lo:lo + n]
+                   for name, a in arrays.items()}
 
     @classmethod
     def _format(cls, ds, table: pa.Table):
@@ -606,8 +611,9 @@ class ParquetSource(Source):
         ds.yielded(n, 1)
 
     @staticmethod
-    def _formatted(ds, table: pa.Table):
-        """One block's rows in the dataset's format."""
+    def _formatted(ds, table: pa.Table, compact: bool = True):
+        """One block's rows in the dataset's format (`compact`: Arrow string columns in buffers of
+        their own, not slices of a row group's)."""
         n = table.num_rows
         if ds.format == "arrow":
             if not n:
@@ -618,8 +624,29 @@ class ParquetSource(Source):
         if ds.format == "python":
             return table.to_pydict()
         table = table.combine_chunks()  # writable arrays: torch takes them without a warning
-        return {name: col.chunk(0).to_numpy(zero_copy_only=False, writable=True) if col.num_chunks
+        arrow = getattr(ds, "strings", "python") == "arrow"
+        return {name: _arrow_strings(col, compact) if arrow and is_text(col.type)
+                else col.chunk(0).to_numpy(zero_copy_only=False, writable=True) if col.num_chunks
                 else col.to_numpy() for name, col in zip(table.column_names, table.columns)}
+
+
+def is_text(t: pa.DataType) -> bool:
+    """A string or binary type (or a dictionary of one): what `strings="arrow"` keeps as Arrow."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+            or pa.types.is_string_view(t) or pa.types.is_binary_view(t))
+
+
+def _arrow_strings(col: pa.ChunkedArray, compact: bool) -> pa.Array:
+    """A combined column as one pyarrow array (in C++; no Python object per row); `compact`: in
+    buffers of its own, so that it pickles as its own bytes only."""
+    if col.num_chunks == 0:
+        return col.combine_chunks()
+    if col.num_chunks == 1 and not compact:
+        return col.chunk(0)
+    return pa.concat_arrays(col.chunks)
 
 
 KINDS: tuple[type[Source], ...] = (TarSource, ParquetSource)  # a path no kind claims is the last kind's
