@@ -111,6 +111,11 @@ def test_a_tag_mounts_as_a_folder_every_tool_reads(tmp_path, data):
         with open(root / "a.bin", "rb") as f:
             f.seek(2_999_000)
             assert f.read(5000) == (src / "a.bin").read_bytes()[2_999_000:]
+        # the connection's read-ahead is raised where the mount may (root): requests of 1 MiB
+        dev = os.stat(root).st_dev
+        knob = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+        if os.access(knob, os.W_OK):
+            assert int(open(knob).read()) == mount.READ_AHEAD >> 10
         # extended attributes name the commit and the file's manifest
         assert os.getxattr(root / "a.bin", "user.cdc.commit").decode() == cid
         assert os.getxattr(root / "sub/t.parquet", "user.cdc.address").decode() == f"cdc://ds@{cid}/sub/t.parquet"
