@@ -23,7 +23,6 @@ what a path is. docs/mount.md.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
@@ -247,18 +246,6 @@ class CdcMount:
             return b""
         return _guarded(lambda: handle.reader.pread(offset, min(size, handle.entry.size - offset)))
 
-    def read_into(self, fi: Any, buf: int, size: int, offset: int) -> int:
-        """`read` straight into libfuse's reply buffer at address `buf` (`_ZeroCopy`): the read core
-        lands the bytes there, with no bytes object in between and no copy out of it."""
-        handle = self._handles.get(fi.fh)
-        if handle is None:
-            raise _errno(errno.EBADF)
-        n = min(size, handle.entry.size - offset)
-        if n <= 0:
-            return 0
-        out = (ctypes.c_char * n).from_address(buf)
-        return _guarded(lambda: handle.reader.preadinto(offset, out))
-
     def release(self, path: str, fi: Any) -> int:
         with self._lock:
             handle = self._handles.pop(fi.fh, None)
@@ -393,7 +380,7 @@ def mount(addr: str, mountpoint: str, store: Store, *, refresh: float = DEFAULT_
     timeout = FIXED_TIMEOUT if revision.fixed else refresh
     runtime.thread(_watch_ready, path, ready, name="mount-ready")
     try:
-        _zero_copy(fuse)(CdcMount(revision), path, raw_fi=True, foreground=True, ro=True, nothreads=False,
+        fuse.FUSE(CdcMount(revision), path, raw_fi=True, foreground=True, ro=True, nothreads=False,
                   fsname=f"cdc://{a.repo}@{revision.now().commit_id[:12]}", subtype="cdcstore",
                   default_permissions=True, entry_timeout=timeout, attr_timeout=timeout,
                   negative_timeout=timeout, max_threads=16, max_read=MAX_READ)
@@ -402,25 +389,17 @@ def mount(addr: str, mountpoint: str, store: Store, *, refresh: float = DEFAULT_
                          f"fusermount3 installed (apt-get install fuse3)?") from None
 
 
-def _zero_copy(fuse: Any) -> Any:
-    """mfusepy's FUSE with its read callback replaced: mfusepy calls `read` for a bytes object and
-    copies it into libfuse's buffer; this one has the read core land the bytes in that buffer
-    (`CdcMount.read_into`), one copy of every byte fewer (a fifth of a first read's CPU)."""
-    class ZeroCopyFUSE(fuse.FUSE):  # type: ignore[misc,name-defined]
-        def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
-            address = ctypes.cast(buf, ctypes.c_void_p).value
-            if address is None:
-                return -errno.EIO
-            return self.operations.read_into(fip.contents, address, size, offset)
-    return ZeroCopyFUSE
-
-
 def raise_read_ahead(path: str, kib: int = READ_AHEAD >> 10) -> int | None:
     """Set the kernel's read-ahead of the FUSE connection mounted at `path` to `kib` KiB, where this
     process may (root: /sys/class/bdi/MAJOR:MINOR/read_ahead_kb); the KiB it is then, or None where
     it cannot be set. libfuse's `max_readahead` only lowers it: the kernel starts a FUSE connection at
     128 KiB, so a sequential read asks 128 KiB at a time; at 8 MiB it asks `MAX_READ` (1 MiB), and the
-    read core lands each request with no window (reads of 256 KiB and more)."""
+    read core lands each request with no window (reads of 256 KiB and more).
+
+    (Replies are bytes the read core made, copied into libfuse's buffer by mfusepy. Landing the
+    read in that buffer itself was tried and reverted: the read core may still hold views of a
+    read's buffer after it returns (the chunk cache writes a server's chunks from them, in the
+    background), and libfuse frees its buffer at once: a use after free under load.)"""
     try:
         dev = os.stat(path).st_dev
         knob = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"

@@ -392,3 +392,28 @@ def test_a_folder_pull_locates_all_its_files_at_once(server, tmp_path):
         assert p.written_files == 6
     for i in range(6):
         assert (tmp_path / "out" / f"f{i}.bin").read_bytes() == (src / f"f{i}.bin").read_bytes()
+
+
+def test_a_reused_readinto_buffer_never_reaches_the_chunk_cache(server, tmp_path):
+    """readinto lands a server's chunks in the caller's buffer, and the chunk cache stores them in
+    the background: it must store its own copy, so that a caller who writes the buffer again at once
+    (a buffer reused for every read, or libfuse's reply buffer, freed when the callback returns)
+    cannot change what the cache holds. A second reader then finds every chunk in the cache, right."""
+    data = os.urandom(6 << 20)
+    p = tmp_path / "f.bin"
+    p.write_bytes(data)
+    with Store(server.url) as up:
+        up.push([str(p)], "cdc://r/f.bin", options=IngestOptions(zstd_level=0))
+    cache = str(tmp_path / "cache")
+    got = bytearray()
+    with Store(server.url, cache=cache) as s:
+        buf = bytearray(1 << 20)
+        with s.open("cdc://r/f.bin") as f:
+            while n := f.readinto(buf):
+                got += buf[:n]
+                buf[:] = b"\xff" * len(buf)  # the caller's buffer, written again at once
+    assert bytes(got) == data
+    with Store(server.url, cache=cache) as s:
+        assert s.cat("cdc://r/f.bin") == data
+        assert s.cache_counters()["cache_misses"] == 0, s.cache_counters()
+        assert s.counters()["received_bytes"] < len(data) // 10

@@ -218,19 +218,6 @@ class FileReader(io.RawIOBase):
         self._pos = end
         return end - start
 
-    def preadinto(self, offset: int, b: Buffer) -> int:
-        """`pread` into the caller's buffer `b` (up to len(b) bytes, fewer at the end of the file),
-        without moving the position: the bytes land in `b` as `readinto`'s do (a FUSE reply
-        buffer, for the mount)."""
-        self._checkClosed()
-        out = memoryview(b).cast("B")
-        end = min(self._m.size, offset + len(out))
-        if offset < 0 or offset >= end:
-            return 0
-        with self._lock:
-            self._pread_into(offset, end, out[:end - offset])
-        return end - offset
-
     def read_buffer(self, size: int | None = -1) -> memoryview:
         """`read` for pyarrow (its Python-file wrapper prefers this method): the bytes
         as a view that is tracked until pyarrow frees it, see `arrow_settled`."""
@@ -368,7 +355,7 @@ class FileReader(io.RawIOBase):
             for attempt in (1, 2):
                 try:
                     self._src.read_chunks_into([self._plan.location(cid) for cid in places], places, out, self._repo,
-                                               keep=memoryview(result) if result is not None else out)
+                                               keep=memoryview(result) if result is not None else None)
                     break
                 except PackMissingError:  # a gc moved them since they were located: locate again, once
                     if attempt == 2:
