@@ -518,3 +518,57 @@ class CdcFileSystem(AbstractFileSystem):
 def _rebuild(cls, args, kwargs):
     return cls(*args, **kwargs)
 
+
+class S3Gateway:
+    """The settings each engine's own S3 reader needs for a `cdcstore serve --s3-port` gateway
+    (docs/gateway.md, docs/engines.md): the endpoint, and as credentials a token's name and the
+    token (none: an open loopback server, which takes any signature; the engines still sign).
+
+        gw = S3Gateway("http://host:8471", "trainer", TOKEN)
+        pl.scan_parquet("s3://imagenet/v3/train/*.parquet", storage_options=gw.polars())
+        pd.read_parquet("imagenet/v3/train", filesystem=gw.pyarrow())      # pyarrow's C++ S3 client
+        dd.read_parquet("s3://imagenet/v3/train/", storage_options=gw.s3fs())
+        con.sql(gw.duckdb_secret())                                          # where httpfs loads
+
+    Keys are `REPO/REV/PATH` (bucket = repo; path-style addressing, which every call here sets)."""
+
+    def __init__(self, endpoint: str, key: str | None = None, secret: str | None = None,
+                 region: str = "us-east-1"):
+        scheme, sep, hostport = endpoint.rstrip("/").partition("://")
+        if not sep or scheme not in ("http", "https") or not hostport or "/" in hostport:
+            raise ValueError(f"gateway endpoint {endpoint!r}: give http(s)://HOST:PORT (the --s3-port)")
+        if (key is None) != (secret is None):
+            raise ValueError("give both the token's name (key) and the token (secret), or neither")
+        self.endpoint, self.scheme, self.hostport = f"{scheme}://{hostport}", scheme, hostport
+        self.key: str = key if key is not None else "cdcstore"
+        self.secret: str = secret if secret is not None else "open-server"
+        self.region = region
+
+    def polars(self) -> dict[str, str]:
+        """`storage_options` for polars' native reader and writer (its object store)."""
+        return {"aws_access_key_id": self.key, "aws_secret_access_key": self.secret, "aws_region": self.region,
+                "aws_endpoint_url": self.endpoint, "aws_allow_http": str(self.scheme == "http").lower(),
+                "aws_virtual_hosted_style_request": "false"}
+
+    def s3fs(self) -> dict:
+        """`storage_options` for fsspec's s3fs (pandas, dask, HF datasets on `s3://`); a new
+        instance each time (`skip_instance_cache`), so no listing is kept across reads."""
+        return {"key": self.key, "secret": self.secret, "endpoint_url": self.endpoint, "skip_instance_cache": True,
+                "client_kwargs": {"region_name": self.region},
+                "config_kwargs": {"s3": {"addressing_style": "path"}}}
+
+    def pyarrow(self):
+        """A `pyarrow.fs.S3FileSystem` on the gateway (paths without `s3://`: `REPO/REV/PATH`);
+        its reads run in C++ with the GIL released (pyarrow, pandas `filesystem=`, Ray, duckdb
+        over an Arrow dataset)."""
+        from pyarrow import fs as pafs
+        return pafs.S3FileSystem(access_key=self.key, secret_key=self.secret, region=self.region,
+                                 endpoint_override=self.hostport, scheme=self.scheme, force_virtual_addressing=False)
+
+    def duckdb_secret(self, name: str = "cdcstore") -> str:
+        """DuckDB's `CREATE SECRET` statement for its httpfs extension (which must load)."""
+        def q(s: str) -> str:
+            return "'" + s.replace("'", "''") + "'"
+        return (f"CREATE OR REPLACE SECRET {name} (TYPE s3, KEY_ID {q(self.key)}, SECRET {q(self.secret)}, "
+                f"REGION {q(self.region)}, ENDPOINT {q(self.hostport)}, URL_STYLE 'path', "
+                f"USE_SSL {str(self.scheme == 'https').lower()})")
