@@ -48,6 +48,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from harness import Goal, finish, start  # noqa: E402 - bench/ on the path first
+
 SHAPES = {"small": dict(shards=1, samples=450, jpg=24_500), "large": dict(shards=4, samples=100, jpg=250_000)}
 DEST = "wds@main/shards/"
 
@@ -184,7 +186,7 @@ def main() -> None:
     ap.add_argument("--no-xet", action="store_true", help="skip the hf_xet side")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    out: dict = {"dedup": {}, "chunks_per_100mb": {}, "speed": {}}
+    out: dict = {**start("tar"), "dedup": {}, "chunks_per_100mb": {}, "speed": {}}
     for shape in SHAPES:
         n = SHAPES[shape]["samples"] * SHAPES[shape]["shards"]
         change = n // 2
@@ -237,7 +239,26 @@ def main() -> None:
           f"v3/v2 {s2['read_s'] / s3['read_s']:.2f}x")
     out["speed"]["push_v3_over_v2"] = s2["push_s"] / s3["push_s"]
     out["speed"]["read_v3_over_v2"] = s2["read_s"] / s3["read_s"]
-    print(json.dumps(out))
+    d = out["dedup"]
+    goals = [
+        Goal("small_one_changed_stored_mb", d["small/one_changed"]["v3_stored"] / 1e6, 0.2, "<="),
+        Goal("small_one_changed_new_mb", d["small/one_changed"]["v3_new"] / 1e6, 0.2, "<="),
+        Goal("large_one_changed_stored_mb", d["large/one_changed"]["v3_stored"] / 1e6, 1.0, "<="),
+        Goal("large_one_changed_new_mb", d["large/one_changed"]["v3_new"] / 1e6, 1.0, "<="),
+        Goal("small_rewritten_stored_fraction", d["small/rewritten"]["v3_stored"] / d["small/rewritten"]["tar_bytes"],
+             0.02, "<="),
+        Goal("small_rewritten_new_fraction", d["small/rewritten"]["v3_new"] / d["small/rewritten"]["tar_bytes"],
+             0.02, "<="),
+        Goal("small_chunks_per_100mb", out["chunks_per_100mb"]["small"]["v3"], 2000, "<="),
+        Goal("large_chunks_per_100mb", out["chunks_per_100mb"]["large"]["v3"], 2000, "<="),
+        Goal("push_v3_over_v2", out["speed"]["push_v3_over_v2"], 1.0, ">="),
+        Goal("read_v3_over_v2", out["speed"]["read_v3_over_v2"], 1.0, ">="),
+        Goal("random_sample_received_v3_over_v2", r3["received_per_sample"] / r2["received_per_sample"], 0, "reported"),
+    ]
+    print()
+    for g in goals:
+        print(g.line())
+    finish(out, goals)
 
 
 if __name__ == "__main__":
