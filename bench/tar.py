@@ -48,7 +48,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from harness import Goal, finish, start  # noqa: E402 - bench/ on the path first
+from harness import Goal, code_version, finish, start  # noqa: E402 - bench/ on the path first
 
 SHAPES = {"small": dict(shards=1, samples=450, jpg=24_500), "large": dict(shards=4, samples=100, jpg=250_000)}
 DEST = "wds@main/shards/"
@@ -186,7 +186,7 @@ def main() -> None:
     ap.add_argument("--no-xet", action="store_true", help="skip the hf_xet side")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    out: dict = {**start("tar"), "dedup": {}, "chunks_per_100mb": {}, "speed": {}}
+    out: dict = {**start("tar"), "code": code_version(), "dedup": {}, "chunks_per_100mb": {}, "speed": {}}
     for shape in SHAPES:
         n = SHAPES[shape]["samples"] * SHAPES[shape]["shards"]
         change = n // 2
