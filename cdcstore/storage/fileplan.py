@@ -189,6 +189,34 @@ class FilePlan:
                     i = j
         return pieces, packed
 
+    def mixed(self, pieces: list[Piece], packed: list[int], base: int,
+              most: int = 512) -> list[tuple[str, list[tuple[int, PackEntry]]]]:
+        """`pieces` and the compressed chunks `packed` (what `pieces` gave) as reads of chunks back
+        to back in one pack, raw and compressed together: (pack, [(where in a result that holds
+        the file from byte `base`, entry)]) in file order, at most `most` chunks and about
+        `RUN_PIECE` bytes each. A compressed chunk between two raw runs of the same pack no
+        longer breaks them into two reads (`read_mixed_into`)."""
+        ids, lens, ends = self._m.chunk_ids, self._m.lengths, self._m.ends
+        located: list[tuple[int, str, PackEntry]] = [(k, *self.item(k)) for k in packed]
+        for pack, offset, i, j, checks in pieces:
+            for k in range(i, j):
+                located.append((k, pack, PackEntry(ids[k], offset, lens[k], lens[k], CODEC_RAW,
+                                                   checks[k - i] if checks is not None else None)))
+                offset += lens[k]
+        located.sort(key=lambda x: x[0])
+        out: list[tuple[str, list[tuple[int, PackEntry]]]] = []
+        parts: list[tuple[int, PackEntry]] = []
+        pack, end, size = "", -1, 0
+        for k, p, e in located:
+            if parts and (p != pack or e.offset != end or len(parts) >= most or size >= RUN_PIECE):
+                out.append((pack, parts))
+                parts, size = [], 0
+            parts.append((ends[k] - lens[k] - base, e))
+            pack, end, size = p, e.offset + e.stored_len, size + e.stored_len
+        if parts:
+            out.append((pack, parts))
+        return out
+
     @staticmethod
     def _plan_key(ids: Sequence[bytes]) -> bytes:
         """A segment's chunk list, hashed (the key of its plan)."""

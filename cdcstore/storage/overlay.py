@@ -97,6 +97,9 @@ class Overlay(Backend):
                       lengths: Sequence[int], checks: Sequence[int | None] | None = None) -> None:
         self.inner.read_run_into(pack, offset, out, chunk_ids, lengths, checks)
 
+    def read_mixed_into(self, pack: str, parts: Sequence[tuple[int, PackEntry]], out: memoryview) -> None:
+        self.inner.read_mixed_into(pack, parts, out)
+
     def index_stamp(self) -> tuple[object, ...]:
         return self.inner.index_stamp()
 

@@ -18,7 +18,7 @@ from typing import AbstractSet, Callable, Iterable, Iterator, Mapping, Protocol,
 from .. import runtime, settings
 from ..core import anchors, ids
 from ..core.errors import CdcError, CorruptionError, MissingChunksError, PackMissingError
-from ..core.pack import PackEntry, decode_checked, decode_chunk, first_mismatch, read_index, read_run, read_verified
+from ..core.pack import CODEC_RAW, PackEntry, decode_checked, decode_chunk, first_mismatch, read_index, read_run, read_verified
 from ..core.ranges import plan_ranges, slices
 from .hints import Anchors, LocationHints
 from .index import ChunkIndex
@@ -27,6 +27,7 @@ from .names import pack_name, pack_of
 from .objects import NotFound, ObjectStore
 
 MAX_OPEN = 256  # open pack descriptors per process (directory stores)
+MIXED_PARTS = 512  # chunks one `read_mixed_into` reads (one preadv: at most IOV_MAX, 1024, buffers)
 LOCAL_RUN = 4 << 20  # bytes per pread: larger buffers are fresh pages each time (~10x slower here)
 REMOTE_RUN = 16 << 20  # bytes per ranged GET on an object store
 INDEX_MAX_CHUNKS = 2_000_000  # chunk rows a bucket store's index keeps on a machine (~600 MB; CDCSTORE_INDEX_MAX_CHUNKS)
@@ -530,6 +531,42 @@ class LocalPacks(Packs):
         if bad >= 0:
             raise self.damaged(pack, chunk_ids[bad], f"chunk {chunk_ids[bad].hex()} does not match its id"
                                                      f"{' (its checksum differs)' if checks else ''}")
+
+    def read_mixed_into(self, pack: str, parts: Sequence[tuple[int, PackEntry]], out: memoryview) -> None:
+        """Chunks back to back in this pack, raw and compressed (`parts`: (dest, entry) in pack
+        order; at most `MIXED_PARTS`), read with one `preadv`: a raw chunk straight into its place
+        in `out`, a compressed one into a buffer of its own and decoded into its place. Each is
+        checked there, as `read_chunks` checks (this store's own packs: the entry's xxh3-64).
+        A tar file's header chunks (compressed) then cost no run break between its members' data."""
+        fd, start = self._fd(pack), parts[0][1].offset
+        bufs: list[memoryview] = []
+        for dest, e in parts:
+            raw = e.codec == CODEC_RAW and e.stored_len == e.raw_len
+            bufs.append(out[dest:dest + e.raw_len] if raw else memoryview(bytearray(e.stored_len)))
+        todo, first, got = list(bufs), 0, 0
+        while first < len(todo):  # preadv may return less than asked before the end
+            n = os.preadv(fd, todo[first:first + 1024], start + got)
+            if not n:
+                raise CorruptionError(f"pack {pack} is truncated: wanted {sum(map(len, bufs))} bytes at {start}, "
+                                      f"got {got}; run `cdcstore check`")
+            got += n
+            while first < len(todo) and n >= len(todo[first]):
+                n -= len(todo[first])
+                first += 1
+            if n:
+                todo[first] = todo[first][n:]
+        trust_checks = not self._host.shared
+        for (dest, e), buf in zip(parts, bufs):
+            check = e.check if trust_checks else None
+            if e.codec == CODEC_RAW and e.stored_len == e.raw_len:
+                if not (ids.checksum(buf) == check if check is not None else ids.matches(buf, e.chunk_id)):
+                    raise self.damaged(pack, e.chunk_id, f"chunk {e.chunk_id.hex()} does not match its id"
+                                                         f"{' (its checksum differs)' if check is not None else ''}")
+                continue
+            try:
+                out[dest:dest + e.raw_len] = decode_checked(buf, e.codec, e.raw_len, e.chunk_id, check)
+            except CorruptionError as err:
+                raise self.damaged(pack, e.chunk_id, err) from None
 
     def index_stamp(self) -> tuple[int, int, int]:
         """Changes whenever the chunk index may have changed, in any process: what was

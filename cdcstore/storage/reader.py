@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar, overload
 from .. import runtime
 from ..core.errors import CorruptionError, PackMissingError
 from ..core.manifest import Manifest
+from ..core.pack import PackEntry
 from .fileplan import FilePlan, Piece
 from .roles import ChunkSource, Located
 from .window import ReadWindow, read_pieces
@@ -428,6 +429,9 @@ class FileReader(io.RawIOBase):
         more is read half here, half on the read-ahead pool, as compressed chunks are decoded."""
         pieces, packed = self._plan.pieces(first, stop)
         ends, lens = self._m.ends, self._m.lengths
+        if packed and self._by_runs:  # compressed chunks between raw runs: one read for both
+            self._land_mixed(self._plan.mixed(pieces, packed, base), out)
+            return
         half = None
         if len(packed) >= 2 and sum(lens[i] for i in packed) >= PARALLEL_DECODE_MIN:
             # compressed chunks decode on two cores: zstd and the hashes release the GIL
@@ -452,6 +456,27 @@ class FileReader(io.RawIOBase):
             for fut in (half, other):
                 if fut is not None and not fut.cancel():
                     fut.exception()  # wait: it writes into `out`
+
+    def _land_mixed(self, reads: list[tuple[str, list[tuple[int, PackEntry]]]], out: memoryview) -> None:
+        """Reads of raw and compressed chunks back to back (`FilePlan.mixed`) into `out`: a read
+        of `PARALLEL_RUNS_MIN` or more, half of them on the read-ahead pool (the preads, the
+        checks and zstd release the GIL)."""
+        other = None
+        if len(reads) >= 2 and sum(e.raw_len for _, parts in reads for _, e in parts) >= PARALLEL_RUNS_MIN:
+            cut = len(reads) // 2
+            other = _prefetch_pool().submit(self._read_mixed, reads[cut:], out)
+            reads = reads[:cut]
+        try:
+            self._read_mixed(reads, out)
+            if other is not None:
+                other.result()
+        finally:
+            if other is not None and not other.cancel():
+                other.exception()  # wait: it writes into `out`
+
+    def _read_mixed(self, reads: list[tuple[str, list[tuple[int, PackEntry]]]], out: memoryview) -> None:
+        for pack, parts in reads:
+            self._src.read_mixed_into(pack, parts, out)
 
     def _read_pieces(self, pieces: list[Piece], base: int, out: memoryview) -> None:
         read_pieces(self._src, self._m, pieces, base, out)

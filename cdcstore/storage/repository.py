@@ -382,6 +382,10 @@ class LocalStore(Repository):
         """`packs.read_run_into`."""
         self.packs.read_run_into(pack, offset, out, chunk_ids, lengths, checks)
 
+    def read_mixed_into(self, pack: str, parts: Sequence[tuple[int, PackEntry]], out: memoryview) -> None:
+        """`packs.read_mixed_into`."""
+        self.packs.read_mixed_into(pack, parts, out)
+
     def index_stamp(self) -> tuple[object, ...]:
         """`packs.index_stamp`."""
         return self.packs.index_stamp()

@@ -114,6 +114,15 @@ class ChunkSource(Protocol):
         there; only a source declaring `reads_runs` is asked."""
         raise Undeclared(f"{type(self).__name__} does not declare reads_runs")
 
+    def read_mixed_into(self, pack: str, parts: Sequence[tuple[int, PackEntry]], out: memoryview) -> None:
+        """Chunks back to back in one pack, raw and compressed (`parts`: (dest, entry) in pack
+        order), each verified and landed whole at out[dest:dest + raw_len] (a compressed one
+        decoded there). A source declaring `reads_runs` reads them in one go; this default asks
+        `read_chunks`."""
+        got = self.read_chunks([(pack, e) for _, e in parts])
+        for dest, e in parts:
+            out[dest:dest + e.raw_len] = got[e.chunk_id]
+
     def index_stamp(self) -> tuple[object, ...]:
         """Changes whenever what `locate` answers may have changed (asked with `reads_runs`)."""
         raise Undeclared(f"{type(self).__name__} does not declare reads_runs")

@@ -25,6 +25,7 @@ from ...core import ids, pages, treeobj
 from ...core.address import DEFAULT_BRANCH
 from ...core.commit import FileEntry
 from ...core.errors import CdcError, RevisionNotFoundError
+from ...core.pack import PackEntry
 from ...core.thrift import ThriftError
 from ...storage.reader import FileReader
 from ...storage.roles import BackendCapabilities
@@ -81,6 +82,10 @@ class CountingSource:
         raise NotImplementedError(f"{type(self).__name__} does not declare reads_runs")
 
     def index_stamp(self) -> tuple[object, ...]:
+        """Never asked: this source declares no `reads_runs` (the role's default)."""
+        raise NotImplementedError(f"{type(self).__name__} does not declare reads_runs")
+
+    def read_mixed_into(self, pack: str, parts: Sequence[tuple[int, PackEntry]], out: memoryview) -> None:
         """Never asked: this source declares no `reads_runs` (the role's default)."""
         raise NotImplementedError(f"{type(self).__name__} does not declare reads_runs")
 
