@@ -47,6 +47,20 @@ class CountingObjects:
         return counted
 
 
+def pack_file(store_root: str, pack: str) -> str:
+    """Where a directory store keeps pack `pack`."""
+    return os.path.join(store_root, "packs", pack[:2], pack + ".pack")
+
+
+def flip_byte(path: str, at: int, mask: int = 0x40) -> None:
+    """Damage one byte of a file in place (XOR `mask`): what a damage test does to a pack."""
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ mask]))
+
+
 def golden_input(n: int) -> bytes:
     """Deterministic pseudo-random bytes, defined by xxh3-128 of a counter."""
     return b"".join(xxhash.xxh3_128_digest(i.to_bytes(8, "little")) for i in range((n + 15) // 16))[:n]

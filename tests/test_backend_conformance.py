@@ -25,7 +25,7 @@ from cdcstore.storage.cache import CachedBackend, ChunkCache
 from cdcstore.testing.backend import BackendTests, Case, base_commit, commit, put_file, unique
 from cdcstore.storage.repository import LocalStore, open_repository, pack_name
 from cdcstore.remote.client.store import RemoteStore
-from conftest import S3_BUCKET
+from conftest import S3_BUCKET, flip_byte
 from server_util import ServedStore, ServerProcess
 
 KINDS = ["local", "memory", "s3", "remote", "cached", "remote-s3"]
@@ -33,11 +33,7 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "A
 
 
 def _flip_file(path: str, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        b = f.read(1)
-        f.seek(offset)
-        f.write(bytes([b[0] ^ 0xFF]))
+    flip_byte(path, offset, 0xFF)
 
 
 def _s3_client(endpoint: str):

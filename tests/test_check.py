@@ -11,7 +11,7 @@ import pytest
 
 from cdcstore import CorruptionError, Store
 from cdcstore.storage.repository import LocalStore
-from conftest import golden_input
+from conftest import flip_byte, golden_input
 import forker
 
 
@@ -25,12 +25,7 @@ def packs(store):
     return sorted(glob.glob(os.path.join(store.location, "packs", "*", "*.pack")))
 
 
-def flip(path, at):
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0x40]))
+flip = flip_byte
 
 
 def cli(*args, check=False):

@@ -11,7 +11,7 @@ import pytest
 
 from cdcstore import CorruptionError, Store
 from cdcstore.testing import ServedStore
-from conftest import S3_BUCKET, golden_input
+from conftest import S3_BUCKET, flip_byte, golden_input
 import forker
 
 import cdcstore
@@ -73,12 +73,7 @@ def test_a_push_without_a_store_says_it_made_the_default_one(tmp_path):
 
 
 # -- 6. one path from damage to repair ------------------------------------------------------------
-def _flip(path: str, at: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0x40]))
+_flip = flip_byte
 
 
 def test_damage_found_by_a_read_is_never_hidden_by_rebuild_index(tmp_path):

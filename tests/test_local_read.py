@@ -14,7 +14,7 @@ from cdcstore.core.chunker import ChunkParams
 from cdcstore.core.pack import CODEC_RAW, CODEC_ZSTD
 from cdcstore.engine.ingest import IngestOptions
 from cdcstore.storage.repository import LocalStore
-from conftest import golden_input
+from conftest import flip_byte, golden_input, pack_file
 
 PARAMS = ChunkParams(16384, 65536, 262144)
 # raw runs, a compressible run (zstd chunks), a repeated block (duplicate chunks), an odd tail
@@ -94,11 +94,7 @@ def _rows(store_root, codec=None):
 
 
 def _flip(store_root, pack, at):
-    with open(os.path.join(store_root, "packs", pack[:2], pack + ".pack"), "r+b") as f:
-        f.seek(at)
-        b = f.read(1)
-        f.seek(at)
-        f.write(bytes([b[0] ^ 0x40]))
+    flip_byte(pack_file(store_root, pack), at)
 
 
 @pytest.fixture

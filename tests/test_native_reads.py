@@ -13,7 +13,7 @@ from cdcstore.core import _xxh3
 from cdcstore.core.chunker import ChunkParams
 from cdcstore.engine.ingest import IngestOptions
 from cdcstore.storage import window
-from conftest import golden_input
+from conftest import flip_byte, golden_input, pack_file
 
 # every branch of the algorithm: 0, 1-3, 4-8, 9-16, 17-128, 129-240, and long inputs (one block
 # is 1,024 bytes; the last stripe and partial blocks)
@@ -106,11 +106,7 @@ def test_damage_in_a_window_filled_ahead_surfaces_when_reached(small_windows):
     with sqlite3.connect(os.path.join(small_windows.location, "index.sqlite")) as c:
         pack, off, slen = c.execute("SELECT pack, offset, stored_len FROM chunks WHERE id = ?",
                                     (m.chunk_ids[i],)).fetchone()
-    with open(os.path.join(small_windows.location, "packs", pack[:2], pack + ".pack"), "r+b") as p:
-        p.seek(off + slen // 2)
-        b = p.read(1)
-        p.seek(off + slen // 2)
-        p.write(bytes([b[0] ^ 1]))
+    flip_byte(pack_file(small_windows.location, pack), off + slen // 2, 1)
     with small_windows.open("cdc://d/f.bin") as f:
         got = bytearray()
         with pytest.raises(CorruptionError, match=m.chunk_ids[i].hex()):

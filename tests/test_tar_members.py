@@ -23,6 +23,7 @@ from cdcstore.core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker
 from cdcstore.core.manifest import max_chunks
 from cdcstore.engine.ingest import FileChunks, IngestOptions
 from cdcstore.streaming import shards
+from conftest import flip_byte, pack_file
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "tar")
 SMALL = ChunkParams(2048, 8192, 32768)
@@ -348,11 +349,7 @@ def test_a_shard_reads_exact_and_a_flipped_byte_in_any_of_its_chunks_is_caught(s
         rows = list(c.execute("SELECT id, pack, offset, stored_len, codec FROM chunks"))
     assert {r[4] for r in rows} == {CODEC_RAW, CODEC_ZSTD}  # both kinds in the pack
     cid, pack, off, slen, _ = sorted(r for r in rows if (r[4] == CODEC_RAW) == (which == "data"))[len(rows) // 4]
-    with open(os.path.join(store.location, "packs", pack[:2], pack + ".pack"), "r+b") as fh:
-        fh.seek(off + slen // 2)
-        b = fh.read(1)
-        fh.seek(off + slen // 2)
-        fh.write(bytes([b[0] ^ 0x40]))
+    flip_byte(pack_file(store.location, pack), off + slen // 2)
     with store.open("wds@main/shard.tar") as f:
         with pytest.raises(CorruptionError, match=f"chunk {cid.hex()} does not (match|decompress)"):
             f.read()
