@@ -516,6 +516,24 @@ static int read_u64s(PyObject *obj, Py_buffer *view, const uint64_t **out, size_
     return 1;
 }
 
+/* What a walk over a file gives Python: rc 1, its cut offsets as a list; 0, None (the file is not to
+ * be trusted); -1, the read error `err` (ENOMEM: MemoryError) raised. */
+static PyObject *cuts_result(int rc, int err, const uint64_t *cuts, size_t n) {
+    if (rc == -1) {
+        if (err == ENOMEM) return PyErr_NoMemory();
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (rc == 0) return Py_NewRef(Py_None);
+    PyObject *out = PyList_New((Py_ssize_t)n);
+    for (size_t k = 0; out && k < n; k++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(cuts[k]);
+        if (!v) { Py_CLEAR(out); break; }
+        PyList_SET_ITEM(out, (Py_ssize_t)k, v);
+    }
+    return out;
+}
+
 static PyObject *page_groups(PyObject *self, PyObject *args) {
     int fd;
     unsigned long long size;
@@ -555,18 +573,7 @@ static PyObject *page_groups(PyObject *self, PyObject *args) {
     PyBuffer_Release(&rv);
     PyBuffer_Release(&hv);
     PyMem_RawFree(f.win);
-    PyObject *out = NULL;
-    if (rc == -2 || (rc == -1 && f.err == ENOMEM)) PyErr_NoMemory();
-    else if (rc == -1) { errno = f.err; PyErr_SetFromErrno(PyExc_OSError); }
-    else if (rc == 0) out = Py_NewRef(Py_None);
-    else {
-        out = PyList_New((Py_ssize_t)g.count);
-        for (size_t k = 0; out && k < g.count; k++) {
-            PyObject *v = PyLong_FromUnsignedLongLong(g.cuts[k]);
-            if (!v) { Py_CLEAR(out); break; }
-            PyList_SET_ITEM(out, (Py_ssize_t)k, v);
-        }
-    }
+    PyObject *out = cuts_result(rc == -2 ? -1 : rc, rc == -2 ? ENOMEM : f.err, g.cuts, g.count);
     PyMem_RawFree(g.cuts);
     return out;
 }
@@ -745,18 +752,7 @@ static PyObject *tar_cuts(PyObject *self, PyObject *args) {
     rc = tar_walk(&f, min, &cuts);
     Py_END_ALLOW_THREADS
     PyMem_RawFree(f.win);
-    PyObject *out = NULL;
-    if (rc == -1 && f.err == ENOMEM) PyErr_NoMemory();
-    else if (rc == -1) { errno = f.err; PyErr_SetFromErrno(PyExc_OSError); }
-    else if (rc == 0) out = Py_NewRef(Py_None);
-    else {
-        out = PyList_New((Py_ssize_t)cuts.n);
-        for (size_t k = 0; out && k < cuts.n; k++) {
-            PyObject *v = PyLong_FromUnsignedLongLong(cuts.v[k]);
-            if (!v) { Py_CLEAR(out); break; }
-            PyList_SET_ITEM(out, (Py_ssize_t)k, v);
-        }
-    }
+    PyObject *out = cuts_result(rc, f.err, cuts.v, cuts.n);
     PyMem_RawFree(cuts.v);
     return out;
 }
