@@ -208,6 +208,8 @@ def main() -> None:
     ap.add_argument("--file-mb", type=float, default=200, help="the multipart upload's file")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--data-dir", default="/tmp/cdcbench-gww")
+    ap.add_argument("--upload-only", action="store_true",
+                    help="only the multipart upload against the push (no sync, no moto side)")
     args = ap.parse_args()
     import logging
     from moto.server import ThreadedMotoServer
@@ -221,14 +223,21 @@ def main() -> None:
     host, port = moto.get_host_and_port()
     s3_endpoint = f"http://{host}:{port}"
     try:
-        v1, v2, info = real_dataset(args.data_dir, args.size_mb, "plain")
-        fig["dataset"] = {**info, "v1_bytes": sum(os.path.getsize(os.path.join(v1, n)) for n in os.listdir(v1))}
+        if not args.upload_only:
+            v1, v2, info = real_dataset(args.data_dir, args.size_mb, "plain")
+            fig["dataset"] = {**info, "v1_bytes": sum(os.path.getsize(os.path.join(v1, n)) for n in os.listdir(v1))}
         big = os.path.join(run, "big.parquet")
         fig["file"] = build_parquet(big, args.file_mb * 1e6, seed=350)
         size = os.path.getsize(big)
         dedup: dict = {"gateway": [], "push": [], "s3": []}
         speed: dict = {"gateway": [], "push": [], "s3": []}
-        for rep, side in harness.rounds(["gateway", "push", "s3"], args.repeat):
+        sides = ["gateway", "push"] if args.upload_only else ["gateway", "push", "s3"]
+        for rep, side in harness.rounds(sides, args.repeat):
+            if args.upload_only:
+                speed[side].append(upload_gateway(run, big) if side == "gateway" else upload_push(run, big))
+                print(f"rep {rep} {side:8s} upload {size / 1e6 / speed[side][-1]['seconds']:7.1f} MB/s "
+                      f"({speed[side][-1]['seconds']:.2f} s)", flush=True)
+                continue
             if side == "gateway":
                 dedup[side].append(dedup_gateway(run, v1, v2))
                 speed[side].append(upload_gateway(run, big))
@@ -241,6 +250,18 @@ def main() -> None:
             print(f"rep {rep} {side:8s} new bytes {dedup[side][-1]['new_bytes']:>12,}   "
                   f"upload {size / 1e6 / speed[side][-1]['seconds']:7.1f} MB/s", flush=True)
         out: dict = {}
+        if args.upload_only:
+            for side in sides:
+                sec = harness.med(s["seconds"] for s in speed[side])
+                out[side] = {"upload_seconds": sec, "upload_mb_per_s": size / 1e6 / sec,
+                             "upload_seconds_runs": [s["seconds"] for s in speed[side]]}
+            fig["sides"] = out
+            goal = harness.Goal("upload_throughput_gateway_over_push",
+                                harness.ratio(out["gateway"]["upload_mb_per_s"], out["push"]["upload_mb_per_s"]),
+                                0.8, ">=")
+            print(goal.line())
+            harness.finish(fig, [goal])
+            return
         for side in ("gateway", "push", "s3"):
             new = harness.med(d["new_bytes"] for d in dedup[side])
             sec = harness.med(s["seconds"] for s in speed[side])

@@ -30,7 +30,8 @@ from .core.manifest import Manifest
 from .engine.commits import Commits, TransferResult, check_author, wire_since
 from .engine.groups import GroupCommits  # noqa: F401 (the faces' group commit: publish.py, fs.py)
 from .engine.history import History, as_address as _as_address
-from .engine.ingest import IngestOptions
+from .engine.ingest import IngestOptions, Prehashed
+from .engine.prechunk import Prechunk
 from .engine.pull import PULL_LOCATE_CHUNKS, check_replaceable, pull_files  # noqa: F401 (check_replaceable: fs.py's)
 from .engine.stats import stats as stats_of
 from .storage import memo  # meta: the process's heads and objects (fs.py uses it through here)
@@ -459,17 +460,28 @@ class Store:
     # -- many writers, one commit --------------------------------------------------------------
     def upload(self, sources: Iterable[str] | str, dest: str | Address, *, options: IngestOptions | None = None,
                progress: Callable[[int], None] | None = None,
-               on_skip: Callable[[str, str], None] | None = None) -> dict[str, FileEntry]:
+               on_skip: Callable[[str, str], None] | None = None,
+               prehashed: Prehashed | None = None) -> dict[str, FileEntry]:
         """Store local files (chunks, then manifests) WITHOUT committing them: returns
         {path in the repo: FileEntry}, small picklable records that `commit_entries`
         publishes later, in any process. Paths are planned as for `push` (DEST's revision
-        is ignored). Uploaded but never committed data is invisible to readers."""
+        is ignored). Uploaded but never committed data is invisible to readers.
+        `prehashed` (one source only): what `prechunk(...).finish()` gave for these very bytes."""
         a = _as_address(dest)
         check_name("repo", a.repo)
         if isinstance(sources, str):
             sources = [sources]
         pairs = plan_sources(sources, a.path, isinstance(dest, str) and dest.endswith("/"), on_skip)
-        return self.commits.upload(pairs, options, progress)
+        if prehashed is not None and len(pairs) != 1:
+            raise InvalidAddressError(f"prehashed chunks are of one file, not of {len(pairs)}: upload it alone")
+        return self.commits.upload(pairs, options, progress, {pairs[0][1]: prehashed} if prehashed else None)
+
+    def prechunk(self, path: str = "upload") -> Prechunk:
+        """A file that arrives in order (a multipart upload's parts): `append` each piece,
+        `advance` to chunk, hash and store what is final of it so far, then `finish` and
+        `upload(pre.path, ..., prehashed=...)`: only chunks cut otherwise are hashed then
+        (engine/prechunk.py). `close` it after."""
+        return Prechunk(self.backend, key=path)
 
     def commit_entries(self, dest: str | Address, entries: dict[str, FileEntry] | Iterable[dict[str, FileEntry]],
                        message: str = "", *, parent: str | None = None, remove: Iterable[str] = (),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .api import GroupCommits, Store
+from .api import GroupCommits, Prechunk, Prehashed, Store
 from .core.address import DEFAULT_BRANCH, Address
 from .core.commit import FileEntry, check_author
 
@@ -33,10 +33,17 @@ class Publisher:
             store.author = check_author(author)
         return store
 
-    def upload(self, repo: str, path: str, local: str) -> FileEntry:
-        """Store a local file's chunks and manifest as a push does; nothing is committed."""
-        entries = self._store().upload([local], Address(repo, None, path))
+    def upload(self, repo: str, path: str, local: str, prehashed: Prehashed | None = None) -> FileEntry:
+        """Store a local file's chunks and manifest as a push does; nothing is committed.
+        `prehashed`: its chunks this process already hashed and stored from the same bytes
+        (`engine.prechunk`, a multipart upload chunked as its parts arrived)."""
+        entries = self._store().upload([local], Address(repo, None, path), prehashed=prehashed)
         return entries[path]
+
+    def prechunk(self, path: str) -> Prechunk:
+        """A growing file to chunk a multipart upload of `path` in as its parts arrive
+        (`engine.prechunk`); `upload` it with `prehashed` from its `finish`."""
+        return self._store().prechunk(path)
 
     def commit(self, repo: str, branch: str, entries: dict[str, FileEntry], removed: Iterable[str],
                message: str, author: str, expect: dict[str, str | None] | None = None) -> str | None:

@@ -168,6 +168,15 @@ def page_geometry(f: BinaryIO, size: int,
     return thin_cuts(cuts, size) + [size], [a for a, _ in ranges]
 
 
+def leading_groups(fd: int, size: int, pages_end: int, params: ChunkParams = DEFAULT_PARAMS) -> list[int] | None:
+    """Page groups of a Parquet file's first bytes, pages tiling [4, pages_end) and no footer
+    yet (a file still arriving: `engine.prechunk`): chosen as for one column chunk, so a column
+    chunk's boundary is a soft candidate here where the whole file makes it firm. None when
+    the native walk does not trust the pages."""
+    return _gear.page_groups(fd, size, struct.pack("<QQ", 4, pages_end), struct.pack("<Q", 4),
+                             params.min_size, params.avg_size, params.max_size)
+
+
 def footer_layout(f: BinaryIO, size: int) -> tuple[list[tuple[int, int]], list[int]] | None:
     """(column chunk ranges, hard cut points) from the footer of an open binary file, or None
     if it is not Parquet. Hard cut points: 4 (after the magic), the footer region's start,

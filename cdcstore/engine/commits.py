@@ -10,7 +10,7 @@ import contextlib
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, AbstractSet, Callable, ContextManager, Iterable, Sequence, cast
+from typing import TYPE_CHECKING, AbstractSet, Callable, ContextManager, Iterable, Mapping, Sequence, cast
 
 from .. import runtime
 from ..core import ids, treeobj
@@ -24,7 +24,7 @@ from ..storage.backend import Backend
 from ..storage.repository import no_such_path
 from ..storage.statcache import Seen, StatCache
 from .history import History
-from .ingest import Ingest, IngestOptions, manifest_of
+from .ingest import Ingest, IngestOptions, Prehashed, manifest_of
 
 PREPASS_MIN = 8  # pushed files from which a push compares content ids before it ingests
 
@@ -317,14 +317,16 @@ class Commits:
     def ingest(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
                progress: Callable[[int], None] | None,
                skip: AbstractSet[str] = frozenset(),
-               history: Callable[[str], Iterable[bytes]] | None = None) -> tuple[Ingest, dict[str, FileEntry], dict]:
+               history: Callable[[str], Iterable[bytes]] | None = None,
+               prehashed: Mapping[str, Prehashed] | None = None) -> tuple[Ingest, dict[str, FileEntry], dict]:
         """Store the files' chunks (durable) and then their manifests: (ingest, path ->
         entry, per-file detail). Nothing is committed. Manifests named in `skip` (the store
         holds them: the commit being built on names them) are not stored again; `history`
-        (`Commits.history`) vouches for chunks the landed commit holds at a file's path."""
+        (`Commits.history`) vouches for chunks the landed commit holds at a file's path;
+        `prehashed` (path -> chunks this process hashed from the same bytes: `Ingest.add_file`)."""
         ingest = Ingest(self.backend, options, progress, history)
         try:
-            manifests = list(zip([p for _, p in pairs], ingest.add_files(pairs)))
+            manifests = list(zip([p for _, p in pairs], ingest.add_files(pairs, prehashed)))
             ingest.finish()
         finally:
             ingest.close()
@@ -342,10 +344,11 @@ class Commits:
         return ingest, added, per_file
 
     def upload(self, pairs: list[tuple[str, str]], options: IngestOptions | None,
-               progress: Callable[[int], None] | None) -> dict[str, FileEntry]:
-        """`Store.upload` once its sources are planned."""
+               progress: Callable[[int], None] | None,
+               prehashed: Mapping[str, Prehashed] | None = None) -> dict[str, FileEntry]:
+        """`Store.upload` once its sources are planned (`prehashed`: as `ingest`)."""
         with self.session():  # a gc deletes nothing while chunks are being deduplicated against
-            return self.ingest(pairs, options, progress)[1]
+            return self.ingest(pairs, options, progress, prehashed=prehashed)[1]
 
     def journal(self):
         """The journal role where the store is (`Store.journal`)."""

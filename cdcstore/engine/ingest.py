@@ -16,7 +16,7 @@ import mmap
 import os
 import threading
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterable, cast
+from typing import BinaryIO, Callable, Iterable, Mapping, cast
 
 from .. import runtime
 from ..core import anchors, ids
@@ -45,6 +45,8 @@ class IngestOptions:
 
 
 ENCODE_TASK_BYTES = 1024 * 1024
+#: Chunks hashed before their file was whole: offset -> (length, chunk id) (`Ingest.add_file`).
+Prehashed = Mapping[int, tuple[int, bytes]]
 VOUCHED_FILES = 64  # files whose landed chunk ids an `Ingest` keeps between presence batches
 
 
@@ -350,17 +352,24 @@ class Ingest:
                                                    + 2 * o.file_threads + 2))
         store.begin_push()
 
-    def add_files(self, pairs: list[tuple[str, str]]) -> list[Manifest]:
+    def add_files(self, pairs: list[tuple[str, str]],
+                  prehashed: Mapping[str, Prehashed] | None = None) -> list[Manifest]:
         """`add_file` for many (path, key) pairs, `opts.file_threads` files at a time
-        (reading, chunking and hashing release the GIL); manifests in input order."""
+        (reading, chunking and hashing release the GIL); manifests in input order.
+        `prehashed`: key -> that file's `Prehashed` chunks."""
+        pre = prehashed or {}
         if self.opts.file_threads <= 1 or len(pairs) < 2:
-            return [self.add_file(p, k) for p, k in pairs]
-        return list(runtime.pool("chunk", self.opts.file_threads).map(lambda pk: self.add_file(*pk), pairs))
+            return [self.add_file(p, k, pre.get(k)) for p, k in pairs]
+        return list(runtime.pool("chunk", self.opts.file_threads).map(
+            lambda pk: self.add_file(pk[0], pk[1], pre.get(pk[1])), pairs))
 
-    def add_file(self, path: str, key: str | None = None) -> Manifest:
+    def add_file(self, path: str, key: str | None = None, prehashed: Prehashed | None = None) -> Manifest:
         """Chunk one local file, schedule its new chunks, and return its manifest.
 
-        `key` names the file in `file_new` and `file_mode` (default: its path)."""
+        `key` names the file in `file_new` and `file_mode` (default: its path). `prehashed`:
+        chunks of this file's exact bytes that this process hashed already (offset -> (length,
+        id); a multipart upload's `engine.prechunk`): a chunk cut at the same offset with the same
+        length takes that id unhashed. Only the caller can vouch that the bytes are the same."""
         key = path if key is None else key
         with self._lock:
             self.file_new.setdefault(key, 0)
@@ -374,9 +383,11 @@ class Ingest:
                                 self.opts.tar_members)
             self.file_mode[key] = blocks.mode
             probe = FileProbe(blocks.regions)  # which of the file's chunks are worth zstd, in file order
+            at = 0  # where the next chunk starts
             for n, chunks in blocks:
                 size += n
-                self._add_chunks(chunks, chunk_ids, lengths, key, probe, first_anchor, file_hash)
+                at = self._add_chunks(chunks, chunk_ids, lengths, key, probe, first_anchor, file_hash,
+                                      prehashed, at)
                 if len(chunk_ids) > max_entries():
                     raise InvalidAddressError(
                         f"{path}: over {max_entries()} chunks after {size} bytes, more than one manifest holds "
@@ -387,15 +398,30 @@ class Ingest:
             self.bytes += size
         return Manifest(chunk_ids, lengths, size, file_hash.digest())
 
+    def add_chunks(self, chunks: list, key: str, probe: FileProbe) -> list[bytes]:
+        """Hash chunks that belong to no manifest yet (`engine.prechunk`: a file still
+        arriving) and schedule the new ones like a file's; their ids. `finish` makes them durable."""
+        with self._lock:
+            self.file_new.setdefault(key, 0)
+        out: list[bytes] = []
+        self._add_chunks(chunks, out, [], key, probe)
+        return out
+
     def _add_chunks(self, chunks: list[bytes], chunk_ids: list[bytes], lengths: list[int], key: str,
-                    probe: FileProbe, first_anchor: bool = False, file_hash: ids.Hasher | None = None) -> None:
+                    probe: FileProbe, first_anchor: bool = False, file_hash: ids.Hasher | None = None,
+                    prehashed: Prehashed | None = None, at: int = 0) -> int:
         """Record chunks in the manifest; queue them for one batched presence query. The
         whole-file hash takes each chunk just after its id (chunks come in file order), while
-        its bytes are still in the CPU's cache: no second pass over the file's blocks."""
+        its bytes are still in the CPU's cache: no second pass over the file's blocks. `at`: the
+        file offset where the first chunk starts (what `prehashed` is keyed by); returns where
+        the next one starts."""
         new_ids = []  # outside the lock: hashing releases the GIL
         digest = ids.digest
+        offset = at
         for c in chunks:
-            new_ids.append(digest(c))
+            hit = prehashed.get(offset) if prehashed else None
+            new_ids.append(hit[1] if hit is not None and hit[0] == len(c) else digest(c))
+            offset += len(c)
             if file_hash is not None:
                 file_hash.update(c)
         worth = [probe.worth(c) for c in chunks]  # every chunk, in file order
@@ -412,6 +438,7 @@ class Ingest:
             self.chunks += len(chunks)
             if len(self._undecided) >= 4096 or self._undecided_bytes >= self.opts.max_inflight_bytes // 2:
                 self._decide()
+        return offset
 
     def _decide(self) -> None:
         """Ask the store which queued chunks it lacks; encode those on the pool, in

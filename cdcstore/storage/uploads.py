@@ -20,7 +20,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..core.errors import NotFoundError
 from . import staging
@@ -50,6 +50,30 @@ class Part:
     @property
     def etag(self) -> str:
         return f'"{self.md5}"'
+
+
+class Source(NamedTuple):
+    """A staged part as a file on disk (a directory store): its number and object name, and
+    what tells that file from a replacement (`engine.prechunk` trusts chunks by it)."""
+    number: int
+    name: str
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @property
+    def identity(self) -> tuple[int, int, int]:
+        return self.inode, self.size, self.mtime_ns
+
+
+def source_of(number: int, name: str, path: str) -> Source:
+    """The `Source` of part `number` (object `name`) as the file at `path` is now."""
+    return Source(number, name, *file_identity(os.stat(path)))
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int]:
+    """What tells one file from its replacement: (inode, size, mtime in ns)."""
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _meta_name(repo: str, upload: str) -> str:

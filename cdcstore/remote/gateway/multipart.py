@@ -21,6 +21,7 @@ from aiohttp import web
 from ...core.errors import BusyError, NotFoundError
 from ...storage import staging, uploads
 from ...storage.reader import FileReader
+from ...storage.uploads import NoSuchUpload, source_of
 from ..server.staging import JournalSpace
 from .bodies import read_xml, receive
 from .forms import Target, el, parse_xml, xml
@@ -33,6 +34,19 @@ MAX_HELD_PART_BYTES = 64 * 1024 ** 2  # over a bucket a part is put as one objec
 # put (issue 43: 1 GiB parts took a server to +2 GB); clients' parts are 5-64 MiB (boto3 and the AWS CLI 8)
 MIN_PART_BYTES = 5 * 1024 ** 2  # every part but the last (as S3)
 MAX_COMPLETE_XML = 8 << 20  # 10,000 parts fit
+PRECHUNK_IDLE = 3600.0  # an upload that got no part for this long stops being chunked ahead (its growing file goes)
+
+
+class _Ahead:
+    """One upload chunked ahead of its Complete (`engine.prechunk`): the growing file, and
+    the task that feeds it (one at a time; `again` asks it for another round)."""
+
+    def __init__(self, pre):
+        self.pre = pre
+        self.task: asyncio.Future | None = None
+        self.again = False
+        self.dead = False  # a part it took was replaced, or a round failed: Complete does it all
+        self.used = time.monotonic()
 
 
 class Multipart:
@@ -47,6 +61,7 @@ class Multipart:
         self._completing: dict[str, asyncio.Future[bool]] = {}
         self._aborting: dict[str, asyncio.Future[bool]] = {}
         self._landing: set[asyncio.Future[bool]] = set()  # Completes whose landing began (`_tracked`)
+        self._ahead: dict[str, _Ahead] = {}  # uploads chunked as their parts arrive (directory stores)
 
     def _owner(self, request: web.Request) -> str | None:
         """Whose staged bytes a part counts in (None on an open server: no cap)."""
@@ -136,6 +151,7 @@ class Multipart:
                 await self._stage(request, t, upload, number, tmp, got.md5, got.size)
             finally:
                 await self.server.io(_unlink, tmp)
+        self._chunk_ahead(t, upload)
         return web.Response(headers={"ETag": f'"{got.md5}"', "Content-Length": "0"})
 
     def _part_limit(self) -> int:
@@ -158,6 +174,7 @@ class Multipart:
                 await self._stage(request, t, upload, number, tmp, md5, stop - start)
             finally:
                 await self.server.io(_unlink, tmp)
+        self._chunk_ahead(t, upload)
         return xml("CopyPartResult", el("LastModified", iso_time(time.time())) + el("ETag", f'"{md5}"'))
 
     def _copy_range(self, entry, label: str, start: int, stop: int, tmp: str) -> str:
@@ -187,6 +204,7 @@ class Multipart:
                                                    f"it: its object landed", UploadId=upload)
         ending = self._aborting[upload] = asyncio.get_running_loop().create_future()
         try:
+            await self._drop_ahead(upload)
             await self.server.io(uploads.abort, self.store, t.repo, upload)
         finally:
             self._aborting.pop(upload, None)
@@ -248,15 +266,23 @@ class Multipart:
 
     async def _land(self, request: web.Request, grant: dict, t: Target, upload: str, chosen: list,
                     expect: dict | None) -> web.Response:
-        """Complete's work once its parts are checked: join, store as a push stores a file, land."""
+        """Complete's work once its parts are checked: join, store as a push stores a file, land.
+        An upload chunked ahead joins onto its growing file and reuses the chunks hashed there."""
+        ahead = await self._stop_ahead(upload)
         tmp = self.store.tmp_path()
+        reused = 0
         try:
-            await self.server.io(uploads.assemble, self.store, chosen, tmp)
-            entry = await self.server.io(self.writes.publisher.upload, t.repo, t.path, tmp)
+            if ahead is not None:
+                entry, reused = await self.server.io(self._store_ahead, ahead.pre, t, chosen)
+            else:
+                await self.server.io(uploads.assemble, self.store, chosen, tmp)
+                entry = await self.server.io(self.writes.publisher.upload, t.repo, t.path, tmp)
         except NotFoundError as e:
             raise S3Error(404, "NoSuchUpload", str(e), UploadId=upload) from None
         finally:
             await self.server.io(_unlink, tmp)
+            if ahead is not None:
+                await self.server.io(ahead.pre.close)
         cid = await self.server.io(self.writes.land, t, {t.path: entry}, [], self.writes.author(request, grant),
                                    f"PUT {t.path} (S3 gateway, {len(chosen)} parts)", expect)
         await self.server.io(uploads.abort, self.store, t.repo, upload)  # landed: the parts go
@@ -266,7 +292,109 @@ class Multipart:
         resp = xml("CompleteMultipartUploadResult", body)
         if cid:
             resp.headers["x-cdc-commit"] = cid
+        resp.headers["x-cdc-chunked-ahead"] = str(reused)  # bytes whose chunks were hashed before Complete
         return resp
+
+    # -- chunking ahead (docs/gateway.md "Multipart uploads") -----------------------------------
+    def _chunk_ahead(self, t: Target, upload: str) -> None:
+        """After a part is staged: grow the upload's file by the parts now in order, and chunk
+        what is final of it, in the background (a directory store; at most `prechunked_uploads`)."""
+        if not self.store.on_local_disk:
+            return
+        ahead = self._ahead.get(upload)
+        if ahead is None:
+            self._prune_ahead()
+            if len(self._ahead) >= self.server.limits.prechunked_uploads:
+                return
+            ahead = self._ahead[upload] = _Ahead(self.writes.publisher.prechunk(t.path))
+        if ahead.dead:
+            return
+        ahead.used, ahead.again = time.monotonic(), True
+        if ahead.task is None or ahead.task.done():
+            ahead.task = asyncio.ensure_future(self._feed_ahead(t, upload, ahead))
+
+    async def _feed_ahead(self, t: Target, upload: str, ahead: _Ahead) -> None:
+        while ahead.again and not ahead.dead:
+            ahead.again = False
+            try:
+                await self.server.io(self._grow, t, upload, ahead)
+            except Exception as e:  # noqa: BLE001 - only a speed-up: Complete then does all the work
+                log.warning("multipart %s: chunking ahead stopped (%s); Complete chunks the whole file", upload, e)
+                ahead.dead = True
+
+    def _grow(self, t: Target, upload: str, ahead: _Ahead) -> None:
+        """Append the parts that follow in order, then chunk a round if enough is pending."""
+        pre = ahead.pre
+        have = {p.number: p for p in uploads.parts(self.store, t.repo, upload)}
+        if any(have.get(s.number) is None or have[s.number].name != s.name for s in pre.sources):
+            ahead.dead = True  # a part it holds was sent again: its guesses are of bytes now gone
+            return
+        n = len(pre.sources) + 1
+        while n in have:
+            p = have[n]
+            path = self.store.objects.local_path(p.name)
+            try:
+                if path is None or not pre.append(path, source_of(n, p.name, path)):
+                    break
+            except FileNotFoundError:
+                break
+            n += 1
+        pre.advance(self.server.limits.prechunk_round_bytes)
+
+    async def _stop_ahead(self, upload: str) -> _Ahead | None:
+        """The upload's chunking ahead, its last round over (None: there is none, or it died)."""
+        ahead = self._ahead.pop(upload, None)
+        if ahead is None:
+            return None
+        ahead.again = False
+        if ahead.task is not None:
+            await asyncio.shield(ahead.task)
+        if ahead.dead:
+            await self.server.io(ahead.pre.close)
+            return None
+        return ahead
+
+    async def _drop_ahead(self, upload: str) -> None:
+        ahead = await self._stop_ahead(upload)
+        if ahead is not None:
+            await self.server.io(ahead.pre.close)
+
+    def _prune_ahead(self) -> None:
+        """Stop chunking ahead for uploads that got no part for PRECHUNK_IDLE seconds."""
+        now = time.monotonic()
+        for upload, ahead in list(self._ahead.items()):
+            if now - ahead.used > PRECHUNK_IDLE and (ahead.task is None or ahead.task.done()):
+                del self._ahead[upload]
+                asyncio.ensure_future(self.server.io(ahead.pre.close))
+
+    def _store_ahead(self, pre, t: Target, chosen: list[uploads.Part]):
+        """Complete over a growing file: keep it up to the last chosen part it holds as
+        chosen, append the rest, and store it with the chunks hashed ahead."""
+        prehashed = pre.finish()  # what was stored ahead is durable before anything names it
+        sources = []
+        for p in chosen:
+            path = self.store.objects.local_path(p.name)
+            try:
+                sources.append(source_of(p.number, p.name, path))
+            except (FileNotFoundError, TypeError):
+                raise NoSuchUpload(f"part {p.number} is gone (the upload ended meanwhile)") from None
+        n = pre.covered(sources)
+        prehashed = pre.keep(n)
+        for p in chosen[n:]:
+            try:
+                got = pre.extend(self.store.objects.local_path(p.name))
+            except FileNotFoundError:
+                raise NoSuchUpload(f"part {p.number} is gone (the upload ended meanwhile)") from None
+            if got != p.size:
+                raise NoSuchUpload(f"part {p.number} changed while it was read: complete the upload again")
+        entry = self.writes.publisher.upload(t.repo, t.path, pre.path, prehashed)
+        m = self.store.get_manifest(entry.manifest)
+        reused, at = 0, 0
+        for cid, length in zip(m.chunk_ids, m.lengths):
+            if prehashed.get(at) == (length, cid):
+                reused += length
+            at += length
+        return entry, reused
 
     def _chosen(self, t: Target, upload: str, asked: list[tuple[int, str]]) -> list[uploads.Part]:
         have = {p.number: p for p in uploads.parts(self.store, t.repo, upload)}
