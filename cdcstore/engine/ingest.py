@@ -407,6 +407,15 @@ class Ingest:
         self._add_chunks(chunks, out, [], key, probe)
         return out
 
+    def drain(self) -> None:
+        """Ask about every queued chunk and wait until the new ones are in the current pack:
+        nothing queued holds a view of the caller's bytes after (the pack is not finished)."""
+        with self._lock:
+            self._decide()
+        for fut in list(self._tasks):
+            fut.result()
+        self._tasks = []
+
     def _add_chunks(self, chunks: list[bytes], chunk_ids: list[bytes], lengths: list[int], key: str,
                     probe: FileProbe, first_anchor: bool = False, file_hash: ids.Hasher | None = None,
                     prehashed: Prehashed | None = None, at: int = 0) -> int:

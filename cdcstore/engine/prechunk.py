@@ -111,6 +111,7 @@ class Prechunk:
             offset = self._take(chunker.feed(block), offset)
         if self.mode == "parquet-pages":  # the last end is a cut: the chunk before it is whole
             offset = self._take(chunker.finish(), offset)
+        self._ingest.drain()  # between rounds nothing holds this round's blocks
         self.done = offset
         return offset - start
 

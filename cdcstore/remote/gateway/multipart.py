@@ -45,7 +45,7 @@ class _Ahead:
         self.pre = pre
         self.task: asyncio.Future | None = None
         self.again = False
-        self.dead = False  # a part it took was replaced, or a round failed: Complete does it all
+        self.dead = False  # the upload ended, or a round failed: Complete does it all
         self.used = time.monotonic()
 
 
@@ -321,14 +321,18 @@ class Multipart:
             except Exception as e:  # noqa: BLE001 - only a speed-up: Complete then does all the work
                 log.warning("multipart %s: chunking ahead stopped (%s); Complete chunks the whole file", upload, e)
                 ahead.dead = True
+                await self.server.io(ahead.pre.close)
 
     def _grow(self, t: Target, upload: str, ahead: _Ahead) -> None:
         """Append the parts that follow in order, then chunk a round if enough is pending."""
         pre = ahead.pre
+        if not staging.is_open(self.store, t.repo, upload):  # completed or aborted meanwhile
+            ahead.dead = True
+            pre.close()
+            return
         have = {p.number: p for p in uploads.parts(self.store, t.repo, upload)}
         if any(have.get(s.number) is None or have[s.number].name != s.name for s in pre.sources):
-            ahead.dead = True  # a part it holds was sent again: its guesses are of bytes now gone
-            return
+            return  # a part it holds was sent again: nothing more is guessed (Complete keeps what is still true)
         n = len(pre.sources) + 1
         while n in have:
             p = have[n]
