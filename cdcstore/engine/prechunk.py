@@ -36,7 +36,7 @@ from ..core import pages, tar
 from ..core.chunker import Chunker
 from ..core.pack import FileProbe
 from ..core.thrift import ThriftError
-from ..storage.uploads import Source, file_identity
+from ..storage.uploads import Source, copy_into, file_identity
 from .ingest import Ingest, IngestOptions, Prehashed
 
 #: bytes of the growing file not yet chunked before a round is worth its fixed costs
@@ -70,7 +70,7 @@ class Prechunk:
             st = os.fstat(f.fileno())
             if file_identity(st) != source.identity:
                 return False
-            done = _copy_into(f.fileno(), self._fd, st.st_size, self.size)
+            done = copy_into(f.fileno(), self._fd, st.st_size, self.size)
             if done != st.st_size or file_identity(os.stat(path)) != source.identity:
                 os.ftruncate(self._fd, self.size)
                 return False
@@ -210,22 +210,6 @@ class Prechunk:
     def extend(self, path: str) -> int:
         """Append the whole file at `path` as it is now (no part identity); the bytes appended."""
         with open(path, "rb") as f:
-            done = _copy_into(f.fileno(), self._fd, os.fstat(f.fileno()).st_size, self.size)
+            done = copy_into(f.fileno(), self._fd, os.fstat(f.fileno()).st_size, self.size)
         self.size += done
         return done
-
-
-def _copy_into(src: int, dst: int, size: int, at: int) -> int:
-    """Copy `size` bytes from the start of `src` to offset `at` of `dst`: in the kernel where it
-    can (copy_file_range), else by reads; the bytes copied (fewer: `src` was shorter)."""
-    done = 0
-    while done < size:
-        try:
-            n = os.copy_file_range(src, dst, size - done, done, at + done)
-        except OSError:
-            block = os.pread(src, min(_BLOCK, size - done), done)
-            n = os.pwrite(dst, block, at + done) if block else 0
-        if n <= 0:
-            break
-        done += n
-    return done

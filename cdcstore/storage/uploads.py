@@ -176,7 +176,7 @@ def assemble(store: ObjectHost, chosen: list[Part], out_path: str) -> int:
             if local is not None:
                 try:
                     with open(local, "rb") as f:
-                        n = _copy(f.fileno(), out.fileno(), p.size)
+                        n = copy_into(f.fileno(), out.fileno(), p.size, total)
                 except FileNotFoundError:
                     raise NoSuchUpload(f"part {p.number} is gone (the upload ended meanwhile)") from None
             else:  # a block at a time: a part is never held whole
@@ -196,23 +196,18 @@ def assemble(store: ObjectHost, chosen: list[Part], out_path: str) -> int:
     return total
 
 
-def _copy(src: int, dst: int, size: int) -> int:
-    """Copy `size` bytes in the kernel where it can (copy_file_range), else by reads."""
+def copy_into(src: int, dst: int, size: int, at: int) -> int:
+    """Copy `size` bytes from the start of file `src` to offset `at` of file `dst`: in the kernel
+    where it can (copy_file_range), else by reads; the bytes copied (fewer: `src` was shorter)."""
     done = 0
     while done < size:
         try:
-            n = os.copy_file_range(src, dst, min(COPY_BLOCK, size - done))
+            n = os.copy_file_range(src, dst, min(COPY_BLOCK, size - done), done, at + done)
         except OSError:
-            n = -1
+            block = os.pread(src, min(COPY_BLOCK, size - done), done)
+            n = os.pwrite(dst, block, at + done) if block else 0
         if n <= 0:
-            os.lseek(src, done, os.SEEK_SET)
-            while done < size:
-                block = os.read(src, min(COPY_BLOCK, size - done))
-                if not block:
-                    return done
-                os.write(dst, block)
-                done += len(block)
-            return done
+            break
         done += n
     return done
 
