@@ -25,7 +25,7 @@ from ..core.chunker import DEFAULT_PARAMS, ChunkParams, Chunker
 from ..core.errors import InvalidAddressError
 from ..core.manifest import MAX_FILE_BYTES, MAX_MANIFEST_BYTES, Manifest, max_entries
 from ..core.pack import (DEFAULT_MAX_PACK_BYTES, DEFAULT_MAX_PACK_CHUNKS, DEFAULT_ZSTD_LEVEL, FileProbe, PackWriter,
-                         WRITE_BUFFER, encode_chunk)
+                         WRITE_BUFFER, encode_chunk, worth_compressing)
 from ..storage.local import write_all
 from ..storage.roles import ChunkSink
 
@@ -398,9 +398,10 @@ class Ingest:
             self.bytes += size
         return Manifest(chunk_ids, lengths, size, file_hash.digest())
 
-    def add_chunks(self, chunks: list, key: str, probe: FileProbe) -> list[bytes]:
+    def add_chunks(self, chunks: list, key: str, probe: FileProbe | None = None) -> list[bytes]:
         """Hash chunks that belong to no manifest yet (`engine.prechunk`: a file still
-        arriving) and schedule the new ones like a file's; their ids. `finish` makes them durable."""
+        arriving) and schedule the new ones like a file's; their ids. `finish` makes them durable.
+        `probe`: None probes every chunk for zstd (where a file's column chunks begin is unknown)."""
         with self._lock:
             self.file_new.setdefault(key, 0)
         out: list[bytes] = []
@@ -408,16 +409,19 @@ class Ingest:
         return out
 
     def drain(self) -> None:
-        """Ask about every queued chunk and wait until the new ones are in the current pack:
-        nothing queued holds a view of the caller's bytes after (the pack is not finished)."""
+        """Ask about every queued chunk and wait until the new ones are in a pack, and send the
+        pack to be made durable (in the background): nothing queued holds a view of the
+        caller's bytes after, and `finish` has little left to do."""
         with self._lock:
             self._decide()
         for fut in list(self._tasks):
             fut.result()
         self._tasks = []
+        with self.sink.lock:
+            self.sink.flush()
 
     def _add_chunks(self, chunks: list[bytes], chunk_ids: list[bytes], lengths: list[int], key: str,
-                    probe: FileProbe, first_anchor: bool = False, file_hash: ids.Hasher | None = None,
+                    probe: FileProbe | None, first_anchor: bool = False, file_hash: ids.Hasher | None = None,
                     prehashed: Prehashed | None = None, at: int = 0) -> int:
         """Record chunks in the manifest; queue them for one batched presence query. The
         whole-file hash takes each chunk just after its id (chunks come in file order), while
@@ -433,7 +437,7 @@ class Ingest:
             offset += len(c)
             if file_hash is not None:
                 file_hash.update(c)
-        worth = [probe.worth(c) for c in chunks]  # every chunk, in file order
+        worth = [probe.worth(c) if probe is not None else worth_compressing(c) for c in chunks]  # in file order
         if not chunk_ids and new_ids and first_anchor:
             with self._lock:
                 self._firsts.add(new_ids[0])

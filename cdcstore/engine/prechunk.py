@@ -34,14 +34,13 @@ import os
 
 from ..core import pages, tar
 from ..core.chunker import Chunker
-from ..core.pack import FileProbe
 from ..core.thrift import ThriftError
 from ..storage.uploads import Source, copy_into, file_identity
 from .ingest import Ingest, IngestOptions, Prehashed
 
 #: bytes of the growing file not yet chunked before a round is worth its fixed costs
-ROUND_BYTES = 32 << 20
-_BLOCK = 8 << 20
+ROUND_BYTES = 16 << 20
+_BLOCK = 2 << 20  # read per step of a round (a Complete waits at most one step for a round to stop)
 _PROBE_MAX = 64 << 20  # a page header longer than this is no header we walk
 
 
@@ -60,7 +59,7 @@ class Prechunk:
         self._pages_end = 4  # the end of the last whole page walked (Parquet)
         self._walk_over = False  # the walk met bytes that are no page: nothing more is guessed
         self._ingest: Ingest | None = None
-        self._probe = FileProbe()
+        self.stopping = False  # set from another thread: a round in progress ends at its next block
 
     # -- the growing file ---------------------------------------------------------------------
     def append(self, path: str, source: Source) -> bool:
@@ -103,13 +102,13 @@ class Prechunk:
         if self._ingest is None:
             self._ingest = Ingest(self.backend, self.opts)
         at = start
-        while at < stop:
+        while at < stop and not self.stopping:
             block = os.pread(self._fd, min(_BLOCK, stop - at), at)
             if not block:
                 raise OSError(f"{self.path}: shorter than the {self.size} bytes appended")
             at += len(block)
             offset = self._take(chunker.feed(block), offset)
-        if self.mode == "parquet-pages":  # the last end is a cut: the chunk before it is whole
+        if self.mode == "parquet-pages" and at == stop:  # the last end is a cut: the chunk before it is whole
             offset = self._take(chunker.finish(), offset)
         self._ingest.drain()  # between rounds nothing holds this round's blocks
         self.done = offset
@@ -117,7 +116,7 @@ class Prechunk:
 
     def _take(self, chunks: list[memoryview], offset: int) -> int:
         assert self._ingest is not None
-        for c, cid in zip(chunks, self._ingest.add_chunks(chunks, self.key, self._probe)):
+        for c, cid in zip(chunks, self._ingest.add_chunks(chunks, self.key)):
             self.prehashed[offset] = (len(c), cid)
             offset += len(c)
         return offset

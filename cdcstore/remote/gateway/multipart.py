@@ -351,6 +351,7 @@ class Multipart:
         if ahead is None:
             return None
         ahead.again = False
+        ahead.pre.stopping = True  # a round in progress stops at its next block: Complete does the rest at once
         if ahead.task is not None:
             await asyncio.shield(ahead.task)
         if ahead.dead:

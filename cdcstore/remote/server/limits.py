@@ -53,7 +53,7 @@ class ServerLimits:
     max_open_uploads_per_token: int = 1000  # S3 gateway: multipart uploads one token holds open (403 QuotaExceeded)
     gateway_keepalive: float = 5.0  # S3 gateway: a Complete still working after this answers 200 and sends spaces
     prechunked_uploads: int = 8  # S3 gateway: multipart uploads chunked as their parts arrive at once (the rest at Complete)
-    prechunk_round_bytes: int = 32 * MiB  # S3 gateway: in-order part bytes gathered before they are chunked ahead
+    prechunk_round_bytes: int = 16 * MiB  # S3 gateway: in-order part bytes gathered before they are chunked ahead
     # push sessions
     max_sessions: int = 256  # open push sessions kept by this server
     max_sessions_per_token: int = 16  # of which one token may hold
