@@ -89,7 +89,7 @@ def test_every_module_sits_in_a_layer_or_is_a_face():
                      "testing.served", "testing.faults", "spark", "mount", "gopen",
                      "publish",  # publish: the write path the S3 gateway's writes are handed (cli -> serve)
                      *(f"streaming.{m}" for m in ("__init__", "dataset", "sources", "decoded", "order", "shards",
-                                                  "decoders"))}, faces
+                                                  "decoders", "handover"))}, faces
 
 
 def test_no_module_starts_its_own_pool_or_loop():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import collections
 import copy
+import itertools
 import os
 import sys
 import threading
@@ -34,6 +35,7 @@ from ..api import Store
 from ..core.address import Address, parse
 from ..core.errors import InvalidAddressError
 from . import decoded as _decoded
+from . import handover as _handover
 from . import order as _order
 from . import sources as _sources
 from .decoded import DecodedUnits
@@ -552,10 +554,12 @@ class StreamingDataset:
         return m
 
     def loader(self, num_workers: int = 0, tensors: bool = True, by_reference: bool = False,
-               strings: str | None = None, **kwargs) -> "Loader":
+               strings: str | None = None, shared_memory: bool = True, **kwargs) -> "Loader":
         """A torch DataLoader (`Loader.dataloader`) over this dataset, `batch_size=None`, with
         batches passed from workers as numpy arrays and made tensors in this process (`tensors`):
         the fast way to feed training from several workers (docs/streaming.md, "Figures").
+        `shared_memory`: workers hand their finished arrays over in shared-memory files that this
+        process maps (`streaming/handover.py`); False pickles them through torch's queue.
         `strings`: "arrow" hands string and binary columns over as pyarrow arrays (buffers: no
         Python object per row in the workers or here), "python" as object arrays of `str`; None
         (the default) keeps the dataset's `strings` ("python" unless it was built otherwise). The
@@ -566,17 +570,19 @@ class StreamingDataset:
             ds = type(self).__new__(type(self))  # not copy.copy (`__getstate__` would drop the store):
             ds.__dict__.update(self.__dict__)  # shares `_shared` (epoch, resume position, figures), the store
             ds.strings = strings
-        return Loader(ds, tensors=tensors, by_reference=by_reference, num_workers=num_workers, **kwargs)
+        return Loader(ds, tensors=tensors, by_reference=by_reference, shared_memory=shared_memory,
+                      num_workers=num_workers, **kwargs)
 
-    def as_torch(self, _refs: bool = False, _bundle: int = 1):
+    def as_torch(self, _refs: bool = False, _bundle: int = 1, _handover: "_handover.Handover | None" = None):
         """This dataset as a torch IterableDataset (torch must be installed). Shares epoch and
-        resume position with DataLoader workers, persistent ones included. (`_bundle`, for
-        `Loader`: a worker hands its batches over that many at a time, see `Bundle`.)"""
+        resume position with DataLoader workers, persistent ones included. (For `Loader`:
+        `_bundle`, a worker hands its batches over that many at a time, see `Bundle`; `_handover`,
+        through shared-memory files.)"""
         self._shared.share()
         import pyarrow.compute  # noqa: F401 - imported once here, not by each forked worker at its first take
         if self._decoded is None and self.source.shares_decoded:
             self._decoded = DecodedUnits(SLOTS)
-        return __getattr__("TorchStreamingDataset")(self, _refs, _bundle)
+        return __getattr__("TorchStreamingDataset")(self, _refs, _bundle, _handover)
 
 
 def _check_strings(strings: object, format: str) -> None:
@@ -589,13 +595,15 @@ def _check_strings(strings: object, format: str) -> None:
 
 
 BUNDLE_ROWS = 16384  # rows a DataLoader worker of `Loader` hands over at once (see `Bundle`)
+_loaders = itertools.count(1)  # `Loader` serials (names of their hand-over files)
 
 
 @dataclass
 class Bundle:
     """Consecutive batches of one DataLoader worker, handed over as one item: torch's worker queue
     costs ~0.2 ms an item, whatever its size, which 1,000-row batches paid one by one. `last`: the
-    worker has no more. `Loader` puts the batches back in the order one by one would have given."""
+    worker has no more. `Loader` puts the batches back in the order one by one would have given.
+    With `shared_memory` the arrays cross in a file (`handover.Shipped`), the rest pickled."""
     worker: int
     batches: list
     last: bool
@@ -658,7 +666,8 @@ def _to_tensors(batch):
 
 
 class Loader:
-    """A torch DataLoader over a StreamingDataset whose workers hand batches over as numpy arrays;
+    """A torch DataLoader over a StreamingDataset whose workers hand batches over as numpy arrays
+    (and Arrow arrays), in shared-memory files this process maps (`shared_memory`, `handover.py`);
     numeric arrays become tensors in the main process (`tensors=True`), as the default collate
     would give, without its per-tensor shared-memory hand-over. `.dataloader` is the DataLoader.
 
@@ -667,7 +676,8 @@ class Loader:
     and a step is one block of the global order on each rank); `load_state_dict()` resumes on any
     number of ranks and workers."""
 
-    def __init__(self, ds: "StreamingDataset", tensors: bool = True, by_reference: bool = False, **kwargs):
+    def __init__(self, ds: "StreamingDataset", tensors: bool = True, by_reference: bool = False,
+                 shared_memory: bool = True, **kwargs):
         from torch.utils.data import DataLoader
 
         kwargs.setdefault("batch_size", None)
@@ -686,7 +696,10 @@ class Loader:
         # took 3-4x the CPU of this process (docs/streaming.md, "Figures")
         refs = by_reference and ds.batch_size is not None and ds.source.shares_decoded
         self.bundle = max(1, BUNDLE_ROWS // ds.block) if kwargs.get("num_workers") else 1
-        self.dataloader = DataLoader(ds.as_torch(_refs=refs, _bundle=self.bundle), **kwargs)
+        # bundles by value: their arrays through shared-memory files (`streaming/handover.py`)
+        self.handover = _handover.Handover(next(_loaders)) if shared_memory and self.bundle > 1 and not refs \
+            else None
+        self.dataloader = DataLoader(ds.as_torch(_refs=refs, _bundle=self.bundle, _handover=self.handover), **kwargs)
         self.tensors = tensors
         self._steps: int | None = None  # steps taken from the current iteration (None: not begun)
 
@@ -695,6 +708,11 @@ class Loader:
         tables = _decoded.PinnedTables()
         source, share = self.ds.source, self.ds._decoded
         loop = share.begin_loop() if share is not None else 0
+        persistent = self.dataloader.persistent_workers
+        # a new tag for workers started now (persistent ones keep their first: their bundles of an
+        # iteration that broke off are drained, so unlinked, when the next begins)
+        tag = self.handover.begin() if self.handover is not None and (
+            not persistent or not self.handover.tag) else None
         it = iter(self.dataloader)
         batches = _unbundled(it, self.dataloader.num_workers) if self.bundle > 1 else it
         try:
@@ -709,10 +727,18 @@ class Loader:
                 yield _to_tensors(batch) if self.tensors else batch
         finally:
             tables.clear()
-            # (not at interpreter exit: the folder goes then, and modules may already be torn down)
-            if not self.dataloader.persistent_workers and share is not None and not sys.is_finalizing():
-                del batches, it  # its workers stop (a loop that broke off); then the links of the
-                share.drop_pins()  # batches they had handed over can go
+            # (not at interpreter exit: the folders go then, and modules may already be torn down)
+            if not persistent and not sys.is_finalizing():
+                if hasattr(batches, "close"):
+                    batches.close()
+                stop = getattr(it, "_shutdown_workers", None)
+                del batches, it
+                if stop is not None:  # its workers stop (a loop that broke off, a worker that died;
+                    stop()  # an exception's frames may still hold the iterator); then
+                if share is not None:  # the links of the batches they had handed over can go,
+                    share.drop_pins()
+                if tag is not None and self.handover is not None:  # and the files of bundles that
+                    _handover.sweep(self.handover.path, tag)  # never crossed
 
     def __len__(self) -> int:
         """Steps of the current epoch on this rank (the same on every rank)."""
@@ -814,14 +840,16 @@ def _torch_class():
     class TorchStreamingDataset(IterableDataset):
         """A torch IterableDataset over a StreamingDataset: each DataLoader worker reads its share."""
 
-        def __init__(self, ds: StreamingDataset, refs: bool = False, bundle: int = 1):
-            self.ds, self.refs, self.bundle = ds, refs, bundle
+        def __init__(self, ds: StreamingDataset, refs: bool = False, bundle: int = 1,
+                     handover: "_handover.Handover | None" = None):
+            self.ds, self.refs, self.bundle, self.handover = ds, refs, bundle, handover
 
         def __iter__(self):
             batches = self.ds._iter_here(self.refs)
             info = sys.modules["torch.utils.data"].get_worker_info()
             if self.bundle > 1 and info is not None:  # `Loader`'s workers: see `Bundle`
-                return _bundled(batches, self.bundle, info.id)
+                bundles = _bundled(batches, self.bundle, info.id)
+                return self.handover.shipped(bundles) if self.handover is not None else bundles
             return batches
 
         def set_epoch(self, epoch: int) -> None:
