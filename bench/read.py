@@ -254,7 +254,7 @@ def main() -> None:
             for side in rotated(list(SEQ_SIDES), rep):
                 into = side.endswith("readinto")
                 t0 = time.perf_counter()
-                with (store.open(ADDR) if side.startswith("ours") else open(path, "rb")) as f:
+                with (store.open(ADDR) if side.startswith("ours") else open(reference, "rb")) as f:  # the copy, as (a)
                     got = readinto_in(f, n) if into else read_in(f, n)
                 if got == size:
                     by_size[n][side].append(time.perf_counter() - t0)

@@ -131,3 +131,94 @@ def test_a_reader_is_freed_without_the_cycle_collector(small_windows):
         assert ref() is None
     finally:
         gc.enable()
+
+
+def _filler_runs(tmp_path, sizes):
+    """Runs of chunks of `sizes` (a list of lists) in one file, and where each lands in one buffer."""
+    rng = random.Random(11)
+    runs_data = [[rng.randbytes(n) for n in run] for run in sizes]
+    path = tmp_path / "packs"
+    blob, runs, at = bytearray(b"P" * 37), [], 0
+    for chunks in runs_data:
+        offset = len(blob)
+        blob += b"".join(chunks)
+        blob += b"gap"
+        runs.append((offset, at, [len(c) for c in chunks], [xxhash.xxh3_64_intdigest(c) for c in chunks]))
+        at += sum(len(c) for c in chunks) + 5  # runs land apart: the bytes between are never written
+    path.write_bytes(bytes(blob))
+    want = bytearray(b"\xee" * at)
+    for (offset, dest, lengths, _), chunks in zip(runs, runs_data):
+        want[dest:dest + sum(lengths)] = b"".join(chunks)
+    return path, runs, want
+
+
+@pytest.mark.parametrize("spin_us", [0, 500])
+def test_filler_lands_runs_exactly_and_names_damage(tmp_path, spin_us):
+    sizes = [[70_000, 5, 300_000, 1, 0, 65536], [1_000_000], [200_000] * 9, [3]]
+    path, runs, want = _filler_runs(tmp_path, sizes)
+    fd = os.open(path, os.O_RDONLY)
+    f = _xxh3.Filler(spin_us)
+    try:
+        job = [(fd, off, at, lens, checks) for off, at, lens, checks in runs]
+        for _ in range(3):  # the thread is reused job after job
+            out = bytearray(b"\xee" * len(want))
+            f.start(out, job)
+            assert f.busy
+            with pytest.raises(RuntimeError):
+                f.start(out, job)  # one job at a time
+            assert f.wait() is None and out == want and not f.busy
+        blob = bytearray(path.read_bytes())
+        for r, k in ((0, 2), (1, 0), (2, 8), (3, 0)):  # a byte flipped in chunk k of run r: named
+            off, _, lens, _ = runs[r]
+            bad = bytearray(blob)
+            bad[off + sum(lens[:k]) + lens[k] // 2] ^= 0x08
+            path.write_bytes(bytes(bad))
+            f.start(bytearray(len(want)), job)
+            assert f.wait() == (r, k)
+        path.write_bytes(bytes(blob[:runs[3][0] + 1]))  # the file ends inside the last run
+        f.start(bytearray(len(want)), job)
+        assert f.wait() == (3, -2)
+        with pytest.raises(ValueError, match="does not fit"):
+            f.start(bytearray(10), job)
+        with pytest.raises(RuntimeError):
+            f.wait()  # nothing started
+        f.start(bytearray(len(want)), [])
+        assert f.wait() is None  # an empty job
+        with pytest.raises(OSError):
+            f.start(bytearray(5), [(12345, 0, 0, [5], [0])])  # not a descriptor
+        f.start(bytearray(len(want)), job)
+        f.close()  # waits for the job: the buffer is never written after close returns
+        assert not f.busy
+    finally:
+        f.close()
+        os.close(fd)
+
+
+def test_the_portable_hash_path_equals_the_vector_one():
+    """The AVX2 path is chosen at import; the portable one must give the same checksums."""
+    was = _xxh3._vector(False)
+    try:
+        for n in (241, 1024, 1025, 4096 + 63, 65536, 1_000_003):
+            d = random.Random(n).randbytes(n)
+            assert _xxh3.xxh3_64(d) == xxhash.xxh3_64_intdigest(d), n
+    finally:
+        _xxh3._vector(was)
+
+
+def test_a_window_filled_natively_reads_on_after_a_fork(small_windows):
+    """The filler's thread stays in the parent: a forked child (a DataLoader worker) reading on
+    through the same reader gets exact bytes, as does the parent."""
+    with small_windows.open("cdc://d/f.bin") as f:
+        head = f.read(65536) + f.read(65536)
+        assert f._win._filler is not None and f._win._filler.busy  # a fill is under way at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: exit status tells
+            ok = False
+            try:
+                rest = b"".join(iter(lambda: f.read(65536), b""))
+                ok = head + rest == DATA
+            finally:
+                os._exit(0 if ok else 1)
+        rest = b"".join(iter(lambda: f.read(65536), b""))
+        assert head + rest == DATA
+        assert os.waitpid(pid, 0)[1] == 0

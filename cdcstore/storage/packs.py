@@ -505,6 +505,11 @@ class LocalPacks(Packs):
                                   f"got {len(data)}; run `cdcstore check`")
         return memoryview(data)
 
+    def run_fd(self, pack: str) -> int:
+        """An open descriptor of a pack, for a native read of its raw runs (`_xxh3.Filler`, which
+        duplicates it: the descriptor stays this object's). PackMissingError if it is gone."""
+        return self._fd(pack)
+
     def read_run_into(self, pack: str, offset: int, out: memoryview, chunk_ids: Sequence[bytes],
                       lengths: Sequence[int], checks: Sequence[int | None] | None = None) -> None:
         """Raw chunks that sit back to back in a pack from `offset`, read straight into

@@ -239,6 +239,14 @@ class FileReader(io.RawIOBase):
         end = self._m.size if size is None or size < 0 else min(self._m.size, start + size)
         if start >= end:
             return b""
+        if self._by_runs and end - start < RUNS_MIN:  # fast path: a small read the window holds
+            with self._lock:
+                data = self._win.take(start, end)
+                if data is not None:
+                    self._last_end = end
+            if data is not None:
+                self._pos = end
+                return data
         data = self.pread(start, end - start)
         self._pos = end
         return data

@@ -382,6 +382,10 @@ class LocalStore(Repository):
         """`packs.read_run_into`."""
         self.packs.read_run_into(pack, offset, out, chunk_ids, lengths, checks)
 
+    def run_fd(self, pack: str) -> int:
+        """`packs.run_fd` (a window's native fill ahead, `window.ReadWindow`)."""
+        return self.packs.run_fd(pack)
+
     def read_mixed_into(self, pack: str, parts: Sequence[tuple[int, PackEntry]], out: memoryview) -> None:
         """`packs.read_mixed_into`."""
         self.packs.read_mixed_into(pack, parts, out)
