@@ -4,9 +4,11 @@ AbortMultipartUpload, ListParts, ListMultipartUploads.
 
 Parts are staged in the store (storage/uploads.py: a job folder under staging/, so every replica
 sees them and gc reclaims an upload nobody finishes); nothing is visible until Complete, which
-joins the parts into one file, stores it as a push stores a file (the whole file chunked at once:
-the same chunks, manifest and ETag-independent dedup as `cdcstore push` of it) and lands it as one
-commit. The answer's ETag is S3's multipart form: the MD5 of the parts' MD5s, `-N`.
+stores the file the parts make as a push stores a file (the same chunks and manifest as
+`cdcstore push` of it) and lands it as one commit. On a directory store the parts are chunked
+as they arrive in order (`Store.prechunk`: a growing file, its final chunks hashed and stored
+ahead), so Complete hashes only what was not guessed right. The answer's ETag is S3's
+multipart form: the MD5 of the parts' MD5s, `-N`.
 """
 from __future__ import annotations
 
