@@ -66,6 +66,18 @@ class Source(NamedTuple):
         return self.inode, self.size, self.mtime_ns
 
 
+def part_file(store: ObjectHost, part: Part) -> tuple[str, Source]:
+    """Where a staged part is a file here (a directory store), and its `Source` as it is now;
+    NoSuchUpload when it is gone or the store keeps no files here."""
+    path = store.objects.local_path(part.name) if store.objects.capabilities.local_path else None
+    try:
+        if path is None:
+            raise FileNotFoundError(part.name)
+        return path, source_of(part.number, part.name, path)
+    except FileNotFoundError:
+        raise NoSuchUpload(f"part {part.number} is gone (the upload ended meanwhile) or is no file here") from None
+
+
 def source_of(number: int, name: str, path: str) -> Source:
     """The `Source` of part `number` (object `name`) as the file at `path` is now."""
     return Source(number, name, *file_identity(os.stat(path)))

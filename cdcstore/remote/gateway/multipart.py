@@ -23,7 +23,7 @@ from aiohttp import web
 from ...core.errors import BusyError, NotFoundError
 from ...storage import staging, uploads
 from ...storage.reader import FileReader
-from ...storage.uploads import NoSuchUpload, source_of
+from ...storage.uploads import NoSuchUpload
 from ..server.staging import JournalSpace
 from .bodies import read_xml, receive
 from .forms import Target, el, parse_xml, xml
@@ -337,12 +337,11 @@ class Multipart:
             return  # a part it holds was sent again: nothing more is guessed (Complete keeps what is still true)
         n = len(pre.sources) + 1
         while n in have:
-            p = have[n]
-            path = self.store.objects.local_path(p.name)
             try:
-                if path is None or not pre.append(path, source_of(n, p.name, path)):
+                path, source = uploads.part_file(self.store, have[n])
+                if not pre.append(path, source):
                     break
-            except FileNotFoundError:
+            except (NoSuchUpload, FileNotFoundError):  # replaced or gone meanwhile: the next part tries again
                 break
             n += 1
         pre.advance(self.server.limits.prechunk_round_bytes)
@@ -377,19 +376,13 @@ class Multipart:
     def _store_ahead(self, pre, t: Target, chosen: list[uploads.Part]):
         """Complete over a growing file: keep it up to the last chosen part it holds as
         chosen, append the rest, and store it with the chunks hashed ahead."""
-        prehashed = pre.finish()  # what was stored ahead is durable before anything names it
-        sources = []
-        for p in chosen:
-            path = self.store.objects.local_path(p.name)
-            try:
-                sources.append(source_of(p.number, p.name, path))
-            except (FileNotFoundError, TypeError):
-                raise NoSuchUpload(f"part {p.number} is gone (the upload ended meanwhile)") from None
-        n = pre.covered(sources)
+        pre.finish()  # what was stored ahead is durable before anything names it
+        files = [uploads.part_file(self.store, p) for p in chosen]
+        n = pre.covered([source for _, source in files])
         prehashed = pre.keep(n)
-        for p in chosen[n:]:
+        for p, (path, _) in zip(chosen[n:], files[n:]):
             try:
-                got = pre.extend(self.store.objects.local_path(p.name))
+                got = pre.extend(path)
             except FileNotFoundError:
                 raise NoSuchUpload(f"part {p.number} is gone (the upload ended meanwhile)") from None
             if got != p.size:
