@@ -130,8 +130,23 @@ class Commits:
         """The store's identity for caches on this machine: its location (a real path for a
         directory) and, for a bucket, the endpoint (two services may share a bucket name)."""
         inner = self.backend.uncached()
-        loc = os.path.realpath(self.location) if os.path.isdir(self.location) else inner.identity
-        return f"{type(inner).__name__}:{loc}"
+        return statcache.store_identity(type(inner).__name__, self.location, inner.identity)
+
+    def doubted(self) -> set[bytes]:
+        """The chunks a check or rebuild-index here found gone from this store that it still
+        lacks (statcache.py, "Lost chunks"): a push reads and stores again every file naming
+        one. Those stored again since are no longer recorded. Empty unless a check found loss."""
+        cache = StatCache(create=False)
+        try:
+            key = self.identity()
+            lost = cache.lost(key)
+            if not lost:
+                return set()
+            back = self.backend.uncached().present(sorted(lost))
+            cache.stored_again(key, back)
+            return lost - back
+        finally:
+            cache.close()
 
     def manifests_present(self, repo: str, names: list[str]) -> set[str]:
         """Which of these manifests the store holds, in one request to a server (protocol 1.5;
@@ -181,8 +196,10 @@ class Commits:
                 raise no_such_path(repo, branch, path)
             removed.add(p)
 
+        # chunks a check here found lost: a file naming one is read and stored again, never skipped
+        doubt = self.doubted() if pairs else set()
         # the pushed files the base holds already, found by content ids: only changed paths' trees read
-        same, extra = self.unchanged(view, pairs, known or {}, options, remove_under) if view else ({}, None)
+        same, extra = self.unchanged(view, pairs, known or {}, options, remove_under, doubt) if view else ({}, None)
         inner = be.uncached()
         bundled = cast("_Bundled", inner)  # its bundle calls are made only when `capabilities.bundles`
         if inner.capabilities.bundles:  # the bundles the caller's entries name (a hint for reading them)
@@ -194,7 +211,8 @@ class Commits:
             # manifests the base names at the pushed paths are in the store (reachable): not re-put
             held = ({e.manifest for e in (view.get(p) for _, p in pairs if p not in same) if e is not None}
                     if view is not None else set())
-            unread = {**same, **self.vouched(repo, {p: e for p, e in (known or {}).items() if p not in same}, held)}
+            unread = {**same, **self.vouched(repo, {p: e for p, e in (known or {}).items() if p not in same}, held,
+                                             doubt)}
             todo = [(f, p) for f, p in pairs if p not in unread]
             ingest, added, per_file = self.ingest(todo, options, progress, skip=held, history=self.history(view))
             read = {**added, **{p: e for p, e in same.items() if p not in (known or {})}}
@@ -256,7 +274,7 @@ class Commits:
         return self.commit_files(d.repo, d.ref, [], message or f"copy {s} to {d}", entries=entries)
 
     def unchanged(self, view: treeobj.View, pairs: list[tuple[str, str]], known: dict[str, FileEntry],
-                  options: IngestOptions | None, remove_under: str | None
+                  options: IngestOptions | None, remove_under: str | None, doubt: AbstractSet[bytes] = frozenset()
                   ) -> tuple[dict[str, FileEntry], set[str] | None]:
         """(path -> entry of each pushed file the base holds with the same content, the base's
         files under `remove_under` that the push lacks, or None when not found here). When the
@@ -266,7 +284,8 @@ class Commits:
         tree. A changed or new file is hashed again by the ingest (local work, faster than
         sending it); below PREPASS_MIN files, lookups path by path cost less. Where the stat cache
         knows files (a machine that pushed before), the ones it does not know are the changed
-        ones and are not read twice: that push goes path by path, as its trees are cached."""
+        ones and are not read twice: that push goes path by path, as its trees are cached. A file
+        naming a chunk in `doubt` (lost from the store: `doubted`) is never one the base holds."""
         if known:
             return {}, None
         cand = list(pairs)
@@ -275,22 +294,37 @@ class Commits:
             return {}, None  # nothing to compare with: the base has no folder the push writes into
         opts = options or IngestOptions()
         local: dict[str, FileEntry] = {}
+        hurt: set[str] = set()
         pool = runtime.pool("chunk", max(1, opts.file_threads))
         for (_, p), m in zip(cand, pool.map(lambda fp: manifest_of(fp[0], opts), cand)):
             local[p] = FileEntry(ids.hexdigest(m.encode()), m.size)
+            if doubt and not doubt.isdisjoint(m.chunk_ids):
+                hurt.add(p)
         folder = None if remove_under is None else remove_under.rstrip("/")
         same, extra = treeobj.same_files(view, treeobj.View.of_files(local), folder)
-        return {p: local[p] for p in same}, extra if folder is not None else None
+        return {p: local[p] for p in same if p not in hurt}, extra if folder is not None else None
 
-    def vouched(self, repo: str, known: dict[str, FileEntry], held: set[str]) -> dict[str, FileEntry]:
+    def vouched(self, repo: str, known: dict[str, FileEntry], held: set[str],
+                doubt: AbstractSet[bytes] = frozenset()) -> dict[str, FileEntry]:
         """The stat cache's entries whose manifests the store holds: those the commit being
-        built on names (reachable, so kept), and those one presence batch answers for."""
+        built on names (reachable, so kept), and those one presence batch answers for. Where
+        chunks are `doubt`ed (lost: `doubted`), an entry whose manifest names one, or cannot be
+        read, is not vouched for: holding a manifest is not holding its chunks."""
+        if doubt:
+            known = {p: e for p, e in known.items() if not self.names_any(e.manifest, doubt)}
         ok = {p: e for p, e in known.items() if e.manifest in held}
         rest = {p: e for p, e in known.items() if p not in ok}
         if rest:
             present = self.manifests_present(repo, [e.manifest for e in rest.values()])
             ok.update({p: e for p, e in rest.items() if e.manifest in present})
         return ok
+
+    def names_any(self, manifest: str, chunk_ids: AbstractSet[bytes]) -> bool:
+        """Whether the stored manifest names one of these chunks (True when it cannot be read)."""
+        try:
+            return not chunk_ids.isdisjoint(self.backend.get_manifest(manifest).chunk_ids)
+        except (CdcError, OSError):
+            return True
 
     def session(self):
         """The marker of a push in flight, where the store is (a directory, a bucket, or a

@@ -7,6 +7,9 @@
 - rebuild_index: the chunk index again from the pack footers and the landed commits, in one
   transaction; rows of a damaged pack that still verify are kept, and copies known damaged
   (recorded by the read or check that found them) stay out unless they verify now.
+
+Both tell this machine's pushes which chunks commits use that the store lacks (`_note_lost`), so
+pushing the original files again stores them again even where a file's stat is unchanged.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from ..core.commit import Commit
 from ..core.errors import CdcError, CorruptionError, InvalidAddressError
 from ..core.manifest import Manifest
 from ..core.pack import PackEntry, decode_chunk
-from . import bundles, reach
+from . import bundles, reach, statcache
 from .maintenance import UpkeepHost
 from .names import bundle_name
 
@@ -76,7 +79,20 @@ def _rebuild_index(store: UpkeepHost, read_data: bool) -> dict[str, object]:
         packs.append((name, size, [en for en in entries if en.chunk_id not in failed]))
     grants, chunk_grants = _grants_from_commits(store, bad)
     store.index.replace_all(packs, grants, chunk_grants, damaged)
+    needed = {c for _, c in chunk_grants}
+    _note_lost(store, needed - store.index.present(needed))
     return {"packs": len(packs), "bad_packs": bad, "damaged_chunks": len(damaged), **store.index.totals()}
+
+
+def _note_lost(store: UpkeepHost, lost: set[bytes]) -> None:
+    """Record for this machine's pushes the chunks commits use that the store lacks (all of
+    them: the record is replaced), so a push reads and stores again every file that names one,
+    whatever the stat cache or the base's content ids say (statcache.py, "Lost chunks")."""
+    cache = statcache.StatCache(create=bool(lost))  # nothing lost and no cache file: none is made
+    try:
+        cache.set_lost(statcache.store_identity(type(store).__name__, store.location, store.objects.identity), lost)
+    finally:
+        cache.close()
 
 
 def _safe_damaged(store: UpkeepHost) -> set[tuple[str, bytes]]:
@@ -181,7 +197,9 @@ def _check(store: UpkeepHost, read_data: bool, subset: float | None) -> dict[str
     _check_bundles(store, found)
     _check_repo_folders(store, found)
     older: set[str] = set()
-    users = _check_reachable(store, found, older)
+    absent: set[bytes] = set()
+    users = _check_reachable(store, found, older, absent)
+    _note_lost(store, absent)
     problems, details = [], []
     for text, affected in found:
         files = sorted({f for c in affected for f in ((c,) if isinstance(c, str) else users.get(c, ()))})
@@ -279,11 +297,12 @@ def _check_repo_folders(store: UpkeepHost, found: list[Finding]) -> None:
                           {f"cdc://{folder}@{r}" for r in refs}))
 
 
-def _check_reachable(store: UpkeepHost, found: list[Finding], older: set[str]) -> dict[bytes, set[str]]:
+def _check_reachable(store: UpkeepHost, found: list[Finding], older: set[str],
+                     lost: set[bytes] | None = None) -> dict[bytes, set[str]]:
     """Walk every commit that a branch or tag reaches (`reach.walk`); returns chunk id -> the
     files that use it: cdc://repo@ref/path for a branch or tag's head, cdc://repo@commit/path
     for a file first met in an older commit (those labels go to `older` too). Adds problems for
-    what does not parse or is not indexed."""
+    what does not parse or is not indexed; the chunks commits use that the index lacks go to `lost`."""
     users: dict[bytes, set[str]] = collections.defaultdict(set)
     manifests: dict[str | tuple[str, str], Manifest | set[str] | None] = {}  # and ("problem", name): its files
     graph = _Stored(store)
@@ -310,6 +329,8 @@ def _check_reachable(store: UpkeepHost, found: list[Finding], older: set[str]) -
                     users[c].add(label)
     needed = set(users)
     absent = needed - store.index.present(needed)
+    if lost is not None:
+        lost.update(absent)
     hurt = {c for _, c in store.index.damaged()} & absent
     if hurt:  # a read or an earlier check found these copies damaged (rebuild-index leaves them out)
         found.append((f"{len(hurt)} chunks that commits use failed verification earlier (a read or "

@@ -13,6 +13,12 @@ Racy files (git's rule): an entry whose mtime falls in the same second as (or af
 after it was read, leaving size and mtime as they were. ctime is part of the key, so an edit
 whose size and mtime were forced back (`touch -d`, `os.utime`) still changes the ctime and is
 read again. A cache that cannot be opened or written is skipped silently: pushes read files.
+
+Lost chunks: an unchanged file says nothing of the store's copy of it. When `check` (or
+`rebuild-index`) here finds chunks that commits use gone from the store (damaged, or in a lost
+pack), it records their ids for the store (table `lost`); while any of them is still absent,
+a push trusts no skip that would keep it from storing them again: neither this cache's entry
+nor the base's equal content ids of a file that names one (engine/commits.py: `doubted`).
 """
 from __future__ import annotations
 
@@ -63,16 +69,26 @@ class Seen:
         return self.mtime_ns >= second or self.ctime_ns >= second
 
 
+def store_identity(kind: str, location: str, identity: str) -> str:
+    """A store's key in this cache: its backend's class name and its location (a real path
+    for a directory) or, for a bucket, its objects' identity (two services may share a name)."""
+    return f"{kind}:{os.path.realpath(location) if os.path.isdir(location) else identity}"
+
+
 class StatCache:
-    def __init__(self, path: str | None = None):
+    def __init__(self, path: str | None = None, create: bool = True):
+        """`create=False`: no file is made where none is (then nothing is remembered)."""
         self.path = path or default_path()
         self.db: sqlite3.Connection | None = None
+        if not create and not os.path.exists(self.path):
+            return
         with contextlib.suppress(sqlite3.Error, OSError):
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             db = sqlite3.connect(self.path, timeout=5, isolation_level=None)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("CREATE TABLE IF NOT EXISTS files (store TEXT, path TEXT, size INT, mtime_ns INT, ino INT, "
                        "ctime_ns INT, seen_ns INT, manifest TEXT, PRIMARY KEY (store, path)) WITHOUT ROWID")
+            db.execute("CREATE TABLE IF NOT EXISTS lost (store TEXT, id BLOB, PRIMARY KEY (store, id)) WITHOUT ROWID")
             db.execute(f"PRAGMA user_version={SCHEMA}")
             self.db = db
 
@@ -113,6 +129,37 @@ class StatCache:
             return
         with contextlib.suppress(sqlite3.Error):
             self.db.executemany("DELETE FROM files WHERE store=? AND path=?", [(store, p) for p in paths])
+
+    def lost(self, store: str) -> set[bytes]:
+        """The chunk ids a check here found gone from `store` (not yet seen stored again)."""
+        if self.db is None:
+            return set()
+        try:
+            return {r[0] for r in self.db.execute("SELECT id FROM lost WHERE store=?", (store,))}
+        except sqlite3.Error:
+            return set()
+
+    def set_lost(self, store: str, chunk_ids: set[bytes]) -> None:
+        """Record the chunks now found gone from `store` (the record of it replaced)."""
+        if self.db is None:
+            return
+        with contextlib.suppress(sqlite3.Error):
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.execute("DELETE FROM lost WHERE store=?", (store,))
+                self.db.executemany("INSERT OR IGNORE INTO lost (store, id) VALUES (?, ?)",
+                                    [(store, c) for c in chunk_ids])
+                self.db.execute("COMMIT")
+            except sqlite3.Error:
+                self.db.execute("ROLLBACK")
+                raise
+
+    def stored_again(self, store: str, chunk_ids: set[bytes]) -> None:
+        """These lost chunks are in `store` again: no longer doubted."""
+        if self.db is None or not chunk_ids:
+            return
+        with contextlib.suppress(sqlite3.Error):
+            self.db.executemany("DELETE FROM lost WHERE store=? AND id=?", [(store, c) for c in chunk_ids])
 
     def close(self) -> None:
         if self.db is not None:
