@@ -164,16 +164,27 @@ def _check_pid() -> None:
         _reset_after_fork()
 
 
-def pool(name: str, workers: int) -> concurrent.futures.ThreadPoolExecutor:
+def pool(name: str, workers: int, nice: int = 0) -> concurrent.futures.ThreadPoolExecutor:
     """The process's pool `name` with `workers` threads (created on first use, shared after).
-    Callers wait for their own futures; nobody shuts a shared pool down."""
+    Callers wait for their own futures; nobody shuts a shared pool down. `nice` > 0: its threads
+    run at that lower priority (Linux; work that should only take idle cores)."""
     key = (name, max(1, int(workers)))
     with _lock:
         _check_pid()
         p = _pools.get(key)
         if p is None:
-            p = _pools[key] = concurrent.futures.ThreadPoolExecutor(key[1], thread_name_prefix=f"cdcstore-{name}")
+            p = _pools[key] = concurrent.futures.ThreadPoolExecutor(
+                key[1], thread_name_prefix=f"cdcstore-{name}", initializer=_lowered if nice > 0 else None,
+                initargs=(nice,) if nice > 0 else ())
         return p
+
+
+def _lowered(nice: int) -> None:
+    """Lower the calling thread's priority by `nice` (on Linux a thread has its own)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (OSError, AttributeError):  # not Linux, or not allowed: the thread runs as the others
+        pass
 
 
 def loop() -> asyncio.AbstractEventLoop:

@@ -5,7 +5,9 @@ Whatever order parts come in, whatever is sent again, aborted or killed: what la
 parts make, stored exactly as a push stores it (the same manifest: the GET ETag), and nothing of an
 upload that does not complete is visible. Rounds are made small (`prechunk_round_bytes`) so that a
 few 5 MiB parts exercise what a 200 MB upload does."""
+import glob
 import os
+import time
 
 import boto3
 import numpy as np
@@ -83,13 +85,27 @@ def _pushed_tag(gw, s3, path, key):
     return s3.head_object(Bucket="ds", Key=f"main/{key}")["ETag"]
 
 
+def _packed(gw) -> int:
+    return sum(os.path.getsize(p) for p in glob.glob(os.path.join(gw.store, "packs", "*", "*.pack")))
+
+
+def _wait_packed(gw, at_least: int, timeout: float = 60) -> None:
+    """Until the server's packs grew by `at_least` bytes: chunking ahead runs on a thread of low
+    priority, which on a busy machine may lag the parts (Complete then does the rest itself)."""
+    end = time.monotonic() + timeout
+    while _packed(gw) < at_least and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def test_parts_out_of_order_are_chunked_ahead_and_land_as_a_push_stores_them(gw, data):
     path, blob = data
     pieces = _pieces(blob)
     assert len(pieces) >= 3
     s3 = _s3(gw.s3)
+    before = _packed(gw)
     order = [2, 1] + list(range(3, len(pieces) + 1))  # part 2 waits for part 1, then both go at once
     up, tags = _send(s3, "main/a/f.parquet", pieces, order)
+    _wait_packed(gw, before + len(blob) // 2)  # (snappy pages: about all of it stored raw)
     ahead = _complete(s3, "main/a/f.parquet", up, tags)
     assert s3.get_object(Bucket="ds", Key="main/a/f.parquet")["Body"].read() == blob
     assert s3.head_object(Bucket="ds", Key="main/a/f.parquet")["ETag"] == _pushed_tag(gw, s3, path, "a/g.parquet")

@@ -20,6 +20,7 @@ import time
 
 from aiohttp import web
 
+from ... import runtime
 from ...core.errors import BusyError, NotFoundError
 from ...storage import staging, uploads
 from ...storage.reader import FileReader
@@ -36,6 +37,7 @@ MAX_HELD_PART_BYTES = 64 * 1024 ** 2  # over a bucket a part is put as one objec
 # put (issue 43: 1 GiB parts took a server to +2 GB); clients' parts are 5-64 MiB (boto3 and the AWS CLI 8)
 MIN_PART_BYTES = 5 * 1024 ** 2  # every part but the last (as S3)
 MAX_COMPLETE_XML = 8 << 20  # 10,000 parts fit
+PRECHUNK_NICE = 10  # the priority of chunking ahead below the server's (it only takes idle cores)
 PRECHUNK_IDLE = 3600.0  # an upload that got no part for this long stops being chunked ahead (its growing file goes)
 
 
@@ -319,7 +321,9 @@ class Multipart:
         while ahead.again and not ahead.dead:
             ahead.again = False
             try:
-                await self.server.io(self._grow, t, upload, ahead)
+                # on a thread of lower priority: guessing takes idle cores, never the parts' receipt
+                await asyncio.get_running_loop().run_in_executor(runtime.pool("prechunk", 1, nice=PRECHUNK_NICE),
+                                                                 self._grow, t, upload, ahead)
             except Exception as e:  # noqa: BLE001 - only a speed-up: Complete then does all the work
                 log.warning("multipart %s: chunking ahead stopped (%s); Complete chunks the whole file", upload, e)
                 ahead.dead = True
