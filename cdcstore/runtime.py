@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
+import functools
 import importlib
 import os
 import sys
@@ -173,9 +174,9 @@ def pool(name: str, workers: int, nice: int = 0) -> concurrent.futures.ThreadPoo
         _check_pid()
         p = _pools.get(key)
         if p is None:
+            lower = functools.partial(_lowered, nice) if nice > 0 else None
             p = _pools[key] = concurrent.futures.ThreadPoolExecutor(
-                key[1], thread_name_prefix=f"cdcstore-{name}", initializer=_lowered if nice > 0 else None,
-                initargs=(nice,) if nice > 0 else ())
+                key[1], thread_name_prefix=f"cdcstore-{name}", initializer=lower)
         return p
 
 
