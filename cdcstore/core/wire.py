@@ -197,6 +197,58 @@ def decode_located(body: bytes) -> tuple[bytes, dict[bytes, tuple[str, PackEntry
 
 TREES_PER_GET = 1024  # trees one POST /repos/{repo}/trees/get names at most (protocol 2.1)
 
+# `POST /repos/{repo}/manifests/located` (protocol 2.3): many `?locations=1` answers in one, each
+# with the raw bytes of its file's last chunks (a Parquet footer)
+LOCATED_MANY_MAGIC = b"CDCMLOCS"
+LOCATED_MANY_VERSION = 1  # the answer's format; a client refuses another
+LOCATED_PER_GET = 1024  # manifests one request names at most
+MAX_TAIL = 1 << 20  # the largest `tail` a request may ask (bytes at the end of each file)
+MAX_TAIL_SENT = 4 << 20  # a file's tail (whole chunks) is sent only up to this size
+_LOCATED_MANY_HEAD = struct.Struct("<8sII")  # magic, format version, entries answered
+
+
+def encode_located_many(entries: list[tuple[bytes, bytes]]) -> bytes:
+    """The answer to `manifests/located`: magic, u32 version, u32 count, then per manifest answered
+    (the first `count` asked, in order) a u32 length and its `encode_located` body (empty: not
+    served here, ask for it alone), then a u32 length and the raw bytes of the file from the
+    start of the chunk that holds its byte `size - tail` to its end (empty: none sent)."""
+    out = [_LOCATED_MANY_HEAD.pack(LOCATED_MANY_MAGIC, LOCATED_MANY_VERSION, len(entries))]
+    for located, tail in entries:
+        out += [_LEN.pack(len(located)), located, _LEN.pack(len(tail)), tail]
+    return b"".join(out)
+
+
+def decode_located_many(body: Buffer, asked: int) -> list[tuple[memoryview, memoryview]]:
+    """(located body, tail) of each manifest answered, from `encode_located_many`; at least one
+    and at most `asked`. Views of `body`."""
+    view = memoryview(body).cast("B")
+    if len(view) < _LOCATED_MANY_HEAD.size:
+        raise CorruptionError("manifests-located answer is truncated")
+    magic, version, count = _LOCATED_MANY_HEAD.unpack_from(view)
+    if magic != LOCATED_MANY_MAGIC:
+        raise CorruptionError("manifests-located answer does not start with its magic")
+    if version != LOCATED_MANY_VERSION:
+        raise CorruptionError(f"manifests-located answer of format {version}; this cdcstore reads "
+                              f"{LOCATED_MANY_VERSION}: upgrade it")
+    if not 1 <= count <= asked:
+        raise CorruptionError(f"manifests-located answer holds {count} entries for {asked} asked")
+    out, pos = [], _LOCATED_MANY_HEAD.size
+    for _ in range(count):
+        parts = []
+        for _ in range(2):
+            if pos + _LEN.size > len(view):
+                raise CorruptionError("manifests-located answer is truncated")
+            (n,) = _LEN.unpack_from(view, pos)
+            pos += _LEN.size
+            if pos + n > len(view):
+                raise CorruptionError("manifests-located answer is truncated")
+            parts.append(view[pos:pos + n])
+            pos += n
+        out.append((parts[0], parts[1]))
+    if pos != len(view):
+        raise CorruptionError("manifests-located answer has bytes past its last entry")
+    return out
+
 
 def encode_blobs(blobs: list[bytes]) -> bytes:
     """Length-prefixed concatenation (manifest batches)."""

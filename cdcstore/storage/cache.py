@@ -45,6 +45,7 @@ from ..core import treeobj
 from ..core.address import is_commit_like
 from ..core.commit import Commit
 from ..core.errors import CorruptionError, InvalidAddressError
+from ..core.wire import LOCATED_ENDS
 from ..core.manifest import Manifest
 from ..core.pack import CODEC_RAW, PackEntry, decode_chunk
 from . import cache_tables
@@ -609,6 +610,13 @@ class GuardedCache:
         return self._guarded("bytes", self.inner.bytes)
 
 
+def _end_ids(m: Manifest, tail: int) -> list[bytes]:
+    """The ids of the chunks that hold a file's last `tail` bytes, and of its last `LOCATED_ENDS`
+    chunks (what a reader of its end locates at once: a server's answer locates them)."""
+    first = m.span(max(0, m.size - tail), m.size).start if m.size else 0
+    return list(m.chunk_ids[min(first, max(0, len(m.chunk_ids) - LOCATED_ENDS)):])
+
+
 class CachedBackend(Overlay):
     """An overlay whose reads go through a `ChunkCache` first; the rest passes through (`Overlay`).
 
@@ -837,6 +845,43 @@ class CachedBackend(Overlay):
         self.cache.put_object("manifest", name, m.encode())
         found.update({c: (Held.CACHE, e) for c, e in self.cache.has(list(found)).items()})
         return m, found
+
+    def get_manifests_located(self, names: list[str], repo: str | None = None, tail: int = 0,
+                              chunks: dict[bytes, Raw] | None = None) -> dict[str, tuple[Manifest, Located]]:
+        """`get_manifest_located` of many: those neither this process nor the machine holds are asked
+        of the inner store together, with the chunks of each file's last `tail` bytes, which the
+        inner store verified: they go into the cache and are located there, so that reading a
+        file's end (a Parquet footer) costs no request."""
+        out: dict[str, tuple[Manifest, Located]] = {}
+        ask = []
+        for n in dict.fromkeys(names):
+            if memo.objects().get((self._scope, "manifest", repo, n)) is not None \
+                    or self.cache.get_object("manifest", n) is not None or not self.inner.capabilities.remote_admin:
+                out[n] = self.get_manifest_located(n, repo)
+            else:
+                ask.append(n)
+        if tail and out and self.inner.capabilities.remote_admin:  # a known manifest whose end is not all cached:
+            # asked too (else reading its end would locate those chunks, a request per file)
+            ends = {n: _end_ids(m, tail) for n, (m, _) in out.items()}
+            held = self.cache.has([c for end in ends.values() for c in end])
+            for n, end in ends.items():
+                if any(c not in held for c in end):
+                    ask.append(n)
+                    del out[n]
+        if not ask:
+            return out
+        got: dict[bytes, Raw] = {}
+        answers = self.inner.get_manifests_located(ask, repo, tail, got)
+        if got:
+            self.cache.put_later([(c, CODEC_RAW, len(raw), raw) for c, raw in got.items()])
+            if chunks is not None:
+                chunks.update(got)
+        for n, (fetched, found) in answers.items():
+            self.cache.put_object("manifest", n, fetched.encode())
+            m: Manifest = memo.objects().remembered((self._scope, "manifest", repo, n), lambda: fetched)  # noqa: B023
+            found.update({c: (Held.CACHE, e) for c, e in self.cache.has(list(found)).items()})  # tails too
+            out[n] = m, found
+        return out
 
     def get_tree(self, name: str, repo: str | None = None) -> treeobj.Tree:
         """A tree, from this machine's cache when any process read it before (trees are

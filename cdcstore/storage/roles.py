@@ -181,6 +181,14 @@ class MetadataStore(Protocol):
         for both). The default locates nothing: the reader locates as it reads."""
         return self.get_manifest(name, repo), {}
 
+    def get_manifests_located(self, names: list[str], repo: str | None = None, tail: int = 0,
+                              chunks: dict[bytes, Raw] | None = None) -> dict[str, tuple[Manifest, Located]]:
+        """`get_manifest_located` of each of `names`, by name (a server: many in one request). A
+        store that fetches chunks may also fetch those holding each file's last `tail` bytes (a
+        Parquet footer) with them: verified, into `chunks` (id -> raw bytes) when given, or kept
+        and located where it keeps them (the chunk cache). The default fetches no chunks."""
+        return {n: self.get_manifest_located(n, repo) for n in dict.fromkeys(names)}
+
     def manifests_present(self, repo: str, names: list[str]) -> set[str]:
         """Which of these manifests the store holds (as `repo` may read them). The default
         knows of none, so a writer reads and sends those files again."""

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
     from .decoded import BatchRef, DecodedUnits, PinnedTables
 
 LOOK_AHEAD_STEPS = 256  # steps a stream looks ahead for the next row group to fetch while one decodes
+FOOTER_BYTES = 8  # a file's end fetched with its manifest: the chunk holding its last 8 bytes, which is
+#                  its footer (a push cuts a Parquet footer as a chunk of its own, up to 256 KiB)
+FOOTERS_TOGETHER = 256  # files opened together at construction (their ends are held in the cache)
 _GLOB = set("*?[")
 
 
@@ -324,24 +327,43 @@ class ParquetSource(Source):
 
     @classmethod
     def index(cls, ds, files, decode=None):
-        """The footers, read 8 at a time (each costs round trips to a server)."""
-        footers = list(runtime.pool("io", 8).map(lambda f: cls._footer(ds, f), files)) if len(files) > 1 \
-            else [cls._footer(ds, f) for f in files]
+        """The footers. The files are opened `FOOTERS_TOGETHER` at a time (`Store.open_many`: on a
+        server their manifests and the chunks of their last `FOOTER_BYTES` come in one request,
+        into the chunk cache), then each footer is read through its reader (8 at a time: from the
+        cache, or by a request each where the store could not send it with the manifests)."""
+        footers: list[pq.FileMetaData] = []
+        for lo in range(0, len(files), FOOTERS_TOGETHER):
+            part = files[lo:lo + FOOTERS_TOGETHER]
+            readers = ds.store.open_many([f.address for f in part], tail=FOOTER_BYTES)
+            try:
+                pairs = list(zip(part, readers))
+                footers += runtime.pool("io", 8).map(lambda p: cls._footer(*p), pairs) if len(pairs) > 1 \
+                    else [cls._footer(*p) for p in pairs]
+            finally:
+                for r in readers:
+                    r.close()
         return cls(files, footers, ds.columns)
 
     @staticmethod
-    def _footer(ds, f: SourceFile) -> pq.FileMetaData:
-        with ds.store.open(f.address) as r:
-            try:
-                return checked_footer(pq.ParquetFile(r, pre_buffer=False).metadata, f)
-            except CdcError:  # the store's own error (busy, unreachable, damaged) says what it is
-                raise
-            except (pa.ArrowInvalid, OSError) as e:
-                cause = e.__cause__ or e.__context__
-                if isinstance(cause, CdcError):
-                    raise cause from None
-                raise InvalidAddressError(f"{f.address} is not a readable Parquet file ({e}): "
-                                          f"stream Parquet files only") from None
+    def _footer(f: SourceFile, r: "FileReader") -> pq.FileMetaData:
+        """The file's footer, read exactly (its length, then its bytes: no more than the chunk a
+        push cut it into) and parsed by pyarrow from those bytes alone."""
+        try:
+            size = r.size
+            end = r.pread(size - 8, 8) if size >= 12 else b""
+            n = int.from_bytes(end[:4], "little")
+            if end[4:] != b"PAR1" or n > size - 12:
+                raise pa.ArrowInvalid("no Parquet footer at its end (an encrypted footer is not supported)")
+            footer = b"PAR1" + r.pread(size - 8 - n, n) + end  # the footer alone is a file pyarrow reads
+            return checked_footer(pq.ParquetFile(pa.BufferReader(footer)).metadata, f)
+        except CdcError:  # the store's own error (busy, unreachable, damaged) says what it is
+            raise
+        except (pa.ArrowInvalid, OSError) as e:
+            cause = e.__cause__ or e.__context__
+            if isinstance(cause, CdcError):
+                raise cause from None
+            raise InvalidAddressError(f"{f.address} is not a readable Parquet file ({e}): "
+                                      f"stream Parquet files only") from None
 
     # -- the prefetch thread ----------------------------------------------------------------------
     def produce(self, ds, order, steps, skip, share=None, epoch=0):

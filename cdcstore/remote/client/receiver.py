@@ -3,8 +3,11 @@ connections whose body bytes the kernel copies into the caller's buffers (an asy
 `BufferedProtocol`: `recv_into` the destination), with no intermediate buffer, no
 per-piece bytes objects and no second copy.
 
-This is the cold read's fast path and only that: it takes a plain `206` answer whose
-`Content-Range` and `Content-Length` are exactly the range asked for, over `http://`.
+This is the cold read's fast path: it takes a plain `206` answer whose `Content-Range` and
+`Content-Length` are exactly the range asked for, over `http://`. `call` is the same path for a
+small request (a GET, or a POST with its body in memory) whose answer has a Content-Length: the
+metadata a stream reads before its first batch, with no aiohttp in the process (importing it costs
+a cold process about 0.1 s, its SSL contexts included).
 An error answer (4xx or 5xx with a Content-Length of at most 64 KiB) is returned
 with its body for the caller to translate, never asked again: a server may change
 its state when it answers (a replica forgets a pack it found gone, and the same
@@ -24,7 +27,7 @@ import urllib.parse
 MAX_HEAD = 64 * 1024  # an answer's status line and headers: longer is not a cdcstore server
 MAX_ERROR_BODY = 64 * 1024  # an error answer's body, kept for the caller to translate
 _CRLF2 = b"\r\n\r\n"
-_SAFE_TARGET = re.compile(r"[A-Za-z0-9._~/%:@!$&'()*+,;=-]+")  # a request target needing no quoting
+_SAFE_TARGET = re.compile(r"[A-Za-z0-9._~/%:@!$&'()*+,;=?-]+")  # a request target needing no quoting
 _UNSAFE_VALUE = re.compile(r"[\r\n\x00]")  # would end a header line early
 
 
@@ -52,6 +55,8 @@ class _Conn(asyncio.BufferedProtocol):
         self.headers: dict[str, str] = {}
         self.status = 0
         self.error_body: bytearray | None = None  # an error answer's body (`Receiver.get`)
+        self.body: bytearray | None = None  # a call's answer (`Receiver.call`)
+        self._collect = 0  # a call: the longest answer taken (0: a range)
         self._error_want = 0
         self.got = 0  # body bytes so far
         self.head_bytes = 0
@@ -96,7 +101,9 @@ class _Conn(asyncio.BufferedProtocol):
         self._advance(nbytes)
 
     # -- one answer ------------------------------------------------------------------------------
-    def begin(self, views: list[memoryview]) -> asyncio.Future:
+    def begin(self, views: list[memoryview], collect: int = 0) -> asyncio.Future:
+        self._collect = collect
+        self.body = None
         self._views = [v for v in views if len(v)]
         self._want = sum(len(v) for v in self._views)
         self._k = self._pos = self.got = self.status = self.head_bytes = 0
@@ -132,7 +139,14 @@ class _Conn(asyncio.BufferedProtocol):
             self._error_bytes(memoryview(self._head)[end + 4:])
             self._head = bytearray()
             return
-        if self.status != 206 or not self._plain_body():
+        if self._collect:  # a call: a 2xx answer whose Content-Length is at most `collect`, read whole
+            n = self._length()
+            if not 200 <= self.status < 300 or n is None or n > self._collect:
+                self._fail(Unserved(f"answer {self.status} of {self.headers.get('content-length', 'no')} bytes"))
+                return
+            self.body = bytearray(n)
+            self._views, self._want = ([memoryview(self.body)] if n else []), n
+        elif self.status != 206 or not self._plain_body():
             self._fail(Unserved(f"answer {self.status} {self.headers.get('content-range', '')}"))
             return
         body = memoryview(self._head)[end + 4:]
@@ -157,10 +171,14 @@ class _Conn(asyncio.BufferedProtocol):
             self._finish()
 
     def _plain_body(self) -> bool:
+        return self._length() == self._want
+
+    def _length(self) -> int | None:
+        """The body's length, if it comes plain (no transfer or content encoding) with a Content-Length."""
         h = self.headers
         if "transfer-encoding" in h or h.get("content-encoding", "identity") != "identity":
-            return False
-        return h.get("content-length", "").isdigit() and int(h["content-length"]) == self._want
+            return None
+        return int(h["content-length"]) if h.get("content-length", "").isdigit() else None
 
     def _advance(self, n: int) -> None:
         self.got += n
@@ -226,12 +244,39 @@ class Receiver:
                  "Accept-Encoding: identity"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        conn = await self._run(host, port, request, into, 0, idle_timeout, idle_timeout + (end - start) / min_rate)
+        self.served += conn.status == 206
+        return conn
+
+    async def call(self, base: str, method: str, path: str, body: bytes, headers: dict[str, str],
+                   idle_timeout: float, budget: float, limit: int) -> _Conn:
+        """`method` (GET or POST, `body` in memory) of `base + path`: the connection's record of the
+        answer, its bytes in `body` (a 2xx answer of at most `limit` bytes) or `error_body` (an
+        error answer). Unserved when this path cannot deliver it (the caller then sends it through
+        its full client), Stalled past `idle_timeout` without a byte or `budget` in all."""
+        url = urllib.parse.urlsplit(base)
+        host, port = url.hostname or "", url.port or 80
+        target = (url.path.rstrip("/") + path) or "/"
+        if (method not in ("GET", "POST") or not _SAFE_TARGET.fullmatch(target)
+                or any(_UNSAFE_VALUE.search(f"{k}{v}") for k, v in headers.items())):
+            raise Unserved("a request this client does not write itself")
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {url.netloc}", "Accept-Encoding: identity"]
+        if method == "POST":
+            lines.append(f"Content-Length: {len(body)}")
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        return await self._run(host, port, request, [], max(1, limit), idle_timeout, budget)
+
+    async def _run(self, host: str, port: int, request: bytes, into: list[memoryview], collect: int,
+                   idle_timeout: float, budget: float) -> _Conn:
+        """One exchange on a kept-alive connection (once more on a new one when an idle connection
+        turns out closed before any answer); the connection is kept for the next after a whole
+        2xx answer."""
         async with self._slots:
             for fresh in (False, True):
                 conn, reused = await self._conn(host, port, fresh)
                 try:
-                    budget = idle_timeout + (end - start) / min_rate
-                    await self._exchange(conn, request, into, idle_timeout, budget)
+                    await self._exchange(conn, request, into, idle_timeout, budget, collect)
                 except Unserved:
                     conn.abort()
                     if not reused or conn.status or conn.got:
@@ -240,12 +285,11 @@ class Receiver:
                 except BaseException:  # cancelled (the reader gave up): nothing more lands in `into`
                     conn.abort()
                     raise
-                if (conn.status == 206 and conn.headers.get("connection", "").lower() != "close"
-                        and not conn.closed):
+                if (200 <= conn.status < 300 and conn.error_body is None
+                        and conn.headers.get("connection", "").lower() != "close" and not conn.closed):
                     self._idle.setdefault((host, port), []).append(conn)
                 else:
                     conn.abort()
-                self.served += conn.status == 206
                 return conn
         raise AssertionError("unreachable")
 
@@ -264,8 +308,8 @@ class Receiver:
 
     @staticmethod
     async def _exchange(conn: _Conn, request: bytes, into: list[memoryview], idle_timeout: float,
-                        budget: float) -> None:
-        done = conn.begin(into)
+                        budget: float, collect: int = 0) -> None:
+        done = conn.begin(into, collect)
         conn.sent = len(request)
         assert conn.transport is not None  # set by connection_made, before create_connection returned
         conn.transport.write(request)

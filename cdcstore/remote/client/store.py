@@ -18,9 +18,7 @@ import os
 import random
 import tempfile
 import threading
-from typing import Callable, Iterable
-
-import aiohttp
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from ... import runtime, settings
 from ...core import ids
@@ -36,10 +34,13 @@ from ...core.ranges import ByteRange, lands, plan_ranges, scatter, slices
 from ...core.wire import url_repo
 from ...storage import memo
 from ...storage.backend import Backend, BackendCapabilities
-from ...storage.roles import ViaRefStore
+from ...storage.roles import Located, Raw, ViaRefStore
 from .journal import RemoteJournal, manifests_present
 from .receiver import Receiver, Stalled, Unserved
 from .refs import RemoteRefs
+
+if TYPE_CHECKING:
+    import aiohttp
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}  # never 507 (disk full): a retry cannot help
 REFUSED_RETRIES = 2  # a refused connection means no server: retry quickly, then say so
@@ -59,8 +60,16 @@ NOTE_AFTER = 1.0  # seconds: a retry waiting this long is logged (the CLI prints
 log = logging.getLogger("cdcstore.client")
 
 
+def _aiohttp():
+    """aiohttp, imported when a request first needs the full client (about 0.1 s of a cold process,
+    its SSL contexts included): a stream's reads over `http://` never do (`Transport._light`)."""
+    import aiohttp
+    return aiohttp
+
+
 def _refused(e: BaseException) -> bool:
     """A connection refused (nothing listens on the port), as opposed to a timeout or reset."""
+    aiohttp = _aiohttp()
     return isinstance(e, aiohttp.ClientConnectorError) and isinstance(e.os_error, ConnectionRefusedError)
 ENV_TOKEN = settings.TOKEN.name
 UPLOAD_PREFIX = "cdcstore-upload-"  # + "<pid>-": temp packs, removable once that pid is gone
@@ -308,6 +317,7 @@ class Transport:
     async def _get_session(self) -> aiohttp.ClientSession:
         """The session, made anew when there is none or `close` closed it (a reader thread may go
         on after another thread closed the store: what it needs is reopened)."""
+        aiohttp = _aiohttp()
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.connections),
@@ -318,7 +328,7 @@ class Transport:
     def _attempt_timeout(self, seconds: float) -> aiohttp.ClientTimeout:
         """aiohttp's own timeouts for one attempt: the attempt's whole budget between two reads
         (`request` bounds the attempt as a whole)."""
-        return aiohttp.ClientTimeout(total=None, sock_connect=min(10.0, seconds), sock_read=seconds)
+        return _aiohttp().ClientTimeout(total=None, sock_connect=min(10.0, seconds), sock_read=seconds)
 
     def delay(self, attempt: int) -> float:
         """Exponential backoff with jitter."""
@@ -343,6 +353,11 @@ class Transport:
             h["Authorization"] = f"Bearer {self.token}"
         size = len(body) if body is not None else (os.path.getsize(body_path) if body_path else 0)
         budget = (self.timeout if timeout is None else timeout) + (size + (expect or 0)) / self.min_rate
+        if body_path is None and landed is None and into is None and timeout is None:
+            light = await self._light(method, path, body or b"", h, ok, limit, budget)
+            if light is not None:
+                return light
+        aiohttp = _aiohttp()
         stalled = 0.0  # seconds spent in attempts that timed out
         loop = asyncio.get_running_loop()
         what = f"{method} {path}"
@@ -422,6 +437,40 @@ class Transport:
                          attempt + 2, retries + 1)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    async def _light(self, method: str, path: str, body: bytes, headers: dict, ok, limit: int,
+                     budget: float) -> tuple[int, bytes] | None:
+        """A request sent on the receiver's path (`Receiver.call`: no aiohttp), as `request` answers
+        it; None when that path did not deliver it (another kind of answer, a refused or dropped
+        connection, an error worth a retry): `request` then sends it through the full client, which
+        retries and fails over (every request of the protocol may be sent twice)."""
+        base = self.base
+        if not self.direct_receive or not Receiver.serves(base) or method not in ("GET", "POST"):
+            return None
+        if self._receiver is None:
+            self._receiver = Receiver(self.connections)
+        if method == "POST" and not any(k.lower() == "content-type" for k in headers):
+            headers = {**headers, "Content-Type": "application/octet-stream"}  # as aiohttp sends bytes
+        what = f"{method} {path}"
+        try:
+            conn = await self._receiver.call(base, method, path, body, headers, self.timeout, budget, limit)
+        except Stalled:
+            if self.fail_over(base):
+                return None
+            raise _stalled(what, base, budget) from None
+        except Unserved as e:
+            log.debug("%s to %s: %s; through the full client", what, base, e)
+            return None
+        payload = bytes(conn.body if conn.body is not None else conn.error_body or b"")
+        self.requests += 1
+        self._note_store(conn.headers.get(wire.STORE_HEADER.lower()))
+        self.sent_bytes += conn.sent
+        self.received_bytes += conn.head_bytes + len(payload)
+        if conn.status in ok:
+            return conn.status, payload
+        if conn.status in RETRY_STATUS:
+            return None  # `request` sends it again, with its backoff and Retry-After
+        raise _map_error(conn.status, payload, what, base, conn.headers.get(wire.NATIVE_PORT_HEADER.lower()))
 
     def _note_store(self, sid: str | None) -> None:
         """The store id an answer names (`wire.STORE_HEADER`), noted in `meta` (a server before
@@ -509,7 +558,7 @@ def _tls_failure(what: str, base: str, e: aiohttp.ClientSSLError) -> str:
         return (f"{what}: {base} does not speak TLS (it answers plain http): use "
                 f"{base.replace('https://', 'http://', 1)}")
     reason = getattr(getattr(e, "certificate_error", None), "verify_message", None) or str(e)
-    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+    if isinstance(e, _aiohttp().ClientConnectorCertificateError):
         return (f"{what}: the certificate of {base} is not trusted ({reason}): give its CA's certificate "
                 f"in SSL_CERT_FILE, or fix the server's certificate")
     return f"{what}: the TLS handshake with {base} failed ({reason}): check the URL's scheme and the server"
@@ -613,6 +662,7 @@ class RemoteStore(ViaRefStore, Backend):
         self.scope = memo.scope(self.location, self.t.token)  # immutable objects are kept in `meta` per it
         self.legacy_trees = False  # the server predates protocol 1.5 (no tree routes)
         self.batch_trees = True  # until a server before protocol 2.1 says it has no POST .../trees/get
+        self.batch_located = True  # until a server before protocol 2.3 says it has no POST .../manifests/located
         self._local_trees: dict[str, treeobj.Tree] = {}  # trees this process made (and uploaded)
         self._bundles: dict[str, str] = {}  # manifest -> the bundle the server put it in (protocol 2.2)
         self.ref_store = RemoteRefs(self)  # repos, branches, tags, and the commit that moves a branch
@@ -876,6 +926,65 @@ class RemoteStore(ViaRefStore, Backend):
         memo.count("objects_server")
         m = self._checked_manifest(name, data)
         return self._remembered(key, lambda: m), found
+
+    def get_manifests_located(self, names: list[str], repo: str | None = None, tail: int = 0,
+                              chunks: dict[bytes, Raw] | None = None) -> dict[str, tuple[Manifest, Located]]:
+        """`get_manifest_located` of many manifests, in one request per `wire.LOCATED_PER_GET` of them
+        (protocol 2.3; a server before it, or a manifest it leaves out, is asked one GET each). With
+        `chunks` and `tail`, the server sends the chunks that hold each file's last `tail` bytes too:
+        each is checked against the id its manifest names (itself checked against its name) and put
+        in `chunks`, id -> raw bytes; an answer whose bytes do not match raises CorruptionError."""
+        out: dict[str, tuple[Manifest, Located]] = {}
+        tail = min(tail, wire.MAX_TAIL) if chunks is not None else 0
+        want = [n for n in dict.fromkeys(names)  # a manifest kept here is asked again only for its end
+                if tail or memo.objects().get((self.scope, "manifest", repo, n)) is None]
+        at = 0
+        while self.batch_located and len(want) - at > (0 if tail else 1):  # one alone: a GET, unless with its tail
+            part = want[at:at + wire.LOCATED_PER_GET]
+            try:
+                body = self._call("POST", f"/repos/{url_repo(repo)}/manifests/located",
+                                  body=json.dumps({"manifests": part, "tail": tail}).encode(),
+                                  headers={"Content-Type": "application/json"})
+            except NotFoundError:  # a server before protocol 2.3 (or no such repo: asked alone, it says so)
+                self.batch_located = False
+                break
+            answered = wire.decode_located_many(body, len(part))
+            for name, (located, end) in zip(part, answered):
+                if located:
+                    out[name] = self._located_entry(name, repo, bytes(located), end, tail, chunks)
+            at += len(answered)
+        for name in dict.fromkeys(names):
+            if name not in out:
+                out[name] = self.get_manifest_located(name, repo)
+        return out
+
+    def _located_entry(self, name: str, repo: str | None, located: bytes, end: memoryview, tail: int,
+                       chunks: dict[bytes, Raw] | None) -> tuple[Manifest, Located]:
+        """One entry of a `manifests/located` answer: the manifest (checked against its name and
+        remembered, as `get_manifest_located` does), its locations, and its tail's chunks checked
+        into `chunks`."""
+        data, found = wire.decode_located(located)
+        checked = self._checked_manifest(name, data)
+        memo.count("objects_server")
+        m = self._remembered(("manifest", repo, name), lambda: checked)
+        if end and chunks is not None:
+            span = m.span(max(0, m.size - tail), m.size)
+            start = m.chunk_start(span.start) if span else m.size
+            if len(end) != m.size - start:
+                raise CorruptionError(f"the server at {self.t.base} sent {len(end)} bytes as the end of manifest "
+                                      f"{name}'s file, whose last chunks hold {m.size - start}: it is damaged "
+                                      f"or not a cdcstore server")
+            pos = 0
+            for i in span:
+                n = m.lengths[i]
+                raw = bytes(end[pos:pos + n])
+                if not ids.matches(raw, m.chunk_ids[i]):
+                    raise CorruptionError(f"chunk {m.chunk_ids[i].hex()} (the end of manifest {name}'s file) from "
+                                          f"the server at {self.t.base} does not match its id: the server's store "
+                                          f"is damaged, or something between rewrites its answers")
+                chunks[m.chunk_ids[i]] = raw
+                pos += n
+        return m, found
 
     # -- trees (protocol 1.5) ------------------------------------------------------------------
     def put_trees(self, trees: dict[str, treeobj.Tree]) -> None:

@@ -9,16 +9,18 @@ from aiohttp import web
 
 from ...core import ids, treeobj
 from ...core import wire
-from ...core.errors import CorruptionError
+from ...core.errors import CdcError, CorruptionError
 from ...core.manifest import MANIFEST_VERSION, Manifest
 from ...storage.manifest_file import ManifestFile, ManifestMissing
 from ...storage.objects import NotFound
+from ...storage.reader import FileReader
 from . import batches
 from .auth import Scope
 from .routes import HTTPError, RouteGroup
 
 
 TREES_GET_BYTES = 16 << 20  # and the bytes of its answer (the rest: empty, fetched one by one)
+LOCATED_GET_BYTES = 16 << 20  # a `manifests/located` answer stops past this (the client asks for the rest)
 
 
 class MetadataRoutes(RouteGroup):
@@ -31,6 +33,7 @@ class MetadataRoutes(RouteGroup):
             web.get(f"{api}/repos/{{repo}}/manifests/{{name}}", self.get_manifest),
             web.get(f"{api}/repos/{{repo}}/trees/{{name}}", self.get_tree),
             web.post(f"{api}/repos/{{repo}}/trees/get", self.get_trees),
+            web.post(f"{api}/repos/{{repo}}/manifests/located", self.get_manifests_located),
         ]
 
     async def put_manifests(self, request):
@@ -153,11 +156,76 @@ class MetadataRoutes(RouteGroup):
             raise missing from None
         return web.Response(body=body, content_type="application/octet-stream")
 
-    def _manifest_located(self, repo: str, name: str, scope: Scope | None):
+    async def get_manifests_located(self, request):
+        """Many `manifests/{name}?locations=1` answers in one (protocol 2.3), each with the raw bytes
+        of its file's last chunks: the footers of a revision's Parquet files in one request. The body
+        is `{"manifests": [names], "tail": bytes}`; the answer (`wire.encode_located_many`) covers the
+        first manifests asked, up to `LOCATED_GET_BYTES` (at least one); a manifest the repo does not
+        reach, the server lacks, or over `limits.decode_bytes` gets an empty entry (the client asks
+        for it alone, and hears why there)."""
+        repo = self.server.checked_repo(request)
+        doc = await self.server.read_json(request)
+        names, tail = doc.get("manifests"), doc.get("tail", 0)
+        if not (isinstance(names, list) and 1 <= len(names) <= wire.LOCATED_PER_GET
+                and all(isinstance(n, str) and ids.is_hex_id(n) for n in names)):
+            raise HTTPError(400, f"manifests must be a list of 1 to {wire.LOCATED_PER_GET} manifest ids")
+        if not (isinstance(tail, int) and not isinstance(tail, bool) and 0 <= tail <= wire.MAX_TAIL):
+            raise HTTPError(400, f"tail must be a number of bytes from 0 to {wire.MAX_TAIL}")
+        await self.server.wait_read(request)
+        with self.server.slot(self.server.reads, request):
+            body = await self.io(self._located_many, repo, names, tail, self.auth.scope(request))
+        return web.Response(body=body, content_type="application/octet-stream")
+
+    def _located_many(self, repo: str, names: list[str], tail: int, scope: Scope | None) -> bytes:
+        entries: list[tuple[bytes, bytes]] = []
+        size = 0
+        for name in names:
+            if entries and size >= LOCATED_GET_BYTES:
+                break
+            located, end = b"", b""
+            if self._reaches(repo, name):
+                try:
+                    small = self._small_located(repo, name, scope)
+                except (NotFound, FileNotFoundError, CorruptionError):
+                    small = None  # asked alone, the client hears why
+                if small is not None:
+                    data, manifest, found = small
+                    located = wire.encode_located(data, found)
+                    end = self._tail(name, manifest, found, tail) if tail else b""
+            entries.append((located, end))
+            size += len(located) + len(end)
+        return wire.encode_located_many(entries)
+
+    def _tail(self, name: str, manifest: Manifest, found: dict, tail: int) -> bytes:
+        """The file's bytes from the start of the chunk holding byte `size - tail` to its end, read
+        through the one read core (each chunk checked by its origin), when every one of those
+        chunks is among `found` (the repo may read them) and they are at most `wire.MAX_TAIL_SENT`
+        bytes; else none (the client reads them as any other bytes)."""
+        size = manifest.size
+        span = manifest.span(max(0, size - tail), size)
+        if not span:
+            return b""
+        start = manifest.chunk_start(span.start)
+        if size - start > wire.MAX_TAIL_SENT or any(c not in found for c in manifest.chunk_ids[span.start:]):
+            return b""
+        try:
+            with FileReader(self.store, manifest, name, readahead_bytes=0, locations=dict(found)) as r:
+                return r.pread(start, size - start)
+        except CdcError:  # a damaged or missing chunk: the client's own read of it reports it
+            return b""
+
+    def _small_located(self, repo: str, name: str, scope: Scope | None) -> tuple[bytes, Manifest, dict] | None:
+        """A manifest's bytes, the manifest, and the locations `_manifest_located` answers; None for
+        one over `limits.decode_bytes` (streamed on its own)."""
+        body = self._manifest_located(repo, name, scope, keep=True)
+        return body if isinstance(body, tuple) else None
+
+    def _manifest_located(self, repo: str, name: str, scope: Scope | None, keep: bool = False):
         """A manifest's bytes and the locations of its first and last `LOCATED_ENDS` chunks
         that `repo` may see (what `locate` would answer): one round trip instead of two for
         a small file, and for where reads of a large one start (a scan, a Parquet footer).
-        A manifest over `limits.decode_bytes` is never read whole: a `batches.LocatedBody` to stream."""
+        A manifest over `limits.decode_bytes` is never read whole: a `batches.LocatedBody` to stream.
+        With `keep`, a small one's (bytes, manifest, locations) instead of its encoded answer."""
         try:
             large = ManifestFile(self.store, name)
         except ManifestMissing:
@@ -177,7 +245,8 @@ class MetadataRoutes(RouteGroup):
         self.store.packs.hints.load_locations(name, manifest)  # a new replica: no listing, no footers for this file
         chunks, ends = manifest.chunk_ids, wire.LOCATED_ENDS
         picked = chunks if len(chunks) <= 2 * ends else [*chunks[:ends], *chunks[-ends:]]  # where reads start
-        return wire.encode_located(data, self.server.locate_reached(repo, list(dict.fromkeys(picked)), scope))
+        found = self.server.locate_reached(repo, list(dict.fromkeys(picked)), scope)
+        return (data, manifest, found) if keep else wire.encode_located(data, found)
 
     def _reaches(self, repo: str, name: str, kind: str = "manifest") -> bool:
         """Whether `repo` reaches manifest (or tree) `name`, asking the bucket on a miss (a
