@@ -18,6 +18,7 @@ from cdcstore.streaming.dataset import StreamingDataset
 
 GROUPS = 6  # row groups per file
 ROWS = 4_000  # rows per row group
+RECEIVED_BOUND = 1.25  # received / the files' bytes: a row group fetched by both workers gave 1.3x-1.9x
 
 
 @pytest.fixture
@@ -66,9 +67,11 @@ def test_batches_go_by_reference_in_the_same_order_fetched_once(pushed, tmp_path
     per_worker = [ds._shared.read(slot)["decodes"] for slot in (1, 2)]
     assert m["decodes"] == units and min(per_worker) >= units // 4, (m, per_worker)
     # no bytes fetched by both workers (a worker's read-ahead into the next row group, decoded by
-    # the other worker, fetched it twice: 1.3x to 1.9x the files)
+    # the other worker, fetched it twice: 1.3x to 1.9x the files). Since the footers come with the
+    # manifests (protocol 2.3), the stream's figure also counts what its first reads fetch that the
+    # construction's footer reads used to (0.80 -> 0.89x in process here, the store's total unchanged)
     size = sum(f.stat().st_size for f in folder.iterdir())
-    assert m["received_bytes"] < 1.1 * size, (m["received_bytes"], size)
+    assert m["received_bytes"] < RECEIVED_BOUND * size, (m["received_bytes"], size)
     assert os.listdir(ds._decoded.path) == []  # no link to a decoded row group left behind
 
 
@@ -85,7 +88,7 @@ def test_batches_go_by_value_by_default_in_the_same_order_fetched_once(pushed, t
     assert m["batches"] == len(got) and m["by_reference"] == 0 and m["samples"] == units * ROWS, m
     assert m["decodes"] == units, m  # each row group decoded once, across the workers
     size = sum(f.stat().st_size for f in folder.iterdir())
-    assert m["received_bytes"] < 1.1 * size, (m["received_bytes"], size)
+    assert m["received_bytes"] < RECEIVED_BOUND * size, (m["received_bytes"], size)  # (see above)
     assert os.listdir(ds._decoded.path) == []
 
 
