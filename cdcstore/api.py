@@ -38,7 +38,7 @@ from .storage import memo  # meta: the process's heads and objects (fs.py uses i
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
 from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD
-from .storage.reader import FileReader, filesystem_made  # noqa: F401 (filesystem_made: fs.py's)
+from .storage.reader import FileReader, filesystem_made, handed_to_arrow  # noqa: F401 (fs.py's, sources')
 from .storage.roles import Located
 from .storage.repository import LocalStore, is_object_url, no_such_path, open_repository
 
@@ -540,9 +540,12 @@ class Store:
         _, view = self.history.at(a)
         return view.listing(a.path, recursive)
 
-    def open(self, addr: str | Address) -> FileReader:
+    def open(self, addr: str | Address, *, readahead: bool = True) -> FileReader:
+        """A file object for a file of a revision. `readahead=False`: it fetches only the bytes
+        read (for a caller that reads exactly the ranges it needs, such as a stream's `Warmer`),
+        never ahead of a run of back-to-back reads."""
         a = _as_address(addr)
-        return self.open_entry(a.repo, self._file_entry(a), str(a))
+        return self.open_entry(a.repo, self._file_entry(a), str(a), readahead=readahead)
 
     def open_many(self, addrs: Sequence[str | Address], tail: int = 0) -> list[FileReader]:
         """`open` of each address, in order. On a server their manifests, and where their chunks
@@ -571,10 +574,12 @@ class Store:
             raise no_such_path(a.repo, a.ref, a.path)
         return entry
 
-    def open_entry(self, repo: str, entry: FileEntry, label: str = "") -> FileReader:
+    def open_entry(self, repo: str, entry: FileEntry, label: str = "", *, readahead: bool = True) -> FileReader:
         """A file object for a file entry of a commit of `repo` (from `view(...).get(path)`): its
-        manifest and where its chunks are, in one round trip on a server."""
+        manifest and where its chunks are, in one round trip on a server. `readahead`: as in `open`."""
         m, locations = self.backend.get_manifest_located(entry.manifest, repo)
+        if not readahead:
+            return FileReader(self.backend, m, label, repo, locations=locations, readahead_bytes=0)
         return FileReader(self.backend, m, label, repo, locations=locations)
 
     def cat(self, addr: str | Address) -> bytes:

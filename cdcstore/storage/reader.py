@@ -101,6 +101,13 @@ def _hand_to_arrow(obj: _T) -> _T:
     return obj
 
 
+def handed_to_arrow(obj: _T) -> _T:
+    """`obj` (a file object pyarrow reads through, or a buffer it was handed) is tracked until it
+    is freed: the exit hook (`arrow_settled`) waits for pyarrow to let go of it."""
+    _arrow_read.set()
+    return _hand_to_arrow(obj)
+
+
 def _forget(ref: weakref.ref[object]) -> None:
     _arrow_held.pop(id(ref), None)
 
@@ -224,8 +231,7 @@ class FileReader(io.RawIOBase):
         as a view that is tracked until pyarrow frees it, see `arrow_settled`."""
         if not self._handed:
             self._handed = True
-            _arrow_read.set()
-            _hand_to_arrow(self)
+            handed_to_arrow(self)
         return _hand_to_arrow(memoryview(self.read(size)))
 
     def readall(self) -> bytes:
@@ -329,10 +335,10 @@ class FileReader(io.RawIOBase):
     def _direct_ok(self, offset: int, length: int) -> bool:
         """A large read lands straight in its result when the source can, nothing is
         being read ahead, and it would start no read-ahead (it reaches the end, or is
-        not sequential)."""
+        not sequential, or the reader never reads ahead)."""
         if self._pending or not self._src.capabilities.reads_into or offset >= self._m.size:
             return False
-        return offset + length >= self._m.size or offset != self._last_end
+        return offset + length >= self._m.size or offset != self._last_end or not self._readahead
 
     @overload
     def _pread_direct(self, offset: int, end: int, into: None = None) -> bytes: ...

@@ -21,7 +21,9 @@ import collections
 import concurrent.futures
 import difflib
 import fnmatch
+import io
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Protocol, Sequence, cast
@@ -31,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import runtime, settings
-from ..api import Store
+from ..api import Store, handed_to_arrow
 from ..core import filemap
 from ..core import pages as _pages
 from ..core.address import Address, parse
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from ..api import FileReader
     from .decoded import BatchRef, DecodedUnits, PinnedTables
 
+WARM_AHEAD = 2  # fetches (of 1 or 2 row groups) a stream with a cache has ahead at once (`Warmer`)
 LOOK_AHEAD_STEPS = 256  # steps a stream looks ahead for the next row group to fetch while one decodes
 FOOTER_BYTES = 8  # a file's end fetched with its manifest: the chunk holding its last 8 bytes, which is
 #                  its footer (a push cuts a Parquet footer as a chunk of its own, up to 256 KiB)
@@ -409,12 +412,17 @@ class ParquetSource(Source):
                     if u in loaded:
                         continue
                     loaded.add(u)
-                    if warm is not None:  # the next row group's bytes arrive while this one decodes
-                        v = next_new(u)
-                        if v is not None:
-                            warm.ahead(v)
+                    fetched = warm.claim(u) if warm is not None else None  # its bytes, fetched ahead
+                    if warm is not None:  # the next row groups' bytes arrive while this one decodes
+                        nexts: list[int] = []
+                        while warm.room() and len(nexts) < 2 * WARM_AHEAD:
+                            v = next_new(u, lambda x: warm.wants(x) and x not in nexts)
+                            if v is None:
+                                break
+                            nexts.append(v)
+                        warm.ahead(nexts)
                     if share is None:
-                        table = self._read_unit(ds, u, files)
+                        table = self._read_unit(ds, u, files, Warmer.spans_of(fetched))
                     elif u in spare:
                         table = spare.pop(u)
                     else:
@@ -452,13 +460,15 @@ class ParquetSource(Source):
             spans.append((start, start + c.total_compressed_size))
         return [(lo, hi - lo) for lo, hi in _shards.coalesce(spans, 1 << 20)]
 
-    def _read_unit(self, ds, u: int, files: dict) -> pa.Table:
+    def _read_unit(self, ds, u: int, files: dict, fetched: "list[tuple[int, bytes]] | None" = None) -> pa.Table:
+        """Row group `u` decoded, read through the file's reader, or from `fetched`: its
+        spans' bytes, which a `Warmer` read (verified) through a reader of its own."""
         fi, rg, _ = self.units[u]
         if fi not in files:
             if len(files) >= 8:
                 files.pop(next(iter(files))).close()
             files[fi] = ds.store.open(self.files[fi].address)
-        reader = files[fi]
+        reader = files[fi] if not fetched else HeldSpans(files[fi], fetched)
         t0 = time.perf_counter()
         self._check_rows(fi, rg, reader)
         # pre_buffer: the row group's column chunks in one coalesced read (no read-ahead past it,
@@ -745,45 +755,148 @@ def checked_footer(md: pq.FileMetaData, f: SourceFile) -> pq.FileMetaData:
     return md
 
 
+class HeldSpans(io.RawIOBase):
+    """A Parquet file for pyarrow whose ranges (offset, bytes) fetched ahead are held here: a read
+    inside one is a slice of it; any other read goes to the file's reader. The held bytes were
+    verified as they arrived (a `FileReader` returns nothing else) and never left this process."""
+
+    def __init__(self, reader: FileReader, spans: list[tuple[int, bytes]]):
+        super().__init__()
+        self._reader, self._spans, self._pos = reader, spans, 0
+        self._handed = False
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    @property
+    def size(self) -> int:
+        return self._reader.size
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._reader.size}[whence]
+        if base + offset < 0:
+            raise OSError(22, f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def _view(self, offset: int, length: int) -> bytes | memoryview:
+        end = min(offset + max(length, 0), self._reader.size)
+        for lo, data in self._spans:
+            if lo <= offset and end <= lo + len(data):
+                return memoryview(data)[offset - lo:end - lo]
+        return self._reader.pread(offset, end - offset) if end > offset else b""
+
+    def pread(self, offset: int, length: int) -> bytes:
+        return bytes(self._view(offset, length))
+
+    def read(self, size: int | None = -1) -> bytes:
+        return bytes(self._read_view(size))
+
+    def _read_view(self, size: int | None) -> bytes | memoryview:
+        n = self._reader.size - self._pos if size is None or size < 0 else size
+        data = self._view(self._pos, n)
+        self._pos += len(data)
+        return data
+
+    def read_buffer(self, size: int | None = -1) -> memoryview:
+        """`read` for pyarrow, no copy: a view of the held bytes, tracked as `FileReader.read_buffer`'s."""
+        if not self._handed:
+            self._handed = True
+            handed_to_arrow(self)
+        return handed_to_arrow(memoryview(self._read_view(size)))
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+
 class Warmer:
-    """Fetches the bytes of the row group a stream will read next into the chunk cache, on a
-    thread of its own, while the stream's thread decodes the one before: the fetch and the
-    decode overlap. The stream's own read of those bytes then finds them fetched (or waits for
-    the fetch in flight: the cache's single flight), so nothing is fetched twice. One warm-up
-    at a time; a failed one only leaves the read to fetch. Used when the store has a cache
-    (a read from it costs a request), not for a local directory."""
+    """Fetches the bytes of the row groups a stream will read next, on threads of their own,
+    while the stream's thread decodes the one before: the fetches and the decode overlap. The
+    fetch goes through the chunk cache (what it fetched is kept there, for other processes and
+    later reads) and its bytes are handed to the stream (`claim`), which decodes from them
+    without reading them back. At most `WARM_AHEAD` fetches not yet claimed, each of one row
+    group or of two next to each other in a file (one range request where two would straddle a
+    pack boundary), each through readers of its own thread (a reader reads one range at a time);
+    a failed one only leaves the read to fetch. Used when the store has a cache (a read from it costs a
+    request), not for a local directory."""
 
     def __init__(self, ds: SourceContext):
         self._ds = ds
-        self._pool = runtime.pool("warm", 2)  # the process's: streams of this process share it
-        self._busy: concurrent.futures.Future | None = None
+        self._pool = runtime.pool("warm", WARM_AHEAD)  # the process's: streams of this process share it
+        self._busy: dict[int, concurrent.futures.Future] = {}  # row group -> its fetch, not claimed yet
         self._done: set[int] = set()
-        self._readers: dict[int, FileReader] = {}  # file index -> FileReader (this thread's)
+        self._readers: dict[int, dict[int, FileReader]] = {}  # thread -> file index -> FileReader
+        self._count_lock = threading.Lock()
 
-    def ahead(self, u: int) -> None:
-        if u in self._done or (self._busy is not None and not self._busy.done()):
-            return
-        self._done.add(u)
-        self._busy = self._pool.submit(self._fetch, u)
+    def wants(self, u: int) -> bool:
+        """Not fetched (nor being fetched) yet."""
+        return u not in self._done
 
-    def _fetch(self, u: int) -> None:
+    def room(self) -> bool:
+        """Fewer than `WARM_AHEAD` fetches not claimed."""
+        return len({id(f) for f in self._busy.values()}) < WARM_AHEAD
+
+    def ahead(self, units: list[int]) -> None:
+        """Start fetching these row groups, in order, while there is room: two next to each other
+        in a file in one read (one range request where one would straddle two packs)."""
+        units = [u for u in units if u not in self._done]
+        source = cast("ParquetSource", self._ds.source)
+        while units and self.room():
+            group = units[:1]
+            if len(units) > 1:
+                (fa, ra, _), (fb, rb, _) = source.units[units[0]], source.units[units[1]]
+                if fb == fa and rb == ra + 1:
+                    group.append(units[1])
+            units = units[len(group):]
+            fut = self._pool.submit(self._fetch, group)
+            for u in group:
+                self._done.add(u)
+                self._busy[u] = fut
+
+    def claim(self, u: int) -> concurrent.futures.Future | None:
+        """The fetch of row group `u` (in flight or done), handed to the caller; None if there is none."""
+        return self._busy.pop(u, None)
+
+    @staticmethod
+    def spans_of(fetch: concurrent.futures.Future | None) -> list[tuple[int, bytes]] | None:
+        """A claimed fetch's (offset, bytes), once it is done; None if it failed."""
+        if fetch is None:
+            return None
+        try:
+            return fetch.result()
+        except Exception:  # noqa: BLE001 - the stream's own read fetches and reports
+            return None
+
+    def _fetch(self, group: list[int]) -> list[tuple[int, bytes]] | None:
         ds = self._ds
         source = cast("ParquetSource", ds.source)  # a Warmer serves a Parquet stream
-        fi = source.units[u][0]
+        fi = source.units[group[0]][0]
         try:
-            reader = self._readers.get(fi)
+            readers = self._readers.setdefault(threading.get_ident(), {})
+            reader = readers.get(fi)
             if reader is None:
-                if len(self._readers) >= 8:
-                    self._readers.pop(next(iter(self._readers))).close()
-                reader = self._readers[fi] = ds.store.open(source.files[fi].address)
-            for lo, n in source.spans(u):
-                reader.pread(lo, n)
-            ds.counts["warmed"] += 1
+                if len(readers) >= 8:
+                    readers.pop(next(iter(readers))).close()
+                reader = readers[fi] = ds.store.open(source.files[fi].address, readahead=False)  # its exact ranges
+            spans = _shards.coalesce([(lo, lo + n) for u in group for lo, n in source.spans(u)], 1 << 20)
+            got = [(lo, reader.pread(lo, hi - lo)) for lo, hi in spans]
+            with self._count_lock:  # the Warmer's threads count together
+                ds.counts["warmed"] += len(group)
+            return got
         except Exception:  # noqa: BLE001 - the stream's own read fetches and reports
-            pass
+            return None
 
     def close(self) -> None:
-        if self._busy is not None and not self._busy.cancel():
-            concurrent.futures.wait([self._busy])  # its readers are closed next
-        for reader in self._readers.values():
-            reader.close()
+        pending = [f for f in self._busy.values() if not f.cancel()]
+        self._busy.clear()
+        if pending:
+            concurrent.futures.wait(pending)  # their readers are closed next
+        for readers in list(self._readers.values()):
+            for reader in readers.values():
+                reader.close()
