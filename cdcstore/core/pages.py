@@ -168,13 +168,16 @@ def page_geometry(f: BinaryIO, size: int,
     return thin_cuts(cuts, size) + [size], [a for a, _ in ranges]
 
 
-def leading_groups(fd: int, size: int, pages_end: int, params: ChunkParams = DEFAULT_PARAMS) -> list[int] | None:
+def leading_groups(fd: int, size: int, starts: list[int], pages_end: int,
+                   params: ChunkParams = DEFAULT_PARAMS) -> list[int] | None:
     """Page groups of a Parquet file's first bytes, pages tiling [4, pages_end) and no footer
-    yet (a file still arriving: `engine.prechunk`): chosen as for one column chunk, so a column
-    chunk's boundary is a soft candidate here where the whole file makes it firm. None when
-    the native walk does not trust the pages."""
-    return _gear.page_groups(fd, size, struct.pack("<QQ", 4, pages_end), struct.pack("<Q", 4),
-                             params.min_size, params.avg_size, params.max_size)
+    yet (a file still arriving: `engine.prechunk`): chosen as for column chunks that start at
+    `starts` (sorted, the first 4; the last ends at `pages_end`), where the whole file's footer
+    would say where they are. None when the native walk does not trust the pages."""
+    bounds = [s for s in starts if s < pages_end] + [pages_end]
+    ranges = b"".join(struct.pack("<QQ", a, b) for a, b in zip(bounds, bounds[1:]))
+    return _gear.page_groups(fd, size, ranges, struct.pack("<Q", 4), params.min_size, params.avg_size,
+                             params.max_size)
 
 
 def footer_layout(f: BinaryIO, size: int) -> tuple[list[tuple[int, int]], list[int]] | None:
