@@ -38,7 +38,7 @@ from .storage import memo  # meta: the process's heads and objects (fs.py uses i
 from .storage.backend import Backend
 from .storage.cache import ChunkCache, parse_size  # noqa: F401 (the cache's public names)
 from .storage.maintenance import DEFAULT_GRACE, DEFAULT_MAX_UNUSED, DEFAULT_REPACK_DEAD
-from .storage.reader import FileReader, filesystem_made, handed_to_arrow  # noqa: F401 (fs.py's, sources')
+from .storage.reader import FileReader, PositionedFile, filesystem_made, handed_to_arrow  # noqa: F401 (fs.py's, sources')
 from .storage.roles import Located
 from .storage.repository import LocalStore, is_object_url, no_such_path, open_repository
 

@@ -153,7 +153,46 @@ def _fsspec_handlers() -> list[object]:
 atexit.register(arrow_settled)
 
 
-class FileReader(io.RawIOBase):
+class PositionedFile(io.RawIOBase):
+    """A read-only binary file of `size` bytes with a position (`_pos`): readable, seekable,
+    `tell`, `seek` and `readall`; a subclass gives `size` and `read` (`FileReader`, and the
+    stream's file of bytes fetched ahead, `streaming.sources.HeldSpans`)."""
+
+    _pos = 0
+
+    @property
+    def size(self) -> int:
+        raise NotImplementedError
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._checkClosed()
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self.size + offset
+        else:
+            raise ValueError(f"invalid whence {whence}")
+        if pos < 0:
+            raise OSError(22, f"negative seek position {pos}")
+        self._pos = pos
+        return pos
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+
+class FileReader(PositionedFile):
     """File object for one file of one revision. Thread-safe: reads from several threads at once
     (duckdb reads one handle from its worker threads) take turns on the reader's lock, so the
     read-ahead table, the LRU and the window stay consistent."""
@@ -183,33 +222,9 @@ class FileReader(io.RawIOBase):
         self._lock = runtime.Lock(reentrant=True)  # one read at a time (`pread`, `read`, `close`)
 
     # -- io.RawIOBase ---------------------------------------------------------------
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
     @property
     def size(self) -> int:
         return self._m.size
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._checkClosed()
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END:
-            pos = self._m.size + offset
-        else:
-            raise ValueError(f"invalid whence {whence}")
-        if pos < 0:
-            raise OSError(22, f"negative seek position {pos}")
-        self._pos = pos
-        return pos
 
     def readinto(self, b: Buffer) -> int:
         """Bytes at the position into the caller's buffer `b`: a local store's raw chunks go from
@@ -233,9 +248,6 @@ class FileReader(io.RawIOBase):
             self._handed = True
             handed_to_arrow(self)
         return _hand_to_arrow(memoryview(self.read(size)))
-
-    def readall(self) -> bytes:
-        return self.read(-1)
 
     def read(self, size: int | None = -1) -> bytes:
         self._checkClosed()

@@ -21,7 +21,6 @@ import collections
 import concurrent.futures
 import difflib
 import fnmatch
-import io
 import os
 import threading
 import time
@@ -33,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import runtime, settings
-from ..api import Store, handed_to_arrow
+from ..api import PositionedFile, Store, handed_to_arrow
 from ..core import filemap
 from ..core import pages as _pages
 from ..core.address import Address, parse
@@ -755,7 +754,7 @@ def checked_footer(md: pq.FileMetaData, f: SourceFile) -> pq.FileMetaData:
     return md
 
 
-class HeldSpans(io.RawIOBase):
+class HeldSpans(PositionedFile):
     """A Parquet file for pyarrow whose ranges (offset, bytes) fetched ahead are held here: a read
     inside one is a slice of it; any other read goes to the file's reader. The held bytes were
     verified as they arrived (a `FileReader` returns nothing else) and never left this process."""
@@ -765,25 +764,9 @@ class HeldSpans(io.RawIOBase):
         self._reader, self._spans, self._pos = reader, spans, 0
         self._handed = False
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
     @property
     def size(self) -> int:
         return self._reader.size
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._reader.size}[whence]
-        if base + offset < 0:
-            raise OSError(22, f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
 
     def _view(self, offset: int, length: int) -> bytes | memoryview:
         end = min(offset + max(length, 0), self._reader.size)
@@ -810,9 +793,6 @@ class HeldSpans(io.RawIOBase):
             self._handed = True
             handed_to_arrow(self)
         return handed_to_arrow(memoryview(self._read_view(size)))
-
-    def readall(self) -> bytes:
-        return self.read(-1)
 
 
 class Warmer:
